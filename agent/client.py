@@ -1,0 +1,125 @@
+"""The agent's side of the GraphQL contract: two mutations over httpx.
+
+The operations are kept as .graphql documents beside this module, and a test
+validates each against the service's exported schema, so the agent and the
+service meet only at the schema and cannot drift apart unnoticed.
+"""
+
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+import httpx
+
+
+def load_operation(name: str) -> str:
+    """The text of agent/operations/<name>.graphql."""
+    return files("agent").joinpath("operations", f"{name}.graphql").read_text()
+
+
+class ServiceUnavailable(Exception):
+    """The service could not be reached or did not answer: worth retrying unchanged."""
+
+
+class ServiceError(Exception):
+    """The service answered with an error other than the ones the agent acts on."""
+
+    def __init__(self, code: str | None, message: str) -> None:
+        super().__init__(f"{message} [{code}]" if code else message)
+        self.code = code
+
+
+class NodeNotFound(ServiceError):
+    """The service does not know this node (a new database, or it was removed): register again."""
+
+
+class ReportRejected(ServiceError):
+    """The service refused the report itself: sending it again unchanged cannot help."""
+
+    def __init__(self, message: str, field: str | None, value: object) -> None:
+        super().__init__("BAD_INPUT", message)
+        self.field = field
+        self.value = value
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    id: str
+    state: str
+    state_reason: str | None
+
+
+class InventoryClient:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
+        self._register = load_operation("register_node")
+        self._heartbeat = load_operation("heartbeat")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def register_node(self, node_input: dict[str, Any]) -> NodeStatus:
+        data = await self._execute(self._register, {"input": node_input})
+        return _status(data["registerNode"])
+
+    async def heartbeat(self, node_id: str) -> NodeStatus:
+        data = await self._execute(self._heartbeat, {"nodeId": node_id})
+        return _status(data["heartbeat"])
+
+    async def _execute(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = await self._http.post(
+                self.url, json={"query": query, "variables": variables}
+            )
+        except httpx.HTTPError as e:
+            raise ServiceUnavailable(f"cannot reach {self.url}: {e!r}") from e
+        if response.status_code in (401, 403):
+            raise ServiceError(
+                "UNAUTHENTICATED",
+                f"the service refused the agent's token (HTTP {response.status_code}): "
+                "check token or token_file",
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise ServiceUnavailable(
+                f"{self.url} answered HTTP {response.status_code} without a GraphQL response"
+            )
+        errors = body.get("errors")
+        if errors:
+            raise _error(errors[0])
+        data = body.get("data")
+        if not isinstance(data, dict):
+            raise ServiceUnavailable(
+                f"{self.url} answered HTTP {response.status_code} without data"
+            )
+        return data
+
+
+def _error(error: Any) -> ServiceError:
+    if not isinstance(error, dict):
+        return ServiceError(None, str(error))
+    message = str(error.get("message", "unknown error"))
+    extensions = error.get("extensions") or {}
+    code = extensions.get("code") if isinstance(extensions, dict) else None
+    if code == "NODE_NOT_FOUND":
+        return NodeNotFound(code, message)
+    if code == "BAD_INPUT":
+        return ReportRejected(message, extensions.get("field"), extensions.get("value"))
+    return ServiceError(code, message)
+
+
+def _status(node: Any) -> NodeStatus:
+    if not isinstance(node, dict):
+        raise ServiceUnavailable("the service answered without the node")
+    return NodeStatus(str(node.get("id")), str(node.get("state")), node.get("stateReason"))

@@ -1,0 +1,297 @@
+"""The agent's configuration: a TOML file, each key overridable by an LLMGW_AGENT_* variable.
+
+Every key is checked at start-up and a bad one stops the agent with a message
+naming the key (or variable), its value and where it came from. An unknown key
+is an error too: a misspelt key that is silently ignored leaves the agent
+running on a default the operator believes they changed, which is the one
+failure nobody looks for.
+"""
+
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+from agent.identity import default_mgmt_addr, read_machine_id
+
+DEFAULT_CONFIG_PATH = "/etc/llmgw/agent.toml"
+DEFAULT_SERVICE_URL = "http://127.0.0.1:8080/graphql"
+ENV_PREFIX = "LLMGW_AGENT_"
+# Names the config file itself, so it is not a key.
+CONFIG_PATH_VAR = ENV_PREFIX + "CONFIG"
+
+# Process names of the serving engines this agent's node runs. A compute
+# process on a GPU that matches none of them is someone else's, and makes the
+# GPU not free.
+DEFAULT_ENGINE_PROCESSES = ("vllm", "sglang", "trtllm-serve", "tensorrt_llm", "tritonserver")
+
+
+class ConfigError(Exception):
+    """A configuration the agent must not start with; the message names the key."""
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    """An operator-assigned fabric name and the adapters cabled to it."""
+
+    name: str
+    hcas: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_id: str
+    hostname: str
+    mgmt_addr: str
+    service_url: str = DEFAULT_SERVICE_URL
+    token: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    model_dirs: tuple[str, ...] = ()
+    fabrics: tuple[FabricConfig, ...] = ()
+    # Added to the built-in network and cluster filesystem types.
+    shared_fs_types: tuple[str, ...] = ()
+    engine_processes: tuple[str, ...] = DEFAULT_ENGINE_PROCESSES
+    # Overrides the class the service derives from each GPU's name and memory.
+    gpu_class: str | None = None
+    heartbeat_interval: float = 10.0
+    scan_interval: float = 60.0
+    full_report_interval: float = 300.0
+    max_backoff: float = 60.0
+    request_timeout: float = 10.0
+    root: str = "/"
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """Where one raw value came from, for error messages."""
+
+    name: str  # the key as the operator wrote it: `labels.zone`, `LLMGW_AGENT_ROOT`
+    value: object
+    origin: str  # the file, or "environment"
+
+    def fail(self, problem: str) -> NoReturn:
+        raise ConfigError(f"{self.name} = {self.value!r} ({self.origin}): {problem}")
+
+    def at(self, suffix: str, value: object) -> "_Setting":
+        return _Setting(f"{self.name}{suffix}", value, self.origin)
+
+
+def _text(s: _Setting) -> str:
+    if not isinstance(s.value, str) or not s.value.strip():
+        s.fail("must be a non-empty string")
+    return s.value.strip()
+
+
+def _url(s: _Setting) -> str:
+    url = _text(s)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        s.fail("must be an http:// or https:// URL with a host")
+    return url
+
+
+def _seconds(s: _Setting) -> float:
+    value = s.value
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            s.fail("must be a number of seconds")
+    # bool is an int to Python, but `true` is never a number of seconds.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        s.fail("must be a positive number of seconds")
+    return float(value)
+
+
+def _list(s: _Setting) -> list[_Setting]:
+    value = s.value
+    if isinstance(value, str):
+        value = [item.strip() for item in value.split(",") if item.strip()]
+    if not isinstance(value, list):
+        s.fail("must be a list")
+    return [s.at(f"[{i}]", item) for i, item in enumerate(value)]
+
+
+def _names(s: _Setting) -> tuple[str, ...]:
+    return tuple(_text(item) for item in _list(s))
+
+
+def _absolute_path(s: _Setting) -> str:
+    path = _text(s)
+    if not path.startswith("/"):
+        s.fail("must be an absolute path")
+    return os.path.normpath(path)
+
+
+def _absolute_paths(s: _Setting) -> tuple[str, ...]:
+    return tuple(_absolute_path(item) for item in _list(s))
+
+
+def _labels(s: _Setting) -> dict[str, str]:
+    value = s.value
+    if isinstance(value, str):
+        pairs = {}
+        for item in (p.strip() for p in value.split(",") if p.strip()):
+            key, sep, label = item.partition("=")
+            if not sep or not key.strip():
+                s.fail(f"{item!r} is not key=value")
+            pairs[key.strip()] = label.strip()
+        value = pairs
+    if not isinstance(value, dict):
+        s.fail("must be a table of key = value strings")
+    labels = {}
+    for key, label in value.items():
+        if not isinstance(label, str):
+            s.at(f".{key}", label).fail("must be a string (quote it)")
+        labels[str(key)] = label
+    return labels
+
+
+def _fabrics(s: _Setting) -> tuple[FabricConfig, ...]:
+    value = s.value
+    if isinstance(value, str):
+        # name=hca,hca;name=hca
+        tables: list[object] = []
+        for item in (p.strip() for p in value.split(";") if p.strip()):
+            fabric, sep, adapters = item.partition("=")
+            if not sep:
+                s.fail(f"{item!r} is not name=hca,hca")
+            tables.append({"name": fabric.strip(), "hcas": adapters})
+        value = tables
+    if not isinstance(value, list):
+        s.fail("must be a list of [[fabrics]] tables")
+    fabrics: list[FabricConfig] = []
+    for i, table in enumerate(value):
+        entry = s.at(f"[{i}]", table)
+        if not isinstance(table, dict):
+            entry.fail("must be a table with name and hcas")
+        for key in table:
+            if key not in ("name", "hcas"):
+                # rate_gbps in particular: the rate is measured from the port,
+                # because a configured one stays right after a cable is swapped.
+                entry.at(f".{key}", table[key]).fail("unknown key (a fabric has name and hcas)")
+        if "name" not in table:
+            entry.fail("name is required: the operator-assigned fabric name")
+        if "hcas" not in table:
+            entry.fail("hcas is required: the adapters cabled to this fabric")
+        name = _text(entry.at(".name", table["name"]))
+        hcas = _names(entry.at(".hcas", table["hcas"]))
+        if not hcas:
+            entry.at(".hcas", table["hcas"]).fail("must list at least one adapter")
+        for j, hca in enumerate(hcas):
+            if "/" in hca or hca in (".", ".."):
+                entry.at(f".hcas[{j}]", hca).fail("must be an adapter name such as mlx5_0")
+        if any(f.name == name for f in fabrics):
+            entry.at(".name", name).fail("names another fabric too")
+        fabrics.append(FabricConfig(name, hcas))
+    return tuple(fabrics)
+
+
+_PARSERS: dict[str, Callable[[_Setting], object]] = {
+    "service_url": _url,
+    "token": _text,
+    "token_file": _text,
+    "node_id": _text,
+    "hostname": _text,
+    "mgmt_addr": _text,
+    "labels": _labels,
+    "model_dirs": _absolute_paths,
+    "fabrics": _fabrics,
+    "shared_fs_types": _names,
+    "engine_processes": _names,
+    "gpu_class": _text,
+    "heartbeat_interval": _seconds,
+    "scan_interval": _seconds,
+    "full_report_interval": _seconds,
+    "max_backoff": _seconds,
+    "request_timeout": _seconds,
+    "root": _absolute_path,
+}
+
+KEYS = tuple(_PARSERS)
+ENV_VARS = tuple(ENV_PREFIX + key.upper() for key in KEYS)
+
+
+def _read_file(path: str) -> dict[str, object]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"--config = {path!r}: cannot read it: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config = {path!r}: not valid TOML: {e}") from e
+
+
+def _settings(path: str | None, env: Mapping[str, str]) -> dict[str, _Setting]:
+    settings: dict[str, _Setting] = {}
+    if path is not None:
+        for key, value in _read_file(path).items():
+            setting = _Setting(key, value, path)
+            if key not in _PARSERS:
+                setting.fail(f"unknown key; known keys: {', '.join(KEYS)}")
+            settings[key] = setting
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_PATH_VAR:
+            continue
+        setting = _Setting(var, value, "environment")
+        key = var[len(ENV_PREFIX) :].lower()
+        if key not in _PARSERS:
+            setting.fail(f"unknown variable; known: {', '.join(ENV_VARS)}")
+        settings[key] = setting
+    return settings
+
+
+def _read_token(s: _Setting) -> str:
+    path = _text(s)
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        s.fail(f"cannot read the token file: {e.strerror}")
+    if not token:
+        s.fail("the token file is empty")
+    return token
+
+
+def load_config(path: str | None, env: Mapping[str, str]) -> AgentConfig:
+    """The configuration from the file at `path` (None: no file) and `env`.
+
+    Raises ConfigError naming the key, the value and its origin.
+    """
+    settings = _settings(path, env)
+    values = {key: _PARSERS[key](s) for key, s in settings.items()}
+
+    if "token" in settings and "token_file" in settings:
+        settings["token"].fail("set token or token_file, not both")
+    if "token_file" in settings:
+        values["token"] = _read_token(settings.pop("token_file"))
+        values.pop("token_file")
+    root = str(values.get("root", "/"))
+
+    if "node_id" not in values:
+        machine_id = read_machine_id(root)
+        if machine_id is None:
+            raise ConfigError(
+                f"node_id is not set and {root.rstrip('/')}/etc/machine-id is missing or empty: "
+                f"set node_id in the config file or {ENV_PREFIX}NODE_ID"
+            )
+        values["node_id"] = machine_id
+    values.setdefault("hostname", socket.gethostname())
+    if "mgmt_addr" not in values:
+        values["mgmt_addr"] = default_mgmt_addr(str(values.get("service_url", DEFAULT_SERVICE_URL)))
+    return AgentConfig(**values)  # type: ignore[arg-type]
+
+
+def config_path(cli_path: str | None, env: Mapping[str, str]) -> str | None:
+    """The file to read: --config, else LLMGW_AGENT_CONFIG, else the default if it exists.
+
+    A file named on purpose must exist; the default may not, so an agent
+    configured entirely from the environment (a container) needs no file.
+    """
+    named = cli_path or env.get(CONFIG_PATH_VAR)
+    if named:
+        return named
+    return DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else None

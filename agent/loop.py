@@ -1,0 +1,211 @@
+"""The agent's loop: register, heartbeat, re-send the report when it changes.
+
+The agent is the only writer of its node's report, so it must never give up:
+a service that is down or failing is retried with capped, jittered backoff
+forever, and logged once per outage rather than once per try (an agent that
+logs every retry for an hour-long outage fills the journal and buries the one
+line that said what went wrong).
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from agent.backoff import Backoff
+from agent.client import (
+    InventoryClient,
+    NodeNotFound,
+    NodeStatus,
+    ReportRejected,
+    ServiceError,
+    ServiceUnavailable,
+)
+from agent.config import AgentConfig
+from agent.report import Report
+from agent.threads import in_daemon_thread
+
+log = logging.getLogger("llmgw.agent")
+
+
+class Outage:
+    """Logs the start and the end of a run of failures, not every failure in it."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.failures = 0
+        self._since = 0.0
+        self._kind: str | None = None
+
+    def failed(self, error: Exception) -> None:
+        kind = f"{type(error).__name__}:{getattr(error, 'code', '')}"
+        if self.failures == 0:
+            self._since = self._clock()
+        if kind != self._kind:
+            # Once per outage, and again only if the failure changes nature
+            # (refused connections turning into a refused token is news).
+            log.warning(
+                "the inventory service is failing: %s; retrying with backoff "
+                "(logged again when it recovers)",
+                error,
+            )
+            self._kind = kind
+        else:
+            log.debug("still failing (attempt %d): %s", self.failures + 1, error)
+        self.failures += 1
+
+    def recovered(self) -> None:
+        if self.failures:
+            log.info(
+                "the inventory service is back after %d failed attempts over %.0f s",
+                self.failures,
+                self._clock() - self._since,
+            )
+        self.failures = 0
+        self._kind = None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: InventoryClient,
+        survey: Callable[[], Report],
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        retry: Backoff | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self._survey_now = survey
+        self._sleep = sleep
+        self._clock = clock
+        self._retry = retry or Backoff(first=1.0, cap=config.max_backoff)
+        self._rejections = Backoff(first=config.heartbeat_interval, cap=config.full_report_interval)
+        self.outage = Outage(clock)
+        self.registered = False
+        self.sent_digest: str | None = None
+        self._sent_at = 0.0
+        self._rejected_digest: str | None = None
+        self._retry_register_at = 0.0
+        self._warned: frozenset[str] = frozenset()
+        self._state: tuple[str, str | None] | None = None
+
+    async def survey(self) -> Report | None:
+        """The node as it is now; None if discovery itself broke (a bug, logged)."""
+        try:
+            report = await in_daemon_thread(self._survey_now)
+        except Exception:
+            log.exception("discovering the node failed; keeping the last report")
+            return None
+        # Each warning once while it lasts: the same missing filer every
+        # minute is one fact, not sixty.
+        for warning in report.warnings:
+            if warning not in self._warned:
+                log.warning("%s", warning)
+        self._warned = frozenset(report.warnings)
+        return report
+
+    async def register_once(self) -> NodeStatus:
+        """Register the node now; errors are the caller's (`--once`)."""
+        report = await self.survey()
+        if report is None:
+            raise RuntimeError("discovery failed; see the log")
+        status = await self.client.register_node(report.node_input)
+        self._note(status)
+        return status
+
+    async def run(self) -> None:
+        """Forever: cancel the task to stop it."""
+        report: Report | None = None
+        next_survey = self._clock()
+        while True:
+            now = self._clock()
+            if now >= next_survey:
+                report = await self.survey() or report
+                next_survey = now + self.config.scan_interval
+            if report is None:
+                await self._sleep(self._retry.next())
+                continue
+            await self._sleep(await self.step(report, now))
+
+    def _action(self, report: Report, now: float) -> str:
+        # A report the service refused is not sent again unchanged until its
+        # backoff passes; heartbeats keep the node alive on its last good report.
+        held_back = report.digest == self._rejected_digest and now < self._retry_register_at
+        if not self.registered:
+            return "wait" if held_back else "register"
+        due = (
+            report.digest != self.sent_digest
+            or now - self._sent_at >= self.config.full_report_interval
+        )
+        return "register" if due and not held_back else "heartbeat"
+
+    async def step(self, report: Report, now: float) -> float:
+        """One exchange with the service; returns how long to wait before the next."""
+        action = self._action(report, now)
+        if action == "wait":
+            return min(self.config.heartbeat_interval, self._retry_register_at - now)
+        try:
+            if action == "register":
+                status = await self.client.register_node(report.node_input)
+                self.registered = True
+                self.sent_digest = report.digest
+                self._sent_at = now
+                self._rejected_digest = None
+                self._rejections.reset()
+                log.debug("report sent for node %s", status.id)
+            else:
+                status = await self.client.heartbeat(self.config.node_id)
+        except NodeNotFound:
+            # The service lost the node (a fresh database) or an operator removed
+            # it: the agent is the only one who can put it back.
+            self.outage.recovered()
+            log.info("the service does not know node %s: registering again", self.config.node_id)
+            self.registered = False
+            return 0.0
+        except ReportRejected as e:
+            self.outage.recovered()
+            if report.digest != self._rejected_digest:
+                log.error(
+                    "the service rejected this node's report: %s (field %s, value %r); "
+                    "it is sent again when it changes, or after a backoff",
+                    e,
+                    e.field,
+                    e.value,
+                )
+            self._rejected_digest = report.digest
+            self._retry_register_at = now + self._rejections.next()
+            return min(self.config.heartbeat_interval, self._retry_register_at - now)
+        except (ServiceUnavailable, ServiceError) as e:
+            self.outage.failed(e)
+            return self._retry.next()
+        self.outage.recovered()
+        self._retry.reset()
+        self._note(status)
+        return self.config.heartbeat_interval
+
+    def _note(self, status: NodeStatus) -> None:
+        state = (status.state, status.state_reason)
+        if state != self._state:
+            reason = f" ({status.state_reason})" if status.state_reason else ""
+            log.info("node %s is %s%s", status.id, status.state, reason)
+            self._state = state
+
+
+async def run_until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
+    """Run `work` until it ends or `stop` is set, then cancel it at once.
+
+    Cancelling rather than asking the loop to notice stops it mid-request too:
+    SIGTERM must take effect within a second even while a request hangs.
+    """
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    for pending in (task, stopper):
+        pending.cancel()
+    await asyncio.gather(task, stopper, return_exceptions=True)
+    if task in done and not task.cancelled():
+        task.result()

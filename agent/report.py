@@ -1,0 +1,138 @@
+"""The node's report: everything discovered, as the contract's `NodeInput`.
+
+"Nothing reported" means "unknown" to the service, so this module leaves a
+field out rather than send an empty or zero stand-in: no model directories
+means no storage and no weights (the node was not asked to look), while
+directories that exist but hold no models send `weights: []` (it looked and
+found none).
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from typing import Any
+
+from agent import __version__
+from agent.config import AgentConfig
+from agent.engines import engine_versions
+from agent.fabrics import discover_fabrics
+from agent.gpus import Gpu, discover_gpus, load_nvml
+from agent.memory import read_meminfo
+from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
+from agent.weights import WeightsScanner
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Host:
+    """The process edges discovery reads through, other than files under the root."""
+
+    # The pynvml module, a stand-in with its names, or None (not installed).
+    nvml: Any | None
+    statvfs: Callable[[str], SpaceFigures] = os.statvfs
+    stat: Callable[[str], DeviceFigures] = os.stat
+    version_of: Callable[[str], str] = version
+
+    @classmethod
+    def this_machine(cls) -> "Host":
+        return cls(nvml=load_nvml())
+
+
+@dataclass(frozen=True)
+class Report:
+    # The registerNode input, with the contract's field names.
+    node_input: dict[str, Any]
+    # What discovery could not see, for the operator.
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def digest(self) -> str:
+        """A hash that changes when the report changes in a way worth sending at once.
+
+        Free space is rounded down to whole GiB: logs and caches move it by a
+        few bytes every minute, and re-sending every node's report for that
+        would load the service for nothing. A model downloaded or deleted moves
+        it by gigabytes and goes out at once; the periodic full report carries
+        the exact figure anyway.
+        """
+        coarse = json.loads(json.dumps(self.node_input))
+        for fs in coarse.get("storage", []):
+            fs["freeBytes"] //= _GIB
+        text = json.dumps(coarse, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _gpu_input(gpu: Gpu, gpu_class: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"index": gpu.index, "name": gpu.name}
+    if gpu.uuid is not None:
+        entry["uuid"] = gpu.uuid
+    # The service derives the class from name and memory; only an operator's
+    # override is sent, so the mapping lives in one place.
+    if gpu_class is not None:
+        entry["gpuClass"] = gpu_class
+    if gpu.memory_mb is not None:
+        entry["memoryMb"] = gpu.memory_mb
+    entry["healthy"] = gpu.healthy
+    entry["healthReasons"] = list(gpu.health_reasons)
+    return entry
+
+
+def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Report:
+    """Discover the node now. Never raises for what the node lacks: that becomes a warning."""
+    warnings: list[str] = []
+    warn = warnings.append
+    root = config.root
+
+    report: dict[str, Any] = {
+        "id": config.node_id,
+        "hostname": config.hostname,
+        "mgmtAddr": config.mgmt_addr,
+        "labels": [{"key": k, "value": v} for k, v in sorted(config.labels.items())],
+    }
+    memory = read_meminfo(root)
+    if memory is None:
+        warn("cannot read MemTotal from /proc/meminfo: RAM not reported")
+    else:
+        report["memoryTotalMb"] = memory
+
+    gpus = discover_gpus(host.nvml, root, config.engine_processes, warn)
+    report["gpus"] = [_gpu_input(gpu, config.gpu_class) for gpu in gpus]
+
+    report["fabrics"] = [
+        {"fabric": a.fabric, "hcas": list(a.hcas), "rateGbps": a.rate_gbps}
+        for a in discover_fabrics(root, config.fabrics, warn)
+    ]
+
+    present = present_model_dirs(root, config.model_dirs, warn)
+    if present:
+        filesystems = discover_storage(
+            root, present, config.shared_fs_types, warn, statvfs=host.statvfs, stat=host.stat
+        )
+        if filesystems:
+            report["storage"] = [
+                {
+                    "id": fs.id,
+                    "mountPoint": fs.mount_point,
+                    "fsType": fs.fs_type,
+                    "shared": fs.shared,
+                    "freeBytes": fs.free_bytes,
+                    "totalBytes": fs.total_bytes,
+                    "directories": list(fs.directories),
+                }
+                for fs in filesystems
+            ]
+        # Only directories that exist were looked in: with none of them
+        # there, the node could not look, which is "unknown", not "none".
+        report["weights"] = [
+            {"path": w.path, "sizeBytes": w.size_bytes} for w in weights.scan(present, warn)
+        ]
+
+    report["agentVersion"] = __version__
+    report["engineVersions"] = [
+        {"key": k, "value": v} for k, v in sorted(engine_versions(host.version_of).items())
+    ]
+    return Report(report, tuple(warnings))
