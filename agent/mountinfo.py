@@ -4,7 +4,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from agent.rootfs import host_path
+from agent.rootfs import host_path, node_view
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,12 @@ def _unescape(field: str) -> str:
 
 
 def read_mountinfo(root: str) -> list[Mount]:
-    """Every mount, in the kernel's order (a later mount on the same point hides an earlier one)."""
+    """Every mount, in the kernel's order (a later mount on the same point hides an earlier one).
+
+    Mount points under `root` are given in the host's terms: in a container
+    that mounts the host at /host, its /host/data is the node's /data, which is
+    the name the configured model directories use.
+    """
     try:
         text = host_path(root, "/proc/self/mountinfo").read_text()
     except OSError:
@@ -35,7 +40,9 @@ def read_mountinfo(root: str) -> list[Mount]:
             continue
         if dash + 2 >= len(fields):
             continue
-        mounts.append(Mount(_unescape(fields[4]), fields[dash + 1], _unescape(fields[dash + 2])))
+        point = _unescape(fields[4])
+        point = node_view(root, point) or point
+        mounts.append(Mount(point, fields[dash + 1], _unescape(fields[dash + 2])))
     return mounts
 
 
