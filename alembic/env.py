@@ -1,0 +1,51 @@
+"""Alembic's async environment: runs migrations over asyncpg under an advisory lock."""
+
+import asyncio
+import os
+
+from sqlalchemy import pool, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from alembic import context
+from service.db import asyncpg_url
+from service.migrations import MIGRATION_LOCK_KEY
+from service.tables import metadata
+
+config = context.config
+target_metadata = metadata
+
+
+def database_url() -> str:
+    url = config.attributes.get("database_url") or os.environ.get("DATABASE_URL")
+    if not url:
+        raise SystemExit("DATABASE_URL is not set: which database should be migrated?")
+    return asyncpg_url(str(url))
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def do_run_migrations(connection: Connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata)
+    with context.begin_transaction():
+        # Taken before alembic reads the current revision, so a second
+        # process waits here and then finds nothing left to do.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        context.run_migrations()
+
+
+async def run_async_migrations() -> None:
+    engine = create_async_engine(database_url(), poolclass=pool.NullPool)
+    async with engine.connect() as connection:
+        await connection.run_sync(do_run_migrations)
+    await engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    asyncio.run(run_async_migrations())

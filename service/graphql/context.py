@@ -1,0 +1,49 @@
+"""What every resolver of one request shares: the engine, settings and that request's loaders."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from strawberry.types import Info as StrawberryInfo
+
+from service.config import Settings
+from service.graphql.loaders import Loaders
+from service.transactions import in_transaction
+
+T = TypeVar("T")
+
+
+@dataclass
+class Context:
+    engine: AsyncEngine
+    settings: Settings
+    loaders: Loaders
+    actor: str | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    request: Any = None
+    response: Any = None
+
+    async def write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run one mutation's work in one transaction (retried on deadlock or serialization loss)."""
+        return await in_transaction(self.engine, work)
+
+    def page_size(self, first: int | None, field_name: str = "first") -> int:
+        from service.errors import InvalidInput
+
+        limit = self.settings.max_page_size
+        if first is None:
+            return limit
+        if first < 1 or first > limit:
+            raise InvalidInput(field_name, first, f"must be between 1 and {limit}")
+        return first
+
+
+def new_context(engine: AsyncEngine, settings: Settings, **extra: Any) -> Context:
+    return Context(engine=engine, settings=settings, loaders=Loaders(engine), **extra)
+
+
+Info = StrawberryInfo[Context, None]

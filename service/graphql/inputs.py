@@ -1,0 +1,150 @@
+"""GraphQL inputs and their translation into the domain's report."""
+
+from __future__ import annotations
+
+import strawberry
+
+from service.node_views import NodeFilter as NodeFilterRecord
+from service.reports import FabricReport, FilesystemReport, GpuReport, NodeReport, WeightsReport
+
+from .scalars import Bytes
+from .types import NodeState
+
+
+@strawberry.input
+class KeyValueInput:
+    key: str
+    value: str
+
+
+@strawberry.input
+class GpuInput:
+    index: int
+    uuid: str | None = None
+    name: str
+    gpu_class: str | None = strawberry.field(
+        default=None, description="Optional override; derived from name and memory when absent."
+    )
+    memory_mb: int | None = None
+    healthy: bool
+    health_reasons: list[str] | None = None
+
+
+@strawberry.input
+class FabricInput:
+    fabric: str
+    hcas: list[str]
+    rate_gbps: int
+
+
+@strawberry.input
+class FilesystemInput:
+    id: str
+    mount_point: str
+    fs_type: str | None = None
+    shared: bool
+    free_bytes: Bytes
+    total_bytes: Bytes
+    directories: list[str] | None = None
+
+
+@strawberry.input
+class WeightsInput:
+    path: str
+    size_bytes: Bytes | None = None
+
+
+@strawberry.input
+class NodeInput:
+    id: strawberry.ID
+    hostname: str
+    mgmt_addr: str
+    labels: list[KeyValueInput] | None = None
+    memory_total_mb: int | None = None
+    gpus: list[GpuInput]
+    fabrics: list[FabricInput] | None = None
+    storage: list[FilesystemInput] | None = strawberry.field(
+        default=None,
+        description="Null or empty: nothing known about disk (an old agent, or no model directories).",
+    )
+    weights: list[WeightsInput] | None = strawberry.field(
+        default=None, description="Null or empty: the node was not asked to look."
+    )
+    agent_version: str | None = None
+    engine_versions: list[KeyValueInput] | None = None
+
+    def to_report(self) -> NodeReport:
+        return NodeReport(
+            id=str(self.id),
+            hostname=self.hostname,
+            mgmt_addr=self.mgmt_addr,
+            labels=tuple((kv.key, kv.value) for kv in self.labels or ()),
+            memory_total_mb=self.memory_total_mb,
+            gpus=tuple(
+                GpuReport(
+                    index=g.index,
+                    uuid=g.uuid,
+                    name=g.name,
+                    gpu_class=g.gpu_class,
+                    memory_mb=g.memory_mb,
+                    healthy=g.healthy,
+                    health_reasons=tuple(g.health_reasons or ()),
+                )
+                for g in self.gpus
+            ),
+            fabrics=tuple(
+                FabricReport(fabric=f.fabric, hcas=tuple(f.hcas), rate_gbps=f.rate_gbps)
+                for f in self.fabrics or ()
+            ),
+            storage=tuple(
+                FilesystemReport(
+                    id=fs.id,
+                    mount_point=fs.mount_point,
+                    fs_type=fs.fs_type,
+                    shared=fs.shared,
+                    free_bytes=fs.free_bytes,
+                    total_bytes=fs.total_bytes,
+                    directories=tuple(fs.directories or ()),
+                )
+                for fs in self.storage or ()
+            ),
+            weights=tuple(
+                WeightsReport(path=w.path, size_bytes=w.size_bytes) for w in self.weights or ()
+            ),
+            agent_version=self.agent_version,
+            engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),
+        )
+
+
+@strawberry.input
+class NodeFilter:
+    state: NodeState | None = None
+    schedulable: bool | None = None
+    fabric: str | None = None
+    gpu_class: str | None = None
+    label: KeyValueInput | None = None
+    has_weights: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Nodes that hold exactly this weights path. A node that was not asked to look "
+            "(no weights reported) is not excluded."
+        ),
+    )
+    min_local_disk_free: Bytes | None = strawberry.field(
+        default=None,
+        description=(
+            "Nodes whose local disk has at least this much free. A node whose disk is "
+            "unknown is not excluded."
+        ),
+    )
+
+    def to_record(self) -> NodeFilterRecord:
+        return NodeFilterRecord(
+            state=self.state.value if self.state is not None else None,
+            schedulable=self.schedulable,
+            fabric=self.fabric,
+            gpu_class=self.gpu_class,
+            label=(self.label.key, self.label.value) if self.label is not None else None,
+            has_weights=self.has_weights,
+            min_local_disk_free=self.min_local_disk_free,
+        )

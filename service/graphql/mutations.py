@@ -1,0 +1,81 @@
+"""The agent's and the operator's mutations. One transaction each, opened here."""
+
+from __future__ import annotations
+
+import strawberry
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service import node_views, nodes
+from service.errors import NodeNotFound
+from service.node_views import NodeRecord
+
+from .context import Info
+from .inputs import NodeInput
+from .types import Node
+
+
+async def _read_back(conn: AsyncConnection, node_id: str) -> NodeRecord:
+    record = await node_views.get_node(conn, node_id)
+    if record is None:
+        raise NodeNotFound(node_id)
+    return record
+
+
+@strawberry.type
+class NodeMutations:
+    @strawberry.mutation(
+        description="Agent: create or replace a node's report. An operator's cordon or drain survives it."
+    )
+    async def register_node(self, info: Info, input: NodeInput) -> Node:
+        report = input.to_report()
+        actor = info.context.actor
+
+        async def work(conn: AsyncConnection) -> NodeRecord:
+            await nodes.register_node(conn, report, actor)
+            return await _read_back(conn, report.id)
+
+        return Node.of(await info.context.write(work))
+
+    @strawberry.mutation(
+        description=(
+            "Agent: I am alive. Brings an unreachable or lost node back to ready; errors for an "
+            "unknown node (code NODE_NOT_FOUND) so the agent re-registers."
+        )
+    )
+    async def heartbeat(self, info: Info, node_id: strawberry.ID) -> Node:
+        async def work(conn: AsyncConnection) -> NodeRecord:
+            await nodes.heartbeat(conn, str(node_id))
+            return await _read_back(conn, str(node_id))
+
+        return Node.of(await info.context.write(work))
+
+    @strawberry.mutation
+    async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
+        async def work(conn: AsyncConnection) -> NodeRecord:
+            await nodes.cordon_node(conn, str(id), reason, info.context.actor)
+            return await _read_back(conn, str(id))
+
+        return Node.of(await info.context.write(work))
+
+    @strawberry.mutation
+    async def drain_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
+        async def work(conn: AsyncConnection) -> NodeRecord:
+            await nodes.drain_node(conn, str(id), reason, info.context.actor)
+            return await _read_back(conn, str(id))
+
+        return Node.of(await info.context.write(work))
+
+    @strawberry.mutation
+    async def uncordon_node(self, info: Info, id: strawberry.ID) -> Node:
+        async def work(conn: AsyncConnection) -> NodeRecord:
+            await nodes.uncordon_node(conn, str(id), info.context.actor)
+            return await _read_back(conn, str(id))
+
+        return Node.of(await info.context.write(work))
+
+    @strawberry.mutation(description="Forget a node and its allocations.")
+    async def remove_node(self, info: Info, id: strawberry.ID) -> bool:
+        async def work(conn: AsyncConnection) -> bool:
+            return await nodes.remove_node(conn, str(id), info.context.actor)
+
+        return await info.context.write(work)

@@ -1,0 +1,100 @@
+"""Read-only root fields. Each opens its own connection: resolvers run concurrently."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import strawberry
+
+from service import allocations, capacity, node_views
+
+from .context import Info
+from .inputs import NodeFilter
+from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus
+
+PAGING = "Sorted by id; pass the last id of a page as `after` for the next one."
+
+
+@strawberry.type
+class NodeQueries:
+    @strawberry.field
+    async def node(self, info: Info, id: strawberry.ID) -> Node | None:
+        record = await info.context.loaders.node.load(str(id))
+        return None if record is None else Node.of(record)
+
+    @strawberry.field(description=f"Nodes matching the filter. {PAGING}")
+    async def nodes(
+        self,
+        info: Info,
+        filter_: Annotated[NodeFilter | None, strawberry.argument(name="filter")] = None,
+        first: int | None = None,
+        after: strawberry.ID | None = None,
+    ) -> list[Node]:
+        page = info.context.page_size(first)
+        node_filter = filter_.to_record() if filter_ is not None else node_views.NodeFilter()
+        async with info.context.engine.connect() as conn:
+            records = await node_views.list_nodes(
+                conn, node_filter, page, str(after) if after is not None else None
+            )
+        for record in records:
+            info.context.loaders.node.prime(record.id, record)
+        return [Node.of(r) for r in records]
+
+    @strawberry.field(
+        description=(
+            "Free, healthy GPUs on schedulable nodes, one entry per node that has at least "
+            f"minFree of them. {PAGING}"
+        )
+    )
+    async def free_gpus(
+        self,
+        info: Info,
+        gpu_class: str | None = None,
+        fabric: str | None = None,
+        min_free: int | None = 1,
+        first: int | None = None,
+        after: strawberry.ID | None = None,
+    ) -> list[NodeFreeGpus]:
+        page = info.context.page_size(first)
+        async with info.context.engine.connect() as conn:
+            found = await capacity.free_gpus(
+                conn,
+                gpu_class=gpu_class,
+                fabric=fabric,
+                min_free=1 if min_free is None else min_free,
+                first=page,
+                after=str(after) if after is not None else None,
+            )
+        return [NodeFreeGpus(node_id=f.node_id, gpu_indices=list(f.gpu_indices)) for f in found]
+
+    @strawberry.field
+    async def fabrics(self, info: Info) -> list[Fabric]:
+        async with info.context.engine.connect() as conn:
+            found = await capacity.fabrics(conn)
+        return [Fabric(name=f.name, node_ids=f.node_ids) for f in found]
+
+    @strawberry.field
+    async def gpu_classes(self, info: Info) -> list[GpuClassSummary]:
+        async with info.context.engine.connect() as conn:
+            found = await capacity.gpu_classes(conn)
+        return [GpuClassSummary.of(s) for s in found]
+
+    @strawberry.field(description="Allocations sorted by shard id; `after` is the last shard id.")
+    async def allocations(
+        self,
+        info: Info,
+        node_id: strawberry.ID | None = None,
+        replica_id: strawberry.ID | None = None,
+        first: int | None = None,
+        after: strawberry.ID | None = None,
+    ) -> list[Allocation]:
+        page = info.context.page_size(first)
+        async with info.context.engine.connect() as conn:
+            shards = await allocations.list_allocations(
+                conn,
+                node_id=str(node_id) if node_id is not None else None,
+                replica_id=str(replica_id) if replica_id is not None else None,
+                first=page,
+                after=str(after) if after is not None else None,
+            )
+        return [Allocation.of(s) for s in shards]

@@ -1,0 +1,329 @@
+"""The GraphQL object types: translations of the domain's records, nothing decided here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+import strawberry
+
+from service.allocations import ShardRecord
+from service.capacity import GpuClassSummary as GpuClassSummaryRecord
+from service.errors import NodeNotFound
+from service.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
+from service.node_views import NodeRecord
+from service.reports import Disk as DiskRecord
+
+from .context import Info
+from .scalars import Bytes
+
+
+@strawberry.enum
+class NodeState(Enum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
+
+
+@strawberry.type
+class KeyValue:
+    key: str
+    value: str
+
+
+def key_values(mapping: dict[str, str]) -> list[KeyValue]:
+    return [KeyValue(key=k, value=mapping[k]) for k in sorted(mapping)]
+
+
+@strawberry.type
+class Disk:
+    free_bytes: Bytes
+    total_bytes: Bytes
+
+    @classmethod
+    def of(cls, disk: DiskRecord | None) -> Disk | None:
+        return (
+            None
+            if disk is None
+            else cls(free_bytes=Bytes(disk.free_bytes), total_bytes=Bytes(disk.total_bytes))
+        )
+
+
+@strawberry.type
+class Allocation:
+    shard_id: strawberry.ID
+    replica_id: strawberry.ID
+    node_id: strawberry.ID
+    gpu_indices: list[int]
+    created_at: datetime
+    fabric: str | None = strawberry.field(
+        description="The fabric a multi-node replica was placed on; null for a single node."
+    )
+    hcas: list[str] = strawberry.field(
+        description="This shard's adapters on that fabric: it is handed only these."
+    )
+
+    @classmethod
+    def of(cls, shard: ShardRecord) -> Allocation:
+        return cls(
+            shard_id=strawberry.ID(shard.shard_id),
+            replica_id=strawberry.ID(shard.replica_id),
+            node_id=strawberry.ID(shard.node_id),
+            gpu_indices=list(shard.gpu_indices),
+            created_at=shard.created_at,
+            fabric=shard.fabric,
+            hcas=list(shard.hcas),
+        )
+
+
+@strawberry.type
+class Gpu:
+    index: int
+    uuid: str | None
+    name: str = strawberry.field(description="As the driver names it, e.g. NVIDIA H100 80GB HBM3.")
+    gpu_class: str = strawberry.field(
+        description="Normalized model and memory, e.g. H100-80GB: what schedulers ask for."
+    )
+    memory_mb: int | None
+    healthy: bool
+    health_reasons: list[str] = strawberry.field(
+        description="Why it is not healthy, e.g. ecc_uncorrected, foreign_process; empty when healthy."
+    )
+    node_id: strawberry.Private[str]
+    held_by: strawberry.Private[str | None]
+
+    @classmethod
+    def of(cls, gpu: GpuRecord) -> Gpu:
+        return cls(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            gpu_class=gpu.gpu_class,
+            memory_mb=gpu.memory_mb,
+            healthy=gpu.healthy,
+            health_reasons=list(gpu.health_reasons),
+            node_id=gpu.node_id,
+            held_by=gpu.held_by,
+        )
+
+    @strawberry.field(description="Null when free.")
+    async def allocation(self, info: Info) -> Allocation | None:
+        if self.held_by is None:
+            return None
+        shard = await info.context.loaders.shard.load(self.held_by)
+        return None if shard is None else Allocation.of(shard)
+
+
+@strawberry.type
+class FabricAttachment:
+    fabric: str
+    hcas: list[str]
+    rate_gbps: int
+
+    @classmethod
+    def of(cls, record: FabricRecord) -> FabricAttachment:
+        return cls(fabric=record.fabric, hcas=list(record.hcas), rate_gbps=record.rate_gbps)
+
+
+@strawberry.type
+class Filesystem:
+    id: str = strawberry.field(
+        description="Stable id of the filesystem on its node (e.g. its device number or fsid)."
+    )
+    mount_point: str
+    fs_type: str | None
+    shared: bool
+    free_bytes: Bytes
+    total_bytes: Bytes
+    directories: list[str] = strawberry.field(
+        description="The configured model directories that live on it."
+    )
+
+    @classmethod
+    def of(cls, fs: FilesystemRecord) -> Filesystem:
+        return cls(
+            id=fs.id,
+            mount_point=fs.mount_point,
+            fs_type=fs.fs_type,
+            shared=fs.shared,
+            free_bytes=Bytes(fs.free_bytes),
+            total_bytes=Bytes(fs.total_bytes),
+            directories=list(fs.directories),
+        )
+
+
+@strawberry.type
+class Weights:
+    path: str
+    size_bytes: Bytes | None
+
+    @classmethod
+    def of(cls, record: WeightsRecord) -> Weights:
+        size = None if record.size_bytes is None else Bytes(record.size_bytes)
+        return cls(path=record.path, size_bytes=size)
+
+
+@strawberry.type
+class Node:
+    id: strawberry.ID
+    hostname: str
+    mgmt_addr: str
+    labels: list[KeyValue]
+    memory_total_mb: int | None = strawberry.field(
+        description="RAM in MiB; null when the agent did not report it (no constraint)."
+    )
+    state: NodeState
+    state_reason: str | None = strawberry.field(
+        description="Why an operator cordoned or drained it, or why it became unreachable or lost."
+    )
+    schedulable: bool
+    last_seen: datetime
+    agent_version: str | None
+    engine_versions: list[KeyValue]
+    local_disk: Disk | None = strawberry.field(
+        description=(
+            "Space on filesystems this node fills itself (shared ones left out); "
+            "null when nothing is known."
+        )
+    )
+    shared_disk: Disk | None = strawberry.field(
+        description="Space on shared filesystems this node mounts, reported apart; null when there are none."
+    )
+    knows_its_weights: bool = strawberry.field(
+        description="False when the node was not asked to look for weights: it then constrains nothing."
+    )
+    state_changed_by: str | None = strawberry.field(
+        description="Who cordoned or drained it, when an operator did."
+    )
+    registered_at: datetime
+
+    @classmethod
+    def of(cls, node: NodeRecord) -> Node:
+        return cls(
+            id=strawberry.ID(node.id),
+            hostname=node.hostname,
+            mgmt_addr=node.mgmt_addr,
+            labels=key_values(node.labels),
+            memory_total_mb=node.memory_total_mb,
+            state=NodeState(node.state),
+            state_reason=node.state_reason,
+            schedulable=node.schedulable,
+            last_seen=node.last_seen,
+            agent_version=node.agent_version,
+            engine_versions=key_values(node.engine_versions),
+            local_disk=Disk.of(node.local_disk),
+            shared_disk=Disk.of(node.shared_disk),
+            knows_its_weights=node.knows_its_weights,
+            state_changed_by=node.state_actor,
+            registered_at=node.registered_at,
+        )
+
+    @strawberry.field
+    async def gpus(self, info: Info) -> list[Gpu]:
+        return [Gpu.of(g) for g in await info.context.loaders.gpus.load(str(self.id))]
+
+    @strawberry.field(description="Healthy GPUs with no allocation, optionally of one class.")
+    async def free_gpus(self, info: Info, gpu_class: str | None = None) -> list[Gpu]:
+        gpus = await info.context.loaders.gpus.load(str(self.id))
+        return [
+            Gpu.of(g)
+            for g in gpus
+            if g.healthy and g.held_by is None and (gpu_class is None or g.gpu_class == gpu_class)
+        ]
+
+    @strawberry.field
+    async def fabrics(self, info: Info) -> list[FabricAttachment]:
+        return [
+            FabricAttachment.of(f) for f in await info.context.loaders.fabrics.load(str(self.id))
+        ]
+
+    @strawberry.field(
+        description="The adapters attached to one fabric: a shard is handed only these."
+    )
+    async def hcas_for(self, info: Info, fabric: str) -> list[str]:
+        for attachment in await info.context.loaders.fabrics.load(str(self.id)):
+            if attachment.fabric == fabric:
+                return list(attachment.hcas)
+        return []
+
+    @strawberry.field(description="One entry per filesystem, not per directory.")
+    async def storage(self, info: Info) -> list[Filesystem]:
+        return [
+            Filesystem.of(fs) for fs in await info.context.loaders.filesystems.load(str(self.id))
+        ]
+
+    @strawberry.field
+    async def weights(self, info: Info) -> list[Weights]:
+        return [Weights.of(w) for w in await info.context.loaders.weights.load(str(self.id))]
+
+    @strawberry.field(
+        description=(
+            "Exact path match. False for a node that was not asked to look; see knowsItsWeights."
+        )
+    )
+    async def has_weights(self, info: Info, source: str) -> bool:
+        return any(w.path == source for w in await info.context.loaders.weights.load(str(self.id)))
+
+    @strawberry.field
+    async def allocations(self, info: Info) -> list[Allocation]:
+        shards = await info.context.loaders.shards_on_node.load(str(self.id))
+        return [Allocation.of(s) for s in shards]
+
+
+async def load_node(info: Info, node_id: str) -> Node:
+    record = await info.context.loaders.node.load(node_id)
+    if record is None:
+        # The node went away between the question and this field: say so
+        # rather than return a half-answer.
+        raise NodeNotFound(node_id)
+    return Node.of(record)
+
+
+@strawberry.type
+class NodeFreeGpus:
+    node_id: strawberry.Private[str]
+    gpu_indices: list[int]
+
+    @strawberry.field
+    async def node(self, info: Info) -> Node:
+        return await load_node(info, self.node_id)
+
+
+@strawberry.type
+class Fabric:
+    name: str
+    node_ids: strawberry.Private[tuple[str, ...]]
+
+    @strawberry.field
+    async def nodes(self, info: Info) -> list[Node]:
+        records = await info.context.loaders.node.load_many(list(self.node_ids))
+        return [Node.of(r) for r in records if r is not None]
+
+
+@strawberry.type(
+    description=(
+        "GPUs of one class across the cluster. total = free + allocated + unhealthy + "
+        "unschedulable: an allocated GPU counts as allocated even when unhealthy, and a "
+        "healthy spare GPU on a node that is not READY counts as unschedulable."
+    )
+)
+class GpuClassSummary:
+    gpu_class: str
+    total: int
+    free: int
+    allocated: int
+    unhealthy: int
+    unschedulable: int
+
+    @classmethod
+    def of(cls, s: GpuClassSummaryRecord) -> GpuClassSummary:
+        return cls(
+            gpu_class=s.gpu_class,
+            total=s.total,
+            free=s.free,
+            allocated=s.allocated,
+            unhealthy=s.unhealthy,
+            unschedulable=s.unschedulable,
+        )

@@ -1,0 +1,145 @@
+"""A page of nodes' details, one statement per kind however many nodes are asked for.
+
+These are the batch functions behind the per-request DataLoaders: N nodes on a
+page cost the same handful of statements as one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    node_id: str
+    index: int
+    uuid: str | None
+    name: str
+    gpu_class: str
+    memory_mb: int | None
+    healthy: bool
+    health_reasons: tuple[str, ...]
+    held_by: str | None
+
+
+@dataclass(frozen=True)
+class FabricRecord:
+    node_id: str
+    fabric: str
+    hcas: tuple[str, ...]
+    rate_gbps: int
+
+
+@dataclass(frozen=True)
+class FilesystemRecord:
+    node_id: str
+    id: str
+    mount_point: str
+    fs_type: str | None
+    shared: bool
+    free_bytes: int
+    total_bytes: int
+    directories: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WeightsRecord:
+    node_id: str
+    path: str
+    size_bytes: int | None
+
+
+_GPUS = text(
+    """
+    SELECT g.node_id, g.idx, g.uuid, g.name, g.gpu_class, g.memory_mb, g.healthy,
+           g.health_reasons, a.shard_id
+    FROM gpus g
+    LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+    WHERE g.node_id = ANY(CAST(:ids AS text[]))
+    ORDER BY g.node_id, g.idx
+    """
+)
+
+
+async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, list[GpuRecord]]:
+    out: dict[str, list[GpuRecord]] = defaultdict(list)
+    for r in await conn.execute(_GPUS, {"ids": list(node_ids)}):
+        out[r.node_id].append(
+            GpuRecord(
+                node_id=r.node_id,
+                index=r.idx,
+                uuid=r.uuid,
+                name=r.name,
+                gpu_class=r.gpu_class,
+                memory_mb=r.memory_mb,
+                healthy=r.healthy,
+                health_reasons=tuple(r.health_reasons),
+                held_by=r.shard_id,
+            )
+        )
+    return out
+
+
+async def fabrics_of(
+    conn: AsyncConnection, node_ids: Sequence[str]
+) -> dict[str, list[FabricRecord]]:
+    out: dict[str, list[FabricRecord]] = defaultdict(list)
+    rows = await conn.execute(
+        text(
+            "SELECT node_id, fabric, hcas, rate_gbps FROM fabric_attachments"
+            " WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, fabric"
+        ),
+        {"ids": list(node_ids)},
+    )
+    for r in rows:
+        out[r.node_id].append(FabricRecord(r.node_id, r.fabric, tuple(r.hcas), r.rate_gbps))
+    return out
+
+
+async def filesystems_of(
+    conn: AsyncConnection, node_ids: Sequence[str]
+) -> dict[str, list[FilesystemRecord]]:
+    out: dict[str, list[FilesystemRecord]] = defaultdict(list)
+    rows = await conn.execute(
+        text(
+            "SELECT node_id, fs_id, mount_point, fs_type, shared, free_bytes, total_bytes,"
+            " directories FROM filesystems WHERE node_id = ANY(CAST(:ids AS text[]))"
+            " ORDER BY node_id, mount_point, fs_id"
+        ),
+        {"ids": list(node_ids)},
+    )
+    for r in rows:
+        out[r.node_id].append(
+            FilesystemRecord(
+                node_id=r.node_id,
+                id=r.fs_id,
+                mount_point=r.mount_point,
+                fs_type=r.fs_type,
+                shared=r.shared,
+                free_bytes=r.free_bytes,
+                total_bytes=r.total_bytes,
+                directories=tuple(r.directories),
+            )
+        )
+    return out
+
+
+async def weights_of(
+    conn: AsyncConnection, node_ids: Sequence[str]
+) -> dict[str, list[WeightsRecord]]:
+    out: dict[str, list[WeightsRecord]] = defaultdict(list)
+    rows = await conn.execute(
+        text(
+            "SELECT node_id, path, size_bytes FROM weights"
+            " WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, path"
+        ),
+        {"ids": list(node_ids)},
+    )
+    for r in rows:
+        out[r.node_id].append(WeightsRecord(r.node_id, r.path, r.size_bytes))
+    return out

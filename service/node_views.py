@@ -1,0 +1,174 @@
+"""Reading nodes: one node, or a page of nodes matching a scheduler's filter.
+
+Each read is one statement whatever the cluster size; the per-node details
+(GPUs, fabrics, storage, weights, allocations) are read by hardware.py in one
+statement per kind for a whole page of nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.errors import InvalidInput
+from service.reports import Disk
+
+STATES = ("ready", "cordoned", "draining", "unreachable", "lost")
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: str
+    hostname: str
+    mgmt_addr: str
+    labels: dict[str, str]
+    memory_total_mb: int | None
+    state: str
+    state_reason: str | None
+    state_actor: str | None
+    last_seen: datetime
+    registered_at: datetime
+    agent_version: str | None
+    engine_versions: dict[str, str]
+    local_disk: Disk | None
+    shared_disk: Disk | None
+    knows_its_weights: bool
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == "ready"
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    state: str | None = None
+    schedulable: bool | None = None
+    fabric: str | None = None
+    gpu_class: str | None = None
+    label: tuple[str, str] | None = None
+    has_weights: str | None = None
+    min_local_disk_free: int | None = None
+
+
+_COLUMNS = """
+    n.id, n.hostname, n.mgmt_addr, n.labels, n.memory_total_mb, n.state,
+    n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
+    n.agent_version, n.engine_versions, n.local_disk_free, n.local_disk_total,
+    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights
+"""
+
+
+def _mapping(value: Any) -> dict[str, str]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def node_from_row(row: Row[Any]) -> NodeRecord:
+    # The reason shown is the one that explains the state: a liveness reason
+    # while unreachable or lost, the operator's while cordoned or draining.
+    if row.state in ("unreachable", "lost"):
+        reason, actor = row.liveness_reason, None
+    else:
+        reason, actor = row.admin_reason, row.admin_actor
+    local = (
+        Disk(row.local_disk_free, row.local_disk_total)
+        if row.local_disk_total is not None
+        else None
+    )
+    shared = (
+        Disk(row.shared_disk_free, row.shared_disk_total)
+        if row.shared_disk_total is not None
+        else None
+    )
+    return NodeRecord(
+        id=row.id,
+        hostname=row.hostname,
+        mgmt_addr=row.mgmt_addr,
+        labels=_mapping(row.labels),
+        memory_total_mb=row.memory_total_mb,
+        state=row.state,
+        state_reason=reason,
+        state_actor=actor,
+        last_seen=row.last_seen,
+        registered_at=row.registered_at,
+        agent_version=row.agent_version,
+        engine_versions=_mapping(row.engine_versions),
+        local_disk=local,
+        shared_disk=shared,
+        knows_its_weights=row.knows_its_weights,
+    )
+
+
+async def get_nodes(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, NodeRecord]:
+    rows = await conn.execute(
+        text(f"SELECT {_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
+        {"ids": list(ids)},
+    )
+    return {row.id: node_from_row(row) for row in rows}
+
+
+async def get_node(conn: AsyncConnection, node_id: str) -> NodeRecord | None:
+    return (await get_nodes(conn, [node_id])).get(node_id)
+
+
+def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
+    where: list[str] = []
+    if f.state is not None:
+        if f.state not in STATES:
+            raise InvalidInput("filter.state", f.state, f"expected one of {', '.join(STATES)}")
+        where.append("n.state = :state")
+        params["state"] = f.state
+    if f.schedulable is not None:
+        where.append("n.state = 'ready'" if f.schedulable else "n.state <> 'ready'")
+    if f.fabric is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM fabric_attachments fa"
+            " WHERE fa.node_id = n.id AND fa.fabric = :fabric)"
+        )
+        params["fabric"] = f.fabric
+    if f.gpu_class is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM gpu_pools gp WHERE gp.node_id = n.id AND gp.gpu_class = :cls)"
+        )
+        params["cls"] = f.gpu_class
+    if f.label is not None:
+        where.append("n.labels @> CAST(:label AS jsonb)")
+        params["label"] = json.dumps({f.label[0]: f.label[1]})
+    if f.has_weights is not None:
+        # A node that reported no weights was not asked to look: keep it.
+        where.append(
+            "(NOT n.knows_its_weights OR EXISTS (SELECT 1 FROM weights w"
+            " WHERE w.node_id = n.id AND w.path = :weights))"
+        )
+        params["weights"] = f.has_weights
+    if f.min_local_disk_free is not None:
+        if f.min_local_disk_free < 0:
+            raise InvalidInput("filter.minLocalDiskFree", f.min_local_disk_free, "must be >= 0")
+        # Unknown disk is not a full disk: a node that reported none stays in.
+        where.append("(n.local_disk_total IS NULL OR n.local_disk_free >= :min_disk)")
+        params["min_disk"] = f.min_local_disk_free
+    return where
+
+
+async def list_nodes(
+    conn: AsyncConnection, node_filter: NodeFilter, first: int, after: str | None = None
+) -> list[NodeRecord]:
+    """A page of nodes sorted by id; `after` is the last id of the previous page."""
+    params: dict[str, Any] = {"first": first}
+    where = _filter_sql(node_filter, params)
+    if after is not None:
+        where.append("n.id > :after")
+        params["after"] = after
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = await conn.execute(
+        text(f"SELECT {_COLUMNS} FROM nodes n {clause} ORDER BY n.id LIMIT :first"), params
+    )
+    return [node_from_row(row) for row in rows]

@@ -1,0 +1,57 @@
+"""One transaction per mutation, retried when PostgreSQL picks it as a deadlock or serialization victim.
+
+The retry is safe because the whole unit of work reruns from the start in a
+new transaction; nothing of the failed attempt was committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.errors import InventoryError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 5
+# SQLSTATEs PostgreSQL uses for a transaction it aborted to let another win.
+RETRYABLE_SQLSTATES = {"40001", "40P01"}
+
+
+class TransactionConflict(InventoryError):
+    code = "CONFLICT"
+
+    def __init__(self, attempts: int) -> None:
+        super().__init__(
+            f"the change kept colliding with concurrent changes ({attempts} attempts); retry later"
+        )
+
+
+def sqlstate(error: BaseException) -> str | None:
+    orig = getattr(error, "orig", None)
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        code = getattr(candidate, "sqlstate", None)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+async def in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            async with engine.begin() as conn:
+                return await work(conn)
+        except DBAPIError as error:
+            if sqlstate(error) not in RETRYABLE_SQLSTATES:
+                raise
+            log.info("transaction lost a conflict (attempt %d): %s", attempt, sqlstate(error))
+            await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+    raise TransactionConflict(MAX_ATTEMPTS)

@@ -1,0 +1,289 @@
+"""Test fixtures: a real PostgreSQL (embedded, or TEST_DATABASE_URL), never a mock.
+
+One throwaway database per test session, migrated to head; every test starts
+from empty tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app import create_app
+from service.config import Settings
+from service.db import create_engine, libpq_url
+from service.migrations import upgrade
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(libpq_url(url))
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """A PostgreSQL server to create throwaway databases on."""
+    external = os.environ.get("TEST_DATABASE_URL")
+    if external:
+        yield libpq_url(external)
+        return
+    from service.embedded import EmbeddedPostgres
+
+    # Under /tmp: the server runs as an unprivileged user that must be able
+    # to traverse every parent of its data directory.
+    root = Path(tempfile.mkdtemp(prefix="llmgw-test-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data")
+    try:
+        yield libpq_url(server.url)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(server: str, prefix: str = "llmgw_test") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(server)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return with_database(server, name)
+
+
+def drop_database(server: str, url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(server)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """A fresh database at the latest migration, for this test session."""
+    url = create_database(server_url)
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        drop_database(server_url, url)
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings(max_page_size=2000)
+
+
+@pytest.fixture(scope="session")
+async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url, settings)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+TABLES = (
+    "allocated_gpus, shards, gpu_pools, gpus, fabric_attachments, filesystems, weights, "
+    "events, api_tokens, nodes"
+)
+
+
+@pytest.fixture(autouse=True)
+async def empty_tables(request: pytest.FixtureRequest) -> None:
+    """Every test that touches the database starts from an empty inventory."""
+    if "engine" not in request.fixturenames:
+        return
+    engine: AsyncEngine = request.getfixturevalue("engine")
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+
+
+@pytest.fixture
+async def client(engine: AsyncEngine, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, engine=engine)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as c:
+        yield c
+
+
+class GraphQLFailure(AssertionError):
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors[0].get("message") if errors else "no errors")
+        self.errors = errors
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return self.errors[0]
+
+
+@dataclass
+class Api:
+    """A GraphQL client the way a scheduler, agent or operator script would use it."""
+
+    client: httpx.AsyncClient
+    headers: dict[str, str] | None = None
+
+    async def raw(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = await self.client.post(
+            "/graphql", json={"query": query, "variables": variables or {}}, headers=self.headers
+        )
+        assert response.status_code < 500, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def __call__(self, query: str, variables: dict[str, Any] | None = None) -> Any:
+        body = await self.raw(query, variables)
+        if body.get("errors"):
+            raise GraphQLFailure(body["errors"])
+        return body["data"]
+
+    async def fails(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The first error of a request that must fail; the test fails if it succeeds."""
+        body = await self.raw(query, variables)
+        assert body.get("errors"), f"expected an error, got {body}"
+        first: dict[str, Any] = body["errors"][0]
+        return first
+
+
+@pytest.fixture
+def api(client: httpx.AsyncClient) -> Api:
+    return Api(client)
+
+
+class StatementCounter:
+    def __init__(self) -> None:
+        self.count = 0
+        self.statements: list[str] = []
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.count += 1
+        self.statements.append(statement)
+
+
+@pytest.fixture
+def count_statements(engine: AsyncEngine) -> Iterator[StatementCounter]:
+    counter = StatementCounter()
+    event.listen(engine.sync_engine, "before_cursor_execute", counter)
+    try:
+        yield counter
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", counter)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveService:
+    """`llmgw-inventory serve` in its own process, as an operator would run it."""
+
+    database_url: str
+    port: int
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/graphql"
+
+    def start(self, timeout: float = 30.0) -> None:
+        env = {**os.environ, **self.env, "DATABASE_URL": self.database_url}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
+            env=env,
+            cwd=REPO,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited with {self.process.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("service did not start in time")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def live_service_factory(database_url: str) -> Iterator[Any]:
+    """Start service processes on the session database; all are stopped after the test."""
+    started: list[LiveService] = []
+
+    def start(env: dict[str, str] | None = None) -> LiveService:
+        service = LiveService(database_url=database_url, port=free_port(), env=env or {})
+        service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()
+
+
+@pytest.fixture
+def live_service(live_service_factory: Any, engine: AsyncEngine) -> LiveService:
+    """One service process on the session database (emptied for this test)."""
+    service: LiveService = live_service_factory()
+    return service
+
+
+@pytest.fixture
+def service_url(live_service: LiveService) -> str:
+    return live_service.url
