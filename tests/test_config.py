@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.config import SETTINGS, Settings, SettingError
+from service.config import SETTINGS, SettingError, Settings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
