@@ -1,0 +1,173 @@
+"""A stand-in for the `pynvml` module, with the real module's names.
+
+Only the names the agent calls are defined, so an agent calling anything else
+fails here with AttributeError; a test checks that each of these names exists
+in the real binding too, so the fake cannot drift into an NVML that does not exist.
+"""
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+_MIB = 1 << 20
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int = 999) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return type(self).__name__.removeprefix("NVMLError_")
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    pass
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):
+    pass
+
+
+class NVMLError_NoPermission(NVMLError):
+    pass
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    pass
+
+
+class NVMLError_FunctionNotFound(NVMLError):
+    pass
+
+
+class NVMLError_Unknown(NVMLError):
+    pass
+
+
+ERRORS = {
+    cls.__name__: cls
+    for cls in (
+        NVMLError,
+        NVMLError_LibraryNotFound,
+        NVMLError_DriverNotLoaded,
+        NVMLError_NotSupported,
+        NVMLError_NoPermission,
+        NVMLError_GpuIsLost,
+        NVMLError_FunctionNotFound,
+        NVMLError_Unknown,
+    )
+}
+CONSTANTS = {
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
+    "NVML_VOLATILE_ECC": 0,
+    "NVML_FEATURE_ENABLED": 1,
+}
+
+
+@dataclass
+class FakeGpu:
+    """One GPU: each figure is its answer, or the exception NVML raises for it."""
+
+    name: Any = "NVIDIA H100 80GB HBM3"
+    memory_mib: Any = 81559
+    uuid: Any = "GPU-00000000-0000-0000-0000-000000000000"
+    bus_id: Any = "00000000:18:00.0"
+    ecc_uncorrected: Any = 0
+    remapped_rows: Any = (0, 0, 0, 0)
+    # Page retirement is pre-Ampere: an H100 says NotSupported.
+    retired_pending: Any = field(default_factory=NVMLError_NotSupported)
+    processes: Any = field(default_factory=list)  # pids, or an exception
+    handle_error: Exception | None = None
+
+    def answer(self, value: Any) -> Any:
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+
+def h100(index: int, **figures: Any) -> FakeGpu:
+    figures.setdefault("uuid", f"GPU-h100-{index}")
+    figures.setdefault("bus_id", f"00000000:{0x18 + index:02X}:00.0")
+    return FakeGpu(**figures)
+
+
+def h200(index: int = 0, **figures: Any) -> FakeGpu:
+    figures.setdefault("uuid", f"GPU-h200-{index}")
+    return FakeGpu(name="NVIDIA H200", memory_mib=143771, **figures)
+
+
+def t4(index: int = 0, **figures: Any) -> FakeGpu:
+    # A T4 has no row remapping; it retires pages instead.
+    figures.setdefault("uuid", f"GPU-t4-{index}")
+    figures.setdefault("remapped_rows", NVMLError_NotSupported())
+    figures.setdefault("retired_pending", 0)
+    return FakeGpu(name="Tesla T4", memory_mib=15360, **figures)
+
+
+class FakeNvml:
+    """The module: `discover_gpus(FakeNvml([...]), ...)`."""
+
+    def __init__(self, gpus: list[FakeGpu], init_error: Exception | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.initialized = False
+        self.shut_down = False
+        for name, value in {**ERRORS, **CONSTANTS}.items():
+            setattr(self, name, value)
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        assert self.initialized, "nvmlShutdown without a successful nvmlInit"
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        gpu = self.gpus[index]
+        if gpu.handle_error is not None:
+            raise gpu.handle_error
+        return gpu
+
+    def nvmlDeviceGetName(self, gpu: FakeGpu) -> Any:
+        return gpu.answer(gpu.name)
+
+    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> Any:
+        return gpu.answer(gpu.uuid)
+
+    def nvmlDeviceGetMemoryInfo(self, gpu: FakeGpu) -> Any:
+        mib = gpu.answer(gpu.memory_mib)
+        return SimpleNamespace(total=mib * _MIB, free=mib * _MIB, used=0)
+
+    def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> Any:
+        return SimpleNamespace(busId=gpu.answer(gpu.bus_id))
+
+    def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, error_type: int, counter: int) -> int:
+        assert (error_type, counter) == (1, 0), "the agent must ask for volatile uncorrected errors"
+        return int(gpu.answer(gpu.ecc_uncorrected))
+
+    def nvmlDeviceGetRemappedRows(self, gpu: FakeGpu) -> tuple[int, int, int, int]:
+        return tuple(gpu.answer(gpu.remapped_rows))  # type: ignore[return-value]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, gpu: FakeGpu) -> int:
+        return int(gpu.answer(gpu.retired_pending))
+
+    def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[Any]:
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in gpu.answer(gpu.processes)
+        ]
+
+
+def names_the_agent_may_call() -> list[str]:
+    """Every module-level name this fake offers, which the real binding must have too."""
+    methods = [n for n in vars(FakeNvml) if n.startswith("nvml")]
+    return sorted([*methods, *ERRORS, *CONSTANTS])
