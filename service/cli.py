@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     migrate_cmd = commands.add_parser("migrate", help="apply pending migrations and exit")
     migrate_cmd.add_argument("--data-dir", help="embedded PostgreSQL's data directory")
     migrate_cmd.set_defaults(run=migrate)
+
+    from service.ctl import add_ctl_parser
+
+    add_ctl_parser(commands)
     return parser
 
 

@@ -1,0 +1,97 @@
+"""`llmgw-inventory ctl ...`: the operator's view of the cluster, over the service's GraphQL API.
+
+The ctl package is a GraphQL client and nothing else: it never imports the
+service's database code, so it runs on an operator's laptop against any
+service process and sees exactly what a scheduler would see.
+
+Adding a subcommand module (e.g. `ctl tokens create|list|revoke`):
+
+1. Create `service/ctl/<name>.py` with a module-level function
+
+       def register(commands: Commands) -> None:
+           tokens = commands.add_parser("tokens", help="...")
+           sub = tokens.add_subparsers(dest="tokens_command", required=True)
+           create = sub.add_parser("create", help="...")
+           create.add_argument("--role", required=True)
+           create.set_defaults(handler=create_token)
+
+   where every leaf parser sets `handler`, a function
+   `(args: argparse.Namespace, client: Client) -> int` returning the exit code.
+2. That's all: every public module in this package that defines `register` is
+   discovered and registered, in name order (no shared list to edit, so two
+   engineers adding subcommands never touch the same line).
+
+A handler talks to the service with `client.execute(query, variables)`
+(service/ctl/client.py), which returns `data` or raises CtlError with one line
+for the operator; the runner below prints that line and exits non-zero. Print
+results with the helpers in service/ctl/output.py (tables, `--output json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+from typing import Any
+
+from service.ctl.client import DEFAULT_URL, Client, CtlError
+
+# argparse's subparsers action; private in typeshed, public in practice.
+Commands = Any
+
+__all__ = ["DEFAULT_URL", "Client", "Commands", "CtlError", "add_ctl_parser"]
+
+
+def _subcommand_modules() -> list[Any]:
+    modules = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if callable(getattr(module, "register", None)):
+            modules.append(module)
+    return modules
+
+
+def add_ctl_parser(subparsers: Commands) -> argparse.ArgumentParser:
+    """Add `ctl` and every discovered subcommand to the top-level CLI."""
+    ctl: argparse.ArgumentParser = subparsers.add_parser(
+        "ctl",
+        help="operate the cluster through a running service (GraphQL over HTTP)",
+        description="Operate the cluster through a running service's GraphQL API.",
+    )
+    ctl.add_argument(
+        "--url",
+        default=None,
+        help=f"the service's GraphQL endpoint (INVENTORY_URL, default {DEFAULT_URL})",
+    )
+    ctl.add_argument(
+        "--token", default=None, help="bearer token (INVENTORY_TOKEN); sent as Authorization"
+    )
+    ctl.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the service (default 10)"
+    )
+    commands = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+    for module in _subcommand_modules():
+        module.register(commands)
+    ctl.set_defaults(run=run_ctl)
+    return ctl
+
+
+def run_ctl(args: argparse.Namespace, settings: object = None) -> int:
+    """Run the chosen handler; an expected failure is one line on stderr and exit 1."""
+    url = args.url or os.environ.get("INVENTORY_URL") or DEFAULT_URL
+    token = args.token or os.environ.get("INVENTORY_TOKEN") or None
+    client = Client(url, token=token, timeout=args.timeout)
+    try:
+        code: int = args.handler(args, client)
+        return code
+    except CtlError as error:
+        print(f"llmgw-inventory ctl: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        client.close()

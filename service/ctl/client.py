@@ -1,0 +1,75 @@
+"""The ctl's GraphQL client: one request at a time, every failure turned into one line.
+
+An operator running `ctl nodes` at 3 a.m. needs "cannot reach the service at
+URL" or "the token was refused", not a traceback: every failure a handler can
+meet is a CtlError whose message is that line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080/graphql"
+
+
+class CtlError(Exception):
+    """An expected failure; str(error) is the one line the operator reads."""
+
+
+class Client:
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0) -> None:
+        self.url = url
+        self.token = token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def execute(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response's data; raises CtlError on any transport, HTTP or GraphQL error."""
+        try:
+            response = self._http.post(
+                self.url, json={"query": query, "variables": variables or {}}
+            )
+        except httpx.TimeoutException:
+            raise CtlError(f"the service at {self.url} did not answer in time") from None
+        except httpx.HTTPError as error:
+            raise CtlError(f"cannot reach the service at {self.url}: {_reason(error)}") from None
+        if response.status_code in (401, 403):
+            raise CtlError(
+                f"the service refused the token ({response.status_code}); "
+                "pass --token or set INVENTORY_TOKEN"
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            raise CtlError(
+                f"the service at {self.url} answered HTTP {response.status_code} without GraphQL"
+            ) from None
+        errors = body.get("errors") if isinstance(body, dict) else None
+        if errors:
+            raise CtlError(_error_line(errors[0]))
+        if response.status_code >= 400 or not isinstance(body.get("data"), dict):
+            raise CtlError(f"the service at {self.url} answered HTTP {response.status_code}")
+        data: dict[str, Any] = body["data"]
+        return data
+
+
+def _reason(error: httpx.HTTPError) -> str:
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0]
+
+
+def _error_line(error: dict[str, Any]) -> str:
+    message = str(error.get("message") or "the service reported an error")
+    code = (error.get("extensions") or {}).get("code")
+    if code in ("UNAUTHENTICATED", "FORBIDDEN"):
+        return f"{message} (pass --token or set INVENTORY_TOKEN)"
+    return message.splitlines()[0]
