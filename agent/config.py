@@ -23,6 +23,7 @@ DEFAULT_SERVICE_URL = "http://127.0.0.1:8080/graphql"
 ENV_PREFIX = "LLMGW_AGENT_"
 # Names the config file itself, so it is not a key.
 CONFIG_PATH_VAR = ENV_PREFIX + "CONFIG"
+_ENVIRONMENT = "environment"
 
 # Process names of the serving engines this agent's node runs. A compute
 # process on a GPU that matches none of them is someone else's, and makes the
@@ -79,6 +80,17 @@ class _Setting:
     def at(self, suffix: str, value: object) -> "_Setting":
         return _Setting(f"{self.name}{suffix}", value, self.origin)
 
+    @property
+    def env_text(self) -> str | None:
+        """The value when it is a variable's text, which has its own list syntax.
+
+        In the file a list must be a TOML list: a string there is a mistake,
+        not a list of one.
+        """
+        if self.origin == _ENVIRONMENT and isinstance(self.value, str):
+            return self.value
+        return None
+
 
 def _text(s: _Setting) -> str:
     if not isinstance(s.value, str) or not s.value.strip():
@@ -109,8 +121,8 @@ def _seconds(s: _Setting) -> float:
 
 def _list(s: _Setting) -> list[_Setting]:
     value = s.value
-    if isinstance(value, str):
-        value = [item.strip() for item in value.split(",") if item.strip()]
+    if s.env_text is not None:
+        value = [item.strip() for item in s.env_text.split(",") if item.strip()]
     if not isinstance(value, list):
         s.fail("must be a list")
     return [s.at(f"[{i}]", item) for i, item in enumerate(value)]
@@ -133,9 +145,9 @@ def _absolute_paths(s: _Setting) -> tuple[str, ...]:
 
 def _labels(s: _Setting) -> dict[str, str]:
     value = s.value
-    if isinstance(value, str):
+    if s.env_text is not None:
         pairs = {}
-        for item in (p.strip() for p in value.split(",") if p.strip()):
+        for item in (p.strip() for p in s.env_text.split(",") if p.strip()):
             key, sep, label = item.partition("=")
             if not sep or not key.strip():
                 s.fail(f"{item!r} is not key=value")
@@ -153,10 +165,10 @@ def _labels(s: _Setting) -> dict[str, str]:
 
 def _fabrics(s: _Setting) -> tuple[FabricConfig, ...]:
     value = s.value
-    if isinstance(value, str):
+    if s.env_text is not None:
         # name=hca,hca;name=hca
         tables: list[object] = []
-        for item in (p.strip() for p in value.split(";") if p.strip()):
+        for item in (p.strip() for p in s.env_text.split(";") if p.strip()):
             fabric, sep, adapters = item.partition("=")
             if not sep:
                 s.fail(f"{item!r} is not name=hca,hca")
@@ -237,7 +249,7 @@ def _settings(path: str | None, env: Mapping[str, str]) -> dict[str, _Setting]:
     for var, value in env.items():
         if not var.startswith(ENV_PREFIX) or var == CONFIG_PATH_VAR:
             continue
-        setting = _Setting(var, value, "environment")
+        setting = _Setting(var, value, _ENVIRONMENT)
         key = var[len(ENV_PREFIX) :].lower()
         if key not in _PARSERS:
             setting.fail(f"unknown variable; known: {', '.join(ENV_VARS)}")

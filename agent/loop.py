@@ -86,7 +86,7 @@ class Agent:
         self._rejections = Backoff(first=config.heartbeat_interval, cap=config.full_report_interval)
         self.outage = Outage(clock)
         self.registered = False
-        self.sent_digest: str | None = None
+        self.sent: Report | None = None
         self._sent_at = 0.0
         self._rejected_digest: str | None = None
         self._retry_register_at = 0.0
@@ -138,7 +138,7 @@ class Agent:
         if not self.registered:
             return "wait" if held_back else "register"
         due = (
-            report.digest != self.sent_digest
+            report.changed_since(self.sent)
             or now - self._sent_at >= self.config.full_report_interval
         )
         return "register" if due and not held_back else "heartbeat"
@@ -152,7 +152,7 @@ class Agent:
             if action == "register":
                 status = await self.client.register_node(report.node_input)
                 self.registered = True
-                self.sent_digest = report.digest
+                self.sent = report
                 self._sent_at = now
                 self._rejected_digest = None
                 self._rejections.reset()

@@ -24,7 +24,7 @@ from agent.memory import read_meminfo
 from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
 from agent.weights import WeightsScanner
 
-_GIB = 1 << 30
+FREE_SPACE_STEP = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,32 @@ class Report:
 
     @property
     def digest(self) -> str:
-        """A hash that changes when the report changes in a way worth sending at once.
-
-        Free space is rounded down to whole GiB: logs and caches move it by a
-        few bytes every minute, and re-sending every node's report for that
-        would load the service for nothing. A model downloaded or deleted moves
-        it by gigabytes and goes out at once; the periodic full report carries
-        the exact figure anyway.
-        """
-        coarse = json.loads(json.dumps(self.node_input))
-        for fs in coarse.get("storage", []):
-            fs["freeBytes"] //= _GIB
-        text = json.dumps(coarse, sort_keys=True, separators=(",", ":"))
+        """A hash of everything in the report except free space, which `changed_since` weighs."""
+        steady = json.loads(json.dumps(self.node_input))
+        for fs in steady.get("storage", []):
+            fs.pop("freeBytes", None)
+        text = json.dumps(steady, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def free_bytes(self) -> dict[str, int]:
+        return {fs["id"]: fs["freeBytes"] for fs in self.node_input.get("storage", [])}
+
+    def changed_since(self, sent: "Report | None") -> bool:
+        """Whether this report says something `sent` did not, worth sending at once.
+
+        Free space counts only when it moved by FREE_SPACE_STEP since it was
+        sent: logs and caches move it by a few bytes every minute, and
+        re-sending every node's report for that would load the service for
+        nothing. A model downloaded or deleted moves it by gigabytes and goes
+        out at once; the periodic full report carries the exact figure anyway.
+        """
+        if sent is None or self.digest != sent.digest:
+            return True
+        before = sent.free_bytes()
+        return any(
+            abs(free - before.get(fs_id, free)) >= FREE_SPACE_STEP
+            for fs_id, free in self.free_bytes().items()
+        )
 
 
 def _gpu_input(gpu: Gpu, gpu_class: str | None) -> dict[str, Any]:

@@ -111,5 +111,8 @@ class FakeDisks:
         block = 4096
         # f_bfree counts the root-reserved blocks too; f_bavail is what an engine can use.
         return SimpleNamespace(
-            f_frsize=block, f_blocks=total // block, f_bfree=free // block + 1000, f_bavail=free // block
+            f_frsize=block,
+            f_blocks=total // block,
+            f_bfree=free // block + 1000,
+            f_bavail=free // block,
         )

@@ -174,7 +174,11 @@ def test_an_adapter_with_no_active_port_is_left_out_with_a_warning(node: Path) -
 
 
 def test_the_fabric_name_is_the_operators_whatever_the_ports_gid(node: Path) -> None:
-    write(node, "/sys/class/infiniband/mlx5_0/ports/1/gids/0", "fe80:0000:0000:0000:0000:0000:0000:0001")
+    write(
+        node,
+        "/sys/class/infiniband/mlx5_0/ports/1/gids/0",
+        "fe80:0000:0000:0000:0000:0000:0000:0001",
+    )
     (fabric,) = discover_fabrics(str(node), [FabricConfig("rail-3", ("mlx5_0",))], print)
     assert fabric.fabric == "rail-3"
 

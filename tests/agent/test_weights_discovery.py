@@ -80,7 +80,9 @@ def test_a_hugging_face_cache_is_read_through_its_symlinks(tmp_path: Path) -> No
 
     found = scan(WeightsScanner(str(tmp_path)), ["/data/hf"])
     assert found == [
-        Weights("/data/hf/hub/models--mistralai--Mistral-7B-v0.3/snapshots/0d4b76e1", 14 * GIB + 800)
+        Weights(
+            "/data/hf/hub/models--mistralai--Mistral-7B-v0.3/snapshots/0d4b76e1", 14 * GIB + 800
+        )
     ]
 
 
