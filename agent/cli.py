@@ -9,6 +9,8 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+import httpx
+
 from agent import __version__
 from agent.client import InventoryClient, ServiceError, ServiceUnavailable
 from agent.config import AgentConfig, ConfigError, config_path, load_config
@@ -51,8 +53,9 @@ def main(
     *,
     env: Mapping[str, str] | None = None,
     host: Host | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> int:
-    """The console script. `env` and `host` exist for tests; by default the real ones."""
+    """The console script. The keyword arguments are the process edges, for tests."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -79,13 +82,17 @@ def main(
         print(json.dumps(report.node_input, indent=2))
         return 0
     if args.once:
-        return asyncio.run(_register_once(config, survey))
+        return asyncio.run(_register_once(config, survey, transport))
     asyncio.run(_serve(config, survey))
     return 0
 
 
-async def _register_once(config: AgentConfig, survey: Survey) -> int:
-    client = InventoryClient(config.service_url, config.token, config.request_timeout)
+async def _register_once(
+    config: AgentConfig, survey: Survey, transport: httpx.AsyncBaseTransport | None
+) -> int:
+    client = InventoryClient(
+        config.service_url, config.token, config.request_timeout, transport=transport
+    )
     try:
         status = await Agent(config, client, survey).register_once()
     except (ServiceUnavailable, ServiceError, RuntimeError) as e:

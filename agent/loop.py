@@ -9,6 +9,7 @@ line that said what went wrong).
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -75,15 +76,19 @@ class Agent:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
-        retry: Backoff | None = None,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.config = config
         self.client = client
         self._survey_now = survey
         self._sleep = sleep
         self._clock = clock
-        self._retry = retry or Backoff(first=1.0, cap=config.max_backoff)
-        self._rejections = Backoff(first=config.heartbeat_interval, cap=config.full_report_interval)
+        self._retry = Backoff(first=1.0, cap=config.max_backoff, rand=rand)
+        # A refused report waits longer between tries: the service is up and
+        # answering, and only a change on the node will make it accept.
+        self._rejections = Backoff(
+            first=config.heartbeat_interval, cap=config.full_report_interval, rand=rand
+        )
         self.outage = Outage(clock)
         self.registered = False
         self.sent: Report | None = None
