@@ -20,7 +20,11 @@ from agent.report import Host, build_report
 from agent.weights import WeightsScanner
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = [REPO / "schema.graphql", REPO.parent / "shared" / "contract.graphql"]
+SCHEMAS = [
+    REPO / "schema.graphql",
+    REPO / "tests" / "contract.graphql",
+    REPO.parent / "shared" / "contract.graphql",
+]
 OPERATIONS = sorted(
     p.name.removesuffix(".graphql")
     for p in files("agent").joinpath("operations").iterdir()

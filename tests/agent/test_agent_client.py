@@ -4,7 +4,7 @@ import json
 
 import httpx
 import pytest
-from fake_service import FakeService
+from fake_inventory_service import FakeService
 
 from agent.client import (
     InventoryClient,

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from fake_service import FakeService
+from fake_inventory_service import FakeService
 
 from agent.backoff import Backoff
 from agent.client import InventoryClient

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_inventory_service import FakeService
 from fake_nvml import FakeNvml, h100
 from fake_root import GIB, FakeDisks, add_model, make_node
-from fake_service import FakeService
 
 from agent.cli import main
 from agent.report import Host
