@@ -5,18 +5,22 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 
+from service.assets import STATIC_DIR, VENDOR_DIR
 from service.config import Settings
 from service.db import create_engine
+from service.graphiql import GraphiQLPage
 from service.graphql.context import Context, new_context
 from service.graphql.schema import schema
 
@@ -24,10 +28,17 @@ log = logging.getLogger(__name__)
 
 
 class InventoryGraphQL(GraphQL[Context, None]):
-    def __init__(self, engine_ref: EngineRef, settings: Settings) -> None:
+    def __init__(
+        self, engine_ref: EngineRef, settings: Settings, vendor_dir: Path = VENDOR_DIR
+    ) -> None:
         super().__init__(schema, graphql_ide="graphiql")
         self._engine_ref = engine_ref
         self._settings = settings
+        self._graphiql = GraphiQLPage(self.graphql_ide_html, vendor_dir)
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        # Local copies of GraphiQL's scripts when fetched (air-gapped clusters), else the CDN.
+        return HTMLResponse(self._graphiql.html())
 
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket | None
@@ -59,11 +70,12 @@ def create_app(
     database_url: str | None = None,
     engine: AsyncEngine | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    vendor_dir: Path = VENDOR_DIR,
 ) -> Starlette:
     """An app over an existing engine (tests) or one it creates at startup from database_url."""
     ref = EngineRef(engine)
     owns_engine = engine is None
-    graphql_app = InventoryGraphQL(ref, settings)
+    graphql_app = InventoryGraphQL(ref, settings, vendor_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -85,10 +97,18 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def dashboard(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
+
     routes: list[Any] = [
         Route("/graphql", graphql_app, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql_app),
         Route("/healthz", healthz),
+        # The dashboard and GraphiQL's scripts are public: a browser fetches
+        # them before anyone can type a token into the page.
+        Route("/", dashboard, methods=["GET"]),
+        Mount("/static/vendor", StaticFiles(directory=vendor_dir, check_dir=False)),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.engine_ref = ref

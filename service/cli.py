@@ -74,6 +74,25 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def fetch_assets(args: argparse.Namespace, settings: Settings) -> int:
+    from service.assets import VENDOR_DIR, AssetError, fetch, missing_or_altered, pinned_assets
+
+    try:
+        if args.check:
+            bad = missing_or_altered(VENDOR_DIR, pinned_assets())
+            for path in bad:
+                print(f"missing or altered: {VENDOR_DIR / path}", file=sys.stderr)
+            return 1 if bad else 0
+        stored = fetch()
+    except AssetError as error:
+        print(f"llmgw-inventory fetch-assets: {error}", file=sys.stderr)
+        return 1
+    for path in stored:
+        print(f"stored {VENDOR_DIR / path}")
+    print(f"GraphiQL's assets are in {VENDOR_DIR}, checked against Strawberry's pinned hashes")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw-inventory", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -93,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     migrate_cmd = commands.add_parser("migrate", help="apply pending migrations and exit")
     migrate_cmd.add_argument("--data-dir", help="embedded PostgreSQL's data directory")
     migrate_cmd.set_defaults(run=migrate)
+
+    assets_cmd = commands.add_parser(
+        "fetch-assets",
+        help="fetch GraphiQL's scripts with npm pack, so GraphiQL works without internet access",
+    )
+    assets_cmd.add_argument(
+        "--check",
+        action="store_true",
+        help="only check they are present and intact (exit 1 if not)",
+    )
+    assets_cmd.set_defaults(run=fetch_assets)
 
     from service.ctl import add_ctl_parser
 

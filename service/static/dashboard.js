@@ -1,0 +1,394 @@
+// The operators' dashboard: read-only, one GraphQL endpoint, no build step.
+//
+// It reads the whole node list (paged) and the per-class summary, filters in
+// the browser, and refreshes when the `events` subscription says something
+// changed; where the schema has no such subscription (or the websocket fails)
+// it polls instead. Ages are computed against the server's clock (the Date
+// header of each answer), so a laptop with a wrong clock still shows "12s ago".
+"use strict";
+
+const GRAPHQL = new URL("graphql", document.baseURI).toString();
+const TOKEN_KEY = "llmgw-inventory.token";
+const POLL_MS = 5000;
+// With a live subscription a slow poll still catches what produced no event.
+const SAFETY_POLL_MS = 60000;
+const STATES = ["READY", "CORDONED", "DRAINING", "UNREACHABLE", "LOST"];
+
+const NODES_QUERY = `query DashboardNodes($after: ID) {
+  nodes(after: $after) {
+    id hostname state stateReason stateChangedBy lastSeen
+    gpus { gpuClass healthy allocation { shardId } }
+    fabrics { fabric }
+    localDisk { freeBytes totalBytes }
+  }
+}`;
+const SUMMARY_QUERY = `query DashboardSummary {
+  gpuClasses { gpuClass total free allocated unhealthy unschedulable }
+  fabrics { name }
+}`;
+const SUBSCRIPTIONS_QUERY = `query DashboardSubscriptions {
+  __schema { subscriptionType { fields { name args { name type { kind } }
+    type { kind ofType { kind ofType { kind ofType { kind } } } } } } }
+}`;
+
+const view = {
+  nodes: [],
+  summary: [],
+  fabrics: [],
+  skewMs: 0, // server clock minus browser clock
+  mode: "loading",
+  error: null,
+};
+
+let refreshTimer = null;
+let refreshing = null;
+let refreshAgain = false;
+
+function token() {
+  return localStorage.getItem(TOKEN_KEY) || "";
+}
+
+class GraphQLError extends Error {}
+
+async function graphql(query, variables) {
+  const headers = { "Content-Type": "application/json", Accept: "application/json" };
+  if (token()) headers.Authorization = `Bearer ${token()}`;
+  const response = await fetch(GRAPHQL, {
+    method: "POST",
+    headers,
+    body: JSON.stringify({ query, variables: variables || {} }),
+  });
+  const date = response.headers.get("Date");
+  if (date) view.skewMs = Date.parse(date) - Date.now();
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (_) {
+    throw new GraphQLError(`${response.status} ${response.statusText}`);
+  }
+  if (body.errors && body.errors.length) {
+    throw new GraphQLError(body.errors.map((e) => e.message).join("; "));
+  }
+  if (!response.ok) throw new GraphQLError(`${response.status} ${response.statusText}`);
+  return body.data;
+}
+
+async function loadAllNodes() {
+  // Pages of the server's own maximum size, until an empty one.
+  const all = [];
+  let after = null;
+  for (;;) {
+    const data = await graphql(NODES_QUERY, { after });
+    if (!data.nodes.length) return all;
+    all.push(...data.nodes);
+    after = data.nodes[data.nodes.length - 1].id;
+  }
+}
+
+async function refresh() {
+  if (refreshing) {
+    // Events arrive in bursts: one more read after the current one covers them all.
+    refreshAgain = true;
+    return refreshing;
+  }
+  refreshing = (async () => {
+    do {
+      refreshAgain = false;
+      try {
+        const [nodes, summary] = await Promise.all([loadAllNodes(), graphql(SUMMARY_QUERY)]);
+        view.nodes = nodes;
+        view.summary = summary.gpuClasses;
+        view.fabrics = summary.fabrics.map((f) => f.name);
+        view.error = null;
+      } catch (error) {
+        view.error = error.message;
+      }
+      render();
+    } while (refreshAgain);
+  })();
+  try {
+    await refreshing;
+  } finally {
+    refreshing = null;
+  }
+}
+
+function schedule(ms) {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(async () => {
+    await refresh();
+    schedule(view.mode === "live" ? SAFETY_POLL_MS : POLL_MS);
+  }, ms);
+}
+
+// ---- live updates: graphql-transport-ws, the protocol Strawberry speaks ----
+
+function namedKind(type) {
+  while (type && (type.kind === "NON_NULL" || type.kind === "LIST")) type = type.ofType;
+  return type ? type.kind : null;
+}
+
+async function eventsSubscription() {
+  let data;
+  try {
+    data = await graphql(SUBSCRIPTIONS_QUERY);
+  } catch (_) {
+    return null; // introspection refused or failing: poll
+  }
+  const type = data.__schema.subscriptionType;
+  const field = type && type.fields.find((f) => f.name === "events");
+  if (!field) return null;
+  if (field.args.some((a) => a.type.kind === "NON_NULL")) return null; // needs arguments we do not know
+  const kind = namedKind(field.type);
+  const selection = kind === "SCALAR" || kind === "ENUM" ? "" : " { __typename }";
+  return `subscription DashboardEvents { events${selection} }`;
+}
+
+let socket = null;
+let retryMs = 1000;
+
+function connectLive(query) {
+  const url = new URL(GRAPHQL);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  socket = new WebSocket(url, "graphql-transport-ws");
+  socket.onopen = () => {
+    const payload = token() ? { Authorization: `Bearer ${token()}` } : {};
+    socket.send(JSON.stringify({ type: "connection_init", payload }));
+  };
+  socket.onmessage = (message) => {
+    const msg = JSON.parse(message.data);
+    if (msg.type === "connection_ack") {
+      socket.send(JSON.stringify({ id: "events", type: "subscribe", payload: { query } }));
+      retryMs = 1000;
+      setMode("live");
+      refresh(); // anything that changed before the subscription started
+    } else if (msg.type === "next") {
+      clearTimeout(refreshTimer);
+      refreshTimer = setTimeout(() => {
+        refresh();
+        schedule(SAFETY_POLL_MS);
+      }, 200);
+    } else if (msg.type === "ping") {
+      socket.send(JSON.stringify({ type: "pong" }));
+    } else if (msg.type === "error" || msg.type === "complete") {
+      socket.close();
+    }
+  };
+  socket.onclose = () => {
+    socket = null;
+    // Poll while the subscription is down; try it again with backoff.
+    setMode("polling");
+    schedule(POLL_MS);
+    setTimeout(() => connectLive(query), retryMs);
+    retryMs = Math.min(retryMs * 2, 30000);
+  };
+}
+
+function setMode(mode) {
+  view.mode = mode;
+  renderStatus();
+}
+
+// ---- rendering ----
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function formatBytes(bytes) {
+  // Decimal units, as disks are sold.
+  const units = ["B", "kB", "MB", "GB", "TB", "PB"];
+  let value = Number(bytes);
+  let unit = 0;
+  while (value >= 1000 && unit < units.length - 1) {
+    value /= 1000;
+    unit += 1;
+  }
+  const digits = value >= 100 || unit === 0 ? 0 : value >= 10 ? 1 : 2;
+  return `${value.toFixed(digits)} ${units[unit]}`;
+}
+
+function formatAge(lastSeen) {
+  const seconds = Math.max(0, Math.round((Date.now() + view.skewMs - Date.parse(lastSeen)) / 1000));
+  if (seconds < 60) return `${seconds}s ago`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m ago`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)}h ago`;
+  return `${Math.floor(seconds / 86400)}d ago`;
+}
+
+function gpuCounts(node) {
+  const byClass = new Map();
+  for (const gpu of node.gpus) {
+    const count = byClass.get(gpu.gpuClass) || { free: 0, total: 0 };
+    count.total += 1;
+    if (gpu.healthy && !gpu.allocation) count.free += 1;
+    byClass.set(gpu.gpuClass, count);
+  }
+  return [...byClass.entries()].sort(([a], [b]) => a.localeCompare(b));
+}
+
+function filters() {
+  return {
+    state: document.getElementById("filter-state").value,
+    gpuClass: document.getElementById("filter-class").value,
+    fabric: document.getElementById("filter-fabric").value,
+  };
+}
+
+function visible(node, f) {
+  if (f.state && node.state !== f.state) return false;
+  if (f.gpuClass && !node.gpus.some((g) => g.gpuClass === f.gpuClass)) return false;
+  if (f.fabric && !node.fabrics.some((a) => a.fabric === f.fabric)) return false;
+  return true;
+}
+
+function setOptions(select, values) {
+  // Keeps the current choice, even one that has (for now) disappeared.
+  const current = select.value;
+  const wanted = ["", ...new Set([...values, current].filter(Boolean))];
+  const have = [...select.options].map((o) => o.value);
+  if (wanted.join("\n") === have.join("\n")) return;
+  select.replaceChildren(...wanted.map((v) => el("option", { value: v }, v || "all")));
+  select.value = current;
+}
+
+function renderStatus() {
+  const status = document.getElementById("status");
+  if (view.error) {
+    status.className = "status error";
+    status.textContent = view.error;
+  } else if (view.mode === "live") {
+    status.className = "status live";
+    status.textContent = "live";
+  } else if (view.mode === "polling") {
+    status.className = "status polling";
+    status.textContent = `polling every ${POLL_MS / 1000}s`;
+  }
+}
+
+function renderSummary() {
+  const body = document.querySelector("#summary tbody");
+  body.replaceChildren(
+    ...view.summary.map((s) =>
+      el(
+        "tr",
+        { "data-gpu-class": s.gpuClass },
+        el("td", {}, s.gpuClass),
+        el("td", { class: "num" }, s.total),
+        el("td", { class: "num free" }, s.free),
+        el("td", { class: "num" }, s.allocated),
+        el("td", { class: "num" }, s.unhealthy),
+        el("td", { class: "num" }, s.unschedulable),
+      ),
+    ),
+  );
+}
+
+function nodeRow(node) {
+  const disk = node.localDisk
+    ? el("td", { class: "disk num" }, `${formatBytes(node.localDisk.freeBytes)} / ${formatBytes(node.localDisk.totalBytes)}`)
+    : el("td", { class: "disk num unknown", title: "unknown: the agent reported no local filesystem" }, "—");
+  const reason = node.stateReason
+    ? [node.stateReason, node.stateChangedBy ? el("span", { class: "muted" }, ` (${node.stateChangedBy})`) : ""]
+    : [""];
+  const gpus = gpuCounts(node);
+  return el(
+    "tr",
+    { "data-node-id": node.id },
+    el("td", { class: "node" }, node.id, el("div", { class: "hostname" }, node.hostname)),
+    el("td", {}, el("span", { class: `state state-${node.state}` }, node.state)),
+    el("td", { class: "reason" }, ...reason),
+    el(
+      "td",
+      { class: "gpus" },
+      ...(gpus.length
+        ? gpus.map(([cls, c]) =>
+            node.state === "READY"
+              ? el("div", {}, `${c.free} / ${c.total} ${cls}`)
+              : // Idle GPUs on a node that is not READY are not free for the schedulers.
+                el("div", { class: "unschedulable", title: `not schedulable: the node is ${node.state}` }, `${c.free} / ${c.total} ${cls}`),
+          )
+        : [el("span", { class: "unknown" }, "none")]),
+    ),
+    el("td", { class: "fabrics" }, node.fabrics.map((f) => f.fabric).join(", ") || "—"),
+    disk,
+    el("td", { class: "age", "data-last-seen": node.lastSeen }, formatAge(node.lastSeen)),
+  );
+}
+
+function render() {
+  renderStatus();
+  renderSummary();
+  setOptions(document.getElementById("filter-state"), STATES);
+  setOptions(document.getElementById("filter-class"), view.summary.map((s) => s.gpuClass));
+  setOptions(document.getElementById("filter-fabric"), view.fabrics);
+  const f = filters();
+  const shown = view.nodes.filter((n) => visible(n, f));
+  document.querySelector("#nodes tbody").replaceChildren(...shown.map(nodeRow));
+  document.getElementById("count").textContent =
+    shown.length === view.nodes.length ? `(${view.nodes.length})` : `(${shown.length} of ${view.nodes.length})`;
+  document.body.dataset.loaded = "true";
+}
+
+function renderAges() {
+  for (const cell of document.querySelectorAll("td.age")) {
+    cell.textContent = formatAge(cell.dataset.lastSeen);
+  }
+}
+
+// ---- filters in the URL, so a filtered view can be shared ----
+
+function readHash() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  for (const [id, key] of [["filter-state", "state"], ["filter-class", "class"], ["filter-fabric", "fabric"]]) {
+    const value = params.get(key) || "";
+    const select = document.getElementById(id);
+    if (value && ![...select.options].some((o) => o.value === value)) select.append(el("option", { value }, value));
+    select.value = value;
+  }
+}
+
+function writeHash() {
+  const f = filters();
+  const params = new URLSearchParams();
+  if (f.state) params.set("state", f.state);
+  if (f.gpuClass) params.set("class", f.gpuClass);
+  if (f.fabric) params.set("fabric", f.fabric);
+  history.replaceState(null, "", params.toString() ? `#${params}` : location.pathname + location.search);
+}
+
+async function start() {
+  document.getElementById("token").value = token();
+  document.getElementById("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = document.getElementById("token").value.trim();
+    if (value) localStorage.setItem(TOKEN_KEY, value);
+    else localStorage.removeItem(TOKEN_KEY);
+    if (socket) socket.close(); // reconnects with the new token
+    refresh();
+  });
+  document.getElementById("filters").addEventListener("change", () => {
+    writeHash();
+    render();
+  });
+  readHash();
+  setInterval(renderAges, 1000);
+  await refresh();
+  const subscription = await eventsSubscription();
+  if (subscription) {
+    connectLive(subscription);
+  } else {
+    setMode("polling");
+    schedule(POLL_MS);
+  }
+}
+
+start();
