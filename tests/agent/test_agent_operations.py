@@ -1,8 +1,7 @@
 """The agent's GraphQL operations and its report, checked against the service's schema.
 
 The agent and the service meet only at the schema. These tests are what stops
-a renamed field on either side from shipping: the service's exported schema is
-preferred (it is the real one), the fixed minimum contract is the fallback.
+a renamed field on either side from shipping.
 """
 
 from importlib.resources import files
@@ -11,20 +10,15 @@ from pathlib import Path
 import pytest
 from fake_nvml import FakeNvml, h100
 from fake_root import FakeDisks, add_model, make_node
-from graphql import GraphQLSchema, OperationDefinitionNode, build_schema, parse, validate
+from graphql import GraphQLSchema, OperationDefinitionNode, parse, validate
 from graphql.execution.values import get_variable_values
+from service_schema import load_service_schema
 
 from agent.client import load_operation
 from agent.config import AgentConfig, FabricConfig
 from agent.report import Host, build_report
 from agent.weights import WeightsScanner
 
-REPO = Path(__file__).resolve().parents[2]
-SCHEMAS = [
-    REPO / "schema.graphql",
-    REPO / "tests" / "contract.graphql",
-    REPO.parent / "shared" / "contract.graphql",
-]
 OPERATIONS = sorted(
     p.name.removesuffix(".graphql")
     for p in files("agent").joinpath("operations").iterdir()
@@ -34,10 +28,7 @@ OPERATIONS = sorted(
 
 @pytest.fixture(scope="module")
 def schema() -> GraphQLSchema:
-    for path in SCHEMAS:
-        if path.exists():
-            return build_schema(path.read_text())
-    pytest.fail(f"no schema to check the agent against: looked for {[str(p) for p in SCHEMAS]}")
+    return load_service_schema()
 
 
 def test_the_agent_ships_its_two_operations() -> None:
