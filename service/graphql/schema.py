@@ -12,14 +12,17 @@ from strawberry.tools import merge_types
 
 from service.errors import InventoryError
 
+from .event_queries import EventQueries
 from .mutations import NodeMutations
 from .queries import NodeQueries
 from .scalars import BYTES_SCALAR, Bytes
+from .subscriptions import EventSubscriptions
 
 log = logging.getLogger(__name__)
 
-Query = merge_types("Query", (NodeQueries,))
+Query = merge_types("Query", (NodeQueries, EventQueries))
 Mutation = merge_types("Mutation", (NodeMutations,))
+Subscription = merge_types("Subscription", (EventSubscriptions,))
 
 
 def is_unexpected(error: GraphQLError) -> bool:
@@ -36,6 +39,7 @@ MAX_QUERY_DEPTH = 12
 schema = strawberry.Schema(
     query=Query,
     mutation=Mutation,
+    subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
     extensions=[
         lambda: MaskErrors(should_mask_error=is_unexpected, error_message="internal error"),

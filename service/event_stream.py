@@ -1,0 +1,197 @@
+"""Live events for subscribers, whichever service process wrote them.
+
+Each process holds ONE dedicated asyncpg connection that LISTENs on the
+events channel (record_event NOTIFYs the new id at commit), reads the new rows
+in one statement per burst, and hands them to every in-process subscriber.
+One connection per process rather than per subscriber: a thousand dashboards
+must not cost PostgreSQL a thousand connections.
+
+If the connection drops (a PostgreSQL restart, a failover), it reconnects and
+catches up by reading the events written since the last one it delivered, so
+subscribers see a pause rather than a hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
+
+log = logging.getLogger(__name__)
+
+# A subscriber that stops reading must not grow the process's memory without
+# bound: past this many undelivered events it is cut off (and told why).
+SUBSCRIBER_BACKLOG = 10_000
+# Ids already delivered, remembered to drop duplicates that a reconnect's
+# catch-up read and a late notification could both produce.
+RECENT_IDS = 50_000
+CATCH_UP_PAGE = 1_000
+
+
+class SubscriberTooSlow(Exception):
+    """The subscriber fell SUBSCRIBER_BACKLOG events behind and was dropped."""
+
+
+class Subscription:
+    def __init__(self, stream: EventStream, event_filter: EventFilter) -> None:
+        self._stream = stream
+        self.filter = event_filter
+        self.queue: asyncio.Queue[EventRecord | None] = asyncio.Queue()
+        self.overflowed = False
+
+    def offer(self, event: EventRecord) -> None:
+        if self.overflowed or not self.filter.matches(event):
+            return
+        if self.queue.qsize() >= SUBSCRIBER_BACKLOG:
+            self.overflowed = True
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(event)
+
+    def close(self) -> None:
+        self._stream.unsubscribe(self)
+
+    async def __aiter__(self) -> AsyncIterator[EventRecord]:
+        try:
+            while True:
+                event = await self.queue.get()
+                if event is None:
+                    raise SubscriberTooSlow(
+                        f"fell {SUBSCRIBER_BACKLOG} events behind; resubscribe with `after`"
+                    )
+                yield event
+        finally:
+            self._stream.unsubscribe(self)
+
+
+class EventStream:
+    """The process's LISTEN connection and its subscribers."""
+
+    def __init__(self, dsn: str, engine: AsyncEngine, *, reconnect_delay: float = 1.0) -> None:
+        self._dsn = dsn
+        self._engine = engine
+        self._reconnect_delay = reconnect_delay
+        self._subscribers: set[Subscription] = set()
+        self._pending: list[int] = []
+        self._wakeup = asyncio.Event()
+        self._recent: deque[int] = deque(maxlen=RECENT_IDS)
+        self._recent_set: set[int] = set()
+        self._last_id: int | None = None
+        self._listening = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="event-stream")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def listening(self) -> bool:
+        return self._listening.is_set()
+
+    # -- subscribers ----------------------------------------------------------
+
+    def subscribe(self, event_filter: EventFilter) -> Subscription:
+        subscription = Subscription(self, event_filter)
+        self._subscribers.add(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self._subscribers.discard(subscription)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    # -- the connection -------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            conn: Any = None
+            dropped = asyncio.Event()
+            try:
+                conn = await asyncpg.connect(self._dsn)
+                conn.add_termination_listener(lambda _c, d=dropped: d.set())
+                await conn.add_listener(EVENTS_CHANNEL, self._on_notify)
+                if self._last_id is None:
+                    # Subscribers get what happens from now on; remember where
+                    # "now" is, so a reconnect can catch up from here.
+                    self._last_id = int(
+                        await conn.fetchval("SELECT coalesce(max(id), 0) FROM events")
+                    )
+                self._listening.set()
+                log.info("listening for events")
+                # Anything committed while we were not listening.
+                await self._catch_up()
+                await self._deliver_until(dropped)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("event stream connection failed: %s", error)
+            finally:
+                self._listening.clear()
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(conn.close(timeout=1))
+            await asyncio.sleep(self._reconnect_delay)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            self._pending.append(int(payload))
+        except ValueError:
+            log.warning("ignored a malformed notification %r", payload)
+            return
+        self._wakeup.set()
+
+    async def _deliver_until(self, dropped: asyncio.Event) -> None:
+        dropped_wait = asyncio.create_task(dropped.wait())
+        try:
+            while not dropped.is_set():
+                wakeup = asyncio.create_task(self._wakeup.wait())
+                await asyncio.wait({wakeup, dropped_wait}, return_when=asyncio.FIRST_COMPLETED)
+                wakeup.cancel()
+                self._wakeup.clear()
+                ids, self._pending = self._pending, []
+                if ids:
+                    # One read per burst of notifications, shared by every subscriber.
+                    async with self._engine.connect() as conn:
+                        self._publish(await events_by_id(conn, ids))
+        finally:
+            dropped_wait.cancel()
+
+    async def _catch_up(self) -> None:
+        async with self._engine.connect() as conn:
+            while True:
+                page = await list_events(
+                    conn, EventFilter(), first=CATCH_UP_PAGE, after=self._last_id
+                )
+                self._publish(page)
+                if len(page) < CATCH_UP_PAGE:
+                    return
+
+    def _publish(self, events: list[EventRecord]) -> None:
+        for event in events:
+            if event.id in self._recent_set:
+                continue
+            if len(self._recent) == self._recent.maxlen:
+                self._recent_set.discard(self._recent[0])
+            self._recent.append(event.id)
+            self._recent_set.add(event.id)
+            self._last_id = max(self._last_id or 0, event.id)
+            for subscription in list(self._subscribers):
+                subscription.offer(event)

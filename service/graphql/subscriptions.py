@@ -1,0 +1,87 @@
+"""The `events` subscription: changes as they happen, whichever service process made them.
+
+Served over graphql-transport-ws on /graphql. The events reach this process
+through its one LISTEN connection (service/event_stream.py); each subscriber
+gets a filtered view of that stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import strawberry
+
+from service.errors import InventoryError
+from service.event_stream import EventStream
+from service.events import list_events
+
+from .context import Info
+from .event_queries import event_filter
+from .event_types import Event, event_id
+
+REPLAY_PAGE = 500
+
+
+class EventStreamUnavailable(InventoryError):
+    code = "UNAVAILABLE"
+
+    def __init__(self) -> None:
+        super().__init__("this service process is not streaming events; try again shortly")
+
+
+def _stream(info: Info) -> EventStream:
+    connection = info.context.request
+    app = getattr(connection, "app", None)
+    stream = getattr(getattr(app, "state", None), "event_stream", None)
+    if not isinstance(stream, EventStream):
+        raise EventStreamUnavailable()
+    return stream
+
+
+@strawberry.type
+class EventSubscriptions:
+    @strawberry.subscription(
+        description=(
+            "Events as they are committed, from every service process. With `after`, the "
+            "stored events after that id come first, then live ones, with none missed or "
+            "repeated in between: a scheduler resumes from the last id it saw."
+        )
+    )
+    async def events(
+        self,
+        info: Info,
+        node_id: strawberry.ID | None = None,
+        replica_id: strawberry.ID | None = None,
+        kinds: list[str] | None = None,
+        after: strawberry.ID | None = None,
+    ) -> AsyncGenerator[Event, None]:
+        wanted = event_filter(node_id, replica_id, kinds)
+        resume_from = event_id(after)
+        # Subscribe before reading the history, so nothing committed in
+        # between is missed; what the history already gave is skipped below.
+        subscription = _stream(info).subscribe(wanted)
+        replayed: set[int] = set()
+        try:
+            if resume_from is not None:
+                cursor = resume_from
+                while True:
+                    async with info.context.engine.connect() as conn:
+                        page = await list_events(
+                            conn,
+                            wanted,
+                            first=REPLAY_PAGE,
+                            after=cursor,
+                            retention=info.context.settings.event_retention,
+                        )
+                    for record in page:
+                        replayed.add(record.id)
+                        yield Event.of(record)
+                    if len(page) < REPLAY_PAGE:
+                        break
+                    cursor = page[-1].id
+            async for record in subscription:
+                if record.id in replayed or (resume_from is not None and record.id <= resume_from):
+                    continue
+                yield Event.of(record)
+        finally:
+            subscription.close()

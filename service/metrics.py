@@ -1,0 +1,216 @@
+"""/metrics in the Prometheus text format: the cluster as the database sees it, and this process.
+
+Cluster gauges are read at scrape time, one statement per group of metric
+families whatever the cluster size. Process-local counters (allocation
+rejections, request latencies) live here; every process exports its own and
+Prometheus sums them.
+
+A node whose local disk is unknown has NO disk series, never a zero: a zero
+would fire "disk full" alerts for every node whose agent is too old to report
+storage.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.capacity import gpu_classes
+from service.node_views import STATES
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.rejections: dict[str, int] = defaultdict(int)
+        # (method, route, status) -> per-bucket counts, sum, count
+        self.latency: dict[tuple[str, str, str], list[float]] = {}
+
+    def count_rejection(self, code: str) -> None:
+        with self._lock:
+            self.rejections[code] += 1
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        key = (method, route, str(status))
+        with self._lock:
+            series = self.latency.get(key)
+            if series is None:
+                # cumulative bucket counts, then the sum, then the count
+                series = self.latency[key] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+            for i, bound in enumerate(LATENCY_BUCKETS):
+                if seconds <= bound:
+                    series[i] += 1
+            series[-2] += seconds
+            series[-1] += 1
+
+    def snapshot(
+        self,
+    ) -> tuple[dict[str, int], dict[tuple[str, str, str], list[float]]]:
+        with self._lock:
+            return dict(self.rejections), {k: list(v) for k, v in self.latency.items()}
+
+    def reset(self) -> None:
+        with self._lock:
+            self.rejections.clear()
+            self.latency.clear()
+
+
+COUNTERS = _Counters()
+
+
+def count_rejection(code: str) -> None:
+    """Count one refused allocation by its RejectionCode (e.g. GPU_TAKEN); process-local."""
+    COUNTERS.count_rejection(code)
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    COUNTERS.observe_request(method, route, status, seconds)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+class Exposition:
+    """Builds the text format: HELP and TYPE once per family, then its samples."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def family(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        samples: Iterable[tuple[Sequence[tuple[str, str]], float]],
+    ) -> None:
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self._lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def histogram(
+        self,
+        name: str,
+        help_text: str,
+        series: dict[tuple[str, str, str], list[float]],
+        label_names: tuple[str, str, str],
+    ) -> None:
+        self._lines.append(f"# HELP {name} {help_text}")
+        self._lines.append(f"# TYPE {name} histogram")
+        for key in sorted(series):
+            values = series[key]
+            base = list(zip(label_names, key, strict=True))
+            for bound, count in zip(LATENCY_BUCKETS, values, strict=False):
+                self._lines.append(
+                    f"{name}_bucket{_labels([*base, ('le', _number(bound))])} {_number(count)}"
+                )
+            total = values[-1]
+            self._lines.append(f"{name}_bucket{_labels([*base, ('le', '+Inf')])} {_number(total)}")
+            self._lines.append(f"{name}_sum{_labels(base)} {_number(values[-2])}")
+            self._lines.append(f"{name}_count{_labels(base)} {_number(total)}")
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+_NODES_BY_STATE = text("SELECT state, count(*) AS n FROM nodes GROUP BY state")
+
+# One row per node, for the per-node families; heartbeat age by the
+# database's clock, the one heartbeats are stamped with.
+_PER_NODE = text(
+    """
+    SELECT id, local_disk_free, local_disk_total,
+           extract(epoch FROM now() - last_seen)::float8 AS heartbeat_age
+    FROM nodes ORDER BY id
+    """
+)
+
+
+async def render(conn: AsyncConnection) -> str:
+    out = Exposition()
+
+    by_state = {r.state: int(r.n) for r in await conn.execute(_NODES_BY_STATE)}
+    out.family(
+        "inventory_nodes",
+        "gauge",
+        "Nodes by state.",
+        [((("state", s),), by_state.get(s, 0)) for s in STATES],
+    )
+
+    classes = await gpu_classes(conn)
+    samples: list[tuple[Sequence[tuple[str, str]], float]] = []
+    for c in classes:
+        for status, value in (
+            ("free", c.free),
+            ("allocated", c.allocated),
+            ("unhealthy", c.unhealthy),
+            ("unschedulable", c.unschedulable),
+        ):
+            samples.append(((("gpu_class", c.gpu_class), ("status", status)), value))
+    out.family(
+        "inventory_gpus",
+        "gauge",
+        "GPUs by class and status (free = healthy, unallocated, on a READY node; "
+        "unschedulable = healthy and unallocated on a node that is not READY).",
+        samples,
+    )
+
+    nodes = list(await conn.execute(_PER_NODE))
+    known_disk = [n for n in nodes if n.local_disk_total is not None]
+    out.family(
+        "inventory_node_local_disk_free_bytes",
+        "gauge",
+        "Free bytes on the node's own (non-shared) filesystems; absent when unknown.",
+        (((("node", n.id),), n.local_disk_free) for n in known_disk),
+    )
+    out.family(
+        "inventory_node_local_disk_total_bytes",
+        "gauge",
+        "Total bytes of the node's own (non-shared) filesystems; absent when unknown.",
+        (((("node", n.id),), n.local_disk_total) for n in known_disk),
+    )
+    out.family(
+        "inventory_node_heartbeat_age_seconds",
+        "gauge",
+        "Seconds since the node's last heartbeat, by the database's clock.",
+        (((("node", n.id),), max(0.0, float(n.heartbeat_age))) for n in nodes),
+    )
+
+    rejections, latency = COUNTERS.snapshot()
+    out.family(
+        "inventory_allocation_rejections_total",
+        "counter",
+        "Allocations refused by this process, by rejection code.",
+        (((("code", code),), count) for code, count in sorted(rejections.items())),
+    )
+    out.histogram(
+        "inventory_http_request_duration_seconds",
+        "HTTP request latency in this process, by method, route and status.",
+        latency,
+        ("method", "route", "status"),
+    )
+    return out.text()

@@ -1,0 +1,90 @@
+"""What every service process runs beside the API: the liveness sweep, the event stream, /metrics, /readyz.
+
+Kept out of app.py so the application module stays a list of routes; the app
+starts Background in its lifespan and mounts operational_routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service import metrics, readiness
+from service.config import Settings
+from service.db import libpq_url
+from service.event_stream import EventStream
+from service.liveness import run_sweeper
+
+log = logging.getLogger(__name__)
+
+
+class Background:
+    """The process's sweeper task and event stream, started and stopped with the app."""
+
+    def __init__(self, sweeper: asyncio.Task[None] | None, stream: EventStream) -> None:
+        self.sweeper = sweeper
+        self.stream = stream
+
+    @classmethod
+    def start(
+        cls,
+        app: Any,
+        engine: AsyncEngine,
+        settings: Settings,
+        *,
+        sweep: bool = True,
+    ) -> Background:
+        # The LISTEN connection is a plain asyncpg connection outside the
+        # pool: it is held for the process's life and must not count against
+        # the connections requests use.
+        dsn = libpq_url(engine.url.render_as_string(hide_password=False))
+        stream = EventStream(dsn, engine)
+        stream.start()
+        app.state.event_stream = stream
+        sweeper = None
+        if sweep:
+            sweeper = asyncio.create_task(
+                run_sweeper(
+                    engine,
+                    unreachable_after=settings.unreachable_after,
+                    lost_after=settings.lost_after,
+                    interval=settings.sweep_interval,
+                    event_retention=settings.event_retention,
+                ),
+                name="liveness-sweep",
+            )
+        return cls(sweeper, stream)
+
+    async def stop(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.sweeper
+        await self.stream.stop()
+
+
+def operational_routes(engine: Callable[[], AsyncEngine], settings: Settings) -> list[Route]:
+    async def metrics_endpoint(request: Request) -> Response:
+        async with engine().connect() as conn:
+            body = await metrics.render(conn)
+        return Response(body, media_type=metrics.CONTENT_TYPE)
+
+    async def readyz(request: Request) -> Response:
+        state = await readiness.check(engine(), settings.db_timeout)
+        body = {
+            "status": "ready" if state.ready else "not ready",
+            "reason": state.reason,
+            "revision": state.revision,
+            "expected": state.expected,
+        }
+        return JSONResponse(body, status_code=200 if state.ready else 503)
+
+    return [Route("/metrics", metrics_endpoint), Route("/readyz", readyz)]

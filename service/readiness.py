@@ -1,0 +1,52 @@
+"""/readyz: may a load balancer send this process traffic?
+
+Ready means the database answers AND its schema is the one this code was
+written for. A process that starts against a database a newer (or older)
+release migrated would answer with the wrong columns; it must stay out of
+rotation rather than fail every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.migrations import current_revision, head_revision
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+    revision: str | None = None
+    expected: str | None = None
+
+
+@lru_cache(maxsize=1)
+def expected_revision() -> str | None:
+    # Read from the migration scripts on disk once: they don't change under
+    # a running process.
+    return head_revision()
+
+
+async def check(engine: AsyncEngine, within: float) -> Readiness:
+    expected = expected_revision()
+    try:
+        async with asyncio.timeout(within), engine.connect() as conn:
+            revision = await current_revision(conn)
+    except TimeoutError:
+        return Readiness(False, f"the database did not answer within {within:g} s", None, expected)
+    except Exception as error:
+        first_line = (str(error) or type(error).__name__).splitlines()[0]
+        return Readiness(False, f"the database is unavailable: {first_line}", None, expected)
+    if revision != expected:
+        return Readiness(
+            False,
+            f"the schema is at {revision or 'no revision'}, this release needs {expected}",
+            revision,
+            expected,
+        )
+    return Readiness(True, "ready", revision, expected)
