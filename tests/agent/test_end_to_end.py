@@ -1,0 +1,184 @@
+"""The agent's real loop against the real service, in its own process, over HTTP.
+
+Only the hardware is faked (there is no GPU here): a fake pynvml, a fake node
+root and its disks. Everything between the agent's discovery and the
+service's database is the code that ships.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fake_nvml import FakeNvml, h100
+from fake_root import GIB, TIB, FakeDisks, add_model, add_process, make_node
+
+from agent.client import InventoryClient
+from agent.config import AgentConfig, FabricConfig
+from agent.loop import Agent, run_until_stopped
+from agent.report import Host, build_report
+from agent.weights import WeightsScanner
+
+ENGINE_PID, FOREIGN_PID = 4100, 5200
+
+NODE_QUERY = """
+query Node($id: ID!) {
+  node(id: $id) {
+    id hostname mgmtAddr state memoryTotalMb agentVersion knowsItsWeights
+    labels { key value }
+    gpus { index uuid name gpuClass memoryMb healthy healthReasons }
+    fabrics { fabric hcas rateGbps }
+    storage { id mountPoint fsType shared freeBytes totalBytes directories }
+    localDisk { freeBytes totalBytes }
+    sharedDisk { freeBytes totalBytes }
+    weights { path sizeBytes }
+  }
+}
+"""
+
+
+# Generous: waiting for a condition, not measuring how fast it comes.
+PATIENCE = 30
+
+
+async def eventually(
+    url: str, check: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    """The node as the service shows it, once `check` holds; fails after a generous wait."""
+    node: dict[str, Any] | None = None
+    variables = {"id": "gpu-07"}
+    try:
+        async with httpx.AsyncClient(timeout=5) as http, asyncio.timeout(PATIENCE):
+            while True:
+                try:
+                    answer = await http.post(
+                        url, json={"query": NODE_QUERY, "variables": variables}
+                    )
+                    node = answer.json()["data"]["node"]
+                except (httpx.HTTPError, KeyError, TypeError, ValueError):
+                    node = None  # the service is restarting
+                if node is not None and check(node):
+                    return node
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"never saw {what}; last seen: {node}")
+
+
+class OutageWatch(logging.Handler):
+    """Sets an event when the agent logs that the service is failing, as an operator would see."""
+
+    def __init__(self, seen: asyncio.Event) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = seen
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "inventory service is failing" in record.getMessage():
+            self.seen.set()
+
+
+def healthy(node: dict[str, Any]) -> list[int]:
+    return [g["index"] for g in node["gpus"] if g["healthy"]]
+
+
+async def test_the_agent_keeps_the_services_view_of_its_node_true(
+    live_service: Any, tmp_path: Path
+) -> None:
+    root = make_node(tmp_path / "node")
+    add_model(root, "/data/models/llama-8b", {"config.json": 100, "model.safetensors": 16 * GIB})
+    add_model(
+        root, "/mnt/filer/models/qwen-72b", {"config.json": 100, "model.safetensors": 140 * GIB}
+    )
+    add_process(root, ENGINE_PID, "VLLM::Worker_TP", ["VLLM::Worker_TP0"])
+    add_process(root, FOREIGN_PID, "python3", ["python3", "train.py"])
+    nvml = FakeNvml([h100(i, processes=[ENGINE_PID]) for i in range(8)])
+    nvml.gpus[3].ecc_uncorrected = 2
+    nvml.gpus[5].processes = [ENGINE_PID, FOREIGN_PID]
+
+    config = AgentConfig(
+        node_id="gpu-07",
+        hostname="gpu-07.dc1",
+        mgmt_addr="10.0.0.7",
+        service_url=live_service.url,
+        labels={"zone": "z1"},
+        model_dirs=("/data/models", "/mnt/filer/models"),
+        fabrics=(FabricConfig("ib-a", ("mlx5_0", "mlx5_1")),),
+        # Fast, so the story takes seconds; the schedule itself is tested with a fake clock.
+        heartbeat_interval=0.05,
+        scan_interval=0.1,
+        full_report_interval=60,
+        max_backoff=0.2,
+        request_timeout=2,
+        root=str(root),
+    )
+    disks = FakeDisks(root)
+    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
+    scanner = WeightsScanner(config.root)
+    client = InventoryClient(config.service_url, None, config.request_timeout)
+    agent = Agent(config, client, lambda: build_report(config, host, scanner))
+    outage_logged = asyncio.Event()
+    watch = OutageWatch(outage_logged)
+    logging.getLogger("llmgw.agent").addHandler(watch)
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
+    try:
+        # The node appears with its GPUs, filesystems and weights.
+        node = await eventually(live_service.url, lambda n: True, "the node registered")
+        assert (node["hostname"], node["mgmtAddr"], node["state"]) == (
+            "gpu-07.dc1",
+            "10.0.0.7",
+            "READY",
+        )
+        assert node["labels"] == [{"key": "zone", "value": "z1"}]
+        assert len(node["gpus"]) == 8 and healthy(node) == [0, 1, 2, 4, 6, 7]
+        assert node["gpus"][3]["healthReasons"] == ["ecc_uncorrected"]
+        assert node["gpus"][5]["healthReasons"] == ["foreign_process"]
+        assert {(g["name"], g["memoryMb"], g["gpuClass"]) for g in node["gpus"]} == {
+            ("NVIDIA H100 80GB HBM3", 81559, "H100-80GB")
+        }
+        assert node["fabrics"] == [
+            {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}
+        ]
+        assert [(fs["mountPoint"], fs["fsType"], fs["shared"]) for fs in node["storage"]] == [
+            ("/data", "xfs", False),
+            ("/mnt/filer", "nfs4", True),
+        ]
+        # The filer's space is everyone's: it is kept out of the node's own disk.
+        assert node["localDisk"] == {"freeBytes": 20 * TIB, "totalBytes": 28 * TIB}
+        assert node["sharedDisk"] == {"freeBytes": 100 * TIB, "totalBytes": 500 * TIB}
+        assert node["knowsItsWeights"] is True
+        assert node["weights"] == [
+            {"path": "/data/models/llama-8b", "sizeBytes": 16 * GIB + 100},
+            {"path": "/mnt/filer/models/qwen-72b", "sizeBytes": 140 * GIB + 100},
+        ]
+
+        # A GPU faults and a model is downloaded: the changed report is re-sent.
+        nvml.gpus[2].remapped_rows = (0, 1, 1, 0)
+        add_model(
+            root, "/data/models/mistral-7b", {"config.json": 1, "model.safetensors": 14 * GIB}
+        )
+        node = await eventually(
+            live_service.url,
+            lambda n: 2 not in healthy(n) and len(n["weights"]) == 3,
+            "the fault and the new model",
+        )
+        assert node["gpus"][2]["healthReasons"] == ["row_remap_pending"]
+
+        # The service goes down; while it is down the training job ends.
+        await asyncio.to_thread(live_service.stop)
+        await asyncio.wait_for(outage_logged.wait(), PATIENCE)
+        nvml.gpus[5].processes = [ENGINE_PID]
+        await asyncio.to_thread(live_service.start)
+
+        # It comes back having lost nothing, and the agent catches up.
+        node = await eventually(live_service.url, lambda n: 5 in healthy(n), "GPU 5 freed")
+        assert healthy(node) == [0, 1, 4, 5, 6, 7]
+        assert len(node["weights"]) == 3 and len(node["storage"]) == 2
+        assert node["state"] == "READY"
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+        await client.aclose()
+        logging.getLogger("llmgw.agent").removeHandler(watch)
