@@ -179,9 +179,7 @@ def _read_gpu(
     retired = q.ask("retired pages", lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
     if retired == getattr(nvml, "NVML_FEATURE_ENABLED", 1):
         reasons.append(RETIRED_PAGES_PENDING)
-    processes = q.ask(
-        "compute processes", lambda: list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-    )
+    processes = q.ask("compute processes", lambda: _compute_processes(nvml, handle))
     foreign = [p for p in processes or [] if not _is_engine(root, int(p.pid), engines, warn)]
     if foreign:
         reasons.append(FOREIGN_PROCESS)
@@ -200,6 +198,22 @@ def _read_gpu(
         pci_bus_id=bus_id,
         health_reasons=tuple(reasons),
     )
+
+
+def _compute_processes(nvml: Any, handle: Any) -> list[Any]:
+    """The GPU's compute processes, on drivers older than the binding too.
+
+    nvidia-ml-py calls the _v3 function, which drivers before R510 lack; it
+    then raises NVMLLibraryMismatchError, and the _v2 function answers the
+    same question. Without either, the GPU's users are unknown: nvml_error.
+    """
+    try:
+        return list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except _error_class(nvml, "NVMLLibraryMismatchError"):
+        older = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2", None)
+        if older is None:
+            raise
+        return list(older(handle))
 
 
 def _read_proc(root: str, pid: int, name: str) -> str | None:

@@ -49,9 +49,14 @@ class NVMLError_Unknown(NVMLError):
     pass
 
 
+class NVMLLibraryMismatchError(Exception):
+    """Raised by the binding itself (not an NVMLError) when the driver lacks a _v3 call."""
+
+
 ERRORS = {
     cls.__name__: cls
     for cls in (
+        NVMLLibraryMismatchError,
         NVMLError,
         NVMLError_LibraryNotFound,
         NVMLError_DriverNotLoaded,
@@ -112,9 +117,15 @@ def t4(index: int = 0, **figures: Any) -> FakeGpu:
 class FakeNvml:
     """The module: `discover_gpus(FakeNvml([...]), ...)`."""
 
-    def __init__(self, gpus: list[FakeGpu], init_error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        init_error: Exception | None = None,
+        driver_before_r510: bool = False,
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
+        self.driver_before_r510 = driver_before_r510
         self.initialized = False
         self.shut_down = False
         for name, value in {**ERRORS, **CONSTANTS}.items():

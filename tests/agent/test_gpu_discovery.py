@@ -164,6 +164,15 @@ def test_an_nvml_error_on_one_gpu_marks_only_that_gpu(root: Path) -> None:
     assert nvml.shut_down
 
 
+def test_an_older_driver_still_lists_the_processes_on_each_gpu(root: Path) -> None:
+    nvml = FakeNvml(
+        [h100(0, processes=[ENGINE_PID]), h100(1, processes=[FOREIGN_PID])],
+        driver_before_r510=True,
+    )
+    gpus, _ = discover(nvml, root)
+    assert [g.health_reasons for g in gpus] == [(), ("foreign_process",)]
+
+
 def test_names_as_bytes_from_old_bindings_are_decoded(root: Path) -> None:
     gpu = h100(0, name=b"NVIDIA A100-SXM4-40GB", memory_mib=40960, uuid=b"GPU-a100", bus_id=b"0:1")
     gpus, _ = discover(FakeNvml([gpu]), root)
