@@ -37,7 +37,9 @@ class Page:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._load_events: asyncio.Queue[None] = asyncio.Queue()
         self.requested: list[str] = []
-        self.errors: list[str] = []
+        self.requests: list[dict[str, Any]] = []  # url, method, headers, postData
+        self.errors: list[str] = []  # uncaught JavaScript exceptions
+        self.console_errors: list[str] = []  # failed loads and the like, as the console shows them
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -54,6 +56,7 @@ class Page:
             method, params = message.get("method"), message.get("params", {})
             if method == "Network.requestWillBeSent":
                 self.requested.append(params["request"]["url"])
+                self.requests.append(params["request"])
             elif method == "Page.loadEventFired":
                 self._load_events.put_nowait(None)
             elif method == "Runtime.exceptionThrown":
@@ -62,7 +65,7 @@ class Page:
                     details.get("exception", {}).get("description") or details["text"]
                 )
             elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
-                self.errors.append(params["entry"]["text"])
+                self.console_errors.append(params["entry"]["text"])
 
     async def send(self, method: str, **params: Any) -> Any:
         call_id = next(self._ids)
@@ -93,7 +96,10 @@ class Page:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise BrowserError(f"timed out waiting for {what}; page errors: {self.errors}")
+                raise BrowserError(
+                    f"timed out waiting for {what}; "
+                    f"page errors: {self.errors + self.console_errors}"
+                )
             await asyncio.sleep(0.1)
 
     async def screenshot(self, path: Path) -> Path:

@@ -1,0 +1,223 @@
+"""An operator's browser, with no network but the service: GraphiQL answers, the dashboard shows the cluster.
+
+Headless Chromium from Debian's `chromium` package, driven over the DevTools
+protocol (tests/chromium.py); every host name but 127.0.0.1 fails to resolve,
+as on an air-gapped cluster. Screenshots land in screenshots/ for a person to
+look at.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import httpx
+import pytest
+
+from tests.chromium import CHROMIUM, Page, chromium
+from tests.conftest import REPO, LiveService
+from tests.reports import L40S, REGISTER, TB, gpus, node_input
+from tests.vendor_assets import local_assets_or_skip
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Debian's chromium package is not installed (apt-get install chromium); .ci/run installs it",
+)
+
+SCREENSHOTS = REPO / "screenshots"
+TOKEN = "browser-test-operator-token"
+BEARER = f"Bearer {TOKEN}"
+
+CORDON = """
+mutation Cordon($id: ID!, $reason: String!) { cordonNode(id: $id, reason: $reason) { id state } }
+"""
+
+
+@pytest.fixture
+def service(live_service_factory: Any, engine: Any) -> LiveService:
+    """The service as deployed, with an operator token (sent everywhere, needed or not)."""
+    started: LiveService = live_service_factory(env={"INVENTORY_BOOTSTRAP_TOKEN": TOKEN})
+    return started
+
+
+def call(service: LiveService, query: str, variables: dict[str, Any]) -> Any:
+    response = httpx.post(
+        service.url,
+        json={"query": query, "variables": variables},
+        headers={"Authorization": BEARER},
+        timeout=10,
+    )
+    body = response.json()
+    assert not body.get("errors"), body
+    return body["data"]
+
+
+def register(service: LiveService, node_id: str, **fields: Any) -> None:
+    call(service, REGISTER, {"input": node_input(node_id, **fields)})
+
+
+def origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def assert_nothing_came_from_outside(page: Page, service: LiveService) -> None:
+    outside = [
+        url
+        for url in page.requested
+        if url.startswith(("http:", "https:", "ws:", "wss:")) and origin(url) != origin(service.url)
+    ]
+    assert outside == []
+
+
+def assert_only_refused_before_the_token(page: Page) -> None:
+    """The one console error allowed: the service's 401 to a request sent before the token was."""
+    assert [e for e in page.console_errors if "status of 401" not in e] == []
+
+
+def graphql_posts(page: Page) -> list[dict[str, Any]]:
+    return [r for r in page.requests if r["method"] == "POST" and r["url"].endswith("/graphql")]
+
+
+def fabric(name: str) -> list[dict[str, Any]]:
+    return [{"fabric": name, "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
+
+
+FREE_H100S = '{ freeGpus(gpuClass: "H100-80GB", minFree: 4) { node { id } gpuIndices } }'
+
+
+async def test_graphiql_runs_a_query_from_local_assets_with_the_token_typed_in_its_headers_pane(
+    service: LiveService,
+) -> None:
+    local_assets_or_skip()
+    register(service, "gpu-01", fabrics=fabric("ib-a"))
+    register(service, "gpu-02", fabrics=fabric("ib-a"))
+    call(service, CORDON, {"id": "gpu-02", "reason": "ECC storm"})
+
+    async with chromium() as page:
+        await page.goto(f"{service.url}?q={quote(FREE_H100S)}")
+        await page.wait_for("!!document.querySelector('.graphiql-execute-button')", "GraphiQL")
+
+        # The operator opens the Headers tab and types the token there.
+        await page.evaluate(
+            "[...document.querySelectorAll('.graphiql-editor-tools button')]"
+            ".find(b => b.textContent === 'Headers').click()"
+        )
+        headers_editor = (
+            'document.querySelector(\'section.graphiql-editor-tool[aria-label="Headers"] '
+            ".graphiql-editor:not(.hidden) .CodeMirror')"
+        )
+        await page.wait_for(f"!!{headers_editor}", "the headers editor")
+        typed = json.dumps({"Authorization": BEARER})
+        await page.evaluate(f"{headers_editor}.CodeMirror.setValue({json.dumps(typed)})")
+        # GraphiQL asked for the schema before it had the token; ask again, with it.
+        await page.evaluate(
+            "document.querySelector('button[aria-label=\"Re-fetch GraphQL schema\"]').click()"
+        )
+        await page.evaluate(
+            "document.querySelector('button[aria-label=\"Show Documentation Explorer\"]').click()"
+        )
+        await page.wait_for(
+            "(document.querySelector('.graphiql-doc-explorer') || {}).innerText?.includes('Root Types')",
+            "the schema's documentation",
+        )
+        await page.evaluate("document.querySelector('.graphiql-execute-button').click()")
+
+        answer = await page.wait_for(
+            "(() => { const r = document.querySelector('.result-window .CodeMirror');"
+            " const v = r && r.CodeMirror.getValue(); return v && v.includes('freeGpus') && v; })()",
+            "the query's answer in the result pane",
+        )
+        await page.screenshot(SCREENSHOTS / "graphiql-free-gpus.png")
+
+        assert json.loads(answer) == {
+            "data": {"freeGpus": [{"node": {"id": "gpu-01"}, "gpuIndices": list(range(8))}]}
+        }
+        query_posts = [r for r in graphql_posts(page) if "freeGpus" in r.get("postData", "")]
+        assert query_posts and query_posts[-1]["headers"].get("Authorization") == BEARER
+        introspections = [r for r in graphql_posts(page) if "__schema" in r.get("postData", "")]
+        assert introspections[-1]["headers"].get("Authorization") == BEARER
+        assert_nothing_came_from_outside(page, service)
+        assert page.errors == []
+        assert_only_refused_before_the_token(page)
+
+
+ROWS = """
+Object.fromEntries([...document.querySelectorAll('#nodes tbody tr')].map(tr => [
+  tr.dataset.nodeId,
+  Object.fromEntries(['state', 'reason', 'gpus', 'fabrics', 'disk', 'age'].map(
+    (name, i) => [name, tr.children[i + 1].innerText.trim()]))
+]))
+"""
+
+SUMMARY = """
+Object.fromEntries([...document.querySelectorAll('#summary tbody tr')].map(tr => [
+  tr.dataset.gpuClass, [...tr.children].slice(1).map(td => Number(td.innerText))
+]))
+"""
+
+
+async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_with_its_reason(
+    service: LiveService,
+) -> None:
+    storage = [
+        {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
+         "freeBytes": 2 * TB, "totalBytes": 3 * TB, "directories": ["/data/models"]},
+    ]  # fmt: skip
+    register(service, "gpu-01", fabrics=fabric("ib-a"), storage=storage)
+    register(service, "gpu-02", fabrics=fabric("ib-b"))  # an old agent: disk unknown
+    register(service, "gpu-03", gpus=gpus(L40S, 4), storage=storage)
+    call(service, CORDON, {"id": "gpu-03", "reason": "fan failure, ticket OPS-1234"})
+
+    async with chromium() as page:
+        dashboard = service.url.removesuffix("graphql")
+        await page.goto(dashboard)
+        # The operator pastes a token once; the page keeps it in this browser.
+        await page.evaluate(
+            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#nodes tbody tr').length === 3", "three node rows"
+        )
+        rows = await page.evaluate(ROWS)
+        await page.screenshot(SCREENSHOTS / "dashboard.png")
+
+        assert rows["gpu-02"]["disk"] == "—"
+        assert rows["gpu-01"]["disk"] == "2.00 TB / 3.00 TB"
+        assert rows["gpu-03"]["state"] == "CORDONED"
+        assert rows["gpu-03"]["reason"].startswith("fan failure, ticket OPS-1234")
+        assert rows["gpu-01"]["state"] == "READY" and rows["gpu-01"]["reason"] == ""
+        assert rows["gpu-01"]["gpus"] == "8 / 8 H100-80GB"
+        assert rows["gpu-03"]["gpus"] == "4 / 4 L40S-48GB"
+        assert (rows["gpu-01"]["fabrics"], rows["gpu-02"]["fabrics"]) == ("ib-a", "ib-b")
+        assert rows["gpu-01"]["age"].endswith("s ago")
+        # total, free, allocated, unhealthy, unschedulable
+        assert await page.evaluate(SUMMARY) == {
+            "H100-80GB": [16, 16, 0, 0, 0],
+            "L40S-48GB": [4, 0, 0, 0, 4],
+        }
+
+        # Another operator cordons a node: the page follows without a reload.
+        call(service, CORDON, {"id": "gpu-01", "reason": "ib-a maintenance"})
+        await page.wait_for(
+            "document.querySelector('tr[data-node-id=\"gpu-01\"] .state').innerText === 'CORDONED'",
+            "gpu-01 to show as cordoned",
+        )
+
+        # Only the cordoned ones.
+        await page.evaluate(
+            "const s = document.getElementById('filter-state'); s.value = 'CORDONED';"
+            "s.dispatchEvent(new Event('change', {bubbles: true}))"
+        )
+        shown = await page.evaluate(ROWS)
+        await page.screenshot(SCREENSHOTS / "dashboard-cordoned.png")
+
+        assert sorted(shown) == ["gpu-01", "gpu-03"]
+        assert shown["gpu-01"]["reason"].startswith("ib-a maintenance")
+        assert await page.evaluate("location.hash") == "#state=CORDONED"
+        assert all(r["headers"].get("Authorization") == BEARER for r in graphql_posts(page)[-2:])
+        assert_nothing_came_from_outside(page, service)
+        assert page.errors == []
+        assert_only_refused_before_the_token(page)
