@@ -1,10 +1,22 @@
-"""Who holds which GPUs: shards of replicas placed on nodes.
+"""Who holds which GPUs: shards of replicas placed on nodes, and recording new ones.
 
-Reads live here now; allocate, place and release join them in this module.
+allocate() is the one write path for holding GPUs; place() picks GPUs and then
+goes through it too, so both are guarded by the same checks and the same locks.
+
+Concurrency, in one paragraph: every writer that changes a node's GPUs,
+allocations or state first takes that node's row lock (FOR NO KEY UPDATE: it
+conflicts with cordon, removal and re-registration, which update or delete
+the row, but not with the foreign-key checks of rows that merely reference
+the node). Locks are taken in node-id order, so two allocations spanning the
+same nodes queue instead of deadlocking. Under the lock, each check reads
+what is committed now (READ COMMITTED takes a fresh snapshot per statement),
+and the primary key of allocated_gpus stays the final guard: a unique
+violation is turned into the rejection that explains it, never a 500.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +25,14 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.events import record_event
+from service.gpu_pools import refresh_pools
+from service.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
+from service.reports import MAX_GPUS, MAX_ID_LENGTH
+from service.transactions import sqlstate
 
 
 @dataclass(frozen=True)
@@ -91,3 +110,495 @@ async def list_allocations(
         text(f"SELECT {_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"), params
     )
     return [shard_from_row(r) for r in rows]
+
+
+# A replica is at most this many shards: far above any real tensor/pipeline
+# split, low enough that one request cannot make a statement of unbounded size.
+MAX_SHARDS = 64
+MAX_GPUS_PER_SHARD = MAX_GPUS
+
+
+@dataclass(frozen=True)
+class ShardRequest:
+    shard_id: str
+    node_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    replica_id: str
+    shards: tuple[ShardRequest, ...]
+
+
+@dataclass(frozen=True)
+class Allocated:
+    shards: tuple[ShardRecord, ...]
+
+
+def _check_id(what: str, value: str) -> Rejection | None:
+    if not value:
+        return invalid(f"{what} is empty")
+    if len(value) > MAX_ID_LENGTH:
+        return invalid(f"{what} {shown(value)!r} is longer than {MAX_ID_LENGTH} characters")
+    return None
+
+
+def validate_request(request: AllocationRequest) -> Rejection | None:
+    """What can be refused without reading the database: nothing is locked or written for it."""
+    problem = _check_id("replicaId", request.replica_id)
+    if problem:
+        return problem
+    if not request.shards:
+        return invalid("shards is empty: a replica needs at least one shard")
+    if len(request.shards) > MAX_SHARDS:
+        return invalid(
+            f"{len(request.shards)} shards asked for; a replica has at most {MAX_SHARDS}"
+        )
+    seen_shards: set[str] = set()
+    holder_of: dict[tuple[str, int], str] = {}
+    for shard in request.shards:
+        problem = _check_id("shardId", shard.shard_id) or _check_id(
+            f"nodeId of shard {shown(shard.shard_id)}", shard.node_id
+        )
+        if problem:
+            return problem
+        sid = shown(shard.shard_id)
+        if shard.shard_id in seen_shards:
+            return invalid(f"shard {sid} appears twice in this request")
+        seen_shards.add(shard.shard_id)
+        if not shard.gpu_indices:
+            return invalid(f"shard {sid} lists no GPUs (gpuIndices is empty)", shard.node_id)
+        if len(shard.gpu_indices) > MAX_GPUS_PER_SHARD:
+            return invalid(
+                f"shard {sid} lists {len(shard.gpu_indices)} GPUs; a shard has at most "
+                f"{MAX_GPUS_PER_SHARD}",
+                shard.node_id,
+            )
+        seen_indices: set[int] = set()
+        for index in shard.gpu_indices:
+            if index < 0:
+                return invalid(f"shard {sid} asks for GPU {index}; GPU indices start at 0")
+            if index in seen_indices:
+                return invalid(f"shard {sid} lists GPU {index} twice", shard.node_id)
+            seen_indices.add(index)
+            other = holder_of.get((shard.node_id, index))
+            if other is not None:
+                return invalid(
+                    f"GPU {index} on node {shown(shard.node_id)} is asked for by both shard "
+                    f"{shown(other)} and shard {sid}",
+                    shard.node_id,
+                )
+            holder_of[(shard.node_id, index)] = shard.shard_id
+    return None
+
+
+_LOCK_NODES = text(
+    """
+    SELECT id, state, admin_reason, liveness_reason FROM nodes
+    WHERE id = ANY(CAST(:ids AS text[]))
+    ORDER BY id
+    FOR NO KEY UPDATE
+    """
+)
+
+
+async def lock_nodes(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, Row[Any]]:
+    """Row-lock nodes in id order, waiting for whoever holds them; missing ids are simply absent."""
+    rows = await conn.execute(_LOCK_NODES, {"ids": sorted(set(node_ids))})
+    return {r.id: r for r in rows}
+
+
+def state_phrase(state: str, admin_reason: str | None, liveness_reason: str | None) -> str:
+    """'cordoned: kernel upgrade', 'unreachable': the state and, if known, why."""
+    reason = liveness_reason if state in ("unreachable", "lost") else admin_reason
+    return f"{state}: {reason}" if reason else state
+
+
+_GPUS_ASKED = text(
+    """
+    SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, g.healthy, g.health_reasons,
+           a.shard_id AS held_by
+    FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
+    LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
+    LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
+    """
+)
+
+_GPU_INDICES = text(
+    "SELECT array_agg(idx ORDER BY idx) AS indices FROM gpus WHERE node_id = :node_id"
+)
+
+_FABRICS = text(
+    """
+    SELECT node_id, fabric, hcas, rate_gbps FROM fabric_attachments
+    WHERE node_id = ANY(CAST(:ids AS text[]))
+    ORDER BY node_id, fabric
+    """
+)
+
+_REPLICA_SHARDS = text(f"SELECT {_COLUMNS} FROM shards s WHERE s.replica_id = :replica_id")
+
+_STORE = text(
+    """
+    WITH s AS (
+        INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas)
+        SELECT r.shard_id, :replica_id, r.node_id, r.gpu_indices, r.fabric, r.hcas
+        FROM jsonb_to_recordset(CAST(:shards AS jsonb))
+             AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
+        ORDER BY r.shard_id
+        RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
+    ), g AS (
+        INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
+        SELECT r.node_id, r.idx, r.shard_id
+        FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(node_id text, idx int, shard_id text)
+        ORDER BY r.node_id, r.idx
+    )
+    SELECT * FROM s ORDER BY shard_id
+    """
+)
+
+_SET_FABRIC = text(
+    """
+    UPDATE shards s SET fabric = r.fabric, hcas = r.hcas
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(shard_id text, fabric text, hcas text[])
+    WHERE s.shard_id = r.shard_id
+    """
+)
+
+
+@dataclass(frozen=True)
+class _Attachment:
+    hcas: tuple[str, ...]
+    rate_gbps: int
+
+
+@dataclass(frozen=True)
+class _FabricChoice:
+    fabric: str | None
+    hcas: dict[str, tuple[str, ...]]
+
+
+async def _replica_shards(conn: AsyncConnection, replica_id: str) -> list[ShardRecord]:
+    rows = await conn.execute(_REPLICA_SHARDS, {"replica_id": replica_id})
+    return [shard_from_row(r) for r in rows]
+
+
+def _duplicate(request: AllocationRequest, found: dict[str, ShardRecord]) -> Rejection | Allocated:
+    """Exactly the stored shards again is a retry (answer what is stored); anything else is a clash."""
+    mine = [found[s.shard_id] for s in request.shards if s.shard_id in found]
+    for asked in request.shards:
+        stored = found.get(asked.shard_id)
+        if stored is None:
+            continue
+        same = (
+            stored.replica_id == request.replica_id
+            and stored.node_id == asked.node_id
+            and stored.gpu_indices == tuple(sorted(asked.gpu_indices))
+        )
+        if not same:
+            return Rejection(
+                RejectionCode.DUPLICATE_SHARD,
+                f"shard {shown(asked.shard_id)} is already allocated to replica "
+                f"{shown(stored.replica_id)} on node {shown(stored.node_id)}, GPUs "
+                f"{index_ranges(stored.gpu_indices)}; release it first or use a new shard id",
+                node_id=stored.node_id,
+                held_by=stored.shard_id,
+            )
+    if len(mine) == len(request.shards):
+        return Allocated(tuple(sorted(mine, key=lambda s: s.shard_id)))
+    first = mine[0]
+    return Rejection(
+        RejectionCode.DUPLICATE_SHARD,
+        f"shard {shown(first.shard_id)} is already allocated, but not the rest of this "
+        "request; to retry, send exactly the original shards, otherwise use new shard ids",
+        node_id=first.node_id,
+        held_by=first.shard_id,
+    )
+
+
+async def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rejection | None:
+    for shard in request.shards:
+        node = locked.get(shard.node_id)
+        if node is None:
+            return Rejection(
+                RejectionCode.NO_SUCH_NODE,
+                f"node {shown(shard.node_id)} is not registered",
+                node_id=shard.node_id,
+            )
+        if node.state != "ready":
+            phrase = state_phrase(node.state, node.admin_reason, node.liveness_reason)
+            return Rejection(
+                RejectionCode.NODE_NOT_SCHEDULABLE,
+                f"node {shown(shard.node_id)} is {phrase}; it takes no new allocations",
+                node_id=shard.node_id,
+            )
+    return None
+
+
+async def _check_gpus(conn: AsyncConnection, request: AllocationRequest) -> Rejection | None:
+    pairs = [(s.node_id, i) for s in request.shards for i in s.gpu_indices]
+    rows = await conn.execute(
+        _GPUS_ASKED, {"pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs])}
+    )
+    facts = {(r.node_id, r.idx): r for r in rows}
+    for node_id, index in pairs:
+        gpu = facts[(node_id, index)]
+        where = f"GPU {index} on node {shown(node_id)}"
+        if not gpu.present:
+            have = (await conn.execute(_GPU_INDICES, {"node_id": node_id})).scalar_one()
+            return Rejection(
+                RejectionCode.NO_SUCH_GPU,
+                f"node {shown(node_id)} has no GPU {index}; its GPUs are "
+                f"{index_ranges(have or ())}",
+                node_id=node_id,
+                gpu_index=index,
+            )
+        if gpu.held_by is not None:
+            return Rejection(
+                RejectionCode.GPU_TAKEN,
+                f"{where} is held by shard {shown(gpu.held_by)}",
+                node_id=node_id,
+                gpu_index=index,
+                held_by=gpu.held_by,
+            )
+        if not gpu.healthy:
+            reasons = ", ".join(gpu.health_reasons) or "unhealthy"
+            return Rejection(
+                RejectionCode.GPU_UNHEALTHY,
+                f"{where} is unhealthy ({reasons})",
+                node_id=node_id,
+                gpu_index=index,
+            )
+    return None
+
+
+def _fabric_rule(
+    attachments: dict[str, dict[str, _Attachment]], node_ids: Sequence[str]
+) -> str | None:
+    """The fabric a multi-node replica runs on, when its nodes share several.
+
+    The one whose slowest attachment among these nodes is fastest (a
+    collective runs at the speed of its slowest link); ties go to the name
+    that sorts first, so the same nodes always get the same fabric.
+    """
+    common = set.intersection(*(set(attachments.get(n, {})) for n in node_ids))
+    if not common:
+        return None
+    return min(
+        common,
+        key=lambda f: (-min(attachments[n][f].rate_gbps for n in node_ids), f),
+    )
+
+
+async def _choose_fabric(
+    conn: AsyncConnection,
+    request: AllocationRequest,
+    earlier: Sequence[ShardRecord],
+    wanted: str | None,
+) -> Rejection | _FabricChoice:
+    node_ids = sorted({s.node_id for s in request.shards} | {s.node_id for s in earlier})
+    if len(node_ids) == 1 and wanted is None:
+        return _FabricChoice(None, {})
+    rows = await conn.execute(_FABRICS, {"ids": node_ids})
+    attachments: dict[str, dict[str, _Attachment]] = defaultdict(dict)
+    for r in rows:
+        attachments[r.node_id][r.fabric] = _Attachment(tuple(r.hcas), r.rate_gbps)
+    recorded = {s.fabric for s in earlier if s.fabric is not None}
+    wanted = wanted or (min(recorded) if recorded else None)
+    if wanted is not None:
+        for node_id in node_ids:
+            if wanted not in attachments.get(node_id, {}):
+                return Rejection(
+                    RejectionCode.FABRIC_MISMATCH,
+                    f"node {shown(node_id)} is not on fabric {shown(wanted)}, which replica "
+                    f"{shown(request.replica_id)} needs",
+                    node_id=node_id,
+                )
+        fabric: str | None = wanted
+    else:
+        fabric = _fabric_rule(attachments, node_ids)
+    if fabric is None:
+        on = "; ".join(
+            f"{shown(n)}: {', '.join(sorted(attachments.get(n, {}))) or 'none'}"
+            for n in node_ids[:8]
+        )
+        more = f" and {len(node_ids) - 8} more" if len(node_ids) > 8 else ""
+        return Rejection(
+            RejectionCode.FABRIC_MISMATCH,
+            f"the nodes of replica {shown(request.replica_id)} share no fabric ({on}{more}); "
+            "a multi-node replica must sit on one fabric",
+            node_id=node_ids[0],
+        )
+    return _FabricChoice(fabric, {n: attachments[n][fabric].hcas for n in node_ids})
+
+
+async def allocate(
+    conn: AsyncConnection,
+    request: AllocationRequest,
+    actor: str | None = None,
+    *,
+    fabric: str | None = None,
+) -> Allocated | Rejection:
+    """Hold every shard's GPUs, or none: a rejection leaves nothing written.
+
+    `fabric` pins the fabric (place() passes the one it planned on); otherwise
+    a multi-node replica gets the one its nodes share (see _fabric_rule).
+    Runs in the caller's transaction; safe to call with the nodes already
+    locked by it.
+    """
+    problem = validate_request(request)
+    if problem is not None:
+        return problem
+    asked_nodes = {s.node_id for s in request.shards}
+    earlier = await _replica_shards(conn, request.replica_id)
+    locked = await lock_nodes(conn, sorted(asked_nodes | {s.node_id for s in earlier}))
+    # Two attempts: a unique violation means a transaction that did not
+    # hold our lock (a shard id reused on another node) committed first;
+    # the second pass of checks sees it and names it.
+    for _ in range(2):
+        found = await shards_by_id(conn, [s.shard_id for s in request.shards])
+        if found:
+            return _duplicate(request, found)
+        earlier = await _replica_shards(conn, request.replica_id)
+        problem = await _check_nodes(request, locked) or await _check_gpus(conn, request)
+        if problem is not None:
+            return problem
+        choice = await _choose_fabric(conn, request, earlier, fabric)
+        if isinstance(choice, Rejection):
+            return choice
+        try:
+            async with conn.begin_nested():
+                stored = await _store(conn, request, choice, earlier)
+        except IntegrityError as error:
+            if sqlstate(error) not in ("23505", "23503"):
+                raise
+            continue
+        touched = sorted(asked_nodes)
+        await refresh_pools(conn, touched)
+        for shard in stored:
+            await record_event(
+                conn,
+                "allocated",
+                node_id=shard.node_id,
+                replica_id=shard.replica_id,
+                shard_id=shard.shard_id,
+                actor=actor,
+                detail={
+                    "gpuIndices": list(shard.gpu_indices),
+                    "fabric": shard.fabric,
+                    "hcas": list(shard.hcas),
+                },
+            )
+        return Allocated(stored)
+    first = request.shards[0]
+    return Rejection(
+        RejectionCode.GPU_TAKEN,
+        f"another allocation took these GPUs or shard ids at the same moment (node "
+        f"{shown(first.node_id)}); read allocations and retry",
+        node_id=first.node_id,
+    )
+
+
+async def _store(
+    conn: AsyncConnection,
+    request: AllocationRequest,
+    choice: _FabricChoice,
+    earlier: Sequence[ShardRecord],
+) -> tuple[ShardRecord, ...]:
+    shards = [
+        {
+            "shard_id": s.shard_id,
+            "node_id": s.node_id,
+            "gpu_indices": sorted(s.gpu_indices),
+            "fabric": choice.fabric,
+            "hcas": list(choice.hcas.get(s.node_id, ())),
+        }
+        for s in request.shards
+    ]
+    gpus = [
+        {"node_id": s.node_id, "idx": i, "shard_id": s.shard_id}
+        for s in request.shards
+        for i in s.gpu_indices
+    ]
+    rows = await conn.execute(
+        _STORE,
+        {"replica_id": request.replica_id, "shards": json.dumps(shards), "gpus": json.dumps(gpus)},
+    )
+    stored = tuple(shard_from_row(r) for r in rows)
+    # A replica that grew onto a second node now needs a fabric for its
+    # earlier shards too: they are handed the same fabric's adapters.
+    stale = [s for s in earlier if s.fabric != choice.fabric and choice.fabric is not None]
+    if stale:
+        fix = [
+            {"shard_id": s.shard_id, "fabric": choice.fabric, "hcas": list(choice.hcas[s.node_id])}
+            for s in stale
+        ]
+        await conn.execute(_SET_FABRIC, {"rows": json.dumps(fix)})
+    return stored
+
+
+_SHARD_NODES = text("SELECT DISTINCT node_id FROM shards WHERE shard_id = :shard_id")
+_REPLICA_NODES = text("SELECT DISTINCT node_id FROM shards WHERE replica_id = :replica_id")
+_RELEASE_SHARD = text(
+    """
+    DELETE FROM shards WHERE shard_id = :shard_id AND node_id = ANY(CAST(:nodes AS text[]))
+    RETURNING shard_id, replica_id, node_id, gpu_indices
+    """
+)
+_RELEASE_REPLICA = text(
+    """
+    DELETE FROM shards WHERE replica_id = :replica_id AND node_id = ANY(CAST(:nodes AS text[]))
+    RETURNING shard_id, replica_id, node_id, gpu_indices
+    """
+)
+
+
+async def _release(
+    conn: AsyncConnection,
+    find_nodes: Any,
+    delete: Any,
+    params: dict[str, Any],
+    actor: str | None,
+    reason: str | None,
+) -> int:
+    freed = 0
+    # Lock first, then delete only on the locked nodes: the recount in
+    # refresh_pools is exact only while no one else writes to the node. A
+    # shard that appeared on another node meanwhile is found by the next pass.
+    for _ in range(MAX_SHARDS + 1):
+        node_ids = [r.node_id for r in await conn.execute(find_nodes, params)]
+        if not node_ids:
+            break
+        await lock_nodes(conn, node_ids)
+        released = list(await conn.execute(delete, {**params, "nodes": sorted(node_ids)}))
+        await refresh_pools(conn, node_ids)
+        for r in released:
+            freed += len(r.gpu_indices)
+            await record_event(
+                conn,
+                "released",
+                node_id=r.node_id,
+                replica_id=r.replica_id,
+                shard_id=r.shard_id,
+                actor=actor,
+                reason=reason,
+                detail={"gpuIndices": sorted(r.gpu_indices)},
+            )
+    return freed
+
+
+async def release_shard(
+    conn: AsyncConnection, shard_id: str, actor: str | None = None, reason: str | None = None
+) -> int:
+    """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error)."""
+    return await _release(conn, _SHARD_NODES, _RELEASE_SHARD, {"shard_id": shard_id}, actor, reason)
+
+
+async def release_replica(
+    conn: AsyncConnection, replica_id: str, actor: str | None = None, reason: str | None = None
+) -> int:
+    """Free every shard of a replica: replicas fail whole, so they are freed whole."""
+    return await _release(
+        conn, _REPLICA_NODES, _RELEASE_REPLICA, {"replica_id": replica_id}, actor, reason
+    )

@@ -35,3 +35,48 @@ def node_input(node_id: str, **fields: Any) -> dict[str, Any]:
     }
     report.update(fields)
     return report
+
+
+# Allocation and placement, as a scheduler sends them.
+
+ALLOCATE = """
+mutation Allocate($input: AllocateInput!) {
+  allocate(input: $input) {
+    __typename
+    ... on Allocated { allocations { shardId replicaId nodeId gpuIndices fabric hcas createdAt } }
+    ... on AllocationRejected { code message nodeId gpuIndex heldBy }
+  }
+}
+"""
+
+PLACE = """
+mutation Place($input: PlaceInput!) {
+  place(input: $input) {
+    __typename
+    ... on Allocated { allocations { shardId replicaId nodeId gpuIndices fabric hcas } }
+    ... on Unplaceable { message verdicts { nodeId code detail } verdictsOmitted }
+    ... on AllocationRejected { code message nodeId gpuIndex heldBy }
+  }
+}
+"""
+
+EXPLAIN = """
+query Explain($input: PlaceInput!) {
+  explainPlacement(input: $input) {
+    placeable message fabric plan { shardId nodeId gpuCount }
+    verdicts { nodeId code detail } verdictsOmitted
+  }
+}
+"""
+
+
+def shard(shard_id: str, node_id: str, *indices: int) -> dict[str, Any]:
+    return {"shardId": shard_id, "nodeId": node_id, "gpuIndices": list(indices)}
+
+
+def allocation(replica_id: str, *shards: dict[str, Any]) -> dict[str, Any]:
+    return {"input": {"replicaId": replica_id, "shards": list(shards)}}
+
+
+def placement(replica_id: str, gpu_class: str = "H100-80GB", **fields: Any) -> dict[str, Any]:
+    return {"input": {"replicaId": replica_id, "gpuClass": gpu_class, **fields}}

@@ -12,16 +12,18 @@ from strawberry.tools import merge_types
 
 from service.errors import InventoryError
 
+from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
 from .mutations import NodeMutations
+from .placement import PlacementQueries
 from .queries import NodeQueries
 from .scalars import BYTES_SCALAR, Bytes
 from .subscriptions import EventSubscriptions
 
 log = logging.getLogger(__name__)
 
-Query = merge_types("Query", (NodeQueries, EventQueries))
-Mutation = merge_types("Mutation", (NodeMutations,))
+Query = merge_types("Query", (NodeQueries, EventQueries, PlacementQueries))
+Mutation = merge_types("Mutation", (NodeMutations, AllocationMutations))
 Subscription = merge_types("Subscription", (EventSubscriptions,))
 
 

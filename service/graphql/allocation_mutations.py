@@ -1,0 +1,80 @@
+"""The scheduler's mutations: allocate, place and release. One transaction each."""
+
+from __future__ import annotations
+
+import strawberry
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service import allocations, placement
+from service.rejections import Rejection
+
+from .allocation_types import (
+    Allocated,
+    AllocateInput,
+    AllocateResult,
+    AllocationRejected,
+    PlaceInput,
+    PlaceResult,
+    Unplaceable,
+)
+from .context import Info
+
+
+@strawberry.type
+class AllocationMutations:
+    @strawberry.mutation(
+        description=(
+            "Scheduler: record a replica's shards, all or none, in one transaction. Re-sending "
+            "exactly the same shards answers what is stored, so a timed-out call can be retried."
+        )
+    )
+    async def allocate(self, info: Info, input: AllocateInput) -> AllocateResult:
+        request = input.to_request()
+
+        async def work(conn: AsyncConnection) -> allocations.Allocated | Rejection:
+            return await allocations.allocate(conn, request, info.context.actor)
+
+        outcome = await info.context.write(work)
+        if isinstance(outcome, Rejection):
+            return AllocationRejected.of(outcome)
+        return Allocated.of(outcome)
+
+    @strawberry.mutation(
+        description=(
+            "Scheduler: let the service pick the GPUs and hold them in the same transaction. "
+            "Unplaceable says why per node; AllocationRejected is bad input or a replica id "
+            "already holding other shards."
+        )
+    )
+    async def place(self, info: Info, input: PlaceInput) -> PlaceResult:
+        request = input.to_request()
+
+        async def work(
+            conn: AsyncConnection,
+        ) -> allocations.Allocated | placement.Unplaceable | Rejection:
+            return await placement.place(conn, request, info.context.actor)
+
+        outcome = await info.context.write(work)
+        if isinstance(outcome, Rejection):
+            return AllocationRejected.of(outcome)
+        if isinstance(outcome, placement.Unplaceable):
+            return Unplaceable.of(outcome)
+        return Allocated.of(outcome)
+
+    @strawberry.mutation(
+        description="Free one shard's GPUs; returns how many GPUs were freed (0 if none were held)."
+    )
+    async def release_shard(self, info: Info, shard_id: strawberry.ID) -> int:
+        async def work(conn: AsyncConnection) -> int:
+            return await allocations.release_shard(conn, str(shard_id), info.context.actor)
+
+        return await info.context.write(work)
+
+    @strawberry.mutation(
+        description="Free every shard of a replica: replicas fail whole. Returns GPUs freed."
+    )
+    async def release_replica(self, info: Info, replica_id: strawberry.ID) -> int:
+        async def work(conn: AsyncConnection) -> int:
+            return await allocations.release_replica(conn, str(replica_id), info.context.actor)
+
+        return await info.context.write(work)

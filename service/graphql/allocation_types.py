@@ -1,0 +1,217 @@
+"""GraphQL types of allocation and placement: results are unions, so a refusal is an answer with a code."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import strawberry
+
+from service import rejections, verdicts
+from service.allocations import Allocated as AllocatedRecord
+from service.allocations import AllocationRequest, ShardRequest
+from service.errors import InventoryError
+from service.placement import Explanation
+from service.placement import Unplaceable as UnplaceableRecord
+
+from .inputs import KeyValueInput
+from .scalars import Bytes
+from .types import Allocation
+
+
+@strawberry.enum
+class RejectionCode(Enum):
+    GPU_TAKEN = "GPU_TAKEN"
+    GPU_UNHEALTHY = "GPU_UNHEALTHY"
+    NO_SUCH_GPU = "NO_SUCH_GPU"
+    NO_SUCH_NODE = "NO_SUCH_NODE"
+    NODE_NOT_SCHEDULABLE = "NODE_NOT_SCHEDULABLE"
+    FABRIC_MISMATCH = "FABRIC_MISMATCH"
+    DUPLICATE_SHARD = "DUPLICATE_SHARD"
+    INVALID = "INVALID"
+
+
+@strawberry.type
+class AllocationRejected:
+    code: RejectionCode
+    message: str = strawberry.field(
+        description="A sentence for a person: which node, which GPU, held by which shard."
+    )
+    node_id: strawberry.ID | None
+    gpu_index: int | None
+    held_by: strawberry.ID | None = strawberry.field(
+        description="The shard that holds the GPU, for GPU_TAKEN."
+    )
+
+    @classmethod
+    def of(cls, r: rejections.Rejection) -> AllocationRejected:
+        return cls(
+            code=RejectionCode(r.code.value),
+            message=r.message,
+            node_id=None if r.node_id is None else strawberry.ID(r.node_id),
+            gpu_index=r.gpu_index,
+            held_by=None if r.held_by is None else strawberry.ID(r.held_by),
+        )
+
+
+@strawberry.type
+class Allocated:
+    allocations: list[Allocation]
+
+    @classmethod
+    def of(cls, record: AllocatedRecord) -> Allocated:
+        return cls(allocations=[Allocation.of(s) for s in record.shards])
+
+
+AllocateResult = Annotated[Allocated | AllocationRejected, strawberry.union("AllocateResult")]
+
+
+@strawberry.input
+class ShardInput:
+    shard_id: strawberry.ID
+    node_id: strawberry.ID
+    gpu_indices: list[int]
+
+
+@strawberry.input
+class AllocateInput:
+    replica_id: strawberry.ID
+    shards: list[ShardInput]
+
+    def to_request(self) -> AllocationRequest:
+        return AllocationRequest(
+            replica_id=str(self.replica_id),
+            shards=tuple(
+                ShardRequest(str(s.shard_id), str(s.node_id), tuple(s.gpu_indices))
+                for s in self.shards
+            ),
+        )
+
+
+@strawberry.input
+class PlaceInput:
+    replica_id: strawberry.ID = strawberry.field(
+        description="Shards are named <replicaId>-s0, -s1, ..."
+    )
+    gpu_class: str = strawberry.field(description="As gpuClasses names them, e.g. H100-80GB.")
+    shards: int = strawberry.field(default=1, description="How many shards; never split.")
+    gpus_per_shard: int
+    fabric: str | None = strawberry.field(
+        default=None, description="Place only on nodes attached to this fabric."
+    )
+    weights: str | None = strawberry.field(
+        default=None,
+        description=(
+            "A weights path the nodes must hold; nodes that hold it are preferred, nodes that "
+            "were not asked to look are not excluded."
+        ),
+    )
+    min_local_disk_free: Bytes | None = strawberry.field(
+        default=None, description="A node whose local disk is unknown is not excluded."
+    )
+    label: KeyValueInput | None = None
+
+    def to_request(self) -> verdicts.PlaceRequest:
+        return verdicts.PlaceRequest(
+            replica_id=str(self.replica_id),
+            gpu_class=self.gpu_class,
+            shards=self.shards,
+            gpus_per_shard=self.gpus_per_shard,
+            fabric=self.fabric,
+            weights=self.weights,
+            min_local_disk_free=self.min_local_disk_free,
+            label=(self.label.key, self.label.value) if self.label is not None else None,
+        )
+
+
+@strawberry.enum
+class VerdictCode(Enum):
+    FITS = "FITS"
+    NOT_SCHEDULABLE = "NOT_SCHEDULABLE"
+    NOT_ENOUGH_GPUS = "NOT_ENOUGH_GPUS"
+    NOT_ON_FABRIC = "NOT_ON_FABRIC"
+    LABEL_MISMATCH = "LABEL_MISMATCH"
+    LOCAL_DISK_TOO_SMALL = "LOCAL_DISK_TOO_SMALL"
+    NO_WEIGHTS = "NO_WEIGHTS"
+
+
+@strawberry.type(description="One node's answer: the first check it failed, or FITS.")
+class PlacementVerdict:
+    node_id: strawberry.ID
+    code: VerdictCode
+    detail: str = strawberry.field(
+        description='For a person, e.g. "cordoned: kernel upgrade", "2 free H100-80GB, needs 4".'
+    )
+
+    @classmethod
+    def of(cls, v: verdicts.Verdict) -> PlacementVerdict:
+        return cls(
+            node_id=strawberry.ID(v.node_id), code=VerdictCode(v.code.value), detail=v.detail
+        )
+
+
+@strawberry.type(description="No room now. One verdict per node of the class, by id, bounded.")
+class Unplaceable:
+    message: str
+    verdicts: list[PlacementVerdict]
+    verdicts_omitted: int = strawberry.field(
+        description="Nodes considered but left out of verdicts to keep the answer bounded."
+    )
+
+    @classmethod
+    def of(cls, u: UnplaceableRecord) -> Unplaceable:
+        return cls(
+            message=u.message,
+            verdicts=[PlacementVerdict.of(v) for v in u.verdicts],
+            verdicts_omitted=u.omitted,
+        )
+
+
+PlaceResult = Annotated[
+    Allocated | Unplaceable | AllocationRejected, strawberry.union("PlaceResult")
+]
+
+
+@strawberry.type
+class PlannedShard:
+    shard_id: strawberry.ID
+    node_id: strawberry.ID
+    gpu_count: int
+
+
+@strawberry.type(description="What place would do now; nothing is locked or held.")
+class PlacementExplanation:
+    placeable: bool
+    message: str
+    fabric: str | None
+    plan: list[PlannedShard]
+    verdicts: list[PlacementVerdict]
+    verdicts_omitted: int
+
+    @classmethod
+    def of(cls, e: Explanation, gpus_per_shard: int) -> PlacementExplanation:
+        planned: list[PlannedShard] = []
+        names = iter(e.shard_ids)
+        for node_id, count in e.plan.nodes if e.plan else ():
+            for _ in range(count):
+                planned.append(
+                    PlannedShard(
+                        shard_id=strawberry.ID(next(names)),
+                        node_id=strawberry.ID(node_id),
+                        gpu_count=gpus_per_shard,
+                    )
+                )
+        return cls(
+            placeable=e.placeable,
+            message=e.message,
+            fabric=e.plan.fabric if e.plan else None,
+            plan=planned,
+            verdicts=[PlacementVerdict.of(v) for v in e.verdicts],
+            verdicts_omitted=e.omitted,
+        )
+
+
+class InvalidPlacement(InventoryError):
+    """explainPlacement is a query: bad input is an error there, not a union member."""
+
+    code = "BAD_INPUT"

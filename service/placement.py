@@ -1,0 +1,429 @@
+"""place(): the service picks the GPUs for a replica and holds them in the same transaction.
+
+How it packs: a replica goes on one node when one node has room for all its
+shards, choosing the node that will be left with the fewest free GPUs (small
+holes get filled, large holes stay open for large replicas). Otherwise its
+shards spread over nodes of one fabric, smallest holes first, never splitting
+a shard. Nodes that already hold the weights come before all others; among
+equally good nodes the choice is random, so a crowd of schedulers asking for
+the same class does not all queue on the same first node.
+
+How it stays correct under concurrency: candidates are read from gpu_pools
+(indexed by class, cost follows the number of nodes with room), the chosen
+nodes are row-locked with SKIP LOCKED inside a savepoint, and the locked
+nodes go through allocate()'s checks and insert. A node another placement
+holds is skipped and the plan is redone without it. "Unplaceable" is only
+said after a plan fails on committed data with no candidate skipped: when
+candidates were busy, place() waits for their holders to finish and looks
+again, so N concurrent calls on room for K replicas place exactly K.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.allocations import (
+    MAX_GPUS_PER_SHARD,
+    MAX_SHARDS,
+    Allocated,
+    AllocationRequest,
+    ShardRequest,
+    allocate,
+    lock_nodes,
+    shard_from_row,
+)
+from service.rejections import Rejection, RejectionCode, invalid, shown
+from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
+from service.transactions import TransactionConflict
+from service.verdicts import NodeFacts, PlaceRequest, Verdict, judge
+
+# Verdicts are listed for at most this many nodes (by id); the answer says
+# how many more were considered, so it stays readable on a 10,000-node cluster.
+MAX_VERDICTS = 100
+# Each round either places, finds no room on committed data, or waited for
+# another transaction to finish with a busy node; this bounds a pathological run.
+MAX_ROUNDS = 64
+SHARD_SUFFIX = "-s{}"
+MAX_REPLICA_ID_LENGTH = MAX_ID_LENGTH - len(SHARD_SUFFIX.format(MAX_SHARDS))
+
+
+@dataclass(frozen=True)
+class Plan:
+    fabric: str | None
+    # (node id, number of shards on it), in the order shards are numbered.
+    nodes: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    message: str
+    verdicts: tuple[Verdict, ...]
+    omitted: int
+
+
+@dataclass(frozen=True)
+class Explanation:
+    placeable: bool
+    message: str
+    verdicts: tuple[Verdict, ...]
+    omitted: int
+    plan: Plan | None
+    shard_ids: tuple[str, ...]
+
+
+def shard_ids(request: PlaceRequest) -> list[str]:
+    return [request.replica_id + SHARD_SUFFIX.format(i) for i in range(request.shards)]
+
+
+def validate_place(request: PlaceRequest) -> Rejection | None:
+    if not request.replica_id:
+        return invalid("replicaId is empty")
+    if len(request.replica_id) > MAX_REPLICA_ID_LENGTH:
+        return invalid(
+            f"replicaId {shown(request.replica_id)!r} is longer than {MAX_REPLICA_ID_LENGTH} "
+            "characters (its shard ids add a suffix)"
+        )
+    if not request.gpu_class or len(request.gpu_class) > MAX_TEXT_LENGTH:
+        return invalid(f"gpuClass {shown(request.gpu_class)!r} is not a GPU class")
+    if not 1 <= request.shards <= MAX_SHARDS:
+        return invalid(f"shards={request.shards}: a replica has 1 to {MAX_SHARDS} shards")
+    if not 1 <= request.gpus_per_shard <= MAX_GPUS_PER_SHARD:
+        return invalid(
+            f"gpusPerShard={request.gpus_per_shard}: a shard has 1 to {MAX_GPUS_PER_SHARD} GPUs"
+        )
+    if request.fabric is not None and not 1 <= len(request.fabric) <= MAX_ID_LENGTH:
+        return invalid(f"fabric {shown(request.fabric)!r} is not a fabric name")
+    if request.weights is not None and not 1 <= len(request.weights) <= MAX_PATH_LENGTH:
+        return invalid(f"weights {shown(request.weights)!r} is not a path")
+    if request.min_local_disk_free is not None and request.min_local_disk_free < 0:
+        return invalid(f"minLocalDiskFree={request.min_local_disk_free} is negative")
+    if request.label is not None and not request.label[0]:
+        return invalid("label has an empty key")
+    return None
+
+
+_FACTS = """
+    SELECT p.node_id, p.free, n.state,
+           CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                ELSE n.admin_reason END AS state_reason,
+           n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+           (CAST(:weights AS text) IS NOT NULL AND EXISTS (
+               SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
+           )) AS holds_weights,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = p.node_id ORDER BY fa.fabric) AS fabrics,
+           n.labels ->> CAST(:label_key AS text) AS label_value
+    FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
+"""
+
+# `p.free > 0` repeats the partial index's predicate so the planner can use
+# it whatever :per_shard is: the scan covers only nodes with room of this class.
+_CANDIDATES = text(
+    _FACTS
+    + """
+    WHERE p.gpu_class = :cls AND p.schedulable AND p.free > 0 AND p.free >= :per_shard
+    """
+)
+
+_SURVEY = text(_FACTS + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit")
+_SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
+_CLASSES = text("SELECT DISTINCT gpu_class FROM gpu_pools ORDER BY gpu_class LIMIT 20")
+
+_LOCK_OR_SKIP = text(
+    """
+    SELECT id FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
+    ORDER BY id
+    FOR NO KEY UPDATE SKIP LOCKED
+    """
+)
+
+_FREE_INDICES = text(
+    """
+    SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
+    FROM gpus g
+    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND g.healthy
+      AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
+                      WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+    GROUP BY g.node_id
+    """
+)
+
+_REPLICA = text(
+    "SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
+    " FROM shards s WHERE s.replica_id = :replica_id ORDER BY s.shard_id"
+)
+
+
+def _params(request: PlaceRequest) -> dict[str, Any]:
+    return {
+        "cls": request.gpu_class,
+        "per_shard": request.gpus_per_shard,
+        "weights": request.weights,
+        "label_key": request.label[0] if request.label else None,
+    }
+
+
+def _facts(row: Any) -> NodeFacts:
+    return NodeFacts(
+        node_id=row.node_id,
+        state=row.state,
+        state_reason=row.state_reason,
+        free=row.free,
+        local_disk_free=row.local_disk_free,
+        local_disk_total=row.local_disk_total,
+        knows_its_weights=row.knows_its_weights,
+        holds_weights=row.holds_weights,
+        fabrics=tuple(row.fabrics),
+        label_value=row.label_value,
+    )
+
+
+async def candidates(conn: AsyncConnection, request: PlaceRequest) -> list[NodeFacts]:
+    rows = await conn.execute(_CANDIDATES, _params(request))
+    return [_facts(r) for r in rows]
+
+
+def plan_placement(
+    facts: Sequence[NodeFacts], request: PlaceRequest, rng: random.Random
+) -> Plan | None:
+    """Where the shards would go on these nodes, or None when they do not fit."""
+    fitting = [f for f in facts if judge(f, request).fits]
+    wants_weights = request.weights is not None
+    per_shard = request.gpus_per_shard
+
+    def rank(f: NodeFacts) -> tuple[bool, int, float]:
+        return (wants_weights and not f.holds_weights, f.free, rng.random())
+
+    whole = [f for f in fitting if f.free >= request.gpus]
+    if whole:
+        best = min(whole, key=rank)
+        return Plan(request.fabric, ((best.node_id, request.shards),))
+    if request.shards == 1:
+        return None
+    # Spread over one fabric. Among fabrics that can take the replica: the
+    # most shards on weight holders, then the fewest nodes, then the least
+    # left over on the nodes used, then the fabric's name.
+    fabrics = (
+        [request.fabric] if request.fabric else sorted({x for f in fitting for x in f.fabrics})
+    )
+    best_plan: Plan | None = None
+    best_key: tuple[int, int, int, str] | None = None
+    for fabric in fabrics:
+        left = request.shards
+        taken: list[tuple[str, int]] = []
+        on_holders = leftover = 0
+        for f in sorted((f for f in fitting if fabric in f.fabrics), key=rank):
+            k = min(f.free // per_shard, left)
+            taken.append((f.node_id, k))
+            left -= k
+            leftover += f.free - k * per_shard
+            on_holders += k if f.holds_weights else 0
+            if left == 0:
+                break
+        if left:
+            continue
+        key = (-on_holders, len(taken), leftover, fabric)
+        if best_key is None or key < best_key:
+            best_key, best_plan = key, Plan(fabric, tuple(taken))
+    return best_plan
+
+
+async def _same_replica(
+    conn: AsyncConnection, request: PlaceRequest
+) -> Allocated | Rejection | None:
+    """A retried place answers what is stored; a different replica under that id is refused."""
+    stored = [
+        shard_from_row(r) for r in await conn.execute(_REPLICA, {"replica_id": request.replica_id})
+    ]
+    if not stored:
+        return None
+    if [s.shard_id for s in stored] == sorted(shard_ids(request)) and all(
+        len(s.gpu_indices) == request.gpus_per_shard for s in stored
+    ):
+        return Allocated(tuple(stored))
+    return Rejection(
+        RejectionCode.DUPLICATE_SHARD,
+        f"replica {shown(request.replica_id)} already holds {len(stored)} shard(s) of another "
+        "shape; release it first or use a new replica id",
+        node_id=stored[0].node_id,
+        held_by=stored[0].shard_id,
+    )
+
+
+class _Busy:
+    def __init__(self, node_ids: set[str]) -> None:
+        self.node_ids = node_ids
+
+
+async def _try(
+    conn: AsyncConnection, request: PlaceRequest, plan: Plan, actor: str | None
+) -> Allocated | _Busy | None:
+    """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale."""
+    node_ids = sorted({node_id for node_id, _ in plan.nodes})
+    savepoint = await conn.begin_nested()
+    try:
+        got = {r.id for r in await conn.execute(_LOCK_OR_SKIP, {"ids": node_ids})}
+        if len(got) < len(node_ids):
+            # Rolling back the savepoint lets go of the nodes we did get.
+            await savepoint.rollback()
+            return _Busy(set(node_ids) - got)
+        rows = await conn.execute(_FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
+        free = {r.node_id: list(r.indices) for r in rows}
+        names = iter(shard_ids(request))
+        shards: list[ShardRequest] = []
+        per = request.gpus_per_shard
+        for node_id, count in plan.nodes:
+            indices = free.get(node_id, [])
+            if len(indices) < count * per:
+                await savepoint.rollback()
+                return None
+            for k in range(count):
+                chosen = tuple(indices[k * per : (k + 1) * per])
+                shards.append(ShardRequest(next(names), node_id, chosen))
+        result = await allocate(
+            conn, AllocationRequest(request.replica_id, tuple(shards)), actor, fabric=plan.fabric
+        )
+        if isinstance(result, Rejection):
+            await savepoint.rollback()
+            return None
+        await savepoint.commit()
+        return result
+    except BaseException:
+        if savepoint.is_active:
+            await savepoint.rollback()
+        raise
+
+
+async def _wait_for(conn: AsyncConnection, node_ids: set[str]) -> None:
+    """Wait until whoever holds these nodes has committed or rolled back, then let go of them.
+
+    Nothing else is held at this point (every attempt's savepoint was rolled
+    back), so waiting cannot deadlock.
+    """
+    savepoint = await conn.begin_nested()
+    try:
+        await lock_nodes(conn, sorted(node_ids))
+    finally:
+        await savepoint.rollback()
+
+
+async def place(
+    conn: AsyncConnection,
+    request: PlaceRequest,
+    actor: str | None = None,
+    rng: random.Random | None = None,
+) -> Allocated | Unplaceable | Rejection:
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    again = await _same_replica(conn, request)
+    if again is not None:
+        return again
+    rng = rng or random.Random()
+    for _ in range(MAX_ROUNDS):
+        facts = await candidates(conn, request)
+        busy: set[str] = set()
+        stale = False
+        while not stale:
+            plan = plan_placement([f for f in facts if f.node_id not in busy], request, rng)
+            if plan is None:
+                break
+            outcome = await _try(conn, request, plan, actor)
+            if isinstance(outcome, Allocated):
+                return outcome
+            if outcome is None:
+                stale = True
+            else:
+                busy |= outcome.node_ids
+        if stale:
+            continue
+        if not busy:
+            return await unplaceable(conn, request, facts, rng)
+        await _wait_for(conn, busy)
+    raise TransactionConflict(MAX_ROUNDS)
+
+
+async def _verdicts(
+    conn: AsyncConnection, request: PlaceRequest
+) -> tuple[tuple[Verdict, ...], int]:
+    rows = await conn.execute(_SURVEY, {**_params(request), "limit": MAX_VERDICTS})
+    verdicts = tuple(judge(_facts(r), request) for r in rows)
+    total = (await conn.execute(_SURVEY_COUNT, {"cls": request.gpu_class})).scalar_one()
+    return verdicts, max(0, int(total) - len(verdicts))
+
+
+def _shape(request: PlaceRequest) -> str:
+    shards = "1 shard" if request.shards == 1 else f"{request.shards} shards"
+    return f"{shards} of {request.gpus_per_shard} {request.gpu_class}"
+
+
+async def _why_not(
+    conn: AsyncConnection,
+    request: PlaceRequest,
+    facts: Sequence[NodeFacts],
+    considered: int,
+) -> str:
+    if considered == 0:
+        classes = [r.gpu_class for r in await conn.execute(_CLASSES)]
+        known = f"; classes here: {', '.join(classes)}" if classes else "; no GPUs are registered"
+        return f"no node has {shown(request.gpu_class)} GPUs{known}"
+    fitting = [f for f in facts if judge(f, request).fits]
+    nodes = "node" if considered == 1 else "nodes"
+    if request.shards == 1 or not fitting:
+        return (
+            f"no node has room for a shard of {request.gpus_per_shard} {request.gpu_class} "
+            f"that meets every constraint ({considered} {nodes} with {request.gpu_class} considered)"
+        )
+    per = request.gpus_per_shard
+    by_fabric = {
+        fabric: sum(f.free // per for f in fitting if fabric in f.fabrics)
+        for fabric in sorted({x for f in fitting for x in f.fabrics})
+        if request.fabric is None or fabric == request.fabric
+    }
+    if by_fabric:
+        fabric, most = max(by_fabric.items(), key=lambda item: (item[1], item[0]))
+        best = f"at most {most} fit on fabric {fabric}"
+    else:
+        best = "the nodes with room share no fabric"
+    return (
+        f"{_shape(request)} fit on no single node, and no fabric has room for all of them: {best}"
+    )
+
+
+async def unplaceable(
+    conn: AsyncConnection,
+    request: PlaceRequest,
+    facts: Sequence[NodeFacts],
+    rng: random.Random,
+) -> Unplaceable:
+    verdicts, omitted = await _verdicts(conn, request)
+    message = await _why_not(conn, request, facts, len(verdicts) + omitted)
+    if omitted:
+        message += f" (verdicts for the first {len(verdicts)} nodes by id; {omitted} more)"
+    return Unplaceable(message, verdicts, omitted)
+
+
+async def explain(
+    conn: AsyncConnection, request: PlaceRequest, rng: random.Random | None = None
+) -> Explanation | Rejection:
+    """What place() would answer now, without locking or writing anything."""
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    rng = rng or random.Random()
+    facts = await candidates(conn, request)
+    plan = plan_placement(facts, request, rng)
+    if plan is None:
+        why = await unplaceable(conn, request, facts, rng)
+        return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
+    verdicts, omitted = await _verdicts(conn, request)
+    where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in plan.nodes)
+    on = f" on fabric {plan.fabric}" if plan.fabric else ""
+    message = f"would place {_shape(request)} on {where}{on}"
+    return Explanation(True, message, verdicts, omitted, plan, tuple(shard_ids(request)))

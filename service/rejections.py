@@ -1,0 +1,58 @@
+"""Why an allocation was refused: a code a program can switch on and a sentence a person can act on.
+
+Rejections are answers, not errors: a scheduler that loses a race for a GPU
+is doing its job, and it needs to know which GPU and who holds it, not a
+stack trace or a serialization failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RejectionCode(Enum):
+    GPU_TAKEN = "GPU_TAKEN"
+    GPU_UNHEALTHY = "GPU_UNHEALTHY"
+    NO_SUCH_GPU = "NO_SUCH_GPU"
+    NO_SUCH_NODE = "NO_SUCH_NODE"
+    NODE_NOT_SCHEDULABLE = "NODE_NOT_SCHEDULABLE"
+    FABRIC_MISMATCH = "FABRIC_MISMATCH"
+    DUPLICATE_SHARD = "DUPLICATE_SHARD"
+    INVALID = "INVALID"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: RejectionCode
+    message: str
+    node_id: str | None = None
+    gpu_index: int | None = None
+    held_by: str | None = None
+
+
+def invalid(message: str, node_id: str | None = None) -> Rejection:
+    return Rejection(RejectionCode.INVALID, message, node_id=node_id)
+
+
+def shown(value: str, limit: int = 60) -> str:
+    """An id as a message quotes it: whole when short, cut when someone sent a novel."""
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+def index_ranges(indices: Iterable[int]) -> str:
+    """0,1,2,3,6 -> '0-3, 6': how a person reads a node's GPUs."""
+    ordered = sorted(set(indices))
+    if not ordered:
+        return "none"
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for i in ordered[1:]:
+        if i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = i
+    parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
