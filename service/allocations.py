@@ -398,7 +398,8 @@ async def _choose_fabric(
     wanted: str | None,
 ) -> Rejection | _FabricChoice:
     node_ids = sorted({s.node_id for s in request.shards} | {s.node_id for s in earlier})
-    if len(node_ids) == 1 and wanted is None:
+    if len(node_ids) == 1:
+        # One node talks to no peer: no fabric to agree on, no adapters to hand out.
         return _FabricChoice(None, {})
     rows = await conn.execute(_FABRICS, {"ids": node_ids})
     attachments: dict[str, dict[str, _Attachment]] = defaultdict(dict)

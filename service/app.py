@@ -95,7 +95,7 @@ def create_app(
             if database_url is None:
                 raise RuntimeError("create_app needs database_url or engine")
             ref.set(create_engine(database_url, settings))
-        background = Background.start(app, ref.engine, settings, sweep=sweep)
+        background = await Background.start(app, ref.engine, settings, sweep=sweep)
         try:
             yield
         finally:

@@ -104,6 +104,13 @@ class EventStream:
     def listening(self) -> bool:
         return self._listening.is_set()
 
+    async def wait_listening(self, within: float) -> bool:
+        """Wait until the LISTEN connection is up (at startup), at most `within` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self._listening.wait()
+        return self.listening
+
     # -- subscribers ----------------------------------------------------------
 
     def subscribe(self, event_filter: EventFilter) -> Subscription:

@@ -34,7 +34,7 @@ class Background:
         self.stream = stream
 
     @classmethod
-    def start(
+    async def start(
         cls,
         app: Any,
         engine: AsyncEngine,
@@ -49,6 +49,11 @@ class Background:
         stream = EventStream(dsn, engine)
         stream.start()
         app.state.event_stream = stream
+        # Serve only once subscribers can be served: a subscription accepted
+        # before the LISTEN is up would silently miss the first events. A
+        # database that is down does not block startup; the stream retries.
+        if not await stream.wait_listening(within=settings.db_timeout):
+            log.warning("event stream not listening yet; subscriptions start when it is")
         sweeper = None
         if sweep:
             sweeper = asyncio.create_task(

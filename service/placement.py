@@ -203,7 +203,7 @@ def plan_placement(
     whole = [f for f in fitting if f.free >= request.gpus]
     if whole:
         best = min(whole, key=rank)
-        return Plan(request.fabric, ((best.node_id, request.shards),))
+        return Plan(None, ((best.node_id, request.shards),))
     if request.shards == 1:
         return None
     # Spread over one fabric. Among fabrics that can take the replica: the
@@ -322,11 +322,13 @@ async def place(
     problem = validate_place(request)
     if problem is not None:
         return problem
-    again = await _same_replica(conn, request)
-    if again is not None:
-        return again
     rng = rng or random.Random()
     for _ in range(MAX_ROUNDS):
+        # Checked every round: a concurrent place of the same replica may
+        # have committed while this one waited.
+        again = await _same_replica(conn, request)
+        if again is not None:
+            return again
         facts = await candidates(conn, request)
         busy: set[str] = set()
         stale = False
@@ -387,7 +389,7 @@ async def _why_not(
         if request.fabric is None or fabric == request.fabric
     }
     if by_fabric:
-        fabric, most = max(by_fabric.items(), key=lambda item: (item[1], item[0]))
+        fabric, most = min(by_fabric.items(), key=lambda item: (-item[1], item[0]))
         best = f"at most {most} fit on fabric {fabric}"
     else:
         best = "the nodes with room share no fabric"

@@ -12,9 +12,10 @@ import asyncio
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.migrations import current_revision, head_revision
+from service.migrations import head_revision
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,21 @@ def expected_revision() -> str | None:
     return head_revision()
 
 
+async def schema_revision(conn: AsyncConnection) -> str | None:
+    # Read directly rather than through alembic's MigrationContext, which
+    # logs two INFO lines per call: a probe every few seconds would drown
+    # the log.
+    if (await conn.execute(text("SELECT to_regclass('alembic_version')"))).scalar() is None:
+        return None
+    row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+    return None if row is None else str(row[0])
+
+
 async def check(engine: AsyncEngine, within: float) -> Readiness:
     expected = expected_revision()
     try:
         async with asyncio.timeout(within), engine.connect() as conn:
-            revision = await current_revision(conn)
+            revision = await schema_revision(conn)
     except TimeoutError:
         return Readiness(False, f"the database did not answer within {within:g} s", None, expected)
     except Exception as error:

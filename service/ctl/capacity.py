@@ -1,0 +1,98 @@
+"""`ctl gpus` (capacity per class) and `ctl allocations` (who holds what)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from service.ctl.client import Client
+from service.ctl.output import DASH, add_output_option, age, print_json, table
+
+PAGE = 500
+
+GPU_CLASSES = "{ gpuClasses { gpuClass total free allocated unhealthy unschedulable } }"
+
+ALLOCATIONS = """
+query Allocations($nodeId: ID, $replicaId: ID, $first: Int, $after: ID) {
+  allocations(nodeId: $nodeId, replicaId: $replicaId, first: $first, after: $after) {
+    shardId replicaId nodeId gpuIndices fabric hcas createdAt
+  }
+}
+"""
+
+
+def gpus(args: argparse.Namespace, client: Client) -> int:
+    classes = client.execute(GPU_CLASSES)["gpuClasses"]
+    if args.output == "json":
+        print_json(classes)
+        return 0
+    if not classes:
+        print("no GPUs registered")
+        return 0
+    print(
+        table(
+            ["CLASS", "TOTAL", "FREE", "ALLOCATED", "UNHEALTHY", "UNSCHEDULABLE"],
+            [
+                [
+                    c["gpuClass"],
+                    str(c["total"]),
+                    str(c["free"]),
+                    str(c["allocated"]),
+                    str(c["unhealthy"]),
+                    str(c.get("unschedulable", DASH)),
+                ]
+                for c in classes
+            ],
+        )
+    )
+    return 0
+
+
+def allocations(args: argparse.Namespace, client: Client) -> int:
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        page = client.execute(
+            ALLOCATIONS,
+            {"nodeId": args.node, "replicaId": args.replica, "first": PAGE, "after": after},
+        )["allocations"]
+        found.extend(page)
+        if len(page) < PAGE:
+            break
+        after = page[-1]["shardId"]
+    if args.output == "json":
+        print_json(found)
+        return 0
+    if not found:
+        print("no allocations")
+        return 0
+    print(
+        table(
+            ["SHARD", "REPLICA", "NODE", "GPUS", "FABRIC", "HCAS", "CREATED"],
+            [
+                [
+                    a["shardId"],
+                    a["replicaId"],
+                    a["nodeId"],
+                    ",".join(str(i) for i in a["gpuIndices"]),
+                    a.get("fabric") or DASH,
+                    ",".join(a.get("hcas") or []) or DASH,
+                    age(a.get("createdAt")),
+                ]
+                for a in found
+            ],
+        )
+    )
+    return 0
+
+
+def register(commands: Any) -> None:
+    summary = commands.add_parser("gpus", help="GPUs per class: total, free, allocated, unhealthy")
+    add_output_option(summary)
+    summary.set_defaults(handler=gpus)
+
+    held = commands.add_parser("allocations", help="shards of replicas and the GPUs they hold")
+    held.add_argument("--node", help="only shards on this node")
+    held.add_argument("--replica", help="only this replica's shards")
+    add_output_option(held)
+    held.set_defaults(handler=allocations)

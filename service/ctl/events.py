@@ -1,0 +1,196 @@
+"""`ctl events [--follow]`: what happened, and (with --follow) what happens next.
+
+--follow uses the `events` subscription (graphql-transport-ws on the same
+/graphql URL) resumed from the last event printed, so nothing falls between
+the history and the live stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from service.ctl.client import Client, CtlError
+from service.ctl.output import DASH, add_output_option, print_json, table
+
+PAGE = 500
+
+EVENTS = """
+query Events($nodeId: ID, $replicaId: ID, $kinds: [String!], $since: DateTime,
+             $first: Int, $after: ID) {
+  events(nodeId: $nodeId, replicaId: $replicaId, kinds: $kinds, since: $since,
+         first: $first, after: $after) {
+    id at kind nodeId replicaId shardId actor reason detail
+  }
+}
+"""
+
+SUBSCRIPTION = """
+subscription Follow($nodeId: ID, $replicaId: ID, $kinds: [String!], $after: ID) {
+  events(nodeId: $nodeId, replicaId: $replicaId, kinds: $kinds, after: $after) {
+    id at kind nodeId replicaId shardId actor reason detail
+  }
+}
+"""
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str) -> datetime:
+    """'90s', '15m', '2h', '7d' ago, or an ISO-8601 time."""
+    match = _DURATION.match(value.strip())
+    if match:
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--since={value!r}: expected a duration like 15m, 2h, 7d or an ISO-8601 time"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _time(value: str) -> str:
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def event_row(e: dict[str, Any]) -> list[str]:
+    return [
+        _time(e["at"]),
+        e["kind"],
+        e.get("nodeId") or DASH,
+        e.get("replicaId") or DASH,
+        e.get("actor") or DASH,
+        e.get("reason") or "",
+    ]
+
+
+HEADERS = ["TIME", "KIND", "NODE", "REPLICA", "BY", "REASON"]
+
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {"nodeId": args.node, "replicaId": args.replica, "kinds": args.kind or None}
+
+
+def history(args: argparse.Namespace, client: Client) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    since = args.since.isoformat() if args.since is not None else None
+    while True:
+        page = client.execute(
+            EVENTS, {**_filters(args), "since": since, "first": PAGE, "after": after}
+        )["events"]
+        found.extend(page)
+        if len(page) < PAGE:
+            return found
+        after = page[-1]["id"]
+
+
+def show_events(args: argparse.Namespace, client: Client) -> int:
+    found = history(args, client)
+    shown = found[-args.limit :] if args.limit else found
+    if args.output == "json":
+        if args.follow:
+            for event in shown:
+                print(json.dumps(event), flush=True)
+        else:
+            print_json(shown)
+    elif shown:
+        print(table(HEADERS, [event_row(e) for e in shown]), flush=True)
+    elif not args.follow:
+        print("no events")
+    if args.follow:
+        last_id = found[-1]["id"] if found else None
+        follow(args, client, last_id)
+    return 0
+
+
+def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+    from websockets.sync.client import connect
+
+    ws_url = re.sub(r"^http", "ws", client.url, count=1)
+    init_payload = {"Authorization": f"Bearer {client.token}"} if client.token else {}
+    try:
+        with connect(
+            ws_url,
+            subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
+            additional_headers=client.headers,
+            open_timeout=10,
+        ) as socket:
+            socket.send(json.dumps({"type": "connection_init", "payload": init_payload}))
+            ack = json.loads(socket.recv(timeout=10))
+            if ack.get("type") != "connection_ack":
+                raise CtlError(f"the service refused the event stream: {ack}")
+            variables = {**_filters(args), "after": after}
+            socket.send(
+                json.dumps(
+                    {
+                        "id": "events",
+                        "type": "subscribe",
+                        "payload": {"query": SUBSCRIPTION, "variables": variables},
+                    }
+                )
+            )
+            for raw in socket:
+                message = json.loads(raw)
+                kind = message.get("type")
+                if kind == "ping":
+                    socket.send(json.dumps({"type": "pong"}))
+                elif kind == "next":
+                    payload = message.get("payload") or {}
+                    if payload.get("errors"):
+                        raise CtlError(str(payload["errors"][0].get("message")))
+                    event = payload["data"]["events"]
+                    if args.output == "json":
+                        print(json.dumps(event), flush=True)
+                    else:
+                        print("  ".join(event_row(event)).rstrip(), flush=True)
+                elif kind == "error":
+                    errors = message.get("payload") or [{}]
+                    raise CtlError(str(errors[0].get("message", "subscription refused")))
+                elif kind == "complete":
+                    return
+    except ConnectionClosed as closed:
+        code = closed.rcvd.code if closed.rcvd is not None else None
+        reason = closed.rcvd.reason if closed.rcvd is not None else ""
+        if code == 4403:
+            raise CtlError(
+                f"the service refused the token: {reason} (pass --token or set INVENTORY_TOKEN)"
+            ) from None
+        raise CtlError(
+            f"the event stream closed ({code}{': ' + reason if reason else ''})"
+        ) from None
+    except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as error:
+        raise CtlError(f"cannot follow events at {ws_url}: {error}") from None
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+
+
+def register(commands: Any) -> None:
+    events = commands.add_parser("events", help="the event log; --follow streams new events")
+    events.add_argument("--node", help="only this node's events")
+    events.add_argument("--replica", help="only this replica's events")
+    events.add_argument(
+        "--kind", action="append", help="only events of this kind (repeatable), e.g. lost"
+    )
+    events.add_argument(
+        "--since",
+        type=parse_since,
+        default=None,
+        help="only events since then: 15m, 2h, 7d, or an ISO-8601 time (default: all kept)",
+    )
+    events.add_argument(
+        "--limit", type=int, default=100, help="show the last N (default 100; 0 for all)"
+    )
+    events.add_argument(
+        "--follow", "-f", action="store_true", help="keep streaming new events (Ctrl-C to stop)"
+    )
+    add_output_option(events)
+    events.set_defaults(handler=show_events)

@@ -1,0 +1,249 @@
+"""Allocations racing each other and the node's lifecycle end in a state that makes sense.
+
+Each lifecycle race is played in both orders: one side's transaction is
+held open while the other starts (a concurrent task), and the test waits
+until PostgreSQL reports that task blocked on the lock before letting the
+first side commit. No sleeps decide the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service import allocations, nodes
+from service.allocations import AllocationRequest, ShardRequest
+from service.reports import GpuReport, NodeReport
+from tests.conftest import Api
+from tests.reports import ALLOCATE, PLACE, REGISTER, allocation, node_input, placement, shard
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+CORDON = 'mutation { cordonNode(id: "gpu-07", reason: "kernel upgrade") { state } }'
+REMOVE = 'mutation { removeNode(id: "gpu-07") }'
+ON_GPU_3 = AllocationRequest("r1", (ShardRequest("r1-s0", "gpu-07", (2, 3, 4, 5)),))
+
+
+async def until_blocked(engine: AsyncEngine) -> None:
+    """Return once some transaction of this database waits for a lock."""
+    async with engine.connect() as conn:
+        for _ in range(1000):
+            waiting = await conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            )
+            if waiting.scalar_one() > 0:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("the concurrent request never waited for the lock")
+
+
+async def while_open(
+    engine: AsyncEngine,
+    first: Any,
+    second: Awaitable[Any],
+) -> tuple[Any, Any]:
+    """Run `first(conn)` in a transaction kept open until `second` is blocked behind it."""
+    async with engine.connect() as conn:
+        tx = await conn.begin()
+        first_result = await first(conn)
+        task = asyncio.ensure_future(second)
+        await until_blocked(engine)
+        await tx.commit()
+    return first_result, await task
+
+
+async def pools_agree_with_the_gpus(engine: AsyncEngine) -> None:
+    """gpu_pools, which schedulers read, must match a recount of the GPUs themselves."""
+    async with engine.connect() as conn:
+        recount = await conn.execute(
+            text(
+                """
+                SELECT g.node_id, g.gpu_class, count(*) AS total,
+                       count(a.gpu_index) AS allocated,
+                       count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL) AS free,
+                       bool_and(n.state = 'ready') AS schedulable
+                FROM gpus g JOIN nodes n ON n.id = g.node_id
+                LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+                GROUP BY g.node_id, g.gpu_class ORDER BY 1, 2
+                """
+            )
+        )
+        pools = await conn.execute(
+            text(
+                "SELECT node_id, gpu_class, total, allocated, free, schedulable"
+                " FROM gpu_pools ORDER BY 1, 2"
+            )
+        )
+        assert [tuple(r) for r in pools] == [tuple(r) for r in recount]
+
+
+async def held(engine: AsyncEngine) -> list[tuple[str, int, str]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT node_id, gpu_index, shard_id FROM allocated_gpus ORDER BY 1, 2")
+        )
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+async def allocate_over_api(api: Api, request: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = (await api(ALLOCATE, request))["allocate"]
+    return result
+
+
+GPU_3_REQUEST = allocation("r1", shard("r1-s0", "gpu-07", 2, 3, 4, 5))
+
+
+async def test_an_allocation_after_a_cordon_is_refused(api: Api, engine: AsyncEngine) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    async def cordon(conn: AsyncConnection) -> None:
+        await nodes.cordon_node(conn, "gpu-07", "kernel upgrade", "ops")
+
+    _, got = await while_open(engine, cordon, allocate_over_api(api, GPU_3_REQUEST))
+
+    assert got["code"] == "NODE_NOT_SCHEDULABLE"
+    assert await held(engine) == []
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_an_allocation_granted_before_a_cordon_stays(api: Api, engine: AsyncEngine) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    async def grant(conn: AsyncConnection) -> Any:
+        return await allocations.allocate(conn, ON_GPU_3)
+
+    granted, cordoned = await while_open(engine, grant, api(CORDON))
+
+    assert isinstance(granted, allocations.Allocated)
+    assert cordoned["cordonNode"]["state"] == "CORDONED"
+    assert [g for _, g, _ in await held(engine)] == [2, 3, 4, 5]
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_an_allocation_after_a_removal_finds_no_node(api: Api, engine: AsyncEngine) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    async def remove(conn: AsyncConnection) -> None:
+        await nodes.remove_node(conn, "gpu-07", "ops")
+
+    _, got = await while_open(engine, remove, allocate_over_api(api, GPU_3_REQUEST))
+
+    assert got["code"] == "NO_SUCH_NODE"
+    assert await held(engine) == []
+
+
+async def test_an_allocation_on_a_node_removed_after_it_does_not_survive(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    async def grant(conn: AsyncConnection) -> Any:
+        return await allocations.allocate(conn, ON_GPU_3)
+
+    granted, removed = await while_open(engine, grant, api(REMOVE))
+
+    assert isinstance(granted, allocations.Allocated)
+    assert removed == {"removeNode": True}
+    assert await held(engine) == []
+    assert (await api("{ allocations { shardId } }"))["allocations"] == []
+
+
+def report_with_gpu_3_unhealthy() -> NodeReport:
+    return NodeReport(
+        id="gpu-07",
+        hostname="gpu-07.cluster.local",
+        mgmt_addr="10.0.0.7",
+        gpus=tuple(
+            GpuReport(
+                index=i,
+                name=H100_NAME,
+                memory_mb=81559,
+                uuid=f"GPU-{i:04d}",
+                healthy=i != 3,
+                health_reasons=() if i != 3 else ("ecc_uncorrected",),
+            )
+            for i in range(8)
+        ),
+    )
+
+
+async def test_an_allocation_after_a_gpu_went_unhealthy_is_refused(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    async def reregister(conn: AsyncConnection) -> None:
+        await nodes.register_node(conn, report_with_gpu_3_unhealthy())
+
+    _, got = await while_open(engine, reregister, allocate_over_api(api, GPU_3_REQUEST))
+
+    assert got["code"] == "GPU_UNHEALTHY"
+    assert got["message"] == "GPU 3 on node gpu-07 is unhealthy (ecc_uncorrected)"
+    assert await held(engine) == []
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_a_gpu_that_fails_after_its_allocation_stays_held_and_shows_unhealthy(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+    sick = node_input("gpu-07")
+    sick["gpus"][3] = {**sick["gpus"][3], "healthy": False, "healthReasons": ["ecc_uncorrected"]}
+
+    async def grant(conn: AsyncConnection) -> Any:
+        return await allocations.allocate(conn, ON_GPU_3)
+
+    granted, _ = await while_open(engine, grant, api(REGISTER, {"input": sick}))
+
+    assert isinstance(granted, allocations.Allocated)
+    gpu = await api('{ node(id: "gpu-07") { gpus { index healthy allocation { shardId } } } }')
+    assert gpu["node"]["gpus"][3] == {
+        "index": 3,
+        "healthy": False,
+        "allocation": {"shardId": "r1-s0"},
+    }
+    # Held, not free and not spare: the holder must be told, not double-booked.
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_concurrent_allocations_of_overlapping_gpus_book_each_gpu_once(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+    # 24 schedulers each want two neighbouring GPUs: (0,1), (1,2), ... overlapping.
+    requests = [
+        allocation(f"r{i}", shard(f"r{i}-s0", "gpu-07", i % 7, i % 7 + 1)) for i in range(24)
+    ]
+
+    results = await asyncio.gather(*(allocate_over_api(api, r) for r in requests))
+
+    kinds = Counter(r["__typename"] for r in results)
+    winners = [r for r in results if r["__typename"] == "Allocated"]
+    granted = [g for w in winners for g in w["allocations"][0]["gpuIndices"]]
+    assert len(granted) == len(set(granted))
+    assert {r["code"] for r in results if r["__typename"] == "AllocationRejected"} <= {"GPU_TAKEN"}
+    assert kinds["Allocated"] + kinds["AllocationRejected"] == 24
+    assert [g for _, g, _ in await held(engine)] == sorted(granted)
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_concurrent_places_fill_the_room_exactly(api: Api, engine: AsyncEngine) -> None:
+    for i in range(3):
+        await api(REGISTER, {"input": node_input(f"gpu-{i}")})
+    # Room for 6 replicas of 4 GPUs; 20 schedulers ask at once.
+
+    results = await asyncio.gather(
+        *(api(PLACE, placement(f"r{i}", gpusPerShard=4)) for i in range(20))
+    )
+
+    kinds = Counter(r["place"]["__typename"] for r in results)
+    assert kinds == {"Allocated": 6, "Unplaceable": 14}
+    assert len(await held(engine)) == 24
+    await pools_agree_with_the_gpus(engine)

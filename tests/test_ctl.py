@@ -1,0 +1,119 @@
+"""`llmgw-inventory ctl`: the operator's view of a running service, and one clear line when it fails."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from service.cli import build_parser
+from service.config import Settings
+from tests.conftest import LiveService, free_port
+from tests.reports import GB, REGISTER, TB, node_input
+
+DISK = [
+    {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
+     "freeBytes": 1200 * GB, "totalBytes": 3 * TB, "directories": ["/data/models"]},
+]  # fmt: skip
+IB_A = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}]
+
+
+def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run `llmgw-inventory ctl ...` as an operator would; its exit code and what it printed."""
+    args = build_parser().parse_args(["ctl", *argv])
+    code: int = args.run(args, Settings())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def register(service: LiveService, report: dict[str, Any]) -> None:
+    response = httpx.post(service.url, json={"query": REGISTER, "variables": {"input": report}})
+    assert not response.json().get("errors"), response.text
+
+
+def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
+    live_service: LiveService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    register(live_service, node_input("gpu-01", storage=DISK, fabrics=IB_A))
+    # An agent too old to report storage: its disk is unknown, not full.
+    register(live_service, node_input("gpu-02"))
+    url = ("--url", live_service.url)
+
+    code, out, _ = ctl(capsys, *url, "nodes")
+    assert code == 0
+    header, first, second = out.strip().splitlines()
+    assert header.split() == [
+        "NODE",
+        "STATE",
+        "GPUS",
+        "FREE/TOTAL",
+        "FABRICS",
+        "LOCAL",
+        "DISK",
+        "LAST",
+        "SEEN",
+    ]
+    assert first.startswith("gpu-01") and "1.2 TB / 3.0 TB" in first and "ib-a" in first
+    assert "H100-80GB 8/8" in first and "s ago" in first
+    assert second.startswith("gpu-02")
+    disk_column = header.index("LOCAL DISK")
+    assert second[disk_column:].split()[0] == "-"
+    assert "0 B" not in second
+
+    code, out, _ = ctl(capsys, *url, "nodes", "--output", "json")
+    nodes = {n["id"]: n for n in json.loads(out)}
+    assert nodes["gpu-02"]["localDisk"] is None
+    assert nodes["gpu-01"]["localDisk"] == {"freeBytes": 1200 * GB, "totalBytes": 3 * TB}
+
+    code, out, _ = ctl(capsys, *url, "cordon", "gpu-02", "--reason", "PSU swap")
+    assert (code, out.strip()) == (0, "node gpu-02 cordoned: now cordoned (PSU swap)")
+    code, out, _ = ctl(capsys, *url, "nodes")
+    assert "cordoned (PSU swap)" in out
+
+    code, out, _ = ctl(capsys, *url, "node", "gpu-02")
+    assert code == 0
+    assert "local disk:  -" in out and "storage: not reported" in out
+    assert "cordoned (PSU swap)" in out
+
+    code, out, _ = ctl(capsys, *url, "gpus")
+    assert out.splitlines()[1].split() == ["H100-80GB", "16", "8", "0", "0", "8"]
+
+    code, out, _ = ctl(capsys, *url, "uncordon", "gpu-02")
+    assert out.strip() == "node gpu-02 uncordoned: now ready"
+    code, out, _ = ctl(capsys, *url, "allocations")
+    assert out.strip() == "no allocations"
+
+    code, out, _ = ctl(capsys, *url, "events", "--node", "gpu-02")
+    kinds = [line.split()[2] for line in out.strip().splitlines()[1:]]
+    assert kinds == ["registered", "cordoned", "uncordoned"]
+
+    code, out, _ = ctl(capsys, *url, "remove", "gpu-02")
+    assert code == 0
+    code, out, _ = ctl(capsys, *url, "nodes")
+    assert "gpu-02" not in out
+
+
+def test_failures_are_one_line_and_a_non_zero_exit(
+    live_service: LiveService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}/graphql"
+    code, out, err = ctl(capsys, "--url", down, "nodes")
+    assert code == 1 and out == ""
+    assert err.strip() == err.strip().splitlines()[0]
+    assert f"cannot reach the service at {down}" in err
+
+    url = ("--url", live_service.url)
+    code, _, err = ctl(capsys, *url, "cordon", "nope", "--reason", "x")
+    assert code == 1
+    assert err.strip() == "llmgw-inventory ctl: node 'nope' is not registered"
+    code, _, err = ctl(capsys, *url, "node", "nope")
+    assert (code, err.strip()) == (1, "llmgw-inventory ctl: node 'nope' is not registered")
+    code, _, err = ctl(capsys, *url, "remove", "nope")
+    assert code == 1
+
+    code, _, err = ctl(capsys, *url, "--token", "not-a-token", "nodes")
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert "token" in err

@@ -1,0 +1,95 @@
+"""/metrics: the cluster and this process in Prometheus' text format; unknown disk is absent, never 0."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.metrics import count_rejection
+from tests.conftest import Api, StatementCounter
+from tests.reports import GB, REGISTER, TB, node_input
+from tests.test_liveness import IB_A, place
+
+DISK = [
+    {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
+     "freeBytes": 500 * GB, "totalBytes": 2 * TB},
+]  # fmt: skip
+
+SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (\S+)$")
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
+    """Every sample, keyed by its name and labels as Prometheus prints them."""
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        samples[f"{match.group(1)}{match.group(2) or ''}"] = float(match.group(3))
+    return samples
+
+
+async def test_metrics_describe_the_cluster_and_omit_unknown_disks(
+    api: Api, client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-01", storage=DISK, fabrics=IB_A)})
+    await api(REGISTER, {"input": node_input("gpu-02")})  # reports no storage: disk unknown
+    await api('mutation { cordonNode(id: "gpu-02", reason: "burn-in") { id } }')
+    await place(engine, "r1", {"gpu-01": [0, 1, 2]})
+
+    m = await scrape(client)
+
+    assert m['inventory_nodes{state="ready"}'] == 1
+    assert m['inventory_nodes{state="cordoned"}'] == 1
+    assert m['inventory_nodes{state="lost"}'] == 0
+    assert m['inventory_gpus{gpu_class="H100-80GB",status="free"}'] == 5
+    assert m['inventory_gpus{gpu_class="H100-80GB",status="allocated"}'] == 3
+    assert m['inventory_gpus{gpu_class="H100-80GB",status="unhealthy"}'] == 0
+    assert m['inventory_gpus{gpu_class="H100-80GB",status="unschedulable"}'] == 8
+
+    assert m['inventory_node_local_disk_free_bytes{node="gpu-01"}'] == 500 * GB
+    assert m['inventory_node_local_disk_total_bytes{node="gpu-01"}'] == 2 * TB
+    # Unknown is absent: a zero would page someone about a full disk.
+    assert not any('node="gpu-02"' in key and "disk" in key for key in m)
+    assert 0 <= m['inventory_node_heartbeat_age_seconds{node="gpu-02"}'] < 60
+
+
+async def test_rejections_and_request_latencies_are_counted_in_this_process(
+    api: Api, client: httpx.AsyncClient
+) -> None:
+    before = await scrape(client)
+    count_rejection("GPU_TAKEN")
+    count_rejection("GPU_TAKEN")
+    await api("{ nodes { id } }")
+    after = await scrape(client)
+
+    key = 'inventory_allocation_rejections_total{code="GPU_TAKEN"}'
+    assert after[key] - before.get(key, 0) == 2
+    count = (
+        'inventory_http_request_duration_seconds_count{method="POST",route="/graphql",status="200"}'
+    )
+    assert after[count] - before.get(count, 0) >= 1
+    inf = 'inventory_http_request_duration_seconds_bucket{method="POST",route="/graphql",status="200",le="+Inf"}'
+    assert after[inf] == after[count]
+
+
+async def test_a_scrape_costs_the_same_statements_for_two_nodes_or_twenty(
+    api: Api, client: httpx.AsyncClient, count_statements: StatementCounter
+) -> None:
+    async def statements_per_scrape() -> int:
+        start = count_statements.count
+        await scrape(client)
+        return count_statements.count - start
+
+    for i in range(2):
+        await api(REGISTER, {"input": node_input(f"gpu-{i:02d}", storage=DISK)})
+    small = await statements_per_scrape()
+    for i in range(2, 20):
+        await api(REGISTER, {"input": node_input(f"gpu-{i:02d}", storage=DISK)})
+    assert await statements_per_scrape() == small

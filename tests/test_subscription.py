@@ -1,0 +1,138 @@
+"""Two service processes, short timeouts: a node goes silent, both sweep, a subscriber on one sees it all.
+
+This is the whole story with real processes: changes made through process A
+reach a subscriber connected to process B (LISTEN/NOTIFY), both processes run
+the liveness sweep at once and the lost node's replica is still released
+exactly once, and the node heartbeats back to READY with nothing allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import websockets
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import Api
+from tests.reports import REGISTER, node_input
+from tests.test_liveness import IB_A, place
+
+SHORT = {
+    "INVENTORY_UNREACHABLE_AFTER": "0.5",
+    "INVENTORY_LOST_AFTER": "1.5",
+    "INVENTORY_SWEEP_INTERVAL": "0.1",
+}
+
+EVENTS_SUBSCRIPTION = "subscription { events { id kind nodeId replicaId actor reason } }"
+HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
+
+
+class Subscriber:
+    """A graphql-transport-ws client, as a scheduler reacting to lost nodes would run one."""
+
+    def __init__(self, socket: Any) -> None:
+        self.socket = socket
+        self.received: list[dict[str, Any]] = []
+
+    async def next_event(self, within: float) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout(within):
+                while True:
+                    message = json.loads(await self.socket.recv())
+                    if message["type"] == "next":
+                        event: dict[str, Any] = message["payload"]["data"]["events"]
+                        self.received.append(event)
+                        return event
+                    if message["type"] in ("error", "complete"):
+                        raise AssertionError(f"subscription ended: {message}")
+                    if message["type"] == "ping":
+                        await self.socket.send(json.dumps({"type": "pong"}))
+        except TimeoutError:
+            return None
+
+
+@contextlib.asynccontextmanager
+async def subscribe(graphql_url: str, query: str) -> AsyncIterator[Subscriber]:
+    ws_url = graphql_url.replace("http://", "ws://", 1)
+    async with websockets.connect(ws_url, subprotocols=["graphql-transport-ws"]) as socket:  # type: ignore[list-item]
+        await socket.send(json.dumps({"type": "connection_init", "payload": {}}))
+        ack = json.loads(await socket.recv())
+        assert ack["type"] == "connection_ack", ack
+        await socket.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": query}}))
+        yield Subscriber(socket)
+
+
+async def test_a_lost_node_seen_live_from_another_process_and_released_once(
+    live_service_factory: Any, engine: AsyncEngine
+) -> None:
+    # Started side by side: each takes a couple of seconds to come up.
+    a, b = await asyncio.gather(
+        asyncio.to_thread(live_service_factory, SHORT),
+        asyncio.to_thread(live_service_factory, SHORT),
+    )
+    async with (
+        httpx.AsyncClient(base_url=a.url.removesuffix("/graphql"), timeout=10) as http_a,
+        httpx.AsyncClient(base_url=b.url.removesuffix("/graphql"), timeout=10) as http_b,
+        subscribe(b.url, EVENTS_SUBSCRIPTION) as subscriber,
+    ):
+        api_a, api_b = Api(http_a), Api(http_b)
+        # Give B's subscription a moment to be registered before the first change.
+        await subscriber.next_event(within=0.2)
+        for node_id in ("gpu-01", "gpu-02"):
+            await api_a(REGISTER, {"input": node_input(node_id, fabrics=IB_A)})
+        await place(engine, "llama-70b-r1", {"gpu-01": [0, 1, 2, 3], "gpu-02": [0, 1, 2, 3]})
+
+        # gpu-02 keeps heartbeating (through A); gpu-01 has gone silent.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            await api_a(HEARTBEAT, {"id": "gpu-02"})
+            event = await subscriber.next_event(within=0.1)
+            if event is not None and event["kind"] == "released":
+                break
+        seen = [(e["kind"], e["nodeId"]) for e in subscriber.received]
+        # Made through A, seen on B.
+        assert ("registered", "gpu-01") in seen and ("registered", "gpu-02") in seen
+        assert ("unreachable", "gpu-01") in seen
+        assert ("lost", "gpu-01") in seen
+        released = [e for e in subscriber.received if e["kind"] == "released"]
+        assert [e["replicaId"] for e in released] == ["llama-70b-r1"]
+        assert ("lost", "gpu-02") not in seen
+
+        # Both processes swept all along; the log holds each transition once.
+        for _ in range(5):  # a few more rounds of both sweepers, gpu-02 still heartbeating
+            await api_a(HEARTBEAT, {"id": "gpu-02"})
+            await asyncio.sleep(0.1)
+        log = (await api_b("{ events { kind nodeId replicaId } }"))["events"]
+        assert sum(1 for e in log if e["kind"] == "released") == 1
+        assert sum(1 for e in log if e["kind"] == "lost") == 1
+        assert sum(1 for e in log if e["kind"] == "unreachable") == 1
+
+        # The healthy node's shard went with the replica.
+        healthy = await api_b('{ node(id: "gpu-02") { state allocations { shardId } } }')
+        assert healthy["node"] == {"state": "READY", "allocations": []}
+
+        # The lost node comes back empty.
+        await api_b(HEARTBEAT, {"id": "gpu-01"})
+        back = await api_a(
+            '{ node(id: "gpu-01") { state allocations { shardId } freeGpus { index } } }'
+        )
+        assert back["node"]["state"] == "READY"
+        assert back["node"]["allocations"] == []
+        assert len(back["node"]["freeGpus"]) == 8
+
+        # A scheduler that was away resumes from the last id it saw: the
+        # stored events come first, in order, filtered to what it asked for.
+        resume = 'subscription { events(nodeId: "gpu-01", after: "0") { kind nodeId } }'
+        async with subscribe(a.url, resume) as resumed:
+            kinds = []
+            while (event := await resumed.next_event(within=2)) is not None:
+                kinds.append(event["kind"])
+                if event["kind"] == "back":
+                    break
+        assert kinds == ["registered", "unreachable", "lost", "released", "back"]
