@@ -57,7 +57,8 @@ class NodeFilter:
     min_local_disk_free: int | None = None
 
 
-_COLUMNS = """
+# Also what nodes.heartbeat_many returns, so a heartbeat's reply needs no read-back.
+NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
     n.agent_version, n.engine_versions, n.local_disk_free, n.local_disk_total,
@@ -109,7 +110,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
 
 async def get_nodes(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, NodeRecord]:
     rows = await conn.execute(
-        text(f"SELECT {_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
+        text(f"SELECT {NODE_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
         {"ids": list(ids)},
     )
     return {row.id: node_from_row(row) for row in rows}
@@ -169,6 +170,6 @@ async def list_nodes(
         params["after"] = after
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = await conn.execute(
-        text(f"SELECT {_COLUMNS} FROM nodes n {clause} ORDER BY n.id LIMIT :first"), params
+        text(f"SELECT {NODE_COLUMNS} FROM nodes n {clause} ORDER BY n.id LIMIT :first"), params
     )
     return [node_from_row(row) for row in rows]

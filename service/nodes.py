@@ -15,8 +15,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.errors import InvalidInput, NodeNotFound
-from service.events import record_event
+from service.events import EVENTS_CHANNEL, record_event
 from service.gpu_pools import refresh_pools
+from service.node_views import NODE_COLUMNS, NodeRecord, node_from_row
 from service.reports import MAX_TEXT_LENGTH, NodeReport, gpu_class_of, sum_disks, validate_report
 
 
@@ -72,83 +73,133 @@ _UPSERT_NODE = text(
     """
 )
 
-_REPLACE_GPUS = text(
+# Everything a changed (or returning) report writes after the node row, in
+# one round trip: the four child tables, the node's gpu_pools rows and the
+# events. Round trips dominate a registration's cost (seven statements ran
+# about half as fast as one here).
+#
+# It runs as a second statement, after _UPSERT_NODE holds the node's row lock,
+# and not fused into it: READ COMMITTED gives each statement the snapshot of
+# its start, and a statement that waited for the lock behind an allocation
+# would count free GPUs from a snapshot without that allocation. Started under
+# the lock, this one sees every allocation committed on the node, and none can
+# commit until we do (allocate takes the same lock first).
+#
+# Its own writes are invisible to its own reads, so the pool counts come from
+# the report's GPUs when it changed (what the gpus table holds afterwards) and
+# from the stored GPUs otherwise. Unchanged rows are not rewritten (the IS
+# DISTINCT FROM guards): dead tuples are what slows the scheduler's scans
+# after a burst of re-registrations.
+_REPLACE_REPORT = text(
     """
-    WITH incoming AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+    WITH g_in AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(
             idx int, uuid text, name text, gpu_class text, memory_mb int, healthy boolean,
             health_reasons text[])
-    ), gone AS (
-        DELETE FROM gpus g WHERE g.node_id = :node_id
-          AND NOT EXISTS (SELECT 1 FROM incoming i WHERE i.idx = g.idx)
-    )
-    INSERT INTO gpus AS g (node_id, idx, uuid, name, gpu_class, memory_mb, healthy, health_reasons)
-    SELECT :node_id, idx, uuid, name, gpu_class, memory_mb, healthy, health_reasons
-    FROM incoming ORDER BY idx
-    ON CONFLICT (node_id, idx) DO UPDATE SET
-        uuid = excluded.uuid, name = excluded.name, gpu_class = excluded.gpu_class,
-        memory_mb = excluded.memory_mb, healthy = excluded.healthy,
-        health_reasons = excluded.health_reasons
-    WHERE (g.uuid, g.name, g.gpu_class, g.memory_mb, g.healthy, g.health_reasons)
-          IS DISTINCT FROM
-          (excluded.uuid, excluded.name, excluded.gpu_class, excluded.memory_mb,
-           excluded.healthy, excluded.health_reasons)
-    """
-)
-
-_REPLACE_FABRICS = text(
-    """
-    WITH incoming AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+    ), g_gone AS (
+        DELETE FROM gpus g WHERE CAST(:changed AS boolean) AND g.node_id = :node_id
+          AND NOT EXISTS (SELECT 1 FROM g_in i WHERE i.idx = g.idx)
+    ), g_up AS (
+        INSERT INTO gpus AS g (
+            node_id, idx, uuid, name, gpu_class, memory_mb, healthy, health_reasons)
+        SELECT :node_id, idx, uuid, name, gpu_class, memory_mb, healthy, health_reasons
+        FROM g_in WHERE CAST(:changed AS boolean) ORDER BY idx
+        ON CONFLICT (node_id, idx) DO UPDATE SET
+            uuid = excluded.uuid, name = excluded.name, gpu_class = excluded.gpu_class,
+            memory_mb = excluded.memory_mb, healthy = excluded.healthy,
+            health_reasons = excluded.health_reasons
+        WHERE (g.uuid, g.name, g.gpu_class, g.memory_mb, g.healthy, g.health_reasons)
+              IS DISTINCT FROM
+              (excluded.uuid, excluded.name, excluded.gpu_class, excluded.memory_mb,
+               excluded.healthy, excluded.health_reasons)
+    ), f_in AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:fabrics AS jsonb))
             AS r(fabric text, hcas text[], rate_gbps int)
-    ), gone AS (
-        DELETE FROM fabric_attachments f WHERE f.node_id = :node_id
-          AND NOT EXISTS (SELECT 1 FROM incoming i WHERE i.fabric = f.fabric)
-    )
-    INSERT INTO fabric_attachments AS f (node_id, fabric, hcas, rate_gbps)
-    SELECT :node_id, fabric, hcas, rate_gbps FROM incoming ORDER BY fabric
-    ON CONFLICT (node_id, fabric) DO UPDATE SET hcas = excluded.hcas, rate_gbps = excluded.rate_gbps
-    WHERE (f.hcas, f.rate_gbps) IS DISTINCT FROM (excluded.hcas, excluded.rate_gbps)
-    """
-)
-
-_REPLACE_FILESYSTEMS = text(
-    """
-    WITH incoming AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+    ), f_gone AS (
+        DELETE FROM fabric_attachments f WHERE CAST(:changed AS boolean) AND f.node_id = :node_id
+          AND NOT EXISTS (SELECT 1 FROM f_in i WHERE i.fabric = f.fabric)
+    ), f_up AS (
+        INSERT INTO fabric_attachments AS f (node_id, fabric, hcas, rate_gbps)
+        SELECT :node_id, fabric, hcas, rate_gbps FROM f_in
+        WHERE CAST(:changed AS boolean) ORDER BY fabric
+        ON CONFLICT (node_id, fabric) DO UPDATE
+        SET hcas = excluded.hcas, rate_gbps = excluded.rate_gbps
+        WHERE (f.hcas, f.rate_gbps) IS DISTINCT FROM (excluded.hcas, excluded.rate_gbps)
+    ), s_in AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:filesystems AS jsonb)) AS r(
             fs_id text, mount_point text, fs_type text, shared boolean, free_bytes bigint,
             total_bytes bigint, directories text[])
-    ), gone AS (
-        DELETE FROM filesystems f WHERE f.node_id = :node_id
-          AND NOT EXISTS (SELECT 1 FROM incoming i WHERE i.fs_id = f.fs_id)
+    ), s_gone AS (
+        DELETE FROM filesystems f WHERE CAST(:changed AS boolean) AND f.node_id = :node_id
+          AND NOT EXISTS (SELECT 1 FROM s_in i WHERE i.fs_id = f.fs_id)
+    ), s_up AS (
+        INSERT INTO filesystems AS f (
+            node_id, fs_id, mount_point, fs_type, shared, free_bytes, total_bytes, directories)
+        SELECT :node_id, fs_id, mount_point, fs_type, shared, free_bytes, total_bytes,
+               directories
+        FROM s_in WHERE CAST(:changed AS boolean) ORDER BY fs_id
+        ON CONFLICT (node_id, fs_id) DO UPDATE SET
+            mount_point = excluded.mount_point, fs_type = excluded.fs_type,
+            shared = excluded.shared, free_bytes = excluded.free_bytes,
+            total_bytes = excluded.total_bytes, directories = excluded.directories
+        WHERE (f.mount_point, f.fs_type, f.shared, f.free_bytes, f.total_bytes, f.directories)
+              IS DISTINCT FROM
+              (excluded.mount_point, excluded.fs_type, excluded.shared, excluded.free_bytes,
+               excluded.total_bytes, excluded.directories)
+    ), w_in AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:weights AS jsonb))
+            AS r(path text, size_bytes bigint)
+    ), w_gone AS (
+        DELETE FROM weights w WHERE CAST(:changed AS boolean) AND w.node_id = :node_id
+          AND NOT EXISTS (SELECT 1 FROM w_in i WHERE i.path = w.path)
+    ), w_up AS (
+        INSERT INTO weights AS w (node_id, path, size_bytes)
+        SELECT :node_id, path, size_bytes FROM w_in
+        WHERE CAST(:changed AS boolean) ORDER BY path
+        ON CONFLICT (node_id, path) DO UPDATE SET size_bytes = excluded.size_bytes
+        WHERE w.size_bytes IS DISTINCT FROM excluded.size_bytes
+    ), gpus_now AS (
+        SELECT idx, gpu_class, healthy FROM g_in WHERE CAST(:changed AS boolean)
+        UNION ALL
+        SELECT idx, gpu_class, healthy FROM gpus
+        WHERE node_id = :node_id AND NOT CAST(:changed AS boolean)
+    ), counts AS (
+        -- The same partition as service.gpu_pools.refresh_pools.
+        SELECT g.gpu_class,
+               count(*) AS total,
+               count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL) AS unhealthy,
+               count(a.gpu_index) AS allocated,
+               count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL) AS free
+        FROM gpus_now g
+        LEFT JOIN allocated_gpus a ON a.node_id = :node_id AND a.gpu_index = g.idx
+        GROUP BY g.gpu_class
+    ), pools_gone AS (
+        DELETE FROM gpu_pools p WHERE p.node_id = :node_id
+          AND NOT EXISTS (SELECT 1 FROM counts c WHERE c.gpu_class = p.gpu_class)
+    ), pools_up AS (
+        INSERT INTO gpu_pools AS p (
+            node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
+        SELECT :node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free,
+               n.state = 'ready'
+        FROM counts c JOIN nodes n ON n.id = :node_id
+        ORDER BY c.gpu_class
+        ON CONFLICT (node_id, gpu_class) DO UPDATE
+        SET total = excluded.total, unhealthy = excluded.unhealthy,
+            allocated = excluded.allocated, free = excluded.free,
+            schedulable = excluded.schedulable
+        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable)
+              IS DISTINCT FROM
+              (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
+               excluded.schedulable)
+    ), recorded AS (
+        -- The rows service.events.record_event writes, in the order given.
+        INSERT INTO events (kind, node_id, actor, reason)
+        SELECT e.item ->> 'kind', :node_id, :actor, e.item ->> 'reason'
+        FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(item, ord)
+        ORDER BY e.ord
+        RETURNING id
     )
-    INSERT INTO filesystems AS f (
-        node_id, fs_id, mount_point, fs_type, shared, free_bytes, total_bytes, directories)
-    SELECT :node_id, fs_id, mount_point, fs_type, shared, free_bytes, total_bytes, directories
-    FROM incoming ORDER BY fs_id
-    ON CONFLICT (node_id, fs_id) DO UPDATE SET
-        mount_point = excluded.mount_point, fs_type = excluded.fs_type, shared = excluded.shared,
-        free_bytes = excluded.free_bytes, total_bytes = excluded.total_bytes,
-        directories = excluded.directories
-    WHERE (f.mount_point, f.fs_type, f.shared, f.free_bytes, f.total_bytes, f.directories)
-          IS DISTINCT FROM
-          (excluded.mount_point, excluded.fs_type, excluded.shared, excluded.free_bytes,
-           excluded.total_bytes, excluded.directories)
-    """
-)
-
-_REPLACE_WEIGHTS = text(
-    """
-    WITH incoming AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(path text, size_bytes bigint)
-    ), gone AS (
-        DELETE FROM weights w WHERE w.node_id = :node_id
-          AND NOT EXISTS (SELECT 1 FROM incoming i WHERE i.path = w.path)
-    )
-    INSERT INTO weights AS w (node_id, path, size_bytes)
-    SELECT :node_id, path, size_bytes FROM incoming ORDER BY path
-    ON CONFLICT (node_id, path) DO UPDATE SET size_bytes = excluded.size_bytes
-    WHERE w.size_bytes IS DISTINCT FROM excluded.size_bytes
+    SELECT pg_notify(:channel, recorded.id::text) FROM recorded
     """
 )
 
@@ -187,27 +238,34 @@ async def register_node(
     changed = created or row.old_digest != digest
     came_back = row.old_liveness is not None and row.old_liveness != "alive"
 
-    if changed:
-        await _replace_hardware(conn, report)
-    if changed or came_back:
-        await refresh_pools(conn, [report.id])
+    if not (changed or came_back):
+        # The common case: an agent re-sending what it sent before. Only the
+        # node row's last_seen moved; nothing else is rewritten.
+        return Registration(node_id=report.id, created=created, changed=changed)
+
+    events: list[dict[str, str | None]] = []
     if created:
-        await record_event(conn, "registered", node_id=report.id, actor=actor)
+        events.append({"kind": "registered", "reason": None})
     elif changed:
-        await record_event(conn, "report_changed", node_id=report.id, actor=actor)
+        events.append({"kind": "report_changed", "reason": None})
     if came_back:
-        await record_event(
-            conn,
-            "back",
-            node_id=report.id,
-            actor=actor,
-            reason=f"registered while {row.old_liveness}",
-        )
+        events.append({"kind": "back", "reason": f"registered while {row.old_liveness}"})
+    await conn.execute(
+        _REPLACE_REPORT,
+        {
+            "node_id": report.id,
+            "changed": changed,
+            **_hardware_rows(report),
+            "events": _rows_json(events),
+            "actor": actor,
+            "channel": EVENTS_CHANNEL,
+        },
+    )
     return Registration(node_id=report.id, created=created, changed=changed)
 
 
-async def _replace_hardware(conn: AsyncConnection, report: NodeReport) -> None:
-    node_id = report.id
+def _hardware_rows(report: NodeReport) -> dict[str, str]:
+    """The report's child rows as the JSON parameters of _REPLACE_REPORT."""
     gpus = [
         {
             "idx": g.index,
@@ -237,39 +295,54 @@ async def _replace_hardware(conn: AsyncConnection, report: NodeReport) -> None:
         for fs in report.storage
     ]
     weights = [{"path": w.path, "size_bytes": w.size_bytes} for w in report.weights]
-    for statement, rows in (
-        (_REPLACE_GPUS, gpus),
-        (_REPLACE_FABRICS, fabrics),
-        (_REPLACE_FILESYSTEMS, filesystems),
-        (_REPLACE_WEIGHTS, weights),
-    ):
-        await conn.execute(statement, {"node_id": node_id, "rows": _rows_json(rows)})
+    return {
+        "gpus": _rows_json(gpus),
+        "fabrics": _rows_json(fabrics),
+        "filesystems": _rows_json(filesystems),
+        "weights": _rows_json(weights),
+    }
 
 
-_HEARTBEAT = text(
-    """
-    WITH old AS (SELECT id, liveness FROM nodes WHERE id = :id FOR NO KEY UPDATE)
+# Many nodes' heartbeats in one statement: service/heartbeats.py gathers the
+# beats that arrive while a batch is in flight. Rows are locked in id order,
+# the order every writer of several nodes uses, so two batches (or a batch
+# and an allocation) queue instead of deadlocking. The new row comes back
+# whole, so the reply needs no second read.
+_HEARTBEATS = text(
+    f"""
+    WITH old AS (
+        SELECT id, liveness FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
+        ORDER BY id FOR NO KEY UPDATE
+    )
     UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL
     FROM old WHERE n.id = old.id
-    RETURNING old.liveness AS old_liveness
+    RETURNING old.liveness AS old_liveness, {NODE_COLUMNS}
     """
 )
 
 
-async def heartbeat(conn: AsyncConnection, node_id: str) -> None:
-    """Record that the node is alive, by the database's clock; bring it back if it was not.
+async def heartbeat_many(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
+    """Record that these nodes are alive, by the database's clock; bring back any that were not.
 
     The database's clock, because several service processes stamp the same
     column and the liveness sweep compares against now() on the same server.
+    Unknown ids are absent from the answer. Returns each node as it is now.
     """
-    row = (await conn.execute(_HEARTBEAT, {"id": node_id})).one_or_none()
-    if row is None:
+    rows = list(await conn.execute(_HEARTBEATS, {"ids": sorted(set(node_ids))}))
+    back = [r for r in rows if r.old_liveness != "alive"]
+    if back:
+        await refresh_pools(conn, [r.id for r in back])
+        for r in sorted(back, key=lambda r: r.id):
+            await record_event(
+                conn, "back", node_id=r.id, reason=f"heartbeat while {r.old_liveness}"
+            )
+    return {r.id: node_from_row(r) for r in rows}
+
+
+async def heartbeat(conn: AsyncConnection, node_id: str) -> None:
+    """One node's heartbeat in the caller's transaction; see heartbeat_many."""
+    if node_id not in await heartbeat_many(conn, [node_id]):
         raise NodeNotFound(node_id)
-    if row.old_liveness != "alive":
-        await refresh_pools(conn, [node_id])
-        await record_event(
-            conn, "back", node_id=node_id, reason=f"heartbeat while {row.old_liveness}"
-        )
 
 
 def _check_reason(reason: str) -> str:

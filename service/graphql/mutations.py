@@ -5,7 +5,7 @@ from __future__ import annotations
 import strawberry
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service import node_views, nodes
+from service import heartbeats, node_views, nodes
 from service.errors import NodeNotFound
 from service.node_views import NodeRecord
 
@@ -43,11 +43,9 @@ class NodeMutations:
         )
     )
     async def heartbeat(self, info: Info, node_id: strawberry.ID) -> Node:
-        async def work(conn: AsyncConnection) -> NodeRecord:
-            await nodes.heartbeat(conn, str(node_id))
-            return await _read_back(conn, str(node_id))
-
-        return Node.of(await info.context.write(work))
+        # Batched with this process's concurrent heartbeats: one transaction
+        # for many (service/heartbeats.py); the reply waits for its commit.
+        return Node.of(await heartbeats.beat(info.context.engine, str(node_id)))
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:

@@ -1,0 +1,6 @@
+"""The performance suite: `python -m benchmarks` (see BENCHMARKS.md for the figures).
+
+Benchmarks, not tests: nothing here asserts a speed. Each figure is measured
+against a baseline taken in the same run, so the ratios mean something on a
+noisy machine where the absolute numbers do not.
+"""

@@ -1,0 +1,79 @@
+"""The benchmark's own PostgreSQL: an embedded server in a temp dir, or BENCH_DATABASE_URL.
+
+Never the service's or the tests' database: the suite creates a database per
+cluster size, fills it, and drops it afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from service.db import libpq_url
+from service.migrations import upgrade
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(libpq_url(url))
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[tuple[str, str]]:
+    """A server URL to create databases on, and a sentence saying which server it is."""
+    external = os.environ.get("BENCH_DATABASE_URL")
+    if external:
+        yield libpq_url(external), "BENCH_DATABASE_URL"
+        return
+    from service.embedded import EmbeddedPostgres
+
+    # Under /tmp: the embedded server runs as an unprivileged user that must
+    # traverse every parent folder of its data directory.
+    root = Path(tempfile.mkdtemp(prefix="llmgw-bench-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data")
+    try:
+        yield libpq_url(server.url), f"embedded PostgreSQL in {root}"
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def create_database(server_url: str) -> str:
+    name = f"llmgw_bench_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return with_database(server_url, name)
+
+
+async def drop_database(server_url: str, url: str) -> None:
+    name = urlsplit(url).path.lstrip("/")
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def migrate(url: str) -> None:
+    upgrade(url)
+
+
+async def server_version(url: str) -> str:
+    conn = await asyncpg.connect(url)
+    try:
+        version: str = await conn.fetchval("SHOW server_version")
+        return version
+    finally:
+        await conn.close()

@@ -1,0 +1,181 @@
+"""Run the benchmark suite: `python -m benchmarks [--quick] [--sizes 1000,10000,100000]`.
+
+Builds a synthetic cluster per size on its own PostgreSQL (embedded in a temp
+dir, or a fresh database on BENCH_DATABASE_URL), starts `llmgw-inventory serve`
+processes on it, measures every figure against a baseline taken in the same
+run, prints a table and writes it as Markdown. Exits non-zero only when a result
+is wrong (double booking, an unchanged report rewritten, nothing answered),
+never because a number is slow: CI runs `--quick` as a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import cluster
+from benchmarks.bench import Bench
+from benchmarks.database import (
+    create_database,
+    drop_database,
+    migrate,
+    postgres_server,
+    server_version,
+)
+from benchmarks.results import Results
+from benchmarks.services import services
+
+REPO = Path(__file__).resolve().parent.parent
+SECTIONS = ("questions", "registration", "heartbeats", "allocation", "statements", "churn", "peer")
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+async def run_size(server_url: str, size: int, args: argparse.Namespace, results: Results) -> int:
+    """Measure one cluster size; returns the number of wrong results."""
+    from benchmarks import allocation, churn, peer, questions, statements, writes
+
+    wrong = 0
+    url = await create_database(server_url)
+    try:
+        await asyncio.to_thread(migrate, url)
+        import asyncpg
+
+        start = time.perf_counter()
+        conn = await asyncpg.connect(url)
+        try:
+            await cluster.load(conn, size)
+        finally:
+            await conn.close()
+        results.note(
+            f"{size:,} nodes: cluster loaded in {time.perf_counter() - start:.1f} s "
+            f"(PostgreSQL {await server_version(url)})"
+        )
+        sections = set(args.only.split(",")) if args.only else set(SECTIONS)
+        sections -= set(args.skip.split(",")) if args.skip else set()
+        with services(url, args.services) as procs:
+            bench = Bench(
+                size=size,
+                url=url,
+                services=procs,
+                results=results,
+                quick=args.quick,
+                rounds=args.rounds,
+                seconds=args.seconds,
+                calls=args.calls,
+            )
+            qs = questions.questions(size)
+            counts: dict[str, str] = {}
+            if "statements" in sections:
+                counts = await statements.count_statements(url, qs, bench.versions)
+            if "questions" in sections:
+                for q in qs:
+                    print(f"[{size}] {q.name}", flush=True)
+                    await questions.measure_question(bench, q, counts.get(q.name, ""))
+            if "registration" in sections:
+                print(f"[{size}] registration", flush=True)
+                await writes.measure_registration(bench, counts)
+            if "heartbeats" in sections:
+                print(f"[{size}] heartbeats", flush=True)
+                await writes.measure_heartbeats(bench, counts.get("heartbeat", ""))
+            if "churn" in sections:
+                print(f"[{size}] churn", flush=True)
+                wrong += await churn.measure_churn(bench, args.churn_seconds)
+            if "allocation" in sections:
+                print(f"[{size}] allocation", flush=True)
+                wrong += await allocation.measure_allocation(bench)
+            if "peer" in sections and size == min(args.sizes):
+                print(f"[{size}] PostGraphile peer", flush=True)
+                await peer.measure_peer(bench, args.peer_timeout)
+    finally:
+        await drop_database(server_url, url)
+    return wrong
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a ~1-minute smoke run (1k nodes)")
+    parser.add_argument("--sizes", help="cluster sizes, e.g. 1000,10000,100000")
+    parser.add_argument("--rounds", type=int, help="rounds per figure")
+    parser.add_argument("--seconds", type=float, help="seconds per throughput round")
+    parser.add_argument("--calls", type=int, help="calls per latency round")
+    parser.add_argument("--churn-seconds", type=float, help="seconds of each churn burst")
+    parser.add_argument("--services", type=int, default=2, help="service processes")
+    parser.add_argument("--only", help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    parser.add_argument("--skip", help="comma-separated sections to leave out")
+    parser.add_argument(
+        "--peer-timeout", type=float, default=240, help="seconds to wait for PostGraphile"
+    )
+    parser.add_argument(
+        "--markdown", default="/tmp/llmgw-benchmarks.md", help="where to write the table"
+    )
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.sizes = [int(s) for s in (args.sizes or ("1000" if quick else "1000,10000")).split(",")]
+    args.rounds = args.rounds or (3 if quick else 5)
+    args.seconds = args.seconds or (1.0 if quick else 3.0)
+    args.calls = args.calls or (20 if quick else 200)
+    args.churn_seconds = args.churn_seconds or (3.0 if quick else 30.0)
+    if quick and not args.skip and not args.only:
+        args.skip = "peer"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    results = Results()
+    started = time.perf_counter()
+    results.note(f"machine: {machine()}; load average at start {load_average()}")
+    command = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
+    wrong = 0
+    with postgres_server() as (server_url, which):
+        results.note(f"database: {which}; {args.services} service processes")
+        for size in args.sizes:
+            print(f"== {size:,} nodes", flush=True)
+            runner = _runner()
+            wrong += runner(run_size(server_url, size, args, results))
+    results.note(
+        f"load average at end {load_average()}; took {time.perf_counter() - started:.0f} s"
+    )
+    table = results.markdown()
+    print()
+    print(table)
+    Path(args.markdown).write_text(f"Command: `{command}`\n\n{table}")
+    print(f"written to {args.markdown}")
+    if wrong:
+        print(f"{wrong} wrong results (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _runner():  # type: ignore[no-untyped-def]
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run

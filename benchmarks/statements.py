@@ -1,0 +1,63 @@
+"""SQL statements per request, counted on the engine: they must not grow with the cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from sqlalchemy import event
+
+from benchmarks.cluster import node_id, node_input
+from benchmarks.questions import Question
+from benchmarks.services import HEADERS
+from benchmarks.writes import HEARTBEAT, REGISTER
+from service.app import create_app
+from service.config import Settings
+from service.db import create_engine
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, *args: Any) -> None:
+        self.count += 1
+
+
+async def count_statements(
+    url: str, questions: list[Question], versions: dict[int, int]
+) -> dict[str, str]:
+    """Statements each kind of request runs, by name (in an in-process app on the same database)."""
+    settings = Settings(max_page_size=1000)
+    engine = create_engine(url, settings)
+    counter = Counter()
+    event.listen(engine.sync_engine, "before_cursor_execute", counter)
+    out: dict[str, str] = {}
+    try:
+        app = create_app(settings, engine=engine)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://bench", headers=HEADERS
+        ) as client:
+
+            async def count(name: str, query: str, variables: dict[str, Any]) -> None:
+                counter.count = 0
+                reply = (await client.post("/graphql", json={"query": query,
+                                                             "variables": variables})).json()  # fmt: skip
+                if reply.get("errors"):
+                    out[name] = f"error: {reply['errors'][0].get('message')}"
+                else:
+                    out[name] = str(counter.count)
+
+            for q in questions:
+                await count(q.name, q.query, q.variables)
+            # Node 1 (not in any agent's working set of the other figures at this point).
+            i = 1
+            v = versions.get(i, 0)
+            await count("unchanged", REGISTER, {"input": node_input(i, v)})
+            versions[i] = (v + 1) % 3
+            await count("changed", REGISTER, {"input": node_input(i, versions[i])})
+            await count("heartbeat", HEARTBEAT, {"id": node_id(i)})
+    finally:
+        await engine.dispose()
+    return out

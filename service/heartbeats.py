@@ -1,0 +1,96 @@
+"""Heartbeats arriving together are written together: one UPDATE per batch, not per node.
+
+Thousands of agents beat every few seconds. One transaction per beat costs
+four round trips and a commit each, which caps a service at a few thousand
+beats a second; PostgreSQL updates a hundred rows in one statement at about
+the cost of one. So each process keeps one batch open: a beat that arrives
+while the previous batch is being written waits for the next one, and the
+next one leaves as soon as the previous commits (no timer: an idle service
+answers a lone beat at once, a busy one answers in batches).
+
+Each beat's reply still waits for the commit of the batch that carries it,
+an unknown node still gets NODE_NOT_FOUND, and a node coming back from
+UNREACHABLE or LOST still gets its pools refreshed and its "back" event, in
+the same transaction (nodes.heartbeat_many).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import weakref
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import nodes
+from service.errors import NodeNotFound
+from service.node_views import NodeRecord
+from service.transactions import in_transaction
+
+log = logging.getLogger(__name__)
+
+# Enough to amortize a commit; small enough that one batch's row locks are
+# held for a millisecond or two, not long enough to stall an allocation.
+MAX_BATCH = 500
+
+
+class HeartbeatBatcher:
+    """One process's open batch of heartbeats over one engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._waiting: dict[str, list[asyncio.Future[NodeRecord]]] = {}
+        self._writer: asyncio.Task[None] | None = None
+
+    async def beat(self, node_id: str) -> NodeRecord:
+        """Record the beat; returns the node as committed, or raises NodeNotFound."""
+        future: asyncio.Future[NodeRecord] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(node_id, []).append(future)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_batches())
+        return await future
+
+    async def _write_batches(self) -> None:
+        try:
+            while self._waiting:
+                batch = self._take_batch()
+                try:
+                    found = await in_transaction(
+                        self._engine, functools.partial(nodes.heartbeat_many, node_ids=list(batch))
+                    )
+                except Exception as error:
+                    for futures in batch.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(error)
+                    continue
+                for node_id, futures in batch.items():
+                    record = found.get(node_id)
+                    for future in futures:
+                        if future.done():  # its request was cancelled meanwhile
+                            continue
+                        if record is None:
+                            future.set_exception(NodeNotFound(node_id))
+                        else:
+                            future.set_result(record)
+        finally:
+            self._writer = None
+
+    def _take_batch(self) -> dict[str, list[asyncio.Future[NodeRecord]]]:
+        if len(self._waiting) <= MAX_BATCH:
+            batch, self._waiting = self._waiting, {}
+            return batch
+        ids = list(self._waiting)[:MAX_BATCH]
+        return {node_id: self._waiting.pop(node_id) for node_id in ids}
+
+
+_batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.WeakKeyDictionary()
+
+
+async def beat(engine: AsyncEngine, node_id: str) -> NodeRecord:
+    """The node's heartbeat through this process's batch for `engine`."""
+    batcher = _batchers.get(engine)
+    if batcher is None:
+        batcher = _batchers[engine] = HeartbeatBatcher(engine)
+    return await batcher.beat(node_id)

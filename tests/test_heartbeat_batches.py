@@ -1,0 +1,63 @@
+"""Many agents heartbeat at once; the service writes their beats together, and each still gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import Api, StatementCounter
+from tests.reports import REGISTER, node_input
+from tests.test_liveness import LOST_AFTER, run_sweep, silence
+
+HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id state lastSeen } }"
+FREE = '{ freeGpus(gpuClass: "H100-80GB") { node { id } } }'
+BACK = '{ events(kinds: ["back"]) { nodeId reason } }'
+
+
+async def test_agents_beating_at_once_each_get_their_own_node(
+    api: Api, count_statements: StatementCounter
+) -> None:
+    ids = [f"gpu-{i:02d}" for i in range(24)]
+    for node_id in ids:
+        await api(REGISTER, {"input": node_input(node_id)})
+
+    count_statements.statements.clear()
+
+    replies = await asyncio.gather(*(api(HEARTBEAT, {"id": n}) for n in ids + ids))
+
+    assert [r["heartbeat"]["id"] for r in replies] == ids + ids
+    assert {r["heartbeat"]["state"] for r in replies} == {"READY"}
+    updates = [s for s in count_statements.statements if "UPDATE nodes" in s]
+    assert 1 <= len(updates) < len(ids), "48 beats should share a few UPDATEs"
+
+
+async def test_a_stranger_in_a_crowd_of_beats_is_told_to_register(api: Api) -> None:
+    ids = [f"gpu-{i:02d}" for i in range(8)]
+    for node_id in ids:
+        await api(REGISTER, {"input": node_input(node_id)})
+
+    beats = [api.raw(HEARTBEAT, {"id": n}) for n in [*ids[:4], "never-registered", *ids[4:]]]
+    replies = await asyncio.gather(*beats)
+
+    stranger = replies[4]
+    assert stranger["errors"][0]["extensions"]["code"] == "NODE_NOT_FOUND"
+    assert "never-registered" in stranger["errors"][0]["message"]
+    assert [r["data"]["heartbeat"]["id"] for r in replies[:4] + replies[5:]] == ids
+
+
+async def test_a_lost_node_beating_among_others_comes_back_schedulable(
+    api: Api, engine: AsyncEngine
+) -> None:
+    ids = [f"gpu-{i:02d}" for i in range(6)]
+    for node_id in ids:
+        await api(REGISTER, {"input": node_input(node_id)})
+    await silence(engine, "gpu-03", LOST_AFTER + 1)
+    await run_sweep(engine)
+    assert "gpu-03" not in {e["node"]["id"] for e in (await api(FREE))["freeGpus"]}
+
+    replies = await asyncio.gather(*(api(HEARTBEAT, {"id": n}) for n in ids))
+
+    assert replies[3]["heartbeat"]["state"] == "READY"
+    assert "gpu-03" in {e["node"]["id"] for e in (await api(FREE))["freeGpus"]}
+    assert (await api(BACK))["events"] == [{"nodeId": "gpu-03", "reason": "heartbeat while lost"}]
