@@ -1,0 +1,252 @@
+"""A scheduler asks where the free GPUs are; the answers follow the seed's rules and cost a fixed few statements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.gpu_pools import refresh_pools
+from tests.conftest import Api, StatementCounter
+from tests.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
+
+FREE = """
+query($cls: String, $fabric: String, $min: Int, $first: Int, $after: ID) {
+  freeGpus(gpuClass: $cls, fabric: $fabric, minFree: $min, first: $first, after: $after) {
+    node { id } gpuIndices
+  }
+}
+"""
+
+IB_A = [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
+
+
+async def free(api: Api, **variables: Any) -> list[tuple[str, list[int]]]:
+    data = await api(FREE, variables)
+    return [(e["node"]["id"], e["gpuIndices"]) for e in data["freeGpus"]]
+
+
+async def hold(engine: AsyncEngine, node_id: str, indices: list[int], shard: str = "s1") -> None:
+    """Record GPUs as held the way allocate does, to set the scene for a read."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
+                " VALUES (:s, 'r1', :n, :i)"
+            ),
+            {"s": shard, "n": node_id, "i": indices},
+        )
+        for i in indices:
+            await conn.execute(
+                text("INSERT INTO allocated_gpus VALUES (:n, :i, :s)"),
+                {"n": node_id, "i": i, "s": shard},
+            )
+        await refresh_pools(conn, [node_id])
+
+
+async def test_free_gpus_are_healthy_unallocated_and_on_ready_nodes(
+    api: Api, engine: AsyncEngine
+) -> None:
+    sick = gpus(H100, 8)
+    sick[2] = {**sick[2], "healthy": False, "healthReasons": ["ecc_uncorrected"]}
+    await api(REGISTER, {"input": node_input("gpu-01", gpus=sick)})
+    await api(REGISTER, {"input": node_input("gpu-02")})
+    await api(REGISTER, {"input": node_input("gpu-03")})
+    await hold(engine, "gpu-02", [0, 1, 2, 3, 4, 5])
+    await api('mutation { cordonNode(id: "gpu-03", reason: "bad fan") { id } }')
+
+    assert await free(api, cls="H100-80GB") == [
+        ("gpu-01", [0, 1, 3, 4, 5, 6, 7]),
+        ("gpu-02", [6, 7]),
+    ]
+    assert await free(api, cls="H100-80GB", min=4) == [("gpu-01", [0, 1, 3, 4, 5, 6, 7])]
+
+
+async def test_free_gpus_by_class_and_fabric(api: Api) -> None:
+    await api(REGISTER, {"input": node_input("a-1", gpus=gpus(A100, 4), fabrics=IB_A)})
+    await api(REGISTER, {"input": node_input("h-1", gpus=gpus(H100, 8), fabrics=IB_A)})
+    await api(REGISTER, {"input": node_input("h-2", gpus=gpus(H100, 8))})
+    mixed = [*gpus(H100, 2), *[{**g, "index": g["index"] + 2} for g in gpus(L40S, 2)]]
+    await api(REGISTER, {"input": node_input("m-1", gpus=mixed, fabrics=IB_A)})
+
+    assert await free(api, cls="H100-80GB", fabric="ib-a") == [
+        ("h-1", list(range(8))),
+        ("m-1", [0, 1]),
+    ]
+    assert await free(api, cls="L40S-48GB") == [("m-1", [2, 3])]
+    assert await free(api, fabric="ib-a", min=4) == [
+        ("a-1", [0, 1, 2, 3]),
+        ("h-1", list(range(8))),
+        ("m-1", [0, 1, 2, 3]),
+    ]
+    assert await free(api, cls="H100-80GB", fabric="ib-z") == []
+
+
+async def test_free_gpus_pages_by_node_id(api: Api) -> None:
+    for i in range(5):
+        await api(REGISTER, {"input": node_input(f"gpu-{i:02d}", gpus=gpus(H100, 2))})
+    first = await free(api, first=2)
+    assert [n for n, _ in first] == ["gpu-00", "gpu-01"]
+    rest = await free(api, first=10, after="gpu-01")
+    assert [n for n, _ in rest] == ["gpu-02", "gpu-03", "gpu-04"]
+
+
+async def test_min_free_below_one_is_refused(api: Api) -> None:
+    error = await api.fails("{ freeGpus(minFree: 0) { gpuIndices } }")
+    assert error["extensions"] == {"code": "BAD_INPUT", "field": "minFree", "value": 0}
+
+
+async def test_a_heartbeat_makes_a_node_ready_again_and_free_again(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-01", gpus=gpus(H100, 2))})
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE nodes SET liveness = 'unreachable' WHERE id = 'gpu-01'"))
+        await refresh_pools(conn, ["gpu-01"])
+    assert await free(api) == []
+    await api('mutation { heartbeat(nodeId: "gpu-01") { state } }')
+    assert await free(api) == [("gpu-01", [0, 1])]
+
+
+async def test_node_filters(api: Api) -> None:
+    local = [{"id": "d", "mountPoint": "/data", "shared": False,
+              "freeBytes": 20 * GB, "totalBytes": TB}]  # fmt: skip
+    roomy = [{"id": "d", "mountPoint": "/data", "shared": False,
+              "freeBytes": 500 * GB, "totalBytes": TB}]  # fmt: skip
+    filer = [{"id": "f", "mountPoint": "/f", "shared": True,
+              "freeBytes": 50 * TB, "totalBytes": 100 * TB}]  # fmt: skip
+    await api(REGISTER, {"input": node_input(
+        "full", storage=local, weights=[{"path": "/m/llama"}], fabrics=IB_A,
+        labels=[{"key": "zone", "value": "z1"}])})  # fmt: skip
+    await api(REGISTER, {"input": node_input(
+        "roomy", storage=roomy, weights=[{"path": "/m/other"}],
+        labels=[{"key": "zone", "value": "z2"}])})  # fmt: skip
+    await api(REGISTER, {"input": node_input("filer-only", storage=filer, gpus=gpus(A100, 4))})
+    await api(REGISTER, {"input": node_input("unknown")})
+    await api('mutation { cordonNode(id: "unknown", reason: "rma") { id } }')
+
+    async def ids(filter_: dict[str, Any]) -> list[str]:
+        data = await api("query($f: NodeFilter) { nodes(filter: $f) { id } }", {"f": filter_})
+        return [n["id"] for n in data["nodes"]]
+
+    assert await ids({}) == ["filer-only", "full", "roomy", "unknown"]
+    # Unknown disk is not a full disk: "unknown" reported none; "filer-only"
+    # has only shared space, so its own disk is unknown too.
+    assert await ids({"minLocalDiskFree": 40 * GB}) == ["filer-only", "roomy", "unknown"]
+    # Nodes that were not asked to look for weights constrain nothing.
+    assert await ids({"hasWeights": "/m/llama"}) == ["filer-only", "full", "unknown"]
+    assert await ids({"fabric": "ib-a"}) == ["full"]
+    assert await ids({"gpuClass": "A100-40GB"}) == ["filer-only"]
+    assert await ids({"label": {"key": "zone", "value": "z2"}}) == ["roomy"]
+    assert await ids({"state": "CORDONED"}) == ["unknown"]
+    assert await ids({"schedulable": False}) == ["unknown"]
+    assert await ids({"schedulable": True, "minLocalDiskFree": 40 * GB}) == ["filer-only", "roomy"]
+    error = await api.fails(
+        "query($f: NodeFilter) { nodes(filter: $f) { id } }", {"f": {"minLocalDiskFree": -1}}
+    )
+    assert "minLocalDiskFree" in error["message"] and "-1" in error["message"]
+
+
+async def test_nodes_page_by_id(api: Api) -> None:
+    for node_id in ("c", "a", "b", "d"):
+        await api(REGISTER, {"input": node_input(node_id)})
+    data = await api('{ p1: nodes(first: 2) { id } p2: nodes(first: 2, after: "b") { id } }')
+    assert [n["id"] for n in data["p1"]] == ["a", "b"]
+    assert [n["id"] for n in data["p2"]] == ["c", "d"]
+    error = await api.fails("{ nodes(first: 0) { id } }")
+    assert error["extensions"]["field"] == "first"
+
+
+async def test_fabrics_and_gpu_classes_summaries(api: Api, engine: AsyncEngine) -> None:
+    ib_b = [{"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 200}]
+    sick = gpus(H100, 4)
+    sick[3] = {**sick[3], "healthy": False, "healthReasons": ["foreign_process"]}
+    await api(REGISTER, {"input": node_input("n2", gpus=sick, fabrics=IB_A)})
+    await api(REGISTER, {"input": node_input("n1", gpus=gpus(H100, 4), fabrics=[*IB_A, *ib_b])})
+    await api(REGISTER, {"input": node_input("n3", gpus=gpus(A100, 2))})
+    await hold(engine, "n1", [0])
+    await api('mutation { cordonNode(id: "n3", reason: "rma") { id } }')
+
+    data = await api(
+        "{ fabrics { name nodes { id } }"
+        " gpuClasses { gpuClass total free allocated unhealthy unschedulable } }"
+    )
+    assert data["fabrics"] == [
+        {"name": "ib-a", "nodes": [{"id": "n1"}, {"id": "n2"}]},
+        {"name": "ib-b", "nodes": [{"id": "n1"}]},
+    ]
+    assert data["gpuClasses"] == [
+        {"gpuClass": "A100-40GB", "total": 2, "free": 0, "allocated": 0, "unhealthy": 0,
+         "unschedulable": 2},
+        {"gpuClass": "H100-80GB", "total": 8, "free": 6, "allocated": 1, "unhealthy": 1,
+         "unschedulable": 0},
+    ]  # fmt: skip
+
+
+async def test_who_holds_a_gpu(api: Api, engine: AsyncEngine) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07", gpus=gpus(H100, 4))})
+    await hold(engine, "gpu-07", [1, 2], shard="llama-r1-s0")
+    data = await api(
+        '{ node(id: "gpu-07") { gpus { index allocation { shardId replicaId gpuIndices } }'
+        " freeGpus { index } allocations { shardId nodeId } } }"
+    )
+    node = data["node"]
+    held = {g["index"]: g["allocation"] for g in node["gpus"]}
+    assert held[0] is None and held[3] is None
+    assert held[1] == {"shardId": "llama-r1-s0", "replicaId": "r1", "gpuIndices": [1, 2]}
+    assert [g["index"] for g in node["freeGpus"]] == [0, 3]
+    assert node["allocations"] == [{"shardId": "llama-r1-s0", "nodeId": "gpu-07"}]
+
+
+WHOLE_PAGE = """
+{ nodes(first: 2000) {
+    id localDisk { freeBytes }
+    gpus { index gpuClass allocation { shardId } }
+    freeGpus { index }
+    fabrics { fabric hcas }
+    storage { id freeBytes }
+    weights { path }
+    allocations { shardId }
+} }
+"""
+
+
+async def register_many(engine: AsyncEngine, count: int, start: int = 0) -> None:
+    """Register nodes through the domain function, as registerNode does, but without HTTP."""
+    from service.nodes import register_node
+    from service.reports import FabricReport, FilesystemReport, GpuReport, NodeReport
+
+    async with engine.begin() as conn:
+        for i in range(start, start + count):
+            report = NodeReport(
+                id=f"node-{i:05d}",
+                hostname=f"node-{i:05d}",
+                mgmt_addr="10.0.0.1",
+                gpus=tuple(
+                    GpuReport(index=g, name="NVIDIA H100 80GB HBM3", memory_mb=81559, healthy=True)
+                    for g in range(8)
+                ),
+                fabrics=(FabricReport("ib-a", ("mlx5_0",), 400),),
+                storage=(FilesystemReport("d", "/data", False, GB, 2 * GB),),
+            )
+            await register_node(conn, report)
+
+
+async def test_a_whole_page_costs_the_same_statements_for_10_or_1000_nodes(
+    api: Api, engine: AsyncEngine, count_statements: StatementCounter
+) -> None:
+    await register_many(engine, 10)
+    await hold(engine, "node-00003", [0, 1])
+    count_statements.count = 0
+    small = await api(WHOLE_PAGE)
+    at_10 = count_statements.count
+
+    await register_many(engine, 990, start=10)
+    count_statements.count = 0
+    large = await api(WHOLE_PAGE)
+    at_1000 = count_statements.count
+
+    assert len(small["nodes"]) == 10 and len(large["nodes"]) == 1000
+    assert at_10 == at_1000, count_statements.statements
+    assert at_10 <= 8
