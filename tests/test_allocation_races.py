@@ -247,3 +247,44 @@ async def test_concurrent_places_fill_the_room_exactly(api: Api, engine: AsyncEn
     assert kinds == {"Allocated": 6, "Unplaceable": 14}
     assert len(await held(engine)) == 24
     await pools_agree_with_the_gpus(engine)
+
+
+async def test_a_shard_id_raced_onto_two_nodes_is_granted_once(
+    api: Api, engine: AsyncEngine
+) -> None:
+    for node_id in ("gpu-07", "gpu-08"):
+        await api(REGISTER, {"input": node_input(node_id)})
+    # Different nodes, so no node lock orders them: the shard id's primary key does.
+    on_other_node = allocation("r1", shard("r1-s0", "gpu-08", 0))
+
+    async def grant(conn: AsyncConnection) -> Any:
+        return await allocations.allocate(conn, ON_GPU_3)
+
+    granted, got = await while_open(engine, grant, allocate_over_api(api, on_other_node))
+
+    assert isinstance(granted, allocations.Allocated)
+    assert got["code"] == "DUPLICATE_SHARD" and got["heldBy"] == "r1-s0"
+    assert {n for n, _, _ in await held(engine)} == {"gpu-07"}
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_the_gpu_primary_key_stops_a_writer_that_skipped_the_node_lock(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    async def rogue(conn: AsyncConnection) -> None:
+        # A writer that does not take the node lock, as a buggy script would.
+        await conn.execute(
+            text(
+                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
+                " VALUES ('rogue-s0', 'rogue', 'gpu-07', '{3}')"
+            )
+        )
+        await conn.execute(text("INSERT INTO allocated_gpus VALUES ('gpu-07', 3, 'rogue-s0')"))
+
+    _, got = await while_open(engine, rogue, allocate_over_api(api, GPU_3_REQUEST))
+
+    assert got["code"] == "GPU_TAKEN"
+    assert got["message"] == "GPU 3 on node gpu-07 is held by shard rogue-s0"
+    assert await held(engine) == [("gpu-07", 3, "rogue-s0")]
