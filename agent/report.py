@@ -83,6 +83,8 @@ def _gpu_input(gpu: Gpu, gpu_class: str | None) -> dict[str, Any]:
     entry: dict[str, Any] = {"index": gpu.index, "name": gpu.name}
     if gpu.uuid is not None:
         entry["uuid"] = gpu.uuid
+    if gpu.pci_bus_id is not None:
+        entry["pciBusId"] = gpu.pci_bus_id
     # The service derives the class from name and memory; only an operator's
     # override is sent, so the mapping lives in one place.
     if gpu_class is not None:

@@ -19,6 +19,7 @@ class GpuRecord:
     node_id: str
     index: int
     uuid: str | None
+    pci_bus_id: str | None
     name: str
     gpu_class: str
     memory_mb: int | None
@@ -56,7 +57,7 @@ class WeightsRecord:
 
 _GPUS = text(
     """
-    SELECT g.node_id, g.idx, g.uuid, g.name, g.gpu_class, g.memory_mb, g.healthy,
+    SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb, g.healthy,
            g.health_reasons, a.shard_id
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
@@ -74,6 +75,7 @@ async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, l
                 node_id=r.node_id,
                 index=r.idx,
                 uuid=r.uuid,
+                pci_bus_id=r.pci_bus_id,
                 name=r.name,
                 gpu_class=r.gpu_class,
                 memory_mb=r.memory_mb,

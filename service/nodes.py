@@ -94,23 +94,26 @@ _REPLACE_REPORT = text(
     """
     WITH g_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(
-            idx int, uuid text, name text, gpu_class text, memory_mb int, healthy boolean,
-            health_reasons text[])
+            idx int, uuid text, pci_bus_id text, name text, gpu_class text, memory_mb int,
+            healthy boolean, health_reasons text[])
     ), g_gone AS (
         DELETE FROM gpus g WHERE CAST(:changed AS boolean) AND g.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM g_in i WHERE i.idx = g.idx)
     ), g_up AS (
         INSERT INTO gpus AS g (
-            node_id, idx, uuid, name, gpu_class, memory_mb, healthy, health_reasons)
-        SELECT :node_id, idx, uuid, name, gpu_class, memory_mb, healthy, health_reasons
+            node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons)
+        SELECT :node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons
         FROM g_in WHERE CAST(:changed AS boolean) ORDER BY idx
         ON CONFLICT (node_id, idx) DO UPDATE SET
-            uuid = excluded.uuid, name = excluded.name, gpu_class = excluded.gpu_class,
+            uuid = excluded.uuid, pci_bus_id = excluded.pci_bus_id, name = excluded.name,
+            gpu_class = excluded.gpu_class,
             memory_mb = excluded.memory_mb, healthy = excluded.healthy,
             health_reasons = excluded.health_reasons
-        WHERE (g.uuid, g.name, g.gpu_class, g.memory_mb, g.healthy, g.health_reasons)
+        WHERE (g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb, g.healthy,
+               g.health_reasons)
               IS DISTINCT FROM
-              (excluded.uuid, excluded.name, excluded.gpu_class, excluded.memory_mb,
+              (excluded.uuid, excluded.pci_bus_id, excluded.name, excluded.gpu_class,
+               excluded.memory_mb,
                excluded.healthy, excluded.health_reasons)
     ), f_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:fabrics AS jsonb))
@@ -270,6 +273,7 @@ def _hardware_rows(report: NodeReport) -> dict[str, str]:
         {
             "idx": g.index,
             "uuid": g.uuid,
+            "pci_bus_id": g.pci_bus_id,
             "name": g.name,
             "gpu_class": gpu_class_of(g),
             "memory_mb": g.memory_mb,

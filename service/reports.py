@@ -39,6 +39,7 @@ class GpuReport:
     name: str
     healthy: bool
     uuid: str | None = None
+    pci_bus_id: str | None = None
     gpu_class: str | None = None
     memory_mb: int | None = None
     health_reasons: tuple[str, ...] = ()
@@ -185,6 +186,8 @@ def validate_report(report: NodeReport) -> None:
         _check_id(f"{where}.name", gpu.name)
         if gpu.uuid is not None:
             _check_id(f"{where}.uuid", gpu.uuid)
+        if gpu.pci_bus_id is not None:
+            _check_id(f"{where}.pciBusId", gpu.pci_bus_id)
         if gpu.gpu_class is not None:
             _check_id(f"{where}.gpuClass", gpu.gpu_class)
         if gpu.memory_mb is not None:

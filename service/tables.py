@@ -107,6 +107,9 @@ gpus = Table(
     Column("node_id", Text, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
     Column("idx", Integer, nullable=False),
     Column("uuid", Text),
+    # Where the card sits on the bus: what an operator pulls when an RMA
+    # names a GPU, since indices can change with the driver's enumeration.
+    Column("pci_bus_id", Text),
     Column("name", Text, nullable=False),
     Column("gpu_class", Text, nullable=False),
     Column("memory_mb", Integer),

@@ -12,7 +12,7 @@ query Node($id: ID!) {
   node(id: $id) {
     id hostname mgmtAddr memoryTotalMb state stateReason schedulable lastSeen
     agentVersion labels { key value } engineVersions { key value }
-    gpus { index uuid name gpuClass memoryMb healthy healthReasons allocation { shardId } }
+    gpus { index uuid pciBusId name gpuClass memoryMb healthy healthReasons allocation { shardId } }
     fabrics { fabric hcas rateGbps }
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
     localDisk { freeBytes totalBytes }
@@ -31,8 +31,11 @@ async def node(api: Api, node_id: str) -> dict[str, Any]:
 
 
 async def test_a_registered_node_reads_back_as_reported(api: Api) -> None:
+    report_gpus = gpus(H100, 8)
+    report_gpus[0] = {**report_gpus[0], "pciBusId": "00000000:18:00.0"}
     report = node_input(
         "gpu-07",
+        gpus=report_gpus,
         memoryTotalMb=2_063_000,
         labels=[{"key": "zone", "value": "z1"}, {"key": "rack", "value": "r4"}],
         fabrics=[{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}],
@@ -52,6 +55,7 @@ async def test_a_registered_node_reads_back_as_reported(api: Api) -> None:
     assert got["labels"] == [{"key": "rack", "value": "r4"}, {"key": "zone", "value": "z1"}]
     assert [g["gpuClass"] for g in got["gpus"]] == ["H100-80GB"] * 8
     assert [g["index"] for g in got["gpus"]] == list(range(8))
+    assert [g["pciBusId"] for g in got["gpus"][:2]] == ["00000000:18:00.0", None]
     assert got["fabrics"] == [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
     assert got["localDisk"] == {"freeBytes": 2 * TB, "totalBytes": 3 * TB}
     assert got["sharedDisk"] is None

@@ -210,6 +210,7 @@ def upgrade() -> None:
         sa.Column("node_id", sa.Text(), nullable=False),
         sa.Column("idx", sa.Integer(), nullable=False),
         sa.Column("uuid", sa.Text(), nullable=True),
+        sa.Column("pci_bus_id", sa.Text(), nullable=True),
         sa.Column("name", sa.Text(), nullable=False),
         sa.Column("gpu_class", sa.Text(), nullable=False),
         sa.Column("memory_mb", sa.Integer(), nullable=True),

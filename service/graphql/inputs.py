@@ -21,6 +21,9 @@ class KeyValueInput:
 class GpuInput:
     index: int
     uuid: str | None = None
+    pci_bus_id: str | None = strawberry.field(
+        default=None, description="The driver's PCI bus id, e.g. 00000000:18:00.0."
+    )
     name: str
     gpu_class: str | None = strawberry.field(
         default=None, description="Optional override; derived from name and memory when absent."
@@ -84,6 +87,7 @@ class NodeInput:
                 GpuReport(
                     index=g.index,
                     uuid=g.uuid,
+                    pci_bus_id=g.pci_bus_id,
                     name=g.name,
                     gpu_class=g.gpu_class,
                     memory_mb=g.memory_mb,

@@ -60,6 +60,7 @@ def test_a_full_report_uses_the_contracts_names(node: Path) -> None:
         "index": 0,
         "name": "NVIDIA H100 80GB HBM3",
         "uuid": "GPU-h100-0",
+        "pciBusId": "00000000:18:00.0",
         "memoryMb": 81559,
         "healthy": True,
         "healthReasons": [],
