@@ -3,27 +3,34 @@
 Created anew for each request, so no request sees another's cache, and each
 batch opens its own connection: resolvers run concurrently and an asyncpg
 connection serves one statement at a time.
+
+A root field that returns a page of nodes also prefetches the details its
+query selects (prefetch_nodes), so every Node field can answer from the cache
+synchronously (`ready`). That matters more than the statements: an awaited
+field on each of a thousand nodes makes graphql-core schedule a task per node
+and gather them, which cost more than building the answer itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from strawberry.dataloader import DataLoader
+from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField, Selection
 
 from service import allocations, hardware, node_views
 
 K = TypeVar("K")
 V = TypeVar("V")
+R = TypeVar("R")
+
+Fetch = Callable[[AsyncConnection, Sequence[Any]], Awaitable[Mapping[Any, Any]]]
 
 
-def _loader(
-    engine: AsyncEngine,
-    fetch: Callable[[AsyncConnection, Sequence[Any]], Awaitable[Mapping[Any, Any]]],
-    missing: Callable[[], Any],
-) -> DataLoader[Any, Any]:
+def _loader(engine: AsyncEngine, fetch: Fetch, missing: Callable[[], Any]) -> DataLoader[Any, Any]:
     async def load(keys: list[Any]) -> list[Any]:
         async with engine.connect() as conn:
             found = await fetch(conn, keys)
@@ -32,12 +39,94 @@ def _loader(
     return DataLoader(load_fn=load)
 
 
+def selected(selections: Iterable[Selection]) -> dict[str, list[Selection]]:
+    """Field name -> the sub-selections asked of it, fragments flattened."""
+    out: dict[str, list[Selection]] = {}
+    for s in selections:
+        if isinstance(s, SelectedField):
+            out.setdefault(s.name, []).extend(s.selections)
+        elif isinstance(s, (InlineFragment, FragmentSpread)):
+            for name, subs in selected(s.selections).items():
+                out.setdefault(name, []).extend(subs)
+    return out
+
+
+# Node fields -> the detail loader they read.
+_NODE_DETAILS = {
+    "gpus": "gpus",
+    "freeGpus": "gpus",
+    "fabrics": "fabrics",
+    "hcasFor": "fabrics",
+    "storage": "filesystems",
+    "weights": "weights",
+    "hasWeights": "weights",
+    "allocations": "shards_on_node",
+}
+
+
 class Loaders:
     def __init__(self, engine: AsyncEngine) -> None:
-        self.node = _loader(engine, node_views.get_nodes, lambda: None)
-        self.gpus = _loader(engine, hardware.gpus_of, list)
-        self.fabrics = _loader(engine, hardware.fabrics_of, list)
-        self.filesystems = _loader(engine, hardware.filesystems_of, list)
-        self.weights = _loader(engine, hardware.weights_of, list)
-        self.shards_on_node = _loader(engine, allocations.shards_on_nodes, list)
-        self.shard = _loader(engine, allocations.shards_by_id, lambda: None)
+        self._engine = engine
+        self._sources: dict[int, tuple[Fetch, Callable[[], Any]]] = {}
+        self.node = self._make(node_views.get_nodes, lambda: None)
+        self.gpus = self._make(hardware.gpus_of, list)
+        self.fabrics = self._make(hardware.fabrics_of, list)
+        self.filesystems = self._make(hardware.filesystems_of, list)
+        self.weights = self._make(hardware.weights_of, list)
+        self.shards_on_node = self._make(allocations.shards_on_nodes, list)
+        self.shard = self._make(allocations.shards_by_id, lambda: None)
+
+    def _make(self, fetch: Fetch, missing: Callable[[], Any]) -> DataLoader[Any, Any]:
+        loader = _loader(self._engine, fetch, missing)
+        self._sources[id(loader)] = (fetch, missing)
+        return loader
+
+    async def prefetch(self, loader: DataLoader[Any, Any], keys: Iterable[Any]) -> None:
+        """Load keys not yet cached in one statement and prime the loader with them.
+
+        Straight to the batch function: load_many would make a future per key.
+        """
+        wanted = [k for k in dict.fromkeys(keys) if loader.cache_map.get(k) is None]
+        if not wanted:
+            return
+        fetch, missing = self._sources[id(loader)]
+        async with self._engine.connect() as conn:
+            found = await fetch(conn, wanted)
+        loader.prime_many({k: found[k] if k in found else missing() for k in wanted})
+
+    async def prefetch_nodes(self, node_ids: Sequence[str], selections: list[Selection]) -> None:
+        """The details a query selects of these nodes, before graphql-core resolves them."""
+        fields = selected(selections)
+        loaders = {_NODE_DETAILS[name] for name in fields if name in _NODE_DETAILS}
+        await asyncio.gather(*(self.prefetch(getattr(self, name), node_ids) for name in loaders))
+        gpu_fields = selected([s for name in ("gpus", "freeGpus") for s in fields.get(name, [])])
+        if "allocation" in gpu_fields:
+            held = [
+                g.held_by
+                for node_id in node_ids
+                for g in ready(self.gpus, node_id, list) or ()
+                if g.held_by is not None
+            ]
+            await self.prefetch(self.shard, held)
+
+
+def ready(loader: DataLoader[K, V], key: K, convert: Callable[[V], R]) -> R | None:
+    """convert(the cached value) if the loader already holds it, else None."""
+    future = loader.cache_map.get(key)
+    if future is None or not future.done() or future.cancelled() or future.exception():
+        return None
+    return convert(future.result())
+
+
+def now_or_later(
+    loader: DataLoader[K, V], key: K, convert: Callable[[V], R]
+) -> R | Coroutine[Any, Any, R]:
+    """The converted value at once when cached (no task for graphql-core to schedule), else an awaitable."""
+    future = loader.cache_map.get(key)
+    if future is not None and future.done() and not future.cancelled() and not future.exception():
+        return convert(future.result())
+
+    async def later() -> R:
+        return convert(await loader.load(key))
+
+    return later()

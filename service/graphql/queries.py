@@ -10,6 +10,7 @@ from service import allocations, capacity, node_views
 
 from .context import Info
 from .inputs import NodeFilter
+from .loaders import selected
 from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus
 
 PAGING = "Sorted by id; pass the last id of a page as `after` for the next one."
@@ -36,8 +37,11 @@ class NodeQueries:
             records = await node_views.list_nodes(
                 conn, node_filter, page, str(after) if after is not None else None
             )
-        for record in records:
-            info.context.loaders.node.prime(record.id, record)
+        loaders = info.context.loaders
+        loaders.node.prime_many({record.id: record for record in records})
+        # The details this query selects, for the whole page at once: its Node
+        # fields then answer without a task per node (see loaders.py).
+        await loaders.prefetch_nodes([r.id for r in records], info.selected_fields[0].selections)
         return [Node.of(r) for r in records]
 
     @strawberry.field(
@@ -65,6 +69,12 @@ class NodeQueries:
                 first=page,
                 after=str(after) if after is not None else None,
             )
+        node = selected(info.selected_fields[0].selections).get("node")
+        if node is not None:
+            # The page's nodes and their selected details in a fixed few statements.
+            ids = [f.node_id for f in found]
+            await info.context.loaders.prefetch(info.context.loaders.node, ids)
+            await info.context.loaders.prefetch_nodes(ids, node)
         return [NodeFreeGpus(node_id=f.node_id, gpu_indices=list(f.gpu_indices)) for f in found]
 
     @strawberry.field
