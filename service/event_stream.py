@@ -34,6 +34,8 @@ SUBSCRIBER_BACKLOG = 10_000
 # catch-up read and a late notification could both produce.
 RECENT_IDS = 50_000
 CATCH_UP_PAGE = 1_000
+# Named, so an operator can find the process's listener in pg_stat_activity.
+LISTENER_NAME = "llmgw-inventory-events"
 
 
 class SubscriberTooSlow(Exception):
@@ -132,7 +134,9 @@ class EventStream:
             conn: Any = None
             dropped = asyncio.Event()
             try:
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(
+                    self._dsn, server_settings={"application_name": LISTENER_NAME}
+                )
                 conn.add_termination_listener(lambda _c, d=dropped: d.set())
                 await conn.add_listener(EVENTS_CHANNEL, self._on_notify)
                 if self._last_id is None:

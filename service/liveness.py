@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.allocations import release_replica
 from service.events import prune_events, record_event
 from service.gpu_pools import refresh_pools
 from service.transactions import in_transaction
@@ -64,38 +65,48 @@ _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
 # LOST first, so that a node silent for longer than lost_after (the sweep was
 # not running, or the interval is long) goes straight to LOST in one sweep
 # instead of stopping at UNREACHABLE for a round.
+#
+# Due nodes are locked in id order, as allocations lock them, so a sweep and
+# an allocation touching the same nodes queue instead of deadlocking. The
+# locking read re-checks its condition after waiting: a node whose heartbeat
+# committed meanwhile is no longer due and is left alone.
 _MARK_LOST = text(
     """
-    UPDATE nodes SET liveness = 'lost', liveness_reason = :reason
-    WHERE liveness <> 'lost' AND last_seen < now() - make_interval(secs => :after)
-    RETURNING id
+    WITH due AS (
+        SELECT id FROM nodes
+        WHERE liveness <> 'lost' AND last_seen < now() - make_interval(secs => :after)
+        ORDER BY id FOR NO KEY UPDATE
+    )
+    UPDATE nodes n SET liveness = 'lost', liveness_reason = :reason
+    FROM due WHERE n.id = due.id
+    RETURNING n.id
     """
 )
 
 _MARK_UNREACHABLE = text(
     """
-    UPDATE nodes SET liveness = 'unreachable', liveness_reason = :reason
-    WHERE liveness = 'alive' AND last_seen < now() - make_interval(secs => :after)
-    RETURNING id
+    WITH due AS (
+        SELECT id FROM nodes
+        WHERE liveness = 'alive' AND last_seen < now() - make_interval(secs => :after)
+        ORDER BY id FOR NO KEY UPDATE
+    )
+    UPDATE nodes n SET liveness = 'unreachable', liveness_reason = :reason
+    FROM due WHERE n.id = due.id
+    RETURNING n.id
     """
 )
 
 # Whole replicas: every shard of every replica that has one on a lost node.
-# allocated_gpus rows go with their shards (ON DELETE CASCADE). Only rows this
-# statement actually deleted come back, which is what makes a concurrent
-# second release return nothing.
-_RELEASE_REPLICAS_ON = text(
+_DOOMED_REPLICAS = text(
     """
-    WITH doomed AS (
-        SELECT DISTINCT replica_id FROM shards WHERE node_id = ANY(CAST(:node_ids AS text[]))
-    ), gone AS (
-        DELETE FROM shards s USING doomed d WHERE s.replica_id = d.replica_id
-        RETURNING s.replica_id, s.shard_id, s.node_id
-    )
     SELECT replica_id,
            array_agg(shard_id ORDER BY shard_id) AS shard_ids,
            array_agg(DISTINCT node_id ORDER BY node_id) AS node_ids
-    FROM gone GROUP BY replica_id ORDER BY replica_id
+    FROM shards
+    WHERE replica_id IN (
+        SELECT replica_id FROM shards WHERE node_id = ANY(CAST(:node_ids AS text[]))
+    )
+    GROUP BY replica_id ORDER BY replica_id
     """
 )
 
@@ -130,12 +141,7 @@ async def sweep(
         )
     ]
 
-    released = await release_replicas_on(conn, lost) if lost else []
-
-    touched = set(lost) | set(unreachable)
-    for replica in released:
-        touched.update(replica.node_ids)
-    await refresh_pools(conn, sorted(touched))
+    await refresh_pools(conn, sorted(set(lost) | set(unreachable)))
 
     for node_id in sorted(unreachable):
         await record_event(
@@ -143,22 +149,9 @@ async def sweep(
         )
     for node_id in sorted(lost):
         await record_event(conn, "lost", node_id=node_id, actor=ACTOR, reason=lost_reason)
-    lost_set = set(lost)
-    for replica in released:
-        cause = sorted(lost_set.intersection(replica.node_ids))
-        await record_event(
-            conn,
-            "released",
-            node_id=cause[0] if cause else None,
-            replica_id=replica.replica_id,
-            actor=ACTOR,
-            reason=f"node {', '.join(cause)} lost: the replica is released whole",
-            detail={
-                "shards": list(replica.shard_ids),
-                "nodes": list(replica.node_ids),
-                "lostNodes": cause,
-            },
-        )
+    # After the "lost" events, so a node's history reads in causal order. The
+    # released replicas' nodes are refreshed by release_replica.
+    released = await release_replicas_on(conn, lost) if lost else []
 
     pruned = await prune_events(conn, event_retention) if event_retention is not None else 0
     if unreachable or lost:
@@ -181,9 +174,29 @@ async def sweep(
 async def release_replicas_on(
     conn: AsyncConnection, node_ids: Sequence[str]
 ) -> list[ReleasedReplica]:
-    """Delete every shard of every replica that has a shard on one of these nodes."""
-    rows = await conn.execute(_RELEASE_REPLICAS_ON, {"node_ids": sorted(set(node_ids))})
-    return [ReleasedReplica(r.replica_id, tuple(r.shard_ids), tuple(r.node_ids)) for r in rows]
+    """Release every replica with a shard on one of these (lost) nodes, all its shards.
+
+    Through allocations.release_replica, the same path a scheduler's
+    releaseReplica takes: it locks the replica's nodes in id order before
+    deleting, writes one "released" event per shard (each on its own node,
+    so a healthy node's history shows what left it), and refreshes their
+    pools. Its DELETE ... RETURNING reports only rows it removed, so a
+    replica some other transaction already released frees nothing here and
+    writes no event.
+    """
+    lost = sorted(set(node_ids))
+    released: list[ReleasedReplica] = []
+    for row in list(await conn.execute(_DOOMED_REPLICAS, {"node_ids": lost})):
+        cause = sorted(set(lost).intersection(row.node_ids))
+        reason = (
+            f"node {', '.join(cause)} lost: its replica {row.replica_id} is released whole, "
+            "shards on healthy nodes included"
+        )
+        if await release_replica(conn, row.replica_id, actor=ACTOR, reason=reason):
+            released.append(
+                ReleasedReplica(row.replica_id, tuple(row.shard_ids), tuple(row.node_ids))
+            )
+    return released
 
 
 async def run_sweeper(

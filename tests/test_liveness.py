@@ -36,7 +36,7 @@ HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id state stateRe
 EVENTS = """
 query Events($nodeId: ID, $replicaId: ID, $kinds: [String!]) {
   events(nodeId: $nodeId, replicaId: $replicaId, kinds: $kinds) {
-    id kind nodeId replicaId actor reason detail
+    id kind nodeId replicaId shardId actor reason detail
   }
 }
 """
@@ -122,11 +122,14 @@ async def test_a_silent_node_goes_unreachable_then_lost_and_comes_back_empty(
     assert [a["shardId"] for a in healthy["allocations"]] == ["small-r1/gpu-02"]
     assert [g["index"] for g in healthy["freeGpus"]] == [0, 1, 2, 3, 6, 7]
 
+    # One release event per shard, each in its own node's history.
     released = await events(api, replicaId="llama-70b-r1", kinds=["released"])
-    assert len(released) == 1
-    assert released[0]["nodeId"] == "gpu-01"
-    assert released[0]["actor"] == "liveness-sweep"
-    assert released[0]["detail"]["nodes"] == ["gpu-01", "gpu-02"]
+    assert sorted((e["nodeId"], e["shardId"]) for e in released) == [
+        ("gpu-01", "llama-70b-r1/gpu-01"),
+        ("gpu-02", "llama-70b-r1/gpu-02"),
+    ]
+    assert {e["actor"] for e in released} == {"liveness-sweep"}
+    assert all("gpu-01 lost" in e["reason"] for e in released)
     assert [e["kind"] for e in await events(api, nodeId="gpu-01")] == [
         "registered",
         "unreachable",
@@ -204,8 +207,14 @@ async def test_sweeps_running_at_once_release_each_replica_once(
     released = sorted(r.replica_id for result in results for r in result.released)
     assert released == ["both-lost-r1", "llama-70b-r1"]
     assert sorted(n for result in results for n in result.lost) == ["gpu-01", "gpu-03"]
+    # Each shard released once: one event each, none twice.
     release_events = await events(api, kinds=["released"])
-    assert sorted(e["replicaId"] for e in release_events) == ["both-lost-r1", "llama-70b-r1"]
+    assert sorted(e["shardId"] for e in release_events) == [
+        "both-lost-r1/gpu-01",
+        "both-lost-r1/gpu-03",
+        "llama-70b-r1/gpu-01",
+        "llama-70b-r1/gpu-02",
+    ]
     assert len(await events(api, kinds=["lost"])) == 2
 
 

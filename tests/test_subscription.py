@@ -17,8 +17,11 @@ from typing import Any
 
 import httpx
 import websockets
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.event_stream import LISTENER_NAME, EventStream
+from service.events import EventFilter, record_event
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 from tests.test_liveness import IB_A, place
@@ -29,7 +32,7 @@ SHORT = {
     "INVENTORY_SWEEP_INTERVAL": "0.1",
 }
 
-EVENTS_SUBSCRIPTION = "subscription { events { id kind nodeId replicaId actor reason } }"
+EVENTS_SUBSCRIPTION = "subscription { events { id kind nodeId replicaId shardId actor reason } }"
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
 
 
@@ -92,24 +95,29 @@ async def test_a_lost_node_seen_live_from_another_process_and_released_once(
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             await api_a(HEARTBEAT, {"id": "gpu-02"})
-            event = await subscriber.next_event(within=0.1)
-            if event is not None and event["kind"] == "released":
+            await subscriber.next_event(within=0.1)
+            if sum(e["kind"] == "released" for e in subscriber.received) == 2:
                 break
         seen = [(e["kind"], e["nodeId"]) for e in subscriber.received]
         # Made through A, seen on B.
         assert ("registered", "gpu-01") in seen and ("registered", "gpu-02") in seen
         assert ("unreachable", "gpu-01") in seen
         assert ("lost", "gpu-01") in seen
+        # Released whole: the shard on the healthy node too.
         released = [e for e in subscriber.received if e["kind"] == "released"]
-        assert [e["replicaId"] for e in released] == ["llama-70b-r1"]
+        assert sorted((e["replicaId"], e["nodeId"]) for e in released) == [
+            ("llama-70b-r1", "gpu-01"),
+            ("llama-70b-r1", "gpu-02"),
+        ]
         assert ("lost", "gpu-02") not in seen
 
         # Both processes swept all along; the log holds each transition once.
         for _ in range(5):  # a few more rounds of both sweepers, gpu-02 still heartbeating
             await api_a(HEARTBEAT, {"id": "gpu-02"})
             await asyncio.sleep(0.1)
-        log = (await api_b("{ events { kind nodeId replicaId } }"))["events"]
-        assert sum(1 for e in log if e["kind"] == "released") == 1
+        log = (await api_b("{ events { kind nodeId replicaId shardId } }"))["events"]
+        released_shards = [e["shardId"] for e in log if e["kind"] == "released"]
+        assert sorted(released_shards) == ["llama-70b-r1/gpu-01", "llama-70b-r1/gpu-02"]
         assert sum(1 for e in log if e["kind"] == "lost") == 1
         assert sum(1 for e in log if e["kind"] == "unreachable") == 1
 
@@ -136,3 +144,43 @@ async def test_a_lost_node_seen_live_from_another_process_and_released_once(
                 if event["kind"] == "back":
                     break
         assert kinds == ["registered", "unreachable", "lost", "released", "back"]
+
+
+async def test_the_event_stream_reconnects_and_catches_up_on_what_it_missed(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    stream = EventStream(database_url, engine, reconnect_delay=0.05)
+    stream.start()
+    try:
+        assert await stream.wait_listening(within=5)
+        subscription = stream.subscribe(EventFilter(node_id="gpu-01"))
+        events = aiter(subscription)
+
+        async def write(kind: str) -> None:
+            async with engine.begin() as conn:
+                await record_event(conn, kind, node_id="gpu-01")
+                await record_event(conn, kind, node_id="gpu-99")  # filtered out
+
+        await write("cordoned")
+        assert (await asyncio.wait_for(anext(events), 5)).kind == "cordoned"
+
+        # The listener's connection dies (a failover, an idle-killer); an
+        # event is committed while nobody is listening.
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = :name"
+                ),
+                {"name": LISTENER_NAME},
+            )
+        await write("uncordoned")
+        await write("drained")
+
+        got = [(await asyncio.wait_for(anext(events), 5)).kind for _ in range(2)]
+        assert got == ["uncordoned", "drained"]
+        assert subscription.queue.empty()
+        await events.aclose()
+        assert stream.subscriber_count == 0
+    finally:
+        await stream.stop()
