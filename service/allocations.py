@@ -237,7 +237,23 @@ _FABRICS = text(
     """
 )
 
-_REPLICA_SHARDS = text(f"SELECT {_COLUMNS} FROM shards s WHERE s.replica_id = :replica_id")
+# The nodes asked for and every node the replica already has shards on (its
+# fabric must match theirs), locked in one statement, in id order.
+_LOCK_FOR_REPLICA = text(
+    """
+    SELECT id, state, admin_reason, liveness_reason FROM nodes
+    WHERE id = ANY(CAST(:ids AS text[]))
+       OR id IN (SELECT node_id FROM shards WHERE replica_id = :replica_id)
+    ORDER BY id
+    FOR NO KEY UPDATE
+    """
+)
+
+# The shards asked for (a retry, or a clash) and the replica's other shards.
+_SHARDS_OF_REQUEST = text(
+    f"SELECT {_COLUMNS} FROM shards s"
+    " WHERE s.shard_id = ANY(CAST(:ids AS text[])) OR s.replica_id = :replica_id"
+)
 
 _STORE = text(
     """
@@ -279,9 +295,22 @@ class _FabricChoice:
     hcas: dict[str, tuple[str, ...]]
 
 
-async def _replica_shards(conn: AsyncConnection, replica_id: str) -> list[ShardRecord]:
-    rows = await conn.execute(_REPLICA_SHARDS, {"replica_id": replica_id})
-    return [shard_from_row(r) for r in rows]
+async def _shards_of_request(
+    conn: AsyncConnection, request: AllocationRequest
+) -> tuple[dict[str, ShardRecord], list[ShardRecord]]:
+    """(stored shards with the ids asked for, the replica's other shards)."""
+    asked = {s.shard_id for s in request.shards}
+    rows = await conn.execute(
+        _SHARDS_OF_REQUEST, {"ids": sorted(asked), "replica_id": request.replica_id}
+    )
+    found: dict[str, ShardRecord] = {}
+    earlier: list[ShardRecord] = []
+    for record in (shard_from_row(r) for r in rows):
+        if record.shard_id in asked:
+            found[record.shard_id] = record
+        else:
+            earlier.append(record)
+    return found, earlier
 
 
 def _duplicate(request: AllocationRequest, found: dict[str, ShardRecord]) -> Rejection | Allocated:
@@ -317,7 +346,7 @@ def _duplicate(request: AllocationRequest, found: dict[str, ShardRecord]) -> Rej
     )
 
 
-async def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rejection | None:
+def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rejection | None:
     for shard in request.shards:
         node = locked.get(shard.node_id)
         if node is None:
@@ -452,17 +481,16 @@ async def allocate(
     if problem is not None:
         return problem
     asked_nodes = {s.node_id for s in request.shards}
-    earlier = await _replica_shards(conn, request.replica_id)
-    locked = await lock_nodes(conn, sorted(asked_nodes | {s.node_id for s in earlier}))
+    params = {"ids": sorted(asked_nodes), "replica_id": request.replica_id}
+    locked = {r.id: r for r in await conn.execute(_LOCK_FOR_REPLICA, params)}
     # Two attempts: a unique violation means a transaction that did not
     # hold our lock (a shard id reused on another node) committed first;
     # the second pass of checks sees it and names it.
     for _ in range(2):
-        found = await shards_by_id(conn, [s.shard_id for s in request.shards])
+        found, earlier = await _shards_of_request(conn, request)
         if found:
             return _duplicate(request, found)
-        earlier = await _replica_shards(conn, request.replica_id)
-        problem = await _check_nodes(request, locked) or await _check_gpus(conn, request)
+        problem = _check_nodes(request, locked) or await _check_gpus(conn, request)
         if problem is not None:
             return problem
         choice = await _choose_fabric(conn, request, earlier, fabric)
@@ -539,8 +567,19 @@ async def _store(
     return stored
 
 
-_SHARD_NODES = text("SELECT DISTINCT node_id FROM shards WHERE shard_id = :shard_id")
-_REPLICA_NODES = text("SELECT DISTINCT node_id FROM shards WHERE replica_id = :replica_id")
+# The nodes holding the shards to release, found and locked in one statement.
+_LOCK_SHARD_NODES = text(
+    """
+    SELECT id FROM nodes WHERE id IN (SELECT node_id FROM shards WHERE shard_id = :shard_id)
+    ORDER BY id FOR NO KEY UPDATE
+    """
+)
+_LOCK_REPLICA_NODES = text(
+    """
+    SELECT id FROM nodes WHERE id IN (SELECT node_id FROM shards WHERE replica_id = :replica_id)
+    ORDER BY id FOR NO KEY UPDATE
+    """
+)
 _RELEASE_SHARD = text(
     """
     DELETE FROM shards WHERE shard_id = :shard_id AND node_id = ANY(CAST(:nodes AS text[]))
@@ -557,7 +596,7 @@ _RELEASE_REPLICA = text(
 
 async def _release(
     conn: AsyncConnection,
-    find_nodes: Any,
+    lock_holders: Any,
     delete: Any,
     params: dict[str, Any],
     actor: str | None,
@@ -568,10 +607,9 @@ async def _release(
     # refresh_pools is exact only while no one else writes to the node. A
     # shard that appeared on another node meanwhile is found by the next pass.
     for _ in range(MAX_SHARDS + 1):
-        node_ids = [r.node_id for r in await conn.execute(find_nodes, params)]
+        node_ids = [r.id for r in await conn.execute(lock_holders, params)]
         if not node_ids:
             break
-        await lock_nodes(conn, node_ids)
         released = list(await conn.execute(delete, {**params, "nodes": sorted(node_ids)}))
         await refresh_pools(conn, node_ids)
         for r in released:
@@ -593,7 +631,9 @@ async def release_shard(
     conn: AsyncConnection, shard_id: str, actor: str | None = None, reason: str | None = None
 ) -> int:
     """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error)."""
-    return await _release(conn, _SHARD_NODES, _RELEASE_SHARD, {"shard_id": shard_id}, actor, reason)
+    return await _release(
+        conn, _LOCK_SHARD_NODES, _RELEASE_SHARD, {"shard_id": shard_id}, actor, reason
+    )
 
 
 async def release_replica(
@@ -601,5 +641,5 @@ async def release_replica(
 ) -> int:
     """Free every shard of a replica: replicas fail whole, so they are freed whole."""
     return await _release(
-        conn, _REPLICA_NODES, _RELEASE_REPLICA, {"replica_id": replica_id}, actor, reason
+        conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, {"replica_id": replica_id}, actor, reason
     )

@@ -288,3 +288,25 @@ async def test_the_gpu_primary_key_stops_a_writer_that_skipped_the_node_lock(
     assert got["code"] == "GPU_TAKEN"
     assert got["message"] == "GPU 3 on node gpu-07 is held by shard rogue-s0"
     assert await held(engine) == [("gpu-07", 3, "rogue-s0")]
+
+
+async def test_releases_racing_allocations_on_one_node_keep_the_counts_exact(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+    for i in range(4):
+        await allocate_over_api(api, allocation(f"old{i}", shard(f"old{i}-s0", "gpu-07", i)))
+
+    release = "mutation($id: ID!) { releaseReplica(replicaId: $id) }"
+    freed_and_granted = await asyncio.gather(
+        *(api(release, {"id": f"old{i}"}) for i in range(4)),
+        *(
+            allocate_over_api(api, allocation(f"new{i}", shard(f"new{i}-s0", "gpu-07", 4 + i)))
+            for i in range(4)
+        ),
+    )
+
+    assert [r["releaseReplica"] for r in freed_and_granted[:4]] == [1, 1, 1, 1]
+    assert {r["__typename"] for r in freed_and_granted[4:]} == {"Allocated"}
+    assert [g for _, g, _ in await held(engine)] == [4, 5, 6, 7]
+    await pools_agree_with_the_gpus(engine)

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.liveness import sweep
-from tests.conftest import Api
+from tests.conftest import Api, StatementCounter
 from tests.reports import (
     ALLOCATE,
     EXPLAIN,
@@ -304,3 +304,20 @@ async def test_bad_place_requests_are_refused_and_write_nothing(api: Api) -> Non
         assert failed["extensions"]["code"] == "BAD_INPUT"
         assert failed["message"] == message
     assert (await api("{ allocations { shardId } }"))["allocations"] == []
+
+
+async def test_placing_costs_the_same_statements_on_a_larger_cluster(
+    api: Api, count_statements: StatementCounter
+) -> None:
+    async def statements_to_place_and_explain(replica_id: str) -> int:
+        count_statements.count = 0
+        assert (await place(api, replica_id, gpusPerShard=4))["__typename"] == "Allocated"
+        assert (await explain(api, replica_id + "-x", gpusPerShard=16))["placeable"] is False
+        return count_statements.count
+
+    await asyncio.gather(*(register(api, f"a-{i}") for i in range(2)))
+    small = await statements_to_place_and_explain("r1")
+    await asyncio.gather(*(register(api, f"b-{i:02d}") for i in range(30)))
+    large = await statements_to_place_and_explain("r2")
+
+    assert large == small
