@@ -319,6 +319,12 @@ async def place(
     actor: str | None = None,
     rng: random.Random | None = None,
 ) -> Allocated | Unplaceable | Rejection:
+    """Pick GPUs for the replica and hold them, in the caller's transaction.
+
+    Answers Allocated (also for a retry of a place that already succeeded),
+    Unplaceable with per-node verdicts when there is no room on committed
+    data, or a Rejection for bad input or a replica id already in use.
+    """
     problem = validate_place(request)
     if problem is not None:
         return problem
@@ -346,7 +352,7 @@ async def place(
         if stale:
             continue
         if not busy:
-            return await unplaceable(conn, request, facts, rng)
+            return await unplaceable(conn, request, facts)
         await _wait_for(conn, busy)
     raise TransactionConflict(MAX_ROUNDS)
 
@@ -402,7 +408,6 @@ async def unplaceable(
     conn: AsyncConnection,
     request: PlaceRequest,
     facts: Sequence[NodeFacts],
-    rng: random.Random,
 ) -> Unplaceable:
     verdicts, omitted = await _verdicts(conn, request)
     message = await _why_not(conn, request, facts, len(verdicts) + omitted)
@@ -422,7 +427,7 @@ async def explain(
     facts = await candidates(conn, request)
     plan = plan_placement(facts, request, rng)
     if plan is None:
-        why = await unplaceable(conn, request, facts, rng)
+        why = await unplaceable(conn, request, facts)
         return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
     verdicts, omitted = await _verdicts(conn, request)
     where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in plan.nodes)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.test_metrics import scrape
 
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}
 IB_B = {"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 200}
@@ -304,3 +306,19 @@ async def test_bad_requests_are_refused_as_invalid_and_write_nothing(
 async def test_an_empty_replica_id_is_invalid(api: Api) -> None:
     got = await allocate(api, "", shard("s0", "gpu-07", 0))
     assert (got["code"], got["message"]) == ("INVALID", "replicaId is empty")
+
+
+async def test_refusals_are_counted_by_code_for_the_dashboards(
+    api: Api, client: httpx.AsyncClient
+) -> None:
+    await register(api, "gpu-07")
+    await allocate(api, "r1", shard("r1-s0", "gpu-07", 0))
+    before = await scrape(client)
+
+    await allocate(api, "r2", shard("r2-s0", "gpu-07", 0))
+    await allocate(api, "r3", shard("r3-s0", "gpu-99", 0))
+
+    after = await scrape(client)
+    for code in ("GPU_TAKEN", "NO_SUCH_NODE"):
+        key = f'inventory_allocation_rejections_total{{code="{code}"}}'
+        assert after[key] - before.get(key, 0) == 1

@@ -6,6 +6,7 @@ import strawberry
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service import allocations, placement
+from service.metrics import count_rejection
 from service.rejections import Rejection
 
 from .allocation_types import (
@@ -36,6 +37,7 @@ class AllocationMutations:
 
         outcome = await info.context.write(work)
         if isinstance(outcome, Rejection):
+            count_rejection(outcome.code.value)
             return AllocationRejected.of(outcome)
         return Allocated.of(outcome)
 
@@ -56,8 +58,12 @@ class AllocationMutations:
 
         outcome = await info.context.write(work)
         if isinstance(outcome, Rejection):
+            count_rejection(outcome.code.value)
             return AllocationRejected.of(outcome)
         if isinstance(outcome, placement.Unplaceable):
+            # Counted with the rejections, under its own name: "no room" is
+            # the signal that the cluster needs more of a class.
+            count_rejection("UNPLACEABLE")
             return Unplaceable.of(outcome)
         return Allocated.of(outcome)
 
