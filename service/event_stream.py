@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.errors import InventoryError
 from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,10 @@ CATCH_UP_PAGE = 1_000
 LISTENER_NAME = "llmgw-inventory-events"
 
 
-class SubscriberTooSlow(Exception):
+class SubscriberTooSlow(InventoryError):
     """The subscriber fell SUBSCRIBER_BACKLOG events behind and was dropped."""
+
+    code = "SUBSCRIBER_TOO_SLOW"
 
 
 class Subscription:

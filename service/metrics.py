@@ -150,8 +150,26 @@ _PER_NODE = text(
 )
 
 
-async def render(conn: AsyncConnection) -> str:
+async def render(conn: AsyncConnection | None) -> str:
+    """The exposition; with conn=None (the database is down) only this process's metrics.
+
+    A scrape during an outage still answers, with inventory_database_up 0,
+    so the alert says "database down" rather than "inventory gone".
+    """
     out = Exposition()
+    out.family(
+        "inventory_database_up",
+        "gauge",
+        "1 when this process could read the cluster's state for this scrape.",
+        [((), 0 if conn is None else 1)],
+    )
+    if conn is not None:
+        await _cluster(conn, out)
+    _process(out)
+    return out.text()
+
+
+async def _cluster(conn: AsyncConnection, out: Exposition) -> None:
 
     by_state = {r.state: int(r.n) for r in await conn.execute(_NODES_BY_STATE)}
     out.family(
@@ -200,6 +218,8 @@ async def render(conn: AsyncConnection) -> str:
         (((("node", n.id),), max(0.0, float(n.heartbeat_age))) for n in nodes),
     )
 
+
+def _process(out: Exposition) -> None:
     rejections, latency = COUNTERS.snapshot()
     out.family(
         "inventory_allocation_rejections_total",
@@ -213,4 +233,3 @@ async def render(conn: AsyncConnection) -> str:
         latency,
         ("method", "route", "status"),
     )
-    return out.text()

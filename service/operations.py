@@ -78,8 +78,12 @@ class Background:
 
 def operational_routes(engine: Callable[[], AsyncEngine], settings: Settings) -> list[Route]:
     async def metrics_endpoint(request: Request) -> Response:
-        async with engine().connect() as conn:
-            body = await metrics.render(conn)
+        try:
+            async with asyncio.timeout(settings.db_timeout), engine().connect() as conn:
+                body = await metrics.render(conn)
+        except Exception as error:
+            log.warning("metrics without the cluster's state: %s", error)
+            body = await metrics.render(None)
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     async def readyz(request: Request) -> Response:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
+import subprocess
+import sys
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -28,6 +34,39 @@ def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+class Follower:
+    """`ctl events --follow` in its own process, its lines read as they come."""
+
+    def __init__(self, url: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "ctl", "--url", url, "events", "--follow", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def until(self, text: str, within: float = 10) -> list[str]:
+        seen: list[str] = []
+        deadline = time.monotonic() + within
+        while not any(text in line for line in seen):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no line with {text!r}; saw {seen}"
+            with contextlib.suppress(queue.Empty):
+                seen.append(self.lines.get(timeout=remaining))
+        return seen
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
 def register(service: LiveService, report: dict[str, Any]) -> None:
     response = httpx.post(service.url, json={"query": REGISTER, "variables": {"input": report}})
     assert not response.json().get("errors"), response.text
@@ -40,6 +79,7 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     # An agent too old to report storage: its disk is unknown, not full.
     register(live_service, node_input("gpu-02"))
     url = ("--url", live_service.url)
+    follower = Follower(live_service.url, "--node", "gpu-02")
 
     code, out, _ = ctl(capsys, *url, "nodes")
     assert code == 0
@@ -93,6 +133,18 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     assert code == 0
     code, out, _ = ctl(capsys, *url, "nodes")
     assert "gpu-02" not in out
+
+    # The follower printed the history, then each change as it was made.
+    try:
+        followed = follower.until("removed")
+    finally:
+        follower.stop()
+    assert [line.split()[2] for line in followed[1:]] == [
+        "registered",
+        "cordoned",
+        "uncordoned",
+        "removed",
+    ]
 
 
 def test_failures_are_one_line_and_a_non_zero_exit(

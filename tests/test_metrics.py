@@ -7,8 +7,11 @@ import re
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.app import create_app
+from service.config import Settings
+from service.db import create_engine
 from service.metrics import count_rejection
-from tests.conftest import Api, StatementCounter
+from tests.conftest import Api, StatementCounter, free_port
 from tests.reports import GB, REGISTER, TB, node_input
 from tests.test_liveness import IB_A, place
 
@@ -45,6 +48,7 @@ async def test_metrics_describe_the_cluster_and_omit_unknown_disks(
 
     m = await scrape(client)
 
+    assert m["inventory_database_up"] == 1
     assert m['inventory_nodes{state="ready"}'] == 1
     assert m['inventory_nodes{state="cordoned"}'] == 1
     assert m['inventory_nodes{state="lost"}'] == 0
@@ -93,3 +97,19 @@ async def test_a_scrape_costs_the_same_statements_for_two_nodes_or_twenty(
     for i in range(2, 20):
         await api(REGISTER, {"input": node_input(f"gpu-{i:02d}", storage=DISK)})
     assert await statements_per_scrape() == small
+
+
+async def test_a_scrape_during_a_database_outage_still_answers_for_the_process() -> None:
+    settings = Settings(db_timeout=2)
+    engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", settings)
+    try:
+        app = create_app(settings, engine=engine)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+            count_rejection("NO_SUCH_GPU")
+            m = await scrape(client)
+    finally:
+        await engine.dispose()
+    assert m["inventory_database_up"] == 0
+    assert m['inventory_allocation_rejections_total{code="NO_SUCH_GPU"}'] >= 1
+    assert not any(key.startswith("inventory_nodes") for key in m)
