@@ -17,13 +17,17 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.types.unset import UNSET, UnsetType
 
 from service.assets import STATIC_DIR, VENDOR_DIR
+from service.auth import Authenticator
 from service.config import Settings
 from service.db import create_engine
 from service.graphiql import GraphiQLPage
+from service.graphql.authentication import accept_connection, identify
 from service.graphql.context import Context, new_context
 from service.graphql.schema import schema
+from service.http_guards import guard_graphql
 from service.logs import RequestContextMiddleware, current_request_id, new_request_id
 from service.operations import Background, operational_routes
 
@@ -38,6 +42,7 @@ class InventoryGraphQL(GraphQL[Context, None]):
         self._engine_ref = engine_ref
         self._settings = settings
         self._graphiql = GraphiQLPage(self.graphql_ide_html, vendor_dir)
+        self.authenticator = Authenticator(lambda: engine_ref.engine, settings)
 
     async def render_graphql_ide(self, request: Request) -> Response:
         # Local copies of GraphiQL's scripts when fetched (air-gapped clusters), else the CDN.
@@ -46,13 +51,22 @@ class InventoryGraphQL(GraphQL[Context, None]):
     async def get_context(
         self, request: Request | WebSocket, response: Response | WebSocket | None
     ) -> Context:
-        return new_context(
+        context = new_context(
             self._engine_ref.engine,
             self._settings,
             request=request,
             response=response,
             request_id=current_request_id() or new_request_id(),
         )
+        await identify(context, request, self.authenticator)
+        return context
+
+    async def on_ws_connect(self, context: Context) -> UnsetType:
+        # Every websocket operation (subscriptions included) is refused
+        # until connection_init carried a valid token.
+        await accept_connection(context)
+        ack: UnsetType = UNSET
+        return ack
 
 
 class EngineRef:
@@ -115,7 +129,11 @@ def create_app(
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
 
     routes: list[Any] = [
-        Route("/graphql", graphql_app, methods=["GET", "POST"]),
+        Route(
+            "/graphql",
+            guard_graphql(graphql_app, graphql_app.authenticator, settings),
+            methods=["GET", "POST"],
+        ),
         WebSocketRoute("/graphql", graphql_app),
         Route("/healthz", healthz),
         *operational_routes(lambda: ref.engine, settings),

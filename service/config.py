@@ -112,6 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Seconds to wait for a database connection before answering 'database unavailable'."),
     Setting("INVENTORY_MAX_PAGE_SIZE", "max_page_size", "1000", _positive_int,
             "Largest page any list returns; `first` above it is refused."),
+    Setting("INVENTORY_MAX_BODY_BYTES", "max_body_bytes", "1048576", _positive_int,
+            "Largest GraphQL request body accepted; larger ones get HTTP 413."),
+    Setting("INVENTORY_REQUEST_TIMEOUT", "request_timeout", "30", _positive_float,
+            "Seconds a GraphQL request may run before it is stopped with an error."),
     Setting("INVENTORY_UNREACHABLE_AFTER", "unreachable_after", "30", _positive_float,
             "Seconds without a heartbeat before a node is UNREACHABLE."),
     Setting("INVENTORY_LOST_AFTER", "lost_after", "300", _positive_float,
@@ -140,6 +144,8 @@ class Settings:
     db_max_overflow: int = 10
     db_timeout: float = 5.0
     max_page_size: int = 1000
+    max_body_bytes: int = 1048576
+    request_timeout: float = 30.0
     unreachable_after: float = 30.0
     lost_after: float = 300.0
     sweep_interval: float = 5.0

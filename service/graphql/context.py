@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from strawberry.types import Info as StrawberryInfo
 
+from service.auth import Authenticator, Principal
 from service.config import Settings
 from service.graphql.loaders import Loaders
 from service.transactions import in_transaction
@@ -26,6 +27,12 @@ class Context:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     request: Any = None
     response: Any = None
+    # Who is calling (service/auth.py); None on a websocket until its
+    # connection_init carried a token, and every root field refuses None.
+    principal: Principal | None = None
+    authenticator: Authenticator | None = None
+    # graphql-transport-ws connection_init payload (strawberry fills it in).
+    connection_params: dict[str, Any] | None = None
 
     async def write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
         """Run one mutation's work in one transaction (retried on deadlock or serialization loss)."""

@@ -5,38 +5,57 @@ from __future__ import annotations
 import logging
 
 import strawberry
-from graphql import GraphQLError
-from strawberry.extensions import MaskErrors, ParserCache, QueryDepthLimiter, ValidationCache
+from strawberry.extensions import (
+    AddValidationRules,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    ParserCache,
+    QueryDepthLimiter,
+    ValidationCache,
+)
 from strawberry.schema.config import StrawberryConfig
 from strawberry.tools import merge_types
 
-from service.errors import InventoryError
-
 from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
+from .masking import MaskUnexpected
 from .mutations import NodeMutations
+from .permissions import guard_root_fields
 from .placement import PlacementQueries
 from .queries import NodeQueries
 from .scalars import BYTES_SCALAR, Bytes
 from .subscriptions import EventSubscriptions
+from .token_admin import TokenMutations, TokenQueries
 
 log = logging.getLogger(__name__)
 
-Query = merge_types("Query", (NodeQueries, EventQueries, PlacementQueries))
-Mutation = merge_types("Mutation", (NodeMutations, AllocationMutations))
+Query = merge_types("Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries))
+Mutation = merge_types("Mutation", (NodeMutations, TokenMutations, AllocationMutations))
 Subscription = merge_types("Subscription", (EventSubscriptions,))
 
 
-def is_unexpected(error: GraphQLError) -> bool:
-    """Mask only bugs: validation errors and InventoryErrors are for the caller to read."""
-    original = error.original_error
-    if original is None or isinstance(original, (GraphQLError, InventoryError)):
-        return False
-    log.error("unexpected error at %s", error.path, exc_info=original)
-    return True
-
+# Every root field needs a role (permissions.py ROOT_FIELD_ROLES).
+ROOT_TYPES = {"Query": Query, "Mutation": Mutation, "Subscription": Subscription}
+for _name, _root in ROOT_TYPES.items():
+    guard_root_fields(_name, _root)
 
 MAX_QUERY_DEPTH = 12
+# Bounds on one document, so a single request cannot make the parser and
+# validator do unbounded work: aliases multiply resolver calls (an alias
+# flood of `a1: nodes ... a999: nodes` is 999 list queries), tokens bound the
+# parse. Generous for any real client: the agent's mutations use variables
+# and a few dozen tokens.
+MAX_ALIASES = 100
+MAX_TOKENS = 5000
+
+# The limiters' rules, made once. ValidationCache keys on the rule classes and
+# each QueryDepthLimiter or MaxAliasesLimiter makes new ones, so limiters made
+# per request made every request miss the cache (validation was a fifth of a
+# small query's CPU).
+LIMIT_RULES = (
+    *QueryDepthLimiter(max_depth=MAX_QUERY_DEPTH).validation_rules,
+    *MaxAliasesLimiter(max_alias_count=MAX_ALIASES).validation_rules,
+)
 
 schema = strawberry.Schema(
     query=Query,
@@ -44,8 +63,9 @@ schema = strawberry.Schema(
     subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
     extensions=[
-        lambda: MaskErrors(should_mask_error=is_unexpected, error_message="internal error"),
-        lambda: QueryDepthLimiter(max_depth=MAX_QUERY_DEPTH),
+        MaskUnexpected,
+        lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
+        lambda: AddValidationRules(list(LIMIT_RULES)),
         ParserCache,
         ValidationCache,
     ],

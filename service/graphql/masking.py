@@ -1,0 +1,56 @@
+"""What a client sees of a failure it did not cause.
+
+Validation errors and InventoryErrors are written for the caller and pass
+unchanged. Anything else is either the database being unreachable, which is
+said plainly (code DATABASE_UNAVAILABLE: retry shortly), or a bug: logged with
+the traceback and the request id, and answered as "internal error" with only
+that id, so a client never sees a stack trace or SQL but an operator can find
+the log line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from graphql import GraphQLError
+from strawberry.extensions import MaskErrors
+
+from service.db_faults import DatabaseUnavailable, is_database_unavailable
+from service.errors import InventoryError
+
+log = logging.getLogger(__name__)
+
+INTERNAL_ERROR = "internal error"
+
+
+def is_unexpected(error: GraphQLError) -> bool:
+    """Mask only bugs and outages: validation errors and InventoryErrors are for the caller."""
+    original = error.original_error
+    return original is not None and not isinstance(original, (GraphQLError, InventoryError))
+
+
+class MaskUnexpected(MaskErrors):
+    def __init__(self) -> None:
+        super().__init__(should_mask_error=is_unexpected, error_message=INTERNAL_ERROR)
+
+    def anonymise_error(self, error: GraphQLError) -> GraphQLError:
+        request_id = getattr(self.execution_context.context, "request_id", None)
+        original = error.original_error
+        if is_database_unavailable(original):
+            log.warning("database unavailable at %s: %s", error.path, original)
+            unavailable = DatabaseUnavailable()
+            message, extensions = unavailable.message, unavailable.extensions
+        else:
+            log.error(
+                "unexpected error at %s (request %s)", error.path, request_id, exc_info=original
+            )
+            message, extensions = INTERNAL_ERROR, {"code": "INTERNAL_ERROR"}
+        return GraphQLError(
+            message=message,
+            nodes=error.nodes,
+            source=error.source,
+            positions=error.positions,
+            path=error.path,
+            original_error=None,
+            extensions={**extensions, "requestId": request_id},
+        )

@@ -1,0 +1,150 @@
+"""Which role each root field needs, enforced in one place.
+
+Every root field (query, mutation, subscription) gets its role from the table
+below, applied to the merged root types when the schema is built, so a field
+an engineer adds is guarded without anyone remembering to decorate it. A field
+missing from the table is refused to everyone but operators (fail closed), and
+tests/test_auth.py fails until it gets a row.
+
+Nested fields need no check: they are reachable only through a root field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from strawberry.extensions.field_extension import (
+    AsyncExtensionResolver,
+    FieldExtension,
+    SyncExtensionResolver,
+)
+from strawberry.types import Info
+
+from service.auth import Principal, Unauthenticated, WrongNode, check_node
+
+log = logging.getLogger(__name__)
+
+# Root type -> GraphQL field name -> the role it needs (see service/auth.py
+# GRANTS for which roles include which). "agent" fields are node-bound: an
+# agent token may only name its own node.
+ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
+    "Query": {
+        "node": "reader",
+        "nodes": "reader",
+        "freeGpus": "reader",
+        "fabrics": "reader",
+        "gpuClasses": "reader",
+        "allocations": "reader",
+        "events": "reader",
+        "explainPlacement": "scheduler",
+        "tokens": "operator",
+    },
+    "Mutation": {
+        "registerNode": "agent",
+        "heartbeat": "agent",
+        "cordonNode": "operator",
+        "drainNode": "operator",
+        "uncordonNode": "operator",
+        "removeNode": "operator",
+        "allocate": "scheduler",
+        "place": "scheduler",
+        "releaseShard": "scheduler",
+        "releaseReplica": "scheduler",
+        "createToken": "operator",
+        "revokeToken": "operator",
+    },
+    "Subscription": {
+        "events": "reader",
+    },
+}
+
+# What a field missing from the table needs.
+UNLISTED_ROLE = "operator"
+
+
+def _named_nodes(kwargs: dict[str, Any]) -> Iterator[str]:
+    """The node ids a root field's arguments name (python names, after conversion)."""
+    for key in ("node_id", "id"):
+        if kwargs.get(key) is not None:
+            yield str(kwargs[key])
+    for value in kwargs.get("node_ids") or ():
+        yield str(value)
+    given = kwargs.get("input")
+    for attr in ("id", "node_id"):
+        if given is not None and getattr(given, attr, None) is not None:
+            yield str(getattr(given, attr))
+
+
+class RequireRole(FieldExtension):
+    """Refuses a root field to callers whose role does not include `role`."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+
+    def check(self, info: Info[Any, Any], kwargs: dict[str, Any]) -> None:
+        operation = info.field_name
+        principal: Principal | None = getattr(info.context, "principal", None)
+        if principal is None:
+            raise Unauthenticated(f"{operation}: no token was presented on this connection")
+        if not principal.may(self.role):
+            from service.auth import Forbidden
+
+            raise Forbidden(operation, self.role, principal)
+        if self.role == "agent" and principal.role == "agent":
+            named = list(_named_nodes(kwargs))
+            if not named:
+                # Fail closed: an agent field that names no node cannot be checked.
+                raise WrongNode(operation, principal.node_id or "", "(none named)")
+            for node_id in named:
+                check_node(operation, principal, node_id)
+
+    def resolve(
+        self, next_: SyncExtensionResolver, source: Any, info: Info[Any, Any], **kwargs: Any
+    ) -> Any:
+        self.check(info, kwargs)
+        return next_(source, info, **kwargs)
+
+    async def resolve_async(
+        self, next_: AsyncExtensionResolver, source: Any, info: Info[Any, Any], **kwargs: Any
+    ) -> Any:
+        self.check(info, kwargs)
+        result = next_(source, info, **kwargs)
+        if inspect.isasyncgen(result):  # a subscription's stream
+            return result
+        return await result
+
+
+def unlisted_fields(root_types: dict[str, type | None]) -> list[str]:
+    """Root fields that have no row in ROOT_FIELD_ROLES, as Type.field."""
+    missing = []
+    for type_name, root in root_types.items():
+        if root is None:
+            continue
+        roles = ROOT_FIELD_ROLES.get(type_name, {})
+        for field in root.__strawberry_definition__.fields:  # type: ignore[attr-defined]
+            name = field.graphql_name or _camel(field.python_name)
+            if name not in roles:
+                missing.append(f"{type_name}.{name}")
+    return missing
+
+
+def guard_root_fields(type_name: str, root: type) -> None:
+    """Attach RequireRole to every field of a root type, from the table."""
+    roles = ROOT_FIELD_ROLES.get(type_name, {})
+    for field in root.__strawberry_definition__.fields:  # type: ignore[attr-defined]
+        name = field.graphql_name or _camel(field.python_name)
+        role = roles.get(name)
+        if role is None:
+            log.warning("%s.%s has no role in ROOT_FIELD_ROLES; only operators may call it",
+                        type_name, name)  # fmt: skip
+            role = UNLISTED_ROLE
+        if not any(isinstance(e, RequireRole) for e in field.extensions):
+            field.extensions.insert(0, RequireRole(role))
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)

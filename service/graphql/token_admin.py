@@ -1,0 +1,100 @@
+"""Token admin over GraphQL (operators only, see permissions.py): create, list, revoke."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+import strawberry
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service import tokens
+from service.tokens import NewToken, TokenRecord
+
+from .context import Info
+
+
+@strawberry.enum(description="What a token may do; see the README's Security section.")
+class Role(Enum):
+    READER = "reader"
+    AGENT = "agent"
+    SCHEDULER = "scheduler"
+    OPERATOR = "operator"
+
+
+@strawberry.type(description="A bearer token, without its secret (only its digest is stored).")
+class ApiToken:
+    id: strawberry.ID
+    role: Role
+    node_id: strawberry.ID | None = strawberry.field(
+        description="The one node an agent token may report for."
+    )
+    description: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, record: TokenRecord) -> ApiToken:
+        return cls(
+            id=strawberry.ID(record.id),
+            role=Role(record.role),
+            node_id=strawberry.ID(record.node_id) if record.node_id is not None else None,
+            description=record.description,
+            created_at=record.created_at,
+            revoked_at=record.revoked_at,
+        )
+
+
+@strawberry.type
+class CreatedToken:
+    token: ApiToken
+    secret: str = strawberry.field(
+        description="Send as 'Authorization: Bearer <secret>'. Shown this once; not stored."
+    )
+
+    @classmethod
+    def of(cls, new: NewToken) -> CreatedToken:
+        return cls(token=ApiToken.of(new.token), secret=new.secret)
+
+
+@strawberry.type
+class TokenQueries:
+    @strawberry.field(description="Tokens, oldest first; revoked ones only when asked.")
+    async def tokens(self, info: Info, include_revoked: bool = False) -> list[ApiToken]:
+        async with info.context.engine.connect() as conn:
+            found = await tokens.list_tokens(conn, include_revoked=include_revoked)
+        return [ApiToken.of(t) for t in found]
+
+
+@strawberry.type
+class TokenMutations:
+    @strawberry.mutation(
+        description=(
+            "Operator: a new token. An agent token needs nodeId, the one node it may report for. "
+            "The secret is in the answer and nowhere else."
+        )
+    )
+    async def create_token(
+        self,
+        info: Info,
+        role: Role,
+        node_id: strawberry.ID | None = None,
+        description: str | None = None,
+    ) -> CreatedToken:
+        async def work(conn: AsyncConnection) -> NewToken:
+            return await tokens.create_token(
+                conn, role.value, str(node_id) if node_id is not None else None, description
+            )
+
+        created = await info.context.write(work)
+        if info.context.authenticator is not None:
+            # Enforce tokens on this process from the next request on.
+            info.context.authenticator.forget()
+        return CreatedToken.of(created)
+
+    @strawberry.mutation(description="Operator: stop accepting a token, from the next request on.")
+    async def revoke_token(self, info: Info, id: strawberry.ID) -> ApiToken:
+        async def work(conn: AsyncConnection) -> TokenRecord:
+            return await tokens.revoke_token(conn, str(id))
+
+        return ApiToken.of(await info.context.write(work))

@@ -1,0 +1,176 @@
+"""API tokens: who may call the service, in which role, kept as digests only.
+
+A token's secret is shown once, when it is created; the database keeps its
+SHA-256 digest. The secret carries 256 random bits, so a digest lookup is as
+good as a password hash here (nothing to brute-force) and needs no constant-time
+comparison: an attacker cannot learn anything from how long a lookup of a
+wrong digest takes. A leaked database backup therefore holds no usable token.
+
+Functions run inside the caller's transaction and never commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.errors import InvalidInput, InventoryError
+from service.reports import MAX_ID_LENGTH, MAX_TEXT_LENGTH
+
+ROLES = ("reader", "agent", "scheduler", "operator")
+
+# A prefix makes a leaked secret recognisable to secret scanners and people.
+SECRET_PREFIX = "llmgw_"
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str
+    role: str
+    node_id: str | None
+    description: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+@dataclass(frozen=True)
+class NewToken:
+    """A token just created: the only moment its secret exists outside the caller's hands."""
+
+    token: TokenRecord
+    secret: str
+
+
+class TokenNotFound(InventoryError):
+    code = "TOKEN_NOT_FOUND"
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"token {token_id!r} does not exist")
+        self.token_id = token_id
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _record(row: Row[tuple[object, ...]]) -> TokenRecord:
+    m = row._mapping
+    return TokenRecord(
+        id=m["id"],
+        role=m["role"],
+        node_id=m["node_id"],
+        description=m["description"],
+        created_at=m["created_at"],
+        revoked_at=m["revoked_at"],
+    )
+
+
+_COLUMNS = "id, role, node_id, description, created_at, revoked_at"
+
+
+def check_token_request(role: str, node_id: str | None, description: str | None) -> None:
+    if role not in ROLES:
+        raise InvalidInput("role", role, f"expected one of {', '.join(ROLES)}")
+    if role == "agent":
+        if node_id is None or not node_id.strip():
+            raise InvalidInput(
+                "nodeId", node_id, "an agent token is bound to one node: give its node id"
+            )
+        if len(node_id) > MAX_ID_LENGTH or node_id != node_id.strip() or "\x00" in node_id:
+            raise InvalidInput("nodeId", node_id, f"not a node id (1-{MAX_ID_LENGTH} characters)")
+    elif node_id is not None:
+        raise InvalidInput("nodeId", node_id, f"only agent tokens are bound to a node, not {role}")
+    if description is not None and (len(description) > MAX_TEXT_LENGTH or "\x00" in description):
+        raise InvalidInput(
+            "description", description, f"at most {MAX_TEXT_LENGTH} characters, no NUL"
+        )
+
+
+async def create_token(
+    conn: AsyncConnection, role: str, node_id: str | None = None, description: str | None = None
+) -> NewToken:
+    """A new token of `role`; an agent token names the one node it may report for.
+
+    The node need not be registered yet: the token is made before the agent's
+    first report.
+    """
+    check_token_request(role, node_id, description)
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    token_id = "tok_" + secrets.token_hex(6)
+    row = (
+        await conn.execute(
+            text(
+                f"INSERT INTO api_tokens (id, digest, role, node_id, description) "
+                f"VALUES (:id, :digest, :role, :node_id, :description) RETURNING {_COLUMNS}"
+            ),
+            {
+                "id": token_id,
+                "digest": digest(secret),
+                "role": role,
+                "node_id": node_id,
+                "description": description,
+            },
+        )
+    ).one()
+    return NewToken(token=_record(row), secret=secret)
+
+
+async def revoke_token(conn: AsyncConnection, token_id: str) -> TokenRecord:
+    """Stop accepting a token from now on. Revoking twice keeps the first time."""
+    row = (
+        await conn.execute(
+            text(
+                f"UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) "
+                f"WHERE id = :id RETURNING {_COLUMNS}"
+            ),
+            {"id": token_id},
+        )
+    ).one_or_none()
+    if row is None:
+        raise TokenNotFound(token_id)
+    return _record(row)
+
+
+async def list_tokens(
+    conn: AsyncConnection, *, include_revoked: bool = False
+) -> Sequence[TokenRecord]:
+    where = "" if include_revoked else "WHERE revoked_at IS NULL"
+    rows = await conn.execute(
+        text(f"SELECT {_COLUMNS} FROM api_tokens {where} ORDER BY created_at, id")
+    )
+    return [_record(r) for r in rows]
+
+
+async def authenticate(conn: AsyncConnection, secret: str) -> TokenRecord | None:
+    """The live token with this secret, or None (unknown or revoked)."""
+    row = (
+        await conn.execute(
+            text(
+                f"SELECT {_COLUMNS} FROM api_tokens WHERE digest = :digest AND revoked_at IS NULL"
+            ),
+            {"digest": digest(secret)},
+        )
+    ).one_or_none()
+    return None if row is None else _record(row)
+
+
+async def any_tokens(conn: AsyncConnection) -> bool:
+    """Has a token ever been created? Revoked ones count.
+
+    Tokens are enforced from the first one on; counting revoked tokens too
+    means revoking the last token locks the API rather than opening it to
+    anyone who can reach the port.
+    """
+    found = await conn.scalar(text("SELECT EXISTS (SELECT 1 FROM api_tokens)"))
+    return bool(found)

@@ -1,0 +1,94 @@
+"""Tokens are created with a secret shown once, stored as a digest, and revoked for good."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import tokens
+from service.errors import InvalidInput
+from service.tokens import TokenNotFound
+
+
+async def test_the_secret_is_shown_once_and_only_its_digest_is_stored(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        new = await tokens.create_token(conn, "scheduler", description="scheduler-a")
+    assert new.secret.startswith("llmgw_") and len(new.secret) > 40
+    async with engine.connect() as conn:
+        stored = (await conn.execute(text("SELECT * FROM api_tokens"))).mappings().one()
+    assert new.secret not in {str(v) for v in stored.values()}
+    assert stored["digest"] == tokens.digest(new.secret)
+    assert (stored["role"], stored["description"]) == ("scheduler", "scheduler-a")
+
+
+async def test_a_secret_authenticates_until_it_is_revoked(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        new = await tokens.create_token(conn, "agent", node_id="gpu-07")
+    async with engine.connect() as conn:
+        found = await tokens.authenticate(conn, new.secret)
+        assert found is not None and (found.role, found.node_id) == ("agent", "gpu-07")
+        assert await tokens.authenticate(conn, new.secret + "x") is None
+    async with engine.begin() as conn:
+        revoked = await tokens.revoke_token(conn, new.token.id)
+    assert revoked.revoked
+    async with engine.connect() as conn:
+        assert await tokens.authenticate(conn, new.secret) is None
+
+
+async def test_revoking_twice_keeps_the_first_time(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        new = await tokens.create_token(conn, "reader")
+        first = await tokens.revoke_token(conn, new.token.id)
+    async with engine.begin() as conn:
+        again = await tokens.revoke_token(conn, new.token.id)
+    assert again.revoked_at == first.revoked_at
+
+
+async def test_revoking_an_unknown_token_names_it(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        with pytest.raises(TokenNotFound, match="tok_nope"):
+            await tokens.revoke_token(conn, "tok_nope")
+
+
+async def test_the_list_hides_revoked_tokens_unless_asked(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        kept = await tokens.create_token(conn, "reader", description="dashboard")
+        gone = await tokens.create_token(conn, "operator", description="old laptop")
+        await tokens.revoke_token(conn, gone.token.id)
+    async with engine.connect() as conn:
+        live = await tokens.list_tokens(conn)
+        every = await tokens.list_tokens(conn, include_revoked=True)
+    assert [t.id for t in live] == [kept.token.id]
+    assert {t.id for t in every} == {kept.token.id, gone.token.id}
+
+
+async def test_tokens_stay_in_force_after_the_last_one_is_revoked(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        assert not await tokens.any_tokens(conn)
+        new = await tokens.create_token(conn, "reader")
+        await tokens.revoke_token(conn, new.token.id)
+        # Revoking every token must lock the API, not open it.
+        assert await tokens.any_tokens(conn)
+
+
+@pytest.mark.parametrize(
+    ("role", "node_id", "field"),
+    [
+        ("admin", None, "role"),
+        ("agent", None, "nodeId"),
+        ("agent", "  ", "nodeId"),
+        ("agent", "x" * 300, "nodeId"),
+        ("reader", "gpu-07", "nodeId"),
+        ("operator", "gpu-07", "nodeId"),
+    ],
+)
+async def test_a_bad_request_names_the_field_and_stores_nothing(
+    engine: AsyncEngine, role: str, node_id: str | None, field: str
+) -> None:
+    async with engine.begin() as conn:
+        with pytest.raises(InvalidInput) as refused:
+            await tokens.create_token(conn, role, node_id)
+    assert refused.value.field == field
+    async with engine.connect() as conn:
+        assert await tokens.list_tokens(conn, include_revoked=True) == []
