@@ -47,6 +47,16 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         upgrade(url)
+        from service.bind_policy import bind_decision, tokens_in_force
+
+        decision = bind_decision(
+            settings.host, tokens_in_force(url, settings), args.insecure or settings.insecure
+        )
+        if not decision.start:
+            print(f"llmgw-inventory: {decision.message}", file=sys.stderr)
+            return 2
+        if decision.message:
+            log.warning("%s", decision.message)
         app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
         # log_config=None: uvicorn logs through our handler (JSON when configured).
@@ -105,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--port", type=int, help="port (INVENTORY_PORT, default 8080)")
     serve_cmd.add_argument(
         "--data-dir", help="embedded PostgreSQL's data directory, when DATABASE_URL is unset"
+    )
+    serve_cmd.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve a non-loopback address without tokens (INVENTORY_INSECURE); warns at start",
     )
     serve_cmd.set_defaults(run=serve)
 
