@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -74,7 +75,9 @@ _MARK_LOST = text(
     """
     WITH due AS (
         SELECT id FROM nodes
-        WHERE liveness <> 'lost' AND last_seen < now() - make_interval(secs => :after)
+        WHERE liveness <> 'lost'
+          AND greatest(last_seen, CAST(:observing_since AS timestamptz))
+              < now() - make_interval(secs => :after)
         ORDER BY id FOR NO KEY UPDATE
     )
     UPDATE nodes n SET liveness = 'lost', liveness_reason = :reason
@@ -87,7 +90,9 @@ _MARK_UNREACHABLE = text(
     """
     WITH due AS (
         SELECT id FROM nodes
-        WHERE liveness = 'alive' AND last_seen < now() - make_interval(secs => :after)
+        WHERE liveness = 'alive'
+          AND greatest(last_seen, CAST(:observing_since AS timestamptz))
+              < now() - make_interval(secs => :after)
         ORDER BY id FOR NO KEY UPDATE
     )
     UPDATE nodes n SET liveness = 'unreachable', liveness_reason = :reason
@@ -120,24 +125,36 @@ async def sweep(
     unreachable_after: float,
     lost_after: float,
     event_retention: float | None = None,
+    observing_since: datetime | None = None,
 ) -> SweepResult:
     """One round of the sweep, inside the caller's transaction (never commits).
 
-    Returns swept=False when another process holds the sweep lock: it is
-    doing this round, and this one has nothing to add.
+    Silence counts only from `observing_since` (None: from the last
+    heartbeat): see run_sweeper. Returns swept=False when another process
+    holds the sweep lock: it is doing this round, and this one has nothing
+    to add.
     """
     if not (await conn.execute(_TRY_LOCK, {"key": SWEEP_LOCK_KEY})).scalar_one():
         return SweepResult(swept=False)
 
     lost_reason = f"no heartbeat for more than {_seconds(lost_after)}"
     lost = [
-        r.id for r in await conn.execute(_MARK_LOST, {"after": lost_after, "reason": lost_reason})
+        r.id
+        for r in await conn.execute(
+            _MARK_LOST,
+            {"after": lost_after, "reason": lost_reason, "observing_since": observing_since},
+        )
     ]
     unreachable_reason = f"no heartbeat for more than {_seconds(unreachable_after)}"
     unreachable = [
         r.id
         for r in await conn.execute(
-            _MARK_UNREACHABLE, {"after": unreachable_after, "reason": unreachable_reason}
+            _MARK_UNREACHABLE,
+            {
+                "after": unreachable_after,
+                "reason": unreachable_reason,
+                "observing_since": observing_since,
+            },
         )
     ]
 
@@ -209,18 +226,62 @@ async def run_sweeper(
 ) -> None:
     """Sweep every `interval` seconds until cancelled; a failed round is logged and retried.
 
-    A database outage must not end the loop: the nodes that went silent
-    meanwhile are still owed their transition when it comes back.
+    Silence is counted only over time this process was watching: from its
+    first successful sweep, and again from the first one after the database
+    was unreachable or the process stalled. Heartbeats cannot land while the
+    service or its database is down, so without this a service restarted
+    after a ten-minute outage would find every node silent for ten minutes
+    and release every replica in the cluster. Another process that stayed up
+    meanwhile still sweeps with its own, longer window.
     """
+    watch = Watch(stall=max(unreachable_after, 3 * interval))
     while True:
         try:
 
-            async def work(conn: AsyncConnection) -> SweepResult:
-                return await sweep(conn, unreachable_after, lost_after, event_retention)
+            async def work(conn: AsyncConnection) -> datetime:
+                now: datetime = (await conn.execute(_NOW)).scalar_one()
+                await sweep(
+                    conn,
+                    unreachable_after,
+                    lost_after,
+                    event_retention,
+                    observing_since=watch.since(now),
+                )
+                return now
 
-            await in_transaction(engine, work)
+            watch.succeeded(await in_transaction(engine, work))
         except asyncio.CancelledError:
             raise
         except Exception:
+            watch.failed()
             log.exception("liveness sweep failed; retrying in %s", _seconds(interval))
         await asyncio.sleep(interval)
+
+
+_NOW = text("SELECT now()")
+
+
+class Watch:
+    """Since when this process has been watching without a gap, by the database's clock."""
+
+    def __init__(self, stall: float) -> None:
+        self._stall = stall
+        self._since: datetime | None = None
+        self._last: datetime | None = None
+
+    def since(self, now: datetime) -> datetime:
+        gap = None if self._last is None else (now - self._last).total_seconds()
+        if self._since is None or gap is None or gap > self._stall:
+            return now
+        return self._since
+
+    def succeeded(self, now: datetime) -> None:
+        started = self.since(now)
+        if started != self._since:
+            log.info("liveness sweep counts silence from %s", started.isoformat())
+        self._since, self._last = started, now
+
+    def failed(self) -> None:
+        # The next success starts a new window: heartbeats could not be
+        # recorded while the database was out of reach.
+        self._since = None

@@ -9,13 +9,14 @@ database's clock, which is the clock the sweep reads. The live-process proof
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.gpu_pools import refresh_pools
-from service.liveness import SweepResult, sweep
+from service.liveness import SweepResult, Watch, sweep
 from service.transactions import in_transaction
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
@@ -234,3 +235,39 @@ async def test_the_sweep_forgets_events_older_than_the_retention(
     result = await in_transaction(engine, work)
     assert result.events_pruned == 1
     assert [e["kind"] for e in await events(api, nodeId="gpu-01")] == ["cordoned"]
+
+
+async def test_silence_counts_only_from_when_the_service_was_watching(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await two_nodes_sharing_a_replica(api, engine)
+    await silence(engine, "gpu-01", LOST_AFTER + 60)
+    await silence(engine, "gpu-02", LOST_AFTER + 60)
+
+    # The service (or its database) was down until a minute ago: no agent
+    # could heartbeat, so ten minutes of "silence" prove one minute of it.
+    async def work(conn: AsyncConnection) -> SweepResult:
+        watching_since = (
+            await conn.execute(text("SELECT now() - interval '60 seconds'"))
+        ).scalar_one()
+        return await sweep(conn, UNREACHABLE_AFTER, LOST_AFTER, observing_since=watching_since)
+
+    result = await in_transaction(engine, work)
+    assert result.unreachable == ("gpu-01", "gpu-02")
+    assert (result.lost, result.released) == ((), ())
+    assert len((await node(api, "gpu-02"))["allocations"]) == 2
+
+
+def test_the_watch_restarts_after_a_failed_round_or_a_stall() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    watch = Watch(stall=30)
+    watch.succeeded(start)
+    watch.succeeded(start + timedelta(seconds=5))
+    assert watch.since(start + timedelta(seconds=10)) == start
+
+    watch.failed()
+    assert watch.since(start + timedelta(seconds=15)) == start + timedelta(seconds=15)
+    watch.succeeded(start + timedelta(seconds=15))
+    # A round that comes 60 s after the last (the process was frozen): start over.
+    late = start + timedelta(seconds=75)
+    assert watch.since(late) == late
