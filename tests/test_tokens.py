@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -92,3 +96,63 @@ async def test_a_bad_request_names_the_field_and_stores_nothing(
     assert refused.value.field == field
     async with engine.connect() as conn:
         assert await tokens.list_tokens(conn, include_revoked=True) == []
+
+
+# --- the operator's CLI -------------------------------------------------------------------
+
+
+def ctl(capsys: pytest.CaptureFixture[str], url: str, *argv: str) -> tuple[int, str, str]:
+    """`llmgw-inventory ctl --url URL ...` as an operator runs it: exit code, stdout, stderr."""
+    from service.cli import build_parser
+    from service.config import Settings
+
+    args = build_parser().parse_args(["ctl", "--url", url, *argv])
+    code: int = args.run(args, Settings())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ctl_creates_the_first_token_then_needs_one(
+    live_service: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = live_service.url
+    code, out, _ = ctl(capsys, url, "tokens", "create", "--role", "operator", "--description", "me")
+    assert code == 0
+    operator = out.splitlines()[-1]
+    assert operator.startswith("llmgw_")
+
+    # The service is closed now: the same command without a token is refused in one line.
+    code, _, err = ctl(capsys, url, "tokens", "list")
+    assert code == 1 and len(err.splitlines()) == 1 and "refused the token" in err
+
+    code, out, _ = ctl(
+        capsys, url, "--token", operator, "tokens", "create", "--role", "agent", "--node", "gpu-07"
+    )
+    assert code == 0 and "for node gpu-07" in out
+    agent = out.splitlines()[-1]
+    heartbeat = httpx.post(
+        url,
+        json={"query": 'mutation { heartbeat(nodeId: "gpu-07") { id } }'},
+        headers={"Authorization": f"Bearer {agent}"},
+    ).json()
+    assert heartbeat["errors"][0]["extensions"]["code"] == "NODE_NOT_FOUND"  # authenticated
+
+    code, out, _ = ctl(capsys, url, "--token", operator, "tokens", "list", "-o", "json")
+    listed = json.loads(out)
+    assert [(t["role"], t["nodeId"]) for t in listed] == [("OPERATOR", None), ("AGENT", "gpu-07")]
+
+    agent_id = listed[1]["id"]
+    code, out, _ = ctl(capsys, url, "--token", operator, "tokens", "revoke", agent_id)
+    assert code == 0 and agent_id in out
+    code, out, _ = ctl(capsys, url, "--token", operator, "tokens", "list", "--all")
+    assert code == 0 and agent_id in out and "REVOKED" in out
+    refused = httpx.post(url, json={"query": "{ nodes { id } }"}, headers={
+        "Authorization": f"Bearer {agent}"})  # fmt: skip
+    assert refused.status_code == 401
+
+
+def test_ctl_refuses_an_agent_token_without_a_node(
+    live_service: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = ctl(capsys, live_service.url, "tokens", "create", "--role", "agent")
+    assert code == 1 and "nodeId" in err

@@ -1,0 +1,91 @@
+"""`ctl tokens create|list|revoke`: token admin, as an operator (or on a fresh loopback service).
+
+`create` prints the secret as the LAST line of its output, alone, so a script
+can take it with `| tail -n 1`; it is never shown again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from service.ctl.client import Client
+from service.ctl.output import DASH, add_output_option, age, print_json, table
+
+ROLES = ("reader", "agent", "scheduler", "operator")
+
+CREATE = """
+mutation CreateToken($role: Role!, $nodeId: ID, $description: String) {
+  createToken(role: $role, nodeId: $nodeId, description: $description) {
+    secret
+    token { id role nodeId description createdAt }
+  }
+}
+"""
+
+LIST = """
+query Tokens($includeRevoked: Boolean!) {
+  tokens(includeRevoked: $includeRevoked) { id role nodeId description createdAt revokedAt }
+}
+"""
+
+REVOKE = "mutation Revoke($id: ID!) { revokeToken(id: $id) { id revokedAt } }"
+
+
+def create_token(args: argparse.Namespace, client: Client) -> int:
+    data = client.execute(
+        CREATE,
+        {"role": args.role.upper(), "nodeId": args.node, "description": args.description},
+    )["createToken"]
+    token = data["token"]
+    bound = f" for node {token['nodeId']}" if token.get("nodeId") else ""
+    print(f"created {token['role'].lower()} token {token['id']}{bound}")
+    print("the secret below is shown once; send it as 'Authorization: Bearer <secret>'")
+    print(data["secret"])
+    return 0
+
+
+def list_tokens(args: argparse.Namespace, client: Client) -> int:
+    found: list[dict[str, Any]] = client.execute(LIST, {"includeRevoked": args.all})["tokens"]
+    if args.output == "json":
+        print_json(found)
+        return 0
+    rows = [
+        [
+            t["id"],
+            t["role"].lower(),
+            t.get("nodeId") or DASH,
+            age(t["createdAt"]),
+            age(t["revokedAt"]) if t.get("revokedAt") else DASH,
+            t.get("description") or DASH,
+        ]
+        for t in found
+    ]
+    print(table(["ID", "ROLE", "NODE", "CREATED", "REVOKED", "DESCRIPTION"], rows))
+    return 0
+
+
+def revoke_token(args: argparse.Namespace, client: Client) -> int:
+    client.execute(REVOKE, {"id": args.id})
+    print(f"token {args.id} revoked; the service refuses it from the next request on")
+    return 0
+
+
+def register(commands: Any) -> None:
+    tokens = commands.add_parser("tokens", help="create, list and revoke API tokens")
+    sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
+
+    create = sub.add_parser("create", help="a new token; prints its secret as the last line")
+    create.add_argument("--role", required=True, choices=ROLES)
+    create.add_argument("--node", help="the one node an agent token may report for (agent only)")
+    create.add_argument("--description", help="who or what holds it, e.g. 'scheduler-a'")
+    create.set_defaults(handler=create_token)
+
+    listing = sub.add_parser("list", help="live tokens (--all: revoked ones too)")
+    listing.add_argument("--all", action="store_true", help="include revoked tokens")
+    add_output_option(listing)
+    listing.set_defaults(handler=list_tokens)
+
+    revoke = sub.add_parser("revoke", help="stop accepting a token")
+    revoke.add_argument("id")
+    revoke.set_defaults(handler=revoke_token)
