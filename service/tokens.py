@@ -143,11 +143,22 @@ async def revoke_token(conn: AsyncConnection, token_id: str) -> TokenRecord:
 
 
 async def list_tokens(
-    conn: AsyncConnection, *, include_revoked: bool = False
+    conn: AsyncConnection,
+    *,
+    include_revoked: bool = False,
+    first: int | None = None,
+    after: str | None = None,
 ) -> Sequence[TokenRecord]:
-    where = "" if include_revoked else "WHERE revoked_at IS NULL"
+    """Sorted by id; `after` is the last id of the previous page (one agent token per node
+    makes this list as long as the cluster)."""
     rows = await conn.execute(
-        text(f"SELECT {_COLUMNS} FROM api_tokens {where} ORDER BY created_at, id")
+        text(
+            f"SELECT {_COLUMNS} FROM api_tokens "
+            "WHERE (CAST(:all AS boolean) OR revoked_at IS NULL) "
+            "AND (CAST(:after AS text) IS NULL OR id > :after) "
+            "ORDER BY id LIMIT :first"
+        ),
+        {"all": include_revoked, "after": after, "first": first},
     )
     return [_record(r) for r in rows]
 

@@ -123,7 +123,7 @@ def test_ctl_creates_the_first_token_then_needs_one(
 
     # The service is closed now: the same command without a token is refused in one line.
     code, _, err = ctl(capsys, url, "tokens", "list")
-    assert code == 1 and len(err.splitlines()) == 1 and "refused the token" in err
+    assert code == 1 and len(err.splitlines()) == 1 and "requires a token" in err
 
     code, out, _ = ctl(
         capsys, url, "--token", operator, "tokens", "create", "--role", "agent", "--node", "gpu-07"
@@ -139,9 +139,12 @@ def test_ctl_creates_the_first_token_then_needs_one(
 
     code, out, _ = ctl(capsys, url, "--token", operator, "tokens", "list", "-o", "json")
     listed = json.loads(out)
-    assert [(t["role"], t["nodeId"]) for t in listed] == [("OPERATOR", None), ("AGENT", "gpu-07")]
+    assert sorted((t["role"], t["nodeId"] or "") for t in listed) == [
+        ("AGENT", "gpu-07"),
+        ("OPERATOR", ""),
+    ]
 
-    agent_id = listed[1]["id"]
+    agent_id = next(t["id"] for t in listed if t["role"] == "AGENT")
     code, out, _ = ctl(capsys, url, "--token", operator, "tokens", "revoke", agent_id)
     assert code == 0 and agent_id in out
     code, out, _ = ctl(capsys, url, "--token", operator, "tokens", "list", "--all")

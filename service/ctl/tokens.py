@@ -13,6 +13,7 @@ from service.ctl.client import Client
 from service.ctl.output import DASH, add_output_option, age, print_json, table
 
 ROLES = ("reader", "agent", "scheduler", "operator")
+PAGE = 500
 
 CREATE = """
 mutation CreateToken($role: Role!, $nodeId: ID, $description: String) {
@@ -24,8 +25,10 @@ mutation CreateToken($role: Role!, $nodeId: ID, $description: String) {
 """
 
 LIST = """
-query Tokens($includeRevoked: Boolean!) {
-  tokens(includeRevoked: $includeRevoked) { id role nodeId description createdAt revokedAt }
+query Tokens($includeRevoked: Boolean!, $first: Int, $after: ID) {
+  tokens(includeRevoked: $includeRevoked, first: $first, after: $after) {
+    id role nodeId description createdAt revokedAt
+  }
 }
 """
 
@@ -46,7 +49,14 @@ def create_token(args: argparse.Namespace, client: Client) -> int:
 
 
 def list_tokens(args: argparse.Namespace, client: Client) -> int:
-    found: list[dict[str, Any]] = client.execute(LIST, {"includeRevoked": args.all})["tokens"]
+    found: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:  # page by page: one agent token per node makes this list long
+        page = client.execute(LIST, {"includeRevoked": args.all, "first": PAGE, "after": after})
+        found.extend(page["tokens"])
+        if len(page["tokens"]) < PAGE:
+            break
+        after = page["tokens"][-1]["id"]
     if args.output == "json":
         print_json(found)
         return 0

@@ -59,10 +59,27 @@ class CreatedToken:
 
 @strawberry.type
 class TokenQueries:
-    @strawberry.field(description="Tokens, oldest first; revoked ones only when asked.")
-    async def tokens(self, info: Info, include_revoked: bool = False) -> list[ApiToken]:
+    @strawberry.field(
+        description=(
+            "Tokens sorted by id, revoked ones only when asked; pass the last id of a page as "
+            "`after` for the next one."
+        )
+    )
+    async def tokens(
+        self,
+        info: Info,
+        include_revoked: bool = False,
+        first: int | None = None,
+        after: strawberry.ID | None = None,
+    ) -> list[ApiToken]:
+        page = info.context.page_size(first)
         async with info.context.engine.connect() as conn:
-            found = await tokens.list_tokens(conn, include_revoked=include_revoked)
+            found = await tokens.list_tokens(
+                conn,
+                include_revoked=include_revoked,
+                first=page,
+                after=str(after) if after is not None else None,
+            )
         return [ApiToken.of(t) for t in found]
 
 
