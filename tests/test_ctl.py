@@ -139,6 +139,8 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
         followed = follower.until("removed")
     finally:
         follower.stop()
+    assert follower.process.stderr is not None
+    assert follower.process.stderr.read() == ""  # nothing but the events
     assert [line.split()[2] for line in followed[1:]] == [
         "registered",
         "cordoned",
@@ -147,16 +149,20 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     ]
 
 
+OPERATOR_TOKEN = "ctl-test-operator-token-0123456789abcdef"
+
+
 def test_failures_are_one_line_and_a_non_zero_exit(
-    live_service: LiveService, capsys: pytest.CaptureFixture[str]
+    live_service_factory: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    live_service = live_service_factory({"INVENTORY_BOOTSTRAP_TOKEN": OPERATOR_TOKEN})
     down = f"http://127.0.0.1:{free_port()}/graphql"
     code, out, err = ctl(capsys, "--url", down, "nodes")
     assert code == 1 and out == ""
     assert err.strip() == err.strip().splitlines()[0]
     assert f"cannot reach the service at {down}" in err
 
-    url = ("--url", live_service.url)
+    url = ("--url", live_service.url, "--token", OPERATOR_TOKEN)
     code, _, err = ctl(capsys, *url, "cordon", "nope", "--reason", "x")
     assert code == 1
     assert err.strip() == "llmgw-inventory ctl: node 'nope' is not registered"
@@ -164,3 +170,21 @@ def test_failures_are_one_line_and_a_non_zero_exit(
     assert (code, err.strip()) == (1, "llmgw-inventory ctl: node 'nope' is not registered")
     code, _, err = ctl(capsys, *url, "remove", "nope")
     assert code == 1
+
+    code, out, err = ctl(capsys, "--url", live_service.url, "--token", "not-a-token", "nodes")
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        "llmgw-inventory ctl: the service refused the request: the token is unknown or revoked"
+        " (pass --token or set INVENTORY_TOKEN)"
+    )
+    code, _, err = ctl(capsys, "--url", live_service.url, "nodes")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "requires a token" in err
+    assert ctl(capsys, *url, "nodes")[0] == 0
+
+    # Following needs the token too, on the websocket.
+    code, _, err = ctl(
+        capsys, "--url", live_service.url, "--token", "not-a-token", "events", "--follow"
+    )
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "token" in err

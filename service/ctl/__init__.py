@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import pkgutil
 import sys
@@ -82,6 +83,10 @@ def add_ctl_parser(subparsers: Commands) -> argparse.ArgumentParser:
 
 def run_ctl(args: argparse.Namespace, settings: object = None) -> int:
     """Run the chosen handler; an expected failure is one line on stderr and exit 1."""
+    # httpx logs every request at INFO: on an operator's terminal that is
+    # noise around the one line that matters.
+    for chatty in ("httpx", "httpcore", "websockets"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     url = args.url or os.environ.get("INVENTORY_URL") or DEFAULT_URL
     token = args.token or os.environ.get("INVENTORY_TOKEN") or None
     client = Client(url, token=token, timeout=args.timeout)

@@ -42,18 +42,19 @@ class Client:
             raise CtlError(f"the service at {self.url} did not answer in time") from None
         except httpx.HTTPError as error:
             raise CtlError(f"cannot reach the service at {self.url}: {_reason(error)}") from None
-        if response.status_code in (401, 403):
-            raise CtlError(
-                f"the service refused the token ({response.status_code}); "
-                "pass --token or set INVENTORY_TOKEN"
-            )
         try:
             body = response.json()
         except ValueError:
+            body = None
+        errors = body.get("errors") if isinstance(body, dict) else None
+        if response.status_code in (401, 403):
+            said = _error_line(errors[0]) if errors else f"HTTP {response.status_code}"
+            hint = "" if "INVENTORY_TOKEN" in said else " (pass --token or set INVENTORY_TOKEN)"
+            raise CtlError(f"the service refused the request: {said}{hint}")
+        if not isinstance(body, dict):
             raise CtlError(
                 f"the service at {self.url} answered HTTP {response.status_code} without GraphQL"
-            ) from None
-        errors = body.get("errors") if isinstance(body, dict) else None
+            )
         if errors:
             raise CtlError(_error_line(errors[0]))
         if response.status_code >= 400 or not isinstance(body.get("data"), dict):
