@@ -1,17 +1,267 @@
-"""Allocation: `place` and `allocate` per second, 32 schedulers through two service processes."""
+"""Allocation: `place` and `allocate` per second, 32 schedulers through two service processes.
+
+Every scheduler asks for the same class at once (the case where a fixed
+first-fit order collapses). `place` takes one H100 per claim; `allocate` names
+one A100 per claim, from free GPUs split between the schedulers beforehand, so
+a rejection there is a bug, not contention. After each round, every GPU is
+checked for double booking (two shards naming one GPU, or a pool count that
+disagrees with the held GPUs), then the round's shards are released by SQL.
+
+The baselines are raw asyncpg transactions doing the same claim: lock a
+candidate node with FOR NO KEY UPDATE SKIP LOCKED from a random starting
+point, pick its free GPUs, insert the shard and the held GPUs, adjust the pool.
+"""
 
 from __future__ import annotations
 
+import itertools
+import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from benchmarks.bench import Bench
+import asyncpg
+
+from benchmarks.bench import Bench, close_all
+from benchmarks.client import Connection, request_body
+from benchmarks.measure import Figure, throughput
+from benchmarks.results import Row
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schema.graphql"
+SCHEDULERS = 32
+PLACE_CLASS = "H100-80GB"
+ALLOCATE_CLASS = "A100-40GB"
+
+PLACE = """
+mutation Place($input: PlaceInput!) {
+  place(input: $input) {
+    __typename
+    ... on Allocated { allocations { nodeId gpuIndices } }
+    ... on Unplaceable { message }
+    ... on AllocationRejected { code message }
+  }
+}
+"""
+
+ALLOCATE = """
+mutation Allocate($input: AllocateInput!) {
+  allocate(input: $input) {
+    __typename
+    ... on Allocated { allocations { nodeId gpuIndices } }
+    ... on AllocationRejected { code message }
+  }
+}
+"""
+
+# Two shards naming one GPU, or a node whose pool disagrees with what is held.
+DOUBLE_BOOKED = """
+SELECT count(*) FROM (
+    SELECT s.node_id, i FROM shards s, unnest(s.gpu_indices) AS i
+    GROUP BY s.node_id, i HAVING count(*) > 1
+) twice
+"""
+POOLS_WRONG = """
+SELECT count(*) FROM gpu_pools p
+WHERE p.allocated <> (SELECT count(*) FROM allocated_gpus a JOIN gpus g
+                      ON g.node_id = a.node_id AND g.idx = a.gpu_index
+                      WHERE a.node_id = p.node_id AND g.gpu_class = p.gpu_class)
+"""
+RELEASE = "DELETE FROM shards WHERE replica_id LIKE 'bench-%'"
+RECOUNT = """
+INSERT INTO gpu_pools AS p (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
+SELECT g.node_id, g.gpu_class, count(*),
+       count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL), count(a.gpu_index),
+       count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL), bool_and(n.state = 'ready')
+FROM gpus g JOIN nodes n ON n.id = g.node_id
+LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+GROUP BY g.node_id, g.gpu_class
+ON CONFLICT (node_id, gpu_class) DO UPDATE SET total = excluded.total,
+    unhealthy = excluded.unhealthy, allocated = excluded.allocated, free = excluded.free,
+    schedulable = excluded.schedulable
+WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable) IS DISTINCT FROM
+      (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free, excluded.schedulable)
+"""
+
+FREE_SLOTS = """
+SELECT g.node_id, g.idx FROM gpus g JOIN nodes n ON n.id = g.node_id
+WHERE n.state = 'ready' AND g.gpu_class = $1 AND g.healthy
+  AND NOT EXISTS (SELECT 1 FROM allocated_gpus a WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+ORDER BY g.node_id, g.idx
+"""
+
+RAW_CANDIDATE = """
+SELECT n.id FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
+WHERE p.gpu_class = $1 AND p.schedulable AND p.free >= $2 AND p.node_id >= $3
+ORDER BY p.node_id LIMIT 1
+FOR NO KEY UPDATE OF n SKIP LOCKED
+"""
+RAW_CLAIM = """
+WITH free AS (
+    SELECT g.idx FROM gpus g
+    WHERE g.node_id = $1 AND g.gpu_class = $2 AND g.healthy
+      AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
+                      WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+    ORDER BY g.idx LIMIT $3
+), shard AS (
+    INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)
+    SELECT $4, $4, $1, array_agg(idx) FROM free HAVING count(*) = $3
+    RETURNING shard_id, gpu_indices
+), held AS (
+    INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
+    SELECT $1, unnest(gpu_indices), shard_id FROM shard
+)
+UPDATE gpu_pools SET allocated = allocated + $3, free = free - $3
+WHERE node_id = $1 AND gpu_class = $2 AND EXISTS (SELECT 1 FROM shard)
+RETURNING node_id
+"""
+RAW_LOCK = "SELECT id FROM nodes WHERE id = $1 FOR NO KEY UPDATE"
+RAW_ALLOCATE = """
+WITH shard AS (
+    INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)
+    VALUES ($1, $1, $2, ARRAY[$3::int]) RETURNING shard_id
+), held AS (
+    INSERT INTO allocated_gpus (node_id, gpu_index, shard_id) SELECT $2, $3, shard_id FROM shard
+)
+UPDATE gpu_pools SET allocated = allocated + 1, free = free - 1
+WHERE node_id = $2 AND gpu_class = $4
+"""
+
+
+async def check_and_release(bench: Bench) -> int:
+    """Double-booked GPUs plus wrong pools found; then the benchmark's shards are released."""
+    conn = await asyncpg.connect(bench.url)
+    try:
+        wrong = int(await conn.fetchval(DOUBLE_BOOKED)) + int(await conn.fetchval(POOLS_WRONG))
+        await conn.execute(RELEASE)
+        await conn.execute(RECOUNT)
+        return wrong
+    finally:
+        await conn.close()
 
 
 async def measure_allocation(bench: Bench) -> int:
+    """Returns the number of double-booked GPUs and wrong pools seen (must be 0)."""
     if "place(" not in SCHEMA.read_text():
         bench.results.note("allocation skipped: `place` is not in schema.graphql yet")
         return 0
-    bench.results.note("allocation: not written yet")
-    return 0
+    ids = itertools.count()
+    place, raw_place, allocate, raw_allocate = Figure(), Figure(), Figure(), Figure()
+    outcomes: dict[str, int] = {}
+    wrong = 0
+
+    def note(kind: str) -> None:
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+
+    for _ in range(bench.rounds):
+        # place through the service
+        clients = bench.connections(SCHEDULERS)
+
+        def placer(c: Connection) -> Callable[[], Awaitable[int]]:
+            async def call() -> int:
+                body = request_body(
+                    PLACE,
+                    {"input": {"replicaId": f"bench-p{next(ids)}", "gpuClass": PLACE_CLASS,
+                               "shards": 1, "gpusPerShard": 1}},
+                )  # fmt: skip
+                reply = await c.graphql(body)
+                kind = reply["data"]["place"]["__typename"]
+                note(f"place {kind}")
+                return 1 if kind == "Allocated" else 0
+
+            return call
+
+        value, failed = await throughput([placer(c) for c in clients], bench.seconds)
+        place.add(value)
+        outcomes["place failed requests"] = outcomes.get("place failed requests", 0) + failed
+        await close_all(clients)
+        wrong += await check_and_release(bench)
+
+        # allocate through the service, each scheduler with its own free GPUs
+        slots = [tuple(r) for r in await bench.sql(FREE_SLOTS, ALLOCATE_CLASS)]
+        random.Random(7).shuffle(slots)
+        clients = bench.connections(SCHEDULERS)
+
+        def allocator(c: Connection, mine: list[tuple[Any, ...]]) -> Callable[[], Awaitable[int]]:
+            todo = iter(mine)
+
+            async def call() -> int:
+                slot = next(todo, None)
+                if slot is None:
+                    note("allocate ran out of free GPUs")
+                    return 0
+                shard = f"bench-a{next(ids)}"
+                body = request_body(
+                    ALLOCATE,
+                    {"input": {"replicaId": shard, "shards": [
+                        {"shardId": shard, "nodeId": slot[0], "gpuIndices": [slot[1]]}]}},
+                )  # fmt: skip
+                reply = await c.graphql(body)
+                result = reply["data"]["allocate"]
+                kind = result["__typename"]
+                note(f"allocate {kind} {result.get('code', '')}".strip())
+                return 1 if kind == "Allocated" else 0
+
+            return call
+
+        value, failed = await throughput(
+            [allocator(c, slots[k::SCHEDULERS]) for k, c in enumerate(clients)], bench.seconds
+        )
+        allocate.add(value)
+        outcomes["allocate failed requests"] = outcomes.get("allocate failed requests", 0) + failed
+        await close_all(clients)
+        wrong += await check_and_release(bench)
+
+        # the raw asyncpg baselines
+        node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
+        async with bench.pool(SCHEDULERS) as pool:
+
+            async def raw_claim(node_ids: list[str] = node_ids) -> int:
+                shard = f"bench-r{next(ids)}"
+                start = random.choice(node_ids)
+                async with pool.acquire() as conn, conn.transaction():
+                    node = await conn.fetchval(RAW_CANDIDATE, PLACE_CLASS, 1, start)
+                    if node is None:
+                        node = await conn.fetchval(RAW_CANDIDATE, PLACE_CLASS, 1, "")
+                    if node is None:
+                        return 0
+                    done = await conn.fetchval(RAW_CLAIM, node, PLACE_CLASS, 1, shard)
+                return 1 if done else 0
+
+            value, _ = await throughput([raw_claim] * SCHEDULERS, bench.seconds)
+            raw_place.add(value)
+            wrong += await check_and_release(bench)
+
+            slots = [tuple(r) for r in await bench.sql(FREE_SLOTS, ALLOCATE_CLASS)]
+            random.Random(8).shuffle(slots)
+
+            def raw_allocator(mine: list[tuple[Any, ...]]) -> Callable[[], Awaitable[int]]:
+                todo = iter(mine)
+
+                async def call() -> int:
+                    slot = next(todo, None)
+                    if slot is None:
+                        return 0
+                    shard = f"bench-ra{next(ids)}"
+                    async with pool.acquire() as conn, conn.transaction():
+                        await conn.fetchval(RAW_LOCK, slot[0])
+                        await conn.execute(RAW_ALLOCATE, shard, slot[0], slot[1], ALLOCATE_CLASS)
+                    return 1
+
+                return call
+
+            value, _ = await throughput(
+                [raw_allocator(slots[k::SCHEDULERS]) for k in range(SCHEDULERS)], bench.seconds
+            )
+            raw_allocate.add(value)
+            wrong += await check_and_release(bench)
+
+    seen = ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items()))
+    add = bench.results.add
+    add(Row(bench.size, f"place 1x {PLACE_CLASS}, 32 schedulers, same class", "claims/s", place,
+            "raw asyncpg, SKIP LOCKED claim", raw_place,
+            note=f"double-booked GPUs or wrong pools: {wrong}; {seen}"))  # fmt: skip
+    add(Row(bench.size, f"allocate 1x {ALLOCATE_CLASS}, 32 schedulers", "claims/s", allocate,
+            "raw asyncpg, lock + 1 statement", raw_allocate))  # fmt: skip
+    if wrong:
+        bench.results.note(f"{bench.size} nodes: {wrong} double-booked GPUs or wrong pool counts")
+    return wrong

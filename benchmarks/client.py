@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,15 +34,31 @@ class Connection:
             f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\n{extra}Content-Length: "
         ).encode()
+        self._used = False
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._reader is None or self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+            sock = self._writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._used = False
         return self._reader, self._writer
 
     async def post(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            return await self._post(body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # uvicorn closes a keep-alive connection idle for 5 s; a request
+            # sent on one that was already closed is sent again, once.
+            if not self._used:
+                raise
+            await self.close()
+            return await self._post(body)
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
         reader, writer = await self._connect()
         writer.write(self._head + str(len(body)).encode() + b"\r\n\r\n" + body)
         head = await reader.readuntil(b"\r\n\r\n")
@@ -71,6 +88,7 @@ class Connection:
             data = b"".join(parts)
         else:
             data = await reader.readexactly(length)
+        self._used = True
         if close:
             await self.close()
         return status, data

@@ -65,7 +65,10 @@ async def throughput(
         nonlocal done, failures
         while time.perf_counter() < deadline:
             try:
-                done += await worker()
+                # Awaited first: `done += await ...` reads `done` before the
+                # await and loses every other task's increments meanwhile.
+                count = await worker()
+                done += count
             except Exception:
                 failures += 1
                 if failures > 1000:

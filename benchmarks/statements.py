@@ -9,7 +9,7 @@ from sqlalchemy import event
 
 from benchmarks.cluster import node_id, node_input
 from benchmarks.questions import Question
-from benchmarks.services import HEADERS
+from benchmarks.services import HEADERS, TOKEN
 from benchmarks.writes import HEARTBEAT, REGISTER
 from service.app import create_app
 from service.config import Settings
@@ -28,7 +28,7 @@ async def count_statements(
     url: str, questions: list[Question], versions: dict[int, int]
 ) -> dict[str, str]:
     """Statements each kind of request runs, by name (in an in-process app on the same database)."""
-    settings = Settings(max_page_size=1000)
+    settings = Settings(max_page_size=1000, bootstrap_token=TOKEN)
     engine = create_engine(url, settings)
     counter = Counter()
     event.listen(engine.sync_engine, "before_cursor_execute", counter)
