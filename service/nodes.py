@@ -26,6 +26,9 @@ class Registration:
     node_id: str
     created: bool
     changed: bool
+    # The node's row as this registration left it (the caller's reply needs
+    # no second read: nothing after the upsert changes the row).
+    node: NodeRecord
 
 
 # One round trip answers "new, changed or the same?": the old row is read
@@ -33,7 +36,7 @@ class Registration:
 # drain and its reason are not in the SET list, so they survive: an agent
 # reconnecting must not silently undo an operator's decision.
 _UPSERT_NODE = text(
-    """
+    f"""
     WITH old AS (
         SELECT report_digest, liveness FROM nodes WHERE id = :id FOR NO KEY UPDATE
     ), upserted AS (
@@ -64,11 +67,12 @@ _UPSERT_NODE = text(
             liveness = 'alive',
             liveness_reason = NULL,
             last_seen = now()
-        RETURNING n.id
+        RETURNING {NODE_COLUMNS}
     )
     SELECT (SELECT report_digest FROM old) AS old_digest,
            (SELECT liveness FROM old) AS old_liveness,
-           NOT EXISTS (SELECT 1 FROM old) AS created
+           NOT EXISTS (SELECT 1 FROM old) AS created,
+           upserted.*
     FROM upserted
     """
 )
@@ -240,11 +244,12 @@ async def register_node(
     created = bool(row.created)
     changed = created or row.old_digest != digest
     came_back = row.old_liveness is not None and row.old_liveness != "alive"
+    node = node_from_row(row)
 
     if not (changed or came_back):
         # The common case: an agent re-sending what it sent before. Only the
         # node row's last_seen moved; nothing else is rewritten.
-        return Registration(node_id=report.id, created=created, changed=changed)
+        return Registration(node_id=report.id, created=created, changed=changed, node=node)
 
     events: list[dict[str, str | None]] = []
     if created:
@@ -264,7 +269,7 @@ async def register_node(
             "channel": EVENTS_CHANNEL,
         },
     )
-    return Registration(node_id=report.id, created=created, changed=changed)
+    return Registration(node_id=report.id, created=created, changed=changed, node=node)
 
 
 def _hardware_rows(report: NodeReport) -> dict[str, str]:
