@@ -27,7 +27,7 @@ from service.graphiql import GraphiQLPage
 from service.graphql.authentication import accept_connection, identify
 from service.graphql.context import Context, new_context
 from service.graphql.schema import schema
-from service.http_guards import guard_graphql
+from service.http_guards import decode_json_body, guard_graphql
 from service.logs import RequestContextMiddleware, current_request_id, new_request_id
 from service.operations import Background, operational_routes
 
@@ -60,6 +60,9 @@ class InventoryGraphQL(GraphQL[Context, None]):
         )
         await identify(context, request, self.authenticator)
         return context
+
+    def decode_json(self, data: str | bytes) -> object:
+        return decode_json_body(data)
 
     async def on_ws_connect(self, context: Context) -> UnsetType:
         # Every websocket operation (subscriptions included) is refused

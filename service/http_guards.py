@@ -48,6 +48,19 @@ async def send_error(
     await send({"type": "http.response.body", "body": body})
 
 
+def decode_json_body(data: str | bytes) -> object:
+    """json.loads, with undecodable bytes reported as bad JSON (a 400), not a crash (a 500).
+
+    json.loads guesses UTF-16/32 from the first bytes and raises
+    UnicodeDecodeError, which Strawberry does not expect, for a body such as
+    b"\\xff\\xfe...".
+    """
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, RecursionError) as error:
+        raise json.JSONDecodeError(f"not JSON: {type(error).__name__}", "", 0) from None
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope.get("headers", []):
         if key.lower() == name:
