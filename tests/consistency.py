@@ -1,0 +1,85 @@
+"""What must hold of the stored inventory after any sequence of requests, crashes included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.gpu_pools import refresh_pools
+
+_POOLS = text("SELECT * FROM gpu_pools ORDER BY node_id, gpu_class")
+
+
+async def _pools(conn: AsyncConnection) -> list[dict[str, Any]]:
+    return [dict(r) for r in (await conn.execute(_POOLS)).mappings()]
+
+
+async def inconsistencies(engine: AsyncEngine) -> list[str]:
+    """Every broken invariant, described; empty when the data is consistent."""
+    problems: list[str] = []
+    async with engine.connect() as conn:
+        await conn.begin()
+        # gpu_pools is what recounting every node's GPUs and allocations gives.
+        stored = await _pools(conn)
+        node_ids = list((await conn.execute(text("SELECT id FROM nodes"))).scalars())
+        await refresh_pools(conn, node_ids)
+        recounted = await _pools(conn)
+        if stored != recounted:
+            problems.append(f"gpu_pools drifted: stored {stored} != recounted {recounted}")
+        # Each shard holds exactly the GPUs it lists, on its own node.
+        mismatched = (
+            await conn.execute(
+                text(
+                    """
+                    SELECT s.shard_id FROM shards s
+                    LEFT JOIN LATERAL (
+                        SELECT array_agg(a.gpu_index ORDER BY a.gpu_index) AS held,
+                               bool_and(a.node_id = s.node_id) AS same_node
+                        FROM allocated_gpus a WHERE a.shard_id = s.shard_id
+                    ) h ON true
+                    WHERE h.held IS DISTINCT FROM
+                          (SELECT array_agg(i ORDER BY i) FROM unnest(s.gpu_indices) i)
+                       OR NOT coalesce(h.same_node, false)
+                    """
+                )
+            )
+        ).scalars()
+        problems.extend(f"shard {s} does not hold exactly its GPUs" for s in mismatched)
+        # Held GPUs exist.
+        orphans = (
+            await conn.execute(
+                text(
+                    "SELECT a.node_id || '/' || a.gpu_index FROM allocated_gpus a "
+                    "LEFT JOIN gpus g ON g.node_id = a.node_id AND g.idx = a.gpu_index "
+                    "WHERE g.idx IS NULL"
+                )
+            )
+        ).scalars()
+        problems.extend(f"allocated GPU {o} does not exist" for o in orphans)
+        await conn.rollback()
+    return problems
+
+
+async def report_signature(conn: AsyncConnection, node_id: str) -> tuple[Any, ...]:
+    """What a node's stored report says, in a comparable shape."""
+    gpus = (
+        await conn.execute(
+            text("SELECT idx, gpu_class, healthy FROM gpus WHERE node_id = :n ORDER BY idx"),
+            {"n": node_id},
+        )
+    ).all()
+    fabrics = (
+        await conn.execute(
+            text("SELECT fabric FROM fabric_attachments WHERE node_id = :n ORDER BY fabric"),
+            {"n": node_id},
+        )
+    ).scalars()
+    filesystems = (
+        await conn.execute(
+            text("SELECT fs_id FROM filesystems WHERE node_id = :n ORDER BY fs_id"), {"n": node_id}
+        )
+    ).scalars()
+    hostname = await conn.scalar(text("SELECT hostname FROM nodes WHERE id = :n"), {"n": node_id})
+    return (hostname, tuple(tuple(g) for g in gpus), tuple(fabrics), tuple(filesystems))
