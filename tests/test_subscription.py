@@ -1,9 +1,11 @@
 """Two service processes, short timeouts: a node goes silent, both sweep, a subscriber on one sees it all.
 
 This is the whole story with real processes: changes made through process A
-reach a subscriber connected to process B (LISTEN/NOTIFY), both processes run
+reach a subscriber connected to process B (LISTEN/NOTIFY); both processes run
 the liveness sweep at once and the lost node's replica is still released
-exactly once, and the node heartbeats back to READY with nothing allocated.
+exactly once, on every node it had a shard on; the node heartbeats back to
+READY with nothing allocated; and a cordoned node that went unreachable comes
+back cordoned, with its reason.
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 from tests.test_liveness import IB_A, place
 
+# Short, but with room for a loaded CI machine: heartbeats the test sends
+# every ~0.1 s must never look like a second of silence.
 SHORT = {
-    "INVENTORY_UNREACHABLE_AFTER": "0.5",
-    "INVENTORY_LOST_AFTER": "1.5",
+    "INVENTORY_UNREACHABLE_AFTER": "1",
+    "INVENTORY_LOST_AFTER": "2.5",
     "INVENTORY_SWEEP_INTERVAL": "0.1",
 }
 
 EVENTS_SUBSCRIPTION = "subscription { events { id kind nodeId replicaId shardId actor reason } }"
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
+CORDONED_BEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { state stateReason } }"
 
 
 class Subscriber:
@@ -87,17 +92,28 @@ async def test_a_lost_node_seen_live_from_another_process_and_released_once(
         api_a, api_b = Api(http_a), Api(http_b)
         # Give B's subscription a moment to be registered before the first change.
         await subscriber.next_event(within=0.2)
-        for node_id in ("gpu-01", "gpu-02"):
+        for node_id in ("gpu-01", "gpu-02", "gpu-03"):
             await api_a(REGISTER, {"input": node_input(node_id, fabrics=IB_A)})
+        await api_b('mutation { cordonNode(id: "gpu-03", reason: "bad DIMM") { id } }')
         await place(engine, "llama-70b-r1", {"gpu-01": [0, 1, 2, 3], "gpu-02": [0, 1, 2, 3]})
 
-        # gpu-02 keeps heartbeating (through A); gpu-01 has gone silent.
+        # gpu-02 keeps heartbeating (through A); gpu-01 has gone silent; the
+        # cordoned gpu-03 drops off the network and comes back as soon as it
+        # is seen unreachable.
+        beating = ["gpu-02"]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            await api_a(HEARTBEAT, {"id": "gpu-02"})
-            await subscriber.next_event(within=0.1)
+            for node_id in beating:
+                await api_a(HEARTBEAT, {"id": node_id})
+            event = await subscriber.next_event(within=0.1)
+            if event is not None and (event["kind"], event["nodeId"]) == ("unreachable", "gpu-03"):
+                returned = (await api_b(CORDONED_BEAT, {"id": "gpu-03"}))["heartbeat"]
+                # Back, and still cordoned with the operator's reason.
+                assert returned == {"state": "CORDONED", "stateReason": "bad DIMM"}
+                beating.append("gpu-03")
             if sum(e["kind"] == "released" for e in subscriber.received) == 2:
                 break
+        assert beating == ["gpu-02", "gpu-03"], "gpu-03 was never seen unreachable"
         seen = [(e["kind"], e["nodeId"]) for e in subscriber.received]
         # Made through A, seen on B.
         assert ("registered", "gpu-01") in seen and ("registered", "gpu-02") in seen
@@ -112,14 +128,18 @@ async def test_a_lost_node_seen_live_from_another_process_and_released_once(
         assert ("lost", "gpu-02") not in seen
 
         # Both processes swept all along; the log holds each transition once.
-        for _ in range(5):  # a few more rounds of both sweepers, gpu-02 still heartbeating
-            await api_a(HEARTBEAT, {"id": "gpu-02"})
+        for _ in range(5):  # a few more rounds of both sweepers, the others still beating
+            for node_id in beating:
+                await api_a(HEARTBEAT, {"id": node_id})
             await asyncio.sleep(0.1)
         log = (await api_b("{ events { kind nodeId replicaId shardId } }"))["events"]
         released_shards = [e["shardId"] for e in log if e["kind"] == "released"]
         assert sorted(released_shards) == ["llama-70b-r1/gpu-01", "llama-70b-r1/gpu-02"]
-        assert sum(1 for e in log if e["kind"] == "lost") == 1
-        assert sum(1 for e in log if e["kind"] == "unreachable") == 1
+        assert [e["nodeId"] for e in log if e["kind"] == "lost"] == ["gpu-01"]
+        assert sorted(e["nodeId"] for e in log if e["kind"] == "unreachable") == [
+            "gpu-01",
+            "gpu-03",
+        ]
 
         # The healthy node's shard went with the replica.
         healthy = await api_b('{ node(id: "gpu-02") { state allocations { shardId } } }')
