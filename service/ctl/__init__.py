@@ -18,8 +18,9 @@ Adding a subcommand module (e.g. `ctl tokens create|list|revoke`):
    where every leaf parser sets `handler`, a function
    `(args: argparse.Namespace, client: Client) -> int` returning the exit code.
 2. That's all: every public module in this package that defines `register` is
-   discovered and registered, in name order (no shared list to edit, so two
-   engineers adding subcommands never touch the same line).
+   discovered and registered (no shared list to edit, so two engineers adding
+   subcommands never touch the same line). `--help` lists them by the
+   module's optional `HELP_ORDER` (default 50), then by module name.
 
 A handler talks to the service with `client.execute(query, variables)`
 (service/ctl/client.py), which returns `data` or raises CtlError with one line
@@ -53,7 +54,7 @@ def _subcommand_modules() -> list[Any]:
         module = importlib.import_module(f"{__name__}.{info.name}")
         if callable(getattr(module, "register", None)):
             modules.append(module)
-    return modules
+    return sorted(modules, key=lambda m: (getattr(m, "HELP_ORDER", 50), m.__name__))
 
 
 def add_ctl_parser(subparsers: Commands) -> argparse.ArgumentParser:

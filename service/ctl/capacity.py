@@ -8,6 +8,9 @@ from typing import Any
 from service.ctl.client import Client
 from service.ctl.output import DASH, add_output_option, age, print_json, table
 
+# Where `ctl --help` lists these (after nodes).
+HELP_ORDER = 20
+
 PAGE = 500
 
 GPU_CLASSES = "{ gpuClasses { gpuClass total free allocated unhealthy unschedulable } }"

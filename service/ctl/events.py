@@ -17,6 +17,9 @@ from typing import Any
 from service.ctl.client import Client, CtlError
 from service.ctl.output import DASH, add_output_option, print_json, table
 
+# Where `ctl --help` lists these (after nodes).
+HELP_ORDER = 30
+
 PAGE = 500
 
 EVENTS = """

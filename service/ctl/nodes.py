@@ -17,6 +17,9 @@ from service.ctl.output import (
     table,
 )
 
+# Where `ctl --help` lists these (the operator's first question).
+HELP_ORDER = 10
+
 PAGE = 500
 
 NODES = """
