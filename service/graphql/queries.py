@@ -33,15 +33,17 @@ class NodeQueries:
     ) -> list[Node]:
         page = info.context.page_size(first)
         node_filter = filter_.to_record() if filter_ is not None else node_views.NodeFilter()
+        loaders = info.context.loaders
         async with info.context.engine.connect() as conn:
             records = await node_views.list_nodes(
                 conn, node_filter, page, str(after) if after is not None else None
             )
-        loaders = info.context.loaders
-        loaders.node.prime_many({record.id: record for record in records})
-        # The details this query selects, for the whole page at once: its Node
-        # fields then answer without a task per node (see loaders.py).
-        await loaders.prefetch_nodes([r.id for r in records], info.selected_fields[0].selections)
+            loaders.node.prime_many({record.id: record for record in records})
+            # The details this query selects, for the whole page at once: its
+            # Node fields then answer without a task per node (see loaders.py).
+            await loaders.prefetch_nodes(
+                conn, [r.id for r in records], info.selected_fields[0].selections
+            )
         return [Node.of(r) for r in records]
 
     @strawberry.field(
@@ -60,6 +62,8 @@ class NodeQueries:
         after: strawberry.ID | None = None,
     ) -> list[NodeFreeGpus]:
         page = info.context.page_size(first)
+        node = selected(info.selected_fields[0].selections).get("node")
+        loaders = info.context.loaders
         async with info.context.engine.connect() as conn:
             found = await capacity.free_gpus(
                 conn,
@@ -69,12 +73,11 @@ class NodeQueries:
                 first=page,
                 after=str(after) if after is not None else None,
             )
-        node = selected(info.selected_fields[0].selections).get("node")
-        if node is not None:
-            # The page's nodes and their selected details in a fixed few statements.
-            ids = [f.node_id for f in found]
-            await info.context.loaders.prefetch(info.context.loaders.node, ids)
-            await info.context.loaders.prefetch_nodes(ids, node)
+            if node is not None:
+                # The page's nodes and their selected details, on this connection.
+                ids = [f.node_id for f in found]
+                await loaders.prefetch(conn, loaders.node, ids)
+                await loaders.prefetch_nodes(conn, ids, node)
         return [NodeFreeGpus(node_id=f.node_id, gpu_indices=list(f.gpu_indices)) for f in found]
 
     @strawberry.field
