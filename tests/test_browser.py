@@ -182,6 +182,11 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
             "document.querySelectorAll('#nodes tbody tr').length === 3", "three node rows"
         )
         rows = await page.evaluate(ROWS)
+        # The refusal of the first, token-less read is gone once the token worked.
+        await page.wait_for(
+            "!document.getElementById('status').classList.contains('error')",
+            "the status to drop the token error",
+        )
         await page.screenshot(SCREENSHOTS / "dashboard.png")
 
         assert rows["gpu-02"]["disk"] == "—"

@@ -265,12 +265,11 @@ function renderStatus() {
   if (view.error) {
     status.className = "status error";
     status.textContent = view.error;
-  } else if (view.mode === "live") {
-    status.className = "status live";
-    status.textContent = "live";
-  } else if (view.mode === "polling") {
-    status.className = "status polling";
-    status.textContent = `polling every ${POLL_MS / 1000}s`;
+  } else {
+    // Every branch sets the text: a stale error must not outlive the answer that fixed it.
+    status.className = `status ${view.mode}`;
+    status.textContent =
+      view.mode === "live" ? "live" : view.mode === "polling" ? `polling every ${POLL_MS / 1000}s` : "connecting…";
   }
 }
 
@@ -297,7 +296,7 @@ function nodeRow(node) {
     ? el("td", { class: "disk num" }, `${formatBytes(node.localDisk.freeBytes)} / ${formatBytes(node.localDisk.totalBytes)}`)
     : el("td", { class: "disk num unknown", title: "unknown: the agent reported no local filesystem" }, "—");
   const reason = node.stateReason
-    ? [node.stateReason, node.stateChangedBy ? el("span", { class: "muted" }, ` (${node.stateChangedBy})`) : ""]
+    ? [node.stateReason, node.stateChangedBy ? el("span", { class: "muted" }, ` · by ${node.stateChangedBy}`) : ""]
     : [""];
   const gpus = gpuCounts(node);
   return el(
