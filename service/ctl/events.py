@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -114,12 +115,54 @@ def show_events(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+class StreamLost(Exception):
+    """The event stream dropped after it was working: worth resuming."""
+
+
+class TokenRefused(CtlError):
+    """Retrying cannot help: the token is wrong or was revoked."""
+
+
+# Waits between attempts to resume a dropped stream (the last one repeats).
+RESUME_DELAYS = (0.5, 1.0, 2.0, 5.0)
+
+
 def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
+    """Stream events until Ctrl-C, resuming after the last one printed if the stream drops.
+
+    A service restarting under a `--follow` (a rolling deploy) is a pause,
+    not an exit: the subscription resumes with `after`, so nothing is missed
+    or printed twice. Failing to connect at all is still an error.
+    """
+    cursor = [after]
+    attempts = 0  # since the stream last worked; 0 before it ever did
+    try:
+        while True:
+            try:
+                _stream(args, client, cursor)
+                return
+            except StreamLost as lost:
+                attempts = 1
+                print(f"llmgw-inventory ctl: {lost}; resuming", file=sys.stderr, flush=True)
+            except TokenRefused:
+                raise
+            except CtlError:
+                if attempts == 0:
+                    raise  # never connected: the service is down or the URL is wrong
+                attempts += 1  # still restarting: keep trying, as tail -F would
+            time.sleep(RESUME_DELAYS[min(attempts, len(RESUME_DELAYS)) - 1])
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+
+
+def _stream(args: argparse.Namespace, client: Client, cursor: list[str | None]) -> None:
+    """One subscription; cursor[0] follows the last event printed."""
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
     from websockets.sync.client import connect
 
     ws_url = re.sub(r"^http", "ws", client.url, count=1)
     init_payload = {"Authorization": f"Bearer {client.token}"} if client.token else {}
+    streaming = False
     try:
         with connect(
             ws_url,
@@ -131,7 +174,7 @@ def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
             ack = json.loads(socket.recv(timeout=10))
             if ack.get("type") != "connection_ack":
                 raise CtlError(f"the service refused the event stream: {ack}")
-            variables = {**_filters(args), "after": after}
+            variables = {**_filters(args), "after": cursor[0]}
             socket.send(
                 json.dumps(
                     {
@@ -141,6 +184,7 @@ def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
                     }
                 )
             )
+            streaming = True
             for raw in socket:
                 message = json.loads(raw)
                 kind = message.get("type")
@@ -155,6 +199,7 @@ def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
                         print(json.dumps(event), flush=True)
                     else:
                         print("  ".join(event_row(event)).rstrip(), flush=True)
+                    cursor[0] = event["id"]
                 elif kind == "error":
                     errors = message.get("payload") or [{}]
                     raise CtlError(str(errors[0].get("message", "subscription refused")))
@@ -164,16 +209,17 @@ def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
         code = closed.rcvd.code if closed.rcvd is not None else None
         reason = closed.rcvd.reason if closed.rcvd is not None else ""
         if code == 4403:
-            raise CtlError(
+            raise TokenRefused(
                 f"the service refused the token: {reason} (pass --token or set INVENTORY_TOKEN)"
             ) from None
-        raise CtlError(
-            f"the event stream closed ({code}{': ' + reason if reason else ''})"
-        ) from None
+        said = f"the event stream closed ({code}{': ' + reason if reason else ''})"
+        if streaming:
+            raise StreamLost(said) from None
+        raise CtlError(said) from None
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as error:
+        if streaming:
+            raise StreamLost(f"the event stream dropped: {error}") from None
         raise CtlError(f"cannot follow events at {ws_url}: {error}") from None
-    except KeyboardInterrupt:
-        sys.stdout.flush()
 
 
 def register(commands: Any) -> None:
