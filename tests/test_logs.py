@@ -1,0 +1,57 @@
+"""With INVENTORY_LOG_FORMAT=json every line a service writes is one JSON object, and a request's lines carry its id."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.conftest import REPO, free_port
+
+
+def test_a_json_logging_service_writes_only_json_with_request_ids(database_url: str) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "INVENTORY_LOG_FORMAT": "json",
+        "INVENTORY_LOG_LEVEL": "debug",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+        env=env,
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, "the service exited"
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the service did not start"
+                time.sleep(0.1)
+        response = httpx.post(
+            f"{base}/graphql",
+            json={"query": "{ nodes { id } }"},
+            headers={"X-Request-Id": "probe-7"},
+        )
+        assert response.headers["x-request-id"] == "probe-7"
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+
+    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert lines, "the service logged nothing"
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    probe = [line for line in lines if line.get("request_id") == "probe-7"]
+    assert probe and probe[0]["logger"] == "service.access"
+    assert probe[0]["status"] == 200
