@@ -22,3 +22,10 @@ def load_service_schema() -> GraphQLSchema:
         if path.exists():
             return build_schema(path.read_text())
     pytest.fail(f"no schema to check the agent against: looked for {[str(p) for p in SCHEMAS]}")
+
+
+def agent_section(readme: str) -> str:
+    """The README's agent section: the blocks a node's operator copies."""
+    start = readme.index("## The node agent")
+    end = readme.find("\n## ", start + 1)
+    return readme[start : end if end != -1 else None]

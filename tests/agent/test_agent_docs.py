@@ -1,4 +1,4 @@
-"""docs/agent.md shows what the agent really does: its unit file and its dry-run output."""
+"""The README's agent section shows what the agent really does: its unit file and its dry-run output."""
 
 import json
 import re
@@ -6,12 +6,12 @@ from pathlib import Path
 
 from graphql import OperationDefinitionNode, parse
 from graphql.execution.values import get_variable_values
-from service_schema import load_service_schema
+from service_schema import agent_section, load_service_schema
 
 from agent.client import load_operation
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = (REPO / "docs" / "agent.md").read_text()
+DOCS = agent_section((REPO / "README.md").read_text())
 
 
 def directives(unit: str) -> list[str]:
