@@ -160,6 +160,7 @@ def cordoned(i: int) -> bool:
 async def load(conn: asyncpg.Connection, count: int) -> None:
     """COPY `count` nodes, their hardware and some allocations; then pools, then ANALYZE."""
     nodes, gpus, fabrics, filesystems, weights, shards, held = [], [], [], [], [], [], []
+    classes: dict[tuple[str, int | None, str | None], str] = {}
     for i in range(count):
         data = node_input(i)
         report = to_report(data)
@@ -180,8 +181,11 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
         )  # fmt: skip
         for g in report.gpus:
             reasons = sorted(set(g.health_reasons)) or ([] if g.healthy else ["unhealthy"])
+            key = (g.name, g.memory_mb, g.gpu_class)
+            if key not in classes:
+                classes[key] = gpu_class_of(g)
             gpus.append(
-                (nid, g.index, g.uuid, g.name, gpu_class_of(g), g.memory_mb, g.healthy, reasons)
+                (nid, g.index, g.uuid, g.name, classes[key], g.memory_mb, g.healthy, reasons)
             )
         for f in report.fabrics:
             fabrics.append((nid, f.fabric, list(f.hcas), f.rate_gbps))

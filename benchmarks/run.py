@@ -92,7 +92,10 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             qs = questions.questions(size)
             counts: dict[str, str] = {}
             if "statements" in sections:
-                counts = await statements.count_statements(url, qs, bench.versions)
+                plans: list[str] = []
+                counts = await statements.count_statements(url, qs, bench.versions, plans)
+                for plan in plans:
+                    results.note(f"{size:,} nodes: {plan}")
             if "questions" in sections:
                 for q in qs:
                     print(f"[{size}] {q.name}", flush=True)
@@ -137,10 +140,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.sizes = [int(s) for s in (args.sizes or ("1000" if quick else "1000,10000")).split(",")]
-    args.rounds = args.rounds or (3 if quick else 5)
-    args.seconds = args.seconds or (1.0 if quick else 3.0)
-    args.calls = args.calls or (20 if quick else 200)
-    args.churn_seconds = args.churn_seconds or (3.0 if quick else 30.0)
+    args.rounds = args.rounds or 3
+    args.seconds = args.seconds or (0.7 if quick else 2.0)
+    args.calls = args.calls or (12 if quick else 100)
+    args.churn_seconds = args.churn_seconds or (2.0 if quick else 20.0)
     if quick and not args.skip and not args.only:
         args.skip = "peer"
     return args

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import httpx
 from sqlalchemy import event
 
@@ -19,13 +20,28 @@ from service.db import create_engine
 class Counter:
     def __init__(self) -> None:
         self.count = 0
+        self.seen: list[tuple[str, Any]] = []
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self, conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
         self.count += 1
+        self.seen.append((statement, parameters))
+
+
+async def explain(url: str, statement: str, parameters: Any) -> str:
+    """The plan's shape and time for one statement as the service sent it."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + statement, *(parameters or ()))
+    finally:
+        await conn.close()
+    lines = [r[0] for r in rows]
+    scans = sorted({ln.strip().split("  (")[0].lstrip("-> ") for ln in lines if " on " in ln})
+    total = next((ln for ln in lines if ln.startswith("Execution Time")), "")
+    return f"{'; '.join(scans)}; {total}"
 
 
 async def count_statements(
-    url: str, questions: list[Question], versions: dict[int, int]
+    url: str, questions: list[Question], versions: dict[int, int], notes: list[str]
 ) -> dict[str, str]:
     """Statements each kind of request runs, by name (in an in-process app on the same database)."""
     settings = Settings(max_page_size=1000, bootstrap_token=TOKEN)
@@ -42,6 +58,7 @@ async def count_statements(
 
             async def count(name: str, query: str, variables: dict[str, Any]) -> None:
                 counter.count = 0
+                counter.seen.clear()
                 reply = (await client.post("/graphql", json={"query": query,
                                                              "variables": variables})).json()  # fmt: skip
                 if reply.get("errors"):
@@ -51,6 +68,11 @@ async def count_statements(
 
             for q in questions:
                 await count(q.name, q.query, q.variables)
+                if q.name.startswith("freeGpus"):
+                    statement, parameters = next(
+                        (st, pa) for st, pa in counter.seen if "gpu_pools" in st
+                    )
+                    notes.append(f"freeGpus plan: {await explain(url, statement, parameters)}")
             # Node 1 (not in any agent's working set of the other figures at this point).
             i = 1
             v = versions.get(i, 0)

@@ -44,11 +44,19 @@ _UPSERT_NODE = text(
             id, hostname, mgmt_addr, labels, memory_total_mb, agent_version, engine_versions,
             local_disk_free, local_disk_total, shared_disk_free, shared_disk_total,
             knows_its_weights, report_digest
-        ) VALUES (
-            :id, :hostname, :mgmt_addr, CAST(:labels AS jsonb), :memory_total_mb, :agent_version,
-            CAST(:engine_versions AS jsonb), :local_free, :local_total, :shared_free,
-            :shared_total, :knows_its_weights, :digest
         )
+        -- Selected through `old`, so the old row is read (and locked) before
+        -- this row is written: read after, in the same statement, the lock
+        -- skips the row this statement just updated and every re-registration
+        -- looked like a new node, rewriting its hardware and logging
+        -- "registered" again.
+        SELECT CAST(:id AS text), CAST(:hostname AS text), CAST(:mgmt_addr AS text),
+               CAST(:labels AS jsonb), CAST(:memory_total_mb AS integer),
+               CAST(:agent_version AS text), CAST(:engine_versions AS jsonb),
+               CAST(:local_free AS bigint), CAST(:local_total AS bigint),
+               CAST(:shared_free AS bigint), CAST(:shared_total AS bigint),
+               CAST(:knows_its_weights AS boolean), CAST(:digest AS text)
+        FROM (SELECT 1) AS one LEFT JOIN old ON true
         ON CONFLICT (id) DO UPDATE SET
             hostname = excluded.hostname,
             mgmt_addr = excluded.mgmt_addr,
