@@ -218,6 +218,18 @@ async def test_deeply_nested_values_in_a_document_are_refused(api: Api) -> None:
     assert "internal error" not in error["message"]
 
 
+async def test_a_scalar_refusing_a_literal_is_readable_not_masked(api: Api) -> None:
+    error = await api.fails("{ nodes(filter: {minLocalDiskFree: -60}) { id } }")
+    assert "Bytes must be between 0 and 2^63-1, got -60" in error["message"]
+
+
+async def test_a_nul_character_anywhere_is_bad_input_not_a_crash(api: Api) -> None:
+    for query in ('{ nodes(after: "a\\u0000b") { id } }', '{ tokens(after: "\\u0000") { id } }'):
+        error = await api.fails(query)
+        assert error["extensions"]["code"] == "BAD_INPUT", error
+        assert "NUL" in error["message"]
+
+
 # --- unexpected failures are masked, with the request id ------------------------------------
 
 

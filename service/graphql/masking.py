@@ -17,16 +17,27 @@ from strawberry.extensions import MaskErrors
 
 from service.db_faults import DatabaseUnavailable, is_database_unavailable
 from service.errors import InventoryError
+from service.transactions import sqlstate
 
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "internal error"
+# character_not_in_repertoire, untranslatable_character
+UNSTORABLE_TEXT = {"22021", "22P05"}
 
 
 def is_unexpected(error: GraphQLError) -> bool:
-    """Mask only bugs and outages: validation errors and InventoryErrors are for the caller."""
+    """Mask only bugs and outages: validation errors and InventoryErrors are for the caller.
+
+    An error without a path did not come from a resolver: it is the parser's,
+    the validator's or a scalar's refusal of the request's own values (e.g.
+    "Expected value of type 'Bytes', but encountered error 'Bytes must be
+    between 0 and 2^63-1, got -60'"), which the caller needs to read.
+    """
     original = error.original_error
-    return original is not None and not isinstance(original, (GraphQLError, InventoryError))
+    if original is None or isinstance(original, (GraphQLError, InventoryError)):
+        return False
+    return error.path is not None
 
 
 class MaskUnexpected(MaskErrors):
@@ -40,6 +51,11 @@ class MaskUnexpected(MaskErrors):
             log.warning("database unavailable at %s: %s", error.path, original)
             unavailable = DatabaseUnavailable()
             message, extensions = unavailable.message, unavailable.extensions
+        elif original is not None and sqlstate(original) in UNSTORABLE_TEXT:
+            # A NUL (or undecodable) character in any argument that reaches
+            # SQL: refused by PostgreSQL, whichever resolver passed it on.
+            message = "a text argument contains a NUL character, which cannot be stored or compared"
+            extensions = {"code": "BAD_INPUT"}
         else:
             log.error(
                 "unexpected error at %s (request %s)", error.path, request_id, exc_info=original
