@@ -111,6 +111,11 @@ async def test_graphiql_runs_a_query_from_local_assets_with_the_token_typed_in_i
         await page.wait_for(f"!!{headers_editor}", "the headers editor")
         typed = json.dumps({"Authorization": BEARER})
         await page.evaluate(f"{headers_editor}.CodeMirror.setValue({json.dumps(typed)})")
+        # GraphiQL takes in an edit after a short debounce, then keeps the headers in the browser.
+        await page.wait_for(
+            f"(localStorage.getItem('graphiql:headers') || '').includes({json.dumps(TOKEN)})",
+            "GraphiQL to take in the typed headers",
+        )
         # GraphiQL asked for the schema before it had the token; ask again, with it.
         await page.evaluate(
             "document.querySelector('button[aria-label=\"Re-fetch GraphQL schema\"]').click()"
