@@ -7,11 +7,12 @@ useless, and the control plane rebuilds the replica rather than a piece of it.
 Every service process runs the sweep. It is safe to run concurrently because
 each transition is a conditional UPDATE ... RETURNING on the node's liveness
 (a second sweeper re-checks the condition after the first commits and finds
-nothing to do) and each release is a DELETE ... RETURNING of the shards (a
-second DELETE of the same rows returns nothing), so a node changes state once,
-a replica is released once, and each event is written once. A transaction-level
-advisory lock on top lets one sweeper work while the others skip the round,
-rather than queue on the same rows.
+nothing to do) and each release is allocations.release_replica, a
+DELETE ... RETURNING of the shards (a second DELETE of the same rows returns
+nothing), so a node changes state once, a shard is released once, and each
+event is written once. A transaction-level advisory lock on top lets one
+sweeper work while the others skip the round, rather than queue on the same
+rows.
 
 Times are compared with the database's clock: heartbeats are stamped with
 now() by whichever process received them, and comparing against a process's
