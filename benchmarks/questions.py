@@ -100,7 +100,8 @@ class Question:
     weight: int = 1
 
 
-def questions(size: int) -> list[Question]:
+def questions(size: int, page_size: int = PAGE_SIZE) -> list[Question]:
+    first = min(page_size, size)
     return [
         Question(
             "freeGpus(H100-80GB, minFree 4, first 50)",
@@ -117,11 +118,11 @@ def questions(size: int) -> list[Question]:
             (DISK,),
         ),
         Question(
-            f"nodes(first {min(PAGE_SIZE, size)}) {{ gpus storage allocations }}",
+            f"nodes(first {first}) {{ gpus storage allocations }}",
             PAGE,
-            {"first": min(PAGE_SIZE, size)},
+            {"first": first},
             PAGE_SQL,
-            (min(PAGE_SIZE, size),),
+            (first,),
             weight=20,
         ),
     ]

@@ -89,7 +89,8 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
                 seconds=args.seconds,
                 calls=args.calls,
             )
-            qs = questions.questions(size)
+            # The quick run asks for a smaller page: a smoke test, not a figure.
+            qs = questions.questions(size, 200 if args.quick else questions.PAGE_SIZE)
             counts: dict[str, str] = {}
             if "statements" in sections:
                 plans: list[str] = []
@@ -140,7 +141,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.sizes = [int(s) for s in (args.sizes or ("1000" if quick else "1000,10000")).split(",")]
-    args.rounds = args.rounds or 3
+    args.rounds = args.rounds or (2 if quick else 3)
     args.seconds = args.seconds or (0.7 if quick else 2.0)
     args.calls = args.calls or (12 if quick else 100)
     args.churn_seconds = args.churn_seconds or (2.0 if quick else 20.0)
