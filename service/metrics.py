@@ -25,6 +25,7 @@ from service.node_views import STATES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+KNOWN_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -40,6 +41,10 @@ class _Counters:
             self.rejections[code] += 1
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        # Labels come from the request: fold the unexpected so that a scanner
+        # cannot mint a new series per made-up method.
+        if method not in KNOWN_METHODS:
+            method = "other"
         key = (method, route, str(status))
         with self._lock:
             series = self.latency.get(key)
