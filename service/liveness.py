@@ -64,6 +64,13 @@ class SweepResult:
 
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
 
+# The sweep has been watching for at least `after` seconds (see run_sweeper).
+# Kept apart from the last_seen comparison, which ix_nodes_last_seen serves.
+_WATCHED = (
+    "(CAST(:observing_since AS timestamptz) IS NULL"
+    " OR CAST(:observing_since AS timestamptz) < now() - make_interval(secs => :after))"
+)
+
 # LOST first, so that a node silent for longer than lost_after (the sweep was
 # not running, or the interval is long) goes straight to LOST in one sweep
 # instead of stopping at UNREACHABLE for a round.
@@ -77,14 +84,14 @@ _MARK_LOST = text(
     WITH due AS (
         SELECT id FROM nodes
         WHERE liveness <> 'lost'
-          AND greatest(last_seen, CAST(:observing_since AS timestamptz))
-              < now() - make_interval(secs => :after)
+          AND last_seen < now() - make_interval(secs => :after)
+          AND {WATCHED}
         ORDER BY id FOR NO KEY UPDATE
     )
     UPDATE nodes n SET liveness = 'lost', liveness_reason = :reason
     FROM due WHERE n.id = due.id
     RETURNING n.id
-    """
+    """.replace("{WATCHED}", _WATCHED)
 )
 
 _MARK_UNREACHABLE = text(
@@ -92,14 +99,14 @@ _MARK_UNREACHABLE = text(
     WITH due AS (
         SELECT id FROM nodes
         WHERE liveness = 'alive'
-          AND greatest(last_seen, CAST(:observing_since AS timestamptz))
-              < now() - make_interval(secs => :after)
+          AND last_seen < now() - make_interval(secs => :after)
+          AND {WATCHED}
         ORDER BY id FOR NO KEY UPDATE
     )
     UPDATE nodes n SET liveness = 'unreachable', liveness_reason = :reason
     FROM due WHERE n.id = due.id
     RETURNING n.id
-    """
+    """.replace("{WATCHED}", _WATCHED)
 )
 
 # Whole replicas: every shard of every replica that has one on a lost node.
