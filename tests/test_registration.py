@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from tests.conftest import Api
 from tests.reports import GB, H100, H200, REGISTER, TB, gpus, node_input
 
@@ -194,3 +197,40 @@ async def test_unhealthy_gpus_keep_their_reasons(api: Api) -> None:
         (True, []),
         (False, ["ecc_uncorrected"]),
     ]
+
+
+async def test_a_changed_report_rewrites_only_the_rows_that_changed(
+    api: Api, engine: AsyncEngine
+) -> None:
+    # Rewriting identical rows leaves dead tuples that slow every scheduler
+    # scan until vacuum: a report with one GPU gone bad must touch that row only.
+    storage = [
+        {"id": "d", "mountPoint": "/data", "shared": False, "freeBytes": TB, "totalBytes": 2 * TB}
+    ]
+    fabrics = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}]
+    await api(REGISTER, {"input": node_input("gpu-07", storage=storage, fabrics=fabrics)})
+    before = await row_versions(engine)
+
+    changed = gpus(H100, 8)
+    changed[3] = {**changed[3], "healthy": False, "healthReasons": ["ecc_uncorrected"]}
+    await api(
+        REGISTER, {"input": node_input("gpu-07", gpus=changed, storage=storage, fabrics=fabrics)}
+    )
+    after = await row_versions(engine)
+
+    rewritten = sorted(key for key in before if before[key] != after[key])
+    assert rewritten == [("gpu_pools", "H100-80GB"), ("gpus", "3")]
+
+
+async def row_versions(engine: AsyncEngine) -> dict[tuple[str, str], str]:
+    """Each child row's xmin: it changes exactly when the row is rewritten."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT 'gpus', idx::text, xmin::text FROM gpus"
+                " UNION ALL SELECT 'fabric_attachments', fabric, xmin::text FROM fabric_attachments"
+                " UNION ALL SELECT 'filesystems', fs_id, xmin::text FROM filesystems"
+                " UNION ALL SELECT 'gpu_pools', gpu_class, xmin::text FROM gpu_pools"
+            )
+        )
+        return {(r[0], r[1]): r[2] for r in rows}
