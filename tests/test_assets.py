@@ -135,10 +135,16 @@ async def test_with_local_assets_graphiql_loads_everything_from_the_service_with
     engine: AsyncEngine, settings: Settings
 ) -> None:
     vendor = local_assets_or_skip()
-    app = create_app(settings, engine=engine, vendor_dir=vendor)
+    guarded = settings.replace(bootstrap_token="an-operator-token")
+    app = create_app(guarded, engine=engine, vendor_dir=vendor)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://inventory"
     ) as browser:
+        # Tokens are in force: a query without one is refused...
+        refused = await browser.post("/graphql", json={"query": "{ fabrics { name } }"})
+        assert refused.status_code == 401
+
+        # ...but the pages and their scripts are not queries.
         page = await browser.get("/graphql", headers=BROWSER)
         assert page.status_code == 200
         assert "unpkg.com" not in page.text
