@@ -230,6 +230,31 @@ async def test_a_nul_character_anywhere_is_bad_input_not_a_crash(api: Api) -> No
         assert "NUL" in error["message"]
 
 
+async def test_a_burst_of_abuse_does_not_stop_others_being_answered(
+    client: httpx.AsyncClient, api: Api
+) -> None:
+    flood = "{ " + " ".join(f"a{i}: nodes {{ id }}" for i in range(500)) + " }"
+    recursion = "{ __schema { types { fields { type { fields { type { fields { name } } } } } } } }"
+    abuse = [
+        client.post("/graphql", json={"query": flood}),
+        client.post("/graphql", json={"query": "{ " + "__typename " * 20_000 + "}"}),
+        client.post("/graphql", json={"query": recursion}),
+        client.post(
+            "/graphql", content=b"x" * (2 << 20), headers={"Content-Type": "application/json"}
+        ),
+        client.post(
+            "/graphql", content=b'{"query": ', headers={"Content-Type": "application/json"}
+        ),
+    ] * 4
+    normal = [api("{ nodes { id } gpuClasses { gpuClass } }") for _ in range(10)]
+    answers = await asyncio.gather(*abuse, *normal)
+    for response in answers[: len(abuse)]:
+        assert response.status_code in (200, 400, 413), response.text[:200]
+        if response.status_code == 200:
+            assert response.json()["errors"][0]["message"] != "internal error"
+    assert answers[len(abuse) :] == [{"nodes": [], "gpuClasses": []}] * 10
+
+
 # --- unexpected failures are masked, with the request id ------------------------------------
 
 
