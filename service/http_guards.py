@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qsl
 
 from service.auth import Authenticator, Unauthenticated
 from service.config import Settings
@@ -176,10 +177,10 @@ class RequireToken:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        query_string = scope.get("query_string", b"").decode("latin-1")
-        runs_nothing = scope.get("method") == "GET" and not any(
-            part.split("=", 1)[0] == "query" for part in query_string.split("&")
-        )
+        # Decoded as Starlette decodes it (so `qu%65ry=` counts as `query=`):
+        # anything Strawberry would execute must not pass as the IDE page.
+        params = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        runs_nothing = scope.get("method") == "GET" and all(key != "query" for key, _ in params)
         if not runs_nothing:
             try:
                 principal = await self.authenticator.principal(_header(scope, b"authorization"))

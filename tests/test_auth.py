@@ -127,6 +127,8 @@ async def test_graphiql_and_health_stay_open_so_a_token_can_be_typed_in(
     # A query sent as GET runs an operation: it needs a token like a POST.
     response = await client.get("/graphql", params={"query": NODES})
     assert response.status_code == 401
+    sneaky = await client.get("/graphql?qu%65ry=%7B__typename%7D")
+    assert sneaky.status_code == 401
     response = await client.get(
         "/graphql", params={"query": NODES}, headers=bearer(role_tokens["reader"])
     )
