@@ -183,6 +183,21 @@ def api(client: httpx.AsyncClient) -> Api:
     return Api(client)
 
 
+@pytest.fixture
+def api_as(client: httpx.AsyncClient, engine: AsyncEngine) -> Any:
+    """`await api_as("scheduler")` (or `api_as("agent", node_id="gpu-07")`): an Api sending a
+    new token of that role. Once a test makes one, tokens are in force for its app: the plain
+    `api` fixture is then refused (HTTP 401)."""
+    from service import tokens
+
+    async def make(role: str, node_id: str | None = None) -> Api:
+        async with engine.begin() as conn:
+            created = await tokens.create_token(conn, role, node_id, description=f"test {role}")
+        return Api(client, headers={"Authorization": f"Bearer {created.secret}"})
+
+    return make
+
+
 class StatementCounter:
     def __init__(self) -> None:
         self.count = 0

@@ -333,3 +333,10 @@ async def test_a_subscription_needs_a_token_in_connection_init(
     accepted = await asyncio.to_thread(_connect, url, {"Authorization": f"Bearer {secret}"})
     assert accepted["type"] == "connection_ack"
     assert accepted["next"] is None or accepted["next"].get("type") != "error", accepted
+
+
+async def test_the_api_as_fixture_sends_a_token_of_the_role(api_as: Any) -> None:
+    scheduler = await api_as("scheduler")
+    assert await scheduler(NODES) == {"nodes": []}
+    error = await scheduler.fails('mutation { removeNode(id: "gpu-07") }')
+    assert error["extensions"]["code"] == "FORBIDDEN"
