@@ -28,15 +28,19 @@ REMOVE = 'mutation { removeNode(id: "gpu-07") }'
 ON_GPU_3 = AllocationRequest("r1", (ShardRequest("r1-s0", "gpu-07", (2, 3, 4, 5)),))
 
 
-async def until_blocked(engine: AsyncEngine) -> None:
-    """Return once some transaction of this database waits for a lock."""
+async def until_blocked(engine: AsyncEngine, holder: int, task: asyncio.Future[Any]) -> None:
+    """Return once some backend waits for a lock that the backend `holder` holds.
+
+    Asked by blocker rather than by database: a freshly opened connection
+    can show in pg_stat_activity without its database name yet.
+    """
     async with engine.connect() as conn:
-        for _ in range(1000):
+        for _ in range(3000):
+            if task.done():
+                raise AssertionError(f"finished without waiting for the lock: {task.result()}")
             waiting = await conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
+                text("SELECT count(*) FROM pg_locks WHERE :holder = ANY(pg_blocking_pids(pid))"),
+                {"holder": holder},
             )
             if waiting.scalar_one() > 0:
                 return
@@ -52,9 +56,10 @@ async def while_open(
     """Run `first(conn)` in a transaction kept open until `second` is blocked behind it."""
     async with engine.connect() as conn:
         tx = await conn.begin()
+        holder = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
         first_result = await first(conn)
         task = asyncio.ensure_future(second)
-        await until_blocked(engine)
+        await until_blocked(engine, holder, task)
         await tx.commit()
     return first_result, await task
 
@@ -89,7 +94,7 @@ async def held(engine: AsyncEngine) -> list[tuple[str, int, str]]:
         rows = await conn.execute(
             text("SELECT node_id, gpu_index, shard_id FROM allocated_gpus ORDER BY 1, 2")
         )
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        return [(r.node_id, r.gpu_index, r.shard_id) for r in rows]
 
 
 async def allocate_over_api(api: Api, request: dict[str, Any]) -> dict[str, Any]:
