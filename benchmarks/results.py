@@ -76,7 +76,75 @@ class Results:
                 f"| {r.size:,} | {r.name} | {spread(r.value)} {r.unit} | {r.baseline_name or '-'} "
                 f"| {spread(r.baseline)} | {ratio} | {r.statements or '-'} | {r.note} |"
             )
+        verdicts = targets(self.rows)
+        if verdicts:
+            out.extend(["", "Targets (issue 7):", ""])
+            out.extend(f"- {v}" for v in verdicts)
         if self.notes:
             out.append("")
             out.extend(f"- {n}" for n in self.notes)
         return "\n".join(out) + "\n"
+
+
+def _find(rows: list[Row], size: int, prefix: str) -> Row | None:
+    return next((r for r in rows if r.size == size and r.name.startswith(prefix)), None)
+
+
+def targets(rows: list[Row]) -> list[str]:
+    """Issue 7's targets, each with the figures it was judged on (skipped when not measured)."""
+    out: list[str] = []
+    sizes = sorted({r.size for r in rows})
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    free = "freeGpus(H100-80GB, minFree 4, first 50) p50"
+    at10k = _find(rows, 10_000, free)
+    if at10k is not None and at10k.baseline is not None:
+        ok = at10k.value.median <= 0.5 * at10k.baseline.median
+        out.append(
+            f"freeGpus p50 at 10k nodes <= 0.5x naive raw SQL: {verdict(ok)} "
+            f"({fmt(at10k.value.median)} ms vs {fmt(at10k.baseline.median)} ms, x{at10k.ratio:.2f})"
+        )
+    small, large = _find(rows, 1_000, free), _find(rows, 100_000, free)
+    if small is not None and large is not None:
+        ok = large.value.median <= 2 * small.value.median
+        out.append(
+            f"freeGpus p50 at 100k <= 2x at 1k: {verdict(ok)} ({fmt(large.value.median)} ms vs "
+            f"{fmt(small.value.median)} ms)"
+        )
+    for size in sizes:
+        reg = _find(rows, size, "registerNode, changed")
+        if reg is not None:
+            out.append(
+                f"{size:,} nodes: registration >= 0.5x raw asyncpg: {verdict(reg.ratio >= 0.5)} "
+                f"(x{reg.ratio:.2f})"
+            )
+        beat = _find(rows, size, "heartbeat")
+        if beat is not None:
+            out.append(
+                f"{size:,} nodes: heartbeats >= 5,000/s: {verdict(beat.value.median >= 5000)} "
+                f"({fmt(beat.value.median)}/s)"
+            )
+        place = _find(rows, size, "place ")
+        if place is not None:
+            out.append(
+                f"{size:,} nodes: place >= 1,500 claims/s: "
+                f"{verdict(place.value.median >= 1500)} ({fmt(place.value.median)}/s)"
+            )
+        churn = _find(rows, size, "freeGpus p50 after")
+        if churn is not None:
+            out.append(
+                f"{size:,} nodes: freeGpus after unchanged churn <= 1.2x before: "
+                f"{verdict(churn.ratio <= 1.2)} (x{churn.ratio:.2f})"
+            )
+        peer = next(
+            (r for r in rows if r.size == size and "req/s" in r.name and "PostGraphile" in r.name),
+            None,
+        )
+        if peer is not None:
+            out.append(
+                f"{size:,} nodes: full page req/s >= PostGraphile 5: {verdict(peer.ratio >= 1)} "
+                f"(x{peer.ratio:.2f})"
+            )
+    return out
