@@ -333,6 +333,15 @@ async def test_a_subscription_needs_a_token_in_connection_init(
     accepted = await asyncio.to_thread(_connect, url, {"Authorization": f"Bearer {secret}"})
     assert accepted["type"] == "connection_ack"
     assert accepted["next"] is None or accepted["next"].get("type") != "error", accepted
+    # A valid token without the role: connected, but the subscription is refused by name.
+    agent = await new_token(engine, "agent", "gpu-07")
+    refused_role = await asyncio.to_thread(_connect, url, {"Authorization": f"Bearer {agent}"})
+    assert refused_role["type"] == "connection_ack"
+    assert refused_role["next"] is not None, "expected an error frame"
+    frame = refused_role["next"]
+    errors = frame["payload"] if frame["type"] == "error" else frame["payload"]["errors"]
+    assert errors[0]["extensions"]["code"] == "FORBIDDEN"
+    assert errors[0]["message"].startswith("events needs the reader role")
 
 
 async def test_the_api_as_fixture_sends_a_token_of_the_role(api_as: Any) -> None:
