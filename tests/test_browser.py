@@ -178,6 +178,10 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
     async with chromium() as page:
         dashboard = service.url.removesuffix("graphql")
         await page.goto(dashboard)
+        await page.wait_for(
+            "document.getElementById('status').innerText.includes('token')",
+            "the page to say it needs a token",
+        )
         # The operator pastes a token once; the page keeps it in this browser.
         await page.evaluate(
             f"document.getElementById('token').value = {json.dumps(TOKEN)};"
@@ -210,6 +214,9 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         }
 
         # Another operator cordons a node: the page follows without a reload.
+        await page.wait_for(
+            "document.getElementById('status').innerText === 'live'", "the events subscription"
+        )
         call(service, CORDON, {"id": "gpu-01", "reason": "ib-a maintenance"})
         await page.wait_for(
             "document.querySelector('tr[data-node-id=\"gpu-01\"] .state').innerText === 'CORDONED'",

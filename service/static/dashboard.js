@@ -148,6 +148,7 @@ let socket = null;
 let retryMs = 1000;
 
 function connectLive(query) {
+  if (socket) return; // one subscription per page, whoever asks for it
   const url = new URL(GRAPHQL);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   socket = new WebSocket(url, "graphql-transport-ws");
@@ -372,6 +373,7 @@ async function start() {
     if (value) localStorage.setItem(TOKEN_KEY, value);
     else localStorage.removeItem(TOKEN_KEY);
     if (socket) socket.close(); // reconnects with the new token
+    else if (view.mode !== "live") goLive(); // the schema may have been refused without one
     refresh();
   });
   document.getElementById("filters").addEventListener("change", () => {
@@ -381,6 +383,10 @@ async function start() {
   readHash();
   setInterval(renderAges, 1000);
   await refresh();
+  await goLive();
+}
+
+async function goLive() {
   const subscription = await eventsSubscription();
   if (subscription) {
     connectLive(subscription);
