@@ -122,6 +122,27 @@ async def test_without_first_a_list_returns_at_most_the_maximum(
     assert len(rest) == 10
 
 
+async def test_a_fabrics_nodes_are_paged_too(
+    strict: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    api = Api(strict)
+    async with engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO nodes (id, hostname, mgmt_addr) "
+            "SELECT 'n' || lpad(i::text, 3, '0'), 'h', '10.0.0.1' FROM generate_series(1, 60) i"
+        ))  # fmt: skip
+        await conn.execute(text(
+            "INSERT INTO fabric_attachments (node_id, fabric, hcas, rate_gbps) "
+            "SELECT id, 'ib-a', '{mlx5_0}', 400 FROM nodes"
+        ))  # fmt: skip
+    page = (await api("{ fabrics { nodes { id } } }"))["fabrics"][0]["nodes"]
+    assert len(page) == 50
+    rest = await api("query($a: ID) { fabrics { nodes(after: $a) { id } } }", {"a": page[-1]["id"]})
+    assert [n["id"] for n in rest["fabrics"][0]["nodes"]] == [f"n{i:03d}" for i in range(51, 61)]
+    error = await api.fails("{ fabrics { nodes(first: 51) { id } } }")
+    assert error["extensions"]["field"] == "first"
+
+
 # --- the HTTP request: size, time, shape ---------------------------------------------------
 
 

@@ -351,9 +351,20 @@ class Fabric:
     name: str
     node_ids: strawberry.Private[tuple[str, ...]]
 
-    @strawberry.field
-    async def nodes(self, info: Info) -> list[Node]:
-        records = await info.context.loaders.node.load_many(list(self.node_ids))
+    @strawberry.field(
+        description=(
+            "Nodes attached to this fabric, sorted by id; a fabric spans the cluster, so the "
+            "list is paged like `nodes` (`after` is the last id of the previous page)."
+        )
+    )
+    async def nodes(
+        self, info: Info, first: int | None = None, after: strawberry.ID | None = None
+    ) -> list[Node]:
+        page = info.context.page_size(first)
+        ids = sorted(self.node_ids)
+        if after is not None:
+            ids = [i for i in ids if i > str(after)]
+        records = await info.context.loaders.node.load_many(ids[:page])
         return [Node.of(r) for r in records if r is not None]
 
 
