@@ -201,8 +201,13 @@ class RequireToken:
 
 
 def guard_graphql(app: ASGIApp, authenticator: Authenticator, settings: Settings) -> ASGIApp:
-    """The GraphQL endpoint behind its size limit, time limit and token check (outermost first)."""
-    return BodySizeLimit(
-        RequestTimeout(RequireToken(app, authenticator), settings.request_timeout),
-        settings.max_body_bytes,
+    """The GraphQL endpoint behind its time limit, size limit and token check (outermost first).
+
+    The time limit is outermost so that a body trickled in slowly counts
+    against it too: a client cannot hold a request open by sending its body
+    a byte at a time.
+    """
+    return RequestTimeout(
+        BodySizeLimit(RequireToken(app, authenticator), settings.max_body_bytes),
+        settings.request_timeout,
     )

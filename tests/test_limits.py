@@ -172,6 +172,22 @@ async def test_an_oversized_body_without_a_length_is_refused_too(strict: httpx.A
     assert response.status_code == 413
 
 
+async def test_a_body_trickled_in_slowly_is_stopped_by_the_time_limit(
+    strict: httpx.AsyncClient,
+) -> None:
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"query": "{ nodes { id } }", "variables": {"pad": "'
+        while True:  # never finishes; the service must not wait for it forever
+            await asyncio.sleep(0.1)
+            yield b"x"
+
+    response = await strict.post(
+        "/graphql", content=trickle(), headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 503
+    assert first_error(response)["extensions"]["code"] == "REQUEST_TIMEOUT"
+
+
 async def test_a_request_stuck_behind_a_lock_is_stopped_and_leaves_nothing(
     strict: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
