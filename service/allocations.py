@@ -178,9 +178,13 @@ def validate_request(request: AllocationRequest) -> Rejection | None:
         seen_indices: set[int] = set()
         for index in shard.gpu_indices:
             if index < 0:
-                return invalid(f"shard {sid} asks for GPU {index}; GPU indices start at 0")
+                return invalid(
+                    f"shard {sid} asks for GPU {index}; GPU indices start at 0",
+                    shard.node_id,
+                    index,
+                )
             if index in seen_indices:
-                return invalid(f"shard {sid} lists GPU {index} twice", shard.node_id)
+                return invalid(f"shard {sid} lists GPU {index} twice", shard.node_id, index)
             seen_indices.add(index)
             other = holder_of.get((shard.node_id, index))
             if other is not None:
@@ -188,6 +192,7 @@ def validate_request(request: AllocationRequest) -> Rejection | None:
                     f"GPU {index} on node {shown(shard.node_id)} is asked for by both shard "
                     f"{shown(other)} and shard {sid}",
                     shard.node_id,
+                    index,
                 )
             holder_of[(shard.node_id, index)] = shard.shard_id
     return None
@@ -242,8 +247,8 @@ _FABRICS = text(
 _LOCK_FOR_REPLICA = text(
     """
     SELECT id, state, admin_reason, liveness_reason FROM nodes
-    WHERE id = ANY(CAST(:ids AS text[]))
-       OR id IN (SELECT node_id FROM shards WHERE replica_id = :replica_id)
+    WHERE id IN (SELECT unnest(CAST(:ids AS text[]))
+                 UNION SELECT node_id FROM shards WHERE replica_id = :replica_id)
     ORDER BY id
     FOR NO KEY UPDATE
     """

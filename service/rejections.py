@@ -32,8 +32,8 @@ class Rejection:
     held_by: str | None = None
 
 
-def invalid(message: str, node_id: str | None = None) -> Rejection:
-    return Rejection(RejectionCode.INVALID, message, node_id=node_id)
+def invalid(message: str, node_id: str | None = None, gpu_index: int | None = None) -> Rejection:
+    return Rejection(RejectionCode.INVALID, message, node_id=node_id, gpu_index=gpu_index)
 
 
 def shown(value: str, limit: int = 60) -> str:
