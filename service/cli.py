@@ -61,7 +61,13 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
         # log_config=None: uvicorn logs through our handler (JSON when configured).
         uvicorn.run(
-            app, host=settings.host, port=settings.port, log_level="warning", log_config=None
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            log_config=None,
+            # A websocket message is bounded like a request body (uvicorn's default is 16 MiB).
+            ws_max_size=settings.max_body_bytes,
         )
     finally:
         # Reached on startup failures and on a plain return; after SIGTERM
