@@ -310,10 +310,11 @@ async def test_placing_costs_the_same_statements_on_a_larger_cluster(
     api: Api, count_statements: StatementCounter
 ) -> None:
     async def statements_to_place_and_explain(replica_id: str) -> int:
-        count_statements.count = 0
+        count_statements.statements.clear()
         assert (await place(api, replica_id, gpusPerShard=4))["__typename"] == "Allocated"
         assert (await explain(api, replica_id + "-x", gpusPerShard=16))["placeable"] is False
-        return count_statements.count
+        # The token check runs at most once a second, so it is left out.
+        return len([s for s in count_statements.statements if "api_tokens" not in s])
 
     await asyncio.gather(*(register(api, f"a-{i}") for i in range(2)))
     small = await statements_to_place_and_explain("r1")
