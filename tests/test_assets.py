@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -163,3 +164,27 @@ async def test_with_local_assets_graphiql_loads_everything_from_the_service_with
         dashboard = await browser.get("/")
         assert dashboard.status_code == 200 and "text/html" in dashboard.headers["content-type"]
         assert (await browser.get("/static/dashboard.js")).status_code == 200
+
+
+async def test_an_altered_local_copy_is_not_used_and_the_log_names_it(
+    engine: AsyncEngine,
+    settings: Settings,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    vendor = tmp_path / "vendor"
+    shutil.copytree(local_assets_or_skip(), vendor)
+    with (vendor / "graphiql@3.8.3" / "graphiql.min.js").open("ab") as bundle:
+        bundle.write(b"\n/* edited by hand */\n")
+    app = create_app(settings, engine=engine, vendor_dir=vendor)
+
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://inventory"
+    ) as browser:
+        with caplog.at_level(logging.WARNING, logger="service.graphiql"):
+            page = await browser.get("/graphql", headers=BROWSER)
+
+    # Half local, half CDN would break in the browser anyway (SRI): all CDN instead.
+    assert "static/vendor/" not in page.text
+    assert "https://unpkg.com/react@18.2.0/umd/react.production.min.js" in page.text
+    assert "graphiql@3.8.3/graphiql.min.js" in caplog.text
