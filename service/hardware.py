@@ -69,19 +69,32 @@ _GPUS = text(
 
 async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, list[GpuRecord]]:
     out: dict[str, list[GpuRecord]] = defaultdict(list)
-    for r in await conn.execute(_GPUS, {"ids": list(node_ids)}):
-        out[r.node_id].append(
+    # By position, in _GPUS's column order: named access on SQLAlchemy rows
+    # cost more than building the record, eight thousand times a page.
+    for (
+        node_id,
+        idx,
+        uuid,
+        pci_bus_id,
+        name,
+        gpu_class,
+        memory_mb,
+        healthy,
+        reasons,
+        held_by,
+    ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):
+        out[node_id].append(
             GpuRecord(
-                node_id=r.node_id,
-                index=r.idx,
-                uuid=r.uuid,
-                pci_bus_id=r.pci_bus_id,
-                name=r.name,
-                gpu_class=r.gpu_class,
-                memory_mb=r.memory_mb,
-                healthy=r.healthy,
-                health_reasons=tuple(r.health_reasons),
-                held_by=r.shard_id,
+                node_id=node_id,
+                index=idx,
+                uuid=uuid,
+                pci_bus_id=pci_bus_id,
+                name=name,
+                gpu_class=gpu_class,
+                memory_mb=memory_mb,
+                healthy=healthy,
+                health_reasons=tuple(reasons),
+                held_by=held_by,
             )
         )
     return out

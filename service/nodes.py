@@ -77,10 +77,10 @@ _UPSERT_NODE = text(
             last_seen = now()
         RETURNING {NODE_COLUMNS}
     )
-    SELECT (SELECT report_digest FROM old) AS old_digest,
+    SELECT upserted.*,
+           (SELECT report_digest FROM old) AS old_digest,
            (SELECT liveness FROM old) AS old_liveness,
-           NOT EXISTS (SELECT 1 FROM old) AS created,
-           upserted.*
+           NOT EXISTS (SELECT 1 FROM old) AS created
     FROM upserted
     """
 )
@@ -333,7 +333,7 @@ _HEARTBEATS = text(
     )
     UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL
     FROM old WHERE n.id = old.id
-    RETURNING old.liveness AS old_liveness, {NODE_COLUMNS}
+    RETURNING {NODE_COLUMNS}, old.liveness AS old_liveness
     """
 )
 
