@@ -28,6 +28,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.CannotConnectNowError,  # "the database system is starting up"
     asyncpg.AdminShutdownError,  # "terminating connection due to administrator command"
     asyncpg.CrashShutdownError,
+    # "cannot switch to state 15; another operation is in progress": asyncpg's
+    # protocol left mid-reply by a connection the server cut, met at COMMIT.
+    # Nothing was committed; the next checkout pings and reconnects.
+    asyncpg.InternalClientError,
 )
 
 
