@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.allocations import ShardRecord
+
 
 @dataclass(frozen=True)
 class GpuRecord:
@@ -26,6 +28,9 @@ class GpuRecord:
     healthy: bool
     health_reasons: tuple[str, ...]
     held_by: str | None
+    # The shard holding it, read with it: every GPU answers its own
+    # `allocation` without a second lookup per GPU.
+    shard: ShardRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -58,9 +63,11 @@ class WeightsRecord:
 _GPUS = text(
     """
     SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb, g.healthy,
-           g.health_reasons, a.shard_id
+           g.health_reasons, a.shard_id, s.replica_id, s.gpu_indices, s.fabric, s.hcas,
+           s.created_at
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+    LEFT JOIN shards s ON s.shard_id = a.shard_id
     WHERE g.node_id = ANY(CAST(:ids AS text[]))
     ORDER BY g.node_id, g.idx
     """
@@ -69,20 +76,26 @@ _GPUS = text(
 
 async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, list[GpuRecord]]:
     out: dict[str, list[GpuRecord]] = defaultdict(list)
+    shards: dict[str, ShardRecord] = {}
     # By position, in _GPUS's column order: named access on SQLAlchemy rows
     # cost more than building the record, eight thousand times a page.
     for (
-        node_id,
-        idx,
-        uuid,
-        pci_bus_id,
-        name,
-        gpu_class,
-        memory_mb,
-        healthy,
-        reasons,
-        held_by,
-    ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):
+        node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
+        replica_id, indices, fabric, hcas, created_at,
+    ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
+        shard = None
+        if held_by is not None:
+            shard = shards.get(held_by)
+            if shard is None:
+                shard = shards[held_by] = ShardRecord(
+                    shard_id=held_by,
+                    replica_id=replica_id,
+                    node_id=node_id,
+                    gpu_indices=tuple(sorted(indices)),
+                    fabric=fabric,
+                    hcas=tuple(hcas),
+                    created_at=created_at,
+                )
         out[node_id].append(
             GpuRecord(
                 node_id=node_id,
@@ -95,6 +108,7 @@ async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, l
                 healthy=healthy,
                 health_reasons=tuple(reasons),
                 held_by=held_by,
+                shard=shard,
             )
         )
     return out

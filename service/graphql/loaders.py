@@ -135,15 +135,6 @@ class Loaders:
         fields = selected(selections)
         for name in dict.fromkeys(_NODE_DETAILS[f] for f in fields if f in _NODE_DETAILS):
             await self.prefetch(conn, getattr(self, name), node_ids)
-        gpu_fields = selected([s for name in ("gpus", "freeGpus") for s in fields.get(name, [])])
-        if "allocation" in gpu_fields:
-            held = [
-                g.held_by
-                for node_id in node_ids
-                for g in ready(self.gpus, node_id, list) or ()
-                if g.held_by is not None
-            ]
-            await self.prefetch(conn, self.shard, held)
 
 
 def ready(loader: DataLoader[K, V], key: K, convert: Callable[[V], R]) -> R | None:
