@@ -505,26 +505,10 @@ async def allocate(
             async with conn.begin_nested():
                 stored = await _store(conn, request, choice, earlier)
         except IntegrityError as error:
-            if sqlstate(error) not in ("23505", "23503"):
+            if not is_conflict(error):
                 raise
             continue
-        touched = sorted(asked_nodes)
-        await refresh_pools(conn, touched)
-        for shard in stored:
-            await record_event(
-                conn,
-                "allocated",
-                node_id=shard.node_id,
-                replica_id=shard.replica_id,
-                shard_id=shard.shard_id,
-                actor=actor,
-                detail={
-                    "gpuIndices": list(shard.gpu_indices),
-                    "fabric": shard.fabric,
-                    "hcas": list(shard.hcas),
-                },
-            )
-        return Allocated(stored)
+        return await _recorded(conn, stored, actor)
     first = request.shards[0]
     return Rejection(
         RejectionCode.GPU_TAKEN,
@@ -532,6 +516,46 @@ async def allocate(
         f"{shown(first.node_id)}); read allocations and retry",
         node_id=first.node_id,
     )
+
+
+def is_conflict(error: IntegrityError) -> bool:
+    """A unique or foreign-key violation: someone else's commit won; checks again will say who."""
+    return sqlstate(error) in ("23505", "23503")
+
+
+async def _recorded(
+    conn: AsyncConnection, stored: tuple[ShardRecord, ...], actor: str | None
+) -> Allocated:
+    await refresh_pools(conn, sorted({s.node_id for s in stored}))
+    for shard in stored:
+        await record_event(
+            conn,
+            "allocated",
+            node_id=shard.node_id,
+            replica_id=shard.replica_id,
+            shard_id=shard.shard_id,
+            actor=actor,
+            detail={
+                "gpuIndices": list(shard.gpu_indices),
+                "fabric": shard.fabric,
+                "hcas": list(shard.hcas),
+            },
+        )
+    return Allocated(stored)
+
+
+async def record_on_locked_node(
+    conn: AsyncConnection, request: AllocationRequest, actor: str | None
+) -> Allocated:
+    """Store a one-node allocation whose GPUs the caller verified free under the node's lock.
+
+    place() uses it after locking a node and recounting its free GPUs, so
+    allocate()'s checks would only repeat what it just read. A unique
+    violation still raises (IntegrityError): the caller wraps this in a
+    savepoint and looks again.
+    """
+    stored = await _store(conn, request, _FabricChoice(None, {}), ())
+    return await _recorded(conn, stored, actor)
 
 
 async def _store(

@@ -9,13 +9,17 @@ equally good nodes the choice is random, so a crowd of schedulers asking for
 the same class does not all queue on the same first node.
 
 How it stays correct under concurrency: candidates are read from gpu_pools
-(indexed by class, cost follows the number of nodes with room), the chosen
-nodes are row-locked with SKIP LOCKED inside a savepoint, and the locked
-nodes go through allocate()'s checks and insert. A node another placement
-holds is skipped and the plan is redone without it. "Unplaceable" is only
-said after a plan fails on committed data with no candidate skipped: when
-candidates were busy, place() waits for their holders to finish and looks
-again, so N concurrent calls on room for K replicas place exactly K.
+(indexed by class; every check is in the SQL, so a one-node placement reads
+a small window of the best nodes however large the cluster). The common case,
+every shard on one node, locks the best node of the window that nobody else
+holds (FOR NO KEY UPDATE SKIP LOCKED, LIMIT 1), recounts its free GPUs in a
+fresh statement and inserts: five statements. A multi-node placement locks
+its planned nodes with SKIP LOCKED and goes through allocate()'s checks. Both
+run inside a savepoint, so a node found full or busy is let go at once.
+"Unplaceable" is only said after a plan fails on committed data with no
+candidate skipped: when candidates were busy, place() waits for their holders
+to finish and looks again, so N concurrent calls on room for K replicas
+place exactly K.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.allocations import (
@@ -35,7 +40,9 @@ from service.allocations import (
     AllocationRequest,
     ShardRequest,
     allocate,
+    is_conflict,
     lock_nodes,
+    record_on_locked_node,
     shard_from_row,
 )
 from service.rejections import Rejection, RejectionCode, invalid, shown
@@ -122,12 +129,28 @@ _FACTS = """
     FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
 """
 
-# `p.free > 0` repeats the partial index's predicate so the planner can use
-# it whatever :per_shard is: the scan covers only nodes with room of this class.
+# Only nodes that pass every check, best first: weight holders, then the
+# fewest free GPUs (packing), then random among equals so concurrent callers
+# spread out instead of queueing on one node. `p.free > 0` repeats the partial
+# index's predicate so the planner can use it whatever :need is; the scan
+# covers only nodes with room of this class. judge() re-checks each row, so
+# these filters and the verdicts cannot drift apart unnoticed.
 _CANDIDATES = text(
     _FACTS
     + """
-    WHERE p.gpu_class = :cls AND p.schedulable AND p.free > 0 AND p.free >= :per_shard
+    WHERE p.gpu_class = :cls AND p.schedulable AND p.free > 0 AND p.free >= :need
+      AND p.node_id <> ALL(CAST(:skip AS text[]))
+      AND (CAST(:fabric AS text) IS NULL OR EXISTS (
+          SELECT 1 FROM fabric_attachments fa
+          WHERE fa.node_id = p.node_id AND fa.fabric = :fabric))
+      AND (CAST(:label_key AS text) IS NULL
+           OR n.labels ->> CAST(:label_key AS text) = :label_value)
+      AND (CAST(:min_disk AS bigint) IS NULL OR n.local_disk_free IS NULL
+           OR n.local_disk_free >= :min_disk)
+      AND (CAST(:weights AS text) IS NULL OR NOT n.knows_its_weights OR EXISTS (
+          SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights))
+    ORDER BY holds_weights DESC, p.free, random()
+    LIMIT :limit
     """
 )
 
@@ -160,12 +183,34 @@ _REPLICA = text(
 )
 
 
+# The best-ranked node of a window that no one else holds, locked; the others
+# are left alone (SKIP LOCKED with LIMIT 1 locks one row).
+_PICK = text(
+    """
+    SELECT n.id FROM unnest(CAST(:ids AS text[])) WITH ORDINALITY AS c(id, rank)
+    JOIN nodes n ON n.id = c.id
+    WHERE n.state = 'ready'
+    ORDER BY c.rank
+    LIMIT 1
+    FOR NO KEY UPDATE OF n SKIP LOCKED
+    """
+)
+
+# How many of the best candidates one statement returns for a one-node
+# placement: enough that a crowd of concurrent callers finds an unlocked one.
+WINDOW = 16
+# A multi-node placement needs every candidate of a fabric to plan with.
+NO_LIMIT = 1_000_000
+
+
 def _params(request: PlaceRequest) -> dict[str, Any]:
     return {
         "cls": request.gpu_class,
-        "per_shard": request.gpus_per_shard,
         "weights": request.weights,
         "label_key": request.label[0] if request.label else None,
+        "label_value": request.label[1] if request.label else None,
+        "fabric": request.fabric,
+        "min_disk": request.min_local_disk_free,
     }
 
 
@@ -184,9 +229,23 @@ def _facts(row: Any) -> NodeFacts:
     )
 
 
-async def candidates(conn: AsyncConnection, request: PlaceRequest) -> list[NodeFacts]:
-    rows = await conn.execute(_CANDIDATES, _params(request))
-    return [_facts(r) for r in rows]
+async def candidates(
+    conn: AsyncConnection,
+    request: PlaceRequest,
+    *,
+    whole: bool,
+    skip: set[str] | frozenset[str] = frozenset(),
+) -> list[NodeFacts]:
+    """Nodes that can take the whole replica (a window of the best), or every node with room
+    for one shard (to spread over a fabric). Nodes in `skip` are left out."""
+    params = {
+        **_params(request),
+        "need": request.gpus if whole else request.gpus_per_shard,
+        "limit": WINDOW if whole else NO_LIMIT,
+        "skip": sorted(skip),
+    }
+    rows = await conn.execute(_CANDIDATES, params)
+    return [f for f in (_facts(r) for r in rows) if judge(f, request).fits]
 
 
 def plan_placement(
@@ -335,26 +394,101 @@ async def place(
         again = await _same_replica(conn, request)
         if again is not None:
             return again
-        facts = await candidates(conn, request)
         busy: set[str] = set()
-        stale = False
-        while not stale:
-            plan = plan_placement([f for f in facts if f.node_id not in busy], request, rng)
-            if plan is None:
-                break
-            outcome = await _try(conn, request, plan, actor)
-            if isinstance(outcome, Allocated):
-                return outcome
-            if outcome is None:
-                stale = True
-            else:
-                busy |= outcome.node_ids
-        if stale:
+        outcome = await _place_on_one_node(conn, request, actor, busy)
+        if outcome is None and request.shards > 1:
+            outcome = await _spread(conn, request, actor, rng, busy)
+        if isinstance(outcome, Allocated):
+            return outcome
+        if outcome is _CONFLICT:
             continue
         if not busy:
+            spread = request.shards > 1
+            facts = await candidates(conn, request, whole=not spread)
             return await unplaceable(conn, request, facts)
         await _wait_for(conn, busy)
     raise TransactionConflict(MAX_ROUNDS)
+
+
+class _Conflict:
+    """Someone committed shards of this replica first: look again from the top."""
+
+
+_CONFLICT = _Conflict()
+
+
+async def _place_on_one_node(
+    conn: AsyncConnection, request: PlaceRequest, actor: str | None, busy: set[str]
+) -> Allocated | _Conflict | None:
+    """The common case: every shard on one node. Three statements per try.
+
+    None when no node has room on committed data, apart from the nodes added
+    to `busy` (held by other transactions right now).
+    """
+    full: set[str] = set()
+    while True:
+        window = await candidates(conn, request, whole=True, skip=busy | full)
+        if not window:
+            return None
+        savepoint = await conn.begin_nested()
+        try:
+            picked = (
+                await conn.execute(_PICK, {"ids": [f.node_id for f in window]})
+            ).scalar_one_or_none()
+            if picked is None:
+                await savepoint.rollback()
+                busy.update(f.node_id for f in window)
+                continue
+            # A fresh statement after the lock: it sees every commit before it.
+            rows = await conn.execute(_FREE_INDICES, {"ids": [picked], "cls": request.gpu_class})
+            free = next((list(r.indices) for r in rows), [])
+            if len(free) < request.gpus:
+                await savepoint.rollback()
+                full.add(picked)
+                continue
+            per = request.gpus_per_shard
+            names = shard_ids(request)
+            shards = tuple(
+                ShardRequest(names[k], picked, tuple(free[k * per : (k + 1) * per]))
+                for k in range(request.shards)
+            )
+            result = await record_on_locked_node(
+                conn, AllocationRequest(request.replica_id, shards), actor
+            )
+        except IntegrityError as error:
+            await savepoint.rollback()
+            if not is_conflict(error):
+                raise
+            return _CONFLICT
+        except BaseException:
+            if savepoint.is_active:
+                await savepoint.rollback()
+            raise
+        await savepoint.commit()
+        return result
+
+
+async def _spread(
+    conn: AsyncConnection,
+    request: PlaceRequest,
+    actor: str | None,
+    rng: random.Random,
+    busy: set[str],
+) -> Allocated | None:
+    """Shards over several nodes of one fabric; None when they do not fit (see `busy`)."""
+    facts = await candidates(conn, request, whole=False, skip=busy)
+    while True:
+        plan = plan_placement([f for f in facts if f.node_id not in busy], request, rng)
+        if plan is None:
+            return None
+        outcome = await _try(conn, request, plan, actor)
+        if isinstance(outcome, Allocated):
+            return outcome
+        if outcome is None:
+            # Stale: what we read changed before we locked. Read again.
+            facts = await candidates(conn, request, whole=False, skip=busy)
+        else:
+            busy |= outcome.node_ids
 
 
 async def _verdicts(
@@ -424,8 +558,11 @@ async def explain(
     if problem is not None:
         return problem
     rng = rng or random.Random()
-    facts = await candidates(conn, request)
+    facts = await candidates(conn, request, whole=True)
     plan = plan_placement(facts, request, rng)
+    if plan is None and request.shards > 1:
+        facts = await candidates(conn, request, whole=False)
+        plan = plan_placement(facts, request, rng)
     if plan is None:
         why = await unplaceable(conn, request, facts)
         return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
