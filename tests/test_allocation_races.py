@@ -315,3 +315,43 @@ async def test_releases_racing_allocations_on_one_node_keep_the_counts_exact(
     assert {r["__typename"] for r in freed_and_granted[4:]} == {"Allocated"}
     assert [g for _, g, _ in await held(engine)] == [4, 5, 6, 7]
     await pools_agree_with_the_gpus(engine)
+
+
+async def place_over_api(api: Api, replica_id: str, gpus: int) -> dict[str, Any]:
+    result: dict[str, Any] = (await api(PLACE, placement(replica_id, gpusPerShard=gpus)))["place"]
+    return result
+
+
+def holding(count: int) -> Any:
+    async def grant(conn: AsyncConnection) -> Any:
+        request = AllocationRequest(
+            "held", (ShardRequest("held-s0", "gpu-07", tuple(range(count))),)
+        )
+        return await allocations.allocate(conn, request)
+
+    return grant
+
+
+async def test_a_place_that_finds_the_only_node_busy_waits_before_saying_no_room(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    _, got = await while_open(engine, holding(8), place_over_api(api, "r1", 8))
+
+    # On committed data there was room when it looked; it waited for the
+    # holder instead of answering from a guess.
+    assert got["__typename"] == "Unplaceable"
+    assert got["verdicts"][0]["detail"] == "0 free H100-80GB, needs 8"
+
+
+async def test_a_place_that_waited_takes_what_the_holder_left(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    _, got = await while_open(engine, holding(4), place_over_api(api, "r1", 4))
+
+    assert got["__typename"] == "Allocated"
+    assert got["allocations"][0]["gpuIndices"] == [4, 5, 6, 7]
+    await pools_agree_with_the_gpus(engine)
