@@ -411,7 +411,7 @@ async def place(
 
 
 class _Conflict:
-    """Someone committed shards of this replica first: look again from the top."""
+    """Someone committed first (this replica's shards, or GPUs the plan counted on): start over."""
 
 
 _CONFLICT = _Conflict()
@@ -474,7 +474,7 @@ async def _spread(
     actor: str | None,
     rng: random.Random,
     busy: set[str],
-) -> Allocated | None:
+) -> Allocated | _Conflict | None:
     """Shards over several nodes of one fabric; None when they do not fit (see `busy`)."""
     facts = await candidates(conn, request, whole=False, skip=busy)
     while True:
@@ -485,10 +485,10 @@ async def _spread(
         if isinstance(outcome, Allocated):
             return outcome
         if outcome is None:
-            # Stale: what we read changed before we locked. Read again.
-            facts = await candidates(conn, request, whole=False, skip=busy)
-        else:
-            busy |= outcome.node_ids
+            # What we read changed before we locked (or the replica id was
+            # taken meanwhile): start the round over, which checks both.
+            return _CONFLICT
+        busy |= outcome.node_ids
 
 
 async def _verdicts(
