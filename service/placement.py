@@ -403,6 +403,11 @@ async def place(
         if outcome is _CONFLICT:
             continue
         if not busy:
+            # The replica may have been placed by a concurrent retry between
+            # the check above and the candidates read: that is not "no room".
+            again = await _same_replica(conn, request)
+            if again is not None:
+                return again
             spread = request.shards > 1
             facts = await candidates(conn, request, whole=not spread)
             return await unplaceable(conn, request, facts)

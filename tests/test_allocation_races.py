@@ -25,6 +25,7 @@ from tests.reports import ALLOCATE, PLACE, REGISTER, allocation, node_input, pla
 H100_NAME = "NVIDIA H100 80GB HBM3"
 CORDON = 'mutation { cordonNode(id: "gpu-07", reason: "kernel upgrade") { state } }'
 REMOVE = 'mutation { removeNode(id: "gpu-07") }'
+IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}
 ON_GPU_3 = AllocationRequest("r1", (ShardRequest("r1-s0", "gpu-07", (2, 3, 4, 5)),))
 
 
@@ -354,4 +355,28 @@ async def test_a_place_that_waited_takes_what_the_holder_left(
 
     assert got["__typename"] == "Allocated"
     assert got["allocations"][0]["gpuIndices"] == [4, 5, 6, 7]
+    await pools_agree_with_the_gpus(engine)
+
+
+async def test_the_same_place_sent_twice_at_once_holds_one_set_of_gpus(
+    api: Api, engine: AsyncEngine
+) -> None:
+    for node_id in ("gpu-07", "gpu-08"):
+        await api(REGISTER, {"input": node_input(node_id, fabrics=[IB_A])})
+
+    # A scheduler that timed out and retried while the first call still ran.
+    for shards in (1, 2):
+        replica = f"r{shards}"
+        answers = await asyncio.gather(
+            *(
+                api(PLACE, placement(replica, shards=shards, gpusPerShard=8 // shards))
+                for _ in range(4)
+            )
+        )
+        placed = [a["place"] for a in answers]
+        assert {p["__typename"] for p in placed} == {"Allocated"}
+        assert all(p == placed[0] for p in placed)
+    async with engine.connect() as conn:
+        count = await conn.execute(text("SELECT replica_id, count(*) FROM shards GROUP BY 1"))
+        assert sorted(tuple(r) for r in count) == [("r1", 1), ("r2", 2)]
     await pools_agree_with_the_gpus(engine)
