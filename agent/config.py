@@ -13,9 +13,10 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 from urllib.parse import urlsplit
 
+from agent.gpu_file import GpuFile, GpuFileError, read_gpu_file
 from agent.identity import default_mgmt_addr, read_machine_id
 
 DEFAULT_CONFIG_PATH = "/etc/llmgw/agent.toml"
@@ -58,6 +59,8 @@ class AgentConfig:
     engine_processes: tuple[str, ...] = DEFAULT_ENGINE_PROCESSES
     # Overrides the class the service derives from each GPU's name and memory.
     gpu_class: str | None = None
+    # Where the GPUs come from: the driver, or a file for demos, labs and CI.
+    gpu_source: Literal["nvml"] | GpuFile = "nvml"
     heartbeat_interval: float = 10.0
     scan_interval: float = 60.0
     full_report_interval: float = 300.0
@@ -143,6 +146,20 @@ def _absolute_paths(s: _Setting) -> tuple[str, ...]:
     return tuple(_absolute_path(item) for item in _list(s))
 
 
+def _gpu_source(s: _Setting) -> Literal["nvml"] | GpuFile:
+    source = _text(s)
+    if source == "nvml":
+        return "nvml"
+    if not source.startswith("/"):
+        s.fail('must be "nvml" or the absolute path of a JSON file listing GPUs')
+    # Read now, like token_file: a bad file stops the agent at start-up
+    # instead of every scan reporting a node without the GPUs it fakes.
+    try:
+        return read_gpu_file(os.path.normpath(source))
+    except GpuFileError as e:
+        s.fail(str(e))
+
+
 def _labels(s: _Setting) -> dict[str, str]:
     value = s.value
     if s.env_text is not None:
@@ -216,6 +233,7 @@ _PARSERS: dict[str, Callable[[_Setting], object]] = {
     "shared_fs_types": _names,
     "engine_processes": _names,
     "gpu_class": _text,
+    "gpu_source": _gpu_source,
     "heartbeat_interval": _seconds,
     "scan_interval": _seconds,
     "full_report_interval": _seconds,

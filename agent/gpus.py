@@ -24,6 +24,16 @@ ROW_REMAP_FAILED = "row_remap_failed"
 RETIRED_PAGES_PENDING = "retired_pages_pending"
 FOREIGN_PROCESS = "foreign_process"
 NVML_ERROR = "nvml_error"
+# Every reason this agent reports, so a GPU file (agent.gpu_file) can only say
+# what the driver could have said.
+HEALTH_REASONS = (
+    ECC_UNCORRECTED,
+    ROW_REMAP_PENDING,
+    ROW_REMAP_FAILED,
+    RETIRED_PAGES_PENDING,
+    FOREIGN_PROCESS,
+    NVML_ERROR,
+)
 
 _MIB = 1 << 20
 

@@ -19,6 +19,7 @@ from agent import __version__
 from agent.config import AgentConfig
 from agent.engines import engine_versions
 from agent.fabrics import discover_fabrics
+from agent.gpu_file import GpuFile
 from agent.gpus import Gpu, discover_gpus, load_nvml
 from agent.memory import read_meminfo
 from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
@@ -114,7 +115,12 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
     else:
         report["memoryTotalMb"] = memory
 
-    gpus = discover_gpus(host.nvml, root, config.engine_processes, warn)
+    if isinstance(config.gpu_source, GpuFile):
+        # NVML is not asked at all: the file replaces the driver, not adds to it.
+        warn(config.gpu_source.warning())
+        gpus = list(config.gpu_source.gpus)
+    else:
+        gpus = discover_gpus(host.nvml, root, config.engine_processes, warn)
     report["gpus"] = [_gpu_input(gpu, config.gpu_class) for gpu in gpus]
 
     report["fabrics"] = [

@@ -15,6 +15,8 @@ from agent.config import (
     FabricConfig,
     load_config,
 )
+from agent.gpu_file import GpuFile
+from agent.gpus import Gpu
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -57,6 +59,7 @@ def test_the_documented_file_loads_with_every_key_bound(tmp_path: Path, token_fi
         shared_fs_types=("weka",),
         engine_processes=("vllm", "sglang", "trtllm-serve"),
         gpu_class=None,
+        gpu_source="nvml",
         heartbeat_interval=10,
         scan_interval=60,
         full_report_interval=300,
@@ -84,6 +87,8 @@ def test_every_key_and_variable_is_documented() -> None:
 def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
     root = tmp_path / "host"
     root.mkdir()
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text('[{"index": 0, "name": "NVIDIA H200", "memory_mb": 143771}]')
     env = {
         "LLMGW_AGENT_SERVICE_URL": "https://inv.example:9443/graphql",
         "LLMGW_AGENT_TOKEN": "t0k",
@@ -96,6 +101,7 @@ def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
         "LLMGW_AGENT_SHARED_FS_TYPES": "weka,vast",
         "LLMGW_AGENT_ENGINE_PROCESSES": "ollama",
         "LLMGW_AGENT_GPU_CLASS": "H100-80GB",
+        "LLMGW_AGENT_GPU_SOURCE": str(gpus),
         "LLMGW_AGENT_HEARTBEAT_INTERVAL": "2.5",
         "LLMGW_AGENT_SCAN_INTERVAL": "30",
         "LLMGW_AGENT_FULL_REPORT_INTERVAL": "600",
@@ -119,6 +125,7 @@ def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
         shared_fs_types=("weka", "vast"),
         engine_processes=("ollama",),
         gpu_class="H100-80GB",
+        gpu_source=GpuFile(str(gpus), (Gpu(index=0, name="NVIDIA H200", memory_mb=143771),)),
         heartbeat_interval=2.5,
         scan_interval=30,
         full_report_interval=600,
@@ -185,6 +192,14 @@ BAD_FILES = [
     ('token = "x"\ntoken_file = "/nonexistent"', "token = 'x' (FILE): set token or token_file"),
     ('token_file = "/nonexistent/agent.token"', "token_file = '/nonexistent/agent.token' (FILE)"),
     ("root = 'host'", "root = 'host' (FILE): must be an absolute path"),
+    (
+        'gpu_source = "gpus.json"',
+        """gpu_source = 'gpus.json' (FILE): must be "nvml" or the absolute path of a JSON file""",
+    ),
+    (
+        'gpu_source = "/nonexistent/gpus.json"',
+        "gpu_source = '/nonexistent/gpus.json' (FILE): cannot read the GPU file: No such file",
+    ),
 ]
 
 

@@ -1,0 +1,140 @@
+"""GPUs listed in a JSON file instead of read from NVML: for demos, labs and CI.
+
+A machine without NVIDIA GPUs (a laptop, a CI runner, the compose demo) can
+then report a realistic node and exercise scheduling. The file is read and
+checked once, at start-up, like the rest of the configuration: a mistake in
+it stops the agent with the entry, the field and the value, rather than
+reporting a node with fewer GPUs than the operator meant to fake. The agent
+warns that its GPUs come from a file every time it starts, so a node
+configured this way by mistake is visible in its log and its dry run.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import NoReturn
+
+from agent.gpus import HEALTH_REASONS, Gpu
+
+# Every field a GPU entry may have; anything else is a mistake, not an extra.
+FIELDS = ("index", "name", "memory_mb", "uuid", "pci_bus_id", "healthy", "health_reasons")
+REQUIRED = ("index", "name")
+
+
+class GpuFileError(Exception):
+    """The file cannot stand in for the driver; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class GpuFile:
+    """The GPUs a file lists, and the file, for the warning that names it."""
+
+    path: str
+    gpus: tuple[Gpu, ...]
+
+    def warning(self) -> str:
+        return (
+            f"GPUs come from {self.path} (gpu_source), not from the NVIDIA driver: "
+            "their health is what the file says, not what the hardware says"
+        )
+
+
+def _fail(where: str, value: object, problem: str) -> NoReturn:
+    raise GpuFileError(f"{where} = {value!r}: {problem}")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    # json keeps the last of two equal keys; which one the author meant is a guess.
+    entry: dict[str, object] = {}
+    for key, value in pairs:
+        if key in entry:
+            raise GpuFileError(f"{key!r} appears twice in one entry")
+        entry[key] = value
+    return entry
+
+
+def _whole(where: str, value: object, low: int) -> int:
+    # bool is an int to Python, and JSON's 1.0 is a float: neither is an index.
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        _fail(where, value, f"must be a whole number of at least {low}")
+    return value
+
+
+def _text(where: str, value: object) -> str:
+    # The service refuses empty or space-padded names; say so here, at start-up.
+    if not isinstance(value, str) or not value.strip() or value != value.strip():
+        _fail(where, value, "must be a non-empty string without surrounding spaces")
+    return value
+
+
+def _reasons(where: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of health reasons")
+    for i, reason in enumerate(value):
+        if reason not in HEALTH_REASONS:
+            _fail(f"{where}[{i}]", reason, f"unknown reason; known: {', '.join(HEALTH_REASONS)}")
+    return tuple(value)
+
+
+def _gpu(where: str, entry: object) -> Gpu:
+    if not isinstance(entry, dict):
+        _fail(where, entry, "must be an object with index and name")
+    for key in entry:
+        if key not in FIELDS:
+            _fail(f"{where}.{key}", entry[key], f"unknown field; known: {', '.join(FIELDS)}")
+    for key in REQUIRED:
+        if key not in entry:
+            _fail(where, entry, f"{key} is required")
+    index = _whole(f"{where}.index", entry["index"], 0)
+    name = _text(f"{where}.name", entry["name"])
+    memory = entry.get("memory_mb")
+    uuid = entry.get("uuid")
+    bus_id = entry.get("pci_bus_id")
+    reasons = _reasons(f"{where}.health_reasons", entry.get("health_reasons", []))
+    healthy = entry.get("healthy", not reasons)
+    if not isinstance(healthy, bool):
+        _fail(f"{where}.healthy", healthy, "must be true or false")
+    # A GPU is unhealthy exactly when it has a reason, as from the driver:
+    # the scheduler and the operator both read the reason.
+    if healthy and reasons:
+        _fail(f"{where}.healthy", healthy, "a GPU with health_reasons is not healthy")
+    if not healthy and not reasons:
+        _fail(f"{where}.healthy", healthy, "an unhealthy GPU needs a reason in health_reasons")
+    return Gpu(
+        index=index,
+        name=name,
+        uuid=None if uuid is None else _text(f"{where}.uuid", uuid),
+        memory_mb=None if memory is None else _whole(f"{where}.memory_mb", memory, 1),
+        pci_bus_id=None if bus_id is None else _text(f"{where}.pci_bus_id", bus_id),
+        health_reasons=reasons,
+    )
+
+
+def parse_gpus(text: str) -> tuple[Gpu, ...]:
+    """The GPUs in a file's text: a JSON list of objects. Raises GpuFileError."""
+    try:
+        listed = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as e:
+        raise GpuFileError(f"not valid JSON: {e}") from e
+    if not isinstance(listed, list):
+        raise GpuFileError("must be a JSON list of GPU objects")
+    gpus = tuple(_gpu(f"[{i}]", entry) for i, entry in enumerate(listed))
+    for field in ("index", "uuid", "pci_bus_id"):
+        seen: set[object] = set()
+        for i, gpu in enumerate(gpus):
+            value = getattr(gpu, field)
+            if value is not None and value in seen:
+                _fail(f"[{i}].{field}", value, "names another GPU too")
+            seen.add(value)
+    return gpus
+
+
+def read_gpu_file(path: str) -> GpuFile:
+    """The GPUs listed in the file at `path`. Raises GpuFileError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise GpuFileError(f"cannot read the GPU file: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise GpuFileError(f"not UTF-8 text: {e.reason}") from e
+    return GpuFile(path, parse_gpus(text))
