@@ -23,7 +23,7 @@ from strawberry.extensions.field_extension import (
 )
 from strawberry.types import Info
 
-from service.auth import Principal, Unauthenticated, WrongNode, check_node
+from service.auth import Forbidden, Principal, Unauthenticated, WrongNode, check_node
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +90,6 @@ class RequireRole(FieldExtension):
         if principal is None:
             raise Unauthenticated(f"{operation}: no token was presented on this connection")
         if not principal.may(self.role):
-            from service.auth import Forbidden
-
             raise Forbidden(operation, self.role, principal)
         if self.role == "agent" and principal.role == "agent":
             named = list(_named_nodes(kwargs))
