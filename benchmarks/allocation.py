@@ -25,7 +25,7 @@ import asyncpg
 from benchmarks.bench import Bench, close_all
 from benchmarks.client import Connection, request_body
 from benchmarks.measure import Figure, throughput
-from benchmarks.results import Row
+from benchmarks.results import Row, fmt
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schema.graphql"
 SCHEDULERS = 32
@@ -146,6 +146,7 @@ async def measure_allocation(bench: Bench) -> int:
         return 0
     ids = itertools.count()
     place, raw_place, allocate, raw_allocate = Figure(), Figure(), Figure(), Figure()
+    place_cpu, allocate_cpu = Figure(), Figure()
     outcomes: dict[str, int] = {}
     wrong = 0
 
@@ -170,7 +171,7 @@ async def measure_allocation(bench: Bench) -> int:
 
             return call
 
-        value, failed = await throughput([placer(c) for c in clients], bench.seconds)
+        value, failed = await bench.throughput([placer(c) for c in clients], place_cpu)
         place.add(value)
         outcomes["place failed requests"] = outcomes.get("place failed requests", 0) + failed
         await close_all(clients)
@@ -203,8 +204,8 @@ async def measure_allocation(bench: Bench) -> int:
 
             return call
 
-        value, failed = await throughput(
-            [allocator(c, slots[k::SCHEDULERS]) for k, c in enumerate(clients)], bench.seconds
+        value, failed = await bench.throughput(
+            [allocator(c, slots[k::SCHEDULERS]) for k, c in enumerate(clients)], allocate_cpu
         )
         allocate.add(value)
         outcomes["allocate failed requests"] = outcomes.get("allocate failed requests", 0) + failed
@@ -259,9 +260,11 @@ async def measure_allocation(bench: Bench) -> int:
     add = bench.results.add
     add(Row(bench.size, f"place 1x {PLACE_CLASS}, 32 schedulers, same class", "claims/s", place,
             "raw asyncpg, SKIP LOCKED claim", raw_place,
-            note=f"double-booked GPUs or wrong pools: {wrong}; {seen}"))  # fmt: skip
+            note=f"service CPU {fmt(place_cpu.median)} ms/request; double-booked GPUs or "
+                 f"wrong pools: {wrong}; {seen}"))  # fmt: skip
     add(Row(bench.size, f"allocate 1x {ALLOCATE_CLASS}, 32 schedulers", "claims/s", allocate,
-            "raw asyncpg, lock + 1 statement", raw_allocate))  # fmt: skip
+            "raw asyncpg, lock + 1 statement", raw_allocate,
+            note=f"service CPU {fmt(allocate_cpu.median)} ms/request"))  # fmt: skip
     if wrong:
         bench.results.note(f"{bench.size} nodes: {wrong} double-booked GPUs or wrong pool counts")
     return wrong

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import asyncpg
 
 from benchmarks.client import Connection
+from benchmarks.measure import Figure, throughput
 from benchmarks.results import Results
 from benchmarks.services import HEADERS, Service
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -25,6 +31,33 @@ class Bench:
     calls: int
     # The report version each node last sent (see cluster.node_input).
     versions: dict[int, int] = field(default_factory=dict)
+
+    def service_cpu(self) -> float:
+        """CPU seconds the service processes have used so far (user + system).
+
+        Counted per request it is the service's own cost, which a busy machine
+        inflates far less than it does wall-clock rates.
+        """
+        total = 0.0
+        for service in self.services:
+            try:
+                fields = Path(f"/proc/{service.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                return float("nan")
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+        return total
+
+    async def throughput(
+        self, workers: list[Callable[[], Awaitable[int]]], cpu: Figure
+    ) -> tuple[float, int]:
+        """measure.throughput over this bench's round length, adding the service's CPU ms per op."""
+        before = self.service_cpu()
+        start = time.perf_counter()
+        rate, failed = await throughput(workers, self.seconds)
+        ops = rate * (time.perf_counter() - start)
+        if ops:
+            cpu.add((self.service_cpu() - before) / ops * 1000)
+        return rate, failed
 
     def connections(self, count: int) -> list[Connection]:
         """`count` client connections spread evenly over the service processes."""

@@ -12,7 +12,7 @@ from benchmarks.bench import Bench, close_all
 from benchmarks.client import Connection, request_body
 from benchmarks.cluster import node_id, node_input, to_report
 from benchmarks.measure import Figure, throughput
-from benchmarks.results import Row
+from benchmarks.results import Row, fmt
 from service.reports import gpu_class_of, sum_disks
 
 REGISTER = """
@@ -190,6 +190,7 @@ async def measure_registration(bench: Bench, statements: dict[str, str]) -> None
     agents = 16
     source = ReportSource()
     changed, unchanged, raw = Figure(), Figure(), Figure()
+    cpu_changed, cpu_unchanged = Figure(), Figure()
     failures = 0
     for _ in range(bench.rounds):
         clients = bench.connections(agents)
@@ -204,14 +205,14 @@ async def measure_registration(bench: Bench, statements: dict[str, str]) -> None
             changed_reporter(bench, agent_nodes(bench.size, agents, a), via_service(c))
             for a, c in enumerate(clients)
         ]
-        value, failed = await throughput(workers, bench.seconds)
+        value, failed = await bench.throughput(workers, cpu_changed)
         changed.add(value)
         failures += failed
         workers = [
             unchanged_reporter(bench, agent_nodes(bench.size, agents, a), via_service(c))
             for a, c in enumerate(clients)
         ]
-        value, failed = await throughput(workers, bench.seconds)
+        value, failed = await bench.throughput(workers, cpu_unchanged)
         unchanged.add(value)
         failures += failed
         await close_all(clients)
@@ -230,18 +231,20 @@ async def measure_registration(bench: Bench, statements: dict[str, str]) -> None
             ]
             value, _ = await throughput(workers, bench.seconds)
             raw.add(value)
-    note = f"{failures} failed requests" if failures else ""
+    failed_note = f"; {failures} failed requests" if failures else ""
     add = bench.results.add
     add(Row(bench.size, "registerNode, changed report (disk free moved), 16 agents", "req/s",
-            changed, "raw asyncpg, 1 statement", raw, statements.get("changed", ""), note))  # fmt: skip
+            changed, "raw asyncpg, 1 statement", raw, statements.get("changed", ""),
+            f"service CPU {fmt(cpu_changed.median)} ms/request{failed_note}"))  # fmt: skip
     add(Row(bench.size, "registerNode, unchanged report (digest skip), 16 agents", "req/s",
             unchanged, "raw asyncpg, 1 statement (changed)", raw,
-            statements.get("unchanged", "")))  # fmt: skip
+            statements.get("unchanged", ""),
+            f"service CPU {fmt(cpu_unchanged.median)} ms/request"))  # fmt: skip
 
 
 async def measure_heartbeats(bench: Bench, statements: str) -> None:
     agents = 64
-    service, raw = Figure(), Figure()
+    service, raw, cpu = Figure(), Figure(), Figure()
     failures = 0
     ids = [node_id(i) for i in range(bench.size)]
     bodies = [request_body(HEARTBEAT, {"id": n}) for n in ids[:WORKING_SET]]
@@ -284,7 +287,8 @@ async def measure_heartbeats(bench: Bench, statements: str) -> None:
 
             value, _ = await throughput([raw_beat(a) for a in range(agents)], bench.seconds)
             raw.add(value)
-    note = f"{failures} failed requests" if failures else ""
+    note = f"service CPU {fmt(cpu.median)} ms/request"
+    note += f"; {failures} failed requests" if failures else ""
     bench.results.add(
         Row(bench.size, "heartbeat, 64 agents", "req/s", service,
             "raw asyncpg, 1 UPDATE per beat", raw, statements, note)
