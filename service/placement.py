@@ -129,30 +129,71 @@ _FACTS = """
     FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
 """
 
-# Only nodes that pass every check, best first: weight holders, then the
-# fewest free GPUs (packing), then random among equals so concurrent callers
-# spread out instead of queueing on one node. `p.free > 0` repeats the partial
-# index's predicate so the planner can use it whatever :need is; the scan
-# covers only nodes with room of this class. judge() re-checks each row, so
-# these filters and the verdicts cannot drift apart unnoticed.
-_CANDIDATES = text(
-    _FACTS
-    + """
-    WHERE p.gpu_class = :cls AND p.schedulable AND p.free > 0 AND p.free >= :need
-      AND p.node_id <> ALL(CAST(:skip AS text[]))
-      AND (CAST(:fabric AS text) IS NULL OR EXISTS (
-          SELECT 1 FROM fabric_attachments fa
-          WHERE fa.node_id = p.node_id AND fa.fabric = :fabric))
-      AND (CAST(:label_key AS text) IS NULL
-           OR n.labels ->> CAST(:label_key AS text) = :label_value)
-      AND (CAST(:min_disk AS bigint) IS NULL OR n.local_disk_free IS NULL
-           OR n.local_disk_free >= :min_disk)
-      AND (CAST(:weights AS text) IS NULL OR NOT n.knows_its_weights OR EXISTS (
-          SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights))
-    ORDER BY holds_weights DESC, p.free, random()
-    LIMIT :limit
+_FACTS_OF_RANKED = """
+    SELECT c.node_id, c.free, n.state,
+           CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                ELSE n.admin_reason END AS state_reason,
+           n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = c.node_id ORDER BY fa.fabric) AS fabrics,
+           n.labels ->> CAST(:label_key AS text) AS label_value
+    FROM ranked c JOIN nodes n ON n.id = c.node_id
+    ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+"""
+
+
+def _candidates_sql(request: PlaceRequest) -> str:
+    """Only nodes that pass every check, best first, at most :limit of them.
+
+    Best: weight holders, then the fewest free GPUs (packing), then random
+    among equals so concurrent callers spread out instead of queueing on one
+    node. The ranking reads gpu_pools alone (its partial index covers only
+    nodes with room of this class); a node's own row is joined only for the
+    constraints asked for, and for the details of the rows returned. `p.free
+    > 0` repeats the index's predicate so the planner can use it whatever
+    :need is. judge() re-checks each row, so these filters and the verdicts
+    cannot drift apart unnoticed.
     """
-)
+    where = [
+        "p.gpu_class = :cls",
+        "p.schedulable",
+        "p.free > 0",
+        "p.free >= :need",
+        "p.node_id <> ALL(CAST(:skip AS text[]))",
+    ]
+    node_checks = []
+    if request.fabric is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM fabric_attachments fa"
+            " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
+        )
+    if request.label is not None:
+        node_checks.append("n.labels ->> CAST(:label_key AS text) = :label_value")
+    if request.min_local_disk_free is not None:
+        # Unknown disk is not a full disk.
+        node_checks.append("(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)")
+    holds = "false"
+    if request.weights is not None:
+        holds = "EXISTS (SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights)"
+        # A node that was not asked to look for weights constrains nothing.
+        node_checks.append(f"(NOT n.knows_its_weights OR {holds})")
+    if node_checks:
+        where.append(
+            "EXISTS (SELECT 1 FROM nodes n WHERE n.id = p.node_id AND "
+            + " AND ".join(node_checks)
+            + ")"
+        )
+    return f"""
+    WITH ranked AS (
+        SELECT p.node_id, p.free, {holds} AS holds_weights, random() AS tiebreak
+        FROM gpu_pools p
+        WHERE {" AND ".join(where)}
+        ORDER BY holds_weights DESC, p.free, tiebreak
+        LIMIT :limit
+    )
+    {_FACTS_OF_RANKED}
+    """
+
 
 _SURVEY = text(_FACTS + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit")
 _SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
@@ -199,7 +240,10 @@ _PICK = text(
 # How many of the best candidates one statement returns for a one-node
 # placement: enough that a crowd of concurrent callers finds an unlocked one.
 WINDOW = 16
-# A multi-node placement needs every candidate of a fabric to plan with.
+# A multi-node placement plans over the best nodes with room for a shard; only
+# when those cannot hold it does it read every candidate, so that "no room"
+# is never said because of the window.
+SPREAD_WINDOW = 512
 NO_LIMIT = 1_000_000
 
 
@@ -229,23 +273,35 @@ def _facts(row: Any) -> NodeFacts:
     )
 
 
+async def _fetch(
+    conn: AsyncConnection, request: PlaceRequest, need: int, limit: int, skip: set[str]
+) -> tuple[list[NodeFacts], bool]:
+    """(the nodes that pass every check, best first; whether the limit cut the list)."""
+    params = {**_params(request), "need": need, "limit": limit, "skip": sorted(skip)}
+    rows = list(await conn.execute(text(_candidates_sql(request)), params))
+    facts = [f for f in (_facts(r) for r in rows) if judge(f, request).fits]
+    return facts, len(rows) >= limit
+
+
 async def candidates(
-    conn: AsyncConnection,
-    request: PlaceRequest,
-    *,
-    whole: bool,
-    skip: set[str] | frozenset[str] = frozenset(),
+    conn: AsyncConnection, request: PlaceRequest, skip: set[str] | None = None
 ) -> list[NodeFacts]:
-    """Nodes that can take the whole replica (a window of the best), or every node with room
-    for one shard (to spread over a fabric). Nodes in `skip` are left out."""
-    params = {
-        **_params(request),
-        "need": request.gpus if whole else request.gpus_per_shard,
-        "limit": WINDOW if whole else NO_LIMIT,
-        "skip": sorted(skip),
-    }
-    rows = await conn.execute(_CANDIDATES, params)
-    return [f for f in (_facts(r) for r in rows) if judge(f, request).fits]
+    """A window of the best nodes that can take the whole replica; nodes in `skip` left out."""
+    facts, _ = await _fetch(conn, request, request.gpus, WINDOW, skip or set())
+    return facts
+
+
+async def spread_plan(
+    conn: AsyncConnection, request: PlaceRequest, rng: random.Random, skip: set[str] | None = None
+) -> tuple[list[NodeFacts], Plan | None]:
+    """A plan over nodes with room for one shard each, and the nodes it was made from."""
+    facts: list[NodeFacts] = []
+    for limit in (SPREAD_WINDOW, NO_LIMIT):
+        facts, cut = await _fetch(conn, request, request.gpus_per_shard, limit, skip or set())
+        plan = plan_placement(facts, request, rng)
+        if plan is not None or not cut:
+            return facts, plan
+    return facts, None
 
 
 def plan_placement(
@@ -408,8 +464,10 @@ async def place(
             again = await _same_replica(conn, request)
             if again is not None:
                 return again
-            spread = request.shards > 1
-            facts = await candidates(conn, request, whole=not spread)
+            if request.shards > 1:
+                facts, _ = await spread_plan(conn, request, rng)
+            else:
+                facts = await candidates(conn, request)
             return await unplaceable(conn, request, facts)
         await _wait_for(conn, busy)
     raise TransactionConflict(MAX_ROUNDS)
@@ -432,7 +490,7 @@ async def _place_on_one_node(
     """
     full: set[str] = set()
     while True:
-        window = await candidates(conn, request, whole=True, skip=busy | full)
+        window = await candidates(conn, request, skip=busy | full)
         if not window:
             return None
         savepoint = await conn.begin_nested()
@@ -481,9 +539,8 @@ async def _spread(
     busy: set[str],
 ) -> Allocated | _Conflict | None:
     """Shards over several nodes of one fabric; None when they do not fit (see `busy`)."""
-    facts = await candidates(conn, request, whole=False, skip=busy)
     while True:
-        plan = plan_placement([f for f in facts if f.node_id not in busy], request, rng)
+        _, plan = await spread_plan(conn, request, rng, skip=busy)
         if plan is None:
             return None
         outcome = await _try(conn, request, plan, actor)
@@ -563,11 +620,10 @@ async def explain(
     if problem is not None:
         return problem
     rng = rng or random.Random()
-    facts = await candidates(conn, request, whole=True)
+    facts = await candidates(conn, request)
     plan = plan_placement(facts, request, rng)
     if plan is None and request.shards > 1:
-        facts = await candidates(conn, request, whole=False)
-        plan = plan_placement(facts, request, rng)
+        facts, plan = await spread_plan(conn, request, rng)
     if plan is None:
         why = await unplaceable(conn, request, facts)
         return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
