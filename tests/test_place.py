@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import placement as placement_module
 from service.liveness import sweep
 from tests.conftest import Api, StatementCounter
 from tests.reports import (
@@ -322,3 +324,23 @@ async def test_placing_costs_the_same_statements_on_a_larger_cluster(
     large = await statements_to_place_and_explain("r2")
 
     assert large == small
+
+
+async def test_a_multi_node_plan_looks_past_its_window_before_saying_no_room(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The two best-packing nodes sit on different fabrics; only the roomier
+    # pair on ib-c can hold 3 shards of 4.
+    monkeypatch.setattr(placement_module, "SPREAD_WINDOW", 2)
+    ib_c = {"fabric": "ib-c", "hcas": ["mlx5_9"], "rateGbps": 400}
+    await register(api, "n1", fabrics=[IB_A])
+    await register(api, "n2", fabrics=[IB_B])
+    await register(api, "n3", fabrics=[ib_c])
+    await register(api, "n4", fabrics=[ib_c])
+    await hold(api, "n1", 4)
+    await hold(api, "n2", 4)
+
+    got = await place(api, "r1", shards=3, gpusPerShard=4)
+
+    assert sorted({node for _, node, _ in where(got)}) == ["n3", "n4"]
+    assert {a["fabric"] for a in got["allocations"]} == {"ib-c"}
