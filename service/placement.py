@@ -147,12 +147,12 @@ def _candidates_sql(request: PlaceRequest) -> str:
 
     Best: weight holders, then the fewest free GPUs (packing), then random
     among equals so concurrent callers spread out instead of queueing on one
-    node. The ranking reads gpu_pools alone (its partial index covers only
-    nodes with room of this class); a node's own row is joined only for the
-    constraints asked for, and for the details of the rows returned. `p.free
-    > 0` repeats the index's predicate so the planner can use it whatever
-    :need is. judge() re-checks each row, so these filters and the verdicts
-    cannot drift apart unnoticed.
+    node. The best fit is read from ix_gpu_pools_fit (class, free, node id) in
+    index order and stops after :scan rows that pass, so the cost follows the
+    window, not the cluster; the random order is taken among those rows.
+    Holders are found through the weights index. A node's own row is joined
+    only for the constraints asked for and for the rows returned. judge()
+    re-checks each row, so these filters and the verdicts cannot drift apart.
     """
     where = [
         "p.gpu_class = :cls",
@@ -161,34 +161,53 @@ def _candidates_sql(request: PlaceRequest) -> str:
         "p.free >= :need",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
     ]
-    node_checks = []
     if request.fabric is not None:
         where.append(
             "EXISTS (SELECT 1 FROM fabric_attachments fa"
             " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
         )
+    node_checks = []
     if request.label is not None:
         node_checks.append("n.labels ->> CAST(:label_key AS text) = :label_value")
     if request.min_local_disk_free is not None:
         # Unknown disk is not a full disk.
         node_checks.append("(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)")
-    holds = "false"
+
+    def node_row(checks: list[str]) -> list[str]:
+        # One primary-key probe per row read, only when a node column is asked about.
+        if not checks:
+            return []
+        return [f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = p.node_id AND {' AND '.join(checks)})"]
+
+    branches = []
+    other_checks = list(node_checks)
     if request.weights is not None:
-        holds = "EXISTS (SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights)"
-        # A node that was not asked to look for weights constrains nothing.
-        node_checks.append(f"(NOT n.knows_its_weights OR {holds})")
-    if node_checks:
-        where.append(
-            "EXISTS (SELECT 1 FROM nodes n WHERE n.id = p.node_id AND "
-            + " AND ".join(node_checks)
-            + ")"
+        holders = " AND ".join(where + node_row(node_checks))
+        branches.append(
+            f"""
+            SELECT h.node_id, h.free, true AS holds_weights FROM (
+                SELECT p.node_id, p.free
+                FROM weights w JOIN gpu_pools p ON p.node_id = w.node_id
+                WHERE w.path = :weights AND {holders}
+                ORDER BY p.free, p.node_id LIMIT :scan) h"""
         )
+        # The others: nodes that were not asked to look (and so hold no
+        # weights at all), which constrain nothing. A node that looked and
+        # lacks these weights is out.
+        other_checks.append("NOT n.knows_its_weights")
+    rest = " AND ".join(where + node_row(other_checks))
+    branches.append(
+        f"""
+        SELECT o.node_id, o.free, false AS holds_weights FROM (
+            SELECT p.node_id, p.free FROM gpu_pools p
+            WHERE {rest}
+            ORDER BY p.free, p.node_id LIMIT :scan) o"""
+    )
     return f"""
     WITH ranked AS (
-        SELECT p.node_id, p.free, {holds} AS holds_weights, random() AS tiebreak
-        FROM gpu_pools p
-        WHERE {" AND ".join(where)}
-        ORDER BY holds_weights DESC, p.free, tiebreak
+        SELECT b.node_id, b.free, b.holds_weights, random() AS tiebreak
+        FROM ({" UNION ALL ".join(branches)}) b
+        ORDER BY b.holds_weights DESC, b.free, tiebreak
         LIMIT :limit
     )
     {_FACTS_OF_RANKED}
@@ -277,7 +296,9 @@ async def _fetch(
     conn: AsyncConnection, request: PlaceRequest, need: int, limit: int, skip: set[str]
 ) -> tuple[list[NodeFacts], bool]:
     """(the nodes that pass every check, best first; whether the limit cut the list)."""
-    params = {**_params(request), "need": need, "limit": limit, "skip": sorted(skip)}
+    # A one-node window is drawn at random from the best few times its size.
+    scan = limit * 4 if limit == WINDOW else limit
+    params = {**_params(request), "need": need, "limit": limit, "scan": scan, "skip": sorted(skip)}
     rows = list(await conn.execute(text(_candidates_sql(request)), params))
     facts = [f for f in (_facts(r) for r in rows) if judge(f, request).fits]
     return facts, len(rows) >= limit

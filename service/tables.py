@@ -144,6 +144,15 @@ Index(
     gpu_pools.c.node_id,
     postgresql_where=text("schedulable AND free > 0"),
 )
+# place()'s best fit: the nodes of a class with the fewest free GPUs that
+# still fit are the first entries of this range, however large the cluster.
+Index(
+    "ix_gpu_pools_fit",
+    gpu_pools.c.gpu_class,
+    gpu_pools.c.free,
+    gpu_pools.c.node_id,
+    postgresql_where=text("schedulable AND free > 0"),
+)
 
 fabric_attachments = Table(
     "fabric_attachments",
