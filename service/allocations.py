@@ -141,6 +141,9 @@ def _check_id(what: str, value: str) -> Rejection | None:
         return invalid(f"{what} is empty")
     if len(value) > MAX_ID_LENGTH:
         return invalid(f"{what} {shown(value)!r} is longer than {MAX_ID_LENGTH} characters")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold it; refuse it here rather than as a database error.
+        return invalid(f"{what} {shown(value)!r} contains a NUL character")
     return None
 
 

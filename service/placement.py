@@ -89,6 +89,11 @@ def shard_ids(request: PlaceRequest) -> list[str]:
 
 
 def validate_place(request: PlaceRequest) -> Rejection | None:
+    texts = [request.replica_id, request.gpu_class, request.fabric, request.weights]
+    texts += list(request.label or ())
+    if any(t is not None and "\x00" in t for t in texts):
+        # PostgreSQL text cannot hold it; refuse it here rather than as a database error.
+        return invalid("a text field contains a NUL character")
     if not request.replica_id:
         return invalid("replicaId is empty")
     if len(request.replica_id) > MAX_REPLICA_ID_LENGTH:

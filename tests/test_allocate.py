@@ -273,6 +273,7 @@ LONG = "x" * 254
             f"shardId {'x' * 57 + '...'!r} is longer than 253 characters",
         ),
         ([shard("r1-s0", "", 0)], "nodeId of shard r1-s0 is empty"),
+        ([shard("r1\x00s0", "gpu-07", 0)], "shardId 'r1\\x00s0' contains a NUL character"),
         (
             [shard("r1-s0", "gpu-07", *range(65))],
             "shard r1-s0 lists 65 GPUs; a shard has at most 64",
@@ -288,6 +289,7 @@ LONG = "x" * 254
         "repeated shard id",
         "over-long shard id",
         "empty node id",
+        "NUL in an id",
         "too many gpus",
     ],
 )

@@ -299,6 +299,7 @@ async def test_bad_place_requests_are_refused_and_write_nothing(api: Api) -> Non
         ({"gpusPerShard": 0}, "gpusPerShard=0: a shard has 1 to 64 GPUs"),
         ({"gpusPerShard": 1, "shards": 1000}, "shards=1000: a replica has 1 to 64 shards"),
         ({"gpusPerShard": 1, "gpuClass": ""}, "gpuClass '' is not a GPU class"),
+        ({"gpusPerShard": 1, "weights": "/m\x00"}, "a text field contains a NUL character"),
     ]:
         got = await place(api, "r1", **fields)
         assert (got["code"], got["message"]) == ("INVALID", message)
