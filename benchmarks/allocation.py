@@ -89,9 +89,12 @@ WHERE n.state = 'ready' AND g.gpu_class = $1 AND g.healthy
 ORDER BY g.node_id, g.idx
 """
 
+# `p.free > 0` repeats ix_gpu_pools_free's predicate so the planner may use it
+# (a parameter alone does not imply it); without it the claim slowed tenfold
+# at 100k nodes.
 RAW_CANDIDATE = """
 SELECT n.id FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
-WHERE p.gpu_class = $1 AND p.schedulable AND p.free >= $2 AND p.node_id >= $3
+WHERE p.gpu_class = $1 AND p.schedulable AND p.free > 0 AND p.free >= $2 AND p.node_id >= $3
 ORDER BY p.node_id LIMIT 1
 FOR NO KEY UPDATE OF n SKIP LOCKED
 """

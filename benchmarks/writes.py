@@ -263,7 +263,7 @@ async def measure_heartbeats(bench: Bench, statements: str) -> None:
 
             return call
 
-        value, failed = await throughput([beat(a, c) for a, c in enumerate(clients)], bench.seconds)
+        value, failed = await bench.throughput([beat(a, c) for a, c in enumerate(clients)], cpu)
         service.add(value)
         failures += failed
         await close_all(clients)
