@@ -23,6 +23,7 @@ from service.assets import STATIC_DIR, VENDOR_DIR
 from service.auth import Authenticator
 from service.config import Settings
 from service.db import create_engine
+from service.event_announcements import drain_announcements
 from service.graphiql import GraphiQLPage
 from service.graphql.authentication import accept_connection, identify
 from service.graphql.context import Context, new_context
@@ -117,6 +118,8 @@ def create_app(
             yield
         finally:
             await background.stop()
+            # Events committed in the last moments are still announced.
+            await drain_announcements(ref.engine)
             if owns_engine:
                 await ref.engine.dispose()
                 ref.set(None)

@@ -1,7 +1,7 @@
 """Live events for subscribers, whichever service process wrote them.
 
 Each process holds ONE dedicated asyncpg connection that LISTENs on the
-events channel (record_event NOTIFYs the new id at commit), reads the new rows
+events channel (committed event ids are announced in batches), reads the new rows
 in one statement per burst, and hands them to every in-process subscriber.
 One connection per process rather than per subscriber: a thousand dashboards
 must not cost PostgreSQL a thousand connections.
@@ -24,6 +24,7 @@ import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.errors import InventoryError
+from service.event_announcements import parse_payload
 from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class EventStream:
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
-            self._pending.append(int(payload))
+            self._pending.extend(parse_payload(payload))
         except ValueError:
             log.warning("ignored a malformed notification %r", payload)
             return

@@ -1,15 +1,17 @@
 """The event log: every state change, allocation and release, with who and why.
 
 Written in the same transaction as the change it describes, so an event exists
-exactly when the change committed. The NOTIFY is delivered by PostgreSQL at
-commit to every service process listening, which is how a subscriber on one
-process sees a change made through another.
+exactly when the change committed. Once it commits, its id is announced with
+NOTIFY to every service process listening (service/event_announcements.py),
+which is how a subscriber on one process sees a change made through another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,14 +24,34 @@ EVENTS_CHANNEL = "inventory_events"
 
 _RECORD = text(
     """
-    WITH e AS (
-        INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
-        VALUES (:kind, :node_id, :replica_id, :shard_id, :actor, :reason, CAST(:detail AS jsonb))
-        RETURNING id
-    )
-    SELECT pg_notify(:channel, e.id::text) FROM e
+    INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
+    VALUES (:kind, :node_id, :replica_id, :shard_id, :actor, :reason, CAST(:detail AS jsonb))
+    RETURNING id
     """
 )
+
+
+# Ids of the events the running transaction wrote, announced once it commits
+# (service/event_announcements.py); unset outside service.transactions.
+_recorded: ContextVar[list[int] | None] = ContextVar("recorded_event_ids", default=None)
+
+
+def note_recorded(ids: Sequence[int]) -> None:
+    """Remember events this transaction wrote, for announcing once it commits."""
+    pending = _recorded.get()
+    if pending is not None:
+        pending.extend(ids)
+
+
+@contextlib.contextmanager
+def collecting_recorded() -> Iterator[list[int]]:
+    """The ids of the events recorded by the transaction run inside this block."""
+    ids: list[int] = []
+    token = _recorded.set(ids)
+    try:
+        yield ids
+    finally:
+        _recorded.reset(token)
 
 
 async def record_event(
@@ -43,7 +65,7 @@ async def record_event(
     reason: str | None = None,
     detail: dict[str, Any] | None = None,
 ) -> None:
-    await conn.execute(
+    result = await conn.execute(
         _RECORD,
         {
             "kind": kind,
@@ -53,9 +75,9 @@ async def record_event(
             "actor": actor,
             "reason": reason,
             "detail": json.dumps(detail or {}),
-            "channel": EVENTS_CHANNEL,
         },
     )
+    note_recorded([result.scalar_one()])
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.errors import InvalidInput, NodeNotFound
-from service.events import EVENTS_CHANNEL, record_event
+from service.events import note_recorded, record_event
 from service.gpu_pools import refresh_pools
 from service.node_views import NODE_COLUMNS, NodeRecord, node_from_row
 from service.reports import MAX_TEXT_LENGTH, NodeReport, gpu_class_of, sum_disks, validate_report
@@ -214,7 +214,7 @@ _REPLACE_REPORT = text(
         ORDER BY e.ord
         RETURNING id
     )
-    SELECT pg_notify(:channel, recorded.id::text) FROM recorded
+    SELECT recorded.id FROM recorded
     """
 )
 
@@ -266,7 +266,7 @@ async def register_node(
         events.append({"kind": "report_changed", "reason": None})
     if came_back:
         events.append({"kind": "back", "reason": f"registered while {row.old_liveness}"})
-    await conn.execute(
+    recorded = await conn.execute(
         _REPLACE_REPORT,
         {
             "node_id": report.id,
@@ -274,9 +274,9 @@ async def register_node(
             **_hardware_rows(report),
             "events": _rows_json(events),
             "actor": actor,
-            "channel": EVENTS_CHANNEL,
         },
     )
+    note_recorded(list(recorded.scalars()))
     return Registration(node_id=report.id, created=created, changed=changed, node=node)
 
 

@@ -16,6 +16,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.errors import InventoryError
+from service.event_announcements import announce
+from service.events import collecting_recorded
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,13 @@ def sqlstate(error: BaseException) -> str | None:
 async def in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
-            async with engine.begin() as conn:
-                return await work(conn)
+            with collecting_recorded() as recorded:
+                async with engine.begin() as conn:
+                    result = await work(conn)
+            # Only now, after COMMIT: listeners must never hear of an event
+            # that a rollback then took back.
+            announce(engine, recorded)
+            return result
         except DBAPIError as error:
             if sqlstate(error) not in RETRYABLE_SQLSTATES:
                 raise

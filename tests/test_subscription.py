@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 import websockets
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.event_stream import LISTENER_NAME, EventStream
 from service.events import EventFilter, record_event
+from service.transactions import in_transaction
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 from tests.test_liveness import IB_A, place
@@ -177,9 +178,13 @@ async def test_the_event_stream_reconnects_and_catches_up_on_what_it_missed(
         events = aiter(subscription)
 
         async def write(kind: str) -> None:
-            async with engine.begin() as conn:
+            # Through in_transaction, as every mutation writes: it announces
+            # the events once they commit.
+            async def work(conn: AsyncConnection) -> None:
                 await record_event(conn, kind, node_id="gpu-01")
                 await record_event(conn, kind, node_id="gpu-99")  # filtered out
+
+            await in_transaction(engine, work)
 
         await write("cordoned")
         assert (await asyncio.wait_for(anext(events), 5)).kind == "cordoned"
