@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated
 
 import strawberry
@@ -18,22 +17,13 @@ from .inputs import KeyValueInput
 from .scalars import Bytes
 from .types import Allocation
 
-
-@strawberry.enum
-class RejectionCode(Enum):
-    GPU_TAKEN = "GPU_TAKEN"
-    GPU_UNHEALTHY = "GPU_UNHEALTHY"
-    NO_SUCH_GPU = "NO_SUCH_GPU"
-    NO_SUCH_NODE = "NO_SUCH_NODE"
-    NODE_NOT_SCHEDULABLE = "NODE_NOT_SCHEDULABLE"
-    FABRIC_MISMATCH = "FABRIC_MISMATCH"
-    DUPLICATE_SHARD = "DUPLICATE_SHARD"
-    INVALID = "INVALID"
+# The domain's codes, exposed as they are: one list of codes, not two to keep in step.
+strawberry.enum(rejections.RejectionCode, name="RejectionCode")
 
 
 @strawberry.type
 class AllocationRejected:
-    code: RejectionCode
+    code: rejections.RejectionCode
     message: str = strawberry.field(
         description="A sentence for a person: which node, which GPU, held by which shard."
     )
@@ -46,7 +36,7 @@ class AllocationRejected:
     @classmethod
     def of(cls, r: rejections.Rejection) -> AllocationRejected:
         return cls(
-            code=RejectionCode(r.code.value),
+            code=r.code,
             message=r.message,
             node_id=None if r.node_id is None else strawberry.ID(r.node_id),
             gpu_index=r.gpu_index,
@@ -124,30 +114,20 @@ class PlaceInput:
         )
 
 
-@strawberry.enum
-class VerdictCode(Enum):
-    FITS = "FITS"
-    NOT_SCHEDULABLE = "NOT_SCHEDULABLE"
-    NOT_ENOUGH_GPUS = "NOT_ENOUGH_GPUS"
-    NOT_ON_FABRIC = "NOT_ON_FABRIC"
-    LABEL_MISMATCH = "LABEL_MISMATCH"
-    LOCAL_DISK_TOO_SMALL = "LOCAL_DISK_TOO_SMALL"
-    NO_WEIGHTS = "NO_WEIGHTS"
+strawberry.enum(verdicts.VerdictCode, name="VerdictCode")
 
 
 @strawberry.type(description="One node's answer: the first check it failed, or FITS.")
 class PlacementVerdict:
     node_id: strawberry.ID
-    code: VerdictCode
+    code: verdicts.VerdictCode
     detail: str = strawberry.field(
         description='For a person, e.g. "cordoned: kernel upgrade", "2 free H100-80GB, needs 4".'
     )
 
     @classmethod
     def of(cls, v: verdicts.Verdict) -> PlacementVerdict:
-        return cls(
-            node_id=strawberry.ID(v.node_id), code=VerdictCode(v.code.value), detail=v.detail
-        )
+        return cls(node_id=strawberry.ID(v.node_id), code=v.code, detail=v.detail)
 
 
 @strawberry.type(description="No room now. One verdict per node of the class, by id, bounded.")
