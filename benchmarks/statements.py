@@ -12,9 +12,9 @@ from benchmarks.cluster import node_id, node_input
 from benchmarks.questions import Question
 from benchmarks.services import HEADERS, TOKEN
 from benchmarks.writes import HEARTBEAT, REGISTER
-from service.app import create_app
 from service.config import Settings
 from service.db import create_engine
+from service.web.app import create_app
 
 
 class Counter:

@@ -13,7 +13,7 @@ INVENTORY_BOOTSTRAP_TOKEN is set. Before that, on a service that the bind
 policy kept on loopback (or that was started --insecure), every caller acts as
 an operator: that is how a fresh deployment creates its first token.
 
-Framework-free: the HTTP/websocket glue lives in service/app.py and
+Framework-free: the HTTP/websocket glue lives in service/web/app.py and
 service/graphql/permissions.py.
 """
 

@@ -15,7 +15,7 @@ log = logging.getLogger("llmgw-inventory")
 
 
 def configure_logging(settings: Settings) -> None:
-    from service.logs import configure
+    from service.web.logs import configure
 
     # Text or one JSON object per line (INVENTORY_LOG_FORMAT), with request ids.
     configure(settings.log_level, settings.log_format)
@@ -35,8 +35,8 @@ def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | N
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from service.app import create_app
     from service.migrations import upgrade
+    from service.web.app import create_app
 
     settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
     url, server = _database(settings, args.data_dir)
@@ -90,7 +90,7 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def fetch_assets(args: argparse.Namespace, settings: Settings) -> int:
-    from service.assets import VENDOR_DIR, AssetError, fetch, missing_or_altered, pinned_assets
+    from service.web.assets import VENDOR_DIR, AssetError, fetch, missing_or_altered, pinned_assets
 
     try:
         if args.check:

@@ -29,10 +29,10 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
 from service.config import Settings
 from service.db import create_engine, libpq_url
 from service.migrations import upgrade
+from service.web.app import create_app
 
 REPO = Path(__file__).resolve().parent.parent
 

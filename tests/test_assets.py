@@ -13,9 +13,9 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
-from service.assets import AssetError, fetch, matches, pinned_assets, sri
 from service.config import Settings
+from service.web.app import create_app
+from service.web.assets import AssetError, fetch, matches, pinned_assets, sri
 from tests.vendor_assets import local_assets_or_skip
 
 WIDGET = b"console.log('widget 1.2.3');\n"
@@ -122,7 +122,7 @@ BROWSER = {"Accept": "text/html,application/xhtml+xml"}
 async def test_without_local_assets_graphiql_uses_the_cdn_and_says_once_how_to_fetch_them(
     app_client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.graphiql"):
+    with caplog.at_level(logging.WARNING, logger="service.web.graphiql"):
         first = await app_client.get("/graphql", headers=BROWSER)
         second = await app_client.get("/graphql", headers=BROWSER)
 
@@ -181,7 +181,7 @@ async def test_an_altered_local_copy_is_not_used_and_the_log_names_it(
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://inventory"
     ) as browser:
-        with caplog.at_level(logging.WARNING, logger="service.graphiql"):
+        with caplog.at_level(logging.WARNING, logger="service.web.graphiql"):
             page = await browser.get("/graphql", headers=BROWSER)
 
     # Half local, half CDN would break in the browser anyway (SRI): all CDN instead.

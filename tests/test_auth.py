@@ -28,11 +28,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import tokens
-from service.app import create_app
 from service.auth import GRANTS
 from service.config import Settings
 from service.graphql.permissions import ROOT_FIELD_ROLES, unlisted_fields
 from service.graphql.schema import ROOT_TYPES, schema
+from service.web.app import create_app
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 

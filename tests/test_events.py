@@ -10,7 +10,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.logs import JsonFormatter, RequestIdFilter
+from service.web.logs import JsonFormatter, RequestIdFilter
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 

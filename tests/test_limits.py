@@ -17,10 +17,10 @@ from graphql import get_nullable_type, is_list_type
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
 from service.config import Settings
 from service.graphql.masking import MaskUnexpected
 from service.graphql.schema import MAX_ALIASES, MAX_QUERY_DEPTH, MAX_TOKENS, schema
+from service.web.app import create_app
 from tests.conftest import Api
 from tests.reports import H100, REGISTER, gpus, node_input
 

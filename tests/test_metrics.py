@@ -7,10 +7,10 @@ import re
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app import create_app
 from service.config import Settings
 from service.db import create_engine
 from service.metrics import count_rejection
+from service.web.app import create_app
 from tests.conftest import Api, StatementCounter, free_port
 from tests.reports import GB, REGISTER, TB, node_input
 from tests.test_liveness import IB_A, place

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from service.app import create_app
 from service.config import Settings
 from service.db import create_engine
 from service.migrations import head_revision
+from service.web.app import create_app
 from tests.conftest import create_database, drop_database, free_port
 
 

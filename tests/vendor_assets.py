@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from service.assets import VENDOR_DIR, fetch
+from service.web.assets import VENDOR_DIR, fetch
 
 
 def local_assets_or_skip() -> Path:

@@ -29,7 +29,7 @@ import strawberry
 log = logging.getLogger(__name__)
 
 CDN_PREFIX = "https://unpkg.com/"
-STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 VENDOR_DIR = STATIC_DIR / "vendor"
 STRAWBERRY_PAGE = Path(strawberry.__file__).resolve().parent / "static" / "graphiql.html"
 

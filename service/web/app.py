@@ -19,18 +19,18 @@ from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.types.unset import UNSET, UnsetType
 
-from service.assets import STATIC_DIR, VENDOR_DIR
 from service.auth import Authenticator
 from service.config import Settings
 from service.db import create_engine
 from service.event_announcements import drain_announcements
-from service.graphiql import GraphiQLPage
 from service.graphql.authentication import accept_connection, identify
 from service.graphql.context import Context, new_context
 from service.graphql.schema import schema
-from service.http_guards import decode_json_body, guard_graphql
-from service.logs import RequestContextMiddleware, current_request_id, new_request_id
-from service.operations import Background, operational_routes
+from service.web.assets import STATIC_DIR, VENDOR_DIR
+from service.web.graphiql import GraphiQLPage
+from service.web.http_guards import decode_json_body, guard_graphql
+from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
+from service.web.operations import Background, operational_routes
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import logging
 import threading
 from pathlib import Path
 
-from service.assets import VENDOR_DIR, Asset, missing_or_altered, pinned_assets
+from service.web.assets import VENDOR_DIR, Asset, missing_or_altered, pinned_assets
 
 log = logging.getLogger(__name__)
 
