@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from alembic import command
 from service.db import asyncpg_url
@@ -37,10 +35,3 @@ def downgrade(database_url: str, revision: str = "base") -> None:
 
 def head_revision() -> str | None:
     return ScriptDirectory(str(ALEMBIC_DIR)).get_current_head()
-
-
-async def current_revision(conn: AsyncConnection) -> str | None:
-    def read(sync_conn: object) -> str | None:
-        return MigrationContext.configure(sync_conn).get_current_revision()  # type: ignore[arg-type]
-
-    return await conn.run_sync(read)
