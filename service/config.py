@@ -128,6 +128,9 @@ SETTINGS: tuple[Setting, ...] = (
             "An operator token accepted from the environment, to create the others."),
     Setting("INVENTORY_INSECURE", "insecure", "false", _flag,
             "Serve without tokens on a non-loopback address (loudly)."),
+    Setting("INVENTORY_DIRECT_EXECUTION", "direct_execution", "true", _flag,
+            "Answer ordinary POST queries and mutations with graphql-core directly on cached "
+            "documents (false: every request through Strawberry's view; same answers, slower)."),
     Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),
@@ -152,6 +155,7 @@ class Settings:
     event_retention: float = 604800.0
     bootstrap_token: str | None = None
     insecure: bool = False
+    direct_execution: bool = True
     log_level: str = "INFO"
     log_format: str = "text"
 

@@ -33,12 +33,18 @@ class _Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.rejections: dict[str, int] = defaultdict(int)
+        # GraphQL requests by the executor that answered them (direct or strawberry).
+        self.executors: dict[str, int] = defaultdict(int)
         # (method, route, status) -> per-bucket counts, sum, count
         self.latency: dict[tuple[str, str, str], list[float]] = {}
 
     def count_rejection(self, code: str) -> None:
         with self._lock:
             self.rejections[code] += 1
+
+    def count_executor(self, executor: str) -> None:
+        with self._lock:
+            self.executors[executor] += 1
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         # Labels come from the request: fold the unexpected so that a scanner
@@ -59,14 +65,16 @@ class _Counters:
 
     def snapshot(
         self,
-    ) -> tuple[dict[str, int], dict[tuple[str, str, str], list[float]]]:
+    ) -> tuple[dict[str, int], dict[tuple[str, str, str], list[float]], dict[str, int]]:
         with self._lock:
-            return dict(self.rejections), {k: list(v) for k, v in self.latency.items()}
+            latency = {k: list(v) for k, v in self.latency.items()}
+            return dict(self.rejections), latency, dict(self.executors)
 
     def reset(self) -> None:
         with self._lock:
             self.rejections.clear()
             self.latency.clear()
+            self.executors.clear()
 
 
 COUNTERS = _Counters()
@@ -75,6 +83,11 @@ COUNTERS = _Counters()
 def count_rejection(code: str) -> None:
     """Count one refused allocation by its RejectionCode (e.g. GPU_TAKEN); process-local."""
     COUNTERS.count_rejection(code)
+
+
+def count_executor(executor: str) -> None:
+    """Count one GraphQL HTTP request by what answered it: "direct" or "strawberry"."""
+    COUNTERS.count_executor(executor)
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
@@ -225,7 +238,14 @@ async def _cluster(conn: AsyncConnection, out: Exposition) -> None:
 
 
 def _process(out: Exposition) -> None:
-    rejections, latency = COUNTERS.snapshot()
+    rejections, latency, executors = COUNTERS.snapshot()
+    out.family(
+        "inventory_graphql_requests_total",
+        "counter",
+        "GraphQL HTTP requests answered by this process, by executor: direct (graphql-core on a "
+        "cached document) or strawberry (everything else).",
+        (((("executor", name),), count) for name, count in sorted(executors.items())),
+    )
     out.family(
         "inventory_allocation_rejections_total",
         "counter",

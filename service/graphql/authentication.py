@@ -26,17 +26,25 @@ log = logging.getLogger(__name__)
 
 
 async def identify(context: Context, request: Request | WebSocket, auth: Authenticator) -> None:
+    if not isinstance(request, WebSocket):
+        identify_http(context, request, auth)
+        return
     context.authenticator = auth
-    if isinstance(request, WebSocket):
-        # Provisional: connection_init decides (accept_connection below).
-        try:
-            context.principal = await auth.principal(request.headers.get("authorization"))
-        except Exception as error:
-            if not (isinstance(error, Unauthenticated) or is_database_unavailable(error)):
-                raise
-            context.principal = None
-    else:
-        context.principal = request.scope.get("state", {}).get("principal")
+    # Provisional: connection_init decides (accept_connection below).
+    try:
+        context.principal = await auth.principal(request.headers.get("authorization"))
+    except Exception as error:
+        if not (isinstance(error, Unauthenticated) or is_database_unavailable(error)):
+            raise
+        context.principal = None
+    if context.principal is not None:
+        context.actor = context.principal.actor
+
+
+def identify_http(context: Context, request: Request, auth: Authenticator) -> None:
+    """The Principal RequireToken left in the request's state (None: no token checked)."""
+    context.authenticator = auth
+    context.principal = request.scope.get("state", {}).get("principal")
     if context.principal is not None:
         context.actor = context.principal.actor
 

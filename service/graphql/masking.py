@@ -40,33 +40,43 @@ def is_unexpected(error: GraphQLError) -> bool:
     return error.path is not None
 
 
+def masked(error: GraphQLError, request_id: str | None) -> GraphQLError:
+    """What the client sees of an unexpected error: a sentence and a code, never the cause.
+
+    Used by MaskUnexpected on Strawberry's path and by the direct path
+    (service/graphql/direct.py), so both answer a failure in the same words.
+    """
+    original = error.original_error
+    if is_database_unavailable(original):
+        log.warning("database unavailable at %s: %s", error.path, original)
+        unavailable = DatabaseUnavailable()
+        message, extensions = unavailable.message, unavailable.extensions
+    elif original is not None and sqlstate(original) in UNSTORABLE_TEXT:
+        # A NUL (or undecodable) character in any argument that reaches
+        # SQL: refused by PostgreSQL, whichever resolver passed it on.
+        message = "a text argument contains a NUL character, which cannot be stored or compared"
+        extensions = {"code": "BAD_INPUT"}
+    else:
+        log.error("unexpected error at %s (request %s)", error.path, request_id, exc_info=original)
+        message, extensions = INTERNAL_ERROR, {"code": "INTERNAL_ERROR"}
+    return GraphQLError(
+        message=message,
+        nodes=error.nodes,
+        source=error.source,
+        positions=error.positions,
+        path=error.path,
+        original_error=None,
+        extensions={**extensions, "requestId": request_id},
+    )
+
+
+def mask_unexpected(errors: list[GraphQLError], request_id: str | None) -> list[GraphQLError]:
+    return [masked(e, request_id) if is_unexpected(e) else e for e in errors]
+
+
 class MaskUnexpected(MaskErrors):
     def __init__(self) -> None:
         super().__init__(should_mask_error=is_unexpected, error_message=INTERNAL_ERROR)
 
     def anonymise_error(self, error: GraphQLError) -> GraphQLError:
-        request_id = getattr(self.execution_context.context, "request_id", None)
-        original = error.original_error
-        if is_database_unavailable(original):
-            log.warning("database unavailable at %s: %s", error.path, original)
-            unavailable = DatabaseUnavailable()
-            message, extensions = unavailable.message, unavailable.extensions
-        elif original is not None and sqlstate(original) in UNSTORABLE_TEXT:
-            # A NUL (or undecodable) character in any argument that reaches
-            # SQL: refused by PostgreSQL, whichever resolver passed it on.
-            message = "a text argument contains a NUL character, which cannot be stored or compared"
-            extensions = {"code": "BAD_INPUT"}
-        else:
-            log.error(
-                "unexpected error at %s (request %s)", error.path, request_id, exc_info=original
-            )
-            message, extensions = INTERNAL_ERROR, {"code": "INTERNAL_ERROR"}
-        return GraphQLError(
-            message=message,
-            nodes=error.nodes,
-            source=error.source,
-            positions=error.positions,
-            path=error.path,
-            original_error=None,
-            extensions={**extensions, "requestId": request_id},
-        )
+        return masked(error, getattr(self.execution_context.context, "request_id", None))

@@ -17,6 +17,7 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.tools import merge_types
 
 from .allocation_mutations import AllocationMutations
+from .documents import PreparedDocuments
 from .event_queries import EventQueries
 from .masking import MaskUnexpected
 from .mutations import NodeMutations
@@ -70,3 +71,7 @@ schema = strawberry.Schema(
         ValidationCache,
     ],
 )
+
+# The direct executor's documents (direct.py), validated by the same rules and
+# token limit as the extensions above.
+prepared_documents = PreparedDocuments(schema._schema, LIMIT_RULES, MAX_TOKENS)

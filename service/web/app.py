@@ -23,10 +23,12 @@ from service.auth import Authenticator
 from service.config import Settings
 from service.db import create_engine
 from service.event_announcements import drain_announcements
-from service.graphql.authentication import accept_connection, identify
+from service.graphql.authentication import accept_connection, identify, identify_http
 from service.graphql.context import Context, new_context
-from service.graphql.schema import schema
+from service.graphql.direct import DirectExecutor
+from service.graphql.schema import prepared_documents, schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
+from service.web.direct_graphql import DirectGraphQL
 from service.web.graphiql import GraphiQLPage
 from service.web.http_guards import decode_json_body, guard_graphql
 from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
@@ -49,17 +51,28 @@ class InventoryGraphQL(GraphQL[Context, None]):
         # Local copies of GraphiQL's scripts when fetched (air-gapped clusters), else the CDN.
         return HTMLResponse(self._graphiql.html())
 
-    async def get_context(
+    def _new_context(
         self, request: Request | WebSocket, response: Response | WebSocket | None
     ) -> Context:
-        context = new_context(
+        return new_context(
             self._engine_ref.engine,
             self._settings,
             request=request,
             response=response,
             request_id=current_request_id() or new_request_id(),
         )
+
+    async def get_context(
+        self, request: Request | WebSocket, response: Response | WebSocket | None
+    ) -> Context:
+        context = self._new_context(request, response)
         await identify(context, request, self.authenticator)
+        return context
+
+    def http_context(self, request: Request) -> Context:
+        """The context of a request the direct executor answers (service/web/direct_graphql.py)."""
+        context = self._new_context(request, None)
+        identify_http(context, request, self.authenticator)
         return context
 
     def decode_json(self, data: str | bytes) -> object:
@@ -137,7 +150,17 @@ def create_app(
     routes: list[Any] = [
         Route(
             "/graphql",
-            guard_graphql(graphql_app, graphql_app.authenticator, settings),
+            guard_graphql(
+                DirectGraphQL(
+                    graphql_app,
+                    DirectExecutor(schema, prepared_documents),
+                    graphql_app.http_context,
+                )
+                if settings.direct_execution
+                else graphql_app,
+                graphql_app.authenticator,
+                settings,
+            ),
             methods=["GET", "POST"],
         ),
         WebSocketRoute("/graphql", graphql_app),

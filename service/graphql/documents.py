@@ -1,0 +1,101 @@
+"""Parsed and validated GraphQL documents, kept per query text.
+
+Every agent sends the same two documents (heartbeat, registerNode) and every
+scheduler the same few, thousands of times a second across a cluster. Parsing
+and validating them again for each request is work whose answer never
+changes, so the first request of a text pays for it and later ones look it up.
+
+A text that fails to parse or validate is remembered as such: the request is
+then left to Strawberry's own path, which reports those errors in its own
+words. The cache is bounded (least recently used out) and long texts are not
+kept, so a client sending endless distinct documents costs memory for at most
+`max_entries` of them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Final
+
+from graphql import (
+    ASTValidationRule,
+    DocumentNode,
+    GraphQLError,
+    GraphQLSchema,
+    OperationDefinitionNode,
+    parse,
+    specified_rules,
+)
+from strawberry.schema.schema import validate_document
+
+# Agents' documents are a few hundred bytes; a page query a few kilobytes.
+MAX_CACHED_LENGTH: Final = 16_384
+MAX_ENTRIES: Final = 512
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A document that parsed and passed the schema's validation, with its operations."""
+
+    document: DocumentNode
+    operations: dict[str | None, OperationDefinitionNode]
+
+    def operation(self, name: str | None) -> OperationDefinitionNode | None:
+        """The operation to run, as graphql-core picks it; None when that would be an error."""
+        if name is None:
+            if len(self.operations) != 1:
+                return None
+            return next(iter(self.operations.values()))
+        return self.operations.get(name)
+
+
+_INVALID: Final = object()
+
+
+class PreparedDocuments:
+    """query text -> Prepared, or None for a text that Strawberry must answer."""
+
+    def __init__(
+        self,
+        schema: GraphQLSchema,
+        extra_rules: tuple[type[ASTValidationRule], ...],
+        max_tokens: int,
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
+        self._schema = schema
+        # The same rules, in the same order, as Strawberry's validation of a
+        # request with the schema's AddValidationRules extension.
+        self._rules = (*specified_rules, *extra_rules)
+        self._max_tokens = max_tokens
+        self._max_entries = max_entries
+        self._entries: OrderedDict[str, Prepared | object] = OrderedDict()
+
+    def get(self, query: str) -> Prepared | None:
+        entry = self._entries.get(query)
+        if entry is not None:
+            self._entries.move_to_end(query)
+            return entry if isinstance(entry, Prepared) else None
+        prepared = self._prepare(query)
+        if len(query) <= MAX_CACHED_LENGTH:
+            self._entries[query] = _INVALID if prepared is None else prepared
+            if len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+        return prepared
+
+    def _prepare(self, query: str) -> Prepared | None:
+        try:
+            document = parse(query, max_tokens=self._max_tokens)
+        except GraphQLError:
+            return None
+        if validate_document(self._schema, document, self._rules):
+            return None
+        operations: dict[str | None, OperationDefinitionNode] = {}
+        for definition in document.definitions:
+            if isinstance(definition, OperationDefinitionNode):
+                name = definition.name.value if definition.name else None
+                operations[name] = definition
+        return Prepared(document=document, operations=operations)
+
+    def __len__(self) -> int:
+        return len(self._entries)

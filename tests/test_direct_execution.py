@@ -1,0 +1,252 @@
+"""The direct executor answers exactly what Strawberry's view answers, and answers the agents' requests.
+
+Each request goes to two apps on the same database: one with
+INVENTORY_DIRECT_EXECUTION on (the default), one with it off. The mutations
+used are ones a client may repeat with the same answer (a report re-sent, a
+heartbeat, an allocation or placement re-sent with its ids), so running each
+twice compares answers, not states.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import tokens
+from service.config import Settings
+from service.metrics import COUNTERS
+from service.web.app import create_app
+from tests.reports import (
+    A100,
+    ALLOCATE,
+    GB,
+    PLACE,
+    REGISTER,
+    allocation,
+    gpus,
+    node_input,
+    placement,
+    shard,
+)
+
+OPERATIONS = Path(__file__).resolve().parent.parent / "agent" / "operations"
+AGENT_REGISTER = (OPERATIONS / "register_node.graphql").read_text()
+AGENT_HEARTBEAT = (OPERATIONS / "heartbeat.graphql").read_text()
+
+FULL_REPORT = node_input(
+    "gpu-01",
+    labels=[{"key": "zone", "value": "a"}],
+    memoryTotalMb=2_000_000,
+    gpus=[*gpus(A100, 3), {"index": 3, "name": "NVIDIA A100-SXM4-40GB", "healthy": False,
+                          "healthReasons": ["ecc_uncorrected"]}],
+    fabrics=[{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}],
+    storage=[
+        {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
+         "freeBytes": 500 * GB, "totalBytes": 2000 * GB, "directories": ["/data/models"]},
+        {"id": "nfs:1", "mountPoint": "/mnt/models", "fsType": "nfs4", "shared": True,
+         "freeBytes": 9000 * GB, "totalBytes": 10000 * GB},
+    ],
+    weights=[{"path": "/data/models/llama-3-70b", "sizeBytes": 140 * GB}],
+    agentVersion="1.4.0",
+    engineVersions=[{"key": "vllm", "value": "0.6.3"}],
+)  # fmt: skip
+
+PAGE = """
+query Page($first: Int, $withGpus: Boolean!) {
+  nodes(first: $first) {
+    __typename id hostname mgmtAddr state stateReason schedulable knowsItsWeights
+    labels { key value } engineVersions { key value } memoryTotalMb agentVersion
+    localDisk { freeBytes totalBytes } sharedDisk { ...DiskFields }
+    gpus @include(if: $withGpus) { index name gpuClass healthy healthReasons
+      allocation { shardId replicaId gpuIndices } }
+    free: freeGpus(gpuClass: "A100-40GB") { index }
+    storage { id mountPoint fsType shared freeBytes totalBytes directories }
+    weights { path sizeBytes } hasWeights(source: "/data/models/llama-3-70b")
+    allocations { shardId nodeId gpuIndices }
+  }
+}
+fragment DiskFields on Disk { freeBytes totalBytes }
+"""
+
+TWO_OPERATIONS = """
+query Classes { gpuClasses { gpuClass total free allocated unhealthy unschedulable } }
+query Fabrics { fabrics { name nodes { id } } }
+"""
+
+
+@pytest.fixture
+async def both(
+    engine: AsyncEngine, settings: Settings
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    clients = []
+    for direct in (True, False):
+        app = create_app(settings.replace(direct_execution=direct), engine=engine)
+        clients.append(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory")
+        )
+    try:
+        yield clients[0], clients[1]
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def _comparable(body: Any) -> Any:
+    # A masked error's request id is the one thing that differs by design.
+    if isinstance(body, dict):
+        return {k: _comparable(v) for k, v in body.items() if k != "requestId"}
+    if isinstance(body, list):
+        return [_comparable(v) for v in body]
+    return body
+
+
+async def same_answer(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    body: Any,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """Send to the direct app, then to Strawberry's; the answers must be equal."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent = {"content-type": "application/json", **(headers or {})}
+    direct, strawberry = [
+        await client.post("/graphql", content=content, headers=sent) for client in both
+    ]
+    assert direct.status_code == strawberry.status_code, (direct.text, strawberry.text)
+    assert direct.headers["content-type"] == strawberry.headers["content-type"]
+    if strawberry.headers["content-type"].startswith("application/json"):
+        assert _comparable(direct.json()) == _comparable(strawberry.json())
+        return direct.json()
+    assert direct.text == strawberry.text
+    return direct.text
+
+
+def executors() -> dict[str, int]:
+    return COUNTERS.snapshot()[2]
+
+
+async def test_an_agents_report_and_heartbeat_are_answered_directly_and_alike(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    before = executors()
+    registered = await same_answer(
+        both, {"query": AGENT_REGISTER, "variables": {"input": FULL_REPORT}}
+    )
+    assert registered == {
+        "data": {"registerNode": {"id": "gpu-01", "state": "READY", "stateReason": None}}
+    }
+
+    beat = await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}})
+    assert beat["data"]["heartbeat"]["state"] == "READY"
+
+    # Both went the direct way on the first app (the second app has no direct path).
+    assert executors().get("direct", 0) - before.get("direct", 0) == 2
+
+
+async def test_errors_read_the_same_whichever_executor_answers(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    await same_answer(both, {"query": REGISTER, "variables": {"input": FULL_REPORT}})
+
+    unknown = await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-99"}})
+    assert unknown["errors"][0]["extensions"]["code"] == "NODE_NOT_FOUND"
+
+    bad_gpu = node_input(
+        "gpu-02", gpus=[{"index": -1, "name": "NVIDIA H100 80GB HBM3", "healthy": True}]
+    )
+    bad = await same_answer(both, {"query": REGISTER, "variables": {"input": bad_gpu}})
+    assert bad["errors"][0]["extensions"]["code"] == "BAD_INPUT"
+    assert bad["errors"][0]["extensions"]["value"] == -1
+
+    # Variables that do not fit the document: graphql-core's own refusal.
+    missing = await same_answer(both, {"query": REGISTER, "variables": {"input": {"id": "x"}}})
+    assert missing["data"] is None and "hostname" in missing["errors"][0]["message"]
+
+    # A NUL reaching PostgreSQL is masked the same way (the masked path).
+    nul = await same_answer(
+        both,
+        {"query": "query N($id: ID!) { node(id: $id) { id } }", "variables": {"id": "gpu\x0001"}},
+    )
+    assert nul["errors"][0]["extensions"]["code"] == "BAD_INPUT"
+
+    # Left to Strawberry, and still the same words: syntax and validation
+    # errors, an unknown or missing operation name, malformed bodies.
+    await same_answer(both, {"query": "mutation { heartbeat(nodeId: "})
+    await same_answer(both, {"query": "{ nodes { noSuchField } }"})
+    await same_answer(both, {"query": TWO_OPERATIONS})
+    await same_answer(both, {"query": TWO_OPERATIONS, "operationName": "Nope"})
+    await same_answer(both, {"query": "{ nodes { id } }", "variables": [1]})
+    await same_answer(both, b'{"query": ')
+    await same_answer(both, [{"query": "{ nodes { id } }"}])
+
+
+async def test_queries_and_allocations_read_the_same_whichever_executor_answers(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    await same_answer(both, {"query": REGISTER, "variables": {"input": FULL_REPORT}})
+    await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-02")}})
+    await same_answer(
+        both, {"query": 'mutation { cordonNode(id: "gpu-02", reason: "burn-in") { id state } }'}
+    )
+
+    allocated = await same_answer(
+        both, {"query": ALLOCATE, "variables": allocation("r1", shard("r1-s0", "gpu-01", 0, 1))}
+    )
+    assert allocated["data"]["allocate"]["__typename"] == "Allocated"
+    taken = await same_answer(
+        both, {"query": ALLOCATE, "variables": allocation("r2", shard("r2-s0", "gpu-01", 1))}
+    )
+    assert taken["data"]["allocate"]["code"] == "GPU_TAKEN"
+    placed = await same_answer(
+        both, {"query": PLACE, "variables": placement("r3", "A100-40GB", gpusPerShard=1)}
+    )
+    assert placed["data"]["place"]["__typename"] == "Allocated"
+    no_room = await same_answer(
+        both, {"query": PLACE, "variables": placement("r4", "H100-80GB", gpusPerShard=8)}
+    )
+    assert no_room["data"]["place"]["__typename"] == "Unplaceable"
+
+    page = await same_answer(both, {"query": PAGE, "variables": {"first": 10, "withGpus": True}})
+    assert [n["id"] for n in page["data"]["nodes"]] == ["gpu-01", "gpu-02"]
+    assert page["data"]["nodes"][0]["gpus"][0]["allocation"]["shardId"] == "r1-s0"
+    without = await same_answer(
+        both, {"query": PAGE, "variables": {"first": 10, "withGpus": False}}
+    )
+    assert "gpus" not in without["data"]["nodes"][0]
+    too_many = await same_answer(
+        both, {"query": PAGE, "variables": {"first": 100_000, "withGpus": False}}
+    )
+    assert too_many["errors"][0]["extensions"]["code"] == "BAD_INPUT"
+
+    await same_answer(both, {"query": TWO_OPERATIONS, "operationName": "Classes"})
+    await same_answer(both, {"query": TWO_OPERATIONS, "operationName": "Fabrics"})
+
+
+async def test_a_tokens_role_is_enforced_the_same_way_on_both_paths(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], engine: AsyncEngine
+) -> None:
+    async with engine.begin() as conn:
+        agent = await tokens.create_token(conn, "agent", "gpu-01", description="agent of gpu-01")
+        reader = await tokens.create_token(conn, "reader", None, description="dashboard")
+    as_agent = {"Authorization": f"Bearer {agent.secret}"}
+    as_reader = {"Authorization": f"Bearer {reader.secret}"}
+
+    ok = await same_answer(
+        both, {"query": AGENT_REGISTER, "variables": {"input": FULL_REPORT}}, as_agent
+    )
+    assert ok["data"]["registerNode"]["id"] == "gpu-01"
+    other_node = await same_answer(
+        both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-02"}}, as_agent
+    )
+    assert other_node["errors"][0]["extensions"]["code"] == "FORBIDDEN"
+    scheduling = await same_answer(
+        both, {"query": PLACE, "variables": placement("r1", gpusPerShard=1)}, as_reader
+    )
+    assert scheduling["errors"][0]["extensions"]["requiredRole"] == "scheduler"
+    # No token at all: refused before either executor, with HTTP 401.
+    await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}})
