@@ -13,6 +13,7 @@ from service.errors import InventoryError
 from service.placement import Explanation
 from service.placement import Unplaceable as UnplaceableRecord
 
+from .input_conversion import compiled_input
 from .inputs import KeyValueInput
 from .scalars import Bytes
 from .types import Allocation
@@ -56,6 +57,7 @@ class Allocated:
 AllocateResult = Annotated[Allocated | AllocationRejected, strawberry.union("AllocateResult")]
 
 
+@compiled_input
 @strawberry.input
 class ShardInput:
     shard_id: strawberry.ID
@@ -63,6 +65,7 @@ class ShardInput:
     gpu_indices: list[int]
 
 
+@compiled_input
 @strawberry.input
 class AllocateInput:
     replica_id: strawberry.ID
@@ -78,6 +81,7 @@ class AllocateInput:
         )
 
 
+@compiled_input
 @strawberry.input
 class PlaceInput:
     replica_id: strawberry.ID = strawberry.field(

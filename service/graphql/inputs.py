@@ -7,16 +7,19 @@ import strawberry
 from service.node_views import NodeFilter as NodeFilterRecord
 from service.reports import FabricReport, FilesystemReport, GpuReport, NodeReport, WeightsReport
 
+from .input_conversion import compiled_input
 from .scalars import Bytes
 from .types import NodeState
 
 
+@compiled_input
 @strawberry.input
 class KeyValueInput:
     key: str
     value: str
 
 
+@compiled_input
 @strawberry.input
 class GpuInput:
     index: int
@@ -33,6 +36,7 @@ class GpuInput:
     health_reasons: list[str] | None = None
 
 
+@compiled_input
 @strawberry.input
 class FabricInput:
     fabric: str
@@ -40,6 +44,7 @@ class FabricInput:
     rate_gbps: int
 
 
+@compiled_input
 @strawberry.input
 class FilesystemInput:
     id: str
@@ -51,12 +56,14 @@ class FilesystemInput:
     directories: list[str] | None = None
 
 
+@compiled_input
 @strawberry.input
 class WeightsInput:
     path: str
     size_bytes: Bytes | None = None
 
 
+@compiled_input
 @strawberry.input
 class NodeInput:
     id: strawberry.ID
@@ -120,6 +127,7 @@ class NodeInput:
         )
 
 
+@compiled_input
 @strawberry.input
 class NodeFilter:
     state: NodeState | None = None
