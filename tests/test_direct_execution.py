@@ -250,3 +250,77 @@ async def test_a_tokens_role_is_enforced_the_same_way_on_both_paths(
     assert scheduling["errors"][0]["extensions"]["requiredRole"] == "scheduler"
     # No token at all: refused before either executor, with HTTP 401.
     await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}})
+
+
+LEAVES = """
+mutation Beat($id: ID!) {
+  beat: heartbeat(nodeId: $id) {
+    __typename id name: hostname mgmtAddr memoryTotalMb state stateReason schedulable
+    agentVersion knowsItsWeights stateChangedBy registeredAt
+  }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("document", "compiled"),
+    [
+        (AGENT_HEARTBEAT, True),
+        (LEAVES, True),
+        ('mutation { heartbeat(nodeId: "gpu-01") { id state } }', True),
+        ("mutation B($id: ID!) { heartbeat(nodeId: $id) { id gpus { index } } }", False),
+        ("mutation B($id: ID!) { heartbeat(nodeId: $id) { id localDisk { freeBytes } } }", False),
+        (
+            "mutation B($id: ID!, $x: Boolean!) { heartbeat(nodeId: $id) { id @include(if: $x) } }",
+            False,
+        ),
+        (
+            "mutation B($id: ID!) { heartbeat(nodeId: $id) { ...F } } fragment F on Node { id }",
+            False,
+        ),
+        (
+            "mutation B($id: ID!) { a: heartbeat(nodeId: $id) { id } b: heartbeat(nodeId: $id) { id } }",
+            False,
+        ),
+    ],
+)
+def test_which_heartbeat_documents_are_compiled(document: str, compiled: bool) -> None:
+    from service.graphql.compiled_heartbeat import compile_heartbeat
+    from service.graphql.schema import prepared_documents, schema
+
+    prepared = prepared_documents.get(document)
+    assert prepared is not None, "the document must be valid"
+    operation = prepared.operation(None)
+    assert operation is not None
+    assert (compile_heartbeat(schema, operation) is not None) is compiled
+
+
+async def test_a_compiled_heartbeat_answers_every_leaf_as_graphql_core_does(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    await same_answer(both, {"query": REGISTER, "variables": {"input": FULL_REPORT}})
+    await same_answer(
+        both, {"query": 'mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }'}
+    )
+
+    beat = await same_answer(both, {"query": LEAVES, "variables": {"id": "gpu-01"}})
+    assert beat["data"]["beat"]["__typename"] == "Node"
+    assert beat["data"]["beat"]["state"] == "CORDONED"
+    assert beat["data"]["beat"]["stateReason"] == "burn-in"
+    literal = await same_answer(both, {"query": 'mutation { heartbeat(nodeId: "gpu-01") { id } }'})
+    assert literal == {"data": {"heartbeat": {"id": "gpu-01"}}}
+    # An ID sent as a number is graphql-core's to coerce; the answer is the same.
+    await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": 7}})
+
+    # lastSeen moves with every beat: the compiled answer's is the one stored.
+    direct, strawberry = both
+    beat_seen = (
+        await direct.post(
+            "/graphql",
+            json={"query": 'mutation { heartbeat(nodeId: "gpu-01") { lastSeen } }'},
+        )
+    ).json()
+    stored = (
+        await strawberry.post("/graphql", json={"query": '{ node(id: "gpu-01") { lastSeen } }'})
+    ).json()
+    assert beat_seen["data"]["heartbeat"]["lastSeen"] == stored["data"]["node"]["lastSeen"]

@@ -27,6 +27,7 @@ import strawberry
 from graphql import ExecutionResult, OperationType, execute
 from strawberry.execution.is_awaitable import optimized_is_awaitable
 
+from .compiled_heartbeat import compile_heartbeat
 from .context import Context
 from .documents import Prepared, PreparedDocuments
 from .masking import mask_unexpected
@@ -55,6 +56,16 @@ class DirectExecutor:
         context: Context,
     ) -> dict[str, Any]:
         """The response body, {"data": ..., "errors": [...]}, as Strawberry would build it."""
+        if operation_name not in prepared.compiled:
+            operation = prepared.operation(operation_name)
+            prepared.compiled[operation_name] = (
+                None if operation is None else compile_heartbeat(self._schema, operation)
+            )
+        compiled = prepared.compiled[operation_name]
+        if compiled is not None:
+            answer = await compiled.run(variables, context)
+            if answer is not None:
+                return answer
         outcome = execute(
             self._schema._schema,
             prepared.document,

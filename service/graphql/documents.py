@@ -15,8 +15,8 @@ kept, so a client sending endless distinct documents costs memory for at most
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
 from graphql import (
     ASTValidationRule,
@@ -29,6 +29,9 @@ from graphql import (
 )
 from strawberry.schema.schema import validate_document
 
+if TYPE_CHECKING:
+    from .compiled_heartbeat import CompiledHeartbeat
+
 # Agents' documents are a few hundred bytes; a page query a few kilobytes.
 MAX_CACHED_LENGTH: Final = 16_384
 MAX_ENTRIES: Final = 512
@@ -40,6 +43,9 @@ class Prepared:
 
     document: DocumentNode
     operations: dict[str | None, OperationDefinitionNode]
+    # Per operation name, what direct.py compiled of it (None: nothing);
+    # filled on first use.
+    compiled: dict[str | None, CompiledHeartbeat | None] = field(default_factory=dict)
 
     def operation(self, name: str | None) -> OperationDefinitionNode | None:
         """The operation to run, as graphql-core picks it; None when that would be an error."""

@@ -78,6 +78,28 @@ def _named_nodes(kwargs: dict[str, Any]) -> Iterator[str]:
             yield str(getattr(given, attr))
 
 
+def check_role(
+    role: str, operation: str, principal: Principal | None, kwargs: dict[str, Any]
+) -> None:
+    """Raise unless `principal` may call `operation` (which needs `role`) with these arguments."""
+    if principal is None:
+        raise Unauthenticated(f"{operation}: no token was presented on this connection")
+    if not principal.may(role):
+        raise Forbidden(operation, role, principal)
+    if role == "agent" and principal.role == "agent":
+        named = list(_named_nodes(kwargs))
+        if not named:
+            # Fail closed: an agent field that names no node cannot be checked.
+            raise WrongNode(operation, principal.node_id or "", "(none named)")
+        for node_id in named:
+            check_node(operation, principal, node_id)
+
+
+def role_of(type_name: str, field_name: str) -> str:
+    """The role a root field needs (fields missing from the table: operators only)."""
+    return ROOT_FIELD_ROLES.get(type_name, {}).get(field_name, UNLISTED_ROLE)
+
+
 class RequireRole(FieldExtension):
     """Refuses a root field to callers whose role does not include `role`."""
 
@@ -85,19 +107,7 @@ class RequireRole(FieldExtension):
         self.role = role
 
     def check(self, info: Info[Any, Any], kwargs: dict[str, Any]) -> None:
-        operation = info.field_name
-        principal: Principal | None = getattr(info.context, "principal", None)
-        if principal is None:
-            raise Unauthenticated(f"{operation}: no token was presented on this connection")
-        if not principal.may(self.role):
-            raise Forbidden(operation, self.role, principal)
-        if self.role == "agent" and principal.role == "agent":
-            named = list(_named_nodes(kwargs))
-            if not named:
-                # Fail closed: an agent field that names no node cannot be checked.
-                raise WrongNode(operation, principal.node_id or "", "(none named)")
-            for node_id in named:
-                check_node(operation, principal, node_id)
+        check_role(self.role, info.field_name, getattr(info.context, "principal", None), kwargs)
 
     def resolve(
         self, next_: SyncExtensionResolver, source: Any, info: Info[Any, Any], **kwargs: Any
