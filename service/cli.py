@@ -66,6 +66,9 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             port=settings.port,
             log_level="warning",
             log_config=None,
+            # service.access logs each request (web/logs.py); uvicorn's own
+            # access line would be built and dropped on every request.
+            access_log=False,
             # A websocket message is bounded like a request body (uvicorn's default is 16 MiB).
             ws_max_size=settings.max_body_bytes,
         )

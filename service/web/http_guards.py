@@ -177,10 +177,7 @@ class RequireToken:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # Decoded as Starlette decodes it (so `qu%65ry=` counts as `query=`):
-        # anything Strawberry would execute must not pass as the IDE page.
-        params = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-        runs_nothing = scope.get("method") == "GET" and all(key != "query" for key, _ in params)
+        runs_nothing = scope.get("method") == "GET" and not _asks_for_a_query(scope)
         if not runs_nothing:
             try:
                 principal = await self.authenticator.principal(_header(scope, b"authorization"))
@@ -198,6 +195,13 @@ class RequireToken:
                 return
             scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+
+def _asks_for_a_query(scope: Scope) -> bool:
+    # Decoded as Starlette decodes it (so `qu%65ry=` counts as `query=`):
+    # anything Strawberry would execute must not pass as the IDE page.
+    params = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return any(key == "query" for key, _ in params)
 
 
 def guard_graphql(app: ASGIApp, authenticator: Authenticator, settings: Settings) -> ASGIApp:
