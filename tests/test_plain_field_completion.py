@@ -16,7 +16,7 @@ from inspect import isawaitable
 from typing import Any
 
 import strawberry
-from graphql import ExecutionResult, GraphQLSchema, execute, parse
+from graphql import ExecutionResult, GraphQLSchema, Undefined, execute, parse
 from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.execution.is_awaitable import optimized_is_awaitable
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
@@ -304,6 +304,7 @@ HOLDERS: dict[str, Callable[[], Holder]] = {
     "hugeInt": lambda: holder(items=[item(count=2**40)]),
     "floatInt": lambda: holder(items=[item(count=1.5)]),
     "anError": lambda: holder(label=ValueError("the label broke")),
+    "undefined": lambda: holder(label=Undefined, items=[item(note=Undefined)]),
     "awaitable": lambda: holder(label=later("later"), maybe_item=later(item(note="awaited"))),
     "robot": lambda: holder(friend=Robot(model="r2")),
     "notAList": lambda: holder(items=item()),

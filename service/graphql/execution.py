@@ -297,9 +297,11 @@ def _plain_attribute(field: GraphQLField) -> str | None:
     definition = (field.extensions or {}).get(STRAWBERRY_DEFINITION)
     if not isinstance(definition, StrawberryField):
         return None
-    # Strawberry marks the resolver it makes for a basic field (no resolver,
-    # no extensions, no exception handlers) with _is_default; a field with
-    # extensions but no resolver is marked too, hence the checks on the field.
+    # Strawberry marks the resolver it makes for a field without a resolver
+    # with _is_default; that resolver is a bare getattr unless the field has
+    # extensions (a permission check, say), hence the checks on the field. A
+    # schema's exception handlers may wrap it too, but they act only on an
+    # exception or an awaitable, both of which the fast path hands back.
     if not getattr(field.resolve, "_is_default", False):
         return None
     if definition.base_resolver is not None or definition.extensions:
@@ -317,6 +319,11 @@ def _plain_attribute(field: GraphQLField) -> str | None:
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _unusual(value: Any, is_awaitable: Callable[[Any], bool]) -> bool:
+    """A value graphql-core would await, raise, or read as null (its Undefined), not complete."""
+    return value is Undefined or isinstance(value, Exception) or is_awaitable(value)
 
 
 def _list(item: Completer, non_null: bool) -> Completer:
@@ -345,9 +352,7 @@ def _leaf(
             if non_null:
                 raise Delegate
             return None
-        if type(value) not in _SIMPLE_TYPES and (
-            isinstance(value, Exception) or is_awaitable(value)
-        ):
+        if type(value) not in _SIMPLE_TYPES and _unusual(value, is_awaitable):
             raise Delegate
         coerced = coerce(value)
         if coerced is None or coerced is Undefined:
@@ -391,7 +396,7 @@ def _object(
             if non_null:
                 raise Delegate
             return None
-        if isinstance(value, Exception) or is_awaitable(value):
+        if _unusual(value, is_awaitable):
             raise Delegate
         return _complete_fields(entries, typename, value)
 
