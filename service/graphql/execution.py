@@ -140,11 +140,12 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
     ) -> AwaitableOrValue[Any]:
         # What a resolver returned (Node.gpus: a list of plain Gpu objects) is
         # completed like a plain field's value when its selection is plain:
-        # graphql-core's per-item chain (complete_list_item_value,
-        # complete_object_value, collect_subfields...) was most of what the
-        # first version of this class left of a page. The resolver itself
-        # already ran in graphql-core's execute_field, and a value the fast
-        # path declines is completed by graphql-core from the start.
+        # with plain fields alone planned, graphql-core's chain per list item
+        # (complete_list_item_value, complete_object_value, collect_subfields,
+        # execute_fields) was most of what was left of a page's completion.
+        # The resolver itself has already run in graphql-core's execute_field,
+        # and a value the fast path declines is completed by graphql-core from
+        # the start, so the fast path never leaves a half-made answer behind.
         if position_context is None and self._fast_path:
             key = (return_type, id(field_details_list))
             cached = self._value_completers.get(key)
@@ -312,9 +313,11 @@ def _plain_attribute(field: GraphQLField) -> str | None:
 
 
 # Completers. Each takes the field's raw value and returns what graphql-core's
-# complete_value would, or raises for graphql-core to handle the field. The
-# checks graphql-core makes of every value are kept, in its order: awaitable
-# (execute_field, complete_iterable_value), then Exception (complete_value).
+# complete_value would, or raises for graphql-core to handle the field. Every
+# value graphql-core would treat specially is declined rather than imitated:
+# an awaitable (execute_field and complete_iterable_value await it), an
+# Exception (complete_value raises it), Undefined (complete_value reads it as
+# null, where String's coercion would write "Undefined").
 
 
 def _identity(value: Any) -> Any:
