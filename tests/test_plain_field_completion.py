@@ -392,3 +392,18 @@ async def test_the_errors_are_the_ones_a_client_is_told_about() -> None:
     awaited = await run(broken._schema, BROKEN, PlainFieldExecutionContext, {"which": "awaitable"})
     assert awaited.data is not None
     assert awaited.data["holder"]["maybeItem"]["note"] == "awaited"
+
+
+def test_types_served_by_records_find_every_field_on_the_record() -> None:
+    """Gpu and Allocation values are the domain's records: a field renamed on one side only
+    would answer null or fail, so each field's Python name must be an attribute of its record."""
+    from dataclasses import fields as record_fields
+
+    from service.graphql.types import SERVED_BY_RECORDS
+
+    for graphql_type, record in SERVED_BY_RECORDS.items():
+        definition = graphql_type.__strawberry_definition__  # type: ignore[attr-defined]
+        attributes = {f.name for f in record_fields(record)}
+        missing = [f.python_name for f in definition.fields if f.python_name not in attributes]
+        assert missing == [], f"{record.__name__} lacks {missing} for {graphql_type.__name__}"
+        assert all(f.base_resolver is None for f in definition.fields), "plain fields only"
