@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.allocations import (
@@ -40,9 +39,7 @@ from service.allocations import (
     AllocationRequest,
     ShardRequest,
     allocate,
-    is_conflict,
     lock_nodes,
-    record_on_locked_node,
     shard_from_row,
 )
 from service.rejections import Rejection, RejectionCode, invalid, shown
@@ -541,14 +538,12 @@ async def _place_on_one_node(
                 ShardRequest(names[k], picked, tuple(free[k * per : (k + 1) * per]))
                 for k in range(request.shards)
             )
-            result = await record_on_locked_node(
-                conn, AllocationRequest(request.replica_id, shards), actor
-            )
-        except IntegrityError as error:
-            await savepoint.rollback()
-            if not is_conflict(error):
-                raise
-            return _CONFLICT
+            result = await allocate(conn, AllocationRequest(request.replica_id, shards), actor)
+            if isinstance(result, Rejection):
+                # The shard ids went to a concurrent place of this replica
+                # (or a GPU to a writer that skipped the node lock): start over.
+                await savepoint.rollback()
+                return _CONFLICT
         except BaseException:
             if savepoint.is_active:
                 await savepoint.rollback()
