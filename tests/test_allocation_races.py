@@ -380,3 +380,28 @@ async def test_the_same_place_sent_twice_at_once_holds_one_set_of_gpus(
         count = await conn.execute(text("SELECT replica_id, count(*) FROM shards GROUP BY 1"))
         assert sorted(tuple(r) for r in count) == [("r1", 1), ("r2", 2)]
     await pools_agree_with_the_gpus(engine)
+
+
+async def test_a_place_that_loses_its_shard_ids_answers_what_the_winner_stored(
+    api: Api, engine: AsyncEngine
+) -> None:
+    for node_id in ("gpu-07", "gpu-08"):
+        await api(REGISTER, {"input": node_input(node_id)})
+
+    async def first_call(conn: AsyncConnection) -> Any:
+        # The scheduler's first call of this place, still running: it holds
+        # gpu-08, so the retry locks gpu-07 and then waits on the shard id.
+        request = AllocationRequest("r1", (ShardRequest("r1-s0", "gpu-08", (0, 1)),))
+        return await allocations.allocate(conn, request)
+
+    first, got = await while_open(engine, first_call, place_over_api(api, "r1", 2))
+
+    assert isinstance(first, allocations.Allocated)
+    assert (got["__typename"], got["allocations"][0]["nodeId"]) == ("Allocated", "gpu-08")
+    assert got["allocations"][0]["gpuIndices"] == [0, 1]
+    # Nothing of the losing claim is left: no GPU on gpu-07, no event.
+    assert await held(engine) == [("gpu-08", 0, "r1-s0"), ("gpu-08", 1, "r1-s0")]
+    async with engine.connect() as conn:
+        logged = await conn.execute(text("SELECT count(*) FROM events WHERE kind = 'allocated'"))
+        assert logged.scalar_one() == 1
+    await pools_agree_with_the_gpus(engine)
