@@ -15,11 +15,9 @@ every shard on one node, is two statements: one checks the replica id, reads
 the window and locks its best node that nobody else holds (FOR NO KEY UPDATE
 SKIP LOCKED, LIMIT 1); the next, started under that lock, recounts the node's
 free GPUs and holds them with the pools and events (allocations.
-store_statement). The first such try runs without a savepoint (two round
-trips saved); every later one, and a multi-node placement, which locks its
-planned nodes with SKIP LOCKED and goes through allocate()'s checks, runs
-inside a savepoint, so a node found full or busy is let go at once (see
-_place_on_one_node for the one node a bare try can keep).
+store_statement). A multi-node placement locks its planned nodes with SKIP
+LOCKED and goes through allocate()'s checks. Both run inside a savepoint, so
+a node found full or busy is let go at once.
 "Unplaceable" is only said after a plan fails on committed data with no
 candidate skipped: when candidates were busy, place() waits for their holders
 to finish and looks again, so N concurrent calls on room for K replicas
@@ -527,15 +525,8 @@ async def _try(
 async def _wait_for(conn: AsyncConnection, node_ids: set[str]) -> None:
     """Wait until whoever holds these nodes has committed or rolled back, then let go of them.
 
-    Every try's savepoint was rolled back, so nothing else is held at this
-    point but what a bare try of _place_on_one_node may have kept: the one
-    node it locked and could not use, or a node cordoned between its
-    snapshot and its lock. Should a holder we wait for be waiting for such a
-    node in turn, PostgreSQL breaks the cycle (a deadlock error, after
-    deadlock_timeout) and in_transaction reruns the victim from the start.
-    That takes a count gone stale between a statement's snapshot and its
-    lock and a window where every node is held, at once: too rare to pay a
-    SAVEPOINT on every claim.
+    Nothing else is held at this point (every attempt's savepoint was rolled
+    back), so waiting cannot deadlock.
     """
     savepoint = await conn.begin_nested()
     try:
@@ -560,13 +551,12 @@ async def place(
     if problem is not None:
         return problem
     rng = rng or random.Random()
-    tries = _Tries()
     for _ in range(MAX_ROUNDS):
         busy: set[str] = set()
         # Every round starts with the one-node look, which checks the replica
         # id first: a concurrent place of the same replica may have committed
         # while this one waited.
-        outcome = await _place_on_one_node(conn, request, actor, busy, tries)
+        outcome = await _place_on_one_node(conn, request, actor, busy)
         if outcome is None and request.shards > 1:
             outcome = await _spread(conn, request, actor, rng, busy)
         if isinstance(outcome, Allocated | Rejection):
@@ -595,13 +585,6 @@ class _Conflict:
 _CONFLICT = _Conflict()
 
 
-class _Tries:
-    """Whether one place() call has had its bare try (see _place_on_one_node)."""
-
-    def __init__(self) -> None:
-        self.bare_used = False
-
-
 @dataclass(frozen=True)
 class _Window:
     """Nothing was picked: the window, best first; every node in it was held by someone else.
@@ -620,51 +603,44 @@ class _NoUse:
 
 
 async def _place_on_one_node(
-    conn: AsyncConnection,
-    request: PlaceRequest,
-    actor: str | None,
-    busy: set[str],
-    tries: _Tries,
+    conn: AsyncConnection, request: PlaceRequest, actor: str | None, busy: set[str]
 ) -> Allocated | Rejection | _Conflict | None:
-    """The common case: every shard on one node. Two statements when the first try works.
+    """The common case: every shard on one node. Two statements per try, in a savepoint.
 
     None when no node has room on committed data, apart from the nodes added
     to `busy` (held by other transactions right now). A Rejection or an
     Allocated may also be the answer stored for this replica id.
 
-    The first try of a place() runs bare: a SAVEPOINT and its release are two
-    more round trips on every claim, for the rare try that locks a node and
-    then finds it full (a claim on it committed between _pick_sql's snapshot
-    and its lock) or loses its shard ids to a concurrent retry. Such a node
-    stays locked until commit: other schedulers see it as busy, so they wait
-    for us rather than call it full, which it is for us anyway. Every later
-    try runs in a savepoint, so the nodes it finds full are let go at once and
-    at most one such node is ever kept (_wait_for says what that costs).
+    The savepoint (two more round trips) stays, also on the first try. A try
+    can lock a node and then find it full (a claim on it committed between
+    _pick_sql's snapshot and its lock) or lose its shard ids to a concurrent
+    retry; only rolling back to a savepoint taken before the lock lets go of
+    that node. Kept until commit instead, it would be held while place()
+    waits for busy nodes (see _wait_for), and two schedulers each keeping a
+    node the other waits for deadlock. Tried without the savepoint: in one of
+    four bursts of 48 concurrent places on room for 24 GPUs, 23 transactions
+    were deadlock victims (a second each before PostgreSQL broke the cycle),
+    where the savepoint makes waiting deadlock-free.
     """
     full: set[str] = set()
     while True:
-        bare = not tries.bare_used
-        savepoint = None if bare else await conn.begin_nested()
+        savepoint = await conn.begin_nested()
         try:
             outcome = await _try_one_node(conn, request, actor, busy | full)
         except BaseException:
-            if savepoint is not None and savepoint.is_active:
+            if savepoint.is_active:
                 await savepoint.rollback()
             raise
-        if savepoint is not None:
-            if isinstance(outcome, Allocated):
-                await savepoint.commit()
-            else:
-                # Lets go of a node found full, or cordoned since the snapshot.
-                await savepoint.rollback()
+        if isinstance(outcome, Allocated):
+            await savepoint.commit()
+        else:
+            # Lets go of a node found full, or cordoned since the snapshot.
+            await savepoint.rollback()
         if isinstance(outcome, _Window):
-            # SKIP LOCKED took nothing, so the next try may still run bare.
             if not outcome.node_ids:
                 return None
             busy.update(outcome.node_ids)
             continue
-        if bare:
-            tries.bare_used = True
         if isinstance(outcome, _NoUse):
             full.add(outcome.node_id)
             continue

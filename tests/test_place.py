@@ -365,7 +365,7 @@ def statements_sent(count_statements: StatementCounter) -> list[str]:
     ]
 
 
-async def test_a_one_node_place_is_two_statements(
+async def test_a_one_node_place_is_two_statements_in_a_savepoint(
     api: Api, count_statements: StatementCounter
 ) -> None:
     await asyncio.gather(*(register(api, f"gpu-{i:02d}") for i in range(4)))
@@ -375,15 +375,17 @@ async def test_a_one_node_place_is_two_statements(
         got = await place(api, replica_id, shards=shards, gpusPerShard=2)
 
         assert got["__typename"] == "Allocated"
-        # Pick and lock; then store the shards, their GPUs, the pools and the events.
+        # Pick and lock; then store the shards, their GPUs, the pools and the
+        # events. The savepoint around them lets go of a node found full.
         sent = statements_sent(count_statements)
-        assert len(sent) == 2, sent
-        assert "FOR NO KEY UPDATE" in sent[0] and "INSERT INTO shards" in sent[1]
+        assert len(sent) == 4, sent
+        assert sent[0].startswith("SAVEPOINT") and sent[3].startswith("RELEASE SAVEPOINT")
+        assert "FOR NO KEY UPDATE" in sent[1] and "INSERT INTO shards" in sent[2]
 
     count_statements.statements.clear()
     again = await place(api, "r1", gpusPerShard=2)
     assert again["__typename"] == "Allocated"
-    assert len(statements_sent(count_statements)) == 1
+    assert len(statements_sent(count_statements)) == 3
 
 
 async def test_one_event_per_shard_is_recorded_and_announced_after_commit(
