@@ -142,7 +142,7 @@ async def check_and_release(bench: Bench) -> int:
         await conn.close()
 
 
-async def measure_allocation(bench: Bench) -> int:
+async def measure_allocation(bench: Bench, statements: dict[str, str] | None = None) -> int:
     """Returns the number of double-booked GPUs and wrong pools seen (must be 0)."""
     if "place(" not in SCHEMA.read_text():
         bench.results.note("allocation skipped: `place` is not in schema.graphql yet")
@@ -261,12 +261,13 @@ async def measure_allocation(bench: Bench) -> int:
 
     seen = ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items()))
     add = bench.results.add
+    statements = statements or {}
     add(Row(bench.size, f"place 1x {PLACE_CLASS}, 32 schedulers, same class", "claims/s", place,
-            "raw asyncpg, SKIP LOCKED claim", raw_place,
+            "raw asyncpg, SKIP LOCKED claim", raw_place, statements.get("place", ""),
             note=f"service CPU {fmt(place_cpu.median)} ms/request; double-booked GPUs or "
                  f"wrong pools: {wrong}; {seen}"))  # fmt: skip
     add(Row(bench.size, f"allocate 1x {ALLOCATE_CLASS}, 32 schedulers", "claims/s", allocate,
-            "raw asyncpg, lock + 1 statement", raw_allocate,
+            "raw asyncpg, lock + 1 statement", raw_allocate, statements.get("allocate", ""),
             note=f"service CPU {fmt(allocate_cpu.median)} ms/request"))  # fmt: skip
     if wrong:
         bench.results.note(f"{bench.size} nodes: {wrong} double-booked GPUs or wrong pool counts")

@@ -112,7 +112,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
                 wrong += await churn.measure_churn(bench, args.churn_seconds)
             if "allocation" in sections:
                 print(f"[{size}] allocation", flush=True)
-                wrong += await allocation.measure_allocation(bench)
+                wrong += await allocation.measure_allocation(bench, counts)
             if "peer" in sections and size == min(args.sizes):
                 print(f"[{size}] PostGraphile peer", flush=True)
                 await peer.measure_peer(bench, args.peer_timeout)

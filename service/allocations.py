@@ -1,7 +1,9 @@
 """Who holds which GPUs: shards of replicas placed on nodes, and recording new ones.
 
-allocate() is the one write path for holding GPUs; place() picks GPUs and then
-goes through it too, so both are guarded by the same checks and the same locks.
+store_statement() is the one write path for holding GPUs: allocate() checks
+the GPUs it was given, place() picks free ones, and both hold them through it,
+under the same locks, in one round trip that also keeps the pools and writes
+the events.
 
 Concurrency, in one paragraph: every writer that changes a node's GPUs,
 allocations or state first takes that node's row lock (FOR NO KEY UPDATE: it
@@ -10,8 +12,9 @@ the row, but not with the foreign-key checks of rows that merely reference
 the node). Locks are taken in node-id order, so two allocations spanning the
 same nodes queue instead of deadlocking. Under the lock, each check reads
 what is committed now (READ COMMITTED takes a fresh snapshot per statement),
-and the primary key of allocated_gpus stays the final guard: a unique
-violation is turned into the rejection that explains it, never a 500.
+and the primary key of allocated_gpus stays the final guard: a claim that
+runs into it (a writer that skipped the lock) writes nothing, and reading
+again turns it into the rejection that explains it, never a 500.
 """
 
 from __future__ import annotations
@@ -23,16 +26,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.events import record_event
-from service.gpu_pools import refresh_pools
+from service.events import note_recorded, record_event
+from service.gpu_pools import recount_after_holding, refresh_pools
 from service.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
 from service.reports import MAX_GPUS, MAX_ID_LENGTH
-from service.transactions import sqlstate
 
 
 @dataclass(frozen=True)
@@ -263,24 +264,129 @@ _SHARDS_OF_REQUEST = text(
     " WHERE s.shard_id = ANY(CAST(:ids AS text[])) OR s.replica_id = :replica_id"
 )
 
-_STORE = text(
+
+def store_statement(wanted: str) -> TextClause:
+    """One round trip that holds GPUs: the shards, their GPUs, the pools and the events.
+
+    `wanted` defines three CTEs: want_shards (shard_id, node_id, gpu_indices
+    sorted, fabric, hcas), want_gpus (node_id, idx, shard_id) and go (one row,
+    `ok`: whether the caller's checks, made in SQL, passed; nothing is written
+    otherwise). Parameters: :replica_id, :actor.
+
+    Run it only while holding the nodes' row locks, in a statement started
+    after they were taken (see gpu_pools.recount_after_holding). A separate
+    SAVEPOINT per claim would cost two more round trips, so a shard id or GPU
+    that a concurrent commit took is not an error here: both inserts say ON
+    CONFLICT DO NOTHING (an insert that meets an uncommitted row still waits
+    for it, so the primary key of allocated_gpus stays the final guard), and
+    the pools and events are written only when every row went in (`done`).
+    store() takes back what such an incomplete claim wrote.
     """
-    WITH s AS (
-        INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas)
-        SELECT r.shard_id, :replica_id, r.node_id, r.gpu_indices, r.fabric, r.hcas
-        FROM jsonb_to_recordset(CAST(:shards AS jsonb))
-             AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
-        ORDER BY r.shard_id
-        RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
-    ), g AS (
-        INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
-        SELECT r.node_id, r.idx, r.shard_id
-        FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(node_id text, idx int, shard_id text)
-        ORDER BY r.node_id, r.idx
+    return text(
+        f"""
+        WITH {wanted}, s AS (
+            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas)
+            SELECT w.shard_id, CAST(:replica_id AS text), w.node_id, w.gpu_indices, w.fabric,
+                   w.hcas
+            FROM want_shards w
+            WHERE (SELECT ok FROM go)
+            ORDER BY w.shard_id
+            ON CONFLICT (shard_id) DO NOTHING
+            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
+        ), held AS (
+            INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
+            SELECT w.node_id, w.idx, w.shard_id
+            FROM want_gpus w JOIN s ON s.shard_id = w.shard_id
+            ORDER BY w.node_id, w.idx
+            ON CONFLICT (node_id, gpu_index) DO NOTHING
+            RETURNING node_id, gpu_index
+        ), whole AS (
+            SELECT (SELECT ok FROM go)
+                   AND (SELECT count(*) FROM s) = (SELECT count(*) FROM want_shards)
+                   AND (SELECT count(*) FROM held) = (SELECT count(*) FROM want_gpus) AS done
+        ), {recount_after_holding("held", "SELECT done FROM whole")}, logged AS (
+            -- The rows service.events.record_event writes, one per shard, in shard order.
+            INSERT INTO events (kind, node_id, replica_id, shard_id, actor, detail)
+            SELECT 'allocated', s.node_id, s.replica_id, s.shard_id, CAST(:actor AS text),
+                   jsonb_build_object('gpuIndices', to_jsonb(s.gpu_indices), 'fabric', s.fabric,
+                                      'hcas', to_jsonb(s.hcas))
+            FROM s WHERE (SELECT done FROM whole)
+            ORDER BY s.shard_id
+            RETURNING id
+        )
+        SELECT (SELECT ok FROM go) AS checked, w.done,
+               ARRAY(SELECT id FROM logged ORDER BY id) AS event_ids,
+               s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at
+        FROM whole w LEFT JOIN s ON true
+        ORDER BY s.shard_id
+        """
     )
-    SELECT * FROM s ORDER BY shard_id
+
+
+# allocate()'s shards, as named by the request. With :check, the checks a
+# plain one-node allocation needs are made here, on the snapshot of this
+# statement (started under the node's lock): none of the shard ids is stored
+# (a retry or a clash, which _duplicate words), the replica has no shard on
+# another node (it would need a fabric), and every GPU exists, is healthy and
+# is free. When one fails nothing is written and allocate() reads the facts
+# again to say which, so the wording stays in one place (_check_gpus).
+_STORE = store_statement(
     """
+    want_shards AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:shards AS jsonb))
+            AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
+    ), want_gpus AS (
+        SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
+            AS r(node_id text, idx int, shard_id text)
+    ), go AS (
+        SELECT NOT CAST(:check AS boolean) OR (
+            NOT EXISTS (SELECT 1 FROM shards s
+                        WHERE s.shard_id IN (SELECT shard_id FROM want_shards))
+            AND NOT EXISTS (SELECT 1 FROM shards s
+                            WHERE s.replica_id = CAST(:replica_id AS text)
+                              AND s.node_id NOT IN (SELECT node_id FROM want_shards))
+            AND NOT EXISTS (
+                SELECT 1 FROM want_gpus w
+                LEFT JOIN gpus g ON g.node_id = w.node_id AND g.idx = w.idx
+                WHERE g.idx IS NULL OR NOT g.healthy
+                   OR EXISTS (SELECT 1 FROM allocated_gpus a
+                              WHERE a.node_id = w.node_id AND a.gpu_index = w.idx))
+        ) AS ok
+    )"""
 )
+
+# What an incomplete claim wrote, taken back: the ids come from the claim's
+# own RETURNING, so only this transaction's rows go (their held GPUs with
+# them, by the foreign key's cascade).
+_UNDO = text("DELETE FROM shards WHERE shard_id = ANY(CAST(:ids AS text[]))")
+
+
+@dataclass(frozen=True)
+class NotStored:
+    """A claim that wrote nothing.
+
+    `checked` is False when the statement's own checks failed, True when a
+    concurrent commit took one of its shard ids or GPUs first: reading again
+    says whose.
+    """
+
+    checked: bool
+
+
+async def store(
+    conn: AsyncConnection, statement: TextClause, params: dict[str, Any]
+) -> Allocated | NotStored:
+    """Run a store_statement(): every shard held, pools and events written, or nothing left."""
+    rows = list(await conn.execute(statement, params))
+    head = rows[0]
+    if head.done:
+        note_recorded(list(head.event_ids))
+        return Allocated(tuple(shard_from_row(r) for r in rows))
+    partial = [r.shard_id for r in rows if r.shard_id is not None]
+    if partial:
+        await conn.execute(_UNDO, {"ids": partial})
+    return NotStored(bool(head.checked))
+
 
 _SET_FABRIC = text(
     """
@@ -491,9 +597,18 @@ async def allocate(
     asked_nodes = {s.node_id for s in request.shards}
     params = {"ids": sorted(asked_nodes), "replica_id": request.replica_id}
     locked = {r.id: r for r in await conn.execute(_LOCK_FOR_REPLICA, params)}
-    # Two attempts: a unique violation means a transaction that did not
-    # hold our lock (a shard id reused on another node) committed first;
-    # the second pass of checks sees it and names it.
+    if len(asked_nodes) == 1 and set(locked) == asked_nodes and not _check_nodes(request, locked):
+        # The common case, every shard on one ready node and no other node
+        # in the replica: no fabric to choose, and the checks are made in the
+        # store statement itself. Two round trips in all: the lock, the store.
+        outcome = await _store(conn, request, _FabricChoice(None, {}), (), actor, check=True)
+        if isinstance(outcome, Allocated):
+            return outcome
+        # A check failed (or a concurrent commit won): the passes below read
+        # the facts again, in the order they are reported, and say which.
+    # Two attempts: a conflict means a transaction that did not hold our lock
+    # (a shard id reused on another node) committed first; the second pass
+    # of checks sees it and names it.
     for _ in range(2):
         found, earlier = await _shards_of_request(conn, request)
         if found:
@@ -504,14 +619,9 @@ async def allocate(
         choice = await _choose_fabric(conn, request, earlier, fabric)
         if isinstance(choice, Rejection):
             return choice
-        try:
-            async with conn.begin_nested():
-                stored = await _store(conn, request, choice, earlier)
-        except IntegrityError as error:
-            if not is_conflict(error):
-                raise
-            continue
-        return await _recorded(conn, stored, actor)
+        outcome = await _store(conn, request, choice, earlier, actor, check=False)
+        if isinstance(outcome, Allocated):
+            return outcome
     first = request.shards[0]
     return Rejection(
         RejectionCode.GPU_TAKEN,
@@ -521,52 +631,15 @@ async def allocate(
     )
 
 
-def is_conflict(error: IntegrityError) -> bool:
-    """A unique or foreign-key violation: someone else's commit won; checks again will say who."""
-    return sqlstate(error) in ("23505", "23503")
-
-
-async def _recorded(
-    conn: AsyncConnection, stored: tuple[ShardRecord, ...], actor: str | None
-) -> Allocated:
-    await refresh_pools(conn, sorted({s.node_id for s in stored}))
-    for shard in stored:
-        await record_event(
-            conn,
-            "allocated",
-            node_id=shard.node_id,
-            replica_id=shard.replica_id,
-            shard_id=shard.shard_id,
-            actor=actor,
-            detail={
-                "gpuIndices": list(shard.gpu_indices),
-                "fabric": shard.fabric,
-                "hcas": list(shard.hcas),
-            },
-        )
-    return Allocated(stored)
-
-
-async def record_on_locked_node(
-    conn: AsyncConnection, request: AllocationRequest, actor: str | None
-) -> Allocated:
-    """Store a one-node allocation whose GPUs the caller verified free under the node's lock.
-
-    place() uses it after locking a node and recounting its free GPUs, so
-    allocate()'s checks would only repeat what it just read. A unique
-    violation still raises (IntegrityError): the caller wraps this in a
-    savepoint and looks again.
-    """
-    stored = await _store(conn, request, _FabricChoice(None, {}), ())
-    return await _recorded(conn, stored, actor)
-
-
 async def _store(
     conn: AsyncConnection,
     request: AllocationRequest,
     choice: _FabricChoice,
     earlier: Sequence[ShardRecord],
-) -> tuple[ShardRecord, ...]:
+    actor: str | None,
+    *,
+    check: bool,
+) -> Allocated | NotStored:
     shards = [
         {
             "shard_id": s.shard_id,
@@ -582,21 +655,27 @@ async def _store(
         for s in request.shards
         for i in s.gpu_indices
     ]
-    rows = await conn.execute(
+    outcome = await store(
+        conn,
         _STORE,
-        {"replica_id": request.replica_id, "shards": json.dumps(shards), "gpus": json.dumps(gpus)},
+        {
+            "replica_id": request.replica_id,
+            "actor": actor,
+            "shards": json.dumps(shards),
+            "gpus": json.dumps(gpus),
+            "check": check,
+        },
     )
-    stored = tuple(shard_from_row(r) for r in rows)
     # A replica that grew onto a second node now needs a fabric for its
     # earlier shards too: they are handed the same fabric's adapters.
     stale = [s for s in earlier if s.fabric != choice.fabric and choice.fabric is not None]
-    if stale:
+    if isinstance(outcome, Allocated) and stale:
         fix = [
             {"shard_id": s.shard_id, "fabric": choice.fabric, "hcas": list(choice.hcas[s.node_id])}
             for s in stale
         ]
         await conn.execute(_SET_FABRIC, {"rows": json.dumps(fix)})
-    return stored
+    return outcome
 
 
 # The nodes holding the shards to release, found and locked in one statement.

@@ -11,11 +11,13 @@ the same class does not all queue on the same first node.
 How it stays correct under concurrency: candidates are read from gpu_pools
 (indexed by class; every check is in the SQL, so a one-node placement reads
 a small window of the best nodes however large the cluster). The common case,
-every shard on one node, locks the best node of the window that nobody else
-holds (FOR NO KEY UPDATE SKIP LOCKED, LIMIT 1), recounts its free GPUs in a
-fresh statement and inserts: five statements. A multi-node placement locks
-its planned nodes with SKIP LOCKED and goes through allocate()'s checks. Both
-run inside a savepoint, so a node found full or busy is let go at once.
+every shard on one node, is two statements: one checks the replica id, reads
+the window and locks its best node that nobody else holds (FOR NO KEY UPDATE
+SKIP LOCKED, LIMIT 1); the next, started under that lock, recounts the node's
+free GPUs and holds them with the pools and events (allocations.
+store_statement). A multi-node placement locks its planned nodes with SKIP
+LOCKED and goes through allocate()'s checks. Both run inside a savepoint, so
+a node found full or busy is let go at once.
 "Unplaceable" is only said after a plan fails on committed data with no
 candidate skipped: when candidates were busy, place() waits for their holders
 to finish and looks again, so N concurrent calls on room for K replicas
@@ -30,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.allocations import (
@@ -38,12 +39,13 @@ from service.allocations import (
     MAX_SHARDS,
     Allocated,
     AllocationRequest,
+    ShardRecord,
     ShardRequest,
     allocate,
-    is_conflict,
     lock_nodes,
-    record_on_locked_node,
     shard_from_row,
+    store,
+    store_statement,
 )
 from service.rejections import Rejection, RejectionCode, invalid, shown
 from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
@@ -147,8 +149,8 @@ _FACTS_OF_RANKED = """
 """
 
 
-def _candidates_sql(request: PlaceRequest) -> str:
-    """Only nodes that pass every check, best first, at most :limit of them.
+def _ranked_sql(request: PlaceRequest) -> str:
+    """The window: only nodes that pass every check, best first, at most :limit of them.
 
     Best: weight holders, then the fewest free GPUs (packing), then random
     among equals so concurrent callers spread out instead of queueing on one
@@ -209,14 +211,100 @@ def _candidates_sql(request: PlaceRequest) -> str:
             ORDER BY p.free, p.node_id LIMIT :scan) o"""
     )
     return f"""
-    WITH ranked AS (
         SELECT b.node_id, b.free, b.holds_weights, random() AS tiebreak
         FROM ({" UNION ALL ".join(branches)}) b
         ORDER BY b.holds_weights DESC, b.free, tiebreak
         LIMIT :limit
-    )
-    {_FACTS_OF_RANKED}
     """
+
+
+def _candidates_sql(request: PlaceRequest) -> str:
+    return f"WITH ranked AS ({_ranked_sql(request)}) {_FACTS_OF_RANKED}"
+
+
+def _pick_sql(request: PlaceRequest) -> str:
+    """The first statement of a one-node placement: its window, and its best free node locked.
+
+    Also returns the replica's stored shards, so a retry is answered from
+    the same statement; then nothing is locked. The best-ranked node of the
+    window that no one else holds is locked (SKIP LOCKED with LIMIT 1 locks
+    one row, trying them in rank order) and the others are left alone. The
+    window comes back whole, so that when every node in it was held by
+    someone else the caller knows which ones to wait for.
+
+    This statement counts nothing: its snapshot was taken before the lock,
+    and a claim on the node may have committed in between (see
+    _REPLACE_REPORT in service/nodes.py). The free GPUs are counted by the
+    next statement, _CLAIM.
+    """
+    return f"""
+    WITH stored AS (
+        SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas,
+               s.created_at
+        FROM shards s WHERE s.replica_id = :replica_id
+    ), ranked AS ({_ranked_sql(request)}
+    ), picked AS MATERIALIZED (
+        SELECT n.id, c.free, c.holds_weights, n.state,
+               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                    ELSE n.admin_reason END AS state_reason,
+               n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+               n.labels ->> CAST(:label_key AS text) AS label_value
+        FROM ranked c JOIN nodes n ON n.id = c.node_id
+        -- Re-checked on the row as locked: a node cordoned since the
+        -- snapshot is passed over (and stays locked until commit).
+        WHERE n.state = 'ready' AND NOT EXISTS (SELECT 1 FROM stored)
+        ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+        LIMIT 1
+        FOR NO KEY UPDATE OF n SKIP LOCKED
+    )
+    SELECT (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
+            FROM ranked c) AS window_ids,
+           k.id AS picked, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
+           k.state AS picked_state, k.state_reason AS picked_state_reason,
+           k.local_disk_free AS picked_local_disk_free,
+           k.local_disk_total AS picked_local_disk_total,
+           k.knows_its_weights AS picked_knows_its_weights,
+           k.label_value AS picked_label_value,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
+           st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
+           st.created_at
+    FROM (SELECT 1) AS one
+    LEFT JOIN picked k ON true
+    LEFT JOIN stored st ON true
+    ORDER BY st.shard_id
+    """
+
+
+# The second statement of a one-node placement, on the node the first one
+# locked: its free GPUs of the class, counted afresh (this statement started
+# after the lock, so it sees every claim committed on the node, and none can
+# commit until we do), handed out to the shards in index order, and held with
+# the pools and events in the same round trip. Fewer free than needed (a
+# claim committed between the first statement's snapshot and its lock)
+# writes nothing.
+_CLAIM = store_statement(
+    """
+    free AS (
+        SELECT g.idx, row_number() OVER (ORDER BY g.idx) - 1 AS k
+        FROM gpus g
+        WHERE g.node_id = CAST(:node_id AS text) AND g.gpu_class = :cls AND g.healthy
+          AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
+                          WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+        ORDER BY g.idx
+        LIMIT :need
+    ), want_gpus AS (
+        SELECT CAST(:node_id AS text) AS node_id, f.idx,
+               (CAST(:names AS text[]))[f.k / :per + 1] AS shard_id
+        FROM free f
+    ), want_shards AS (
+        SELECT w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
+               CAST(NULL AS text) AS fabric, CAST('{}' AS text[]) AS hcas
+        FROM want_gpus w GROUP BY w.shard_id, w.node_id
+    ), go AS (
+        SELECT count(*) = :need AS ok FROM free
+    )"""
+)
 
 
 _SURVEY = text(_FACTS + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit")
@@ -247,19 +335,6 @@ _REPLICA = text(
     " FROM shards s WHERE s.replica_id = :replica_id ORDER BY s.shard_id"
 )
 
-
-# The best-ranked node of a window that no one else holds, locked; the others
-# are left alone (SKIP LOCKED with LIMIT 1 locks one row).
-_PICK = text(
-    """
-    SELECT n.id FROM unnest(CAST(:ids AS text[])) WITH ORDINALITY AS c(id, rank)
-    JOIN nodes n ON n.id = c.id
-    WHERE n.state = 'ready'
-    ORDER BY c.rank
-    LIMIT 1
-    FOR NO KEY UPDATE OF n SKIP LOCKED
-    """
-)
 
 # How many of the best candidates one statement returns for a one-node
 # placement: enough that a crowd of concurrent callers finds an unlocked one.
@@ -378,10 +453,16 @@ def plan_placement(
 async def _same_replica(
     conn: AsyncConnection, request: PlaceRequest
 ) -> Allocated | Rejection | None:
-    """A retried place answers what is stored; a different replica under that id is refused."""
     stored = [
         shard_from_row(r) for r in await conn.execute(_REPLICA, {"replica_id": request.replica_id})
     ]
+    return _answer_stored(request, stored)
+
+
+def _answer_stored(
+    request: PlaceRequest, stored: Sequence[ShardRecord]
+) -> Allocated | Rejection | None:
+    """A retried place answers what is stored; a different replica under that id is refused."""
     if not stored:
         return None
     if [s.shard_id for s in stored] == sorted(shard_ids(request)) and all(
@@ -471,16 +552,14 @@ async def place(
         return problem
     rng = rng or random.Random()
     for _ in range(MAX_ROUNDS):
-        # Checked every round: a concurrent place of the same replica may
-        # have committed while this one waited.
-        again = await _same_replica(conn, request)
-        if again is not None:
-            return again
         busy: set[str] = set()
+        # Every round starts with the one-node look, which checks the replica
+        # id first: a concurrent place of the same replica may have committed
+        # while this one waited.
         outcome = await _place_on_one_node(conn, request, actor, busy)
         if outcome is None and request.shards > 1:
             outcome = await _spread(conn, request, actor, rng, busy)
-        if isinstance(outcome, Allocated):
+        if isinstance(outcome, Allocated | Rejection):
             return outcome
         if outcome is _CONFLICT:
             continue
@@ -506,55 +585,122 @@ class _Conflict:
 _CONFLICT = _Conflict()
 
 
+@dataclass(frozen=True)
+class _Window:
+    """Nothing was picked: the window, best first; every node in it was held by someone else.
+
+    Empty when no node had room.
+    """
+
+    node_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _NoUse:
+    """The node the try locked had no room for the replica after all."""
+
+    node_id: str
+
+
 async def _place_on_one_node(
     conn: AsyncConnection, request: PlaceRequest, actor: str | None, busy: set[str]
-) -> Allocated | _Conflict | None:
-    """The common case: every shard on one node. Three statements per try.
+) -> Allocated | Rejection | _Conflict | None:
+    """The common case: every shard on one node. Two statements per try, in a savepoint.
 
     None when no node has room on committed data, apart from the nodes added
-    to `busy` (held by other transactions right now).
+    to `busy` (held by other transactions right now). A Rejection or an
+    Allocated may also be the answer stored for this replica id.
+
+    The savepoint (two more round trips) stays, also on the first try. A try
+    can lock a node and then find it full (a claim on it committed between
+    _pick_sql's snapshot and its lock) or lose its shard ids to a concurrent
+    retry; only rolling back to a savepoint taken before the lock lets go of
+    that node. Kept until commit instead, it would be held while place()
+    waits for busy nodes (see _wait_for), and two schedulers each keeping a
+    node the other waits for deadlock. Tried without the savepoint: in one of
+    four bursts of 48 concurrent places on room for 24 GPUs, 23 transactions
+    were deadlock victims (a second each before PostgreSQL broke the cycle),
+    where the savepoint makes waiting deadlock-free.
     """
     full: set[str] = set()
     while True:
-        window = await candidates(conn, request, skip=busy | full)
-        if not window:
-            return None
         savepoint = await conn.begin_nested()
         try:
-            picked = (
-                await conn.execute(_PICK, {"ids": [f.node_id for f in window]})
-            ).scalar_one_or_none()
-            if picked is None:
-                await savepoint.rollback()
-                busy.update(f.node_id for f in window)
-                continue
-            # A fresh statement after the lock: it sees every commit before it.
-            rows = await conn.execute(_FREE_INDICES, {"ids": [picked], "cls": request.gpu_class})
-            free = next((list(r.indices) for r in rows), [])
-            if len(free) < request.gpus:
-                await savepoint.rollback()
-                full.add(picked)
-                continue
-            per = request.gpus_per_shard
-            names = shard_ids(request)
-            shards = tuple(
-                ShardRequest(names[k], picked, tuple(free[k * per : (k + 1) * per]))
-                for k in range(request.shards)
-            )
-            result = await record_on_locked_node(
-                conn, AllocationRequest(request.replica_id, shards), actor
-            )
-        except IntegrityError as error:
-            await savepoint.rollback()
-            if not is_conflict(error):
-                raise
-            return _CONFLICT
+            outcome = await _try_one_node(conn, request, actor, busy | full)
         except BaseException:
             if savepoint.is_active:
                 await savepoint.rollback()
             raise
-        await savepoint.commit()
-        return result
+        if isinstance(outcome, Allocated):
+            await savepoint.commit()
+        else:
+            # Lets go of a node found full, or cordoned since the snapshot.
+            await savepoint.rollback()
+        if isinstance(outcome, _Window):
+            if not outcome.node_ids:
+                return None
+            busy.update(outcome.node_ids)
+            continue
+        if isinstance(outcome, _NoUse):
+            full.add(outcome.node_id)
+            continue
+        return outcome
+
+
+async def _try_one_node(
+    conn: AsyncConnection, request: PlaceRequest, actor: str | None, skip: set[str]
+) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
+    params = {
+        **_params(request),
+        "replica_id": request.replica_id,
+        "need": request.gpus,
+        "limit": WINDOW,
+        # The window is drawn at random from the best few times its size.
+        "scan": WINDOW * 4,
+        "skip": sorted(skip),
+    }
+    rows = list(await conn.execute(text(_pick_sql(request)), params))
+    head = rows[0]
+    if head.shard_id is not None:
+        answer = _answer_stored(request, [shard_from_row(r) for r in rows])
+        assert answer is not None
+        return answer
+    if head.picked is None:
+        return _Window(tuple(head.window_ids or ()))
+    facts = NodeFacts(
+        node_id=head.picked,
+        state=head.picked_state,
+        state_reason=head.picked_state_reason,
+        free=head.picked_free,
+        local_disk_free=head.picked_local_disk_free,
+        local_disk_total=head.picked_local_disk_total,
+        knows_its_weights=head.picked_knows_its_weights,
+        holds_weights=head.picked_holds_weights,
+        fabrics=tuple(head.picked_fabrics),
+        label_value=head.picked_label_value,
+    )
+    # judge() re-checks the row, so the SQL filters and the verdicts cannot
+    # drift apart into a placement the verdicts would call unfit.
+    if not judge(facts, request).fits:
+        return _NoUse(head.picked)
+    outcome = await store(
+        conn,
+        _CLAIM,
+        {
+            "node_id": head.picked,
+            "cls": request.gpu_class,
+            "need": request.gpus,
+            "per": request.gpus_per_shard,
+            "names": shard_ids(request),
+            "replica_id": request.replica_id,
+            "actor": actor,
+        },
+    )
+    if isinstance(outcome, Allocated):
+        return outcome
+    if not outcome.checked:
+        return _NoUse(head.picked)
+    return _CONFLICT
 
 
 async def _spread(

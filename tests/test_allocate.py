@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
+from tests.conftest import Api, StatementCounter
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.test_metrics import scrape
 
@@ -324,3 +324,24 @@ async def test_refusals_are_counted_by_code_for_the_dashboards(
     for code in ("GPU_TAKEN", "NO_SUCH_NODE"):
         key = f'inventory_allocation_rejections_total{{code="{code}"}}'
         assert after[key] - before.get(key, 0) == 1
+
+
+async def test_a_plain_allocation_is_two_statements(
+    api: Api, engine: AsyncEngine, count_statements: StatementCounter
+) -> None:
+    await register(api, "gpu-07")
+
+    count_statements.statements.clear()
+    got = await allocate(api, "r1", shard("r1-s0", "gpu-07", 0, 1), shard("r1-s1", "gpu-07", 2))
+
+    assert got["__typename"] == "Allocated"
+    # Left out: the token check and the event announcements sent after commit.
+    sent = [
+        s for s in count_statements.statements if "api_tokens" not in s and "pg_notify" not in s
+    ]
+    # Lock the node; then check and store the shards, their GPUs, the pools and the events.
+    assert len(sent) == 2, sent
+    assert "FOR NO KEY UPDATE" in sent[0] and "INSERT INTO shards" in sent[1]
+    assert await stored(engine) == {"shards": 2, "allocated_gpus": 3, "allocation events": 2}
+    classes = await api("{ gpuClasses { gpuClass free allocated } }")
+    assert classes["gpuClasses"] == [{"gpuClass": "H100-80GB", "free": 5, "allocated": 3}]

@@ -10,7 +10,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import placement as placement_module
+from service.allocations import Allocated
+from service.events import collecting_recorded
 from service.liveness import sweep
+from service.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.reports import (
     ALLOCATE,
@@ -352,3 +355,104 @@ async def test_a_multi_node_plan_looks_past_its_window_before_saying_no_room(
 
     assert sorted({node for _, node, _ in where(got)}) == ["n3", "n4"]
     assert {a["fabric"] for a in got["allocations"]} == {"ib-c"}
+
+
+def statements_sent(count_statements: StatementCounter) -> list[str]:
+    # Left out: the token check, which runs at most once a second, and
+    # event announcements, sent after commit whenever their flush runs.
+    return [
+        s for s in count_statements.statements if "api_tokens" not in s and "pg_notify" not in s
+    ]
+
+
+async def test_a_one_node_place_is_two_statements_in_a_savepoint(
+    api: Api, count_statements: StatementCounter
+) -> None:
+    await asyncio.gather(*(register(api, f"gpu-{i:02d}") for i in range(4)))
+
+    for replica_id, shards in (("r1", 1), ("r2", 2)):
+        count_statements.statements.clear()
+        got = await place(api, replica_id, shards=shards, gpusPerShard=2)
+
+        assert got["__typename"] == "Allocated"
+        # Pick and lock; then store the shards, their GPUs, the pools and the
+        # events. The savepoint around them lets go of a node found full.
+        sent = statements_sent(count_statements)
+        assert len(sent) == 4, sent
+        assert sent[0].startswith("SAVEPOINT") and sent[3].startswith("RELEASE SAVEPOINT")
+        assert "FOR NO KEY UPDATE" in sent[1] and "INSERT INTO shards" in sent[2]
+
+    count_statements.statements.clear()
+    again = await place(api, "r1", gpusPerShard=2)
+    assert again["__typename"] == "Allocated"
+    assert len(statements_sent(count_statements)) == 3
+
+
+async def test_one_event_per_shard_is_recorded_and_announced_after_commit(
+    engine: AsyncEngine, api: Api
+) -> None:
+    await register(api, "gpu-07")
+
+    with collecting_recorded() as announced:
+        async with engine.begin() as conn:
+            got = await placement_module.place(
+                conn, PlaceRequest("r1", "H100-80GB", gpus_per_shard=3, shards=2), actor="sched"
+            )
+
+    assert isinstance(got, Allocated)
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT id, kind, node_id, replica_id, shard_id, actor, detail FROM events"
+                 " WHERE kind = 'allocated' ORDER BY id")
+        )  # fmt: skip
+        events = [tuple(r) for r in rows]
+    assert [e[1:] for e in events] == [
+        ("allocated", "gpu-07", "r1", "r1-s0", "sched",
+         {"gpuIndices": [0, 1, 2], "fabric": None, "hcas": []}),
+        ("allocated", "gpu-07", "r1", "r1-s1", "sched",
+         {"gpuIndices": [3, 4, 5], "fabric": None, "hcas": []}),
+    ]  # fmt: skip
+    assert announced == [e[0] for e in events]
+
+
+async def test_a_node_holding_fewer_free_gpus_than_its_pool_says_is_passed_over(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await register(api, "tight")
+    await register(api, "roomy")
+    await hold(api, "tight", 6)
+    # A writer that skipped the node lock and the pool refresh took the last
+    # two: the pool still says 2 free, so `tight` is the best fit on paper.
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
+                " VALUES ('rogue-s0', 'rogue', 'tight', '{6,7}')"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO allocated_gpus VALUES ('tight', 6, 'rogue-s0'), ('tight', 7, 'rogue-s0')"
+            )
+        )
+
+    got = await place(api, "r1", gpusPerShard=1)
+
+    # The count after the lock is what decides; the stale row misled only the ranking.
+    assert where(got) == [("r1-s0", "roomy", [0])]
+    async with engine.connect() as conn:
+        held = await conn.execute(
+            text(
+                "SELECT node_id, gpu_index, shard_id FROM allocated_gpus"
+                " WHERE shard_id NOT LIKE 'busy-%' ORDER BY 1, 2"
+            )
+        )
+        assert [tuple(r) for r in held] == [
+            ("roomy", 0, "r1-s0"),
+            ("tight", 6, "rogue-s0"),
+            ("tight", 7, "rogue-s0"),
+        ]
+        pools = await conn.execute(
+            text("SELECT node_id, free, allocated FROM gpu_pools ORDER BY 1")
+        )
+        assert [tuple(r) for r in pools] == [("roomy", 7, 1), ("tight", 2, 6)]
