@@ -52,6 +52,19 @@ _REFRESH = text(
 )
 
 
+# How a recount lands in gpu_pools, for every statement that recounts: a row
+# whose counts did not change is not rewritten (dead tuples slow the
+# scheduler's index scans).
+POOL_UPSERT = """ON CONFLICT (node_id, gpu_class) DO UPDATE
+        SET total = excluded.total, unhealthy = excluded.unhealthy,
+            allocated = excluded.allocated, free = excluded.free,
+            schedulable = excluded.schedulable
+        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable)
+              IS DISTINCT FROM
+              (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
+               excluded.schedulable)"""
+
+
 def recount_after_holding(held: str, when: str) -> str:
     """CTEs that recount the pools of the nodes in `held`, for a statement that holds GPUs.
 
@@ -87,14 +100,7 @@ def recount_after_holding(held: str, when: str) -> str:
                n.state = 'ready'
         FROM pool_counts c JOIN nodes n ON n.id = c.node_id
         ORDER BY c.node_id, c.gpu_class
-        ON CONFLICT (node_id, gpu_class) DO UPDATE
-        SET total = excluded.total, unhealthy = excluded.unhealthy,
-            allocated = excluded.allocated, free = excluded.free,
-            schedulable = excluded.schedulable
-        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable)
-              IS DISTINCT FROM
-              (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
-               excluded.schedulable)
+        {POOL_UPSERT}
     )"""
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.errors import InvalidInput, NodeNotFound
 from service.events import note_recorded, record_event
-from service.gpu_pools import refresh_pools
+from service.gpu_pools import POOL_UPSERT, refresh_pools
 from service.node_views import NODE_COLUMNS, NodeRecord, node_from_row
 from service.reports import MAX_TEXT_LENGTH, NodeReport, gpu_class_of, sum_disks, validate_report
 
@@ -103,7 +103,7 @@ _UPSERT_NODE = text(
 # DISTINCT FROM guards): dead tuples are what slows the scheduler's scans
 # after a burst of re-registrations.
 _REPLACE_REPORT = text(
-    """
+    f"""
     WITH g_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(
             idx int, uuid text, pci_bus_id text, name text, gpu_class text, memory_mb int,
@@ -198,14 +198,7 @@ _REPLACE_REPORT = text(
                n.state = 'ready'
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class
-        ON CONFLICT (node_id, gpu_class) DO UPDATE
-        SET total = excluded.total, unhealthy = excluded.unhealthy,
-            allocated = excluded.allocated, free = excluded.free,
-            schedulable = excluded.schedulable
-        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable)
-              IS DISTINCT FROM
-              (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
-               excluded.schedulable)
+        {POOL_UPSERT}
     ), recorded AS (
         -- The rows service.events.record_event writes, in the order given.
         INSERT INTO events (kind, node_id, actor, reason)

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from service.graphql.context import Context
 from service.graphql.direct import DirectExecutor
 from service.metrics import count_executor
-from service.web.http_guards import ASGIApp, Message, Receive, Scope, Send, decode_json_body
+from service.web.http_guards import ASGIApp, Receive, Scope, Send, decode_json_body, replay
 
 _KNOWN_KEYS = frozenset({"query", "variables", "operationName"})
 
@@ -83,7 +83,7 @@ class DirectGraphQL:
             # BodySizeLimit hands the body over whole; anything else is not
             # ours to reassemble.
             count_executor("strawberry")
-            await self.app(scope, _replay(message, receive), send)
+            await self.app(scope, replay(message, receive), send)
             return
         try:
             request = decode_json_body(body)
@@ -95,7 +95,7 @@ class DirectGraphQL:
             prepared = self.executor.prepare(ordinary[0], ordinary[1])
         if ordinary is None or prepared is None:
             count_executor("strawberry")
-            await self.app(scope, _replay(message, receive), send)
+            await self.app(scope, replay(message, receive), send)
             return
         count_executor("direct")
         _, operation_name, variables = ordinary
@@ -113,16 +113,3 @@ class DirectGraphQL:
             }
         )
         await send({"type": "http.response.body", "body": encoded})
-
-
-def _replay(first: Message, receive: Receive) -> Receive:
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return first
-        return await receive()
-
-    return replay

@@ -69,6 +69,20 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def replay(first: Message, receive: Receive) -> Receive:
+    """A receive that hands out `first` again, then what the client sends next."""
+    replayed = False
+
+    async def receive_again() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return first
+        return await receive()
+
+    return receive_again
+
+
 class BodySizeLimit:
     """413 for a body over `max_bytes`, before any of it is parsed.
 
@@ -105,16 +119,8 @@ class BodySizeLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, replay(whole, receive), send)
 
 
 class RequestTimeout:
