@@ -259,7 +259,7 @@ def _pick_sql(request: PlaceRequest) -> str:
     )
     SELECT (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
             FROM ranked c) AS window_ids,
-           k.id AS picked, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
+           k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
            k.state AS picked_state, k.state_reason AS picked_state_reason,
            k.local_disk_free AS picked_local_disk_free,
            k.local_disk_total AS picked_local_disk_total,
@@ -357,18 +357,23 @@ def _params(request: PlaceRequest) -> dict[str, Any]:
     }
 
 
-def _facts(row: Any) -> NodeFacts:
+def _facts(row: Any, prefix: str = "") -> NodeFacts:
+    """A candidate's facts from a row; `prefix` names them in a row that holds other columns too."""
+
+    def column(name: str) -> Any:
+        return getattr(row, prefix + name)
+
     return NodeFacts(
-        node_id=row.node_id,
-        state=row.state,
-        state_reason=row.state_reason,
-        free=row.free,
-        local_disk_free=row.local_disk_free,
-        local_disk_total=row.local_disk_total,
-        knows_its_weights=row.knows_its_weights,
-        holds_weights=row.holds_weights,
-        fabrics=tuple(row.fabrics),
-        label_value=row.label_value,
+        node_id=column("node_id"),
+        state=column("state"),
+        state_reason=column("state_reason"),
+        free=column("free"),
+        local_disk_free=column("local_disk_free"),
+        local_disk_total=column("local_disk_total"),
+        knows_its_weights=column("knows_its_weights"),
+        holds_weights=column("holds_weights"),
+        fabrics=tuple(column("fabrics")),
+        label_value=column("label_value"),
     )
 
 
@@ -665,29 +670,18 @@ async def _try_one_node(
         answer = _answer_stored(request, [shard_from_row(r) for r in rows])
         assert answer is not None
         return answer
-    if head.picked is None:
+    if head.picked_node_id is None:
         return _Window(tuple(head.window_ids or ()))
-    facts = NodeFacts(
-        node_id=head.picked,
-        state=head.picked_state,
-        state_reason=head.picked_state_reason,
-        free=head.picked_free,
-        local_disk_free=head.picked_local_disk_free,
-        local_disk_total=head.picked_local_disk_total,
-        knows_its_weights=head.picked_knows_its_weights,
-        holds_weights=head.picked_holds_weights,
-        fabrics=tuple(head.picked_fabrics),
-        label_value=head.picked_label_value,
-    )
+    facts = _facts(head, prefix="picked_")
     # judge() re-checks the row, so the SQL filters and the verdicts cannot
     # drift apart into a placement the verdicts would call unfit.
     if not judge(facts, request).fits:
-        return _NoUse(head.picked)
+        return _NoUse(head.picked_node_id)
     outcome = await store(
         conn,
         _CLAIM,
         {
-            "node_id": head.picked,
+            "node_id": head.picked_node_id,
             "cls": request.gpu_class,
             "need": request.gpus,
             "per": request.gpus_per_shard,
@@ -699,7 +693,7 @@ async def _try_one_node(
     if isinstance(outcome, Allocated):
         return outcome
     if not outcome.checked:
-        return _NoUse(head.picked)
+        return _NoUse(head.picked_node_id)
     return _CONFLICT
 
 

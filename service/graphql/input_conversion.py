@@ -26,6 +26,9 @@ from dataclasses import MISSING
 from typing import Any, TypeVar
 
 from strawberry.relay.types import GlobalID
+
+# _is_leaf_type is private: it is convert_argument's own test for a leaf, and
+# the plan must decide exactly as it does (tests/test_input_conversion.py).
 from strawberry.types.arguments import InputContext, _is_leaf_type
 from strawberry.types.base import (
     StrawberryList,
