@@ -14,7 +14,7 @@ from benchmarks.questions import Question
 from benchmarks.services import HEADERS, TOKEN
 from benchmarks.writes import HEARTBEAT, REGISTER
 from service.config import Settings
-from service.db import create_engine
+from service.db import create_engine, dispose
 from service.web.app import create_app
 
 
@@ -111,5 +111,5 @@ async def count_statements(
             for replica in ("bench-stmt-p", "bench-stmt-a"):
                 await client.post("/graphql", json={"query": RELEASE, "variables": {"id": replica}})
     finally:
-        await engine.dispose()
+        await dispose(engine)
     return out

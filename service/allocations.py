@@ -28,8 +28,8 @@ from typing import Any
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.connections import Connection
 from service.events import note_recorded, record_event
 from service.gpu_pools import recount_after_holding, refresh_pools
 from service.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
@@ -62,7 +62,7 @@ def shard_from_row(row: Row[Any]) -> ShardRecord:
     )
 
 
-async def shards_by_id(conn: AsyncConnection, shard_ids: Sequence[str]) -> dict[str, ShardRecord]:
+async def shards_by_id(conn: Connection, shard_ids: Sequence[str]) -> dict[str, ShardRecord]:
     rows = await conn.execute(
         text(f"SELECT {_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"),
         {"ids": list(shard_ids)},
@@ -71,7 +71,7 @@ async def shards_by_id(conn: AsyncConnection, shard_ids: Sequence[str]) -> dict[
 
 
 async def shards_on_nodes(
-    conn: AsyncConnection, node_ids: Sequence[str]
+    conn: Connection, node_ids: Sequence[str]
 ) -> dict[str, list[ShardRecord]]:
     out: dict[str, list[ShardRecord]] = defaultdict(list)
     rows = await conn.execute(
@@ -87,7 +87,7 @@ async def shards_on_nodes(
 
 
 async def list_allocations(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     node_id: str | None,
     replica_id: str | None,
@@ -212,7 +212,7 @@ _LOCK_NODES = text(
 )
 
 
-async def lock_nodes(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, Row[Any]]:
+async def lock_nodes(conn: Connection, node_ids: Sequence[str]) -> dict[str, Row[Any]]:
     """Row-lock nodes in id order, waiting for whoever holds them; missing ids are simply absent."""
     rows = await conn.execute(_LOCK_NODES, {"ids": sorted(set(node_ids))})
     return {r.id: r for r in rows}
@@ -374,7 +374,7 @@ class NotStored:
 
 
 async def store(
-    conn: AsyncConnection, statement: TextClause, params: dict[str, Any]
+    conn: Connection, statement: TextClause, params: dict[str, Any]
 ) -> Allocated | NotStored:
     """Run a store_statement(): every shard held, pools and events written, or nothing left."""
     rows = list(await conn.execute(statement, params))
@@ -410,7 +410,7 @@ class _FabricChoice:
 
 
 async def _shards_of_request(
-    conn: AsyncConnection, request: AllocationRequest
+    conn: Connection, request: AllocationRequest
 ) -> tuple[dict[str, ShardRecord], list[ShardRecord]]:
     """(stored shards with the ids asked for, the replica's other shards)."""
     asked = {s.shard_id for s in request.shards}
@@ -479,7 +479,7 @@ def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rej
     return None
 
 
-async def _check_gpus(conn: AsyncConnection, request: AllocationRequest) -> Rejection | None:
+async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection | None:
     pairs = [(s.node_id, i) for s in request.shards for i in s.gpu_indices]
     rows = await conn.execute(
         _GPUS_ASKED, {"pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs])}
@@ -535,7 +535,7 @@ def _fabric_rule(
 
 
 async def _choose_fabric(
-    conn: AsyncConnection,
+    conn: Connection,
     request: AllocationRequest,
     earlier: Sequence[ShardRecord],
     wanted: str | None,
@@ -578,7 +578,7 @@ async def _choose_fabric(
 
 
 async def allocate(
-    conn: AsyncConnection,
+    conn: Connection,
     request: AllocationRequest,
     actor: str | None = None,
     *,
@@ -632,7 +632,7 @@ async def allocate(
 
 
 async def _store(
-    conn: AsyncConnection,
+    conn: Connection,
     request: AllocationRequest,
     choice: _FabricChoice,
     earlier: Sequence[ShardRecord],
@@ -706,7 +706,7 @@ _RELEASE_REPLICA = text(
 
 
 async def _release(
-    conn: AsyncConnection,
+    conn: Connection,
     lock_holders: Any,
     delete: Any,
     params: dict[str, Any],
@@ -739,7 +739,7 @@ async def _release(
 
 
 async def release_shard(
-    conn: AsyncConnection, shard_id: str, actor: str | None = None, reason: str | None = None
+    conn: Connection, shard_id: str, actor: str | None = None, reason: str | None = None
 ) -> int:
     """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error)."""
     return await _release(
@@ -748,7 +748,7 @@ async def release_shard(
 
 
 async def release_replica(
-    conn: AsyncConnection, replica_id: str, actor: str | None = None, reason: str | None = None
+    conn: Connection, replica_id: str, actor: str | None = None, reason: str | None = None
 ) -> int:
     """Free every shard of a replica: replicas fail whole, so they are freed whole."""
     return await _release(

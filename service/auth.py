@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
+from service import connections, tokens
 from service.config import Settings
 from service.errors import InventoryError
 
@@ -150,7 +150,7 @@ class Authenticator:
         now = time.monotonic()
         if self._open_checked_at is not None and now - self._open_checked_at < OPEN_CHECK_INTERVAL:
             return False
-        async with self._engine().connect() as conn:
+        async with connections.autocommit(self._engine()) as conn:
             found = await tokens.any_tokens(conn)
         if found:
             self._in_force = True
@@ -170,7 +170,7 @@ class Authenticator:
             return OPEN_ACCESS
         if self._bootstrap and hmac.compare_digest(secret.encode(), self._bootstrap.encode()):
             return BOOTSTRAP
-        async with self._engine().connect() as conn:
+        async with connections.autocommit(self._engine()) as conn:
             record = await tokens.authenticate(conn, secret)
         if record is None:
             raise Unauthenticated("the token is unknown or revoked")

@@ -58,7 +58,7 @@ def tokens_in_force(database_url: str, settings: Settings) -> bool:
     if settings.bootstrap_token:
         return True
     from service import tokens
-    from service.db import create_engine
+    from service.db import create_engine, dispose
 
     async def ask() -> bool:
         engine = create_engine(database_url, settings.replace(db_pool_size=1, db_max_overflow=1))
@@ -66,6 +66,6 @@ def tokens_in_force(database_url: str, settings: Settings) -> bool:
             async with engine.connect() as conn:
                 return await tokens.any_tokens(conn)
         finally:
-            await engine.dispose()
+            await dispose(engine)
 
     return asyncio.run(ask())

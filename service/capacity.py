@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.connections import Connection
 from service.errors import InvalidInput
 
 
@@ -39,7 +39,7 @@ class FabricMembers:
 
 
 async def free_gpus(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     gpu_class: str | None,
     fabric: str | None,
@@ -98,7 +98,7 @@ _CLASSES = text(
 )
 
 
-async def gpu_classes(conn: AsyncConnection) -> list[GpuClassSummary]:
+async def gpu_classes(conn: Connection) -> list[GpuClassSummary]:
     rows = await conn.execute(_CLASSES)
     return [
         GpuClassSummary(
@@ -121,6 +121,6 @@ _FABRICS = text(
 )
 
 
-async def fabrics(conn: AsyncConnection) -> list[FabricMembers]:
+async def fabrics(conn: Connection) -> list[FabricMembers]:
     rows = await conn.execute(_FABRICS)
     return [FabricMembers(r.fabric, tuple(r.node_ids)) for r in rows]

@@ -6,6 +6,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from service import connections
 from service.config import Settings
 
 
@@ -32,7 +33,7 @@ def libpq_url(url: str) -> str:
 
 
 def create_engine(url: str, settings: Settings) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         asyncpg_url(url),
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
@@ -49,3 +50,18 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
             "server_settings": {"application_name": "llmgw-inventory"},
         },
     )
+    # Writes run on asyncpg's own pool (service/connections.py), as many
+    # connections at most as SQLAlchemy's pool may open.
+    connections.attach(
+        engine,
+        connections.PoolSpec(
+            max_size=settings.db_pool_size + settings.db_max_overflow, timeout=settings.db_timeout
+        ),
+    )
+    return engine
+
+
+async def dispose(engine: AsyncEngine) -> None:
+    """Close both pools of the engine."""
+    await connections.close(engine)
+    await engine.dispose()

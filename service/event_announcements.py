@@ -24,6 +24,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import connections
 from service.events import EVENTS_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,8 @@ class _Announcer:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                async with self._engine.connect() as conn:
-                    # Autocommit: one round trip, no transaction to hold a lock in.
-                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                # Autocommit: one round trip, no transaction to hold a lock in.
+                async with connections.autocommit(self._engine) as conn:
                     for start in range(0, len(batch), IDS_PER_NOTIFICATION):
                         chunk = batch[start : start + IDS_PER_NOTIFICATION]
                         await conn.execute(

@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import connections
 from service.errors import InventoryError
 from service.event_announcements import parse_payload
 from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
@@ -184,13 +185,13 @@ class EventStream:
                 ids, self._pending = self._pending, []
                 if ids:
                     # One read per burst of notifications, shared by every subscriber.
-                    async with self._engine.connect() as conn:
+                    async with connections.autocommit(self._engine) as conn:
                         self._publish(await events_by_id(conn, ids))
         finally:
             dropped_wait.cancel()
 
     async def _catch_up(self) -> None:
-        async with self._engine.connect() as conn:
+        async with connections.autocommit(self._engine) as conn:
             while True:
                 page = await list_events(
                     conn, EventFilter(), first=CATCH_UP_PAGE, after=self._last_id

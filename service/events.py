@@ -18,7 +18,8 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.connections import Connection
 
 EVENTS_CHANNEL = "inventory_events"
 
@@ -55,7 +56,7 @@ def collecting_recorded() -> Iterator[list[int]]:
 
 
 async def record_event(
-    conn: AsyncConnection,
+    conn: Connection,
     kind: str,
     *,
     node_id: str | None = None,
@@ -131,7 +132,7 @@ def event_from_row(row: Row[Any]) -> EventRecord:
 
 
 async def list_events(
-    conn: AsyncConnection,
+    conn: Connection,
     event_filter: EventFilter,
     *,
     first: int,
@@ -173,7 +174,7 @@ async def list_events(
     return [event_from_row(r) for r in rows]
 
 
-async def events_by_id(conn: AsyncConnection, ids: Sequence[int]) -> list[EventRecord]:
+async def events_by_id(conn: Connection, ids: Sequence[int]) -> list[EventRecord]:
     rows = await conn.execute(
         text(
             f"SELECT {_EVENT_COLUMNS} FROM events e WHERE e.id = ANY(CAST(:ids AS bigint[]))"
@@ -193,13 +194,16 @@ _PRUNE = text(
     WITH old AS (
         SELECT id FROM events WHERE at < now() - make_interval(secs => :retention)
         ORDER BY id LIMIT :batch
+    ), gone AS (
+        DELETE FROM events e USING old WHERE e.id = old.id RETURNING 1
     )
-    DELETE FROM events e USING old WHERE e.id = old.id
+    -- Counted in SQL: asyncpg reports no row count for a statement it fetches.
+    SELECT count(*) FROM gone
     """
 )
 
 
-async def prune_events(conn: AsyncConnection, retention: float) -> int:
+async def prune_events(conn: Connection, retention: float) -> int:
     """Forget events older than the retention (by the database's clock); how many went."""
     result = await conn.execute(_PRUNE, {"retention": retention, "batch": PRUNE_BATCH})
-    return int(result.rowcount or 0)
+    return int(result.scalar_one())

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.connections import Connection
 
 # Counts partition a node's GPUs: total = free + allocated + unhealthy, where
 # an allocated GPU counts as allocated even if it has since gone unhealthy
@@ -104,6 +105,6 @@ def recount_after_holding(held: str, when: str) -> str:
     )"""
 
 
-async def refresh_pools(conn: AsyncConnection, node_ids: Sequence[str]) -> None:
+async def refresh_pools(conn: Connection, node_ids: Sequence[str]) -> None:
     if node_ids:
         await conn.execute(_REFRESH, {"node_ids": sorted(set(node_ids))})

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.allocations import ShardRecord
+from service.connections import Connection
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ _GPUS = text(
 )
 
 
-async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, list[GpuRecord]]:
+async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[GpuRecord]]:
     out: dict[str, list[GpuRecord]] = defaultdict(list)
     shards: dict[str, ShardRecord] = {}
     # By position, in _GPUS's column order: named access on SQLAlchemy rows
@@ -114,9 +114,7 @@ async def gpus_of(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, l
     return out
 
 
-async def fabrics_of(
-    conn: AsyncConnection, node_ids: Sequence[str]
-) -> dict[str, list[FabricRecord]]:
+async def fabrics_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[FabricRecord]]:
     out: dict[str, list[FabricRecord]] = defaultdict(list)
     rows = await conn.execute(
         text(
@@ -131,7 +129,7 @@ async def fabrics_of(
 
 
 async def filesystems_of(
-    conn: AsyncConnection, node_ids: Sequence[str]
+    conn: Connection, node_ids: Sequence[str]
 ) -> dict[str, list[FilesystemRecord]]:
     out: dict[str, list[FilesystemRecord]] = defaultdict(list)
     rows = await conn.execute(
@@ -158,9 +156,7 @@ async def filesystems_of(
     return out
 
 
-async def weights_of(
-    conn: AsyncConnection, node_ids: Sequence[str]
-) -> dict[str, list[WeightsRecord]]:
+async def weights_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[WeightsRecord]]:
     out: dict[str, list[WeightsRecord]] = defaultdict(list)
     rows = await conn.execute(
         text(

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.allocations import release_replica
+from service.connections import Connection
 from service.events import prune_events, record_event
 from service.gpu_pools import refresh_pools
 from service.transactions import in_transaction
@@ -129,7 +130,7 @@ def _seconds(value: float) -> str:
 
 
 async def sweep(
-    conn: AsyncConnection,
+    conn: Connection,
     unreachable_after: float,
     lost_after: float,
     event_retention: float | None = None,
@@ -196,9 +197,7 @@ async def sweep(
     )
 
 
-async def release_replicas_on(
-    conn: AsyncConnection, node_ids: Sequence[str]
-) -> list[ReleasedReplica]:
+async def release_replicas_on(conn: Connection, node_ids: Sequence[str]) -> list[ReleasedReplica]:
     """Release every replica with a shard on one of these (lost) nodes, all its shards.
 
     Through allocations.release_replica, the same path a scheduler's
@@ -246,7 +245,7 @@ async def run_sweeper(
     while True:
         try:
 
-            async def work(conn: AsyncConnection) -> datetime:
+            async def work(conn: Connection) -> datetime:
                 now: datetime = (await conn.execute(_NOW)).scalar_one()
                 await sweep(
                     conn,

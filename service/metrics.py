@@ -18,9 +18,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.capacity import gpu_classes
+from service.connections import Connection
 from service.node_views import STATES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -168,7 +168,7 @@ _PER_NODE = text(
 )
 
 
-async def render(conn: AsyncConnection | None) -> str:
+async def render(conn: Connection | None) -> str:
     """The exposition; with conn=None (the database is down) only this process's metrics.
 
     A scrape during an outage still answers, with inventory_database_up 0,
@@ -187,7 +187,7 @@ async def render(conn: AsyncConnection | None) -> str:
     return out.text()
 
 
-async def _cluster(conn: AsyncConnection, out: Exposition) -> None:
+async def _cluster(conn: Connection, out: Exposition) -> None:
 
     by_state = {r.state: int(r.n) for r in await conn.execute(_NODES_BY_STATE)}
     out.family(

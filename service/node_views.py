@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.connections import Connection
 from service.errors import InvalidInput
 from service.reports import Disk
 
@@ -115,7 +115,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
     )
 
 
-async def get_nodes(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, NodeRecord]:
+async def get_nodes(conn: Connection, ids: Sequence[str]) -> dict[str, NodeRecord]:
     rows = await conn.execute(
         text(f"SELECT {NODE_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
         {"ids": list(ids)},
@@ -123,7 +123,7 @@ async def get_nodes(conn: AsyncConnection, ids: Sequence[str]) -> dict[str, Node
     return {row.id: node_from_row(row) for row in rows}
 
 
-async def get_node(conn: AsyncConnection, node_id: str) -> NodeRecord | None:
+async def get_node(conn: Connection, node_id: str) -> NodeRecord | None:
     return (await get_nodes(conn, [node_id])).get(node_id)
 
 
@@ -167,7 +167,7 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
 
 
 async def list_nodes(
-    conn: AsyncConnection, node_filter: NodeFilter, first: int, after: str | None = None
+    conn: Connection, node_filter: NodeFilter, first: int, after: str | None = None
 ) -> list[NodeRecord]:
     """A page of nodes sorted by id; `after` is the last id of the previous page."""
     params: dict[str, Any] = {"first": first}

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.connections import Connection
 from service.errors import InvalidInput, NodeNotFound
 from service.events import note_recorded, record_event
 from service.gpu_pools import POOL_UPSERT, refresh_pools
@@ -217,7 +217,7 @@ def _rows_json(rows: Sequence[Mapping[str, object]]) -> str:
 
 
 async def register_node(
-    conn: AsyncConnection, report: NodeReport, actor: str | None = None
+    conn: Connection, report: NodeReport, actor: str | None = None
 ) -> Registration:
     """Create or replace a node's report. Its cordon, drain and allocations survive."""
     validate_report(report)
@@ -350,7 +350,7 @@ _ALIVE_HEARTBEATS = text(
 )
 
 
-async def heartbeat_alive(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
+async def heartbeat_alive(conn: Connection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
     """Stamp the beats of nodes that were alive, in one statement; the others are absent.
 
     Whatever is absent (an unknown node, one coming back) goes to heartbeat_many.
@@ -359,7 +359,7 @@ async def heartbeat_alive(conn: AsyncConnection, node_ids: Sequence[str]) -> dic
     return {r.id: node_from_row(r) for r in rows}
 
 
-async def heartbeat_many(conn: AsyncConnection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
+async def heartbeat_many(conn: Connection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
     """Record that these nodes are alive, by the database's clock; bring back any that were not.
 
     The database's clock, because several service processes stamp the same
@@ -377,7 +377,7 @@ async def heartbeat_many(conn: AsyncConnection, node_ids: Sequence[str]) -> dict
     return {r.id: node_from_row(r) for r in rows}
 
 
-async def heartbeat(conn: AsyncConnection, node_id: str) -> None:
+async def heartbeat(conn: Connection, node_id: str) -> None:
     """One node's heartbeat in the caller's transaction; see heartbeat_many."""
     if node_id not in await heartbeat_many(conn, [node_id]):
         raise NodeNotFound(node_id)
@@ -402,7 +402,7 @@ _SET_ADMIN = text(
 
 
 async def _set_admin_state(
-    conn: AsyncConnection,
+    conn: Connection,
     node_id: str,
     admin_state: str | None,
     reason: str | None,
@@ -414,21 +414,21 @@ async def _set_admin_state(
     await refresh_pools(conn, [node_id])
 
 
-async def cordon_node(conn: AsyncConnection, node_id: str, reason: str, actor: str | None) -> None:
+async def cordon_node(conn: Connection, node_id: str, reason: str, actor: str | None) -> None:
     """Exclude the node from new placement; what runs there keeps running."""
     reason = _check_reason(reason)
     await _set_admin_state(conn, node_id, "cordoned", reason, actor)
     await record_event(conn, "cordoned", node_id=node_id, actor=actor, reason=reason)
 
 
-async def drain_node(conn: AsyncConnection, node_id: str, reason: str, actor: str | None) -> None:
+async def drain_node(conn: Connection, node_id: str, reason: str, actor: str | None) -> None:
     """Mark the node's replicas for moving off; like a cordon, it takes no new ones."""
     reason = _check_reason(reason)
     await _set_admin_state(conn, node_id, "draining", reason, actor)
     await record_event(conn, "drained", node_id=node_id, actor=actor, reason=reason)
 
 
-async def uncordon_node(conn: AsyncConnection, node_id: str, actor: str | None) -> None:
+async def uncordon_node(conn: Connection, node_id: str, actor: str | None) -> None:
     await _set_admin_state(conn, node_id, None, None, actor)
     await record_event(conn, "uncordoned", node_id=node_id, actor=actor)
 
@@ -436,7 +436,7 @@ async def uncordon_node(conn: AsyncConnection, node_id: str, actor: str | None) 
 _REMOVE = text("DELETE FROM nodes WHERE id = :id RETURNING id")
 
 
-async def remove_node(conn: AsyncConnection, node_id: str, actor: str | None) -> bool:
+async def remove_node(conn: Connection, node_id: str, actor: str | None) -> bool:
     """Forget the node; its GPUs, reports and allocations go with it (foreign keys cascade)."""
     removed = (await conn.execute(_REMOVE, {"id": node_id})).one_or_none() is not None
     if removed:

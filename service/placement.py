@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.allocations import (
     MAX_GPUS_PER_SHARD,
@@ -47,6 +46,7 @@ from service.allocations import (
     store,
     store_statement,
 )
+from service.connections import Connection
 from service.rejections import Rejection, RejectionCode, invalid, shown
 from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
 from service.transactions import TransactionConflict
@@ -378,7 +378,7 @@ def _facts(row: Any, prefix: str = "") -> NodeFacts:
 
 
 async def _fetch(
-    conn: AsyncConnection, request: PlaceRequest, need: int, limit: int, skip: set[str]
+    conn: Connection, request: PlaceRequest, need: int, limit: int, skip: set[str]
 ) -> tuple[list[NodeFacts], bool]:
     """(the nodes that pass every check, best first; whether the limit cut the list)."""
     # A one-node window is drawn at random from the best few times its size.
@@ -390,7 +390,7 @@ async def _fetch(
 
 
 async def candidates(
-    conn: AsyncConnection, request: PlaceRequest, skip: set[str] | None = None
+    conn: Connection, request: PlaceRequest, skip: set[str] | None = None
 ) -> list[NodeFacts]:
     """A window of the best nodes that can take the whole replica; nodes in `skip` left out."""
     facts, _ = await _fetch(conn, request, request.gpus, WINDOW, skip or set())
@@ -398,7 +398,7 @@ async def candidates(
 
 
 async def spread_plan(
-    conn: AsyncConnection, request: PlaceRequest, rng: random.Random, skip: set[str] | None = None
+    conn: Connection, request: PlaceRequest, rng: random.Random, skip: set[str] | None = None
 ) -> tuple[list[NodeFacts], Plan | None]:
     """A plan over nodes with room for one shard each, and the nodes it was made from."""
     facts: list[NodeFacts] = []
@@ -455,9 +455,7 @@ def plan_placement(
     return best_plan
 
 
-async def _same_replica(
-    conn: AsyncConnection, request: PlaceRequest
-) -> Allocated | Rejection | None:
+async def _same_replica(conn: Connection, request: PlaceRequest) -> Allocated | Rejection | None:
     stored = [
         shard_from_row(r) for r in await conn.execute(_REPLICA, {"replica_id": request.replica_id})
     ]
@@ -489,7 +487,7 @@ class _Busy:
 
 
 async def _try(
-    conn: AsyncConnection, request: PlaceRequest, plan: Plan, actor: str | None
+    conn: Connection, request: PlaceRequest, plan: Plan, actor: str | None
 ) -> Allocated | _Busy | None:
     """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale."""
     node_ids = sorted({node_id for node_id, _ in plan.nodes})
@@ -527,7 +525,7 @@ async def _try(
         raise
 
 
-async def _wait_for(conn: AsyncConnection, node_ids: set[str]) -> None:
+async def _wait_for(conn: Connection, node_ids: set[str]) -> None:
     """Wait until whoever holds these nodes has committed or rolled back, then let go of them.
 
     Nothing else is held at this point (every attempt's savepoint was rolled
@@ -541,7 +539,7 @@ async def _wait_for(conn: AsyncConnection, node_ids: set[str]) -> None:
 
 
 async def place(
-    conn: AsyncConnection,
+    conn: Connection,
     request: PlaceRequest,
     actor: str | None = None,
     rng: random.Random | None = None,
@@ -608,7 +606,7 @@ class _NoUse:
 
 
 async def _place_on_one_node(
-    conn: AsyncConnection, request: PlaceRequest, actor: str | None, busy: set[str]
+    conn: Connection, request: PlaceRequest, actor: str | None, busy: set[str]
 ) -> Allocated | Rejection | _Conflict | None:
     """The common case: every shard on one node. Two statements per try, in a savepoint.
 
@@ -653,7 +651,7 @@ async def _place_on_one_node(
 
 
 async def _try_one_node(
-    conn: AsyncConnection, request: PlaceRequest, actor: str | None, skip: set[str]
+    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str]
 ) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
     params = {
         **_params(request),
@@ -698,7 +696,7 @@ async def _try_one_node(
 
 
 async def _spread(
-    conn: AsyncConnection,
+    conn: Connection,
     request: PlaceRequest,
     actor: str | None,
     rng: random.Random,
@@ -719,9 +717,7 @@ async def _spread(
         busy |= outcome.node_ids
 
 
-async def _verdicts(
-    conn: AsyncConnection, request: PlaceRequest
-) -> tuple[tuple[Verdict, ...], int]:
+async def _verdicts(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:
     rows = await conn.execute(_SURVEY, {**_params(request), "limit": MAX_VERDICTS})
     verdicts = tuple(judge(_facts(r), request) for r in rows)
     total = (await conn.execute(_SURVEY_COUNT, {"cls": request.gpu_class})).scalar_one()
@@ -734,7 +730,7 @@ def _shape(request: PlaceRequest) -> str:
 
 
 async def _why_not(
-    conn: AsyncConnection,
+    conn: Connection,
     request: PlaceRequest,
     facts: Sequence[NodeFacts],
     considered: int,
@@ -767,7 +763,7 @@ async def _why_not(
 
 
 async def unplaceable(
-    conn: AsyncConnection,
+    conn: Connection,
     request: PlaceRequest,
     facts: Sequence[NodeFacts],
 ) -> Unplaceable:
@@ -779,7 +775,7 @@ async def unplaceable(
 
 
 async def explain(
-    conn: AsyncConnection, request: PlaceRequest, rng: random.Random | None = None
+    conn: Connection, request: PlaceRequest, rng: random.Random | None = None
 ) -> Explanation | Rejection:
     """What place() would answer now, without locking or writing anything."""
     problem = validate_place(request)

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import connections
+from service.connections import Connection
 from service.migrations import head_revision
 
 
@@ -33,7 +35,7 @@ def expected_revision() -> str | None:
     return head_revision()
 
 
-async def schema_revision(conn: AsyncConnection) -> str | None:
+async def schema_revision(conn: Connection) -> str | None:
     # Read directly rather than through alembic's MigrationContext, which
     # logs two INFO lines per call: a probe every few seconds would drown
     # the log.
@@ -46,7 +48,7 @@ async def schema_revision(conn: AsyncConnection) -> str | None:
 async def check(engine: AsyncEngine, within: float) -> Readiness:
     expected = expected_revision()
     try:
-        async with asyncio.timeout(within), engine.connect() as conn:
+        async with asyncio.timeout(within), connections.autocommit(engine) as conn:
             revision = await schema_revision(conn)
     except TimeoutError:
         return Readiness(False, f"the database did not answer within {within:g} s", None, expected)

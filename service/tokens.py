@@ -19,8 +19,8 @@ from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.connections import Connection
 from service.errors import InvalidInput, InventoryError
 from service.reports import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 
@@ -98,7 +98,7 @@ def check_token_request(role: str, node_id: str | None, description: str | None)
 
 
 async def create_token(
-    conn: AsyncConnection, role: str, node_id: str | None = None, description: str | None = None
+    conn: Connection, role: str, node_id: str | None = None, description: str | None = None
 ) -> NewToken:
     """A new token of `role`; an agent token names the one node it may report for.
 
@@ -126,7 +126,7 @@ async def create_token(
     return NewToken(token=_record(row), secret=secret)
 
 
-async def revoke_token(conn: AsyncConnection, token_id: str) -> TokenRecord:
+async def revoke_token(conn: Connection, token_id: str) -> TokenRecord:
     """Stop accepting a token from now on. Revoking twice keeps the first time."""
     row = (
         await conn.execute(
@@ -143,7 +143,7 @@ async def revoke_token(conn: AsyncConnection, token_id: str) -> TokenRecord:
 
 
 async def list_tokens(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     include_revoked: bool = False,
     first: int | None = None,
@@ -163,7 +163,7 @@ async def list_tokens(
     return [_record(r) for r in rows]
 
 
-async def authenticate(conn: AsyncConnection, secret: str) -> TokenRecord | None:
+async def authenticate(conn: Connection, secret: str) -> TokenRecord | None:
     """The live token with this secret, or None (unknown or revoked)."""
     row = (
         await conn.execute(
@@ -176,7 +176,7 @@ async def authenticate(conn: AsyncConnection, secret: str) -> TokenRecord | None
     return None if row is None else _record(row)
 
 
-async def any_tokens(conn: AsyncConnection) -> bool:
+async def any_tokens(conn: Connection) -> bool:
     """Has a token ever been created? Revoked ones count.
 
     Tokens are enforced from the first one on; counting revoked tokens too

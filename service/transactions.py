@@ -12,9 +12,12 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import connections
+from service.connections import NativeConnection
 from service.errors import InventoryError
 from service.event_announcements import announce
 from service.events import collecting_recorded
@@ -38,25 +41,28 @@ class TransactionConflict(InventoryError):
 
 
 def sqlstate(error: BaseException) -> str | None:
+    # asyncpg's own errors carry it; SQLAlchemy's wrap one (orig, or its cause).
     orig = getattr(error, "orig", None)
-    for candidate in (orig, getattr(orig, "__cause__", None)):
+    for candidate in (error, orig, getattr(orig, "__cause__", None)):
         code = getattr(candidate, "sqlstate", None)
         if isinstance(code, str):
             return code
     return None
 
 
-async def in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+async def in_transaction(
+    engine: AsyncEngine, work: Callable[[NativeConnection], Awaitable[T]]
+) -> T:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
             with collecting_recorded() as recorded:
-                async with engine.begin() as conn:
+                async with connections.transaction(engine) as conn:
                     result = await work(conn)
             # Only now, after COMMIT: listeners must never hear of an event
             # that a rollback then took back.
             announce(engine, recorded)
             return result
-        except DBAPIError as error:
+        except (DBAPIError, asyncpg.PostgresError) as error:
             if sqlstate(error) not in RETRYABLE_SQLSTATES:
                 raise
             log.info("transaction lost a conflict (attempt %d): %s", attempt, sqlstate(error))
@@ -64,7 +70,7 @@ async def in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], 
     raise TransactionConflict(MAX_ATTEMPTS)
 
 
-async def in_statement(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+async def in_statement(engine: AsyncEngine, work: Callable[[NativeConnection], Awaitable[T]]) -> T:
     """Run work that is a single statement, with no BEGIN or COMMIT around it.
 
     PostgreSQL makes each statement outside a transaction block its own
@@ -72,6 +78,5 @@ async def in_statement(engine: AsyncEngine, work: Callable[[AsyncConnection], Aw
     a third of the round trips. Only for work that is one statement and
     records no events: nothing here announces them.
     """
-    async with engine.connect() as conn:
-        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        return await work(autocommit)
+    async with connections.autocommit(engine) as conn:
+        return await work(conn)

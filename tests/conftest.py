@@ -30,7 +30,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.db import create_engine, libpq_url
+from service.db import create_engine, dispose, libpq_url
 from service.migrations import upgrade
 from service.web.app import create_app
 
@@ -112,7 +112,7 @@ async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEn
     try:
         yield engine
     finally:
-        await engine.dispose()
+        await dispose(engine)
 
 
 TABLES = (
@@ -202,19 +202,33 @@ class StatementCounter:
     def __init__(self) -> None:
         self.count = 0
         self.statements: list[str] = []
+        # Transactions opened on asyncpg's pool (their BEGIN is not a statement here).
+        self.transactions = 0
 
     def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement == "BEGIN":
+            self.transactions += 1
+            return
         self.count += 1
         self.statements.append(statement)
 
 
 @pytest.fixture
 def count_statements(engine: AsyncEngine) -> Iterator[StatementCounter]:
+    from service import connections
+
     counter = StatementCounter()
+
+    def native(statement: str) -> None:
+        counter(None, None, statement)
+
+    # Reads go through SQLAlchemy, writes through asyncpg's pool: count both.
     event.listen(engine.sync_engine, "before_cursor_execute", counter)
+    connections.statement_observers.append(native)
     try:
         yield counter
     finally:
+        connections.statement_observers.remove(native)
         event.remove(engine.sync_engine, "before_cursor_execute", counter)
 
 

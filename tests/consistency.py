@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.connections import Connection
 from service.gpu_pools import refresh_pools
 
 _POOLS = text("SELECT * FROM gpu_pools ORDER BY node_id, gpu_class")
 
 
-async def _pools(conn: AsyncConnection) -> list[dict[str, Any]]:
+async def _pools(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r) for r in (await conn.execute(_POOLS)).mappings()]
 
 
@@ -62,7 +63,7 @@ async def inconsistencies(engine: AsyncEngine) -> list[str]:
     return problems
 
 
-async def report_signature(conn: AsyncConnection, node_id: str) -> tuple[Any, ...]:
+async def report_signature(conn: Connection, node_id: str) -> tuple[Any, ...]:
     """What a node's stored report says, in a comparable shape."""
     gpus = (
         await conn.execute(

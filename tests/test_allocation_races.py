@@ -17,12 +17,13 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import allocations, nodes
 from service.allocations import AllocationRequest, ShardRequest
 from service.config import Settings
-from service.db import create_engine
+from service.connections import Connection
+from service.db import create_engine, dispose
 from service.reports import GpuReport, NodeReport
 from service.web.app import create_app
 from tests.conftest import Api
@@ -115,7 +116,7 @@ GPU_3_REQUEST = allocation("r1", shard("r1-s0", "gpu-07", 2, 3, 4, 5))
 async def test_an_allocation_after_a_cordon_is_refused(api: Api, engine: AsyncEngine) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
 
-    async def cordon(conn: AsyncConnection) -> None:
+    async def cordon(conn: Connection) -> None:
         await nodes.cordon_node(conn, "gpu-07", "kernel upgrade", "ops")
 
     _, got = await while_open(engine, cordon, allocate_over_api(api, GPU_3_REQUEST))
@@ -128,7 +129,7 @@ async def test_an_allocation_after_a_cordon_is_refused(api: Api, engine: AsyncEn
 async def test_an_allocation_granted_before_a_cordon_stays(api: Api, engine: AsyncEngine) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
 
-    async def grant(conn: AsyncConnection) -> Any:
+    async def grant(conn: Connection) -> Any:
         return await allocations.allocate(conn, ON_GPU_3)
 
     granted, cordoned = await while_open(engine, grant, api(CORDON))
@@ -142,7 +143,7 @@ async def test_an_allocation_granted_before_a_cordon_stays(api: Api, engine: Asy
 async def test_an_allocation_after_a_removal_finds_no_node(api: Api, engine: AsyncEngine) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
 
-    async def remove(conn: AsyncConnection) -> None:
+    async def remove(conn: Connection) -> None:
         await nodes.remove_node(conn, "gpu-07", "ops")
 
     _, got = await while_open(engine, remove, allocate_over_api(api, GPU_3_REQUEST))
@@ -156,7 +157,7 @@ async def test_an_allocation_on_a_node_removed_after_it_does_not_survive(
 ) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
 
-    async def grant(conn: AsyncConnection) -> Any:
+    async def grant(conn: Connection) -> Any:
         return await allocations.allocate(conn, ON_GPU_3)
 
     granted, removed = await while_open(engine, grant, api(REMOVE))
@@ -191,7 +192,7 @@ async def test_an_allocation_after_a_gpu_went_unhealthy_is_refused(
 ) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
 
-    async def reregister(conn: AsyncConnection) -> None:
+    async def reregister(conn: Connection) -> None:
         await nodes.register_node(conn, report_with_gpu_3_unhealthy())
 
     _, got = await while_open(engine, reregister, allocate_over_api(api, GPU_3_REQUEST))
@@ -209,7 +210,7 @@ async def test_a_gpu_that_fails_after_its_allocation_stays_held_and_shows_unheal
     sick = node_input("gpu-07")
     sick["gpus"][3] = {**sick["gpus"][3], "healthy": False, "healthReasons": ["ecc_uncorrected"]}
 
-    async def grant(conn: AsyncConnection) -> Any:
+    async def grant(conn: Connection) -> Any:
         return await allocations.allocate(conn, ON_GPU_3)
 
     granted, _ = await while_open(engine, grant, api(REGISTER, {"input": sick}))
@@ -269,7 +270,7 @@ async def test_a_shard_id_raced_onto_two_nodes_is_granted_once(
     # Different nodes, so no node lock orders them: the shard id's primary key does.
     on_other_node = allocation("r1", shard("r1-s0", "gpu-08", 0))
 
-    async def grant(conn: AsyncConnection) -> Any:
+    async def grant(conn: Connection) -> Any:
         return await allocations.allocate(conn, ON_GPU_3)
 
     granted, got = await while_open(engine, grant, allocate_over_api(api, on_other_node))
@@ -285,7 +286,7 @@ async def test_the_gpu_primary_key_stops_a_writer_that_skipped_the_node_lock(
 ) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
 
-    async def rogue(conn: AsyncConnection) -> None:
+    async def rogue(conn: Connection) -> None:
         # A writer that does not take the node lock, as a buggy script would.
         await conn.execute(
             text(
@@ -330,7 +331,7 @@ async def place_over_api(api: Api, replica_id: str, gpus: int) -> dict[str, Any]
 
 
 def holding(count: int) -> Any:
-    async def grant(conn: AsyncConnection) -> Any:
+    async def grant(conn: Connection) -> Any:
         request = AllocationRequest(
             "held", (ShardRequest("held-s0", "gpu-07", tuple(range(count))),)
         )
@@ -394,7 +395,7 @@ async def test_a_place_that_loses_its_shard_ids_answers_what_the_winner_stored(
     for node_id in ("gpu-07", "gpu-08"):
         await api(REGISTER, {"input": node_input(node_id)})
 
-    async def first_call(conn: AsyncConnection) -> Any:
+    async def first_call(conn: Connection) -> Any:
         # The scheduler's first call of this place, still running: it holds
         # gpu-08, so the retry locks gpu-07 and then waits on the shard id.
         request = AllocationRequest("r1", (ShardRequest("r1-s0", "gpu-08", (0, 1)),))
@@ -432,7 +433,7 @@ async def test_places_racing_for_the_last_gpus_fill_them_without_a_deadlock(
                 *(schedulers(PLACE, placement(f"r{i}", gpusPerShard=1 + i % 2)) for i in range(48))
             )
     finally:
-        await crowd.dispose()
+        await dispose(crowd)
 
     placed = [i for i, r in enumerate(results) if r["place"]["__typename"] == "Allocated"]
     assert sum(1 + i % 2 for i in placed) == len(await held(engine))

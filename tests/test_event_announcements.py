@@ -6,8 +6,10 @@ import asyncio
 
 import asyncpg
 import pytest
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.connections import Connection
 from service.event_announcements import IDS_PER_NOTIFICATION, parse_payload
 from service.events import EVENTS_CHANNEL, record_event
 from service.transactions import in_transaction
@@ -25,17 +27,17 @@ async def test_only_committed_events_are_announced(engine: AsyncEngine, database
     )
     try:
 
-        async def rolled_back(conn: AsyncConnection) -> None:
+        async def rolled_back(conn: Connection) -> None:
             await record_event(conn, "cordoned", node_id="gpu-01")
             raise Changed
 
         with pytest.raises(Changed):
             await in_transaction(engine, rolled_back)
 
-        async def committed(conn: AsyncConnection) -> list[int]:
+        async def committed(conn: Connection) -> list[int]:
             await record_event(conn, "cordoned", node_id="gpu-02")
             await record_event(conn, "drained", node_id="gpu-02")
-            rows = await conn.exec_driver_sql("SELECT id FROM events ORDER BY id")
+            rows = await conn.execute(text("SELECT id FROM events ORDER BY id"))
             return [r[0] for r in rows]
 
         stored = await in_transaction(engine, committed)

@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.db import create_engine, libpq_url
+from service.connections import Connection
+from service.db import create_engine, dispose, libpq_url
 from service.transactions import MAX_ATTEMPTS, TransactionConflict, in_transaction
 from tests.conftest import LiveService, free_port
 from tests.consistency import inconsistencies, report_signature
@@ -118,7 +119,7 @@ async def stored_node_ids(url: str) -> set[str]:
         async with engine.connect() as conn:
             return set((await conn.execute(text("SELECT id FROM nodes"))).scalars())
     finally:
-        await engine.dispose()
+        await dispose(engine)
 
 
 def test_postgres_restart_under_load_fails_fast_recovers_and_loses_nothing(
@@ -178,8 +179,8 @@ async def test_a_deadlock_is_retried_and_both_writers_succeed(engine: AsyncEngin
     both_hold_one = asyncio.Barrier(2)
     attempts = {"ab": 0, "ba": 0}
 
-    def crossing(first: str, second: str) -> Callable[[AsyncConnection], Any]:
-        async def work(conn: AsyncConnection) -> str:
+    def crossing(first: str, second: str) -> Callable[[Connection], Any]:
+        async def work(conn: Connection) -> str:
             attempts[first + second] += 1
             await conn.execute(text("SET LOCAL deadlock_timeout = '50ms'"))
             await conn.execute(text("UPDATE nodes SET hostname = :h WHERE id = :id"), {
@@ -207,7 +208,7 @@ async def test_a_change_that_keeps_losing_gets_a_typed_error_and_writes_nothing(
 ) -> None:
     tries = 0
 
-    async def always_loses(conn: AsyncConnection) -> None:
+    async def always_loses(conn: Connection) -> None:
         nonlocal tries
         tries += 1
         await conn.execute(text(

@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.connections import Connection
 from service.gpu_pools import refresh_pools
 from service.liveness import SweepResult, Watch, sweep
 from service.transactions import in_transaction
@@ -75,7 +76,7 @@ async def silence(engine: AsyncEngine, node_id: str, seconds: float) -> None:
 
 
 async def run_sweep(engine: AsyncEngine) -> SweepResult:
-    async def work(conn: AsyncConnection) -> SweepResult:
+    async def work(conn: Connection) -> SweepResult:
         return await sweep(conn, UNREACHABLE_AFTER, LOST_AFTER)
 
     return await in_transaction(engine, work)
@@ -229,7 +230,7 @@ async def test_the_sweep_forgets_events_older_than_the_retention(
             text("UPDATE events SET at = now() - interval '2 hours' WHERE kind = 'registered'")
         )
 
-    async def work(conn: AsyncConnection) -> SweepResult:
+    async def work(conn: Connection) -> SweepResult:
         return await sweep(conn, UNREACHABLE_AFTER, LOST_AFTER, event_retention=3600)
 
     result = await in_transaction(engine, work)
@@ -246,7 +247,7 @@ async def test_silence_counts_only_from_when_the_service_was_watching(
 
     # The service (or its database) was down until a minute ago: no agent
     # could heartbeat, so ten minutes of "silence" prove one minute of it.
-    async def work(conn: AsyncConnection) -> SweepResult:
+    async def work(conn: Connection) -> SweepResult:
         watching_since = (
             await conn.execute(text("SELECT now() - interval '60 seconds'"))
         ).scalar_one()

@@ -8,7 +8,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.db import create_engine
+from service.db import create_engine, dispose
 from service.metrics import count_rejection
 from service.web.app import create_app
 from tests.conftest import Api, StatementCounter, free_port
@@ -109,7 +109,7 @@ async def test_a_scrape_during_a_database_outage_still_answers_for_the_process()
             count_rejection("NO_SUCH_GPU")
             m = await scrape(client)
     finally:
-        await engine.dispose()
+        await dispose(engine)
     assert m["inventory_database_up"] == 0
     assert m['inventory_allocation_rejections_total{code="NO_SUCH_GPU"}'] >= 1
     assert not any(key.startswith("inventory_nodes") for key in m)

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from service.config import Settings
-from service.db import create_engine
+from service.db import create_engine, dispose
 from service.migrations import head_revision
 from service.web.app import create_app
 from tests.conftest import create_database, drop_database, free_port
@@ -31,7 +31,7 @@ async def get(app_engine_url: str, path: str) -> httpx.Response:
         ) as client:
             return await client.get(path)
     finally:
-        await engine.dispose()
+        await dispose(engine)
 
 
 async def test_ready_when_the_database_answers_at_the_latest_schema(

@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import websockets
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.connections import Connection
 from service.event_stream import LISTENER_NAME, EventStream
 from service.events import EventFilter, record_event
 from service.transactions import in_transaction
@@ -180,7 +181,7 @@ async def test_the_event_stream_reconnects_and_catches_up_on_what_it_missed(
         async def write(kind: str) -> None:
             # Through in_transaction, as every mutation writes: it announces
             # the events once they commit.
-            async def work(conn: AsyncConnection) -> None:
+            async def work(conn: Connection) -> None:
                 await record_event(conn, kind, node_id="gpu-01")
                 await record_event(conn, kind, node_id="gpu-99")  # filtered out
 

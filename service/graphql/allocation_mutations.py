@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import strawberry
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service import allocations, placement
+from service.connections import Connection
 from service.metrics import count_rejection
 from service.rejections import Rejection
 
@@ -32,7 +32,7 @@ class AllocationMutations:
     async def allocate(self, info: Info, input: AllocateInput) -> AllocateResult:
         request = input.to_request()
 
-        async def work(conn: AsyncConnection) -> allocations.Allocated | Rejection:
+        async def work(conn: Connection) -> allocations.Allocated | Rejection:
             return await allocations.allocate(conn, request, info.context.actor)
 
         outcome = await info.context.write(work)
@@ -52,7 +52,7 @@ class AllocationMutations:
         request = input.to_request()
 
         async def work(
-            conn: AsyncConnection,
+            conn: Connection,
         ) -> allocations.Allocated | placement.Unplaceable | Rejection:
             return await placement.place(conn, request, info.context.actor)
 
@@ -71,7 +71,7 @@ class AllocationMutations:
         description="Free one shard's GPUs; returns how many GPUs were freed (0 if none were held)."
     )
     async def release_shard(self, info: Info, shard_id: strawberry.ID) -> int:
-        async def work(conn: AsyncConnection) -> int:
+        async def work(conn: Connection) -> int:
             return await allocations.release_shard(conn, str(shard_id), info.context.actor)
 
         return await info.context.write(work)
@@ -80,7 +80,7 @@ class AllocationMutations:
         description="Free every shard of a replica: replicas fail whole. Returns GPUs freed."
     )
     async def release_replica(self, info: Info, replica_id: strawberry.ID) -> int:
-        async def work(conn: AsyncConnection) -> int:
+        async def work(conn: Connection) -> int:
             return await allocations.release_replica(conn, str(replica_id), info.context.actor)
 
         return await info.context.write(work)

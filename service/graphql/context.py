@@ -7,11 +7,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.types import Info as StrawberryInfo
 
 from service.auth import Authenticator, Principal
 from service.config import Settings
+from service.connections import Connection
 from service.graphql.loaders import Loaders
 from service.transactions import in_transaction
 
@@ -34,7 +35,7 @@ class Context:
     # graphql-transport-ws connection_init payload (strawberry fills it in).
     connection_params: dict[str, Any] | None = None
 
-    async def write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async def write(self, work: Callable[[Connection], Awaitable[T]]) -> T:
         """Run one mutation's work in one transaction (retried on deadlock or serialization loss)."""
         return await in_transaction(self.engine, work)
 

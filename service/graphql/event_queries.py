@@ -6,6 +6,7 @@ from datetime import datetime
 
 import strawberry
 
+from service import connections
 from service.events import EventFilter, list_events
 
 from .context import Info
@@ -41,7 +42,7 @@ class EventQueries:
         after: strawberry.ID | None = None,
     ) -> list[Event]:
         page = info.context.page_size(first)
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             records = await list_events(
                 conn,
                 event_filter(node_id, replica_id, kinds),

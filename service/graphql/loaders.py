@@ -17,22 +17,23 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.dataloader import DataLoader
 from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField, Selection
 
-from service import allocations, hardware, node_views
+from service import allocations, connections, hardware, node_views
+from service.connections import Connection
 
 K = TypeVar("K")
 V = TypeVar("V")
 R = TypeVar("R")
 
-Fetch = Callable[[AsyncConnection, Sequence[Any]], Awaitable[Mapping[Any, Any]]]
+Fetch = Callable[[Connection, Sequence[Any]], Awaitable[Mapping[Any, Any]]]
 
 
 def _loader(engine: AsyncEngine, fetch: Fetch, missing: Callable[[], Any]) -> DataLoader[Any, Any]:
     async def load(keys: list[Any]) -> list[Any]:
-        async with engine.connect() as conn:
+        async with connections.autocommit(engine) as conn:
             found = await fetch(conn, keys)
         return [found[k] if k in found else missing() for k in keys]
 
@@ -110,7 +111,7 @@ class Loaders:
         return loader
 
     async def prefetch(
-        self, conn: AsyncConnection, loader: DataLoader[Any, Any], keys: Iterable[Any]
+        self, conn: Connection, loader: DataLoader[Any, Any], keys: Iterable[Any]
     ) -> None:
         """Load keys not yet cached in one statement on `conn` and prime the loader with them.
 
@@ -124,7 +125,7 @@ class Loaders:
         loader.prime_many({k: found[k] if k in found else missing() for k in wanted})
 
     async def prefetch_nodes(
-        self, conn: AsyncConnection, node_ids: Sequence[str], selections: list[Selection]
+        self, conn: Connection, node_ids: Sequence[str], selections: list[Selection]
     ) -> None:
         """The details a query selects of these nodes, before graphql-core resolves them.
 

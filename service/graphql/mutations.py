@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import strawberry
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service import heartbeats, node_views, nodes
+from service.connections import Connection
 from service.errors import NodeNotFound
 from service.node_views import NodeRecord
 
@@ -14,7 +14,7 @@ from .inputs import NodeInput
 from .types import Node
 
 
-async def _read_back(conn: AsyncConnection, node_id: str) -> NodeRecord:
+async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
     record = await node_views.get_node(conn, node_id)
     if record is None:
         raise NodeNotFound(node_id)
@@ -30,7 +30,7 @@ class NodeMutations:
         report = input.to_report()
         actor = info.context.actor
 
-        async def work(conn: AsyncConnection) -> NodeRecord:
+        async def work(conn: Connection) -> NodeRecord:
             # The row as the upsert returned it: one round trip fewer.
             return (await nodes.register_node(conn, report, actor)).node
 
@@ -49,7 +49,7 @@ class NodeMutations:
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
-        async def work(conn: AsyncConnection) -> NodeRecord:
+        async def work(conn: Connection) -> NodeRecord:
             await nodes.cordon_node(conn, str(id), reason, info.context.actor)
             return await _read_back(conn, str(id))
 
@@ -57,7 +57,7 @@ class NodeMutations:
 
     @strawberry.mutation
     async def drain_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
-        async def work(conn: AsyncConnection) -> NodeRecord:
+        async def work(conn: Connection) -> NodeRecord:
             await nodes.drain_node(conn, str(id), reason, info.context.actor)
             return await _read_back(conn, str(id))
 
@@ -65,7 +65,7 @@ class NodeMutations:
 
     @strawberry.mutation
     async def uncordon_node(self, info: Info, id: strawberry.ID) -> Node:
-        async def work(conn: AsyncConnection) -> NodeRecord:
+        async def work(conn: Connection) -> NodeRecord:
             await nodes.uncordon_node(conn, str(id), info.context.actor)
             return await _read_back(conn, str(id))
 
@@ -73,7 +73,7 @@ class NodeMutations:
 
     @strawberry.mutation(description="Forget a node and its allocations.")
     async def remove_node(self, info: Info, id: strawberry.ID) -> bool:
-        async def work(conn: AsyncConnection) -> bool:
+        async def work(conn: Connection) -> bool:
             return await nodes.remove_node(conn, str(id), info.context.actor)
 
         return await info.context.write(work)

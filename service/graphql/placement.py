@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
-from service import placement
+from service import connections, placement
 from service.rejections import Rejection
 
 from .allocation_types import InvalidPlacement, PlaceInput, PlacementExplanation
@@ -18,7 +18,7 @@ class PlacementQueries:
     )
     async def explain_placement(self, info: Info, input: PlaceInput) -> PlacementExplanation:
         request = input.to_request()
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             outcome = await placement.explain(conn, request)
         if isinstance(outcome, Rejection):
             raise InvalidPlacement(outcome.message)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import strawberry
 
-from service import allocations, capacity, node_views
+from service import allocations, capacity, connections, node_views
 
 from .context import Info
 from .inputs import NodeFilter
@@ -34,7 +34,7 @@ class NodeQueries:
         page = info.context.page_size(first)
         node_filter = filter_.to_record() if filter_ is not None else node_views.NodeFilter()
         loaders = info.context.loaders
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             records = await node_views.list_nodes(
                 conn, node_filter, page, str(after) if after is not None else None
             )
@@ -64,7 +64,7 @@ class NodeQueries:
         page = info.context.page_size(first)
         node = selected(info.selected_fields[0].selections).get("node")
         loaders = info.context.loaders
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             found = await capacity.free_gpus(
                 conn,
                 gpu_class=gpu_class,
@@ -82,13 +82,13 @@ class NodeQueries:
 
     @strawberry.field
     async def fabrics(self, info: Info) -> list[Fabric]:
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             found = await capacity.fabrics(conn)
         return [Fabric(name=f.name, node_ids=f.node_ids) for f in found]
 
     @strawberry.field
     async def gpu_classes(self, info: Info) -> list[GpuClassSummary]:
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             found = await capacity.gpu_classes(conn)
         return [GpuClassSummary.of(s) for s in found]
 
@@ -102,7 +102,7 @@ class NodeQueries:
         after: strawberry.ID | None = None,
     ) -> list[Allocation]:
         page = info.context.page_size(first)
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             shards = await allocations.list_allocations(
                 conn,
                 node_id=str(node_id) if node_id is not None else None,

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
+from service import connections
 from service.errors import InventoryError
 from service.event_stream import EventStream
 from service.events import list_events
@@ -65,7 +66,7 @@ class EventSubscriptions:
             if resume_from is not None:
                 cursor = resume_from
                 while True:
-                    async with info.context.engine.connect() as conn:
+                    async with connections.autocommit(info.context.engine) as conn:
                         page = await list_events(
                             conn,
                             wanted,

@@ -6,9 +6,9 @@ from datetime import datetime
 from enum import Enum
 
 import strawberry
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service import tokens
+from service import connections, tokens
+from service.connections import Connection
 from service.tokens import NewToken, TokenRecord
 
 from .context import Info
@@ -73,7 +73,7 @@ class TokenQueries:
         after: strawberry.ID | None = None,
     ) -> list[ApiToken]:
         page = info.context.page_size(first)
-        async with info.context.engine.connect() as conn:
+        async with connections.autocommit(info.context.engine) as conn:
             found = await tokens.list_tokens(
                 conn,
                 include_revoked=include_revoked,
@@ -98,7 +98,7 @@ class TokenMutations:
         node_id: strawberry.ID | None = None,
         description: str | None = None,
     ) -> CreatedToken:
-        async def work(conn: AsyncConnection) -> NewToken:
+        async def work(conn: Connection) -> NewToken:
             return await tokens.create_token(
                 conn, role.value, str(node_id) if node_id is not None else None, description
             )
@@ -111,7 +111,7 @@ class TokenMutations:
 
     @strawberry.mutation(description="Operator: stop accepting a token, from the next request on.")
     async def revoke_token(self, info: Info, id: strawberry.ID) -> ApiToken:
-        async def work(conn: AsyncConnection) -> TokenRecord:
+        async def work(conn: Connection) -> TokenRecord:
             return await tokens.revoke_token(conn, str(id))
 
         return ApiToken.of(await info.context.write(work))

@@ -21,7 +21,7 @@ from strawberry.types.unset import UNSET, UnsetType
 
 from service.auth import Authenticator
 from service.config import Settings
-from service.db import create_engine
+from service.db import create_engine, dispose
 from service.event_announcements import drain_announcements
 from service.graphql.authentication import accept_connection, identify, identify_http
 from service.graphql.context import Context, new_context
@@ -134,7 +134,7 @@ def create_app(
             # Events committed in the last moments are still announced.
             await drain_announcements(ref.engine)
             if owns_engine:
-                await ref.engine.dispose()
+                await dispose(ref.engine)
                 ref.set(None)
             if on_shutdown is not None:
                 # The embedded PostgreSQL stops here: uvicorn re-raises

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service import metrics, readiness
+from service import connections, metrics, readiness
 from service.config import Settings
 from service.db import libpq_url
 from service.event_stream import EventStream
@@ -79,7 +79,10 @@ class Background:
 def operational_routes(engine: Callable[[], AsyncEngine], settings: Settings) -> list[Route]:
     async def metrics_endpoint(request: Request) -> Response:
         try:
-            async with asyncio.timeout(settings.db_timeout), engine().connect() as conn:
+            async with (
+                asyncio.timeout(settings.db_timeout),
+                connections.autocommit(engine()) as conn,
+            ):
                 body = await metrics.render(conn)
         except Exception as error:
             log.warning("metrics without the cluster's state: %s", error)
