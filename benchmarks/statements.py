@@ -13,6 +13,7 @@ from benchmarks.cluster import node_id, node_input
 from benchmarks.questions import Question
 from benchmarks.services import HEADERS, TOKEN
 from benchmarks.writes import HEARTBEAT, REGISTER
+from service import connections
 from service.config import Settings
 from service.db import create_engine, dispose
 from service.web.app import create_app
@@ -60,7 +61,15 @@ async def count_statements(
     settings = Settings(max_page_size=1000, bootstrap_token=TOKEN)
     engine = create_engine(url, settings)
     counter = Counter()
+
+    def native(statement: str, args: Any) -> None:
+        if statement != "BEGIN":
+            counter(None, None, statement, args)
+
+    # Reads and writes run on asyncpg's own pool; a few one-off paths still
+    # go through SQLAlchemy: count both.
     event.listen(engine.sync_engine, "before_cursor_execute", counter)
+    connections.statement_observers.append(native)
     out: dict[str, str] = {}
     try:
         app = create_app(settings, engine=engine)
@@ -111,5 +120,6 @@ async def count_statements(
             for replica in ("bench-stmt-p", "bench-stmt-a"):
                 await client.post("/graphql", json={"query": RELEASE, "variables": {"id": replica}})
     finally:
+        connections.statement_observers.remove(native)
         await dispose(engine)
     return out

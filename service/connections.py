@@ -126,15 +126,16 @@ def compile_text(statement: TextClause) -> tuple[str, tuple[str, ...]]:
     return found
 
 
-# Test hook: called with the SQL of each round trip before it is sent:
-# statements, savepoints and "BEGIN" (the statement-count tests count both
-# kinds of connection, and tell transactions from autocommit).
-statement_observers: list[Callable[[str], None]] = []
+# Test hook: called with the SQL (and its arguments) of each round trip
+# before it is sent: statements, savepoints and "BEGIN" (the statement-count
+# tests count both kinds of connection and tell transactions from autocommit;
+# the benchmark EXPLAINs the statement exactly as sent).
+statement_observers: list[Callable[[str, Sequence[Any]], None]] = []
 
 
-def _observe(sql: str) -> None:
+def _observe(sql: str, args: Sequence[Any] = ()) -> None:
     for observe in statement_observers:
-        observe(sql)
+        observe(sql, args)
 
 
 class NativeSavepoint:
@@ -175,7 +176,7 @@ class NativeConnection:
         if len(args) != len(names):
             raise TypeError(f"statement needs parameters {list(names)}, got {parameters!r}")
         if statement_observers:
-            _observe(sql)
+            _observe(sql, args)
         return NativeRows(await self.raw.fetch(sql, *args))
 
     async def scalar(

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,7 +219,7 @@ def count_statements(engine: AsyncEngine) -> Iterator[StatementCounter]:
 
     counter = StatementCounter()
 
-    def native(statement: str) -> None:
+    def native(statement: str, args: Sequence[Any]) -> None:
         counter(None, None, statement)
 
     # Reads go through SQLAlchemy, writes through asyncpg's pool: count both.
