@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
+from operator import attrgetter
 from typing import Any
 
 import strawberry
@@ -15,7 +16,8 @@ from service.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsR
 from service.node_views import NodeRecord
 from service.reports import Disk as DiskRecord
 
-from .context import Info
+from .context import Context, Info
+from .execution import NOT_READY, READY
 from .loaders import now_or_later, ready
 from .scalars import Bytes
 
@@ -111,17 +113,17 @@ class Gpu:
 
 @strawberry.type
 class FabricAttachment:
+    """Served by service.hardware.FabricRecord itself (see SERVED_BY_RECORDS)."""
+
     fabric: str
     hcas: list[str]
     rate_gbps: int
 
-    @classmethod
-    def of(cls, record: FabricRecord) -> FabricAttachment:
-        return cls(fabric=record.fabric, hcas=list(record.hcas), rate_gbps=record.rate_gbps)
-
 
 @strawberry.type
 class Filesystem:
+    """Served by service.hardware.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
+
     id: str = strawberry.field(
         description="Stable id of the filesystem on its node (e.g. its device number or fsid)."
     )
@@ -134,28 +136,29 @@ class Filesystem:
         description="The configured model directories that live on it."
     )
 
-    @classmethod
-    def of(cls, fs: FilesystemRecord) -> Filesystem:
-        return cls(
-            id=fs.id,
-            mount_point=fs.mount_point,
-            fs_type=fs.fs_type,
-            shared=fs.shared,
-            free_bytes=Bytes(fs.free_bytes),
-            total_bytes=Bytes(fs.total_bytes),
-            directories=list(fs.directories),
-        )
-
 
 @strawberry.type
 class Weights:
+    """Served by service.hardware.WeightsRecord itself (see SERVED_BY_RECORDS)."""
+
     path: str
     size_bytes: Bytes | None
 
-    @classmethod
-    def of(cls, record: WeightsRecord) -> Weights:
-        size = None if record.size_bytes is None else Bytes(record.size_bytes)
-        return cls(path=record.path, size_bytes=size)
+
+def _as_loaded(records: list[Any]) -> list[Any]:
+    # The records themselves: their types are served by records (SERVED_BY_RECORDS).
+    return records
+
+
+def _ready(loader: str) -> dict[str, Any]:
+    """Metadata of a Node detail field: its value at once when `loader` holds it (execution.READY)."""
+    loader_of = attrgetter(loader)
+
+    def read(node: Node, context: Context) -> Any:
+        value = ready(loader_of(context.loaders), str(node.id), _as_loaded)
+        return NOT_READY if value is None else value
+
+    return {READY: read}
 
 
 @strawberry.type
@@ -216,11 +219,13 @@ class Node:
     # The detail fields answer synchronously from the request's loaders when
     # the root field prefetched them (loaders.prefetch_nodes), and return an
     # awaitable otherwise: graphql-core awaits only what is awaitable, and a
-    # task per node on a 1,000-node page cost more than the page itself.
+    # task per node on a 1,000-node page cost more than the page itself. The
+    # ones without arguments also say so in their metadata (execution.READY),
+    # so a page's completion reads them without a resolver call per node.
 
-    @strawberry.field(graphql_type=list[Gpu])
+    @strawberry.field(graphql_type=list[Gpu], metadata=_ready("gpus"))
     def gpus(self, info: Info) -> Any:
-        return now_or_later(info.context.loaders.gpus, str(self.id), _gpus)
+        return now_or_later(info.context.loaders.gpus, str(self.id), _as_loaded)
 
     @strawberry.field(
         description="Healthy GPUs with no allocation, optionally of one class.",
@@ -238,9 +243,9 @@ class Node:
 
         return now_or_later(info.context.loaders.gpus, str(self.id), free)
 
-    @strawberry.field(graphql_type=list[FabricAttachment])
+    @strawberry.field(graphql_type=list[FabricAttachment], metadata=_ready("fabrics"))
     def fabrics(self, info: Info) -> Any:
-        return now_or_later(info.context.loaders.fabrics, str(self.id), _fabrics)
+        return now_or_later(info.context.loaders.fabrics, str(self.id), _as_loaded)
 
     @strawberry.field(
         description="The adapters attached to one fabric: a shard is handed only these.",
@@ -258,13 +263,14 @@ class Node:
     @strawberry.field(
         description="One entry per filesystem, not per directory.",
         graphql_type=list[Filesystem],
+        metadata=_ready("filesystems"),
     )
     def storage(self, info: Info) -> Any:
-        return now_or_later(info.context.loaders.filesystems, str(self.id), _filesystems)
+        return now_or_later(info.context.loaders.filesystems, str(self.id), _as_loaded)
 
-    @strawberry.field(graphql_type=list[Weights])
+    @strawberry.field(graphql_type=list[Weights], metadata=_ready("weights"))
     def weights(self, info: Info) -> Any:
-        return now_or_later(info.context.loaders.weights, str(self.id), _weights)
+        return now_or_later(info.context.loaders.weights, str(self.id), _as_loaded)
 
     @strawberry.field(
         description=(
@@ -278,39 +284,25 @@ class Node:
 
         return now_or_later(info.context.loaders.weights, str(self.id), has)
 
-    @strawberry.field(graphql_type=list[Allocation])
+    @strawberry.field(graphql_type=list[Allocation], metadata=_ready("shards_on_node"))
     def allocations(self, info: Info) -> Any:
-        return now_or_later(info.context.loaders.shards_on_node, str(self.id), _allocations)
+        return now_or_later(info.context.loaders.shards_on_node, str(self.id), _as_loaded)
 
 
 def _node_record(record: NodeRecord | None) -> NodeRecord | None:
     return record
 
 
-def _gpus(gpus: list[GpuRecord]) -> list[GpuRecord]:
-    return gpus
-
-
-def _fabrics(fabrics: list[FabricRecord]) -> list[FabricAttachment]:
-    return [FabricAttachment.of(f) for f in fabrics]
-
-
-def _filesystems(filesystems: list[FilesystemRecord]) -> list[Filesystem]:
-    return [Filesystem.of(fs) for fs in filesystems]
-
-
-def _weights(weights: list[WeightsRecord]) -> list[Weights]:
-    return [Weights.of(w) for w in weights]
-
-
-def _allocations(shards: list[ShardRecord]) -> list[ShardRecord]:
-    return shards
-
-
 # GraphQL types whose values are the domain's records as they are: every field
 # of the type is an attribute of the record under the field's Python name
 # (tests/test_plain_field_completion.py checks it), so nothing is copied.
-SERVED_BY_RECORDS: dict[type, type] = {Gpu: GpuRecord, Allocation: ShardRecord}
+SERVED_BY_RECORDS: dict[type, type] = {
+    Gpu: GpuRecord,
+    Allocation: ShardRecord,
+    FabricAttachment: FabricRecord,
+    Filesystem: FilesystemRecord,
+    Weights: WeightsRecord,
+}
 
 
 async def load_node(info: Info, node_id: str) -> Node:
