@@ -24,7 +24,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from service.auth import OPEN_ACCESS
 from service.config import Settings
 from service.graphql.context import new_context
-from service.graphql.execution import PlainFieldExecutionContext
+from service.graphql.execution import READY, PlainFieldExecutionContext
 from service.graphql.schema import schema as service_schema
 from tests.conftest import Api
 from tests.reports import (
@@ -407,3 +407,56 @@ def test_types_served_by_records_find_every_field_on_the_record() -> None:
         missing = [f.python_name for f in definition.fields if f.python_name not in attributes]
         assert missing == [], f"{record.__name__} lacks {missing} for {graphql_type.__name__}"
         assert all(f.base_resolver is None for f in definition.fields), "plain fields only"
+
+
+# A resolver field that says how to read its value when it is already at hand
+# (execution.READY): the service's Node details on a prefetched page.
+
+resolver_calls: list[str] = []
+
+
+def _ready_spare(shelf: Shelf, context: Any) -> Any:
+    from service.graphql.execution import NOT_READY
+
+    return NOT_READY if shelf.spare is None else shelf.spare
+
+
+@strawberry.type
+class Shelf:
+    name: str
+    spare: strawberry.Private[Item | None]
+
+    @strawberry.field(metadata={READY: _ready_spare})
+    def part(self) -> Item:
+        resolver_calls.append(self.name)
+        return item(name=f"from the resolver of {self.name}")
+
+
+@strawberry.type
+class ShelfQuery:
+    @strawberry.field
+    def shelves(self) -> list[Shelf]:
+        return [Shelf(name="stocked", spare=item(name="at hand")), Shelf(name="empty", spare=None)]
+
+
+async def test_a_field_ready_at_hand_skips_its_resolver_and_one_not_ready_calls_it() -> None:
+    shelves = strawberry.Schema(query=ShelfQuery)
+    query = "{ shelves { name part { name color } } }"
+    resolver_calls.clear()
+    stock = await run(shelves._schema, query, StrawberryGraphQLCoreExecutionContext)
+    assert resolver_calls == ["stocked", "empty"]
+
+    resolver_calls.clear()
+    plain = await run(shelves._schema, query, PlainFieldExecutionContext)
+
+    # The stocked shelf answered from what it holds, the empty one asked its resolver.
+    assert resolver_calls == ["empty"]
+    assert plain.errors is None and plain.data == {
+        "shelves": [
+            {"name": "stocked", "part": {"name": "at hand", "color": "RED"}},
+            {"name": "empty", "part": {"name": "from the resolver of empty", "color": "RED"}},
+        ]
+    }
+    # Only the READY branch differs from the stock answer: the values the resolver gives.
+    assert stock.data is not None
+    assert stock.data["shelves"][1] == plain.data["shelves"][1]
