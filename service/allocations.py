@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
-from service.connections import Connection
+from service.connections import Connection, cached_text
 from service.events import note_recorded, record_event
 from service.gpu_pools import recount_after_holding, refresh_pools
 from service.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
@@ -64,7 +64,9 @@ def shard_from_row(row: Row[Any]) -> ShardRecord:
 
 async def shards_by_id(conn: Connection, shard_ids: Sequence[str]) -> dict[str, ShardRecord]:
     rows = await conn.execute(
-        text(f"SELECT {_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"),
+        cached_text(
+            f"SELECT {_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"
+        ),
         {"ids": list(shard_ids)},
     )
     return {r.shard_id: shard_from_row(r) for r in rows}
@@ -108,7 +110,8 @@ async def list_allocations(
         params["after"] = after
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = await conn.execute(
-        text(f"SELECT {_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"), params
+        cached_text(f"SELECT {_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"),
+        params,
     )
     return [shard_from_row(r) for r in rows]
 

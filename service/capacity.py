@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from service.connections import Connection
+from service.connections import Connection, cached_text
 from service.errors import InvalidInput
 
 
@@ -81,7 +81,7 @@ async def free_gpus(
         ) free
         ORDER BY page.node_id
     """
-    rows = await conn.execute(text(sql), params)
+    rows = await conn.execute(cached_text(sql), params)
     return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
 
 

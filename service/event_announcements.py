@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # digits and a comma, so 300 of them always fit.
 IDS_PER_NOTIFICATION = 300
 
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
 
 def parse_payload(payload: str) -> list[int]:
     return [int(part) for part in payload.split(",") if part]
@@ -64,7 +66,7 @@ class _Announcer:
                     for start in range(0, len(batch), IDS_PER_NOTIFICATION):
                         chunk = batch[start : start + IDS_PER_NOTIFICATION]
                         await conn.execute(
-                            text("SELECT pg_notify(:channel, :payload)"),
+                            _NOTIFY,
                             {"channel": EVENTS_CHANNEL, "payload": ",".join(map(str, chunk))},
                         )
             except Exception as error:

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Row
 
-from service.connections import Connection
+from service.connections import Connection, cached_text
 
 EVENTS_CHANNEL = "inventory_events"
 
@@ -169,7 +169,8 @@ async def list_events(
         params["retention"] = retention
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = await conn.execute(
-        text(f"SELECT {_EVENT_COLUMNS} FROM events e {clause} ORDER BY e.id LIMIT :first"), params
+        cached_text(f"SELECT {_EVENT_COLUMNS} FROM events e {clause} ORDER BY e.id LIMIT :first"),
+        params,
     )
     return [event_from_row(r) for r in rows]
 

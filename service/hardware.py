@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from service.allocations import ShardRecord
-from service.connections import Connection
+from service.connections import Connection, cached_text
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
 async def fabrics_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[FabricRecord]]:
     out: dict[str, list[FabricRecord]] = defaultdict(list)
     rows = await conn.execute(
-        text(
+        cached_text(
             "SELECT node_id, fabric, hcas, rate_gbps FROM fabric_attachments"
             " WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, fabric"
         ),
@@ -133,7 +133,7 @@ async def filesystems_of(
 ) -> dict[str, list[FilesystemRecord]]:
     out: dict[str, list[FilesystemRecord]] = defaultdict(list)
     rows = await conn.execute(
-        text(
+        cached_text(
             "SELECT node_id, fs_id, mount_point, fs_type, shared, free_bytes, total_bytes,"
             " directories FROM filesystems WHERE node_id = ANY(CAST(:ids AS text[]))"
             " ORDER BY node_id, mount_point, fs_id"
@@ -159,7 +159,7 @@ async def filesystems_of(
 async def weights_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[WeightsRecord]]:
     out: dict[str, list[WeightsRecord]] = defaultdict(list)
     rows = await conn.execute(
-        text(
+        cached_text(
             "SELECT node_id, path, size_bytes FROM weights"
             " WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, path"
         ),

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Row
 
-from service.connections import Connection
+from service.connections import Connection, cached_text
 from service.errors import InvalidInput
 from service.reports import Disk
 
@@ -117,7 +116,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
 
 async def get_nodes(conn: Connection, ids: Sequence[str]) -> dict[str, NodeRecord]:
     rows = await conn.execute(
-        text(f"SELECT {NODE_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
+        cached_text(f"SELECT {NODE_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
         {"ids": list(ids)},
     )
     return {row.id: node_from_row(row) for row in rows}
@@ -177,6 +176,7 @@ async def list_nodes(
         params["after"] = after
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     rows = await conn.execute(
-        text(f"SELECT {NODE_COLUMNS} FROM nodes n {clause} ORDER BY n.id LIMIT :first"), params
+        cached_text(f"SELECT {NODE_COLUMNS} FROM nodes n {clause} ORDER BY n.id LIMIT :first"),
+        params,
     )
     return [node_from_row(row) for row in rows]

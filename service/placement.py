@@ -46,7 +46,7 @@ from service.allocations import (
     store,
     store_statement,
 )
-from service.connections import Connection
+from service.connections import Connection, cached_text
 from service.rejections import Rejection, RejectionCode, invalid, shown
 from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
 from service.transactions import TransactionConflict
@@ -384,7 +384,7 @@ async def _fetch(
     # A one-node window is drawn at random from the best few times its size.
     scan = limit * 4 if limit == WINDOW else limit
     params = {**_params(request), "need": need, "limit": limit, "scan": scan, "skip": sorted(skip)}
-    rows = list(await conn.execute(text(_candidates_sql(request)), params))
+    rows = list(await conn.execute(cached_text(_candidates_sql(request)), params))
     facts = [f for f in (_facts(r) for r in rows) if judge(f, request).fits]
     return facts, len(rows) >= limit
 
@@ -662,7 +662,7 @@ async def _try_one_node(
         "scan": WINDOW * 4,
         "skip": sorted(skip),
     }
-    rows = list(await conn.execute(text(_pick_sql(request)), params))
+    rows = list(await conn.execute(cached_text(_pick_sql(request)), params))
     head = rows[0]
     if head.shard_id is not None:
         answer = _answer_stored(request, [shard_from_row(r) for r in rows])

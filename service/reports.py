@@ -94,13 +94,22 @@ def _plain(value: Any) -> Any:
 
     asdict deep-copies every leaf on the way, which made the digest a tenth
     of a registration's CPU; a report holds only dataclasses, tuples and
-    immutable leaves, so nothing needs copying.
+    immutable leaves, so nothing needs copying. The field names of each
+    report class are looked up once: is_dataclass and fields() per value were
+    most of what was left.
     """
-    if is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, tuple):
+    kind = type(value)
+    if kind is tuple:
         return [_plain(item) for item in value]
-    return value
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if not is_dataclass(value) or isinstance(value, type):
+            return [_plain(item) for item in value] if isinstance(value, tuple) else value
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(value))
+    return {name: _plain(getattr(value, name)) for name in names}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)
