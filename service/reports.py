@@ -99,6 +99,8 @@ def _plain(value: Any) -> Any:
     most of what was left.
     """
     kind = type(value)
+    if kind in _LEAVES:
+        return value
     if kind is tuple:
         return [_plain(item) for item in value]
     names = _FIELD_NAMES.get(kind)
@@ -110,6 +112,7 @@ def _plain(value: Any) -> Any:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_LEAVES = frozenset({str, int, bool, float, type(None)})
 
 
 @dataclass(frozen=True)
