@@ -16,7 +16,12 @@ from service.allocations import ShardRecord
 from service.connections import Connection, cached_text
 
 
-@dataclass(frozen=True)
+# GPUs and filesystems are read by the thousand for a page (8,000 GPUs in a
+# 1,000-node page): slotted, built positionally, and not frozen, because a
+# frozen dataclass sets each field through object.__setattr__, which made
+# building the records a tenth of a page's CPU (2.3 -> 0.4 us a record).
+# Nothing writes to them after the read: they live for one request.
+@dataclass(slots=True)
 class GpuRecord:
     node_id: str
     index: int
@@ -41,7 +46,7 @@ class FabricRecord:
     rate_gbps: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FilesystemRecord:
     node_id: str
     id: str
@@ -96,21 +101,12 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
                     hcas=tuple(hcas),
                     created_at=created_at,
                 )
-        out[node_id].append(
-            GpuRecord(
-                node_id=node_id,
-                index=idx,
-                uuid=uuid,
-                pci_bus_id=pci_bus_id,
-                name=name,
-                gpu_class=gpu_class,
-                memory_mb=memory_mb,
-                healthy=healthy,
-                health_reasons=tuple(reasons),
-                held_by=held_by,
-                shard=shard,
-            )
-        )
+        # Positionally, in GpuRecord's field order.
+        gpu = GpuRecord(
+            node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy,
+            tuple(reasons), held_by, shard,
+        )  # fmt: skip
+        out[node_id].append(gpu)
     return out
 
 
@@ -140,17 +136,12 @@ async def filesystems_of(
         ),
         {"ids": list(node_ids)},
     )
-    for r in rows:
-        out[r.node_id].append(
+    # By position, in the statement's column order (named access on a row is
+    # a Python-level lookup, two thousand times a page).
+    for node_id, fs_id, mount_point, fs_type, shared, free, total, directories in rows:
+        out[node_id].append(
             FilesystemRecord(
-                node_id=r.node_id,
-                id=r.fs_id,
-                mount_point=r.mount_point,
-                fs_type=r.fs_type,
-                shared=r.shared,
-                free_bytes=r.free_bytes,
-                total_bytes=r.total_bytes,
-                directories=tuple(r.directories),
+                node_id, fs_id, mount_point, fs_type, shared, free, total, tuple(directories)
             )
         )
     return out
