@@ -66,7 +66,8 @@ class SweepResult:
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:key)")
 
 # The sweep has been watching for at least `after` seconds (see run_sweeper).
-# Kept apart from the last_seen comparison, which ix_nodes_last_seen serves.
+# Kept apart from the last_seen comparison (a scan of nodes: last_seen is
+# deliberately unindexed, see migration 0003).
 _WATCHED = (
     "(CAST(:observing_since AS timestamptz) IS NULL"
     " OR CAST(:observing_since AS timestamptz) < now() - make_interval(secs => :after))"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import Api, StatementCounter
@@ -80,3 +81,37 @@ async def test_beats_of_alive_nodes_are_stamped_without_a_transaction(
     # The unknown node is looked up in a transaction (twice: the compiled
     # heartbeat leaves NODE_NOT_FOUND to graphql-core, which beats again).
     assert count_statements.transactions > 0
+
+
+async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """Both only move last_seen: HOT updates (no index entry), or the churn of a
+    cluster's beats bloats every index of nodes and slows every question until vacuum."""
+    from service import connections, nodes
+    from service.reports import NodeReport
+
+    ids = [f"gpu-{i:02d}" for i in range(5)]
+    for node_id in ids:
+        await api(REGISTER, {"input": node_input(node_id)})
+    plain = NodeReport(id="plain-01", hostname="plain-01", mgmt_addr="10.0.0.9")
+    async with connections.transaction(engine) as conn:
+        assert (await nodes.register_node(conn, plain)).created
+
+    async with connections.transaction(engine) as conn:
+        for _ in range(4):
+            await nodes.heartbeat_many(conn, ids)
+        registration = await nodes.register_node(conn, plain)
+        # This transaction's own counts: exact, not the sampled statistics.
+        updated, hot = (
+            await conn.execute(
+                text(
+                    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+                    " WHERE relname = 'nodes'"
+                )
+            )
+        ).one()
+
+    assert not registration.changed, "the same report again"
+    assert updated == 4 * len(ids) + 1
+    assert hot == updated
