@@ -98,19 +98,18 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
     async with connections.transaction(engine) as conn:
         assert (await nodes.register_node(conn, plain)).created
 
+    counts = text(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'nodes'"
+    )
     async with connections.transaction(engine) as conn:
+        # Counted on this backend around the writes: exact, not the sampled
+        # statistics (the backend may still hold counts of earlier work).
+        updated_before, hot_before = (await conn.execute(counts)).one()
         for _ in range(4):
             await nodes.heartbeat_many(conn, ids)
         registration = await nodes.register_node(conn, plain)
-        # This transaction's own counts: exact, not the sampled statistics.
-        updated, hot = (
-            await conn.execute(
-                text(
-                    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
-                    " WHERE relname = 'nodes'"
-                )
-            )
-        ).one()
+        updated_after, hot_after = (await conn.execute(counts)).one()
+    updated, hot = updated_after - updated_before, hot_after - hot_before
 
     assert not registration.changed, "the same report again"
     assert updated == 4 * len(ids) + 1
