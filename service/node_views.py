@@ -165,18 +165,26 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
     return where
 
 
-async def list_nodes(
-    conn: Connection, node_filter: NodeFilter, first: int, after: str | None = None
-) -> list[NodeRecord]:
-    """A page of nodes sorted by id; `after` is the last id of the previous page."""
+def page_clause(
+    node_filter: NodeFilter, first: int, after: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """WHERE ... ORDER BY ... LIMIT of a page over `nodes n`, and its parameters.
+
+    Also node_pages.py's page, so both ways of reading a page pick the same nodes.
+    """
     params: dict[str, Any] = {"first": first}
     where = _filter_sql(node_filter, params)
     if after is not None:
         where.append("n.id > :after")
         params["after"] = after
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = await conn.execute(
-        cached_text(f"SELECT {NODE_COLUMNS} FROM nodes n {clause} ORDER BY n.id LIMIT :first"),
-        params,
-    )
+    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    return f"{clause}ORDER BY n.id LIMIT :first", params
+
+
+async def list_nodes(
+    conn: Connection, node_filter: NodeFilter, first: int, after: str | None = None
+) -> list[NodeRecord]:
+    """A page of nodes sorted by id; `after` is the last id of the previous page."""
+    clause, params = page_clause(node_filter, first, after)
+    rows = await conn.execute(cached_text(f"SELECT {NODE_COLUMNS} FROM nodes n {clause}"), params)
     return [node_from_row(row) for row in rows]

@@ -139,6 +139,24 @@ async def client(engine: AsyncEngine, settings: Settings) -> AsyncIterator[httpx
         yield c
 
 
+@pytest.fixture
+async def both(
+    engine: AsyncEngine, settings: Settings
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
+    """Two apps on one database: direct execution on (the default), and Strawberry's view alone."""
+    clients = []
+    for direct in (True, False):
+        app = create_app(settings.replace(direct_execution=direct), engine=engine)
+        clients.append(
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory")
+        )
+    try:
+        yield clients[0], clients[1]
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
 class GraphQLFailure(AssertionError):
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__(errors[0].get("message") if errors else "no errors")

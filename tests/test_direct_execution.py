@@ -10,7 +10,6 @@ twice compares answers, not states.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import tokens
-from service.config import Settings
 from service.metrics import COUNTERS
-from service.web.app import create_app
 from tests.reports import (
     A100,
     ALLOCATE,
@@ -78,23 +75,6 @@ TWO_OPERATIONS = """
 query Classes { gpuClasses { gpuClass total free allocated unhealthy unschedulable } }
 query Fabrics { fabrics { name nodes { id } } }
 """
-
-
-@pytest.fixture
-async def both(
-    engine: AsyncEngine, settings: Settings
-) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:
-    clients = []
-    for direct in (True, False):
-        app = create_app(settings.replace(direct_execution=direct), engine=engine)
-        clients.append(
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory")
-        )
-    try:
-        yield clients[0], clients[1]
-    finally:
-        for client in clients:
-            await client.aclose()
 
 
 def _comparable(body: Any) -> Any:

@@ -30,7 +30,7 @@ from graphql import (
 from strawberry.schema.schema import validate_document
 
 if TYPE_CHECKING:
-    from .compiled_heartbeat import CompiledHeartbeat
+    from .direct import Plan
 
 # Agents' documents are a few hundred bytes; a page query a few kilobytes.
 MAX_CACHED_LENGTH: Final = 16_384
@@ -45,7 +45,7 @@ class Prepared:
     operations: dict[str | None, OperationDefinitionNode]
     # Per operation name, what direct.py compiled of it (None: nothing);
     # filled on first use.
-    compiled: dict[str | None, CompiledHeartbeat | None] = field(default_factory=dict)
+    compiled: dict[str | None, Plan | None] = field(default_factory=dict)
 
     def operation(self, name: str | None) -> OperationDefinitionNode | None:
         """The operation to run, as graphql-core picks it; None when that would be an error."""

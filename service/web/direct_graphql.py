@@ -100,8 +100,7 @@ class DirectGraphQL:
         count_executor("direct")
         _, operation_name, variables = ordinary
         context = self.context_for(Request(scope, receive))
-        response = await self.executor.execute(prepared, operation_name, variables, context)
-        encoded = json.dumps(response, separators=(",", ":")).encode()
+        encoded = await self.executor.execute(prepared, operation_name, variables, context)
         await send(
             {
                 "type": "http.response.start",

@@ -1,0 +1,202 @@
+"""A page of nodes built as JSON by PostgreSQL reads exactly like the one graphql-core builds.
+
+Each request goes to the service (direct execution on: a page of supported
+fields is compiled, service/graphql/compiled_page.py) and to Strawberry's own
+view on the same database; the answers must be equal, and the compiled one
+must have been one SQL statement.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.conftest import StatementCounter
+from tests.reports import A100, ALLOCATE, GB, H100, REGISTER, allocation, gpus, node_input, shard
+
+# Every field the compiled page can build, under aliases, with __typename.
+EVERYTHING = """
+query Page($first: Int, $after: ID) {
+  page: nodes(first: $first, after: $after) {
+    __typename id name: hostname mgmtAddr memoryTotalMb state stateReason stateChangedBy
+    schedulable agentVersion knowsItsWeights
+    localDisk { __typename freeBytes totalBytes } sharedDisk { freeBytes free: freeBytes }
+    gpus { __typename index uuid pciBusId name gpuClass memoryMb healthy healthReasons
+           allocation { shardId replicaId nodeId gpuIndices fabric hcas } }
+    storage { id mountPoint fsType shared freeBytes totalBytes directories }
+    allocations { __typename shardId replicaId nodeId gpuIndices fabric hcas }
+    fabrics { fabric hcas rateGbps }
+    weights { path sizeBytes }
+  }
+}
+"""
+
+BENCH_PAGE = """
+query Page($first: Int!) {
+  nodes(first: $first) {
+    id hostname state
+    gpus { index gpuClass healthy allocation { shardId } }
+    storage { id mountPoint freeBytes totalBytes }
+    allocations { shardId replicaId gpuIndices }
+  }
+}
+"""
+
+
+async def post(client: httpx.AsyncClient, query: str, variables: dict[str, Any]) -> Any:
+    response = await client.post("/graphql", json={"query": query, "variables": variables})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def both_ways(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    counter: StatementCounter,
+    query: str,
+    variables: dict[str, Any] | None = None,
+) -> tuple[Any, int]:
+    """The answer (equal both ways, keys in the same order) and the compiled side's page reads."""
+    before = counter.count
+    compiled = await post(both[0], query, variables or {})
+    # Reads of the inventory (not the token check, not the notices of earlier writes).
+    statements = sum(
+        1
+        for sql in counter.statements[before:]
+        if "api_tokens" not in sql and "pg_notify" not in sql
+    )
+    reference = await post(both[1], query, variables or {})
+    assert json.dumps(compiled) == json.dumps(reference)
+    return compiled, statements
+
+
+async def a_varied_cluster(api: Any, engine: AsyncEngine) -> None:
+    """Nodes that exercise every value: nulls, unhealthy GPUs, shared disks, shards, states."""
+    full = node_input(
+        "gpu-01",
+        memoryTotalMb=2_000_000,
+        gpus=[*gpus(A100, 3),
+              {"index": 3, "name": "NVIDIA A100-SXM4-40GB", "healthy": False,
+               "pciBusId": "00000000:18:00.0", "healthReasons": ["ecc_uncorrected", "xid_79"]}],
+        fabrics=[{"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 200},
+                 {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}],
+        storage=[
+            {"id": "nfs:1", "mountPoint": "/mnt/models", "fsType": "nfs4", "shared": True,
+             "freeBytes": 9000 * GB, "totalBytes": 10000 * GB},
+            {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
+             "freeBytes": 500 * GB, "totalBytes": 2000 * GB,
+             "directories": ["/data/models", "/data/cache"]},
+        ],
+        weights=[{"path": "/data/models/llama-3-70b", "sizeBytes": 140 * GB},
+                 {"path": "/data/models/a \"quoted\" näme"}],
+        agentVersion="1.4.0",
+    )  # fmt: skip
+    await api(REGISTER, {"input": full})
+    # Nothing known: no memory, disk, fabrics, weights or agent version.
+    await api(REGISTER, {"input": node_input("gpu-02", gpus=gpus(H100, 2, uuid=None))})
+    await api(REGISTER, {"input": node_input("gpu-03", gpus=gpus(H100, 8))})
+    await api(REGISTER, {"input": node_input("gpu-04", gpus=gpus(H100, 1))})
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE nodes SET liveness = 'lost', liveness_reason = 'no heartbeat for 10m'"
+                " WHERE id = 'gpu-04'"
+            )
+        )
+    # A shard whose indices were given out of order, and a second one.
+    two = await api(ALLOCATE, allocation("r1", shard("r1-s0", "gpu-01", 2, 0)))
+    assert two["allocate"]["__typename"] == "Allocated"
+    one = await api(ALLOCATE, allocation("r2", shard("r2-s0", "gpu-03", 5)))
+    assert one["allocate"]["__typename"] == "Allocated"
+    await api('mutation { cordonNode(id: "gpu-03", reason: "burn-in") { id } }')
+
+
+async def test_every_supported_field_reads_the_same_built_by_postgresql(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    count_statements: StatementCounter,
+) -> None:
+    await a_varied_cluster(api, engine)
+
+    answer, statements = await both_ways(both, count_statements, EVERYTHING)
+    assert statements == 1  # the whole page, details included, in one statement
+    page = answer["data"]["page"]
+    assert [n["id"] for n in page] == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    first = page[0]
+    assert first["gpus"][0]["allocation"]["gpuIndices"] == [0, 2]  # sorted, as stored records are
+    assert first["gpus"][1]["allocation"] is None
+    assert [f["fabric"] for f in first["fabrics"]] == ["ib-a", "ib-b"]
+    assert first["localDisk"] == {"__typename": "Disk", "freeBytes": 500 * GB,
+                                  "totalBytes": 2000 * GB}  # fmt: skip
+    assert page[1]["localDisk"] is None and page[1]["memoryTotalMb"] is None
+    assert page[2]["state"] == "CORDONED" and page[2]["stateReason"] == "burn-in"
+    assert page[3]["state"] == "LOST" and page[3]["stateReason"] == "no heartbeat for 10m"
+
+    # Paged: first and after, as variables.
+    second, statements = await both_ways(
+        both, count_statements, EVERYTHING, {"first": 2, "after": "gpu-01"}
+    )
+    assert statements == 1
+    assert [n["id"] for n in second["data"]["page"]] == ["gpu-02", "gpu-03"]
+
+    # The benchmark's page, and an empty one.
+    await both_ways(both, count_statements, BENCH_PAGE, {"first": 1000})
+    empty, _ = await both_ways(both, count_statements, EVERYTHING, {"after": "gpu-99"})
+    assert empty["data"]["page"] == []
+
+
+@pytest.mark.parametrize(
+    "query, variables",
+    [
+        # Fields the page does not build: graphql-core answers, as before.
+        ("{ nodes { id labels { key value } } }", {}),
+        ("{ nodes { id lastSeen } }", {}),
+        ('{ nodes { id freeGpus(gpuClass: "H100-80GB") { index } } }', {}),
+        ("{ nodes(filter: {schedulable: true}) { id } }", {}),
+        ("query($on: Boolean!) { nodes { id gpus @include(if: $on) { index } } }", {"on": False}),
+        ("{ nodes { id ...F } } fragment F on Node { hostname }", {}),
+        ("{ nodes { id id } }", {}),
+        # Arguments graphql-core must judge: out of range, wrong type, missing.
+        ("{ nodes(first: 0) { id } }", {}),
+        ("query($first: Int) { nodes(first: $first) { id } }", {"first": 5000}),
+        ("query($first: Int) { nodes(first: $first) { id } }", {"first": "2"}),
+        ("query($first: Int!) { nodes(first: $first) { id } }", {}),
+        ("query($after: ID) { nodes(after: $after) { id } }", {"after": 7}),
+    ],
+)
+async def test_anything_else_is_answered_as_before(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    count_statements: StatementCounter,
+    query: str,
+    variables: dict[str, Any],
+) -> None:
+    await a_varied_cluster(api, engine)
+    await both_ways(both, count_statements, query, variables)
+
+
+async def test_a_caller_without_the_role_is_refused_the_same_way(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    api_as: Any,
+) -> None:
+    await a_varied_cluster(api, engine)
+    agent = await api_as("agent", node_id="gpu-01")
+    assert agent.headers is not None
+    answers = []
+    for client in both:
+        response = await client.post(
+            "/graphql", json={"query": BENCH_PAGE, "variables": {"first": 10}},
+            headers=agent.headers,
+        )  # fmt: skip
+        answers.append(response.json())
+    assert answers[0] == answers[1]
+    assert answers[0]["data"] is None
+    assert answers[0]["errors"][0]["extensions"]["code"] == "FORBIDDEN"
