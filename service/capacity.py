@@ -38,16 +38,18 @@ class FabricMembers:
     node_ids: tuple[str, ...]
 
 
-async def free_gpus(
-    conn: Connection,
+def free_gpus_query(
     *,
     gpu_class: str | None,
     fabric: str | None,
     min_free: int,
     first: int,
     after: str | None = None,
-) -> list[NodeFreeGpus]:
-    """Healthy, unallocated GPUs on READY nodes: one entry per node with at least min_free."""
+) -> tuple[str, dict[str, Any]]:
+    """free_gpus' statement and parameters: rows (node_id, indices) in node order.
+
+    Also the source of node_pages.FreeGpusPage, so both ways answer the same nodes.
+    """
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
     params: dict[str, Any] = {"min_free": min_free, "first": first}
@@ -81,6 +83,22 @@ async def free_gpus(
         ) free
         ORDER BY page.node_id
     """
+    return sql, params
+
+
+async def free_gpus(
+    conn: Connection,
+    *,
+    gpu_class: str | None,
+    fabric: str | None,
+    min_free: int,
+    first: int,
+    after: str | None = None,
+) -> list[NodeFreeGpus]:
+    """Healthy, unallocated GPUs on READY nodes: one entry per node with at least min_free."""
+    sql, params = free_gpus_query(
+        gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=first, after=after
+    )
     rows = await conn.execute(cached_text(sql), params)
     return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
 

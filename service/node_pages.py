@@ -1,4 +1,4 @@
-"""A page of nodes with their details, as JSON built by PostgreSQL in one statement.
+"""Pages of nodes with their details, as JSON built by PostgreSQL in one statement.
 
 Why: a 1,000-node page with its GPUs, storage and allocations is about 50,000
 values. Read as rows, every one of them is decoded by asyncpg, wrapped in a
@@ -10,7 +10,8 @@ builds the answer (json_build_object per object, json_agg per list, in the
 same order and with the same values the records would give) and the service
 passes the text through.
 
-What a selection may name: the attributes below, by the records' own names
+Two pages: list_nodes' page (NodePage) and free_gpus' entries with their
+nodes (FreeGpusPage). What a selection may name: the attributes below, by the records' own names
 (NodeRecord, GpuRecord, FilesystemRecord, ShardRecord, FabricRecord,
 WeightsRecord), each with the expression of the JSON value that attribute
 holds. Anything else is not this module's to answer; the caller (the GraphQL
@@ -28,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
 
@@ -111,7 +113,9 @@ _LISTS: Mapping[str, tuple[Mapping[str, str], str, str]] = {
     "fabrics": (FABRIC, "FROM fabric_attachments fa WHERE fa.node_id = n.id", "fa.fabric"),
     "weights": (WEIGHTS, "FROM weights w WHERE w.node_id = n.id", "w.path"),
 }
-LISTS = frozenset(_LISTS)
+# An entry of capacity.free_gpus (NodeFreeGpus), over its row `q`: the node is
+# the whole node object, read in the same statement.
+FREE_GPUS: Mapping[str, str] = {"gpu_indices": "coalesce(q.indices, '{}')"}
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,10 @@ class _Statement:
                 f"(SELECT coalesce(json_agg({self.object(item, value.selection)}"
                 f" ORDER BY {order}), '[]') {source})"
             )
+        if kind is FREE_GPUS and attribute == "node":
+            return (
+                f"(SELECT {self.object(NODE, value.selection)} FROM nodes n WHERE n.id = q.node_id)"
+            )
         if kind is GPU and attribute == "shard":
             # The GPU's holding shard, joined in the gpus list: null when free.
             return (
@@ -189,6 +197,36 @@ class _Statement:
                 f" ELSE {self.object(SHARD, value.selection)} END"
             )
         raise Unsupported(attribute)
+
+
+class FreeGpusPage:
+    """capacity.free_gpus' answer with each entry as the selection says, built once."""
+
+    def __init__(self, selection: Sequence[Value]) -> None:
+        statement = _Statement()
+        self._entry = statement.object(FREE_GPUS, selection)  # raises Unsupported
+        self._params = statement.params
+
+    async def fetch(
+        self,
+        conn: Connection,
+        *,
+        gpu_class: str | None,
+        fabric: str | None,
+        min_free: int,
+        first: int,
+        after: str | None = None,
+    ) -> str:
+        """The entries free_gpus returns, as a JSON array, as text."""
+        query, params = free_gpus_query(
+            gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=first, after=after
+        )
+        # free_gpus_query names its parameters by word, ours are p<n>: no clash.
+        sql = (
+            f"SELECT coalesce(json_agg({self._entry} ORDER BY q.node_id), '[]')::text"
+            f" FROM ({query}) q"
+        )
+        return str(await conn.scalar(cached_text(sql), {**params, **self._params}))
 
 
 class NodePage:

@@ -1,13 +1,14 @@
-"""A page of nodes, compiled: PostgreSQL builds the answer's JSON (service/node_pages.py).
+"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/node_pages.py).
 
 Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is about
 50,000 values, and executing it field by field cost about 200 ms of service
 CPU, half PostGraphile's rate for the same page. PostgreSQL builds that JSON
 in a few milliseconds of its own CPU.
 
-Which documents: a query with one root field, `nodes`, whose only arguments
-are `first` and `after` (variables or literals), selecting Node fields that
-node_pages can express: leaves (IDs, strings, integers, booleans, Bytes, the
+Which documents: a query with one root field, `nodes` with only `first` and
+`after`, or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree,
+first, after), its arguments variables or literals, selecting fields that
+node_pages can express (freeGpus: gpuIndices and its node's fields). Node: leaves (IDs, strings, integers, booleans, Bytes, the
 NodeState enum), lists of leaves, localDisk/sharedDisk, and the detail lists
 gpus (with allocation), storage, allocations, fabrics and weights with their
 leaves; aliases and __typename too; no directives, fragments or repeated
@@ -31,7 +32,6 @@ from typing import Any
 
 import strawberry
 from graphql import (
-    EnumValueNode,
     FieldNode,
     GraphQLEnumType,
     GraphQLList,
@@ -58,8 +58,6 @@ from service import connections, node_pages, node_views
 from .context import Context
 from .permissions import check_role, role_of
 
-FIELD = "nodes"
-
 # Node's GraphQL fields and the attribute node_pages reads for each (Node.of's
 # own mapping, and the detail fields' loaders).
 NODE_FIELDS: Mapping[str, str] = {
@@ -82,6 +80,16 @@ NODE_FIELDS: Mapping[str, str] = {
     "weights": "weights",
 }
 
+# A freeGpus entry's fields (NodeFreeGpus) and what node_pages reads for each.
+FREE_GPUS_FIELDS: Mapping[str, str] = {"gpuIndices": "gpu_indices", "node": "node"}
+
+# The root fields compiled: their arguments' types.
+ROOTS: Mapping[str, Mapping[str, str]] = {
+    "nodes": {"first": "Int", "after": "ID"},
+    "freeGpus": {"gpuClass": "String", "fabric": "String", "minFree": "Int", "first": "Int",
+                 "after": "ID"},
+}  # fmt: skip
+
 # Leaves whose JSON PostgreSQL writes as the type's output coercion would: a
 # text, a 32-bit integer column (always within Int), a bigint (Bytes is a JSON
 # integer), a boolean. Any other scalar (DateTime, JSON...) is graphql-core's.
@@ -97,15 +105,18 @@ class _Declined(Exception):
 class CompiledPage:
     def __init__(
         self,
+        field: str,
         key: str,
-        page: node_pages.NodePage,
+        page: node_pages.NodePage | node_pages.FreeGpusPage,
         arguments: Mapping[str, tuple[str | None, Any, bool]],
     ) -> None:
+        self._field = field
         self._key = json.dumps(key).encode()
         self._page = page
         # argument -> (variable name or None, literal value, variable is non-null)
         self._arguments = arguments
-        self._role = role_of("Query", FIELD)
+        self._types = ROOTS[field]
+        self._role = role_of("Query", field)
 
     def _argument(self, name: str, variables: Mapping[str, Any]) -> Any:
         """The argument's value as the resolver would get it, or raise _Declined."""
@@ -120,7 +131,7 @@ class CompiledPage:
             if non_null:
                 raise _Declined
             return None
-        if name == "first":
+        if self._types[name] == "Int":
             if type(value) is not int or not GRAPHQL_MIN_INT <= value <= GRAPHQL_MAX_INT:
                 raise _Declined
         elif type(value) is not str:  # an ID may also be sent as an integer
@@ -130,25 +141,37 @@ class CompiledPage:
     async def run(self, variables: dict[str, Any] | None, context: Context) -> bytes | None:
         """The encoded response body, or None: graphql-core must answer this one."""
         try:
-            first = self._argument("first", variables or {})
-            after = self._argument("after", variables or {})
-            check_role(self._role, FIELD, context.principal, {"first": first, "after": after})
-            size = context.page_size(first)
+            given = {name: self._argument(name, variables or {}) for name in self._types}
+            check_role(self._role, self._field, context.principal, given)
+            size = context.page_size(given["first"])
             async with connections.autocommit(context.engine) as conn:
-                nodes = await self._page.fetch(conn, node_views.NodeFilter(), size, after)
+                if isinstance(self._page, node_pages.FreeGpusPage):
+                    min_free = given["minFree"]
+                    answer = await self._page.fetch(
+                        conn,
+                        gpu_class=given["gpuClass"],
+                        fabric=given["fabric"],
+                        min_free=1 if min_free is None else min_free,
+                        first=size,
+                        after=given["after"],
+                    )
+                else:
+                    answer = await self._page.fetch(
+                        conn, node_views.NodeFilter(), size, given["after"]
+                    )
         except Exception:
             return None
-        return b'{"data":{' + self._key + b":" + nodes.encode() + b"}}"
+        return b'{"data":{' + self._key + b":" + answer.encode() + b"}}"
 
 
-def _literal(name: str, value: ValueNode) -> Any:
+def _literal(type_name: str, value: ValueNode) -> Any:
     if isinstance(value, NullValueNode):
         return None
-    if name == "first" and isinstance(value, IntValueNode):
+    if type_name == "Int" and isinstance(value, IntValueNode):
         number = int(value.value)
         if GRAPHQL_MIN_INT <= number <= GRAPHQL_MAX_INT:
             return number
-    if name == "after" and isinstance(value, StringValueNode):
+    if type_name != "Int" and isinstance(value, StringValueNode):
         return value.value
     raise _Declined
 
@@ -189,7 +212,12 @@ class _Compiler:
     ) -> tuple[node_pages.Value, ...]:
         if selection_set is None:
             raise _Declined
-        names = NODE_FIELDS if parent.name == "Node" else self.python_names(parent.name)
+        if parent.name == "Node":
+            names = NODE_FIELDS
+        elif parent.name == "NodeFreeGpus":
+            names = FREE_GPUS_FIELDS
+        else:
+            names = self.python_names(parent.name)
         values: list[node_pages.Value] = []
         keys: set[str] = set()
         for selection in selection_set.selections:
@@ -250,33 +278,36 @@ def compile_page(
     if len(selections) != 1 or not isinstance(selections[0], FieldNode):
         return None
     root = selections[0]
-    if root.name.value != FIELD or root.directives:
+    field = root.name.value
+    root_type = schema._schema.query_type
+    if field not in ROOTS or root.directives or root_type is None:
         return None
-    node_type = schema._schema.get_type("Node")
-    if not isinstance(node_type, GraphQLObjectType):
+    entry_type = get_named_type(root_type.fields[field].type)
+    if not isinstance(entry_type, GraphQLObjectType):
         return None
+    types = ROOTS[field]
     try:
-        types = _variable_types(operation)
+        variable_types = _variable_types(operation)
         arguments: dict[str, tuple[str | None, Any, bool]] = {}
         for argument in root.arguments or ():
             name = argument.name.value
-            if name not in ("first", "after"):
+            if name not in types:
                 raise _Declined
             if isinstance(argument.value, VariableNode):
                 variable = argument.value.name.value
-                type_name, non_null = types.pop(variable, ("", False))
-                if type_name != ("Int" if name == "first" else "ID"):
+                type_name, non_null = variable_types.pop(variable, ("", False))
+                if type_name != types[name]:
                     raise _Declined
                 arguments[name] = (variable, None, non_null)
-            elif isinstance(argument.value, EnumValueNode):
-                raise _Declined
             else:
-                arguments[name] = (None, _literal(name, argument.value), False)
-        if types:  # a variable the page does not use: graphql-core still coerces it
+                arguments[name] = (None, _literal(types[name], argument.value), False)
+        if variable_types:  # a variable used twice, or not by these arguments
             raise _Declined
-        values = _Compiler(schema).selection(node_type, root.selection_set)
-        page = node_pages.NodePage(values)
+        values = _Compiler(schema).selection(entry_type, root.selection_set)
+        page: node_pages.NodePage | node_pages.FreeGpusPage = (
+            node_pages.FreeGpusPage(values) if field == "freeGpus" else node_pages.NodePage(values)
+        )
     except (_Declined, node_pages.Unsupported):
         return None
-    key = root.alias.value if root.alias else FIELD
-    return CompiledPage(key, page, arguments)
+    key = root.alias.value if root.alias else field
+    return CompiledPage(field, key, page, arguments)
