@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from benchmarks.questions import PAGE as BENCH_PAGE
 from service.gpu_pools import refresh_pools
 from tests.conftest import StatementCounter
 from tests.reports import A100, ALLOCATE, GB, H100, REGISTER, allocation, gpus, node_input, shard
@@ -44,17 +45,6 @@ query Free($cls: String, $fabric: String, $min: Int, $first: Int, $after: ID) {
     __typename gpuIndices
     node { id hostname state schedulable localDisk { freeBytes } fabrics { fabric hcas }
            gpus { index healthy allocation { shardId } } allocations { shardId gpuIndices } }
-  }
-}
-"""
-
-BENCH_PAGE = """
-query Page($first: Int!) {
-  nodes(first: $first) {
-    id hostname state
-    gpus { index gpuClass healthy allocation { shardId } }
-    storage { id mountPoint freeBytes totalBytes }
-    allocations { shardId replicaId gpuIndices }
   }
 }
 """
