@@ -7,12 +7,13 @@ in a few milliseconds of its own CPU.
 
 Which documents: a query with one root field, `nodes` with only `first` and
 `after`, or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree,
-first, after), its arguments variables or literals, selecting fields that
-node_pages can express (freeGpus: gpuIndices and its node's fields). Node: leaves (IDs, strings, integers, booleans, Bytes, the
-NodeState enum), lists of leaves, localDisk/sharedDisk, and the detail lists
-gpus (with allocation), storage, allocations, fabrics and weights with their
-leaves; aliases and __typename too; no directives, fragments or repeated
-response keys. Everything else (a filter, labels, timestamps, a field with
+first, after), its arguments variables or literals, selecting what
+node_pages can express. For freeGpus: gpuIndices and its node. For a node:
+leaves (IDs, strings, integers, booleans, Bytes, the NodeState enum), lists
+of leaves, localDisk/sharedDisk, and the detail lists gpus (with
+allocation), storage, allocations, fabrics and weights with their leaves.
+Aliases and __typename too; no directives, fragments or repeated response
+keys. Everything else (a filter, labels, timestamps, a field with
 arguments) runs through graphql-core as before.
 
 How it stays exact: the same role check and page-size rule as the resolver,
@@ -37,7 +38,6 @@ from graphql import (
     GraphQLList,
     GraphQLNonNull,
     GraphQLObjectType,
-    GraphQLSchema,
     IntValueNode,
     NamedTypeNode,
     NonNullTypeNode,
@@ -194,7 +194,6 @@ def _variable_types(operation: OperationDefinitionNode) -> dict[str, tuple[str, 
 
 class _Compiler:
     def __init__(self, schema: strawberry.Schema) -> None:
-        self._core: GraphQLSchema = schema._schema
         self._schema = schema
 
     def python_names(self, type_name: str) -> dict[str, str]:
