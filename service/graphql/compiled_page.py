@@ -5,21 +5,24 @@ Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is about
 CPU, half PostGraphile's rate for the same page. PostgreSQL builds that JSON
 in a few milliseconds of its own CPU.
 
-Which documents: a query with one root field, `nodes` with only `first` and
-`after`, or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree,
-first, after), its arguments variables or literals, selecting what
+Which documents: a query with one root field, `nodes` (filter, first, after)
+or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
+after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
 leaves (IDs, strings, integers, booleans, Bytes, the NodeState enum), lists
 of leaves, localDisk/sharedDisk, and the detail lists gpus (with
 allocation), storage, allocations, fabrics and weights with their leaves.
 Aliases and __typename too; no directives, fragments or repeated response
-keys. Everything else (a filter, labels, timestamps, a field with
-arguments) runs through graphql-core as before.
+keys. Everything else (labels, timestamps, a field with arguments) runs
+through graphql-core as before.
 
 How it stays exact: the same role check and page-size rule as the resolver,
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/test_compiled_page.py compares both ways field
-by field). Whatever graphql-core would have to decide (a variable of another
+by field). A filter is an input object: its value is computed by the very
+functions the executor and the resolver use (graphql-core's variable and
+argument coercion, Strawberry's conversion to the NodeFilter class), so no
+rule of theirs is restated here. Whatever graphql-core would have to decide (a variable of another
 type, a refused caller, a page size out of range, any failure) answers
 nothing here, and graphql-core runs the document as usual: a read, so running
 it again is harmless.
@@ -35,6 +38,7 @@ import strawberry
 from graphql import (
     FieldNode,
     GraphQLEnumType,
+    GraphQLField,
     GraphQLList,
     GraphQLNonNull,
     GraphQLObjectType,
@@ -50,7 +54,9 @@ from graphql import (
     VariableNode,
     get_named_type,
 )
+from graphql.execution.values import get_argument_values, get_variable_values
 from graphql.type.scalars import GRAPHQL_MAX_INT, GRAPHQL_MIN_INT
+from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
@@ -85,7 +91,7 @@ FREE_GPUS_FIELDS: Mapping[str, str] = {"gpuIndices": "gpu_indices", "node": "nod
 
 # The root fields compiled: their arguments' types.
 ROOTS: Mapping[str, Mapping[str, str]] = {
-    "nodes": {"first": "Int", "after": "ID"},
+    "nodes": {"filter": "NodeFilter", "first": "Int", "after": "ID"},
     "freeGpus": {"gpuClass": "String", "fabric": "String", "minFree": "Int", "first": "Int",
                  "after": "ID"},
 }  # fmt: skip
@@ -102,6 +108,40 @@ class _Declined(Exception):
     """The document is not one this module compiles."""
 
 
+class _ResolverArguments:
+    """A root field's arguments as its resolver receives them, computed as the executor would.
+
+    For arguments that are input objects (a nodes filter), where restating
+    graphql-core's coercion rules here would be a second copy of them:
+    graphql-core coerces the variables and the field's arguments, Strawberry
+    converts them into its input classes. A value graphql-core refuses
+    raises, and the caller lets graphql-core answer with its own error.
+    """
+
+    def __init__(
+        self,
+        schema: strawberry.Schema,
+        operation: OperationDefinitionNode,
+        field: GraphQLField,
+        node: FieldNode,
+        arguments: list[StrawberryArgument],
+    ) -> None:
+        self._core = schema._schema
+        self._definitions = operation.variable_definitions or ()
+        self._field = field
+        self._node = node
+        self._arguments = arguments
+        self._scalars = schema.schema_converter.scalar_registry
+        self._config = schema.config
+
+    def __call__(self, variables: dict[str, Any]) -> dict[str, Any]:
+        values = get_variable_values(self._core, self._definitions, variables)
+        if isinstance(values, list):  # errors: graphql-core's to word
+            raise _Declined
+        given = get_argument_values(self._field, self._node, values)
+        return convert_arguments(given, self._arguments, self._scalars, self._config)
+
+
 class CompiledPage:
     def __init__(
         self,
@@ -109,12 +149,16 @@ class CompiledPage:
         key: str,
         page: node_pages.NodePage | node_pages.FreeGpusPage,
         arguments: Mapping[str, tuple[str | None, Any, bool]],
+        resolver_arguments: _ResolverArguments | None = None,
     ) -> None:
         self._field = field
         self._key = json.dumps(key).encode()
         self._page = page
         # argument -> (variable name or None, literal value, variable is non-null)
         self._arguments = arguments
+        # Set when an argument is an input object (a filter): every argument
+        # is then computed the executor's way.
+        self._resolver_arguments = resolver_arguments
         self._types = ROOTS[field]
         self._role = role_of("Query", field)
 
@@ -141,9 +185,12 @@ class CompiledPage:
     async def run(self, variables: dict[str, Any] | None, context: Context) -> bytes | None:
         """The encoded response body, or None: graphql-core must answer this one."""
         try:
-            given = {name: self._argument(name, variables or {}) for name in self._types}
+            if self._resolver_arguments is not None:
+                given = self._resolver_arguments(variables or {})
+            else:
+                given = {name: self._argument(name, variables or {}) for name in self._types}
             check_role(self._role, self._field, context.principal, given)
-            size = context.page_size(given["first"])
+            size = context.page_size(given.get("first"))
             async with connections.autocommit(context.engine) as conn:
                 if isinstance(self._page, node_pages.FreeGpusPage):
                     min_free = given["minFree"]
@@ -156,8 +203,15 @@ class CompiledPage:
                         after=given["after"],
                     )
                 else:
+                    node_filter = given.get("filter_")
+                    after = given.get("after")
                     answer = await self._page.fetch(
-                        conn, node_views.NodeFilter(), size, given["after"]
+                        conn,
+                        node_filter.to_record()
+                        if node_filter is not None
+                        else node_views.NodeFilter(),
+                        size,
+                        str(after) if after is not None else None,
                     )
         except Exception:
             return None
@@ -286,12 +340,23 @@ def compile_page(
         return None
     types = ROOTS[field]
     try:
-        variable_types = _variable_types(operation)
+        resolver_arguments = None
+        if any(a.name.value == "filter" for a in root.arguments or ()):
+            resolver_arguments = _ResolverArguments(
+                schema,
+                operation,
+                root_type.fields[field],
+                root,
+                _strawberry_arguments(schema, field),
+            )
+        variable_types = _variable_types(operation) if resolver_arguments is None else {}
         arguments: dict[str, tuple[str | None, Any, bool]] = {}
         for argument in root.arguments or ():
             name = argument.name.value
             if name not in types:
                 raise _Declined
+            if resolver_arguments is not None:
+                continue
             if isinstance(argument.value, VariableNode):
                 variable = argument.value.name.value
                 type_name, non_null = variable_types.pop(variable, ("", False))
@@ -309,4 +374,14 @@ def compile_page(
     except (_Declined, node_pages.Unsupported):
         return None
     key = root.alias.value if root.alias else field
-    return CompiledPage(field, key, page, arguments)
+    return CompiledPage(field, key, page, arguments, resolver_arguments)
+
+
+def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:
+    query = schema.get_type_by_name("Query")
+    if not isinstance(query, StrawberryObjectDefinition):
+        raise _Declined
+    for f in query.fields:
+        if schema.config.name_converter.get_graphql_name(f) == field:
+            return list(f.arguments)
+    raise _Declined
