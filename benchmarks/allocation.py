@@ -91,10 +91,13 @@ ORDER BY g.node_id, g.idx
 
 # `p.free > 0` repeats ix_gpu_pools_free's predicate so the planner may use it
 # (a parameter alone does not imply it); without it the claim slowed tenfold
-# at 100k nodes.
+# at 100k nodes. `n.id >= $3` likewise: without it the planner merge-joined
+# nodes from its first row up to the random start (half the table on
+# average), which made this baseline collapse at 100k nodes.
 RAW_CANDIDATE = """
 SELECT n.id FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
 WHERE p.gpu_class = $1 AND p.schedulable AND p.free > 0 AND p.free >= $2 AND p.node_id >= $3
+  AND n.id >= $3
 ORDER BY p.node_id LIMIT 1
 FOR NO KEY UPDATE OF n SKIP LOCKED
 """
@@ -128,6 +131,19 @@ WITH shard AS (
 UPDATE gpu_pools SET allocated = allocated + 1, free = free - 1
 WHERE node_id = $2 AND gpu_class = $4
 """
+
+
+async def raw_claim(pool: asyncpg.Pool, node_ids: list[str], shard: str) -> int:
+    """One baseline claim of one H100 from a random starting node; 1 when it got one."""
+    start = random.choice(node_ids)
+    async with pool.acquire() as conn, conn.transaction():
+        node = await conn.fetchval(RAW_CANDIDATE, PLACE_CLASS, 1, start)
+        if node is None:
+            node = await conn.fetchval(RAW_CANDIDATE, PLACE_CLASS, 1, "")
+        if node is None:
+            return 0
+        done = await conn.fetchval(RAW_CLAIM, node, PLACE_CLASS, 1, shard)
+    return 1 if done else 0
 
 
 async def check_and_release(bench: Bench) -> int:
@@ -219,19 +235,10 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
         node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
         async with bench.pool(SCHEDULERS) as pool:
 
-            async def raw_claim(node_ids: list[str] = node_ids) -> int:
-                shard = f"bench-r{next(ids)}"
-                start = random.choice(node_ids)
-                async with pool.acquire() as conn, conn.transaction():
-                    node = await conn.fetchval(RAW_CANDIDATE, PLACE_CLASS, 1, start)
-                    if node is None:
-                        node = await conn.fetchval(RAW_CANDIDATE, PLACE_CLASS, 1, "")
-                    if node is None:
-                        return 0
-                    done = await conn.fetchval(RAW_CLAIM, node, PLACE_CLASS, 1, shard)
-                return 1 if done else 0
+            async def claim(node_ids: list[str] = node_ids) -> int:
+                return await raw_claim(pool, node_ids, f"bench-r{next(ids)}")
 
-            value, _ = await throughput([raw_claim] * SCHEDULERS, bench.seconds)
+            value, _ = await throughput([claim] * SCHEDULERS, bench.seconds)
             raw_place.add(value)
             wrong += await check_and_release(bench)
 

@@ -1,0 +1,158 @@
+"""Where a write's time goes: registerNode's and place's domain calls made in-process.
+
+The HTTP figures say how fast the service is; they do not say whether the
+rest is HTTP and GraphQL, the domain's Python or PostgreSQL. Here the same
+work runs again in this process, through the same functions the resolvers
+call (service.nodes.register_node, service.placement.place, each in
+service.transactions.in_transaction), with as many concurrent tasks as the
+HTTP figure has clients, and the machine's CPU is split per operation: this
+process's (the domain's Python, asyncpg included) and the rest of the
+machine's, which during this run is PostgreSQL (the service processes are
+idle). The raw baselines are split the same way, so "PostgreSQL per report"
+can be compared with what the plain statement costs it.
+
+Linux only (/proc/stat); elsewhere the section says it was skipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.allocation import PLACE_CLASS, SCHEDULERS, check_and_release, raw_claim
+from benchmarks.bench import Bench
+from benchmarks.cluster import node_input, to_report
+from benchmarks.measure import Figure, throughput
+from benchmarks.results import Row, fmt
+from benchmarks.writes import RAW_REGISTER, ReportSource, agent_nodes, changed_reporter
+from service.allocations import Allocated
+from service.config import Settings
+from service.db import create_engine, dispose
+from service.nodes import register_node
+from service.placement import place
+from service.reports import NodeReport
+from service.transactions import in_transaction
+from service.verdicts import PlaceRequest
+
+STAT = Path("/proc/stat")
+HAS_STAT = STAT.exists()
+AGENTS = 16
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has spent so far (user, nice, system)."""
+    fields = STAT.read_text().split("\n", 1)[0].split()
+    return sum(int(x) for x in fields[1:4]) / 100
+
+
+class Split:
+    """Per-operation CPU over rounds: this process's and the rest of the machine's, in ms."""
+
+    def __init__(self) -> None:
+        self.rate, self.here, self.rest = Figure(), Figure(), Figure()
+
+    async def measure(self, workers: list[Callable[[], Awaitable[int]]], seconds: float) -> None:
+        machine, here = machine_cpu(), time.process_time()
+        start = time.perf_counter()
+        rate, _ = await throughput(workers, seconds)
+        ops = rate * (time.perf_counter() - start)
+        self.rate.add(rate)
+        if ops:
+            mine = time.process_time() - here
+            self.here.add(mine / ops * 1000)
+            self.rest.add((machine_cpu() - machine - mine) / ops * 1000)
+
+    def words(self, here: str) -> str:
+        return f"{here} {fmt(self.here.median)} ms, PostgreSQL {fmt(self.rest.median)} ms"
+
+
+async def measure_layers(bench: Bench) -> int:
+    """Returns the number of double-booked GPUs and wrong pools seen (must be 0).
+
+    The in-process rounds run first, then the raw ones: the service
+    processes keep their pools open, and the engine's and a raw pool's
+    connections together would pass PostgreSQL's max_connections.
+    """
+    if not HAS_STAT:
+        bench.results.note("layers skipped: no /proc/stat to read the machine's CPU from")
+        return 0
+    source = ReportSource()
+    reports: dict[tuple[int, int], NodeReport] = {}
+    ids = itertools.count()
+    node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
+    registered, placed, raw_registered, claimed = Split(), Split(), Split(), Split()
+    wrong = 0
+
+    def reporters(
+        send: Callable[[int, int], Awaitable[None]],
+    ) -> list[Callable[[], Awaitable[int]]]:
+        return [
+            changed_reporter(bench, agent_nodes(bench.size, AGENTS, a), send) for a in range(AGENTS)
+        ]
+
+    engine = create_engine(bench.url, Settings(db_pool_size=SCHEDULERS, db_max_overflow=0))
+    try:
+
+        async def register(i: int, version: int) -> None:
+            if (i, version) not in reports:
+                reports[(i, version)] = to_report(node_input(i, version))
+            report = reports[(i, version)]
+            await in_transaction(engine, lambda conn: register_node(conn, report))
+
+        async def place_one() -> int:
+            request = PlaceRequest(f"bench-l{next(ids)}", PLACE_CLASS, gpus_per_shard=1)
+
+            async def work(conn: Any) -> object:
+                return await place(conn, request)
+
+            return 1 if isinstance(await in_transaction(engine, work), Allocated) else 0
+
+        for _ in range(bench.rounds):
+            await registered.measure(reporters(register), bench.seconds)
+            await placed.measure([place_one] * SCHEDULERS, bench.seconds)
+            wrong += await check_and_release(bench)
+    finally:
+        await dispose(engine)
+
+    async with bench.pool(SCHEDULERS) as pool:
+
+        async def raw_register(i: int, version: int) -> None:
+            await pool.fetchval(RAW_REGISTER, *source.raw(i, version))
+
+        async def claim() -> int:
+            return await raw_claim(pool, node_ids, f"bench-lr{next(ids)}")
+
+        for _ in range(bench.rounds):
+            await raw_registered.measure(reporters(raw_register), bench.seconds)
+            await claimed.measure([claim] * SCHEDULERS, bench.seconds)
+            wrong += await check_and_release(bench)
+
+    in_process = "domain call in-process (no HTTP, no GraphQL)"
+    bench.results.add(
+        Row(
+            bench.size,
+            f"registerNode's {in_process}, changed report, {AGENTS} tasks",
+            "req/s",
+            registered.rate,
+            "raw asyncpg, 1 statement",
+            raw_registered.rate,
+            note=f"CPU per report: {registered.words('domain Python')}; "
+            f"raw: {raw_registered.words('client')}",
+        )
+    )
+    bench.results.add(
+        Row(
+            bench.size,
+            f"place's {in_process}, 1x {PLACE_CLASS}, {SCHEDULERS} tasks",
+            "claims/s",
+            placed.rate,
+            "raw asyncpg, SKIP LOCKED claim",
+            claimed.rate,
+            note=f"CPU per claim: {placed.words('domain Python')}; "
+            f"raw: {claimed.words('client')}; double-booked GPUs or wrong pools: {wrong}",
+        )
+    )
+    return wrong
