@@ -24,7 +24,7 @@ import asyncpg
 
 from benchmarks.bench import Bench, close_all
 from benchmarks.client import Connection, request_body
-from benchmarks.measure import Figure, throughput
+from benchmarks.measure import Exhausted, Figure, throughput
 from benchmarks.results import Row, fmt
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schema.graphql"
@@ -186,6 +186,8 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
                 reply = await c.graphql(body)
                 kind = reply["data"]["place"]["__typename"]
                 note(f"place {kind}")
+                if kind == "Unplaceable":
+                    raise Exhausted
                 return 1 if kind == "Allocated" else 0
 
             return call
@@ -207,8 +209,8 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
             async def call() -> int:
                 slot = next(todo, None)
                 if slot is None:
-                    note("allocate ran out of free GPUs")
-                    return 0
+                    note("allocate rounds ended by a scheduler out of free GPUs")
+                    raise Exhausted
                 shard = f"bench-a{next(ids)}"
                 body = request_body(
                     ALLOCATE,
@@ -236,7 +238,9 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
         async with bench.pool(SCHEDULERS) as pool:
 
             async def claim(node_ids: list[str] = node_ids) -> int:
-                return await raw_claim(pool, node_ids, f"bench-r{next(ids)}")
+                if not await raw_claim(pool, node_ids, f"bench-r{next(ids)}"):
+                    raise Exhausted
+                return 1
 
             value, _ = await throughput([claim] * SCHEDULERS, bench.seconds)
             raw_place.add(value)
@@ -251,7 +255,7 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
                 async def call() -> int:
                     slot = next(todo, None)
                     if slot is None:
-                        return 0
+                        raise Exhausted
                     shard = f"bench-ra{next(ids)}"
                     async with pool.acquire() as conn, conn.transaction():
                         await conn.fetchval(RAW_LOCK, slot[0])

@@ -25,7 +25,7 @@ from typing import Any
 from benchmarks.allocation import PLACE_CLASS, SCHEDULERS, check_and_release, raw_claim
 from benchmarks.bench import Bench
 from benchmarks.cluster import node_input, to_report
-from benchmarks.measure import Figure, throughput
+from benchmarks.measure import Exhausted, Figure, throughput
 from benchmarks.results import Row, fmt
 from benchmarks.writes import RAW_REGISTER, ReportSource, agent_nodes, changed_reporter
 from service.allocations import Allocated
@@ -108,7 +108,9 @@ async def measure_layers(bench: Bench) -> int:
             async def work(conn: Any) -> object:
                 return await place(conn, request)
 
-            return 1 if isinstance(await in_transaction(engine, work), Allocated) else 0
+            if not isinstance(await in_transaction(engine, work), Allocated):
+                raise Exhausted  # no room left: the cluster's free H100s are taken
+            return 1
 
         for _ in range(bench.rounds):
             await registered.measure(reporters(register), bench.seconds)
@@ -123,7 +125,9 @@ async def measure_layers(bench: Bench) -> int:
             await pool.fetchval(RAW_REGISTER, *source.raw(i, version))
 
         async def claim() -> int:
-            return await raw_claim(pool, node_ids, f"bench-lr{next(ids)}")
+            if not await raw_claim(pool, node_ids, f"bench-lr{next(ids)}"):
+                raise Exhausted
+            return 1
 
         for _ in range(bench.rounds):
             await raw_registered.measure(reporters(raw_register), bench.seconds)
