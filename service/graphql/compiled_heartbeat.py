@@ -46,6 +46,7 @@ from strawberry.types.base import StrawberryObjectDefinition
 from service import heartbeats
 
 from .context import Context
+from .documents import only_root_field
 from .permissions import check_role, role_of
 from .types import Node
 
@@ -109,13 +110,8 @@ def compile_heartbeat(
 ) -> CompiledHeartbeat | None:
     """A CompiledHeartbeat for an operation of the shape above, else None."""
     core: GraphQLSchema = schema._schema
-    if operation.operation != OperationType.MUTATION or operation.directives:
-        return None
-    selections = operation.selection_set.selections
-    if len(selections) != 1 or not isinstance(selections[0], FieldNode):
-        return None
-    root = selections[0]
-    if root.name.value != FIELD or root.directives or root.selection_set is None:
+    root = only_root_field(operation, OperationType.MUTATION)
+    if root is None or root.name.value != FIELD or root.selection_set is None:
         return None
     arguments = root.arguments or ()
     if len(arguments) != 1 or arguments[0].name.value != "nodeId":

@@ -62,6 +62,7 @@ from strawberry.types.base import StrawberryObjectDefinition
 from service import connections, node_pages, node_views
 
 from .context import Context
+from .documents import only_root_field
 from .permissions import check_role, role_of
 
 # Node's GraphQL fields and the attribute node_pages reads for each (Node.of's
@@ -325,15 +326,12 @@ def compile_page(
     schema: strawberry.Schema, operation: OperationDefinitionNode
 ) -> CompiledPage | None:
     """A CompiledPage for an operation of the shape above, else None."""
-    if operation.operation != OperationType.QUERY or operation.directives:
+    root = only_root_field(operation, OperationType.QUERY)
+    if root is None:
         return None
-    selections = operation.selection_set.selections
-    if len(selections) != 1 or not isinstance(selections[0], FieldNode):
-        return None
-    root = selections[0]
     field = root.name.value
     root_type = schema._schema.query_type
-    if field not in ROOTS or root.directives or root_type is None:
+    if field not in ROOTS or root_type is None:
         return None
     entry_type = get_named_type(root_type.fields[field].type)
     if not isinstance(entry_type, GraphQLObjectType):

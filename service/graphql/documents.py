@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Final
 from graphql import (
     ASTValidationRule,
     DocumentNode,
+    FieldNode,
     GraphQLError,
     GraphQLSchema,
     OperationDefinitionNode,
+    OperationType,
     parse,
     specified_rules,
 )
@@ -105,3 +107,19 @@ class PreparedDocuments:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def only_root_field(operation: OperationDefinitionNode, kind: OperationType) -> FieldNode | None:
+    """The operation's one root field, when it is of this kind and asks for nothing else.
+
+    The shape every compiled operation starts from (compiled_heartbeat.py,
+    compiled_page.py): no directives on the operation or the field, no
+    fragment at the root.
+    """
+    if operation.operation != kind or operation.directives:
+        return None
+    selections = operation.selection_set.selections
+    if len(selections) != 1 or not isinstance(selections[0], FieldNode):
+        return None
+    root = selections[0]
+    return None if root.directives else root
