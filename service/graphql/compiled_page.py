@@ -22,10 +22,10 @@ value the record holds (tests/test_compiled_page.py compares both ways field
 by field). A filter is an input object: its value is computed by the very
 functions the executor and the resolver use (graphql-core's variable and
 argument coercion, Strawberry's conversion to the NodeFilter class), so no
-rule of theirs is restated here. Whatever graphql-core would have to decide (a variable of another
-type, a refused caller, a page size out of range, any failure) answers
-nothing here, and graphql-core runs the document as usual: a read, so running
-it again is harmless.
+rule of theirs is restated here. Whatever graphql-core would have to decide
+(a variable of another type, a refused caller, a page size out of range, any
+failure) answers nothing here, and graphql-core runs the document as usual:
+a read, so running it again is harmless.
 """
 
 from __future__ import annotations
