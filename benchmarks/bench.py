@@ -59,10 +59,18 @@ class Bench:
             cpu.add((self.service_cpu() - before) / ops * 1000)
         return rate, failed
 
-    def connections(self, count: int) -> list[Connection]:
-        """`count` client connections spread evenly over the service processes."""
+    def connections(
+        self, count: int, headers: list[dict[str, str]] | None = None
+    ) -> list[Connection]:
+        """`count` client connections spread evenly over the service processes.
+
+        Each with the bootstrap token, or with headers[i] (an agent's own token).
+        """
         return [
-            Connection(self.services[i % len(self.services)].url, HEADERS) for i in range(count)
+            Connection(
+                self.services[i % len(self.services)].url, headers[i] if headers else HEADERS
+            )
+            for i in range(count)
         ]
 
     @contextlib.asynccontextmanager

@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections, tokens
+from service import connections, token_lookups, tokens
 from service.config import Settings
 from service.errors import InventoryError
 
@@ -170,8 +170,7 @@ class Authenticator:
             return OPEN_ACCESS
         if self._bootstrap and hmac.compare_digest(secret.encode(), self._bootstrap.encode()):
             return BOOTSTRAP
-        async with connections.autocommit(self._engine()) as conn:
-            record = await tokens.authenticate(conn, secret)
+        record = await token_lookups.find_token(self._engine(), secret)
         if record is None:
             raise Unauthenticated("the token is unknown or revoked")
         self._in_force = True

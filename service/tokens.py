@@ -20,7 +20,7 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.engine import Row
 
-from service.connections import Connection
+from service.connections import Connection, cached_text
 from service.errors import InvalidInput, InventoryError
 from service.reports import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 
@@ -165,15 +165,20 @@ async def list_tokens(
 
 async def authenticate(conn: Connection, secret: str) -> TokenRecord | None:
     """The live token with this secret, or None (unknown or revoked)."""
-    row = (
-        await conn.execute(
-            text(
-                f"SELECT {_COLUMNS} FROM api_tokens WHERE digest = :digest AND revoked_at IS NULL"
-            ),
-            {"digest": digest(secret)},
-        )
-    ).one_or_none()
-    return None if row is None else _record(row)
+    key = digest(secret)
+    return (await authenticate_many(conn, [key])).get(key)
+
+
+async def authenticate_many(conn: Connection, digests: Sequence[str]) -> dict[str, TokenRecord]:
+    """The live tokens among these digests, by digest (unknown and revoked ones absent)."""
+    rows = await conn.execute(
+        cached_text(
+            f"SELECT digest, {_COLUMNS} FROM api_tokens"
+            " WHERE digest = ANY(CAST(:digests AS text[])) AND revoked_at IS NULL"
+        ),
+        {"digests": list(digests)},
+    )
+    return {row.digest: _record(row) for row in rows}
 
 
 async def any_tokens(conn: Connection) -> bool:
