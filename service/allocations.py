@@ -31,7 +31,7 @@ from sqlalchemy.engine import Row
 
 from service.connections import Connection, cached_text
 from service.events import note_recorded, record_event
-from service.gpu_pools import recount_after_holding, refresh_pools
+from service.gpu_pools import move_to_allocated, refresh_pools
 from service.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
 from service.reports import MAX_GPUS, MAX_ID_LENGTH
 
@@ -277,7 +277,7 @@ def store_statement(wanted: str) -> TextClause:
     otherwise). Parameters: :replica_id, :actor.
 
     Run it only while holding the nodes' row locks, in a statement started
-    after they were taken (see gpu_pools.recount_after_holding). A separate
+    after they were taken (see gpu_pools.move_to_allocated). A separate
     SAVEPOINT per claim would cost two more round trips, so a shard id or GPU
     that a concurrent commit took is not an error here: both inserts say ON
     CONFLICT DO NOTHING (an insert that meets an uncommitted row still waits
@@ -307,7 +307,7 @@ def store_statement(wanted: str) -> TextClause:
             SELECT (SELECT ok FROM go)
                    AND (SELECT count(*) FROM s) = (SELECT count(*) FROM want_shards)
                    AND (SELECT count(*) FROM held) = (SELECT count(*) FROM want_gpus) AS done
-        ), {recount_after_holding("held", "SELECT done FROM whole")}, logged AS (
+        ), {move_to_allocated("held", "SELECT done FROM whole")}, logged AS (
             -- The rows service.events.record_event writes, one per shard, in shard order.
             INSERT INTO events (kind, node_id, replica_id, shard_id, actor, detail)
             SELECT 'allocated', s.node_id, s.replica_id, s.shard_id, CAST(:actor AS text),
