@@ -18,14 +18,15 @@ nearly all of them, are one statement without BEGIN or COMMIT
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import weakref
+from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import nodes
+from service.batches import Batches
 from service.errors import NodeNotFound
 from service.node_views import NodeRecord
 from service.transactions import in_statement, in_transaction
@@ -42,56 +43,24 @@ class HeartbeatBatcher:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._waiting: dict[str, list[asyncio.Future[NodeRecord]]] = {}
-        self._writer: asyncio.Task[None] | None = None
+        self._batches: Batches[str, NodeRecord] = Batches(self._write, NodeNotFound, MAX_BATCH)
 
     async def beat(self, node_id: str) -> NodeRecord:
         """Record the beat; returns the node as committed, or raises NodeNotFound."""
-        future: asyncio.Future[NodeRecord] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(node_id, []).append(future)
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write_batches())
-        return await future
+        return await self._batches.ask(node_id)
 
-    async def _write_batches(self) -> None:
-        try:
-            while self._waiting:
-                batch = self._take_batch()
-                try:
-                    found = await in_statement(
-                        self._engine, functools.partial(nodes.heartbeat_alive, node_ids=list(batch))
-                    )
-                    # Unknown nodes and nodes coming back: their pools and
-                    # "back" events in one transaction with their beat.
-                    rest = [node_id for node_id in batch if node_id not in found]
-                    if rest:
-                        found |= await in_transaction(
-                            self._engine, functools.partial(nodes.heartbeat_many, node_ids=rest)
-                        )
-                except Exception as error:
-                    for futures in batch.values():
-                        for future in futures:
-                            if not future.done():
-                                future.set_exception(error)
-                    continue
-                for node_id, futures in batch.items():
-                    record = found.get(node_id)
-                    for future in futures:
-                        if future.done():  # its request was cancelled meanwhile
-                            continue
-                        if record is None:
-                            future.set_exception(NodeNotFound(node_id))
-                        else:
-                            future.set_result(record)
-        finally:
-            self._writer = None
-
-    def _take_batch(self) -> dict[str, list[asyncio.Future[NodeRecord]]]:
-        if len(self._waiting) <= MAX_BATCH:
-            batch, self._waiting = self._waiting, {}
-            return batch
-        ids = list(self._waiting)[:MAX_BATCH]
-        return {node_id: self._waiting.pop(node_id) for node_id in ids}
+    async def _write(self, batch: Sequence[str]) -> dict[str, NodeRecord]:
+        found = await in_statement(
+            self._engine, functools.partial(nodes.heartbeat_alive, node_ids=list(batch))
+        )
+        # Unknown nodes and nodes coming back: their pools and "back" events
+        # in one transaction with their beat.
+        rest = [node_id for node_id in batch if node_id not in found]
+        if rest:
+            found |= await in_transaction(
+                self._engine, functools.partial(nodes.heartbeat_many, node_ids=rest)
+            )
+        return found
 
 
 _batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.WeakKeyDictionary()

@@ -7,22 +7,22 @@ CPU and a second statement of PostgreSQL's for every beat: 64 agents beating
 with their own node tokens did 4,940 beats/s where the same beats with the
 bootstrap token (compared in memory) did 10,196/s.
 
-So, as for heartbeats (heartbeats.py), each process keeps one batch open: a
-lookup that arrives while the previous batch is being read waits for the
-next, which leaves as soon as the previous one is answered (no timer: a lone
-request is looked up at once). The next batch's statement starts after every
-lookup it carries arrived, so it sees every revocation committed before that
-request came in, exactly as a statement of its own would.
+So, as for heartbeats, each process keeps one batch open (service/batches.py):
+a lookup that arrives while the previous batch is being read waits for the
+next. The next batch's statement starts after every lookup it carries
+arrived, so it sees every revocation committed before that request came in,
+exactly as a statement of its own would.
 """
 
 from __future__ import annotations
 
-import asyncio
 import weakref
+from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import connections, tokens
+from service.batches import Batches
 from service.tokens import TokenRecord
 
 # Digests are 64 characters; a few hundred of them are one small array.
@@ -34,43 +34,17 @@ class TokenLookups:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._waiting: dict[str, list[asyncio.Future[TokenRecord | None]]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._batches: Batches[str, TokenRecord | None] = Batches(
+            self._read, lambda digest: None, MAX_BATCH
+        )
 
     async def find(self, secret: str) -> TokenRecord | None:
         """The live token with this secret, or None (unknown or revoked)."""
-        future: asyncio.Future[TokenRecord | None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(tokens.digest(secret), []).append(future)
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read_batches())
-        return await future
+        return await self._batches.ask(tokens.digest(secret))
 
-    async def _read_batches(self) -> None:
-        try:
-            while self._waiting:
-                batch = self._take_batch()
-                try:
-                    async with connections.autocommit(self._engine) as conn:
-                        found = await tokens.authenticate_many(conn, list(batch))
-                except Exception as error:
-                    for futures in batch.values():
-                        for future in futures:
-                            if not future.done():
-                                future.set_exception(error)
-                    continue
-                for digest, futures in batch.items():
-                    for future in futures:
-                        if not future.done():  # its request was cancelled meanwhile
-                            future.set_result(found.get(digest))
-        finally:
-            self._reader = None
-
-    def _take_batch(self) -> dict[str, list[asyncio.Future[TokenRecord | None]]]:
-        if len(self._waiting) <= MAX_BATCH:
-            batch, self._waiting = self._waiting, {}
-            return batch
-        digests = list(self._waiting)[:MAX_BATCH]
-        return {digest: self._waiting.pop(digest) for digest in digests}
+    async def _read(self, digests: Sequence[str]) -> dict[str, TokenRecord | None]:
+        async with connections.autocommit(self._engine) as conn:
+            return dict(await tokens.authenticate_many(conn, digests))
 
 
 _lookups: weakref.WeakKeyDictionary[AsyncEngine, TokenLookups] = weakref.WeakKeyDictionary()

@@ -1,0 +1,83 @@
+"""Requests that arrive together are answered together: one open batch per process.
+
+Agents send far more small requests than anything else (heartbeats, and the
+token lookup of every request), and PostgreSQL answers a hundred of them in
+one statement at about the cost of one. A Batches keeps one batch in flight:
+a request that arrives while a batch is being answered waits for the next
+one, and the next one leaves as soon as the previous one is answered. No
+timer: an idle service answers a lone request at once, a busy one in batches.
+
+A batch's statements start after every request it carries arrived, so each
+request sees everything committed before it came in, as a statement of its
+own would. A failed batch fails every request it carried, and the next batch
+starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Batches(Generic[K, V]):
+    """Answers `ask(key)` through `answer(keys)`, one batch of distinct keys at a time.
+
+    `answer` returns what it found by key; a key it leaves out gets
+    `missing(key)`, which may be an exception to raise in that caller.
+    """
+
+    def __init__(
+        self,
+        answer: Callable[[Sequence[K]], Awaitable[Mapping[K, V]]],
+        missing: Callable[[K], V | BaseException],
+        max_batch: int,
+    ) -> None:
+        self._answer = answer
+        self._missing = missing
+        self._max_batch = max_batch
+        self._waiting: dict[K, list[asyncio.Future[V]]] = {}
+        self._worker: asyncio.Task[None] | None = None
+
+    async def ask(self, key: K) -> V:
+        future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, []).append(future)
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._answer_batches())
+        return await future
+
+    async def _answer_batches(self) -> None:
+        try:
+            while self._waiting:
+                batch = self._take_batch()
+                try:
+                    found = await self._answer(list(batch))
+                except Exception as error:
+                    for futures in batch.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(error)
+                    continue
+                for key, futures in batch.items():
+                    for future in futures:
+                        if future.done():  # its request was cancelled meanwhile
+                            continue
+                        # Made per caller: an exception raised in several tasks
+                        # would share one traceback.
+                        outcome = found[key] if key in found else self._missing(key)
+                        if isinstance(outcome, BaseException):
+                            future.set_exception(outcome)
+                        else:
+                            future.set_result(outcome)
+        finally:
+            self._worker = None
+
+    def _take_batch(self) -> dict[K, list[asyncio.Future[V]]]:
+        if len(self._waiting) <= self._max_batch:
+            batch, self._waiting = self._waiting, {}
+            return batch
+        keys = list(self._waiting)[: self._max_batch]
+        return {key: self._waiting.pop(key) for key in keys}
