@@ -17,7 +17,7 @@ exactly as a statement of its own would.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -42,9 +42,9 @@ class TokenLookups:
         """The live token with this secret, or None (unknown or revoked)."""
         return await self._batches.ask(tokens.digest(secret))
 
-    async def _read(self, digests: Sequence[str]) -> dict[str, TokenRecord | None]:
+    async def _read(self, digests: Sequence[str]) -> Mapping[str, TokenRecord]:
         async with connections.autocommit(self._engine) as conn:
-            return dict(await tokens.authenticate_many(conn, digests))
+            return await tokens.authenticate_many(conn, digests)
 
 
 _lookups: weakref.WeakKeyDictionary[AsyncEngine, TokenLookups] = weakref.WeakKeyDictionary()

@@ -14,7 +14,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import token_lookups, tokens
-from tests.conftest import StatementCounter
+from tests.conftest import Api, StatementCounter
 from tests.reports import REGISTER, node_input
 
 HEARTBEAT = "mutation($id: ID!) { heartbeat(nodeId: $id) { id } }"
@@ -62,11 +62,11 @@ async def test_every_lookup_after_a_revocation_refuses_the_token(
 
 
 async def test_agents_beating_with_their_own_tokens_at_once_are_each_checked_for_their_node(
-    client: httpx.AsyncClient, api: object, engine: AsyncEngine
+    client: httpx.AsyncClient, api: Api, engine: AsyncEngine
 ) -> None:
     ids = [f"gpu-{i:02d}" for i in range(8)]
     for node_id in ids:
-        await api(REGISTER, {"input": node_input(node_id)})  # type: ignore[operator]
+        await api(REGISTER, {"input": node_input(node_id)})
     secrets = {node_id: await new_token(engine, "agent", node_id) for node_id in ids}
 
     async def beat(token_of: str, node_id: str) -> httpx.Response:
