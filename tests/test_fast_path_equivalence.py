@@ -21,13 +21,15 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
-from benchmarks.equivalence.differential import Differential, Normalizer
+from benchmarks.equivalence.differential import Differential, Normalizer, settings
 from benchmarks.equivalence.operations import Operation
 from service.migrations import upgrade
+from service.web.app import create_app
 
 OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))
 
@@ -90,6 +92,33 @@ def test_the_comparison_keeps_formats_and_seeded_values() -> None:
     assert normalize("tok_0123456789ab") == "tok_0123456789ab"
     assert normalize("tok_ffffffffffff") == normalize("tok_eeeeeeeeeeee") == "<new token>"
     assert normalize({"requestId": "a", "message": "x"}) == {"message": "x"}
+
+
+def test_an_app_that_answers_otherwise_is_caught(both: Both) -> None:
+    """The comparison is not blind: an app that differs from the reference in one rule (a
+    smaller page limit) is told apart on the operation that meets the rule, answer and all."""
+    loop, differential = both
+    stricter = create_app(settings(True).replace(max_page_size=2), engine=differential.engine)
+    fast = differential.fast
+    differential.fast = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=stricter), base_url="http://inventory"
+    )
+    try:
+        caught = loop.run_until_complete(
+            differential.compare(Operation(query="{ nodes(first: 3) { id } }"))
+        )
+        unaffected = loop.run_until_complete(
+            differential.compare(Operation(query="{ nodes(first: 2) { id } }"))
+        )
+    finally:
+        loop.run_until_complete(differential.fast.aclose())
+        differential.fast = fast
+    assert caught is not None and caught.what == "answer"
+    assert caught.fast.body["errors"][0]["message"] == "first=3: must be between 1 and 2"
+    assert caught.reference.body["data"]["nodes"] == [
+        {"id": "gpu-01"}, {"id": "gpu-02"}, {"id": "gpu-03"}
+    ]  # fmt: skip
+    assert unaffected is None
 
 
 # Regression tests: differences the generator found, each as the operation it found.
