@@ -22,7 +22,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from benchmarks.bench import TICKS, Bench, close_all
-from benchmarks.client import Connection, request_body
+from benchmarks.client import Connection, cycling, request_body
 from benchmarks.cluster import node_id
 from benchmarks.measure import Figure, throughput
 from benchmarks.results import Row, fmt
@@ -102,18 +102,7 @@ async def _round(target: Target, bodies: list[bytes], seconds: float, record: bo
     """CONNECTIONS connections to the target for `seconds`, each cycling over its bodies."""
     clients = [Connection(target.url, HEADERS) for _ in range(CONNECTIONS)]
 
-    def worker(c: Connection, mine: list[bytes]) -> Callable[[], Awaitable[int]]:
-        position = 0
-
-        async def call() -> int:
-            nonlocal position
-            await c.graphql(mine[position % len(mine)])
-            position += 1
-            return 1
-
-        return call
-
-    workers = [worker(c, bodies[i::CONNECTIONS] or bodies) for i, c in enumerate(clients)]
+    workers = [cycling(c, bodies[i::CONNECTIONS] or bodies) for i, c in enumerate(clients)]
     before = _cpu_seconds(target.pid)
     start = time.perf_counter()
     try:
