@@ -73,6 +73,9 @@ MISTAKES = (
 )
 
 
+BODIES = ("plain", "explicit nulls", "extensions", "variables not an object", "batch")
+
+
 @dataclass(frozen=True)
 class Operation:
     """One HTTP request: the JSON body and who sends it."""
@@ -83,18 +86,30 @@ class Operation:
     role: str | None = "operator"
     # What was done to the drawn document, for a person reading a difference.
     features: tuple[str, ...] = field(default=(), compare=False)
+    # How the JSON body is put together (BODIES): the front door decides from it
+    # which requests a fast route may see.
+    envelope: str = "plain"
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> Any:
         body: dict[str, Any] = {"query": self.query}
         if self.variables is not None:
             body["variables"] = self.variables
         if self.operation_name is not None:
             body["operationName"] = self.operation_name
+        if self.envelope == "explicit nulls":
+            body.setdefault("variables", None)
+            body.setdefault("operationName", None)
+        elif self.envelope == "extensions":
+            body["extensions"] = {}
+        elif self.envelope == "variables not an object":
+            body["variables"] = [self.variables]
+        elif self.envelope == "batch":
+            return [body]
         return body
 
     def describe(self) -> str:
         return (
-            f"role={self.role} operationName={self.operation_name!r} "
+            f"role={self.role} envelope={self.envelope} operationName={self.operation_name!r} "
             f"features={list(self.features)}\nquery:\n{self.query}\n"
             f"variables: {json.dumps(self.variables)}"
         )
@@ -386,7 +401,11 @@ def operations(draw: st.DrawFn, schema: GraphQLSchema, sdl: str) -> Operation:
         )
     query = graphql.print_ast(DocumentNode(definitions=tuple(definitions)))
     variables = dresser.values if dresser.definitions or draw(st.booleans()) else None
+    envelope = dresser.random.choice(BODIES) if dresser.chance(12) else "plain"
+    if envelope != "plain":
+        dresser.features.add(f"body: {envelope}")
     return Operation(
+        envelope=envelope,
         query=query,
         variables=variables,
         operation_name=operation_name,
