@@ -17,7 +17,6 @@ from typing import Any
 
 import strawberry
 from graphql import ExecutionResult, GraphQLSchema, Undefined, execute, parse
-from service.graphql.fast.execution import READY, PlainFieldExecutionContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.execution.is_awaitable import optimized_is_awaitable
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
@@ -25,6 +24,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from service.auth import OPEN_ACCESS
 from service.config import Settings
 from service.graphql.context import new_context
+from service.graphql.fast.execution import READY, PlainFieldExecutionContext
 from service.graphql.schema import schema as service_schema
 from tests.conftest import Api
 from tests.reports import (

@@ -20,8 +20,8 @@ from graphql import GraphQLError, OperationDefinitionNode, parse
 from graphql.execution.values import VariableValues, get_variable_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from service.graphql.fast.variables import Declined, compile_variables
 
+from service.graphql.fast.variables import Declined, compile_variables
 from service.graphql.schema import schema
 from tests.reports import ALLOCATE, PLACE, allocation, placement, shard
 from tests.test_direct_execution import FULL_REPORT

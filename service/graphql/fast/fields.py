@@ -21,6 +21,7 @@ from typing import Any
 import strawberry
 from strawberry.types.base import StrawberryObjectDefinition
 from strawberry.types.field import StrawberryField
+from strawberry.types.private import is_private
 
 from service.graphql.types import RECORD
 
@@ -38,6 +39,11 @@ def _definition(schema: strawberry.Schema, type_name: str) -> StrawberryObjectDe
     return definition
 
 
+def _fields(schema: strawberry.Schema, type_name: str) -> list[StrawberryField]:
+    """The type's GraphQL fields (its strawberry.Private attributes left out)."""
+    return [f for f in _definition(schema, type_name).fields if not is_private(f.type)]
+
+
 def _graphql_name(schema: strawberry.Schema, field: StrawberryField) -> str:
     return schema.config.name_converter.get_graphql_name(field)
 
@@ -46,7 +52,7 @@ def plain_fields(schema: strawberry.Schema, type_name: str) -> dict[str, Strawbe
     """GraphQL name -> field, for the type's fields that are attributes of its objects."""
     return {
         _graphql_name(schema, f): f
-        for f in _definition(schema, type_name).fields
+        for f in _fields(schema, type_name)
         if f.base_resolver is None and not f.extensions and not f.arguments
     }
 
@@ -54,7 +60,7 @@ def plain_fields(schema: strawberry.Schema, type_name: str) -> dict[str, Strawbe
 def record_attributes(schema: strawberry.Schema, type_name: str) -> dict[str, str]:
     """GraphQL name -> the record's attribute holding the field's value."""
     attributes: dict[str, str] = {}
-    for f in _definition(schema, type_name).fields:
+    for f in _fields(schema, type_name):
         metadata: Mapping[Any, Any] = f.metadata or {}
         plain = f.base_resolver is None and not f.extensions and not f.arguments
         answerable = (

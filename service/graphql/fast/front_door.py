@@ -5,25 +5,29 @@ It stands behind the guards (time limit, body size, token check) on POST
 scope's state. Strawberry's view (the reference) stands behind it: whatever
 the front door or a route declines is replayed to it unchanged.
 
-The front door itself declines (route `front_door`), with these reasons:
-`not_a_json_post` (GET, GraphiQL, multipart, or an Accept asking for a
-stream), `body_in_parts`, `body_not_ordinary` (not a JSON object of `query`,
-optional object `variables` and string `operationName`; batches,
-`extensions`, malformed JSON), `extension_not_honoured` (the schema has an
-extension the fast path cannot honour, see extensions.py), `document_not_valid`
-(parse or validation errors: Strawberry's words), `operation_not_found` and
-`subscription`.
+The front door itself declines (route `front_door`, Strawberry's view
+answers), with these reasons:
+
+| reason | the request |
+| --- | --- |
+| extension_not_honoured | any: the schema has an extension the fast path cannot honour (extensions.py) |
+| not_a_json_post | GET, GraphiQL, multipart, or an Accept asking for a stream |
+| body_in_parts | a body not handed over whole |
+| body_not_ordinary | not a JSON object of `query`, optional object `variables`, string `operationName` (batches, `extensions`, malformed JSON) |
+| document_not_valid | parse or validation errors: Strawberry's words |
+| operation_not_found | no operation of that name, or several and no name |
+| subscription | a subscription (only Strawberry's view streams) |
 
 Every other request is a prepared document's query or mutation (documents.py:
 parsed and validated once, by the schema's own rules and limits). Its
 operation's route is the first of ROUTES that compiles it, once per document,
 and graphql_core stands after it:
 
-| route | covers | why it is exact |
-| --- | --- | --- |
-| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node | the resolver's domain call and role check, the schema's serializers per leaf |
-| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (node_pages.py) | the resolver's role check, page size and page query; fields' record attributes read from the Strawberry types (fields.py) |
-| graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking |
+| route | covers | why it is exact | declines (then graphql_core answers) |
+| --- | --- | --- | --- |
+| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node | the resolver's domain call and role check, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
+| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (node_pages.py) | the resolver's role check, page size and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
+| graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
 plain fields completed without graphql-core's per-field machinery
@@ -183,6 +187,9 @@ class FrontDoor:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.not_honoured:
+            await self._decline("extension_not_honoured", scope, receive, send)
+            return
         if not _is_plain_json_post(scope):
             await self._decline("not_a_json_post", scope, receive, send)
             return
@@ -200,9 +207,6 @@ class FrontDoor:
         ordinary = _ordinary(request)
         if ordinary is None:
             await self._decline("body_not_ordinary", scope, replayed, send)
-            return
-        if self.not_honoured:
-            await self._decline("extension_not_honoured", scope, replayed, send)
             return
         query, operation_name, variables = ordinary
         prepared = self.documents.get(query)
