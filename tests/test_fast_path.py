@@ -46,18 +46,24 @@ def since(before: Counts) -> Counts:
     return {k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0)}
 
 
-async def test_switched_off_every_request_is_strawberrys_and_the_fast_path_counts_nothing(
-    both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _fast, reference = both
-    completed: list[int] = []
+@pytest.fixture
+def completed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per selection the plain-field completion answered at once (execution.py)."""
+    calls: list[int] = []
     plain = execution._complete_fields
 
     def counting(*args: Any) -> Any:
-        completed.append(1)
+        calls.append(1)
         return plain(*args)
 
     monkeypatch.setattr(execution, "_complete_fields", counting)
+    return calls
+
+
+async def test_switched_off_every_request_is_strawberrys_and_the_fast_path_counts_nothing(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], completed: list[int]
+) -> None:
+    _fast, reference = both
     before = fast_path()
     for body in (
         {"query": REGISTER, "variables": {"input": node_input("gpu-01", gpus=gpus(A100, 2))}},
@@ -74,18 +80,10 @@ async def test_switched_off_every_request_is_strawberrys_and_the_fast_path_count
 
 
 async def test_switched_on_plain_fields_are_completed_by_the_fast_path(
-    both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], completed: list[int]
 ) -> None:
     """The counterpart of the story above: the same spy does see the fast path when it is on."""
     fast, _reference = both
-    completed: list[int] = []
-    plain = execution._complete_fields
-
-    def counting(*args: Any) -> Any:
-        completed.append(1)
-        return plain(*args)
-
-    monkeypatch.setattr(execution, "_complete_fields", counting)
     await fast.post("/graphql", json={"query": REGISTER, "variables": {"input": node_input("n1")}})
     await fast.post("/graphql", json={"query": "{ nodes { id labels { key } } }"})
     assert completed
