@@ -159,6 +159,36 @@ async def test_a_beat_that_wrote_then_failed_is_not_beaten_again(
     assert beats == ["gpu-01", "gpu-01"]  # one write per app, none repeated
 
 
+async def test_a_beat_whose_answer_graphql_core_must_word_is_not_beaten_again(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-01")}})
+    # A value Int cannot represent: graphql-core's error to word, after the beat.
+    of = Node.of.__func__  # type: ignore[attr-defined]
+
+    def too_much_memory(cls: type[Node], record: Any) -> Node:
+        node = of(cls, record)
+        node.memory_total_mb = 2**40
+        return node
+
+    monkeypatch.setattr(Node, "of", classmethod(too_much_memory))
+    beats = _count_beats(monkeypatch, heartbeats.beat)
+    before = fast_path()
+    answer = await same_answer(
+        both,
+        {
+            "query": "mutation B($id: ID!) { heartbeat(nodeId: $id) { id memoryTotalMb } }",
+            "variables": {"id": "gpu-01"},
+        },
+    )
+    assert "32-bit" in answer["errors"][0]["message"]
+    assert beats == ["gpu-01", "gpu-01"]  # one beat per app
+    assert since(before) == {
+        ("heartbeat", "declined", "leaf_not_serializable"): 1,
+        ("graphql_core", "answered", ""): 1,
+    }
+
+
 def _count_beats(
     monkeypatch: pytest.MonkeyPatch, beat: Callable[[AsyncEngine, str], Awaitable[Any]]
 ) -> list[str]:
