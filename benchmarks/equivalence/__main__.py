@@ -19,6 +19,20 @@ from benchmarks.equivalence import Exploration, explore
 from benchmarks.equivalence.differential import Differential
 
 
+async def fast_path_counts(differential: Differential) -> dict[str, float]:
+    """The fast app's route counters, as its /metrics shows them: how many of the
+    generated operations a fast route answered or declined, and why."""
+    response = await differential.fast.get(
+        "/metrics", headers={"Authorization": f"Bearer {differential.secrets['operator']}"}
+    )
+    counts: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if line.startswith("inventory_fast_path_requests_total{"):
+            series, _, value = line.rpartition(" ")
+            counts[series.removeprefix("inventory_fast_path_requests_total")] = float(value)
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.equivalence", description=__doc__)
     parser.add_argument("--operations", type=int, default=2000)
@@ -51,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             migrate(url)
             differential = loop.run_until_complete(Differential.start(url))
             try:
+                before = loop.run_until_complete(fast_path_counts(differential))
                 found = explore(loop, differential, args.operations, chosen, progress)
+                after = loop.run_until_complete(fast_path_counts(differential))
             finally:
                 loop.run_until_complete(differential.close())
         finally:
@@ -63,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     print("reference answers: " + ", ".join(f"{k} {v}" for k, v in found.outcomes.most_common()))
     print("features: " + ", ".join(f"{k} {v}" for k, v in found.features.most_common()))
     print("reference's errors: " + "; ".join(f"{k!r} {v}" for k, v in found.errors.most_common(25)))
+    print("the fast app's routes (/metrics, inventory_fast_path_requests_total):")
+    for series, count in sorted(after.items()):
+        if count - before.get(series, 0):
+            print(f"  {series} {count - before.get(series, 0):g}")
     print(f"{len(found.differences)} differences")
     return 1 if found.differences else 0
 

@@ -146,7 +146,7 @@ def scalar_values() -> dict[str, st.SearchStrategy[ValueNode]]:
 
 # Root fields a fast route answers, drawn more often (the compiled heartbeat, the
 # compiled pages, and the questions schedulers ask most).
-FAVOURED = ("heartbeat", "nodes", "freeGpus", "node", "nodes", "freeGpus", "node", "heartbeat")
+FAVOURED = ("nodes", "freeGpus", "node", "nodes", "freeGpus", "node") + ("heartbeat",) * 5
 
 
 def drawn_documents(schema: GraphQLSchema, sdl: str) -> st.SearchStrategy[DocumentNode]:
@@ -190,6 +190,8 @@ class _Dresser:
         self.fragments: list[FragmentDefinitionNode] = []
         self.features: set[str] = set()
         self.aliases = 0
+        # Plain: aliases, variables and __typename only, as the compiled routes take them.
+        self.plain = False
         # Hypothesis's integers and its Random lean towards their bounds (0 far more often
         # than 1 in 100); a Random seeded from one draw is uniform and replays all the same.
         self.random = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
@@ -262,7 +264,7 @@ class _Dresser:
     # --- selections ----------------------------------------------------------------------
 
     def directives(self) -> tuple[DirectiveNode, ...]:
-        if not self.chance(12):
+        if self.plain or not self.chance(12):
             return ()
         self.features.add("directives")
         name = self.draw(st.sampled_from(["include", "skip"]))
@@ -332,7 +334,7 @@ class _Dresser:
                 FieldNode(name=NameNode(value="__typename"), arguments=(), directives=())
             )
         wrapped = SelectionSetNode(selections=tuple(selected))
-        if self.chance(15):
+        if not self.plain and self.chance(15):
             # The whole selection as a named fragment spread, or an inline
             # fragment without a type condition.
             if self.chance(70):
@@ -358,6 +360,41 @@ class _Dresser:
         return wrapped
 
 
+def compiled_shape(
+    selection_set: SelectionSetNode, parent: GraphQLNamedType, leaves_only: bool
+) -> SelectionSetNode:
+    """The selection without what no compiled route takes: fields with arguments below the
+    root, timestamps and key-value lists, and (for the heartbeat) anything but leaves."""
+    kept: list[SelectionNode] = []
+    for selection in selection_set.selections:
+        if not isinstance(selection, FieldNode) or not isinstance(parent, GraphQLObjectType):
+            continue
+        definition = parent.fields.get(selection.name.value)
+        if definition is None:
+            continue
+        named = get_named_type(definition.type)
+        root = parent.name in ("Query", "Mutation")
+        if (not root and definition.args) or named.name in ("DateTime", "KeyValue"):
+            continue
+        if selection.selection_set is None:
+            kept.append(selection)
+        elif root or not leaves_only:
+            inner = compiled_shape(selection.selection_set, named, leaves_only and not root)
+            if inner.selections:
+                kept.append(
+                    FieldNode(
+                        alias=selection.alias,
+                        name=selection.name,
+                        arguments=selection.arguments,
+                        directives=(),
+                        selection_set=inner,
+                    )
+                )
+    if not kept:
+        kept.append(FieldNode(name=NameNode(value="__typename"), arguments=(), directives=()))
+    return SelectionSetNode(selections=tuple(kept))
+
+
 @st.composite
 def operations(draw: st.DrawFn, schema: GraphQLSchema, sdl: str) -> Operation:
     document = draw(drawn_documents(schema, sdl))
@@ -371,6 +408,15 @@ def operations(draw: st.DrawFn, schema: GraphQLSchema, sdl: str) -> Operation:
     assert root is not None
     dresser = _Dresser(schema, draw)
     selection_set = operation.selection_set
+    root_fields = [s.name.value for s in selection_set.selections if isinstance(s, FieldNode)]
+    if root_fields in (["heartbeat"], ["nodes"], ["freeGpus"]) and dresser.chance(85):
+        # Shaped for the compiled routes (the heartbeat's leaves, a page's plain
+        # fields and lists), which take only what they can answer whole.
+        dresser.plain = True
+        dresser.features.add("compiled shape")
+        selection_set = compiled_shape(
+            selection_set, root, leaves_only=root_fields == ["heartbeat"]
+        )
     if dresser.chance(75):
         selection_set = dresser.selections(selection_set, root)
     name = None
