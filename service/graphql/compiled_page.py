@@ -16,7 +16,9 @@ Aliases and __typename too; no directives, fragments or repeated response
 keys. Everything else (labels, timestamps, a field with arguments) runs
 through graphql-core as before.
 
-How it stays exact: the same role check and page-size rule as the resolver,
+How it stays exact: the same role check and page rule as the resolver
+(service/paging.py: a page without `first` that stopped short answers
+PAGE_TRUNCATED at the field, where graphql-core would place it),
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/test_compiled_page.py compares both ways field
 by field). A filter is an input object: its value is computed by the very
@@ -53,6 +55,7 @@ from graphql import (
     ValueNode,
     VariableNode,
     get_named_type,
+    located_error,
 )
 from graphql.execution.values import get_argument_values, get_variable_values
 from graphql.type.scalars import GRAPHQL_MAX_INT, GRAPHQL_MIN_INT
@@ -147,12 +150,15 @@ class CompiledPage:
     def __init__(
         self,
         field: str,
+        root: FieldNode,
         key: str,
         page: node_pages.NodePage | node_pages.FreeGpusPage,
         arguments: Mapping[str, tuple[str | None, Any, bool]],
         resolver_arguments: _ResolverArguments | None = None,
     ) -> None:
         self._field = field
+        self._root = root
+        self._response_key = key
         self._key = json.dumps(key).encode()
         self._page = page
         # argument -> (variable name or None, literal value, variable is non-null)
@@ -191,7 +197,7 @@ class CompiledPage:
             else:
                 given = {name: self._argument(name, variables or {}) for name in self._types}
             check_role(self._role, self._field, context.principal, given)
-            size = context.page_size(given.get("first"))
+            request = context.page_request(given.get("first"))
             async with connections.autocommit(context.engine) as conn:
                 if isinstance(self._page, node_pages.FreeGpusPage):
                     min_free = given["minFree"]
@@ -200,7 +206,7 @@ class CompiledPage:
                         gpu_class=given["gpuClass"],
                         fabric=given["fabric"],
                         min_free=1 if min_free is None else min_free,
-                        first=size,
+                        request=request,
                         after=given["after"],
                     )
                 else:
@@ -211,12 +217,17 @@ class CompiledPage:
                         node_filter.to_record()
                         if node_filter is not None
                         else node_views.NodeFilter(),
-                        size,
+                        request,
                         str(after) if after is not None else None,
                     )
         except Exception:
             return None
-        return b'{"data":{' + self._key + b":" + answer.encode() + b"}}"
+        body = b'{"data":{' + self._key + b":" + answer.entries.encode() + b"}"
+        if answer.truncated is not None:
+            # Where and how graphql-core places it (execution.py): at the field.
+            error = located_error(answer.truncated, [self._root], [self._response_key])
+            body += b',"errors":[' + json.dumps(error.formatted).encode() + b"]"
+        return body + b"}"
 
 
 def _literal(type_name: str, value: ValueNode) -> Any:
@@ -372,7 +383,7 @@ def compile_page(
     except (_Declined, node_pages.Unsupported):
         return None
     key = root.alias.value if root.alias else field
-    return CompiledPage(field, key, page, arguments, resolver_arguments)
+    return CompiledPage(field, root, key, page, arguments, resolver_arguments)
 
 
 def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:
