@@ -170,12 +170,14 @@ async def stored(engine: AsyncEngine, sql: str) -> list[str]:
 
 
 def test_every_list_with_first_and_after_is_covered_here() -> None:
-    """A paged list added later must join LISTINGS, so it is held to the same rule."""
+    """A paged list added later must join LISTINGS, so it is held to the same rule and documented."""
     paged = set()
     for type_name, graphql_type in schema._schema.type_map.items():
         for field_name, field in getattr(graphql_type, "fields", {}).items():
             if {"first", "after"} <= set(getattr(field, "args", {})):
                 assert is_list_type(get_nullable_type(field.type))
+                # Its description tells a client what an unpaged call answers.
+                assert "PAGE_TRUNCATED" in (field.description or ""), field_name
                 paged.add(f"{type_name}.{field_name}")
     assert paged == {
         "Query.nodes",
