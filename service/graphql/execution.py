@@ -26,9 +26,6 @@ function is the resolver's own synchronous branch, so the value is the same;
 when it answers NOT_READY (nothing cached, or the load failed) the field goes
 to graphql-core, which calls the resolver as it always did. Three resolver
 calls per node through execute_field were a third of a 1,000-node page.
-
-It also places PAGE_TRUNCATED (pages.py): a list resolver's answer that
-stopped short carries its error, added here at the field's own path.
 """
 
 from __future__ import annotations
@@ -38,10 +35,7 @@ from operator import attrgetter
 from typing import Any
 
 from graphql import (
-    ExecutionResult,
-    ExperimentalIncrementalExecutionResults,
     GraphQLBoolean,
-    GraphQLError,
     GraphQLField,
     GraphQLID,
     GraphQLInt,
@@ -56,17 +50,12 @@ from graphql import (
     is_list_type,
     is_non_null_type,
     is_object_type,
-    located_error,
 )
 from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
 from graphql.pyutils import AwaitableOrValue, Path, Undefined, gather_with_cancel
 from graphql.type.scalars import GRAPHQL_MAX_INT, GRAPHQL_MIN_INT
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types.field import StrawberryField
-
-from service.paging import PageTruncated
-
-from .pages import Truncated
 
 # Completes one value of a planned output type, or raises: any exception means
 # "not the fast path's to answer", never an answer of its own.
@@ -136,8 +125,6 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         # every field, plain or not: with one, everything takes the stock path.
         manager = self.middleware_manager
         self._fast_path = not (manager is not None and manager.middlewares)
-        # Lists that stopped short: their PAGE_TRUNCATED errors, by field.
-        self._truncated: list[tuple[Path, FieldDetailsList, PageTruncated]] = []
 
     def execute_fields(
         self,
@@ -178,11 +165,6 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         # The resolver itself has already run in graphql-core's execute_field,
         # and a value the fast path declines is completed by graphql-core from
         # the start, so the fast path never leaves a half-made answer behind.
-        if type(result) is Truncated:
-            # Its entries are the answer; its error is added at this path once
-            # execution is done (build_response).
-            self._truncated.append((path, field_details_list, result.error))
-            result = list(result)
         if position_context is None and self._fast_path:
             key = (return_type, id(field_details_list))
             cached = self._value_completers.get(key)
@@ -202,25 +184,6 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         return super().complete_value(
             return_type, field_details_list, info, path, result, position_context
         )
-
-    def build_response(
-        self, data: dict[str, Any] | None
-    ) -> ExecutionResult | ExperimentalIncrementalExecutionResults:
-        """graphql-core's response, with each short list's PAGE_TRUNCATED error at its path.
-
-        Not for a list that an error nulled meanwhile (it answers no page), as
-        graphql-core keeps no error under a nulled position either.
-        """
-        collected = self.collected_errors
-        truncated = [
-            located_error(error, [details.node for details in field_details_list], path.as_list())
-            for path, field_details_list, error in self._truncated
-            if not collected.has_nulled_position(path)
-        ]
-        # In the document's order, not the order concurrent resolvers finished in.
-        truncated.sort(key=_document_order)
-        collected.errors.extend(truncated)
-        return super().build_response(data)
 
     def _execute_planned(
         self, parent_type: GraphQLObjectType, source: Any, path: Path | None, plan: Plan
@@ -356,12 +319,6 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
                 return None
             return _object(plan.entries, return_type.name, self.is_awaitable, non_null)
         return None
-
-
-def _document_order(error: GraphQLError) -> tuple[Any, ...]:
-    """Where a field's error sits: its place in the document, then its list indices."""
-    place = [(location.line, location.column) for location in error.locations or ()]
-    return (place, [(0, p) if isinstance(p, int) else (1, p) for p in error.path or ()])
 
 
 def _only_collection_directives(field_details_list: FieldDetailsList) -> bool:

@@ -2,16 +2,28 @@
 
 graphql-core gives a resolver no way to answer a value and an error for the
 same field: raising nulls the field. So the resolver returns a Truncated
-list, which carries the error; the execution context (execution.py), which
-knows the field's path and nodes, adds the error at that path and completes
-the entries as a plain list. The fast page route (compiled_page.py) places
-the same error at the same path itself.
+list, which carries the error, and the execution context (PageTruncation,
+part of the schema's on every route, fast or not) adds the error at that
+field's path and completes the entries as a plain list. The fast page route
+(compiled_page.py) places the same error at the same path itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from graphql import (
+    ExecutionResult,
+    ExperimentalIncrementalExecutionResults,
+    GraphQLError,
+    GraphQLOutputType,
+    GraphQLResolveInfo,
+    located_error,
+)
+from graphql.execution.collect_fields import FieldDetailsList
+from graphql.pyutils import AwaitableOrValue, Path
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from service.paging import Page, PageTruncated
 
@@ -44,3 +56,59 @@ def paged(what: str, cursor: str = "id") -> str:
         " entries and, when there are more, an error at this field with extensions.code"
         " PAGE_TRUNCATED and extensions.after, the cursor that continues."
     )
+
+
+class PageTruncation(StrawberryGraphQLCoreExecutionContext):
+    """Places each Truncated list's PAGE_TRUNCATED error at the list's path.
+
+    Comes first in the schema's execution context (schema.py), so the value
+    the next context completes (execution.py's plain-field completion) is a
+    plain list.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._truncated: list[tuple[Path, FieldDetailsList, PageTruncated]] = []
+
+    def complete_value(
+        self,
+        return_type: GraphQLOutputType,
+        field_details_list: FieldDetailsList,
+        info: GraphQLResolveInfo[Any],
+        path: Path,
+        result: Any,
+        position_context: Any,
+    ) -> AwaitableOrValue[Any]:
+        if type(result) is Truncated:
+            # Its entries are the answer; its error is added at this path once
+            # execution is done (build_response).
+            self._truncated.append((path, field_details_list, result.error))
+            result = list(result)
+        return super().complete_value(
+            return_type, field_details_list, info, path, result, position_context
+        )
+
+    def build_response(
+        self, data: dict[str, Any] | None
+    ) -> ExecutionResult | ExperimentalIncrementalExecutionResults:
+        """graphql-core's response, with each short list's PAGE_TRUNCATED error at its path.
+
+        Not for a list that an error nulled meanwhile (it answers no page), as
+        graphql-core keeps no error under a nulled position either.
+        """
+        collected = self.collected_errors
+        truncated = [
+            located_error(error, [details.node for details in field_details_list], path.as_list())
+            for path, field_details_list, error in self._truncated
+            if not collected.has_nulled_position(path)
+        ]
+        # In the document's order, not the order concurrent resolvers finished in.
+        truncated.sort(key=_document_order)
+        collected.errors.extend(truncated)
+        return super().build_response(data)
+
+
+def _document_order(error: GraphQLError) -> tuple[Any, ...]:
+    """Where a field's error sits: its place in the document, then its list indices."""
+    place = [(location.line, location.column) for location in error.locations or ()]
+    return (place, [(0, p) if isinstance(p, int) else (1, p) for p in error.path or ()])

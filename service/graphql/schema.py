@@ -22,6 +22,7 @@ from .event_queries import EventQueries
 from .execution import PlainFieldExecutionContext
 from .masking import MaskUnexpected
 from .mutations import NodeMutations
+from .pages import PageTruncation
 from .permissions import guard_root_fields
 from .placement import PlacementQueries
 from .queries import NodeQueries
@@ -59,6 +60,11 @@ LIMIT_RULES = (
     *MaxAliasesLimiter(max_alias_count=MAX_ALIASES).validation_rules,
 )
 
+
+class ExecutionContext(PageTruncation, PlainFieldExecutionContext):
+    """A short list says so (pages.py); plain fields are completed fast (execution.py)."""
+
+
 schema = strawberry.Schema(
     query=Query,
     mutation=Mutation,
@@ -66,7 +72,7 @@ schema = strawberry.Schema(
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
     # Plain fields (no resolver) completed without graphql-core's per-field
     # machinery: most of a 1,000-node page's CPU was that (execution.py).
-    execution_context_class=PlainFieldExecutionContext,
+    execution_context_class=ExecutionContext,
     extensions=[
         MaskUnexpected,
         lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
