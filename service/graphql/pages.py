@@ -21,11 +21,15 @@ from graphql import (
     GraphQLResolveInfo,
     located_error,
 )
-from graphql.execution.collect_fields import FieldDetailsList
 from graphql.pyutils import AwaitableOrValue, Path
-from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
 from service.paging import Page, PageTruncated
+
+from .fast.private_api import (
+    FieldDetailsList,
+    StrawberryGraphQLCoreExecutionContext,
+    add_field_errors,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -96,15 +100,13 @@ class PageTruncation(StrawberryGraphQLCoreExecutionContext):
         Not for a list that an error nulled meanwhile (it answers no page), as
         graphql-core keeps no error under a nulled position either.
         """
-        collected = self.collected_errors
         truncated = [
-            located_error(error, [details.node for details in field_details_list], path.as_list())
+            (path, located_error(error, [d.node for d in field_details_list], path.as_list()))
             for path, field_details_list, error in self._truncated
-            if not collected.has_nulled_position(path)
         ]
         # In the document's order, not the order concurrent resolvers finished in.
-        truncated.sort(key=_document_order)
-        collected.errors.extend(truncated)
+        truncated.sort(key=lambda entry: _document_order(entry[1]))
+        add_field_errors(self, truncated)
         return super().build_response(data)
 
 
