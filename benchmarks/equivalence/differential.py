@@ -49,10 +49,18 @@ _SECRET = re.compile(r"llmgw_[A-Za-z0-9_-]{20,}")
 _DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
 
 
+# Fewer than the seeded nodes: an unpaged list then stops short and says so
+# (PAGE_TRUNCATED), on every route that answers lists.
+MAX_PAGE_SIZE = 6
+
+
 def settings(direct_execution: bool) -> Settings:
-    """The service's settings from its environment, this one variable aside."""
+    """The same settings for both apps but this one variable."""
     return Settings.from_env(
-        {"INVENTORY_DIRECT_EXECUTION": "true" if direct_execution else "false"}
+        {
+            "INVENTORY_DIRECT_EXECUTION": "true" if direct_execution else "false",
+            "INVENTORY_MAX_PAGE_SIZE": str(MAX_PAGE_SIZE),
+        }
     )
 
 
