@@ -53,6 +53,7 @@ class Subscription:
         self.filter = event_filter
         self.queue: asyncio.Queue[EventRecord | None] = asyncio.Queue()
         self.overflowed = False
+        self.ended: BaseException | None = None
 
     def offer(self, event: EventRecord) -> None:
         if self.overflowed or not self.filter.matches(event):
@@ -66,10 +67,18 @@ class Subscription:
     def close(self) -> None:
         self._stream.unsubscribe(self)
 
+    def end(self, error: BaseException) -> None:
+        """Stop the subscriber with `error` (its token ended), ahead of any backlog."""
+        self.ended = error
+        self._stream.unsubscribe(self)
+        self.queue.put_nowait(None)
+
     async def __aiter__(self) -> AsyncIterator[EventRecord]:
         try:
             while True:
                 event = await self.queue.get()
+                if self.ended is not None:
+                    raise self.ended
                 if event is None:
                     raise SubscriberTooSlow(
                         f"fell {SUBSCRIBER_BACKLOG} events behind; resubscribe with `after`"

@@ -12,11 +12,12 @@ import json
 import re
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from service.ctl.client import Client, CtlError
 from service.ctl.output import DASH, add_output_option, print_json, table
+from service.ctl.times import since as parse_since
 
 # Where `ctl --help` lists these (after nodes).
 HELP_ORDER = 30
@@ -40,24 +41,6 @@ subscription Follow($nodeId: ID, $replicaId: ID, $kinds: [String!], $after: ID) 
   }
 }
 """
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_since(value: str) -> datetime:
-    """'90s', '15m', '2h', '7d' ago, or an ISO-8601 time."""
-    match = _DURATION.match(value.strip())
-    if match:
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        return datetime.now(UTC) - timedelta(seconds=seconds)
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--since={value!r}: expected a duration like 15m, 2h, 7d or an ISO-8601 time"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _time(value: str) -> str:

@@ -34,6 +34,18 @@ class Context:
     authenticator: Authenticator | None = None
     # graphql-transport-ws connection_init payload (strawberry fills it in).
     connection_params: dict[str, Any] | None = None
+    # A websocket's token ended (service/token_watch.py): "token revoked" or
+    # "token expired". Every later operation on the socket is refused, and
+    # its open subscriptions (`streams`) are ended with that error.
+    token_ended: str | None = None
+    streams: set[Any] = field(default_factory=set)
+
+    def end_token(self, status: str) -> None:
+        from service.auth import Unauthenticated
+
+        self.token_ended = f"token {status}"
+        for stream in list(self.streams):
+            stream.end(Unauthenticated(f"{self.token_ended}: this subscription ended"))
 
     async def write(self, work: Callable[[Connection], Awaitable[T]]) -> T:
         """Run one mutation's work in one transaction (retried on deadlock or serialization loss)."""
