@@ -13,6 +13,7 @@ from strawberry.types import Info as StrawberryInfo
 from service.auth import Authenticator, Principal
 from service.config import Settings
 from service.connections import Connection
+from service.event_stream import Subscription
 from service.graphql.loaders import Loaders
 from service.transactions import in_transaction
 
@@ -38,7 +39,7 @@ class Context:
     # "token expired". Every later operation on the socket is refused, and
     # its open subscriptions (`streams`) are ended with that error.
     token_ended: str | None = None
-    streams: set[Any] = field(default_factory=set)
+    streams: set[Subscription] = field(default_factory=set)
 
     def end_token(self, status: str) -> None:
         from service.auth import Unauthenticated
