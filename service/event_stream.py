@@ -27,6 +27,7 @@ from service import connections
 from service.errors import InventoryError
 from service.event_announcements import parse_payload
 from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
+from service.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,8 @@ class EventStream:
         self._task = asyncio.create_task(self._run(), name="event-stream")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     @property
     def listening(self) -> bool:

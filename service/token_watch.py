@@ -20,7 +20,6 @@ counted, and the next successful round catches up.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 from collections.abc import Callable, Hashable
@@ -28,6 +27,7 @@ from collections.abc import Callable, Hashable
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import connections, tokens
+from service.tasks import stop_task
 from service.tokens import Status
 
 log = logging.getLogger(__name__)
@@ -90,11 +90,8 @@ class TokenWatch:
         return count
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         # Runs only while something is watched: an idle process asks nothing.
