@@ -80,6 +80,10 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     register(live_service, node_input("gpu-02"))
     url = ("--url", live_service.url)
     follower = Follower(live_service.url, "--node", "gpu-02")
+    # Its history printed: what it prints from now on came through the live stream
+    # (a follower still starting when the service restarts below has never
+    # connected, and rightly gives up).
+    followed = follower.until("registered")
 
     code, out, _ = ctl(capsys, *url, "nodes")
     assert code == 0
@@ -137,7 +141,7 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     # The follower printed the history, then each change as it was made;
     # a restart of the service (a rolling deploy) is a pause, not an exit.
     try:
-        followed = follower.until("removed")
+        followed += follower.until("removed")
         live_service.restart()
         register(live_service, node_input("gpu-02"))
         followed += follower.until("registered")
