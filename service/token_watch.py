@@ -14,7 +14,8 @@ an expiry, which nobody announces; one mechanism covers both.
 
 While the database cannot be asked, nothing is ended (a token that cannot be
 checked is not thereby revoked): the failure is logged once per outage and
-counted, and the next successful round catches up.
+counted (inventory_token_recheck_failures_total), and the next successful
+round catches up.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable, Hashable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections, tokens
+from service import connections, metrics, tokens
 from service.tasks import stop_task
 from service.tokens import Status
 
@@ -50,8 +51,6 @@ class TokenWatch:
         self._holders: dict[Hashable, tuple[str, OnEnd]] = {}
         self._task: asyncio.Task[None] | None = None
         self._failing = False
-        self.failed_checks = 0
-        self.ended = 0
 
     def watch(self, key: Hashable, token_id: str, on_end: OnEnd) -> None:
         """Call `on_end(status)` once, when `token_id` is no longer active; `key` is the holder."""
@@ -84,9 +83,9 @@ class TokenWatch:
                 continue
             del self._holders[key]
             log.info("closing what token %s opened: it was %s", token_id, status)
+            metrics.COUNTERS.count_token_end(status)
             on_end(status)
             count += 1
-        self.ended += count
         return count
 
     async def stop(self) -> None:
@@ -100,7 +99,7 @@ class TokenWatch:
             try:
                 await self.check()
             except Exception as error:
-                self.failed_checks += 1
+                metrics.COUNTERS.count_token_check_failure()
                 if not self._failing:
                     log.warning(
                         "cannot re-check the tokens of %d open websockets (they stay open "

@@ -206,6 +206,12 @@ async def test_revoking_a_token_ends_its_subscriptions_in_every_process(
             assert error["extensions"]["code"] == "UNAUTHENTICATED"
             assert "token revoked" in error["message"]
 
+        # Counted where it happened, once per socket.
+        async with httpx.AsyncClient(timeout=10) as http:
+            for service in (a, b):
+                scrape = (await http.get(service.url.replace("/graphql", "/metrics"))).text
+                assert 'inventory_websockets_ended_by_token_total{status="revoked"} 1' in scrape
+
         # The socket stays open, but nothing more runs on it with that token.
         await on_b.send(
             json.dumps({"id": "2", "type": "subscribe", "payload": {"query": SUBSCRIPTION}})
