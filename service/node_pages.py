@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.availability import node_schedulable
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
@@ -41,7 +42,7 @@ NODE: Mapping[str, str] = {
     "mgmt_addr": "n.mgmt_addr",
     "memory_total_mb": "n.memory_total_mb",
     "state": "n.state",
-    "schedulable": "(n.state = 'ready')",
+    "schedulable": node_schedulable("n"),
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
     # The reason that explains the state (node_views.node_from_row): liveness

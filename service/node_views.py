@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
+from service.availability import is_schedulable, node_schedulable
 from service.connections import Connection, cached_text
 from service.errors import InvalidInput
 from service.reports import Disk
@@ -42,7 +43,7 @@ class NodeRecord:
 
     @property
     def schedulable(self) -> bool:
-        return self.state == "ready"
+        return is_schedulable(self.state)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
         where.append("n.state = :state")
         params["state"] = f.state
     if f.schedulable is not None:
-        where.append("n.state = 'ready'" if f.schedulable else "n.state <> 'ready'")
+        schedulable = node_schedulable("n")
+        where.append(schedulable if f.schedulable else f"NOT {schedulable}")
     if f.fabric is not None:
         where.append(
             "EXISTS (SELECT 1 FROM fabric_attachments fa"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
+from service.availability import node_schedulable, pool_counts
 from service.connections import Connection
 from service.errors import InvalidInput, NodeNotFound
 from service.events import note_recorded, record_event
@@ -179,12 +180,7 @@ _REPLACE_REPORT = text(
         SELECT idx, gpu_class, healthy FROM gpus
         WHERE node_id = :node_id AND NOT CAST(:changed AS boolean)
     ), counts AS (
-        -- The same partition as service.gpu_pools.refresh_pools.
-        SELECT g.gpu_class,
-               count(*) AS total,
-               count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL) AS unhealthy,
-               count(a.gpu_index) AS allocated,
-               count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL) AS free
+        SELECT g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
         FROM gpus_now g
         LEFT JOIN allocated_gpus a ON a.node_id = :node_id AND a.gpu_index = g.idx
         GROUP BY g.gpu_class
@@ -195,7 +191,7 @@ _REPLACE_REPORT = text(
         INSERT INTO gpu_pools AS p (
             node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
         SELECT :node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free,
-               n.state = 'ready'
+               {node_schedulable("n")}
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class
         {POOL_UPSERT}

@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from service.availability import pool_offers
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -144,7 +146,7 @@ Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
-    postgresql_where=text("schedulable AND free > 0"),
+    postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that
 # still fit are the first entries of this range, however large the cluster.
@@ -153,7 +155,7 @@ Index(
     gpu_pools.c.gpu_class,
     gpu_pools.c.free,
     gpu_pools.c.node_id,
-    postgresql_where=text("schedulable AND free > 0"),
+    postgresql_where=text(pool_offers("")),
 )
 
 fabric_attachments = Table(

@@ -29,6 +29,7 @@ query Nodes($first: Int, $after: ID) {
     localDisk { freeBytes totalBytes }
     fabrics { fabric }
     gpus { gpuClass healthy allocation { shardId } }
+    freeGpus { gpuClass }
   }
 }
 """
@@ -73,13 +74,16 @@ def state_text(node: dict[str, Any]) -> str:
 
 
 def gpu_counts(node: dict[str, Any]) -> str:
-    """'H100-80GB 4/8': free (healthy, unheld) out of total, per class."""
+    """'H100-80GB 4/8': free out of total, per class.
+
+    Free as the service says (Node.freeGpus): the rule has one home, service/availability.py.
+    """
     total: dict[str, int] = defaultdict(int)
     free: dict[str, int] = defaultdict(int)
     for gpu in node.get("gpus") or []:
         total[gpu["gpuClass"]] += 1
-        if gpu["healthy"] and gpu.get("allocation") is None:
-            free[gpu["gpuClass"]] += 1
+    for gpu in node.get("freeGpus") or []:
+        free[gpu["gpuClass"]] += 1
     if not total:
         return DASH
     return ", ".join(f"{cls} {free[cls]}/{total[cls]}" for cls in sorted(total))

@@ -10,6 +10,7 @@ from typing import Any
 import strawberry
 
 from service.allocations import ShardRecord
+from service.availability import is_free
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
 from service.errors import NodeNotFound
 from service.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
@@ -234,11 +235,7 @@ class Node:
     def free_gpus(self, info: Info, gpu_class: str | None = None) -> Any:
         def free(gpus: list[GpuRecord]) -> list[GpuRecord]:
             return [
-                g
-                for g in gpus
-                if g.healthy
-                and g.held_by is None
-                and (gpu_class is None or g.gpu_class == gpu_class)
+                g for g in gpus if is_free(g) and (gpu_class is None or g.gpu_class == gpu_class)
             ]
 
         return now_or_later(info.context.loaders.gpus, str(self.id), free)

@@ -16,8 +16,9 @@ const STATES = ["READY", "CORDONED", "DRAINING", "UNREACHABLE", "LOST"];
 
 const NODES_QUERY = `query DashboardNodes($after: ID) {
   nodes(after: $after) {
-    id hostname state stateReason stateChangedBy lastSeen
+    id hostname state schedulable stateReason stateChangedBy lastSeen
     gpus { gpuClass healthy allocation { shardId } }
+    freeGpus { gpuClass }
     fabrics { fabric }
     localDisk { freeBytes totalBytes }
   }
@@ -225,14 +226,12 @@ function formatAge(lastSeen) {
   return `${Math.floor(seconds / 86400)}d ago`;
 }
 
+// Free as the service says (Node.freeGpus): the rule lives in service/availability.py only.
 function gpuCounts(node) {
   const byClass = new Map();
-  for (const gpu of node.gpus) {
-    const count = byClass.get(gpu.gpuClass) || { free: 0, total: 0 };
-    count.total += 1;
-    if (gpu.healthy && !gpu.allocation) count.free += 1;
-    byClass.set(gpu.gpuClass, count);
-  }
+  const count = (cls) => byClass.get(cls) || byClass.set(cls, { free: 0, total: 0 }).get(cls);
+  for (const gpu of node.gpus) count(gpu.gpuClass).total += 1;
+  for (const gpu of node.freeGpus || []) count(gpu.gpuClass).free += 1;
   return [...byClass.entries()].sort(([a], [b]) => a.localeCompare(b));
 }
 
@@ -311,7 +310,7 @@ function nodeRow(node) {
       { class: "gpus" },
       ...(gpus.length
         ? gpus.map(([cls, c]) =>
-            node.state === "READY"
+            node.schedulable
               ? el("div", {}, `${c.free} / ${c.total} ${cls}`)
               : // Idle GPUs on a node that is not READY are not free for the schedulers.
                 el("div", { class: "unschedulable", title: `not schedulable: the node is ${node.state}` }, `${c.free} / ${c.total} ${cls}`),
