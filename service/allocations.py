@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
-from service.availability import gpu_usable, is_schedulable
+from service.availability import gpu_health_reasons, gpu_usable, is_schedulable
 from service.connections import Connection, cached_text
 from service.events import note_recorded, record_event
 from service.gpu_pools import move_to_allocated, refresh_pools
@@ -231,7 +231,7 @@ def state_phrase(state: str, admin_reason: str | None, liveness_reason: str | No
 _GPUS_ASKED = text(
     f"""
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
-           g.health_reasons, a.shard_id AS held_by
+           {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -518,6 +518,13 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
                 node_id=node_id,
                 gpu_index=index,
                 held_by=gpu.held_by,
+            )
+        if not gpu.usable and gpu.cordon_reason is not None:
+            return Rejection(
+                RejectionCode.GPU_CORDONED,
+                f"{where} is cordoned ({gpu.cordon_reason})",
+                node_id=node_id,
+                gpu_index=index,
             )
         if not gpu.usable:
             reasons = ", ".join(gpu.health_reasons) or "unhealthy"

@@ -44,18 +44,43 @@ def is_schedulable(state: str) -> bool:
     return state == SCHEDULABLE_STATE
 
 
+def gpu_healthy(g: str = "g") -> str:
+    """SQL: the GPU row `g` is healthy: its agent says so and no sticky reason remains.
+
+    A sticky reason (a critical XID, service/gpu_health.py) outlives healthy
+    reports until the GPU is reset: NVML forgets the XID, the service must not.
+    What Gpu.healthy shows, so a GPU is never shown healthy and refused as sick.
+    """
+    return f"({g}.healthy AND cardinality({g}.sticky_reasons) = 0)"
+
+
+def gpu_health_reasons(g: str = "g") -> str:
+    """SQL: the reasons gpu_healthy is false: the agent's and the sticky ones, sorted."""
+    return (
+        f"CASE WHEN cardinality({g}.sticky_reasons) = 0 THEN {g}.health_reasons"
+        f" ELSE ARRAY(SELECT DISTINCT r FROM unnest({g}.health_reasons || {g}.sticky_reasons) r"
+        " ORDER BY r) END"
+    )
+
+
 def gpu_usable(g: str = "g") -> str:
     """SQL: the GPU row `g` may be given new work, whether or not it is held now.
 
+    Healthy (gpu_healthy), and not cordoned by an operator (service/gpu_cordons.py).
     `g` names a row with the gpus table's columns (the table itself, or a
-    report's rows shaped like it).
+    report's rows shaped like it: USABLE_COLUMNS).
     """
-    return f"({g}.healthy)"
+    return f"({gpu_healthy(g)} AND {g}.cordon_reason IS NULL)"
 
 
-def is_usable(healthy: bool) -> bool:
-    """gpu_usable for a GPU's columns already read."""
-    return healthy
+# The gpus columns gpu_usable reads: a row source standing in for the table
+# (a report's GPUs in nodes._REPLACE_REPORT) must carry them.
+USABLE_COLUMNS = ("healthy", "sticky_reasons", "cordon_reason")
+
+
+def is_usable(healthy: bool, cordon_reason: str | None) -> bool:
+    """gpu_usable for a GPU already read, `healthy` being gpu_healthy's value."""
+    return healthy and cordon_reason is None
 
 
 def gpu_held(g: str = "g") -> str:
@@ -72,10 +97,16 @@ def gpu_free(g: str = "g") -> str:
 
 
 class GpuFacts(Protocol):
-    """What is_free reads of a GPU already loaded (service.hardware.GpuRecord)."""
+    """What is_free reads of a GPU already loaded (service.hardware.GpuRecord).
+
+    `healthy` is gpu_healthy's value (hardware.py reads it so).
+    """
 
     @property
     def healthy(self) -> bool: ...
+
+    @property
+    def cordon_reason(self) -> str | None: ...
 
     @property
     def held_by(self) -> str | None: ...
@@ -83,7 +114,7 @@ class GpuFacts(Protocol):
 
 def is_free(gpu: GpuFacts) -> bool:
     """gpu_free for a GPU already loaded with its holder."""
-    return is_usable(gpu.healthy) and gpu.held_by is None
+    return is_usable(gpu.healthy, gpu.cordon_reason) and gpu.held_by is None
 
 
 def pool_counts(g: str, held: str) -> str:

@@ -90,6 +90,20 @@ def count_executor(executor: str) -> None:
     COUNTERS.count_executor(executor)
 
 
+# XIDs reported to this process, by GPU class and XID (service/gpu_health.py),
+# counted once the report's transaction committed (a retried transaction
+# counts once). Apart from _Counters: one idea, one lock.
+_XIDS: dict[tuple[str, str], int] = defaultdict(int)
+_XIDS_LOCK = threading.Lock()
+
+
+def count_xids(xids: Iterable[tuple[str, int]]) -> None:
+    """Count committed XIDs, each a (GPU class, XID) pair; process-local."""
+    with _XIDS_LOCK:
+        for gpu_class, xid in xids:
+            _XIDS[(gpu_class, str(xid))] += 1
+
+
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     COUNTERS.observe_request(method, route, status, seconds)
 
@@ -251,6 +265,15 @@ def _process(out: Exposition) -> None:
         "counter",
         "Allocations refused by this process, by rejection code.",
         (((("code", code),), count) for code, count in sorted(rejections.items())),
+    )
+    with _XIDS_LOCK:
+        xids = sorted(_XIDS.items())
+    out.family(
+        "inventory_gpu_xids_total",
+        "counter",
+        "XID errors reported to this process by agents, by GPU class and XID; critical ones "
+        "(service/gpu_health.py) leave the GPU unhealthy until it is reset.",
+        (((("gpu_class", cls), ("xid", xid)), count) for (cls, xid), count in xids),
     )
     out.histogram(
         "inventory_http_request_duration_seconds",

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.availability import node_schedulable
+from service.availability import gpu_health_reasons, gpu_healthy, node_schedulable
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
@@ -45,6 +45,7 @@ NODE: Mapping[str, str] = {
     "schedulable": node_schedulable("n"),
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
+    "boot_id": "n.boot_id",
     # The reason that explains the state (node_views.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
     "state_reason": (
@@ -59,8 +60,9 @@ GPU: Mapping[str, str] = {
     "name": "g.name",
     "gpu_class": "g.gpu_class",
     "memory_mb": "g.memory_mb",
-    "healthy": "g.healthy",
-    "health_reasons": "g.health_reasons",
+    "healthy": gpu_healthy("g"),
+    "health_reasons": gpu_health_reasons("g"),
+    "cordon_reason": "g.cordon_reason",
 }
 SHARD: Mapping[str, str] = {
     "shard_id": "s.shard_id",

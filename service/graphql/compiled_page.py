@@ -78,6 +78,7 @@ NODE_FIELDS: Mapping[str, str] = {
     "schedulable": "schedulable",
     "agentVersion": "agent_version",
     "knowsItsWeights": "knows_its_weights",
+    "bootId": "boot_id",
     "localDisk": "local_disk",
     "sharedDisk": "shared_disk",
     "gpus": "gpus",

@@ -105,11 +105,21 @@ class Gpu:
     memory_mb: int | None
     healthy: bool
     health_reasons: list[str] = strawberry.field(
-        description="Why it is not healthy, e.g. ecc_uncorrected, foreign_process; empty when healthy."
+        description=(
+            "Why it is not healthy, e.g. ecc_uncorrected, foreign_process, or xid_79: a critical "
+            "XID, kept until the GPU is reset (a new bootId, or clearGpuHealth). Empty when healthy."
+        )
     )
     # The record's holding shard, read with the GPU: a plain field, not a
     # resolver call per GPU.
     shard: Allocation | None = strawberry.field(name="allocation", description="Null when free.")
+    cordon_reason: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Why an operator took this one GPU out of placement; null when it is not cordoned. "
+            "Survives re-registration."
+        ),
+    )
 
 
 @strawberry.type
@@ -195,6 +205,7 @@ class Node:
         description="Who cordoned or drained it, when an operator did."
     )
     registered_at: datetime
+    boot_id: str | None = None
 
     @classmethod
     def of(cls, node: NodeRecord) -> Node:
@@ -215,6 +226,7 @@ class Node:
             knows_its_weights=node.knows_its_weights,
             state_changed_by=node.state_actor,
             registered_at=node.registered_at,
+            boot_id=node.boot_id,
         )
 
     # The detail fields answer synchronously from the request's loaders when
@@ -229,7 +241,10 @@ class Node:
         return now_or_later(info.context.loaders.gpus, str(self.id), _as_loaded)
 
     @strawberry.field(
-        description="Healthy GPUs with no allocation, optionally of one class.",
+        description=(
+            "GPUs a scheduler may take now (healthy, not cordoned, not held), "
+            "optionally of one class."
+        ),
         graphql_type=list[Gpu],
     )
     def free_gpus(self, info: Info, gpu_class: str | None = None) -> Any:
