@@ -40,6 +40,7 @@ class GpuRecord:
     # `allocation` without a second lookup per GPU.
     shard: ShardRecord | None = None
     cordon_reason: str | None = None
+    sticky_reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ _GPUS = text(
     f"""
     SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb,
            {gpu_healthy("g")}, {gpu_health_reasons("g")}, a.shard_id, s.replica_id,
-           s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason
+           s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -90,7 +91,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
     # cost more than building the record, eight thousand times a page.
     for (
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
-        replica_id, indices, fabric, hcas, created_at, cordon_reason,
+        replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -108,7 +109,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         # Positionally, in GpuRecord's field order.
         gpu = GpuRecord(
             node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy,
-            tuple(reasons), held_by, shard, cordon_reason,
+            tuple(reasons), held_by, shard, cordon_reason, tuple(sticky),
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

@@ -63,6 +63,7 @@ GPU: Mapping[str, str] = {
     "healthy": gpu_healthy("g"),
     "health_reasons": gpu_health_reasons("g"),
     "cordon_reason": "g.cordon_reason",
+    "sticky_reasons": "g.sticky_reasons",
 }
 SHARD: Mapping[str, str] = {
     "shard_id": "s.shard_id",

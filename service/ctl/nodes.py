@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from service.ctl.client import Client, CtlError
+from service.ctl.gpu_verbs import marks_text
 from service.ctl.output import (
     DASH,
     add_output_option,
@@ -28,7 +29,7 @@ query Nodes($first: Int, $after: ID) {
     id state stateReason lastSeen
     localDisk { freeBytes totalBytes }
     fabrics { fabric }
-    gpus { gpuClass healthy allocation { shardId } }
+    gpus { index gpuClass cordonReason stickyReasons }
     freeGpus { gpuClass }
   }
 }
@@ -42,7 +43,7 @@ query Node($id: ID!) {
     localDisk { freeBytes totalBytes } sharedDisk { freeBytes totalBytes }
     fabrics { fabric hcas rateGbps }
     gpus {
-      index gpuClass name healthy healthReasons
+      index gpuClass name healthy healthReasons stickyReasons cordonReason
       allocation { shardId replicaId }
     }
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
@@ -95,13 +96,15 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
             n["id"],
             state_text(n),
             gpu_counts(n),
+            marks_text(n.get("gpus") or []),
             ",".join(f["fabric"] for f in n.get("fabrics") or []) or DASH,
             free_of_total(n.get("localDisk")),
             age(n.get("lastSeen")),
         ]
         for n in nodes
     ]
-    return table(["NODE", "STATE", "GPUS FREE/TOTAL", "FABRICS", "LOCAL DISK", "LAST SEEN"], rows)
+    headers = ["NODE", "STATE", "GPUS FREE/TOTAL", "GPUS MARKED", "FABRICS", "LOCAL DISK"]
+    return table([*headers, "LAST SEEN"], rows)
 
 
 def list_nodes(args: argparse.Namespace, client: Client) -> int:
@@ -143,10 +146,13 @@ def node_details(node: dict[str, Any]) -> str:
                 str(gpu["index"]),
                 gpu["gpuClass"],
                 "ok" if gpu["healthy"] else ", ".join(gpu["healthReasons"]) or "unhealthy",
+                ", ".join(gpu.get("stickyReasons") or []) or DASH,
+                gpu.get("cordonReason") or DASH,
                 f"{held['shardId']} (replica {held['replicaId']})" if held else DASH,
             ]
         )
-    lines.append(table(["GPU", "CLASS", "HEALTH", "HELD BY"], gpu_rows) if gpu_rows else "no GPUs")
+    headers = ["GPU", "CLASS", "HEALTH", "UNTIL RESET", "CORDONED", "HELD BY"]
+    lines.append(table(headers, gpu_rows) if gpu_rows else "no GPUs")
     fabrics = node.get("fabrics") or []
     if fabrics:
         lines.append("")

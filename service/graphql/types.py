@@ -120,6 +120,13 @@ class Gpu:
             "Survives re-registration."
         ),
     )
+    sticky_reasons: list[str] = strawberry.field(
+        default_factory=list,
+        description=(
+            "The healthReasons that outlive healthy reports (xid_<n>: a critical XID) until the "
+            "GPU is reset: a new bootId, or clearGpuHealth."
+        ),
+    )
 
 
 @strawberry.type
