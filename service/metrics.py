@@ -224,7 +224,8 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
     out.family(
         "inventory_gpus",
         "gauge",
-        "GPUs by class and status (free = healthy, unallocated, on a READY node; "
+        "GPUs by class and status (free = healthy, not cordoned, unallocated, on a READY node; "
+        "unhealthy = unallocated and unhealthy or cordoned; "
         "unschedulable = healthy and unallocated on a node that is not READY).",
         samples,
     )

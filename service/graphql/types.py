@@ -373,7 +373,8 @@ class Fabric:
     description=(
         "GPUs of one class across the cluster. total = free + allocated + unhealthy + "
         "unschedulable: an allocated GPU counts as allocated even when unhealthy, and a "
-        "healthy spare GPU on a node that is not READY counts as unschedulable."
+        "healthy spare GPU on a node that is not READY counts as unschedulable. unhealthy "
+        "also counts cordoned GPUs (cordonGpu): neither may be placed on."
     )
 )
 class GpuClassSummary:
