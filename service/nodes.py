@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from service import gpu_health
-from service.availability import USABLE_COLUMNS, node_schedulable, pool_counts
+from service.availability import USABLE_COLUMNS, gpu_usable, node_schedulable, pool_counts
 from service.connections import Connection
 from service.errors import InvalidInput, NodeNotFound
 from service.events import note_recorded, record_event
@@ -218,8 +218,24 @@ _REPLACE_REPORT = text(
         FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(item, ord)
         ORDER BY e.ord
         RETURNING id
+    ), failed AS (
+        -- A held GPU this report makes unusable keeps its allocation; its
+        -- holder is told (service/gpu_health.after_change does the same for
+        -- cordons and XIDs). `o` is the stored row, as before this statement.
+        INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
+        SELECT 'gpu_failed_under_allocation', :node_id, s.replica_id, s.shard_id, :actor,
+               'unhealthy: ' || array_to_string(i.health_reasons, ', '),
+               jsonb_build_object('index', i.idx, 'uuid', i.uuid)
+        FROM gpus_now g
+        JOIN g_in i ON i.idx = g.idx
+        JOIN gpus o ON o.node_id = :node_id AND o.idx = g.idx
+        JOIN allocated_gpus a ON a.node_id = :node_id AND a.gpu_index = g.idx
+        JOIN shards s ON s.shard_id = a.shard_id
+        WHERE CAST(:changed AS boolean) AND {gpu_usable("o")} AND NOT {gpu_usable("g")}
+        ORDER BY g.idx
+        RETURNING id
     )
-    SELECT recorded.id FROM recorded
+    SELECT id FROM recorded UNION ALL SELECT id FROM failed
     """
 )
 

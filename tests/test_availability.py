@@ -43,6 +43,9 @@ SECOND_DEFINITIONS = {
 
 # Lines that match a pattern but define nothing: (file, text on the line) -> why.
 NOT_DEFINITIONS = {
+    ("service/ctl/gpu_verbs.py", 'health = "healthy" if gpu["healthy"] else'): (
+        "shows a GPU's health, decides nothing"
+    ),
     ("service/nodes.py", 'if g.healthy else ["unhealthy"]'): (
         "a report's reasons: a GPU reported unhealthy without one still says so"
     ),

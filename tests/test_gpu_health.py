@@ -146,3 +146,30 @@ async def test_an_xid_that_is_not_a_positive_integer_changes_nothing(
 async def test_xids_that_are_not_integers_are_refused_by_type(api: Api) -> None:
     error = await api.fails(REGISTER, report("boot-a", {2: ["79"]}))
     assert "xids" in error["message"]
+
+
+async def test_a_gpu_reported_unhealthy_under_an_allocation_tells_its_holder(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, report("boot-a"))
+    await api(
+        'mutation { allocate(input: {replicaId: "r1", shards: [{shardId: "r1-s0", '
+        'nodeId: "gpu-01", gpuIndices: [1]}]}) { __typename } }'
+    )
+    sick = report("boot-a")
+    sick["input"]["gpus"][1] = {
+        **sick["input"]["gpus"][1],
+        "healthy": False,
+        "healthReasons": ["ecc_uncorrected"],
+    }
+
+    await api(REGISTER, sick)
+    await api(REGISTER, sick)  # unchanged: told once
+
+    told = (await api(EVENTS, {"kinds": ["gpu_failed_under_allocation"]}))["events"]
+    assert [(e["replicaId"], e["shardId"], e["reason"], e["detail"]) for e in told] == [
+        ("r1", "r1-s0", "unhealthy: ecc_uncorrected", {"index": 1, "uuid": "GPU-0001"})
+    ]
+    held = (await api('{ allocations(replicaId: "r1") { gpuIndices } }'))["allocations"]
+    assert held == [{"gpuIndices": [1]}]
+    assert await inconsistencies(engine) == []

@@ -38,15 +38,13 @@ def marks_text(gpus: list[dict[str, Any]]) -> str:
 
 def _verb(mutation: str, past: str, with_reason: bool) -> Any:
     def run(args: argparse.Namespace, client: Client) -> int:
-        variables: dict[str, Any] = {"node": args.node, "index": args.index}
-        signature = "$node: ID!, $index: Int!"
-        call = "nodeId: $node, index: $index"
+        arguments: dict[str, tuple[str, Any]] = {
+            "nodeId": ("ID!", args.node),
+            "index": ("Int!", args.index),
+        }
         if with_reason:
-            variables["reason"] = args.reason
-            signature += ", $reason: String!"
-            call += ", reason: $reason"
-        query = f"mutation GpuVerb({signature}) {{ {mutation}({call}) {{ {GPU_RESULT} }} }}"
-        gpu = client.execute(query, variables)[mutation]
+            arguments["reason"] = ("String!", args.reason)
+        gpu = client.mutate(mutation, arguments, GPU_RESULT)
         print(f"GPU {gpu['index']} on node {args.node} {past}: now {gpu_text(gpu)}")
         return 0
 

@@ -212,15 +212,10 @@ def show_node(args: argparse.Namespace, client: Client) -> int:
 
 def _verb(mutation: str, past: str, with_reason: bool) -> Any:
     def run(args: argparse.Namespace, client: Client) -> int:
-        variables: dict[str, Any] = {"id": args.id}
-        signature = "$id: ID!"
-        call = "id: $id"
+        arguments: dict[str, tuple[str, Any]] = {"id": ("ID!", args.id)}
         if with_reason:
-            variables["reason"] = args.reason
-            signature += ", $reason: String!"
-            call += ", reason: $reason"
-        query = f"mutation Verb({signature}) {{ {mutation}({call}) {{ {VERB_RESULT} }} }}"
-        node = client.execute(query, variables)[mutation]
+            arguments["reason"] = ("String!", args.reason)
+        node = client.mutate(mutation, arguments, VERB_RESULT)
         print(f"node {node['id']} {past}: now {state_text(node)}")
         return 0
 
