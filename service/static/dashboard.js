@@ -28,14 +28,17 @@ const SUMMARY_QUERY = `query DashboardSummary {
   fabrics { name }
 }`;
 // One node's GPUs and its XIDs of the last day, for the node view.
-const NODE_QUERY = `query DashboardNode($id: ID!, $since: DateTime) {
+const NODE_QUERY = `query DashboardNode($id: ID!) {
   node(id: $id) {
     id state
     gpus { index gpuClass healthy healthReasons stickyReasons cordonReason allocation { shardId replicaId } }
   }
-  events(nodeId: $id, kinds: ["gpu_xid"], since: $since) { id at reason detail }
+}`;
+const XIDS_QUERY = `query DashboardXids($id: ID!, $since: DateTime, $after: ID) {
+  events(nodeId: $id, kinds: ["gpu_xid"], since: $since, after: $after) { id at reason detail }
 }`;
 const XID_WINDOW_MS = 24 * 3600 * 1000;
+const XIDS_SHOWN = 50;
 const SUBSCRIPTIONS_QUERY = `query DashboardSubscriptions {
   __schema { subscriptionType { fields { name args { name type { kind } }
     type { kind ofType { kind ofType { kind ofType { kind } } } } } } }
@@ -109,6 +112,21 @@ async function loadAllNodes() {
   }
 }
 
+// The node and its latest XIDs since `since` (events come oldest first, in pages).
+async function loadNodeView(id, since) {
+  const data = await graphql(NODE_QUERY, { id });
+  const xids = [];
+  let after = null;
+  for (;;) {
+    const truncated = [];
+    const page = await graphql(XIDS_QUERY, { id, since, after }, truncated);
+    xids.push(...page.events);
+    xids.splice(0, Math.max(0, xids.length - XIDS_SHOWN));
+    if (!truncated.length) return { node: data.node, events: xids };
+    after = truncated[0];
+  }
+}
+
 async function refresh() {
   if (refreshing) {
     // Events arrive in bursts: one more read after the current one covers them all.
@@ -123,7 +141,7 @@ async function refresh() {
         const [nodes, summary, selected] = await Promise.all([
           loadAllNodes(),
           graphql(SUMMARY_QUERY),
-          view.selected ? graphql(NODE_QUERY, { id: view.selected, since }) : null,
+          view.selected ? loadNodeView(view.selected, since) : null,
         ]);
         view.selectedNode = selected;
         view.nodes = nodes;
