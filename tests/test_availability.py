@@ -53,6 +53,9 @@ NOT_DEFINITIONS = {
         "service/ctl/nodes.py",
         '"ok" if gpu["healthy"] else',
     ): "shows a GPU's health, decides nothing",
+    ("service/reports.py", "if gpu.healthy and gpu.health_reasons:"): (
+        "refuses a report that contradicts itself, decides no GPU's health"
+    ),
 }
 
 
