@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from cross_web import HTTPException
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -17,6 +18,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.types.unset import UNSET, UnsetType
 
 from service.auth import Authenticator
@@ -30,7 +32,9 @@ from service.graphql.schema import prepared_documents, schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.direct_graphql import DirectGraphQL
 from service.web.graphiql import GraphiQLPage
-from service.web.http_guards import decode_json_body, guard_graphql
+from service.web.graphql_http import graphql_endpoint
+from service.web.graphql_ws import CheckedTransportWS
+from service.web.http_guards import decode_json_body
 from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
 from service.web.operations import Background, operational_routes
 
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 
 
 class InventoryGraphQL(GraphQL[Context, None]):
+    graphql_transport_ws_handler_class = CheckedTransportWS
+
     def __init__(
         self, engine_ref: EngineRef, settings: Settings, vendor_dir: Path = VENDOR_DIR
     ) -> None:
@@ -74,6 +80,16 @@ class InventoryGraphQL(GraphQL[Context, None]):
         context = self._new_context(request, None)
         identify_http(context, request, self.authenticator)
         return context
+
+    async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_single(*args, **kwargs)
+        except HTTPException as refused:
+            # GraphQL over HTTP: a mutation sent with GET is 405 Method Not
+            # Allowed (Strawberry says 400); NegotiateMediaType makes it JSON.
+            if isinstance(refused.__cause__, InvalidOperationTypeError):
+                raise HTTPException(405, refused.reason) from refused
+            raise
 
     def decode_json(self, data: str | bytes) -> object:
         return decode_json_body(data)
@@ -150,7 +166,7 @@ def create_app(
     routes: list[Any] = [
         Route(
             "/graphql",
-            guard_graphql(
+            graphql_endpoint(
                 DirectGraphQL(
                     graphql_app,
                     DirectExecutor(schema, prepared_documents),

@@ -12,7 +12,6 @@ request, is replayed unchanged to Strawberry, which answers it as before.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,8 @@ from starlette.requests import Request
 from service.graphql.context import Context
 from service.graphql.direct import DirectExecutor
 from service.metrics import count_executor
-from service.web.http_guards import ASGIApp, Receive, Scope, Send, decode_json_body, replay
+from service.web.graphql_http import PARSED_BODY
+from service.web.http_guards import ASGIApp, Receive, Scope, Send, replay
 
 _KNOWN_KEYS = frozenset({"query", "variables", "operationName"})
 
@@ -78,18 +78,14 @@ class DirectGraphQL:
             await self.app(scope, receive, send)
             return
         message = await receive()
-        body = message.get("body", b"")
         if message["type"] != "http.request" or message.get("more_body", False):
             # BodySizeLimit hands the body over whole; anything else is not
             # ours to reassemble.
             count_executor("strawberry")
             await self.app(scope, replay(message, receive), send)
             return
-        try:
-            request = decode_json_body(body)
-        except json.JSONDecodeError:
-            request = None
-        ordinary = _ordinary(request)
+        # Parsed and checked by service/web/graphql_http.CheckRequest.
+        ordinary = _ordinary(scope.get("state", {}).get(PARSED_BODY))
         prepared = None
         if ordinary is not None:
             prepared = self.executor.prepare(ordinary[0], ordinary[1])
