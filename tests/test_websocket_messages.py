@@ -81,15 +81,22 @@ async def connect(service: LoggedService) -> Any:
         subprotocols=[PROTOCOL],  # type: ignore[list-item]
     )
     await socket.send(json.dumps({"type": "connection_init", "payload": {}}))
-    ack = json.loads(await socket.recv())
+    ack = await receive(socket)
     assert ack["type"] == "connection_ack", ack
     return socket
 
 
+async def receive(socket: Any) -> Any:
+    """The next message; a socket that answers nothing fails the test instead of hanging it."""
+    async with asyncio.timeout(10):
+        return json.loads(await socket.recv())
+
+
 async def closed_with(socket: Any) -> tuple[int, str]:
     with pytest.raises(websockets.ConnectionClosed) as closed:
-        while True:
-            await socket.recv()
+        async with asyncio.timeout(10):
+            while True:
+                await socket.recv()
     frame = closed.value.rcvd
     assert frame is not None
     return frame.code, frame.reason
@@ -134,13 +141,13 @@ async def test_a_malformed_subscribe_gets_a_coded_error_and_the_connection_stays
     socket = await connect(service)
     try:
         await socket.send(json.dumps({"type": "subscribe", "id": "a", "payload": payload}))
-        answer = json.loads(await socket.recv())
+        answer = await receive(socket)
         assert answer["type"] == "error" and answer["id"] == "a", answer
         [error] = answer["payload"]
         assert error["extensions"]["code"] == "BAD_REQUEST"
         assert phrase in error["message"]
         await socket.send(json.dumps({"type": "ping"}))
-        assert json.loads(await socket.recv())["type"] == "pong"
+        assert await receive(socket)["type"] == "pong"
     finally:
         await socket.close()
 
@@ -152,7 +159,7 @@ async def test_a_subscription_to_an_unknown_event_kind_is_bad_input_naming_the_k
     try:
         query = 'subscription { events(kinds: ["cordoned", "cordonned"]) { id } }'
         await socket.send(json.dumps({"type": "subscribe", "id": "k", "payload": {"query": query}}))
-        answer = json.loads(await socket.recv())
+        answer = await receive(socket)
         assert answer["type"] == "error", answer
         [error] = answer["payload"]
         assert error["extensions"]["code"] == "BAD_INPUT"
@@ -174,7 +181,7 @@ async def test_the_service_logs_one_info_line_per_malformed_message_and_no_trace
         await closed_with(socket)
     socket = await connect(service)
     await socket.send(json.dumps({"type": "subscribe", "id": "z", "payload": {"q": 1}}))
-    assert json.loads(await socket.recv())["type"] == "error"
+    assert await receive(socket)["type"] == "error"
     await socket.close()
     await asyncio.sleep(0.2)  # the last line reaches the file
     lines = service.log_lines()

@@ -42,8 +42,8 @@ BAD_INPUT: Final = "BAD_INPUT"
 BAD_REQUEST: Final = "BAD_REQUEST"
 
 # graphql-core's words for a variable's value that did not coerce, with the
-# path inside it: "Variable '$input' has invalid value.gpus[0].index: ...".
-_VARIABLE_PATH = re.compile(r"^Variable '\$\w+' has invalid value((?:\.\w+|\[\d+\])*)")
+# path inside it: "Variable '$input' has invalid value at .gpus[0].index: ...".
+_VARIABLE_PATH = re.compile(r"^Variable '\$\w+' has invalid value(?: at )?((?:\.\w+|\[\d+\])*)")
 
 
 def code_of(error: GraphQLError) -> str | None:

@@ -193,6 +193,9 @@ class RequireToken:
             try:
                 principal = await self.authenticator.principal(_header(scope, b"authorization"))
             except Unauthenticated as refused:
+                # An expected outcome: one line, no traceback.
+                log.info("refused a request (%s 401): %s", refused.code, refused.message,
+                         extra={"code": refused.code})  # fmt: skip
                 await send_error(
                     send, 401, refused.message, refused.code, [(b"www-authenticate", b"Bearer")]
                 )
