@@ -20,8 +20,8 @@ import strawberry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import tokens
-from service.graphql.direct import DirectExecutor
-from service.graphql.documents import PreparedDocuments
+from service.graphql.fast.direct import DirectOperation
+from service.graphql.fast.documents import PreparedDocuments
 from service.graphql.masking import MaskUnexpected
 from service.graphql.schema import InventorySchema
 from service.web.logs import RequestIdFilter
@@ -123,11 +123,16 @@ async def test_a_bug_logs_its_traceback_once_at_error_on_the_direct_route(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     broken = InventorySchema(query=Broken, extensions=[MaskUnexpected])
-    executor = DirectExecutor(broken, PreparedDocuments(broken._schema, (), 5000))
-    prepared = executor.prepare("{ bug }", None)
+    prepared = PreparedDocuments(broken._schema, (), 5000).get("{ bug }")
     assert prepared is not None
+    operation = prepared.operation(None)
+    assert operation is not None
     with caplog.at_level(logging.DEBUG):
-        answer = await executor.execute(prepared, None, None, FakeContext())  # type: ignore[arg-type]
+        answered = await DirectOperation(broken, prepared, operation, None).run(
+            None,
+            FakeContext(),  # type: ignore[arg-type]
+        )
+    answer = answered.body
     assert b'"internal error"' in answer and b"secret-internal-detail" not in answer
     with_traceback = [r for r in caplog.records if r.exc_info is not None]
     assert len(with_traceback) == 1, [r.getMessage() for r in caplog.records]

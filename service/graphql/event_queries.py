@@ -6,12 +6,13 @@ from datetime import datetime
 
 import strawberry
 
-from service import connections
+from service import connections, paging
 from service.errors import InvalidInput
 from service.events import EVENT_KINDS, EventFilter, list_events, unknown_kinds
 
 from .context import Info
 from .event_types import Event, event_id
+from .pages import answer, paged
 
 
 def event_filter(
@@ -35,10 +36,7 @@ def event_filter(
 @strawberry.type
 class EventQueries:
     @strawberry.field(
-        description=(
-            "Events oldest first, kept for INVENTORY_EVENT_RETENTION. Pass the last id of a "
-            "page as `after` for the next one."
-        )
+        description=paged("Events oldest first (by id), kept for INVENTORY_EVENT_RETENTION.")
     )
     async def events(
         self,
@@ -50,14 +48,14 @@ class EventQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[Event]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         async with connections.autocommit(info.context.engine) as conn:
             records = await list_events(
                 conn,
                 event_filter(node_id, replica_id, kinds),
-                first=page,
+                first=request.limit,
                 after=event_id(after),
                 since=since,
                 retention=info.context.settings.event_retention,
             )
-        return [Event.of(r) for r in records]
+        return answer(paging.cut(records, request, lambda r: str(r.id)), Event.of)

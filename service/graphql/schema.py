@@ -19,11 +19,11 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.tools import merge_types
 
 from .allocation_mutations import AllocationMutations
-from .documents import PreparedDocuments
 from .event_queries import EventQueries
-from .execution import PlainFieldExecutionContext
+from .fast.execution import PlainFieldExecutionContext
 from .masking import MaskUnexpected, log_expected
 from .mutations import NodeMutations
+from .pages import PageTruncation
 from .permissions import guard_root_fields
 from .placement import PlacementQueries
 from .queries import NodeQueries
@@ -63,6 +63,10 @@ LIMIT_RULES = (
 )
 
 
+class ExecutionContext(PageTruncation, PlainFieldExecutionContext):
+    """A short list says so (pages.py); plain fields are completed fast (execution.py)."""
+
+
 class InventorySchema(strawberry.Schema):
     def process_errors(
         self, errors: list[GraphQLError], execution_context: Any | None = None
@@ -79,8 +83,9 @@ schema = InventorySchema(
     subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
     # Plain fields (no resolver) completed without graphql-core's per-field
-    # machinery: most of a 1,000-node page's CPU was that (execution.py).
-    execution_context_class=PlainFieldExecutionContext,
+    # machinery: most of a 1,000-node page's CPU was that (fast/execution.py);
+    # and a short list says so, on every route (pages.py).
+    execution_context_class=ExecutionContext,
     extensions=[
         MaskUnexpected,
         CodeValidationErrors,
@@ -90,7 +95,3 @@ schema = InventorySchema(
         ValidationCache,
     ],
 )
-
-# The direct executor's documents (direct.py), validated by the same rules and
-# token limit as the extensions above.
-prepared_documents = PreparedDocuments(schema._schema, LIMIT_RULES, MAX_TOKENS)
