@@ -76,7 +76,7 @@ def main(
     quiet_http_lines(args.log_level)
     env = os.environ if env is None else env
     try:
-        config = load_config(config_path(args.config, env), env)
+        config = load_config(config_path(args.config, env), env, read_token=not args.dry_run)
     except ConfigError as e:
         print(f"llmgw-agent: configuration error: {e}", file=sys.stderr)
         return 2

@@ -71,6 +71,8 @@ async def _events(
     # Subscribe before reading the history, so nothing committed in
     # between is missed; what the history already gave is skipped below.
     subscription = stream.subscribe(wanted)
+    # Ended with an error if the connection's token ends (service/token_watch.py).
+    info.context.streams.add(subscription)
     replayed: set[int] = set()
     try:
         if resume_from is not None:
@@ -85,6 +87,8 @@ async def _events(
                         retention=info.context.settings.event_retention,
                     )
                 for record in page:
+                    if subscription.ended is not None:
+                        raise subscription.ended
                     replayed.add(record.id)
                     yield Event.of(record)
                 if len(page) < REPLAY_PAGE:
@@ -95,4 +99,5 @@ async def _events(
                 continue
             yield Event.of(record)
     finally:
+        info.context.streams.discard(subscription)
         subscription.close()
