@@ -61,7 +61,7 @@ def service(
             stderr=stderr,
         )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a loaded CI machine
         while True:
             assert process.poll() is None, log.read_text()
             with contextlib.suppress(httpx.HTTPError):
@@ -147,7 +147,7 @@ async def test_a_malformed_subscribe_gets_a_coded_error_and_the_connection_stays
         assert error["extensions"]["code"] == "BAD_REQUEST"
         assert phrase in error["message"]
         await socket.send(json.dumps({"type": "ping"}))
-        assert await receive(socket)["type"] == "pong"
+        assert (await receive(socket))["type"] == "pong"
     finally:
         await socket.close()
 
@@ -181,7 +181,7 @@ async def test_the_service_logs_one_info_line_per_malformed_message_and_no_trace
         await closed_with(socket)
     socket = await connect(service)
     await socket.send(json.dumps({"type": "subscribe", "id": "z", "payload": {"q": 1}}))
-    assert await receive(socket)["type"] == "error"
+    assert (await receive(socket))["type"] == "error"
     await socket.close()
     await asyncio.sleep(0.2)  # the last line reaches the file
     lines = service.log_lines()
