@@ -222,6 +222,17 @@ async def test_a_get_with_variables_that_are_not_a_json_object_is_a_400(
         assert error["extensions"]["code"] == "BAD_REQUEST"
 
 
+async def test_a_subscription_posted_without_a_stream_is_a_400_saying_so(
+    route: httpx.AsyncClient,
+) -> None:
+    for accept in ("application/json", GRAPHQL_RESPONSE):
+        response = await post(route, {"query": "subscription { events { kind } }"}, accept=accept)
+        assert response.status_code == 400, response.text
+        error = only_error(response)
+        assert "needs a stream" in error["message"]
+        assert error["extensions"]["code"] == "BAD_REQUEST"
+
+
 async def test_a_mutation_sent_with_get_is_a_405_graphql_error(route: httpx.AsyncClient) -> None:
     response = await route.get(
         "/graphql",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cross_web import HTTPException
+from graphql import GraphQLError, OperationType, get_operation_ast, parse
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -19,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.http import GraphQLRequestData
 from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.types.unset import UNSET, UnsetType
 
@@ -91,6 +93,20 @@ class InventoryGraphQL(GraphQL[Context, None]):
         return context
 
     async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
+        request_data: GraphQLRequestData | None = kwargs.get("request_data")
+        if (
+            request_data is not None
+            and request_data.protocol == "http"
+            and _is_subscription(request_data.query, request_data.operation_name)
+        ):
+            # Without a stream to answer on, graphql-core ran the subscription
+            # as a query and the client got an internal error (and the log a
+            # traceback) for its own mistake.
+            raise HTTPException(
+                400,
+                "a subscription needs a stream: graphql-transport-ws on /graphql, "
+                "or Accept: text/event-stream",
+            )
         try:
             return await super().execute_single(*args, **kwargs)
         except HTTPException as refused:
@@ -113,6 +129,16 @@ class InventoryGraphQL(GraphQL[Context, None]):
             self.token_watch.watch(id(context.request.scope), token_id, context.end_token)
         ack: UnsetType = UNSET
         return ack
+
+
+def _is_subscription(query: str | None, operation_name: str | None) -> bool:
+    if not query or "subscription" not in query:  # most requests: no parse
+        return False
+    try:
+        operation = get_operation_ast(parse(query), operation_name)
+    except GraphQLError:
+        return False  # Strawberry's view words the syntax error
+    return operation is not None and operation.operation == OperationType.SUBSCRIPTION
 
 
 class EngineRef:
