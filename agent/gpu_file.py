@@ -10,13 +10,14 @@ configured this way by mistake is visible in its log and its dry run.
 """
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from agent.gpus import HEALTH_REASONS, Gpu
 
 # Every field a GPU entry may have; anything else is a mistake, not an extra.
-FIELDS = ("index", "name", "memory_mb", "uuid", "pci_bus_id", "healthy", "health_reasons")
+FIELDS = ("index", "name", "memory_mb", "uuid", "pci_bus_id", "healthy", "health_reasons", "xids")
 REQUIRED = ("index", "name")
 
 
@@ -30,6 +31,10 @@ class GpuFile:
 
     path: str
     gpus: tuple[Gpu, ...]
+    # XIDs the file says the driver raised, by GPU index: the agent reports
+    # them once, in its first report after start-up (agent/xids.py), as if
+    # it had heard them, to rehearse the service's handling in a lab.
+    xids: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def warning(self) -> str:
         return (
@@ -75,6 +80,12 @@ def _reasons(where: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _xids(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of XIDs")
+    return tuple(_whole(f"{where}[{i}]", xid, 1) for i, xid in enumerate(value))
+
+
 def _gpu(where: str, entry: object) -> Gpu:
     if not isinstance(entry, dict):
         _fail(where, entry, "must be an object with index and name")
@@ -111,6 +122,10 @@ def _gpu(where: str, entry: object) -> Gpu:
 
 def parse_gpus(text: str) -> tuple[Gpu, ...]:
     """The GPUs in a file's text: a JSON list of objects. Raises GpuFileError."""
+    return _parse(text)[0]
+
+
+def _parse(text: str) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
     try:
         listed = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
@@ -118,14 +133,20 @@ def parse_gpus(text: str) -> tuple[Gpu, ...]:
     if not isinstance(listed, list):
         raise GpuFileError("must be a JSON list of GPU objects")
     gpus = tuple(_gpu(f"[{i}]", entry) for i, entry in enumerate(listed))
-    for field in ("index", "uuid", "pci_bus_id"):
+    xids = {
+        gpu.index: _xids(f"[{i}].xids", entry["xids"])
+        for i, (gpu, entry) in enumerate(zip(gpus, listed, strict=True))
+        if "xids" in entry
+    }
+    xids = {index: heard for index, heard in xids.items() if heard}
+    for unique in ("index", "uuid", "pci_bus_id"):
         seen: set[object] = set()
         for i, gpu in enumerate(gpus):
-            value = getattr(gpu, field)
+            value = getattr(gpu, unique)
             if value is not None and value in seen:
-                _fail(f"[{i}].{field}", value, "names another GPU too")
+                _fail(f"[{i}].{unique}", value, "names another GPU too")
             seen.add(value)
-    return gpus
+    return gpus, xids
 
 
 def read_gpu_file(path: str) -> GpuFile:
@@ -137,4 +158,5 @@ def read_gpu_file(path: str) -> GpuFile:
         raise GpuFileError(f"cannot read the GPU file: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise GpuFileError(f"not UTF-8 text: {e.reason}") from e
-    return GpuFile(path, parse_gpus(text))
+    gpus, xids = _parse(text)
+    return GpuFile(path, gpus, xids)

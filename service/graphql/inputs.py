@@ -47,6 +47,10 @@ class GpuInput:
             "because a newer agent may know more faults than the service."
         ),
     )
+    xids: list[int] | None = strawberry.field(
+        default=None,
+        description="Critical XID errors the driver raised for this GPU since the last report.",
+    )
 
 
 @compiled_input
@@ -95,6 +99,13 @@ class NodeInput:
     )
     agent_version: str | None = None
     engine_versions: list[KeyValueInput] | None = None
+    boot_id: str | None = strawberry.field(
+        default=None,
+        description=(
+            "The kernel's boot id (/proc/sys/kernel/random/boot_id). A new one means the node "
+            "rebooted, so its GPUs were reset."
+        ),
+    )
 
     def to_report(self) -> NodeReport:
         return NodeReport(
@@ -113,6 +124,7 @@ class NodeInput:
                     memory_mb=g.memory_mb,
                     healthy=g.healthy,
                     health_reasons=tuple(g.health_reasons or ()),
+                    xids=tuple(g.xids or ()),
                 )
                 for g in self.gpus
             ),
@@ -137,6 +149,7 @@ class NodeInput:
             ),
             agent_version=self.agent_version,
             engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),
+            boot_id=None if self.boot_id is None else str(self.boot_id),
         )
 
 

@@ -5,6 +5,7 @@ fails here with AttributeError; a test checks that each of these names exists
 in the real binding too, so the fake cannot drift into an NVML that does not exist.
 """
 
+import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -49,6 +50,10 @@ class NVMLError_Unknown(NVMLError):
     pass
 
 
+class NVMLError_Timeout(NVMLError):
+    pass
+
+
 class NVMLLibraryMismatchError(Exception):
     """Raised by the binding itself (not an NVMLError) when the driver lacks a _v3 call."""
 
@@ -65,12 +70,14 @@ ERRORS = {
         NVMLError_GpuIsLost,
         NVMLError_FunctionNotFound,
         NVMLError_Unknown,
+        NVMLError_Timeout,
     )
 }
 CONSTANTS = {
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
     "NVML_VOLATILE_ECC": 0,
     "NVML_FEATURE_ENABLED": 1,
+    "nvmlEventTypeXidCriticalError": 8,
 }
 
 
@@ -88,6 +95,8 @@ class FakeGpu:
     retired_pending: Any = field(default_factory=NVMLError_NotSupported)
     processes: Any = field(default_factory=list)  # pids, or an exception
     handle_error: Exception | None = None
+    # What nvmlDeviceRegisterEvents raises for it (NotSupported on some GPUs).
+    events_error: Exception | None = None
 
     def answer(self, value: Any) -> Any:
         if isinstance(value, BaseException):
@@ -128,6 +137,9 @@ class FakeNvml:
         self.driver_before_r510 = driver_before_r510
         self.initialized = False
         self.shut_down = False
+        # XID events the driver will deliver: (GPU index, XID), via raise_xid.
+        self.xid_events: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.event_sets: list[list[FakeGpu]] = []
         for name, value in {**ERRORS, **CONSTANTS}.items():
             setattr(self, name, value)
 
@@ -176,6 +188,46 @@ class FakeNvml:
         return [
             SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in gpu.answer(gpu.processes)
         ]
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        """The driver reports an XID on GPU `index`, as a test's event."""
+        self.xid_events.put((index, xid))
+
+    # XID events: one event set, the GPUs registered on it, and a wait.
+
+    def nvmlEventSetCreate(self) -> list[FakeGpu]:
+        event_set: list[FakeGpu] = []
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(
+        self, gpu: FakeGpu, event_types: int, event_set: list[FakeGpu]
+    ) -> None:
+        assert event_types == CONSTANTS["nvmlEventTypeXidCriticalError"]
+        if gpu.events_error is not None:
+            raise gpu.events_error
+        event_set.append(gpu)
+
+    def nvmlEventSetWait_v2(self, event_set: list[FakeGpu], timeout_ms: int) -> Any:
+        try:
+            index, xid = self.xid_events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError_Timeout() from None
+        gpu = self.gpus[index]
+        assert gpu in event_set, f"an XID on GPU {index}, which is not registered for events"
+        return SimpleNamespace(
+            device=gpu,
+            eventType=CONSTANTS["nvmlEventTypeXidCriticalError"],
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+
+    def nvmlEventSetFree(self, event_set: list[FakeGpu]) -> None:
+        event_set.clear()
+
+    def nvmlDeviceGetIndex(self, gpu: FakeGpu) -> int:
+        return next(i for i, g in enumerate(self.gpus) if g is gpu)
 
 
 def names_the_agent_may_call() -> list[str]:
