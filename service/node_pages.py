@@ -60,6 +60,11 @@ GPU: Mapping[str, str] = {
     "memory_mb": "g.memory_mb",
     "healthy": "g.healthy",
     "health_reasons": "g.health_reasons",
+    "numa_node": "g.numa_node",
+    "nvlink_peers": "g.nvlink_peers",
+    "nvlink_group": "g.nvlink_group",
+    "nvlink_domain": "g.nvlink_domain",
+    "near_hcas": "g.near_hcas",
 }
 SHARD: Mapping[str, str] = {
     "shard_id": "s.shard_id",

@@ -29,9 +29,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from service.allocations import (
     MAX_GPUS_PER_SHARD,
@@ -49,8 +50,9 @@ from service.allocations import (
 from service.connections import Connection, cached_text
 from service.rejections import Rejection, RejectionCode, invalid, shown
 from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
+from service.topology_fit import candidate_filters, claim_wanted, facts_column, fit_order
 from service.transactions import TransactionConflict
-from service.verdicts import NodeFacts, PlaceRequest, Verdict, judge
+from service.verdicts import NodeFacts, PlaceRequest, TopologyFacts, Verdict, judge
 
 # Verdicts are listed for at most this many nodes (by id); the answer says
 # how many more were considered, so it stays readable on a 10,000-node cluster.
@@ -67,6 +69,8 @@ class Plan:
     fabric: str | None
     # (node id, number of shards on it), in the order shards are numbered.
     nodes: tuple[tuple[str, int], ...]
+    # sameNvlinkDomain: the NVLink domain every shard is in.
+    domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,13 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
         return invalid(f"minLocalDiskFree={request.min_local_disk_free} is negative")
     if request.label is not None and not request.label[0]:
         return invalid("label has an empty key")
+    if request.rail_aligned and request.fabric is None:
+        return invalid("railAligned needs fabric: the HCAs a shard is handed are on one fabric")
     return None
 
 
-_FACTS = """
+def _facts_sql(request: PlaceRequest) -> str:
+    return f"""
     SELECT p.node_id, p.free, n.state,
            CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
                 ELSE n.admin_reason END AS state_reason,
@@ -132,18 +139,22 @@ _FACTS = """
            )) AS holds_weights,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = p.node_id ORDER BY fa.fabric) AS fabrics,
-           n.labels ->> CAST(:label_key AS text) AS label_value
+           n.labels ->> CAST(:label_key AS text) AS label_value,
+           {facts_column(request, "p.node_id")} AS topology
     FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
 """
 
-_FACTS_OF_RANKED = """
+
+def _facts_of_ranked(request: PlaceRequest) -> str:
+    return f"""
     SELECT c.node_id, c.free, n.state,
            CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
                 ELSE n.admin_reason END AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = c.node_id ORDER BY fa.fabric) AS fabrics,
-           n.labels ->> CAST(:label_key AS text) AS label_value
+           n.labels ->> CAST(:label_key AS text) AS label_value,
+           {facts_column(request, "c.node_id")} AS topology
     FROM ranked c JOIN nodes n ON n.id = c.node_id
     ORDER BY c.holds_weights DESC, c.free, c.tiebreak
 """
@@ -167,6 +178,8 @@ def _ranked_sql(request: PlaceRequest) -> str:
         "p.free > 0",
         "p.free >= :need",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
+        # Topology last: evaluated only on rows that pass the cheap checks.
+        *candidate_filters(request),
     ]
     if request.fabric is not None:
         where.append(
@@ -219,7 +232,7 @@ def _ranked_sql(request: PlaceRequest) -> str:
 
 
 def _candidates_sql(request: PlaceRequest) -> str:
-    return f"WITH ranked AS ({_ranked_sql(request)}) {_FACTS_OF_RANKED}"
+    return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
 
 
 def _pick_sql(request: PlaceRequest) -> str:
@@ -248,7 +261,8 @@ def _pick_sql(request: PlaceRequest) -> str:
                CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
                     ELSE n.admin_reason END AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-               n.labels ->> CAST(:label_key AS text) AS label_value
+               n.labels ->> CAST(:label_key AS text) AS label_value,
+               {facts_column(request, "n.id")} AS topology
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
@@ -264,7 +278,7 @@ def _pick_sql(request: PlaceRequest) -> str:
            k.local_disk_free AS picked_local_disk_free,
            k.local_disk_total AS picked_local_disk_total,
            k.knows_its_weights AS picked_knows_its_weights,
-           k.label_value AS picked_label_value,
+           k.label_value AS picked_label_value, k.topology AS picked_topology,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
@@ -307,7 +321,22 @@ _CLAIM = store_statement(
 )
 
 
-_SURVEY = text(_FACTS + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit")
+def _survey_sql(request: PlaceRequest) -> str:
+    return _facts_sql(request) + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit"
+
+
+@lru_cache(maxsize=8)
+def _topology_claim(nvlink_shards: bool, rail_aligned: bool) -> TextClause:
+    return store_statement(claim_wanted(nvlink_shards, rail_aligned))
+
+
+def _claim(request: PlaceRequest) -> TextClause:
+    """_CLAIM, or with topology the same claim over the node's fit order (service.topology_fit)."""
+    if not request.needs_topology:
+        return _CLAIM
+    return _topology_claim(request.nvlink_shards, request.rail_aligned)
+
+
 _SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
 _CLASSES = text("SELECT DISTINCT gpu_class FROM gpu_pools ORDER BY gpu_class LIMIT 20")
 
@@ -354,6 +383,7 @@ def _params(request: PlaceRequest) -> dict[str, Any]:
         "label_value": request.label[1] if request.label else None,
         "fabric": request.fabric,
         "min_disk": request.min_local_disk_free,
+        "per": request.gpus_per_shard,
     }
 
 
@@ -374,6 +404,7 @@ def _facts(row: Any, prefix: str = "") -> NodeFacts:
         holds_weights=column("holds_weights"),
         fabrics=tuple(column("fabrics")),
         label_value=column("label_value"),
+        topology=TopologyFacts.of(column("topology")),
     )
 
 
@@ -421,26 +452,35 @@ def plan_placement(
     def rank(f: NodeFacts) -> tuple[bool, int, float]:
         return (wants_weights and not f.holds_weights, f.free, rng.random())
 
-    whole = [f for f in fitting if f.free >= request.gpus]
+    whole = [f for f in fitting if f.room(request) >= request.shards]
     if whole:
         best = min(whole, key=rank)
-        return Plan(None, ((best.node_id, request.shards),))
+        return Plan(None, ((best.node_id, request.shards),), _domain_of(best, request))
     if request.shards == 1:
         return None
-    # Spread over one fabric. Among fabrics that can take the replica: the
-    # most shards on weight holders, then the fewest nodes, then the least
-    # left over on the nodes used, then the fabric's name.
+    # Spread over one fabric (and, sameNvlinkDomain, one NVLink domain).
+    # Among those that can take the replica: the most shards on weight
+    # holders, then the fewest nodes, then the least left over on the nodes
+    # used, then the fabric's name and the domain's.
     fabrics = (
         [request.fabric] if request.fabric else sorted({x for f in fitting for x in f.fabrics})
     )
+    domains: list[str | None] = [None]
+    if request.same_nvlink_domain:
+        domains = [*sorted({d for f in fitting if (d := _domain_of(f, request)) is not None})]
     best_plan: Plan | None = None
-    best_key: tuple[int, int, int, str] | None = None
-    for fabric in fabrics:
+    best_key: tuple[int, int, int, str, str] | None = None
+    for fabric, domain in ((f, d) for d in domains for f in fabrics):
         left = request.shards
         taken: list[tuple[str, int]] = []
         on_holders = leftover = 0
-        for f in sorted((f for f in fitting if fabric in f.fabrics), key=rank):
-            k = min(f.free // per_shard, left)
+        members = (
+            f
+            for f in fitting
+            if fabric in f.fabrics and (domain is None or _domain_of(f, request) == domain)
+        )
+        for f in sorted(members, key=rank):
+            k = min(f.room(request), left)
             taken.append((f.node_id, k))
             left -= k
             leftover += f.free - k * per_shard
@@ -449,10 +489,14 @@ def plan_placement(
                 break
         if left:
             continue
-        key = (-on_holders, len(taken), leftover, fabric)
+        key = (-on_holders, len(taken), leftover, fabric, domain or "")
         if best_key is None or key < best_key:
-            best_key, best_plan = key, Plan(fabric, tuple(taken))
+            best_key, best_plan = key, Plan(fabric, tuple(taken), domain)
     return best_plan
+
+
+def _domain_of(f: NodeFacts, request: PlaceRequest) -> str | None:
+    return f.topology.domain if request.same_nvlink_domain and f.topology else None
 
 
 async def _same_replica(conn: Connection, request: PlaceRequest) -> Allocated | Rejection | None:
@@ -498,8 +542,7 @@ async def _try(
             # Rolling back the savepoint lets go of the nodes we did get.
             await savepoint.rollback()
             return _Busy(set(node_ids) - got)
-        rows = await conn.execute(_FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
-        free = {r.node_id: list(r.indices) for r in rows}
+        free, near = await _usable_gpus(conn, request, plan, node_ids)
         names = iter(shard_ids(request))
         shards: list[ShardRequest] = []
         per = request.gpus_per_shard
@@ -510,7 +553,13 @@ async def _try(
                 return None
             for k in range(count):
                 chosen = tuple(indices[k * per : (k + 1) * per])
-                shards.append(ShardRequest(next(names), node_id, chosen))
+                # railAligned: the shard is handed exactly its GPUs' near HCAs.
+                hcas = (
+                    tuple(sorted({h for i in chosen for h in near[(node_id, i)]}))
+                    if request.rail_aligned
+                    else None
+                )
+                shards.append(ShardRequest(next(names), node_id, chosen, hcas))
         result = await allocate(
             conn, AllocationRequest(request.replica_id, tuple(shards)), actor, fabric=plan.fabric
         )
@@ -523,6 +572,36 @@ async def _try(
         if savepoint.is_active:
             await savepoint.rollback()
         raise
+
+
+async def _usable_gpus(
+    conn: Connection, request: PlaceRequest, plan: Plan, node_ids: list[str]
+) -> tuple[dict[str, list[int]], dict[tuple[str, int], list[str]]]:
+    """Per locked node, the GPUs the plan may take, in the order shards take them.
+
+    Without topology, the free GPUs by index. With it, the fit order of
+    service.topology_fit (whole groups, best fit first), and each GPU's near
+    HCAs on the fabric.
+    """
+    if not request.needs_topology:
+        rows = await conn.execute(_FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
+        return {r.node_id: list(r.indices) for r in rows}, {}
+    order = fit_order(
+        request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=plan.domain is not None
+    )
+    params = {
+        "ids": node_ids,
+        "cls": request.gpu_class,
+        "per": request.gpus_per_shard,
+        "fabric": plan.fabric,
+        "domain": plan.domain,
+    }
+    free: dict[str, list[int]] = {}
+    near: dict[tuple[str, int], list[str]] = {}
+    for r in await conn.execute(cached_text(f"{order} ORDER BY 1, 4"), params):
+        free.setdefault(r.node_id, []).append(r.idx)
+        near[(r.node_id, r.idx)] = list(r.hcas)
+    return free, near
 
 
 async def _wait_for(conn: Connection, node_ids: set[str]) -> None:
@@ -677,7 +756,7 @@ async def _try_one_node(
         return _NoUse(head.picked_node_id)
     outcome = await store(
         conn,
-        _CLAIM,
+        _claim(request),
         {
             "node_id": head.picked_node_id,
             "cls": request.gpu_class,
@@ -686,6 +765,7 @@ async def _try_one_node(
             "names": shard_ids(request),
             "replica_id": request.replica_id,
             "actor": actor,
+            **({"fabric": request.fabric} if request.rail_aligned else {}),
         },
     )
     if isinstance(outcome, Allocated):
@@ -718,7 +798,9 @@ async def _spread(
 
 
 async def _verdicts(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:
-    rows = await conn.execute(_SURVEY, {**_params(request), "limit": MAX_VERDICTS})
+    rows = await conn.execute(
+        cached_text(_survey_sql(request)), {**_params(request), "limit": MAX_VERDICTS}
+    )
     verdicts = tuple(judge(_facts(r), request) for r in rows)
     total = (await conn.execute(_SURVEY_COUNT, {"cls": request.gpu_class})).scalar_one()
     return verdicts, max(0, int(total) - len(verdicts))
@@ -746,9 +828,8 @@ async def _why_not(
             f"no node has room for a shard of {request.gpus_per_shard} {request.gpu_class} "
             f"that meets every constraint ({considered} {nodes} with {request.gpu_class} considered)"
         )
-    per = request.gpus_per_shard
     by_fabric = {
-        fabric: sum(f.free // per for f in fitting if fabric in f.fabrics)
+        fabric: sum(f.room(request) for f in fitting if fabric in f.fabrics)
         for fabric in sorted({x for f in fitting for x in f.fabrics})
         if request.fabric is None or fabric == request.fabric
     }
@@ -792,5 +873,7 @@ async def explain(
     verdicts, omitted = await _verdicts(conn, request)
     where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in plan.nodes)
     on = f" on fabric {plan.fabric}" if plan.fabric else ""
+    if plan.domain is not None:
+        on += f" in NVLink domain {plan.domain}"
     message = f"would place {_shape(request)} on {where}{on}"
     return Explanation(True, message, verdicts, omitted, plan, tuple(shard_ids(request)))
