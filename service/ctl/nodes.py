@@ -29,6 +29,7 @@ query Nodes($first: Int, $after: ID) {
     localDisk { freeBytes totalBytes }
     fabrics { fabric }
     gpus { gpuClass healthy allocation { shardId } }
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }
 """
@@ -47,6 +48,7 @@ query Node($id: ID!) {
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
     weights { path sizeBytes }
     knowsItsWeights
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }
 """
@@ -94,10 +96,20 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
             ",".join(f["fabric"] for f in n.get("fabrics") or []) or DASH,
             free_of_total(n.get("localDisk")),
             age(n.get("lastSeen")),
+            nvlink_text(n),
         ]
         for n in nodes
     ]
-    return table(["NODE", "STATE", "GPUS FREE/TOTAL", "FABRICS", "LOCAL DISK", "LAST SEEN"], rows)
+    return table(
+        ["NODE", "STATE", "GPUS FREE/TOTAL", "FABRICS", "LOCAL DISK", "LAST SEEN", "NVLINK"], rows
+    )
+
+
+def nvlink_text(node: dict[str, Any]) -> str:
+    """'NVLink 4x2, largest free 4': the node's groups and the widest shard it can take now."""
+    groups = node.get("nvlinkGroups") or "unknown"
+    largest = node.get("largestFreeNvlinkGroup")
+    return groups if largest is None else f"{groups}, largest free {largest}"
 
 
 def list_nodes(args: argparse.Namespace, client: Client) -> int:
@@ -127,6 +139,7 @@ def node_details(node: dict[str, Any]) -> str:
         f"local disk:  {free_of_total(node.get('localDisk'))}",
         f"shared disk: {free_of_total(node.get('sharedDisk'))}",
         f"labels:      {_pairs(node.get('labels'))}",
+        f"nvlink:      {nvlink_text(node)}",
         f"agent:       {node.get('agentVersion') or DASH}; engines: "
         f"{_pairs(node.get('engineVersions'))}",
         "",
