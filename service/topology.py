@@ -17,6 +17,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from sqlalchemy import text
+
+from service.connections import Connection
 from service.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -153,3 +156,28 @@ def largest_free_group(gpus: Sequence[GpuRecord]) -> int | None:
         return None
     free = Counter(g.nvlink_group for g in gpus if g.nvlink_group is not None and gpu_is_free(g))
     return max(free.values(), default=0)
+
+
+# Free GPUs of a class, on nodes that take placement, per NVLink group.
+_FREE_PER_GROUP = f"""
+    SELECT count(*) AS n FROM gpus g
+    JOIN gpu_pools p ON p.node_id = g.node_id AND p.gpu_class = g.gpu_class AND p.schedulable
+    WHERE g.gpu_class = :cls AND g.nvlink_group IS NOT NULL AND {FREE_GPU_SQL}
+    GROUP BY g.node_id, g.nvlink_group
+"""
+_FRAGMENTED = text(
+    f"SELECT coalesce(sum(x.n) FILTER (WHERE x.n < :size), 0) AS n FROM ({_FREE_PER_GROUP}) x"
+)
+
+
+async def fragmented_free(conn: Connection, gpu_class: str, shard_size: int) -> int:
+    """Free GPUs of the class in NVLink groups that can no longer take a shard of `shard_size`.
+
+    The capacity that stays idle for tensor-parallel jobs of that width
+    however many GPUs are free. Nodes whose topology is unknown are not
+    counted: unknown is not fragmented.
+    """
+    if shard_size < 1:
+        raise InvalidInput("shardSize", shard_size, "must be at least 1")
+    found = await conn.execute(_FRAGMENTED, {"cls": gpu_class, "size": shard_size})
+    return int(found.scalar_one())

@@ -130,3 +130,26 @@ async def test_a_topology_that_cannot_be_true_is_refused_and_nothing_changes(
     assert error["extensions"]["field"] == field
     assert error["extensions"]["value"] == value
     assert await topology(api, "hgx") == before
+
+
+FRAGMENTATION = (
+    "{ gpuClasses { gpuClass free nvlinkFragmentedFree tp2: nvlinkFragmentedFree(shardSize: 2) } }"
+)
+
+
+async def test_fragmentation_counts_free_gpus_no_tp8_shard_can_use(api: Api) -> None:
+    await api(REGISTER, {"input": node_input("board", gpus=hgx_h100(near=False))})
+    await api(REGISTER, {"input": node_input("pairs", gpus=bridged_pairs())})
+    await api(REGISTER, {"input": node_input("old")})  # unknown topology: not counted
+    for taken in (
+        allocation("r1", shard("r1-s0", "board", 0)),
+        allocation("r2", shard("r2-s0", "pairs", 0, 2)),
+    ):
+        assert (await api(ALLOCATE, taken))["allocate"]["__typename"] == "Allocated"
+
+    (h100,) = (await api(FRAGMENTATION))["gpuClasses"]
+
+    # board: 7 free in a group of 8 (can no longer take TP-8); pairs: 6 free, all in pairs.
+    assert h100 == {"gpuClass": "H100-80GB", "free": 21, "nvlinkFragmentedFree": 13, "tp2": 2}
+    error = await api.fails("{ gpuClasses { nvlinkFragmentedFree(shardSize: 0) } }")
+    assert error["extensions"]["code"] == "BAD_INPUT"

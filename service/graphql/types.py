@@ -9,7 +9,7 @@ from typing import Any
 
 import strawberry
 
-from service import topology
+from service import connections, topology
 from service.allocations import ShardRecord
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
 from service.errors import NodeNotFound
@@ -405,6 +405,17 @@ class GpuClassSummary:
     allocated: int
     unhealthy: int
     unschedulable: int
+
+    @strawberry.field(
+        description=(
+            "Fragmentation: free GPUs of this class in NVLink groups with fewer than shardSize "
+            "free, which a tensor-parallel shard of that width cannot use. Nodes whose topology "
+            "is unknown are not counted."
+        )
+    )
+    async def nvlink_fragmented_free(self, info: Info, shard_size: int = 8) -> int:
+        async with connections.autocommit(info.context.engine) as conn:
+            return await topology.fragmented_free(conn, self.gpu_class, shard_size)
 
     @classmethod
     def of(cls, s: GpuClassSummaryRecord) -> GpuClassSummary:
