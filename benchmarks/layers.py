@@ -84,6 +84,7 @@ async def measure_layers(bench: Bench) -> int:
     ids = itertools.count()
     node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
     registered, placed, raw_registered, claimed = Split(), Split(), Split(), Split()
+    placed_nvlink = Split()  # place with nvlinkShards (issue 20), in the same rounds
     wrong = 0
 
     def reporters(
@@ -102,8 +103,10 @@ async def measure_layers(bench: Bench) -> int:
             report = reports[(i, version)]
             await in_transaction(engine, lambda conn: register_node(conn, report))
 
-        async def place_one() -> int:
-            request = PlaceRequest(f"bench-l{next(ids)}", PLACE_CLASS, gpus_per_shard=1)
+        async def place_one(nvlink_shards: bool = False) -> int:
+            request = PlaceRequest(
+                f"bench-l{next(ids)}", PLACE_CLASS, gpus_per_shard=1, nvlink_shards=nvlink_shards
+            )
 
             async def work(conn: Any) -> object:
                 return await place(conn, request)
@@ -115,6 +118,10 @@ async def measure_layers(bench: Bench) -> int:
         for _ in range(bench.rounds):
             await registered.measure(reporters(register), bench.seconds)
             await placed.measure([place_one] * SCHEDULERS, bench.seconds)
+            wrong += await check_and_release(bench)
+            await placed_nvlink.measure(
+                [lambda: place_one(nvlink_shards=True)] * SCHEDULERS, bench.seconds
+            )
             wrong += await check_and_release(bench)
     finally:
         await dispose(engine)
@@ -157,6 +164,17 @@ async def measure_layers(bench: Bench) -> int:
             claimed.rate,
             note=f"CPU per claim: {placed.words('domain Python')}; "
             f"raw: {claimed.words('client')}; double-booked GPUs or wrong pools: {wrong}",
+        )
+    )
+    bench.results.add(
+        Row(
+            bench.size,
+            f"place's {in_process}, 1x {PLACE_CLASS} with nvlinkShards, {SCHEDULERS} tasks",
+            "claims/s",
+            placed_nvlink.rate,
+            "the same without nvlinkShards",
+            placed.rate,
+            note=f"CPU per claim: {placed_nvlink.words('domain Python')}",
         )
     )
     return wrong

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.conftest import Api
@@ -9,14 +10,12 @@ from tests.reports import (
     ALLOCATE,
     EXPLAIN,
     H100,
-    PLACE,
-    REGISTER,
     allocation,
     gpus,
-    node_input,
     placement,
     shard,
 )
+from tests.test_place import place, register
 from tests.topology import (
     IB_A,
     IB_B,
@@ -32,18 +31,9 @@ EXPLAIN_DOMAIN = EXPLAIN.replace(
 )
 
 
-async def register(api: Api, node_id: str, **fields: Any) -> None:
-    await api(REGISTER, {"input": node_input(node_id, **fields)})
-
-
 async def hold(api: Api, node_id: str, *indices: int) -> None:
     request = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *indices))
     assert (await api(ALLOCATE, request))["allocate"]["__typename"] == "Allocated"
-
-
-async def place(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:
-    result: dict[str, Any] = (await api(PLACE, placement(replica_id, **fields)))["place"]
-    return result
 
 
 async def explain(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:
@@ -219,3 +209,19 @@ async def test_nvlink_and_rail_together(api: Api) -> None:
         ["mlx5_4", "mlx5_5"],
         ["mlx5_6", "mlx5_7"],
     ]
+
+
+async def test_concurrent_nvlink_placements_fill_exactly_the_free_pairs(api: Api) -> None:
+    for node_id in ("p1", "p2", "p3"):
+        await register(api, node_id, gpus=bridged_pairs())
+
+    results = await asyncio.gather(
+        *(place(api, f"tp2-{k}", gpusPerShard=2, nvlinkShards=True) for k in range(16))
+    )
+
+    placed = [where(r)[0] for r in results if r["__typename"] == "Allocated"]
+    assert len(placed) == 12
+    assert sorted(r["__typename"] for r in results).count("Unplaceable") == 4
+    # Every shard is one whole pair, and no GPU is held twice.
+    assert all(held[0] % 2 == 0 and held[1] == held[0] + 1 for _, held in placed)
+    assert len({(node, g) for node, held in placed for g in held}) == 24

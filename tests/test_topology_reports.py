@@ -153,3 +153,14 @@ async def test_fragmentation_counts_free_gpus_no_tp8_shard_can_use(api: Api) -> 
     assert h100 == {"gpuClass": "H100-80GB", "free": 21, "nvlinkFragmentedFree": 13, "tp2": 2}
     error = await api.fails("{ gpuClasses { nvlinkFragmentedFree(shardSize: 0) } }")
     assert error["extensions"]["code"] == "BAD_INPUT"
+
+
+async def test_a_page_of_nodes_shows_the_same_topology_as_one_node(api: Api) -> None:
+    await api(REGISTER, {"input": node_input("hgx", gpus=hgx_h100(), fabrics=[IB_A, IB_B])})
+    await api(REGISTER, {"input": node_input("tray", gpus=gb200_tray("c/1"))})
+    fields = "index numaNode nvlinkPeers nvlinkGroup nvlinkDomain nearHcas"
+
+    page = (await api(f"{{ nodes {{ id gpus {{ {fields} }} }} }}"))["nodes"]
+
+    for node in page:
+        assert node["gpus"] == (await topology(api, node["id"]))["gpus"]
