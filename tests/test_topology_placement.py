@@ -158,8 +158,11 @@ async def test_same_nvlink_domain_chooses_the_domain_that_fits_and_says_which(ap
         api, "huge", gpuClass="GB200", shards=4, gpusPerShard=4, sameNvlinkDomain=True
     )
     assert got["__typename"] == "Unplaceable"
-    # Without the option the same four shards are placed across domains.
-    assert len(where(await place(api, "wide", gpuClass="GB200", shards=3, gpusPerShard=4))) == 3
+    # One shard: any tray in a domain, the lone one left out.
+    got = await place(api, "one", gpuClass="GB200", gpusPerShard=4, sameNvlinkDomain=True)
+    assert where(got)[0][0] in ("a1", "a2")
+    # Without the option two shards are placed across domains (a tray of a, the lone one).
+    assert len(where(await place(api, "wide", gpuClass="GB200", shards=2, gpusPerShard=4))) == 2
 
 
 async def test_rail_aligned_shards_get_exactly_their_near_hcas(api: Api) -> None:

@@ -31,14 +31,15 @@ def upgrade() -> None:
     op.add_column("gpus", sa.Column("nvlink_group", sa.Integer()))
     op.add_column("gpus", sa.Column("nvlink_domain", sa.Text()))
     op.add_column("gpus", sa.Column("near_hcas", ARRAY(sa.Text())))
-    op.create_check_constraint("ck_gpus_numa_node", "gpus", "numa_node >= 0")
+    # op.f: the names as given, past the metadata's naming convention.
+    op.create_check_constraint(op.f("ck_gpus_numa_node"), "gpus", "numa_node >= 0")
     op.create_check_constraint(
-        "ck_gpus_nvlink_group", "gpus", "nvlink_group >= 0 AND nvlink_group <= idx"
+        op.f("ck_gpus_nvlink_group"), "gpus", "nvlink_group >= 0 AND nvlink_group <= idx"
     )
 
 
 def downgrade() -> None:
-    op.drop_constraint("ck_gpus_nvlink_group", "gpus")
-    op.drop_constraint("ck_gpus_numa_node", "gpus")
+    op.drop_constraint(op.f("ck_gpus_nvlink_group"), "gpus", type_="check")
+    op.drop_constraint(op.f("ck_gpus_numa_node"), "gpus", type_="check")
     for column in ("near_hcas", "nvlink_domain", "nvlink_group", "nvlink_peers", "numa_node"):
         op.drop_column("gpus", column)
