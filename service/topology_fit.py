@@ -9,7 +9,8 @@ group's size, smallest first (best fit: a 2-GPU shard takes a free pair
 before it breaks into an 8-GPU NVSwitch board), then by group and index.
 So consecutive runs of gpusPerShard GPUs each lie in one group:
 
-- the candidate filter asks whether the node has `need` of them,
+- the candidate filter asks whether the node has `need` of them (room(),
+  which counts them without ordering),
 - the claim holds the first `need`, shard k taking positions k*per...,
 - the multi-node path reads them per node and cuts them the same way,
 - the facts behind the verdicts count them (service.verdicts.TopologyFacts).
@@ -71,6 +72,17 @@ def fit_order(request: PlaceRequest, nodes: str, *, domain: bool = False) -> str
     WHERE f.r < f.n / :per * :per"""
 
 
+def room(request: PlaceRequest, node: str) -> str:
+    """How many whole shards the node's usable GPUs make: the fit order's length over :per.
+
+    Counted without ordering anything (one aggregate over the node's few
+    GPUs): the candidate filter runs it for every node it reads.
+    """
+    return f"""(SELECT coalesce(sum(c.n / :per), 0) FROM (
+        SELECT count(*) AS n FROM ({_usable(request, f"g.node_id = {node}", False)}) u
+        GROUP BY u.grp) c)"""
+
+
 def node_domain(node: str) -> str:
     """The node's NVLink domain for GPUs of :cls: the one they all report, else NULL."""
     return f"""(SELECT CASE WHEN count(*) = count(g.nvlink_domain)
@@ -83,7 +95,7 @@ def candidate_filters(request: PlaceRequest) -> list[str]:
     """Conditions on a gpu_pools row `p` that the node's topology can take :need GPUs."""
     if not request.needs_topology:
         return []
-    filters = [f"(SELECT count(*) FROM ({fit_order(request, 'g.node_id = p.node_id')}) x) >= :need"]
+    filters = [f"{room(request, 'p.node_id')} * :per >= :need"]
     if request.same_nvlink_domain:
         filters.append(f"{node_domain('p.node_id')} IS NOT NULL")
     return filters
@@ -120,7 +132,7 @@ def facts_column(request: PlaceRequest, node: str) -> str:
         'known', EXISTS (SELECT 1 FROM gpus g WHERE g.node_id = {node} AND g.gpu_class = :cls
                          AND {" AND ".join(known)}),
         'groups', {groups},
-        'usable', (SELECT count(*) FROM ({fit_order(request, f"g.node_id = {node}")}) x),
+        'usable', {room(request, node)} * :per,
         'unaligned', {unaligned},
         'domain', {domain})"""
 
