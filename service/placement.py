@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -160,7 +160,7 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
 """
 
 
-def _ranked_sql(request: PlaceRequest) -> str:
+def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     """The window: only nodes that pass every check, best first, at most :limit of them.
 
     Best: weight holders, then the fewest free GPUs (packing), then random
@@ -171,7 +171,15 @@ def _ranked_sql(request: PlaceRequest) -> str:
     Holders are found through the weights index. A node's own row is joined
     only for the constraints asked for and for the rows returned. judge()
     re-checks each row, so these filters and the verdicts cannot drift apart.
+
+    Topology (service.topology_fit) costs a look at a node's GPUs per node
+    it checks. `drawn_first`: the window is drawn from the best :scan nodes
+    as if there were no topology, and the check runs on them in the window's
+    order until :limit pass, usually :limit checks instead of :scan. A
+    window that comes back empty then proves nothing (the :scan nodes may
+    all have failed the check), so the caller asks again without it.
     """
+    topology = candidate_filters(request)
     where = [
         "p.gpu_class = :cls",
         "p.schedulable",
@@ -179,7 +187,7 @@ def _ranked_sql(request: PlaceRequest) -> str:
         "p.free >= :need",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
         # Topology last: evaluated only on rows that pass the cheap checks.
-        *candidate_filters(request),
+        *([] if drawn_first else topology),
     ]
     if request.fabric is not None:
         where.append(
@@ -223,19 +231,22 @@ def _ranked_sql(request: PlaceRequest) -> str:
             WHERE {rest}
             ORDER BY p.free, p.node_id LIMIT :scan) o"""
     )
-    return f"""
+    ranked = f"""
         SELECT b.node_id, b.free, b.holds_weights, random() AS tiebreak
         FROM ({" UNION ALL ".join(branches)}) b
-        ORDER BY b.holds_weights DESC, b.free, tiebreak
-        LIMIT :limit
-    """
+        ORDER BY b.holds_weights DESC, b.free, tiebreak"""
+    if drawn_first and topology:
+        # OFFSET 0 keeps the check above the sort, where LIMIT stops it.
+        checks = " AND ".join(candidate_filters(request, "d.node_id"))
+        return f"SELECT d.* FROM ({ranked} OFFSET 0) d WHERE {checks} LIMIT :limit"
+    return ranked + " LIMIT :limit"
 
 
 def _candidates_sql(request: PlaceRequest) -> str:
     return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
 
 
-def _pick_sql(request: PlaceRequest) -> str:
+def _pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     """The first statement of a one-node placement: its window, and its best free node locked.
 
     Also returns the replica's stored shards, so a retry is answered from
@@ -255,14 +266,13 @@ def _pick_sql(request: PlaceRequest) -> str:
         SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas,
                s.created_at
         FROM shards s WHERE s.replica_id = :replica_id
-    ), ranked AS ({_ranked_sql(request)}
+    ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.holds_weights, n.state,
                CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
                     ELSE n.admin_reason END AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-               n.labels ->> CAST(:label_key AS text) AS label_value,
-               {facts_column(request, "n.id")} AS topology
+               n.labels ->> CAST(:label_key AS text) AS label_value
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
@@ -271,14 +281,18 @@ def _pick_sql(request: PlaceRequest) -> str:
         LIMIT 1
         FOR NO KEY UPDATE OF n SKIP LOCKED
     )
-    SELECT (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
-            FROM ranked c) AS window_ids,
+    -- The window is read whole only when nothing was picked: picked's LIMIT 1
+    -- reads ranked a row at a time, so a topology check (see _ranked_sql)
+    -- usually runs on one node.
+    SELECT CASE WHEN k.id IS NULL THEN
+               (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
+                FROM ranked c) END AS window_ids,
            k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
            k.state AS picked_state, k.state_reason AS picked_state_reason,
            k.local_disk_free AS picked_local_disk_free,
            k.local_disk_total AS picked_local_disk_total,
            k.knows_its_weights AS picked_knows_its_weights,
-           k.label_value AS picked_label_value, k.topology AS picked_topology,
+           k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
@@ -326,15 +340,15 @@ def _survey_sql(request: PlaceRequest) -> str:
 
 
 @lru_cache(maxsize=8)
-def _topology_claim(nvlink_shards: bool, rail_aligned: bool) -> TextClause:
-    return store_statement(claim_wanted(nvlink_shards, rail_aligned))
+def _topology_claim(nvlink_shards: bool, rail_aligned: bool, domain: bool) -> TextClause:
+    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain))
 
 
 def _claim(request: PlaceRequest) -> TextClause:
     """_CLAIM, or with topology the same claim over the node's fit order (service.topology_fit)."""
     if not request.needs_topology:
         return _CLAIM
-    return _topology_claim(request.nvlink_shards, request.rail_aligned)
+    return _topology_claim(request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain)
 
 
 _SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
@@ -375,14 +389,17 @@ SPREAD_WINDOW = 512
 NO_LIMIT = 1_000_000
 
 
-def _scan(request: PlaceRequest, limit: int) -> int:
+def _scan(request: PlaceRequest, limit: int, drawn_first: bool = False) -> int:
     """How many of the best nodes a window of `limit` is drawn from.
 
-    A one-node window is drawn at random from the best few times its size;
-    with topology from the best `limit` only, since every node read then
-    costs a look at its GPUs (service.topology_fit.candidate_filters).
+    A one-node window is drawn at random from the best few times its size,
+    so that concurrent callers spread out. With topology checked on every
+    node read (service.topology_fit.candidate_filters), from the best
+    `limit` only; drawn before the check (see _ranked_sql), as usual.
     """
-    return limit * 4 if limit == WINDOW and not request.needs_topology else limit
+    if limit != WINDOW or (request.needs_topology and not drawn_first):
+        return limit
+    return limit * 4
 
 
 def _params(request: PlaceRequest) -> dict[str, Any]:
@@ -714,10 +731,11 @@ async def _place_on_one_node(
     where the savepoint makes waiting deadlock-free.
     """
     full: set[str] = set()
+    drawn_first = request.needs_topology
     while True:
         savepoint = await conn.begin_nested()
         try:
-            outcome = await _try_one_node(conn, request, actor, busy | full)
+            outcome = await _try_one_node(conn, request, actor, busy | full, drawn_first)
         except BaseException:
             if savepoint.is_active:
                 await savepoint.rollback()
@@ -729,6 +747,10 @@ async def _place_on_one_node(
             await savepoint.rollback()
         if isinstance(outcome, _Window):
             if not outcome.node_ids:
+                if drawn_first:
+                    # Drawn before the topology check: look at every node.
+                    drawn_first = False
+                    continue
                 return None
             busy.update(outcome.node_ids)
             continue
@@ -739,17 +761,17 @@ async def _place_on_one_node(
 
 
 async def _try_one_node(
-    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str]
+    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str], drawn_first: bool
 ) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
     params = {
         **_params(request),
         "replica_id": request.replica_id,
         "need": request.gpus,
         "limit": WINDOW,
-        "scan": _scan(request, WINDOW),
+        "scan": _scan(request, WINDOW, drawn_first),
         "skip": sorted(skip),
     }
-    rows = list(await conn.execute(cached_text(_pick_sql(request)), params))
+    rows = list(await conn.execute(cached_text(_pick_sql(request, drawn_first)), params))
     head = rows[0]
     if head.shard_id is not None:
         answer = _answer_stored(request, [shard_from_row(r) for r in rows])
@@ -759,8 +781,13 @@ async def _try_one_node(
         return _Window(tuple(head.window_ids or ()))
     facts = _facts(head, prefix="picked_")
     # judge() re-checks the row, so the SQL filters and the verdicts cannot
-    # drift apart into a placement the verdicts would call unfit.
-    if not judge(facts, request).fits:
+    # drift apart into a placement the verdicts would call unfit. Topology
+    # is left to the claim, which counts the node's fit order (and its
+    # domain) under the lock and holds nothing when it falls short.
+    untopological = replace(
+        request, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False
+    )
+    if not judge(facts, untopological).fits:
         return _NoUse(head.picked_node_id)
     outcome = await store(
         conn,

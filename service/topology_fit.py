@@ -91,13 +91,13 @@ def node_domain(node: str) -> str:
                 FROM gpus g WHERE g.node_id = {node} AND g.gpu_class = :cls)"""
 
 
-def candidate_filters(request: PlaceRequest) -> list[str]:
-    """Conditions on a gpu_pools row `p` that the node's topology can take :need GPUs."""
+def candidate_filters(request: PlaceRequest, node: str = "p.node_id") -> list[str]:
+    """Conditions that the topology of the node `node` names can take :need GPUs."""
     if not request.needs_topology:
         return []
-    filters = [f"{room(request, 'p.node_id')} * :per >= :need"]
+    filters = [f"{room(request, node)} * :per >= :need"]
     if request.same_nvlink_domain:
-        filters.append(f"{node_domain('p.node_id')} IS NOT NULL")
+        filters.append(f"{node_domain(node)} IS NOT NULL")
     return filters
 
 
@@ -138,17 +138,18 @@ def facts_column(request: PlaceRequest, node: str) -> str:
 
 
 @lru_cache(maxsize=16)
-def claim_wanted(nvlink_shards: bool, rail_aligned: bool) -> str:
+def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool) -> str:
     """The CTEs a topology claim gives allocations.store_statement, for one locked node.
 
     The first :need GPUs of the node's fit order, counted afresh under the
     node's lock; shard k takes positions k*per and on, and, railAligned, is
-    handed exactly its GPUs' near HCAs on :fabric. Fewer than :need writes
-    nothing.
+    handed exactly its GPUs' near HCAs on :fabric. Fewer than :need, or
+    (sameNvlinkDomain) a node in no single domain, writes nothing.
     """
     request = PlaceRequest("", "", 1, nvlink_shards=nvlink_shards, rail_aligned=rail_aligned)
     order = fit_order(request, "g.node_id = CAST(:node_id AS text)")
     fabric = "CAST(:fabric AS text)" if rail_aligned else "CAST(NULL AS text)"
+    domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
     return f"""
     free AS (
         SELECT o.idx, o.hcas, o.k FROM ({order}) o WHERE o.k < :need
@@ -163,5 +164,5 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool) -> str:
                      WHERE v.shard_id = w.shard_id ORDER BY h) AS hcas
         FROM want_gpus w GROUP BY w.shard_id, w.node_id
     ), go AS (
-        SELECT count(*) = :need AS ok FROM free
+        SELECT count(*) = :need {domain} AS ok FROM free
     )"""

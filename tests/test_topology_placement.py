@@ -228,3 +228,19 @@ async def test_concurrent_nvlink_placements_fill_exactly_the_free_pairs(api: Api
     # Every shard is one whole pair, and no GPU is held twice.
     assert all(held[0] % 2 == 0 and held[1] == held[0] + 1 for _, held in placed)
     assert len({(node, g) for node, held in placed for g in held}) == 24
+
+
+async def test_a_node_that_fits_is_found_past_many_better_packed_ones_that_do_not(
+    api: Api,
+) -> None:
+    # More nodes than place draws its window from, each a better fit by free
+    # GPUs (4 < 8) but without NVLink: the one board must still be found.
+    await asyncio.gather(
+        *(register(api, f"pcie-{i:03d}", gpus=no_nvlink(count=4)) for i in range(70))
+    )
+    await register(api, "board", gpus=hgx_h100(near=False))
+
+    assert where(await place(api, "tp2", gpusPerShard=2, nvlinkShards=True)) == [("board", [0, 1])]
+    assert where(await place(api, "plain", gpusPerShard=2))[0][0].startswith("pcie-")
+    got = await place(api, "tp8", gpusPerShard=8, nvlinkShards=True)
+    assert got["__typename"] == "Unplaceable"
