@@ -105,18 +105,18 @@ class PlaceInput:
     )
     label: KeyValueInput | None = None
     # Topology (contract-topology.graphql); see README "Topology-aware placement".
-    nvlink_shards: bool = strawberry.field(
+    nvlink_shards: bool | None = strawberry.field(
         default=False,
         description=(
             "Each shard's GPUs must lie in one NVLink group of its node. A node whose topology "
             "is unknown does not qualify."
         ),
     )
-    same_nvlink_domain: bool = strawberry.field(
+    same_nvlink_domain: bool | None = strawberry.field(
         default=False,
         description="Every shard in one multi-node NVLink domain (e.g. one GB200 NVL72 rack).",
     )
-    rail_aligned: bool = strawberry.field(
+    rail_aligned: bool | None = strawberry.field(
         default=False,
         description=(
             "Every GPU of a shard must have a rail-aligned HCA on the chosen fabric; the shard is "
@@ -134,9 +134,10 @@ class PlaceInput:
             weights=self.weights,
             min_local_disk_free=self.min_local_disk_free,
             label=(self.label.key, self.label.value) if self.label is not None else None,
-            nvlink_shards=self.nvlink_shards,
-            same_nvlink_domain=self.same_nvlink_domain,
-            rail_aligned=self.rail_aligned,
+            # Nullable in the contract: null asks for nothing, like false.
+            nvlink_shards=bool(self.nvlink_shards),
+            same_nvlink_domain=bool(self.same_nvlink_domain),
+            rail_aligned=bool(self.rail_aligned),
         )
 
 
