@@ -14,6 +14,7 @@ from service.auth import Authenticator, Principal
 from service.config import Settings
 from service.connections import Connection
 from service.graphql.loaders import Loaders
+from service.paging import PageRequest, page_request
 from service.transactions import in_transaction
 
 T = TypeVar("T")
@@ -61,15 +62,9 @@ class Context:
         result: T = outcome
         return result
 
-    def page_size(self, first: int | None, field_name: str = "first") -> int:
-        from service.errors import InvalidInput
-
-        limit = self.settings.max_page_size
-        if first is None:
-            return limit
-        if first < 1 or first > limit:
-            raise InvalidInput(field_name, first, f"must be between 1 and {limit}")
-        return first
+    def page_request(self, first: int | None) -> PageRequest:
+        """The page a list's `first` asks for (service/paging.py): BAD_INPUT naming `first` if out of range."""
+        return page_request(first, self.settings.max_page_size)
 
 
 def new_context(engine: AsyncEngine, settings: Settings, **extra: Any) -> Context:

@@ -7,11 +7,12 @@ from enum import Enum
 
 import strawberry
 
-from service import connections, tokens
+from service import connections, paging, tokens
 from service.connections import Connection
 from service.tokens import NewToken, TokenRecord
 
 from .context import Info
+from .pages import answer, paged
 
 
 @strawberry.enum(description="What a token may do; see the README's Security section.")
@@ -59,12 +60,7 @@ class CreatedToken:
 
 @strawberry.type
 class TokenQueries:
-    @strawberry.field(
-        description=(
-            "Tokens sorted by id, revoked ones only when asked; pass the last id of a page as "
-            "`after` for the next one."
-        )
-    )
+    @strawberry.field(description=paged("Tokens sorted by id, revoked ones only when asked."))
     async def tokens(
         self,
         info: Info,
@@ -72,15 +68,15 @@ class TokenQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[ApiToken]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         async with connections.autocommit(info.context.engine) as conn:
             found = await tokens.list_tokens(
                 conn,
                 include_revoked=include_revoked,
-                first=page,
+                first=request.limit,
                 after=str(after) if after is not None else None,
             )
-        return [ApiToken.of(t) for t in found]
+        return answer(paging.cut(found, request, lambda t: t.id), ApiToken.of)
 
 
 @strawberry.type
