@@ -23,6 +23,13 @@ class Role(Enum):
     OPERATOR = "operator"
 
 
+@strawberry.enum(description="Whether a token is accepted, by the service's clock.")
+class TokenStatus(Enum):
+    ACTIVE = "active"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
 @strawberry.type(description="A bearer token, without its secret (only its digest is stored).")
 class ApiToken:
     id: strawberry.ID
@@ -33,6 +40,15 @@ class ApiToken:
     description: str | None
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = strawberry.field(
+        description="When the token stops being accepted; null: never."
+    )
+    status: TokenStatus = strawberry.field(
+        description=(
+            "ACTIVE, EXPIRED (past expiresAt) or REVOKED (revokeToken; wins over EXPIRED), "
+            "judged by the service's database clock when read."
+        )
+    )
 
     @classmethod
     def of(cls, record: TokenRecord) -> ApiToken:
@@ -43,6 +59,8 @@ class ApiToken:
             description=record.description,
             created_at=record.created_at,
             revoked_at=record.revoked_at,
+            expires_at=record.expires_at,
+            status=TokenStatus(record.status),
         )
 
 
@@ -60,7 +78,12 @@ class CreatedToken:
 
 @strawberry.type
 class TokenQueries:
-    @strawberry.field(description=paged("Tokens sorted by id, revoked ones only when asked."))
+    @strawberry.field(
+        description=paged(
+            "Tokens sorted by id: active and expired ones (told apart by `status`), revoked "
+            "ones only with includeRevoked."
+        )
+    )
     async def tokens(
         self,
         info: Info,
@@ -84,6 +107,8 @@ class TokenMutations:
     @strawberry.mutation(
         description=(
             "Operator: a new token. An agent token needs nodeId, the one node it may report for. "
+            "With expiresAt (in the future, with a time zone) the token is refused from then on "
+            "(401 'token expired'), and subscriptions made with it end. "
             "The secret is in the answer and nowhere else."
         )
     )
@@ -93,10 +118,15 @@ class TokenMutations:
         role: Role,
         node_id: strawberry.ID | None = None,
         description: str | None = None,
+        expires_at: datetime | None = None,
     ) -> CreatedToken:
         async def work(conn: Connection) -> NewToken:
             return await tokens.create_token(
-                conn, role.value, str(node_id) if node_id is not None else None, description
+                conn,
+                role.value,
+                str(node_id) if node_id is not None else None,
+                description,
+                expires_at,
             )
 
         created = await info.context.write(work)
@@ -105,7 +135,12 @@ class TokenMutations:
             info.context.authenticator.forget()
         return CreatedToken.of(created)
 
-    @strawberry.mutation(description="Operator: stop accepting a token, from the next request on.")
+    @strawberry.mutation(
+        description=(
+            "Operator: stop accepting a token, from the next request on; subscriptions made "
+            "with it end within 2 seconds, in every service process."
+        )
+    )
     async def revoke_token(self, info: Info, id: strawberry.ID) -> ApiToken:
         async def work(conn: Connection) -> TokenRecord:
             return await tokens.revoke_token(conn, str(id))
