@@ -10,8 +10,8 @@ configured this way by mistake is visible in its log and its dry run.
 """
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
 from agent.gpus import HEALTH_REASONS, Gpu
@@ -25,6 +25,7 @@ FIELDS = (
     "pci_bus_id",
     "healthy",
     "health_reasons",
+    "xids",
     # Topology, so a demo or a lab can fake an HGX board or NVL pairs.
     "nvlink_peers",
     "numa_node",
@@ -47,6 +48,10 @@ class GpuFile:
 
     path: str
     gpus: tuple[Gpu, ...]
+    # XIDs the file says the driver raised, by GPU index: the agent reports
+    # them once, in its first report after start-up (agent/xids.py), as if
+    # it had heard them, to rehearse the service's handling in a lab.
+    xids: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def warning(self) -> str:
         return (
@@ -102,6 +107,12 @@ def _names(where: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         _fail(where, value, "must be a list of adapter names")
     return tuple(_text(f"{where}[{i}]", name) for i, name in enumerate(value))
+
+
+def _xids(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of XIDs")
+    return tuple(_whole(f"{where}[{i}]", xid, 1) for i, xid in enumerate(value))
 
 
 def _gpu(where: str, entry: object) -> Gpu:
@@ -164,6 +175,10 @@ def _check_peers(gpus: tuple[Gpu, ...]) -> None:
 
 def parse_gpus(text: str) -> tuple[Gpu, ...]:
     """The GPUs in a file's text: a JSON list of objects. Raises GpuFileError."""
+    return _parse(text)[0]
+
+
+def _parse(text: str) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
     try:
         listed = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
@@ -171,15 +186,21 @@ def parse_gpus(text: str) -> tuple[Gpu, ...]:
     if not isinstance(listed, list):
         raise GpuFileError("must be a JSON list of GPU objects")
     gpus = tuple(_gpu(f"[{i}]", entry) for i, entry in enumerate(listed))
-    for field in ("index", "uuid", "pci_bus_id"):
+    xids = {
+        gpu.index: _xids(f"[{i}].xids", entry["xids"])
+        for i, (gpu, entry) in enumerate(zip(gpus, listed, strict=True))
+        if "xids" in entry
+    }
+    xids = {index: heard for index, heard in xids.items() if heard}
+    for unique in ("index", "uuid", "pci_bus_id"):
         seen: set[object] = set()
         for i, gpu in enumerate(gpus):
-            value = getattr(gpu, field)
+            value = getattr(gpu, unique)
             if value is not None and value in seen:
-                _fail(f"[{i}].{field}", value, "names another GPU too")
+                _fail(f"[{i}].{unique}", value, "names another GPU too")
             seen.add(value)
     _check_peers(gpus)
-    return gpus
+    return gpus, xids
 
 
 def read_gpu_file(path: str) -> GpuFile:
@@ -191,4 +212,5 @@ def read_gpu_file(path: str) -> GpuFile:
         raise GpuFileError(f"cannot read the GPU file: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise GpuFileError(f"not UTF-8 text: {e.reason}") from e
-    return GpuFile(path, parse_gpus(text))
+    gpus, xids = _parse(text)
+    return GpuFile(path, gpus, xids)

@@ -21,6 +21,7 @@ from agent.engines import engine_versions
 from agent.fabrics import discover_fabrics
 from agent.gpu_file import GpuFile
 from agent.gpus import Gpu, discover_gpus, load_nvml
+from agent.identity import BOOT_ID, read_boot_id
 from agent.memory import read_meminfo
 from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
 from agent.topology import discover_topology
@@ -119,6 +120,11 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
         "mgmtAddr": config.mgmt_addr,
         "labels": [{"key": k, "value": v} for k, v in sorted(config.labels.items())],
     }
+    boot_id = read_boot_id(root)
+    if boot_id is None:
+        warn(f"cannot read {BOOT_ID}: a reboot will not clear the GPUs' XID health")
+    else:
+        report["bootId"] = boot_id
     memory = read_meminfo(root)
     if memory is None:
         warn("cannot read MemTotal from /proc/meminfo: RAM not reported")

@@ -47,6 +47,7 @@ from service.allocations import (
     store,
     store_statement,
 )
+from service.availability import gpu_free, node_schedulable, pool_offers
 from service.connections import Connection, cached_text
 from service.rejections import Rejection, RejectionCode, invalid, shown
 from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
@@ -182,8 +183,7 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     topology = candidate_filters(request)
     where = [
         "p.gpu_class = :cls",
-        "p.schedulable",
-        "p.free > 0",
+        pool_offers("p"),
         "p.free >= :need",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
         # Topology last: evaluated only on rows that pass the cheap checks.
@@ -276,7 +276,7 @@ def _pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
-        WHERE n.state = 'ready' AND NOT EXISTS (SELECT 1 FROM stored)
+        WHERE {node_schedulable("n")} AND NOT EXISTS (SELECT 1 FROM stored)
         ORDER BY c.holds_weights DESC, c.free, c.tiebreak
         LIMIT 1
         FOR NO KEY UPDATE OF n SKIP LOCKED
@@ -312,13 +312,11 @@ def _pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
 # claim committed between the first statement's snapshot and its lock)
 # writes nothing.
 _CLAIM = store_statement(
-    """
+    f"""
     free AS (
         SELECT g.idx, row_number() OVER (ORDER BY g.idx) - 1 AS k
         FROM gpus g
-        WHERE g.node_id = CAST(:node_id AS text) AND g.gpu_class = :cls AND g.healthy
-          AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
-                          WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+        WHERE g.node_id = CAST(:node_id AS text) AND g.gpu_class = :cls AND {gpu_free("g")}
         ORDER BY g.idx
         LIMIT :need
     ), want_gpus AS (
@@ -327,7 +325,7 @@ _CLAIM = store_statement(
         FROM free f
     ), want_shards AS (
         SELECT w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               CAST(NULL AS text) AS fabric, CAST('{}' AS text[]) AS hcas
+               CAST(NULL AS text) AS fabric, CAST('{{}}' AS text[]) AS hcas
         FROM want_gpus w GROUP BY w.shard_id, w.node_id
     ), go AS (
         SELECT count(*) = :need AS ok FROM free
@@ -363,12 +361,10 @@ _LOCK_OR_SKIP = text(
 )
 
 _FREE_INDICES = text(
-    """
+    f"""
     SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
     FROM gpus g
-    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND g.healthy
-      AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
-                      WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND {gpu_free("g")}
     GROUP BY g.node_id
     """
 )

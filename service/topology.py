@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
+from service.availability import gpu_free, is_free
 from service.connections import Connection
 from service.errors import InvalidInput
 
@@ -130,23 +131,6 @@ def group_sizes(gpus: Sequence[GpuRecord]) -> list[int] | None:
     return sorted(groups.values(), reverse=True)
 
 
-def gpu_is_free(gpu: GpuRecord) -> bool:
-    """Free for placement: healthy and held by no shard.
-
-    The one Python copy of the rule until service/availability.py (issue 19)
-    gives it its home; FREE_GPU_SQL below is its SQL twin, and a test checks
-    that largestFreeNvlinkGroup and place agree on it.
-    """
-    return gpu.healthy and gpu.held_by is None
-
-
-# The same rule over a row `g` of gpus, for statements.
-FREE_GPU_SQL = (
-    "g.healthy AND NOT EXISTS (SELECT 1 FROM allocated_gpus a"
-    " WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)"
-)
-
-
 def largest_free_group(gpus: Sequence[GpuRecord]) -> int | None:
     """The most free GPUs in one NVLink group of the node; None when its topology is unknown.
 
@@ -154,7 +138,7 @@ def largest_free_group(gpus: Sequence[GpuRecord]) -> int | None:
     """
     if group_sizes(gpus) is None:
         return None
-    free = Counter(g.nvlink_group for g in gpus if g.nvlink_group is not None and gpu_is_free(g))
+    free = Counter(g.nvlink_group for g in gpus if g.nvlink_group is not None and is_free(g))
     return max(free.values(), default=0)
 
 
@@ -162,7 +146,7 @@ def largest_free_group(gpus: Sequence[GpuRecord]) -> int | None:
 _FREE_PER_GROUP = f"""
     SELECT count(*) AS n FROM gpus g
     JOIN gpu_pools p ON p.node_id = g.node_id AND p.gpu_class = g.gpu_class AND p.schedulable
-    WHERE g.gpu_class = :cls AND g.nvlink_group IS NOT NULL AND {FREE_GPU_SQL}
+    WHERE g.gpu_class = :cls AND g.nvlink_group IS NOT NULL AND {gpu_free("g")}
     GROUP BY g.node_id, g.nvlink_group
 """
 _FRAGMENTED = text(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from service.topology import FREE_GPU_SQL
+from service.availability import gpu_free
 from service.verdicts import PlaceRequest
 
 
@@ -38,7 +38,7 @@ def _usable(request: PlaceRequest, nodes: str, domain: bool) -> str:
     near HCAs on :fabric, for railAligned; empty otherwise).
     """
     join = ""
-    where = [nodes, "g.gpu_class = :cls", FREE_GPU_SQL]
+    where = [nodes, "g.gpu_class = :cls", gpu_free("g")]
     hcas = "CAST('{}' AS text[])"
     if request.nvlink_shards:
         where.append("g.nvlink_group IS NOT NULL")
@@ -113,7 +113,7 @@ def facts_column(request: PlaceRequest, node: str) -> str:
         known.append("g.nvlink_peers IS NOT NULL")
     if request.rail_aligned:
         known.append("g.near_hcas IS NOT NULL")
-    free = f"g.node_id = {node} AND g.gpu_class = :cls AND {FREE_GPU_SQL}"
+    free = f"g.node_id = {node} AND g.gpu_class = :cls AND {gpu_free('g')}"
     groups = (
         f"""ARRAY(SELECT count(*) FROM gpus g WHERE {free} AND g.nvlink_group IS NOT NULL
                   GROUP BY g.nvlink_group ORDER BY 1 DESC)"""

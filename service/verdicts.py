@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from service.availability import is_schedulable
 from service.rejections import index_ranges, shown
 
 
@@ -140,7 +141,7 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     def no(code: VerdictCode, detail: str) -> Verdict:
         return Verdict(node.node_id, code, detail)
 
-    if node.state != "ready":
+    if not is_schedulable(node.state):
         detail = f"{node.state}: {node.state_reason}" if node.state_reason else node.state
         return no(VerdictCode.NOT_SCHEDULABLE, detail)
     per_shard = request.gpus_per_shard

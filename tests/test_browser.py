@@ -247,3 +247,72 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         assert_nothing_came_from_outside(page, service)
         assert page.errors == []
         assert_only_refused_before_the_token(page)
+
+
+MARKS = """
+[...document.querySelectorAll('tr[data-node-id="gpu-01"] .gpu-mark')].map(d => d.innerText.trim())
+"""
+NODE_VIEW = """
+({
+  title: document.getElementById('node-view-title').innerText,
+  gpus: [...document.querySelectorAll('#node-gpus tbody tr')].map(tr =>
+    [...tr.children].map(td => td.innerText.trim())),
+  xids: [...document.querySelectorAll('#node-xids tbody tr')].map(tr =>
+    [...tr.children].slice(1).map(td => td.innerText.trim())),
+})
+"""
+
+
+async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recent_xids(
+    service: LiveService,
+) -> None:
+    sick = gpus(L40S, 4)
+    sick[2] = {**sick[2], "xids": [79]}
+    sick[1] = {**sick[1], "xids": [31]}
+    register(service, "gpu-01", gpus=sick, bootId="boot-a")
+    register(service, "gpu-02", gpus=gpus(L40S, 4))
+    call(
+        service,
+        'mutation { cordonGpu(nodeId: "gpu-01", index: 3, reason: "fan noise") { index } }',
+        {},
+    )
+
+    async with chromium() as page:
+        await page.goto(service.url.removesuffix("graphql"))
+        await page.evaluate(
+            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#nodes tbody tr').length === 2", "two node rows"
+        )
+        assert await page.evaluate(MARKS) == ["GPU 2 xid_79", "GPU 3 cordoned"]
+        rows = await page.evaluate(ROWS)
+        assert rows["gpu-01"]["gpus"].startswith("2 / 4 L40S-48GB")
+        assert rows["gpu-02"]["gpus"] == "4 / 4 L40S-48GB"
+
+        # The operator opens the node.
+        await page.evaluate(
+            "document.querySelector('tr[data-node-id=\"gpu-01\"] a.open-node').click()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#node-xids tbody tr').length === 2", "the node's XIDs"
+        )
+        shown = await page.evaluate(NODE_VIEW)
+        await page.screenshot(SCREENSHOTS / "dashboard-node-xids.png")
+
+        assert shown["title"] == "gpu-01"
+        assert [g[:5] for g in shown["gpus"]] == [
+            ["0", "L40S-48GB", "ok", "—", "—"],
+            ["1", "L40S-48GB", "ok", "—", "—"],
+            ["2", "L40S-48GB", "xid_79", "xid_79", "—"],
+            ["3", "L40S-48GB", "ok", "—", "fan noise"],
+        ]
+        # Most recent first (the report listed GPU 1's before GPU 2's).
+        assert [x[:2] for x in shown["xids"]] == [["2", "79"], ["1", "31"]]
+        assert "fallen off the bus" in shown["xids"][0][2]
+        assert shown["xids"][1][2] == "the application's (the GPU stays healthy)"
+        assert await page.evaluate("location.hash") == "#node=gpu-01"
+        assert_nothing_came_from_outside(page, service)
+        assert page.errors == []
+        assert_only_refused_before_the_token(page)

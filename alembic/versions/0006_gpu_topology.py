@@ -1,7 +1,7 @@
 """GPU topology: NUMA node, NVLink peers and group, NVLink domain, near HCAs
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-04 05:30:00
 
 Every column is nullable and NULL means "the agent did not say": a node
@@ -20,7 +20,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -47,6 +47,10 @@ class GpuInput:
             "because a newer agent may know more faults than the service."
         ),
     )
+    xids: list[int] | None = strawberry.field(
+        default=None,
+        description="Critical XID errors the driver raised for this GPU since the last report.",
+    )
     # Topology (contract-topology.graphql); null is "unknown", never "none".
     numa_node: int | None = strawberry.field(
         default=None, description="The NUMA node the GPU is attached to."
@@ -120,6 +124,13 @@ class NodeInput:
     )
     agent_version: str | None = None
     engine_versions: list[KeyValueInput] | None = None
+    boot_id: str | None = strawberry.field(
+        default=None,
+        description=(
+            "The kernel's boot id (/proc/sys/kernel/random/boot_id). A new one means the node "
+            "rebooted, so its GPUs were reset."
+        ),
+    )
 
     def to_report(self) -> NodeReport:
         return NodeReport(
@@ -142,6 +153,7 @@ class NodeInput:
                     nvlink_peers=None if g.nvlink_peers is None else tuple(g.nvlink_peers),
                     nvlink_domain=g.nvlink_domain,
                     near_hcas=None if g.near_hcas is None else tuple(g.near_hcas),
+                    xids=tuple(g.xids or ()),
                 )
                 for g in self.gpus
             ),
@@ -166,6 +178,7 @@ class NodeInput:
             ),
             agent_version=self.agent_version,
             engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),
+            boot_id=None if self.boot_id is None else str(self.boot_id),
         )
 
 

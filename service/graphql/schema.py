@@ -19,6 +19,7 @@ from strawberry.tools import merge_types
 from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
 from .fast.execution import PlainFieldExecutionContext
+from .gpu_mutations import GpuMutations
 from .masking import MaskUnexpected
 from .mutations import NodeMutations
 from .pages import PageTruncation
@@ -32,7 +33,9 @@ from .token_admin import TokenMutations, TokenQueries
 log = logging.getLogger(__name__)
 
 Query = merge_types("Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries))
-Mutation = merge_types("Mutation", (NodeMutations, TokenMutations, AllocationMutations))
+Mutation = merge_types(
+    "Mutation", (NodeMutations, TokenMutations, AllocationMutations, GpuMutations)
+)
 Subscription = merge_types("Subscription", (EventSubscriptions,))
 
 

@@ -6,6 +6,7 @@ in the real binding too, so the fake cannot drift into an NVML that does not exi
 """
 
 import ctypes
+import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -54,6 +55,10 @@ class NVMLError_InvalidArgument(NVMLError):
     pass
 
 
+class NVMLError_Timeout(NVMLError):
+    pass
+
+
 class NVMLLibraryMismatchError(Exception):
     """Raised by the binding itself (not an NVMLError) when the driver lacks a _v3 call."""
 
@@ -71,6 +76,7 @@ ERRORS = {
         NVMLError_FunctionNotFound,
         NVMLError_Unknown,
         NVMLError_InvalidArgument,
+        NVMLError_Timeout,
     )
 }
 CONSTANTS = {
@@ -82,6 +88,7 @@ CONSTANTS = {
     "NVML_NVLINK_DEVICE_TYPE_GPU": 0,
     "NVML_NVLINK_DEVICE_TYPE_SWITCH": 2,
     "NVML_GPU_FABRIC_STATE_COMPLETED": 3,
+    "nvmlEventTypeXidCriticalError": 8,
 }
 NVLINK_GPU, NVLINK_SWITCH = 0, 2
 
@@ -131,6 +138,8 @@ class FakeGpu:
     nvlinks: Any = field(default_factory=NVMLError_NotSupported)
     # GPU fabric info (multi-node NVLink): a Fabric, or the exception.
     fabric: Any = field(default_factory=NVMLError_NotSupported)
+    # What nvmlDeviceRegisterEvents raises for it (NotSupported on some GPUs).
+    events_error: Exception | None = None
 
     def answer(self, value: Any) -> Any:
         if isinstance(value, BaseException):
@@ -171,6 +180,9 @@ class FakeNvml:
         self.driver_before_r510 = driver_before_r510
         self.initialized = False
         self.shut_down = False
+        # XID events the driver will deliver: (GPU index, XID), via raise_xid.
+        self.xid_events: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.event_sets: list[list[FakeGpu]] = []
         for name, value in {**ERRORS, **CONSTANTS, **STRUCTS}.items():
             setattr(self, name, value)
 
@@ -248,6 +260,46 @@ class FakeNvml:
         struct.cliqueId = fabric.clique_id
         struct.state = fabric.state
         return 0
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        """The driver reports an XID on GPU `index`, as a test's event."""
+        self.xid_events.put((index, xid))
+
+    # XID events: one event set, the GPUs registered on it, and a wait.
+
+    def nvmlEventSetCreate(self) -> list[FakeGpu]:
+        event_set: list[FakeGpu] = []
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(
+        self, gpu: FakeGpu, event_types: int, event_set: list[FakeGpu]
+    ) -> None:
+        assert event_types == CONSTANTS["nvmlEventTypeXidCriticalError"]
+        if gpu.events_error is not None:
+            raise gpu.events_error
+        event_set.append(gpu)
+
+    def nvmlEventSetWait_v2(self, event_set: list[FakeGpu], timeout_ms: int) -> Any:
+        try:
+            index, xid = self.xid_events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError_Timeout() from None
+        gpu = self.gpus[index]
+        assert gpu in event_set, f"an XID on GPU {index}, which is not registered for events"
+        return SimpleNamespace(
+            device=gpu,
+            eventType=CONSTANTS["nvmlEventTypeXidCriticalError"],
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+
+    def nvmlEventSetFree(self, event_set: list[FakeGpu]) -> None:
+        event_set.clear()
+
+    def nvmlDeviceGetIndex(self, gpu: FakeGpu) -> int:
+        return next(i for i, g in enumerate(self.gpus) if g is gpu)
 
 
 def names_the_agent_may_call() -> list[str]:
