@@ -244,3 +244,26 @@ async def test_a_node_that_fits_is_found_past_many_better_packed_ones_that_do_no
     assert where(await place(api, "plain", gpusPerShard=2))[0][0].startswith("pcie-")
     got = await place(api, "tp8", gpusPerShard=8, nvlinkShards=True)
     assert got["__typename"] == "Unplaceable"
+
+
+CORDON_GPU = """
+mutation Cordon($node: ID!, $index: Int!) {
+  cordonGpu(nodeId: $node, index: $index, reason: "flaky NVLink") { index cordonReason }
+}
+"""
+
+
+async def test_a_cordoned_gpu_breaks_its_group_for_placement_and_the_largest_free_group(
+    api: Api,
+) -> None:
+    # Free is service/availability's: a cordoned GPU is not free in a group either.
+    await register(api, "pairs", gpus=bridged_pairs(4))
+    for index in (1, 3):
+        await api(CORDON_GPU, {"node": "pairs", "index": index})
+
+    largest = '{ node(id: "pairs") { largestFreeNvlinkGroup } }'
+    assert (await api(largest))["node"]["largestFreeNvlinkGroup"] == 1
+    got = await place(api, "tp2", gpusPerShard=2, nvlinkShards=True)
+    assert verdicts(got) == {
+        "pairs": ("NVLINK_GROUP_TOO_SMALL", "largest free NVLink group has 1 H100-80GB, needs 2")
+    }
