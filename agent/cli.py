@@ -50,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_http_lines(level: str) -> None:
+    """httpx logs every request at INFO: one line per heartbeat, every few seconds, forever.
+
+    Those lines belong at DEBUG: shown with --log-level debug, hidden otherwise.
+    The agent's own lines already say when the service cannot be reached.
+    """
+    debug = level.upper() == "DEBUG"
+    logging.getLogger("httpx").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -65,6 +75,7 @@ def main(
         # journald stamps the time; a container runtime does too.
         format="%(levelname)s %(message)s",
     )
+    quiet_http_lines(args.log_level)
     env = os.environ if env is None else env
     try:
         config = load_config(config_path(args.config, env), env, read_token=not args.dry_run)

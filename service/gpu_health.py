@@ -27,7 +27,7 @@ from sqlalchemy import text
 from service.availability import gpu_usable
 from service.connections import Connection
 from service.errors import InvalidInput, NodeNotFound
-from service.events import note_recorded
+from service.events import note_recorded, unknown_kinds
 from service.gpu_pools import refresh_pools
 from service.rejections import index_ranges, shown
 from service.reports import NodeReport
@@ -131,7 +131,14 @@ _RECORD_MANY = text(
 async def record_events(
     conn: Connection, node_id: str, actor: str | None, events: Sequence[Mapping[str, object]]
 ) -> None:
-    """Several events of one node in one statement, in order (the rows record_event writes)."""
+    """Several events of one node in one statement, in order (the rows record_event writes).
+
+    The kinds are checked against the closed set as record_event checks them:
+    a kind no reader can ask for would be an event nobody ever sees.
+    """
+    stray = unknown_kinds([str(e["kind"]) for e in events])
+    if stray:
+        raise ValueError(f"event kinds {stray!r} are not in EVENT_KINDS")
     if events:
         rows = await conn.execute(
             _RECORD_MANY, {"node_id": node_id, "actor": actor, "events": json.dumps(events)}

@@ -54,7 +54,7 @@ NOT_DEFINITIONS = {
         '"ok" if gpu["healthy"] else',
     ): "shows a GPU's health, decides nothing",
     ("service/reports.py", "if gpu.healthy and gpu.health_reasons:"): (
-        "refuses a report that says healthy and faulty at once (issue 17), decides nothing"
+        "refuses a report that contradicts itself, decides no GPU's health"
     ),
 }
 
