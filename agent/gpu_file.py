@@ -10,15 +10,32 @@ configured this way by mistake is visible in its log and its dry run.
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from agent.gpus import HEALTH_REASONS, Gpu
 
 # Every field a GPU entry may have; anything else is a mistake, not an extra.
-FIELDS = ("index", "name", "memory_mb", "uuid", "pci_bus_id", "healthy", "health_reasons", "xids")
+FIELDS = (
+    "index",
+    "name",
+    "memory_mb",
+    "uuid",
+    "pci_bus_id",
+    "healthy",
+    "health_reasons",
+    "xids",
+    # Topology, so a demo or a lab can fake an HGX board or NVL pairs.
+    "nvlink_peers",
+    "numa_node",
+    "near_hcas",
+    "nvlink_domain",
+)
 REQUIRED = ("index", "name")
+
+
+T = TypeVar("T")
 
 
 class GpuFileError(Exception):
@@ -80,6 +97,18 @@ def _reasons(where: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _peers(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of GPU indices ([] for no NVLink)")
+    return tuple(_whole(f"{where}[{i}]", peer, 0) for i, peer in enumerate(value))
+
+
+def _names(where: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of adapter names")
+    return tuple(_text(f"{where}[{i}]", name) for i, name in enumerate(value))
+
+
 def _xids(where: str, value: object) -> tuple[int, ...]:
     if not isinstance(value, list):
         _fail(where, value, "must be a list of XIDs")
@@ -117,7 +146,31 @@ def _gpu(where: str, entry: object) -> Gpu:
         memory_mb=None if memory is None else _whole(f"{where}.memory_mb", memory, 1),
         pci_bus_id=None if bus_id is None else _text(f"{where}.pci_bus_id", bus_id),
         health_reasons=reasons,
+        nvlink_peers=_optional(entry, "nvlink_peers", where, _peers),
+        numa_node=_optional(entry, "numa_node", where, lambda w, v: _whole(w, v, 0)),
+        near_hcas=_optional(entry, "near_hcas", where, _names),
+        nvlink_domain=_optional(entry, "nvlink_domain", where, _text),
     )
+
+
+def _optional(
+    entry: dict[str, object], key: str, where: str, parse: Callable[[str, object], T]
+) -> T | None:
+    value = entry.get(key)
+    return None if value is None else parse(f"{where}.{key}", value)
+
+
+def _check_peers(gpus: tuple[Gpu, ...]) -> None:
+    """Peers as the service will check them: GPUs of the file, not itself, listed by both ends."""
+    peers_of = {gpu.index: gpu.nvlink_peers for gpu in gpus}
+    for i, gpu in enumerate(gpus):
+        for peer in gpu.nvlink_peers or ():
+            where = f"[{i}].nvlink_peers"
+            if peer == gpu.index or peer not in peers_of:
+                _fail(where, peer, "must name another GPU of this file")
+            theirs = peers_of[peer]
+            if theirs is not None and gpu.index not in theirs:
+                _fail(where, peer, f"GPU {peer} does not list GPU {gpu.index} back")
 
 
 def parse_gpus(text: str) -> tuple[Gpu, ...]:
@@ -146,6 +199,7 @@ def _parse(text: str) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
             if value is not None and value in seen:
                 _fail(f"[{i}].{unique}", value, "names another GPU too")
             seen.add(value)
+    _check_peers(gpus)
     return gpus, xids
 
 

@@ -128,6 +128,9 @@ class ShardRequest:
     shard_id: str
     node_id: str
     gpu_indices: tuple[int, ...]
+    # The adapters this shard is handed, when place() chose them (railAligned:
+    # exactly its GPUs' near HCAs); None: every adapter of the node on the fabric.
+    hcas: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -667,7 +670,11 @@ async def _store(
             "node_id": s.node_id,
             "gpu_indices": sorted(s.gpu_indices),
             "fabric": choice.fabric,
-            "hcas": list(choice.hcas.get(s.node_id, ())),
+            "hcas": list(
+                choice.hcas.get(s.node_id, ())
+                if s.hcas is None or choice.fabric is None
+                else s.hcas
+            ),
         }
         for s in request.shards
     ]

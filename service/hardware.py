@@ -41,6 +41,12 @@ class GpuRecord:
     shard: ShardRecord | None = None
     cordon_reason: str | None = None
     sticky_reasons: tuple[str, ...] = ()
+    # Topology as reported (service.topology); None is unknown.
+    numa_node: int | None = None
+    nvlink_peers: list[int] | None = None
+    nvlink_group: int | None = None
+    nvlink_domain: str | None = None
+    near_hcas: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ _GPUS = text(
     f"""
     SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb,
            {gpu_healthy("g")}, {gpu_health_reasons("g")}, a.shard_id, s.replica_id,
-           s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons
+           s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons,
+           g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -91,7 +98,8 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
     # cost more than building the record, eight thousand times a page.
     for (
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
-        replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky,
+        replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
+        group, domain, near,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -109,7 +117,8 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         # Positionally, in GpuRecord's field order.
         gpu = GpuRecord(
             node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy,
-            tuple(reasons), held_by, shard, cordon_reason, tuple(sticky),
+            tuple(reasons), held_by, shard, cordon_reason, tuple(sticky), numa_node, peers, group,
+            domain, near,
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

@@ -67,6 +67,11 @@ GPU: Mapping[str, str] = {
     "health_reasons": gpu_health_reasons("g"),
     "cordon_reason": "g.cordon_reason",
     "sticky_reasons": "g.sticky_reasons",
+    "numa_node": "g.numa_node",
+    "nvlink_peers": "g.nvlink_peers",
+    "nvlink_group": "g.nvlink_group",
+    "nvlink_domain": "g.nvlink_domain",
+    "near_hcas": "g.near_hcas",
 }
 SHARD: Mapping[str, str] = {
     "shard_id": "s.shard_id",

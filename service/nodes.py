@@ -22,6 +22,7 @@ from service.gpu_health import ReportedXid
 from service.gpu_pools import POOL_UPSERT, refresh_pools
 from service.node_views import NODE_COLUMNS, NodeRecord, node_from_row
 from service.reports import MAX_TEXT_LENGTH, NodeReport, gpu_class_of, sum_disks, validate_report
+from service.topology import nvlink_groups
 
 
 @dataclass(frozen=True)
@@ -116,26 +117,35 @@ _REPLACE_REPORT = text(
     WITH g_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(
             idx int, uuid text, pci_bus_id text, name text, gpu_class text, memory_mb int,
-            healthy boolean, health_reasons text[])
+            healthy boolean, health_reasons text[], numa_node int, nvlink_peers int[],
+            nvlink_group int, nvlink_domain text, near_hcas text[])
     ), g_gone AS (
         DELETE FROM gpus g WHERE CAST(:changed AS boolean) AND g.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM g_in i WHERE i.idx = g.idx)
     ), g_up AS (
         INSERT INTO gpus AS g (
-            node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons)
-        SELECT :node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons
+            node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons,
+            numa_node, nvlink_peers, nvlink_group, nvlink_domain, near_hcas)
+        SELECT :node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons,
+               numa_node, nvlink_peers, nvlink_group, nvlink_domain, near_hcas
         FROM g_in WHERE CAST(:changed AS boolean) ORDER BY idx
         ON CONFLICT (node_id, idx) DO UPDATE SET
             uuid = excluded.uuid, pci_bus_id = excluded.pci_bus_id, name = excluded.name,
             gpu_class = excluded.gpu_class,
             memory_mb = excluded.memory_mb, healthy = excluded.healthy,
-            health_reasons = excluded.health_reasons
+            health_reasons = excluded.health_reasons,
+            numa_node = excluded.numa_node, nvlink_peers = excluded.nvlink_peers,
+            nvlink_group = excluded.nvlink_group, nvlink_domain = excluded.nvlink_domain,
+            near_hcas = excluded.near_hcas
         WHERE (g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb, g.healthy,
-               g.health_reasons)
+               g.health_reasons, g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain,
+               g.near_hcas)
               IS DISTINCT FROM
               (excluded.uuid, excluded.pci_bus_id, excluded.name, excluded.gpu_class,
                excluded.memory_mb,
-               excluded.healthy, excluded.health_reasons)
+               excluded.healthy, excluded.health_reasons, excluded.numa_node,
+               excluded.nvlink_peers, excluded.nvlink_group, excluded.nvlink_domain,
+               excluded.near_hcas)
     ), f_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:fabrics AS jsonb))
             AS r(fabric text, hcas text[], rate_gbps int)
@@ -307,6 +317,7 @@ async def register_node(
 
 def _hardware_rows(report: NodeReport) -> dict[str, str]:
     """The report's child rows as the JSON parameters of _REPLACE_REPORT."""
+    groups = nvlink_groups({g.index: g.nvlink_peers for g in report.gpus})
     gpus = [
         {
             "idx": g.index,
@@ -318,6 +329,11 @@ def _hardware_rows(report: NodeReport) -> dict[str, str]:
             "healthy": g.healthy,
             # A GPU reported unhealthy without a reason still says so.
             "health_reasons": sorted(set(g.health_reasons)) or ([] if g.healthy else ["unhealthy"]),
+            "numa_node": g.numa_node,
+            "nvlink_peers": None if g.nvlink_peers is None else sorted(g.nvlink_peers),
+            "nvlink_group": groups[g.index],
+            "nvlink_domain": g.nvlink_domain,
+            "near_hcas": None if g.near_hcas is None else sorted(set(g.near_hcas)),
         }
         for g in report.gpus
     ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from service.errors import InvalidInput
 from service.gpu_class import derive_gpu_class
+from service.topology import check_topology
 
 # Bounds that no real node comes near; they keep one broken or hostile agent
 # from writing a report that bloats every scheduler query.
@@ -46,6 +47,11 @@ class GpuReport:
     health_reasons: tuple[str, ...] = ()
     # Critical XIDs the driver raised since the last report (service/gpu_health.py).
     xids: tuple[int, ...] = ()
+    # Topology (service.topology): None is "the agent did not say".
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] | None = None
+    nvlink_domain: str | None = None
+    near_hcas: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,7 @@ def validate_report(report: NodeReport) -> None:
         paths.add(w.path)
         if w.size_bytes is not None:
             _check_range(f"{where}.sizeBytes", w.size_bytes, 0, MAX_BYTES)
+    check_topology(report)
 
 
 def gpu_class_of(gpu: GpuReport) -> str:

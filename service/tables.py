@@ -129,9 +129,22 @@ gpus = Table(
     Column("cordon_reason", Text),
     Column("cordon_actor", Text),
     Column("sticky_reasons", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    # Topology (migration 0006), NULL when the agent did not say: unknown is
+    # not "none", and only a request that needs the fact is refused for it.
+    Column("numa_node", Integer),
+    # GPUs of this node reached over NVLink, directly or through NVSwitch.
+    Column("nvlink_peers", ARRAY(Integer)),
+    # The lowest index of the GPU's NVLink-connected set, derived from the
+    # peers when the report is stored (service.topology.nvlink_groups).
+    Column("nvlink_group", Integer),
+    Column("nvlink_domain", Text),
+    # Adapters under the same PCIe switch: the GPU's rail-aligned HCAs.
+    Column("near_hcas", ARRAY(Text)),
     PrimaryKeyConstraint("node_id", "idx"),
     CheckConstraint("idx >= 0", name="idx"),
     CheckConstraint("memory_mb >= 0", name="memory"),
+    CheckConstraint("numa_node >= 0", name="numa_node"),
+    CheckConstraint("nvlink_group >= 0 AND nvlink_group <= idx", name="nvlink_group"),
 )
 
 # One row per (node, GPU class): how many of them exist, are unhealthy, are

@@ -18,6 +18,7 @@ import pytest
 from tests.chromium import CHROMIUM, Page, chromium
 from tests.conftest import REPO, LiveService
 from tests.reports import L40S, REGISTER, TB, gpus, node_input
+from tests.topology import bridged_pairs
 from tests.vendor_assets import local_assets_or_skip
 
 pytestmark = pytest.mark.skipif(
@@ -157,7 +158,7 @@ async def test_graphiql_runs_a_query_from_local_assets_with_the_token_typed_in_i
 ROWS = """
 Object.fromEntries([...document.querySelectorAll('#nodes tbody tr')].map(tr => [
   tr.dataset.nodeId,
-  Object.fromEntries(['state', 'reason', 'gpus', 'fabrics', 'disk', 'age'].map(
+  Object.fromEntries(['state', 'reason', 'gpus', 'fabrics', 'disk', 'age', 'nvlink'].map(
     (name, i) => [name, tr.children[i + 1].innerText.trim()]))
 ]))
 """
@@ -176,7 +177,7 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
          "freeBytes": 2 * TB, "totalBytes": 3 * TB, "directories": ["/data/models"]},
     ]  # fmt: skip
-    register(service, "gpu-01", fabrics=fabric("ib-a"), storage=storage)
+    register(service, "gpu-01", fabrics=fabric("ib-a"), storage=storage, gpus=bridged_pairs())
     register(service, "gpu-02", fabrics=fabric("ib-b"))  # an old agent: disk unknown
     register(service, "gpu-03", gpus=gpus(L40S, 4), storage=storage)
     call(service, CORDON, {"id": "gpu-03", "reason": "fan failure, ticket OPS-1234"})
@@ -213,6 +214,8 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         assert rows["gpu-03"]["gpus"] == "4 / 4 L40S-48GB"
         assert (rows["gpu-01"]["fabrics"], rows["gpu-02"]["fabrics"]) == ("ib-a", "ib-b")
         assert rows["gpu-01"]["age"].endswith("s ago")
+        assert rows["gpu-01"]["nvlink"] == "NVLink 2x4\nlargest free 2"
+        assert rows["gpu-02"]["nvlink"] == "unknown"
         # total, free, allocated, unhealthy, unschedulable
         assert await page.evaluate(SUMMARY) == {
             "H100-80GB": [16, 16, 0, 0, 0],

@@ -18,6 +18,7 @@ from service.cli import build_parser
 from service.config import Settings
 from tests.conftest import LiveService, free_port
 from tests.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
+from tests.topology import hgx_h100
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
@@ -109,7 +110,7 @@ def test_an_operator_cordons_one_gpu_and_clears_another_after_a_reset(
 def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     live_service: LiveService, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    register(live_service, node_input("gpu-01", storage=DISK, fabrics=IB_A))
+    register(live_service, node_input("gpu-01", storage=DISK, fabrics=IB_A, gpus=hgx_h100(False)))
     # An agent too old to report storage: its disk is unknown, not full.
     register(live_service, node_input("gpu-02"))
     url = ("--url", live_service.url)
@@ -134,7 +135,11 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
         "DISK",
         "LAST",
         "SEEN",
+        "NVLINK",
     ]
+    # The node's NVLink groups and the widest shard it can take; unknown says so.
+    assert first.endswith("NVLink 8, largest free 8")
+    assert second.endswith("unknown")
     assert first.startswith("gpu-01") and "1.2 TB / 3.0 TB" in first and "ib-a" in first
     assert "H100-80GB 8/8" in first and "s ago" in first
     assert second.startswith("gpu-02")

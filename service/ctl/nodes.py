@@ -31,6 +31,7 @@ query Nodes($first: Int, $after: ID) {
     fabrics { fabric }
     gpus { index gpuClass cordonReason stickyReasons }
     freeGpus { gpuClass }
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }
 """
@@ -49,6 +50,7 @@ query Node($id: ID!) {
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
     weights { path sizeBytes }
     knowsItsWeights
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }
 """
@@ -100,11 +102,19 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
             ",".join(f["fabric"] for f in n.get("fabrics") or []) or DASH,
             free_of_total(n.get("localDisk")),
             age(n.get("lastSeen")),
+            nvlink_text(n),
         ]
         for n in nodes
     ]
     headers = ["NODE", "STATE", "GPUS FREE/TOTAL", "GPUS MARKED", "FABRICS", "LOCAL DISK"]
-    return table([*headers, "LAST SEEN"], rows)
+    return table([*headers, "LAST SEEN", "NVLINK"], rows)
+
+
+def nvlink_text(node: dict[str, Any]) -> str:
+    """'NVLink 4x2, largest free 4': the node's groups and the widest shard it can take now."""
+    groups = node.get("nvlinkGroups") or "unknown"
+    largest = node.get("largestFreeNvlinkGroup")
+    return groups if largest is None else f"{groups}, largest free {largest}"
 
 
 def list_nodes(args: argparse.Namespace, client: Client) -> int:
@@ -134,6 +144,7 @@ def node_details(node: dict[str, Any]) -> str:
         f"local disk:  {free_of_total(node.get('localDisk'))}",
         f"shared disk: {free_of_total(node.get('sharedDisk'))}",
         f"labels:      {_pairs(node.get('labels'))}",
+        f"nvlink:      {nvlink_text(node)}",
         f"agent:       {node.get('agentVersion') or DASH}; engines: "
         f"{_pairs(node.get('engineVersions'))}",
         "",

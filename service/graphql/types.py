@@ -9,7 +9,7 @@ from typing import Any
 
 import strawberry
 
-from service import paging
+from service import connections, paging, topology
 from service.allocations import ShardRecord
 from service.availability import is_free
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
@@ -133,6 +133,23 @@ class Gpu:
             "The healthReasons that outlive healthy reports (xid_<n>: a critical XID) until the "
             "GPU is reset: a new bootId, or clearGpuHealth."
         ),
+    )
+    # Topology (contract-topology.graphql): null is "the agent did not say".
+    numa_node: int | None
+    nvlink_peers: list[int] | None = strawberry.field(
+        description="GPUs of this node reached over NVLink; empty: none (PCIe only); null: unknown."
+    )
+    nvlink_group: int | None = strawberry.field(
+        description=(
+            "The lowest index among the GPUs this one is connected to over NVLink on its node, "
+            "itself included. Null when unknown."
+        )
+    )
+    nvlink_domain: str | None = strawberry.field(
+        description="The multi-node NVLink domain ('uuid/clique'); null: none or unknown."
+    )
+    near_hcas: list[str] | None = strawberry.field(
+        description="Adapters under the GPU's PCIe switch (its rail-aligned HCAs); null: unknown."
     )
 
 
@@ -273,6 +290,29 @@ class Node:
 
         return now_or_later(info.context.loaders.gpus, str(self.id), free)
 
+    @strawberry.field(
+        description=(
+            "The most free GPUs that lie in one NVLink group: the widest tensor-parallel shard "
+            "this node can take now. Null when its topology is unknown."
+        ),
+        graphql_type=int | None,
+    )
+    def largest_free_nvlink_group(self, info: Info) -> Any:
+        return now_or_later(info.context.loaders.gpus, str(self.id), topology.largest_free_group)
+
+    @strawberry.field(
+        description=(
+            "The node's NVLink groups in words: 'NVLink 8' (one NVSwitch board), 'NVLink 2x4' "
+            "(bridged pairs), 'none' (PCIe only), 'unknown' (not reported)."
+        ),
+        graphql_type=str,
+    )
+    def nvlink_groups(self, info: Info) -> Any:
+        def words(gpus: list[GpuRecord]) -> str:
+            return topology.describe_groups(topology.group_sizes(gpus))
+
+        return now_or_later(info.context.loaders.gpus, str(self.id), words)
+
     @strawberry.field(graphql_type=list[FabricAttachment], metadata=_ready("fabrics"))
     def fabrics(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.fabrics, str(self.id), _as_loaded)
@@ -400,6 +440,17 @@ class GpuClassSummary:
     allocated: int
     unhealthy: int
     unschedulable: int
+
+    @strawberry.field(
+        description=(
+            "Fragmentation: free GPUs of this class in NVLink groups with fewer than shardSize "
+            "free, which a tensor-parallel shard of that width cannot use. Nodes whose topology "
+            "is unknown are not counted."
+        )
+    )
+    async def nvlink_fragmented_free(self, info: Info, shard_size: int = 8) -> int:
+        async with connections.autocommit(info.context.engine) as conn:
+            return await topology.fragmented_free(conn, self.gpu_class, shard_size)
 
     @classmethod
     def of(cls, s: GpuClassSummaryRecord) -> GpuClassSummary:

@@ -21,6 +21,7 @@ const NODES_QUERY = `query DashboardNodes($after: ID) {
     freeGpus { gpuClass }
     fabrics { fabric }
     localDisk { freeBytes totalBytes }
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }`;
 const SUMMARY_QUERY = `query DashboardSummary {
@@ -373,6 +374,19 @@ function nodeRow(node) {
     el("td", { class: "fabrics" }, node.fabrics.map((f) => f.fabric).join(", ") || "—"),
     disk,
     el("td", { class: "age", "data-last-seen": node.lastSeen }, formatAge(node.lastSeen)),
+    nvlinkCell(node),
+  );
+}
+
+// The node's NVLink groups ("NVLink 8", "NVLink 2x4", "none") and the widest
+// tensor-parallel shard it can take now; unknown topology is said, not zeroed.
+function nvlinkCell(node) {
+  const largest = node.largestFreeNvlinkGroup;
+  return el(
+    "td",
+    { class: node.nvlinkGroups === "unknown" ? "nvlink unknown" : "nvlink" },
+    node.nvlinkGroups,
+    largest === null ? "" : el("div", { class: "muted" }, `largest free ${largest}`),
   );
 }
 

@@ -64,6 +64,8 @@ def test_a_full_report_uses_the_contracts_names(node: Path) -> None:
         "memoryMb": 81559,
         "healthy": True,
         "healthReasons": [],
+        # The plain fake GPU has no NVLink (NotSupported) and no sysfs entry.
+        "nvlinkPeers": [],
     }
     assert sent["fabrics"] == [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
     assert sent["storage"] == [
