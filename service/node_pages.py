@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.availability import gpu_health_reasons, gpu_healthy, node_schedulable
+from service.availability import gpu_free, gpu_health_reasons, gpu_healthy, node_schedulable
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
@@ -114,6 +114,14 @@ _LISTS: Mapping[str, tuple[Mapping[str, str], str, str]] = {
         GPU,
         "FROM gpus g LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx"
         " LEFT JOIN shards s ON s.shard_id = a.shard_id WHERE g.node_id = n.id",
+        "g.idx",
+    ),
+    # Node.freeGpus without gpuClass: the gpus list, kept to availability's
+    # one definition of a free GPU (a free GPU has no holding shard).
+    "free_gpus": (
+        GPU,
+        "FROM gpus g LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx"
+        f" LEFT JOIN shards s ON s.shard_id = a.shard_id WHERE g.node_id = n.id AND {gpu_free('g')}",
         "g.idx",
     ),
     "filesystems": (

@@ -156,6 +156,24 @@ async def test_every_supported_field_reads_the_same_built_by_postgresql(
     assert empty["data"]["page"] == []
 
 
+async def test_a_nodes_free_gpus_are_built_by_postgresql_from_the_one_definition(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    count_statements: StatementCounter,
+) -> None:
+    # The dashboard's question: Node.freeGpus without gpuClass, in the page's statement.
+    await a_varied_cluster(api, engine)
+    query = """{ nodes { id gpus { index } free: freeGpus { __typename index gpuClass
+                                                            allocation { shardId } } } }"""
+    answer, statements = await both_ways(both, count_statements, query)
+    assert statements == 1
+    first = answer["data"]["nodes"][0]
+    free = [g["index"] for g in first["free"]]
+    assert 0 not in free and 2 not in free and 1 in free  # gpu-01's 0 and 2 are held
+    assert all(g["allocation"] is None for g in first["free"])
+
+
 async def test_the_schedulers_free_gpu_question_reads_the_same_built_by_postgresql(
     both: tuple[httpx.AsyncClient, httpx.AsyncClient],
     api: Any,

@@ -28,6 +28,7 @@ from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
 from benchmarks.equivalence.differential import Differential, Normalizer, settings
 from benchmarks.equivalence.operations import Operation
+from service.metrics import COUNTERS
 from service.migrations import upgrade
 from service.web.app import create_app
 
@@ -122,3 +123,14 @@ def test_an_app_that_answers_otherwise_is_caught(both: Both) -> None:
 
 
 # Regression tests: differences the generator found, each as the operation it found.
+
+
+def test_a_nodes_free_gpus_are_answered_alike_by_the_compiled_page(both: Both) -> None:
+    """Node.freeGpus without gpuClass (the dashboard's page) is built by the compiled page."""
+    before = COUNTERS.snapshot()[2]
+    same(both, "{ nodes { id free: freeGpus { index gpuClass healthy allocation { shardId } } } }")
+    same(both, "query($n: Int) { nodes(first: $n) { freeGpus { __typename index } } }", {"n": 2})
+    answered = COUNTERS.snapshot()[2]["page", "answered", ""] - before.get(
+        ("page", "answered", ""), 0
+    )
+    assert answered == 2

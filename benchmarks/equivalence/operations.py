@@ -46,6 +46,7 @@ from graphql import (
     OperationDefinitionNode,
     SelectionNode,
     SelectionSetNode,
+    Undefined,
     ValueNode,
     VariableDefinitionNode,
     VariableNode,
@@ -363,8 +364,9 @@ class _Dresser:
 def compiled_shape(
     selection_set: SelectionSetNode, parent: GraphQLNamedType, leaves_only: bool
 ) -> SelectionSetNode:
-    """The selection without what no compiled route takes: fields with arguments below the
-    root, timestamps and key-value lists, and (for the heartbeat) anything but leaves."""
+    """The selection without what no compiled route takes: arguments below the root
+    (dropped where all are optional, as Node.freeGpus without gpuClass; else the field),
+    timestamps and key-value lists, and (for the heartbeat) anything but leaves."""
     kept: list[SelectionNode] = []
     for selection in selection_set.selections:
         if not isinstance(selection, FieldNode) or not isinstance(parent, GraphQLObjectType):
@@ -374,10 +376,24 @@ def compiled_shape(
             continue
         named = get_named_type(definition.type)
         root = parent.name in ("Query", "Mutation")
-        if (not root and definition.args) or named.name in ("DateTime", "KeyValue"):
+        required = any(
+            is_non_null_type(a.type) and a.default_value is Undefined
+            for a in definition.args.values()
+        )
+        if (not root and required) or named.name in ("DateTime", "KeyValue"):
             continue
+        arguments = selection.arguments if root else ()
         if selection.selection_set is None:
-            kept.append(selection)
+            kept.append(
+                selection
+                if arguments is selection.arguments
+                else FieldNode(
+                    alias=selection.alias,
+                    name=selection.name,
+                    arguments=arguments,
+                    directives=selection.directives,
+                )
+            )
         elif root or not leaves_only:
             inner = compiled_shape(selection.selection_set, named, leaves_only and not root)
             if inner.selections:
@@ -385,7 +401,7 @@ def compiled_shape(
                     FieldNode(
                         alias=selection.alias,
                         name=selection.name,
-                        arguments=selection.arguments,
+                        arguments=arguments,
                         directives=(),
                         selection_set=inner,
                     )

@@ -281,6 +281,9 @@ class Node:
             "optionally of one class."
         ),
         graphql_type=list[Gpu],
+        # Without gpuClass, a page of nodes builds the list itself
+        # (node_pages.py, from availability.gpu_free).
+        metadata={RECORD: "free_gpus"},
     )
     def free_gpus(self, info: Info, gpu_class: str | None = None) -> Any:
         def free(gpus: list[GpuRecord]) -> list[GpuRecord]:

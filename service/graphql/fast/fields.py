@@ -63,8 +63,11 @@ def record_attributes(schema: strawberry.Schema, type_name: str) -> dict[str, st
     for f in _fields(schema, type_name):
         metadata: Mapping[Any, Any] = f.metadata or {}
         plain = f.base_resolver is None and not f.extensions and not f.arguments
-        answerable = (
-            not f.arguments and not f.extensions and (READY in metadata or RECORD in metadata)
+        # A field with arguments is named only by RECORD, which then names its
+        # value when no argument is given (Node.freeGpus without gpuClass): the
+        # compiled page declines a selection that passes arguments.
+        answerable = not f.extensions and (
+            RECORD in metadata or (READY in metadata and not f.arguments)
         )
         if plain or answerable:
             attributes[_graphql_name(schema, f)] = str(metadata.get(RECORD, f.python_name))
