@@ -278,10 +278,16 @@ def _json_text(value: str) -> str:
 _pools: weakref.WeakKeyDictionary[AsyncEngine, _Pool] = weakref.WeakKeyDictionary()
 
 
-def attach(engine: AsyncEngine, spec: PoolSpec) -> None:
-    """Give the engine its native pool, to the same database, opened on first use."""
-    url = engine.url.set(drivername="postgresql")
-    _pools[engine] = _Pool(url.render_as_string(hide_password=False), spec)
+def attach(engine: AsyncEngine, spec: PoolSpec, dsn: str | None = None) -> None:
+    """Give the engine its native pool, to the same database (`dsn`, libpq's form), opened on first use."""
+    if dsn is None:
+        dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    _pools[engine] = _Pool(dsn, spec)
+
+
+def dsn_of(engine: AsyncEngine) -> str:
+    """The libpq URL the engine's connections are opened from (several hosts, when failing over)."""
+    return _pool_of(engine).dsn
 
 
 def _pool_of(engine: AsyncEngine) -> _Pool:

@@ -29,6 +29,7 @@ from service.graphql.direct import DirectExecutor
 from service.graphql.schema import prepared_documents, schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.direct_graphql import DirectGraphQL
+from service.web.draining import CloseConnectionsWhileDraining, Drain
 from service.web.graphiql import GraphiQLPage
 from service.web.http_guards import decode_json_body, guard_graphql
 from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
@@ -147,6 +148,7 @@ def create_app(
     async def dashboard(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
 
+    drain = Drain()  # begun by SIGTERM (web/draining.py)
     routes: list[Any] = [
         Route(
             "/graphql",
@@ -165,7 +167,7 @@ def create_app(
         ),
         WebSocketRoute("/graphql", graphql_app),
         Route("/healthz", healthz),
-        *operational_routes(lambda: ref.engine, settings),
+        *operational_routes(lambda: ref.engine, settings, drain),
         # The dashboard and GraphiQL's scripts are public: a browser fetches
         # them before anyone can type a token into the page.
         Route("/", dashboard, methods=["GET"]),
@@ -173,8 +175,14 @@ def create_app(
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, middleware=[Middleware(RequestContextMiddleware)]
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[
+            Middleware(CloseConnectionsWhileDraining, drain=drain),
+            Middleware(RequestContextMiddleware),
+        ],
     )
+    app.state.drain = drain
     app.state.engine_ref = ref
     app.state.settings = settings
     return app
