@@ -23,21 +23,22 @@ class SettingError(ValueError):
     """A setting's value cannot be used; the message names the variable and the value."""
 
 
-def _positive_float(name: str, raw: str) -> float:
+def _seconds(name: str, raw: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r}: expected a number of seconds") from None
+
+
+def _positive_float(name: str, raw: str) -> float:
+    value = _seconds(name, raw)
     if value <= 0:
         raise SettingError(f"{name}={raw!r}: must be greater than 0")
     return value
 
 
 def _non_negative_float(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(f"{name}={raw!r}: expected a number of seconds") from None
+    value = _seconds(name, raw)
     if not 0 <= value < float("inf"):
         raise SettingError(f"{name}={raw!r}: must be 0 or more")
     return value

@@ -111,13 +111,17 @@ def test_a_replica_started_while_postgres_is_down_waits_not_ready_and_serves_onc
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
             )
-        time.sleep(3)
+        # Waiting, and saying so (a loaded machine may take seconds to import).
+        deadline = time.monotonic() + 60
+        while "not ready: waiting for PostgreSQL at" not in (waiting := log.read_text()):
+            assert process.poll() is None, waiting
+            assert time.monotonic() < deadline, waiting
+            time.sleep(0.2)
+        time.sleep(1.5)  # a few attempts, with backoff
         assert process.poll() is None, log.read_text()
         # Not listening: a load balancer or health check sees it as not ready.
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-        waiting = log.read_text()
-        assert "not ready: waiting for PostgreSQL at" in waiting, waiting
         assert f"127.0.0.1:{pair.primary.port}, 127.0.0.1:{pair.standby.port}" in waiting
         assert "s3cr" not in waiting
 
