@@ -156,8 +156,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("INVENTORY_INSECURE", "insecure", "false", _flag,
             "Serve without tokens on a non-loopback address (loudly)."),
     Setting("INVENTORY_DIRECT_EXECUTION", "direct_execution", "true", _flag,
-            "Answer ordinary POST queries and mutations with graphql-core directly on cached "
-            "documents (false: every request through Strawberry's view; same answers, slower)."),
+            "The fast path (service/graphql/fast/): ordinary POST queries and mutations answered "
+            "on cached documents by compiled routes or graphql-core directly (false: every request "
+            "through Strawberry's view alone; same answers, slower)."),
     Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),

@@ -33,8 +33,9 @@ class _Counters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.rejections: dict[str, int] = defaultdict(int)
-        # GraphQL requests by the executor that answered them (direct or strawberry).
-        self.executors: dict[str, int] = defaultdict(int)
+        # The fast path's route runs: (route, outcome, reason) -> count
+        # (service/graphql/fast/front_door.py).
+        self.fast_path: dict[tuple[str, str, str], int] = defaultdict(int)
         # (method, route, status) -> per-bucket counts, sum, count
         self.latency: dict[tuple[str, str, str], list[float]] = {}
 
@@ -42,9 +43,9 @@ class _Counters:
         with self._lock:
             self.rejections[code] += 1
 
-    def count_executor(self, executor: str) -> None:
+    def count_fast_path(self, route: str, outcome: str, reason: str) -> None:
         with self._lock:
-            self.executors[executor] += 1
+            self.fast_path[route, outcome, reason] += 1
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         # Labels come from the request: fold the unexpected so that a scanner
@@ -65,16 +66,18 @@ class _Counters:
 
     def snapshot(
         self,
-    ) -> tuple[dict[str, int], dict[tuple[str, str, str], list[float]], dict[str, int]]:
+    ) -> tuple[
+        dict[str, int], dict[tuple[str, str, str], list[float]], dict[tuple[str, str, str], int]
+    ]:
         with self._lock:
             latency = {k: list(v) for k, v in self.latency.items()}
-            return dict(self.rejections), latency, dict(self.executors)
+            return dict(self.rejections), latency, dict(self.fast_path)
 
     def reset(self) -> None:
         with self._lock:
             self.rejections.clear()
             self.latency.clear()
-            self.executors.clear()
+            self.fast_path.clear()
 
 
 COUNTERS = _Counters()
@@ -85,9 +88,12 @@ def count_rejection(code: str) -> None:
     COUNTERS.count_rejection(code)
 
 
-def count_executor(executor: str) -> None:
-    """Count one GraphQL HTTP request by what answered it: "direct" or "strawberry"."""
-    COUNTERS.count_executor(executor)
+def count_fast_path(route: str, outcome: str, reason: str) -> None:
+    """Count one run of a fast-path route, after it ran: outcome "answered" or "declined".
+
+    Labels are fixed words of the routes, never values of the request.
+    """
+    COUNTERS.count_fast_path(route, outcome, reason)
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
@@ -238,13 +244,18 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
 
 
 def _process(out: Exposition) -> None:
-    rejections, latency, executors = COUNTERS.snapshot()
+    rejections, latency, fast_path = COUNTERS.snapshot()
     out.family(
-        "inventory_graphql_requests_total",
+        "inventory_fast_path_requests_total",
         "counter",
-        "GraphQL HTTP requests answered by this process, by executor: direct (graphql-core on a "
-        "cached document) or strawberry (everything else).",
-        (((("executor", name),), count) for name, count in sorted(executors.items())),
+        "GraphQL HTTP requests by fast-path route (front_door, heartbeat, page, graphql_core), "
+        "counted after the route ran: answered, or declined with a reason (declined by "
+        "front_door: Strawberry's view answered; reason bug: a logged bug, answered as an "
+        "internal error). All zero with INVENTORY_DIRECT_EXECUTION=false.",
+        (
+            ((("route", route), ("outcome", outcome), ("reason", reason)), count)
+            for (route, outcome, reason), count in sorted(fast_path.items())
+        ),
     )
     out.family(
         "inventory_allocation_rejections_total",

@@ -1,7 +1,7 @@
 """A page of nodes built as JSON by PostgreSQL reads exactly like the one graphql-core builds.
 
 Each request goes to the service (direct execution on: a page of supported
-fields is compiled, service/graphql/compiled_page.py) and to Strawberry's own
+fields is compiled, service/graphql/fast/compiled_page.py) and to Strawberry's own
 view on the same database; the answers must be equal, and the compiled one
 must have been one SQL statement.
 """

@@ -1,7 +1,7 @@
 """Plain fields are completed by the service's execution context, and the answer is graphql-core's to the byte.
 
 Every question is asked twice, once through Strawberry's stock execution
-context and once through the service's (service/graphql/execution.py), with a
+context and once through the service's (service/graphql/fast/execution.py), with a
 context made the same way, and the two answers must be identical: the same
 data in the same order, the same errors with the same messages, locations and
 paths.
@@ -24,7 +24,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from service.auth import OPEN_ACCESS
 from service.config import Settings
 from service.graphql.context import new_context
-from service.graphql.execution import READY, PlainFieldExecutionContext
+from service.graphql.fast.execution import READY, PlainFieldExecutionContext
 from service.graphql.schema import schema as service_schema
 from tests.conftest import Api
 from tests.reports import (
@@ -416,7 +416,7 @@ resolver_calls: list[str] = []
 
 
 def _ready_spare(shelf: Shelf, context: Any) -> Any:
-    from service.graphql.execution import NOT_READY
+    from service.graphql.fast.execution import NOT_READY
 
     return NOT_READY if shelf.spare is None else shelf.spare
 

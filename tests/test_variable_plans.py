@@ -1,6 +1,6 @@
 """A compiled variable plan coerces exactly what graphql-core coerces, or declines.
 
-The plan (service/graphql/variables.py) replaces graphql-core's coercion of
+The plan (service/graphql/fast/variables.py) replaces graphql-core's coercion of
 the agents' and schedulers' variables. For any value, generated here from a
 real report by replacing, dropping and adding parts, it must either give
 graphql-core's own result (same values, same sources) or decline, and it must
@@ -21,8 +21,8 @@ from graphql.execution.values import VariableValues, get_variable_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.graphql.fast.variables import Declined, compile_variables
 from service.graphql.schema import schema
-from service.graphql.variables import Declined, compile_variables
 from tests.reports import ALLOCATE, PLACE, allocation, placement, shard
 from tests.test_direct_execution import FULL_REPORT
 

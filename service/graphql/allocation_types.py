@@ -13,7 +13,7 @@ from service.errors import InventoryError
 from service.placement import Explanation
 from service.placement import Unplaceable as UnplaceableRecord
 
-from .input_conversion import compiled_input
+from .fast.input_conversion import compiled_input
 from .inputs import KeyValueInput
 from .scalars import Bytes
 from .types import Allocation

@@ -7,7 +7,7 @@ import strawberry
 from service.node_views import NodeFilter as NodeFilterRecord
 from service.reports import FabricReport, FilesystemReport, GpuReport, NodeReport, WeightsReport
 
-from .input_conversion import compiled_input
+from .fast.input_conversion import compiled_input
 from .scalars import Bytes
 from .types import NodeState
 

@@ -17,9 +17,8 @@ from strawberry.schema.config import StrawberryConfig
 from strawberry.tools import merge_types
 
 from .allocation_mutations import AllocationMutations
-from .documents import PreparedDocuments
 from .event_queries import EventQueries
-from .execution import PlainFieldExecutionContext
+from .fast.execution import PlainFieldExecutionContext
 from .masking import MaskUnexpected
 from .mutations import NodeMutations
 from .permissions import guard_root_fields
@@ -65,7 +64,7 @@ schema = strawberry.Schema(
     subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
     # Plain fields (no resolver) completed without graphql-core's per-field
-    # machinery: most of a 1,000-node page's CPU was that (execution.py).
+    # machinery: most of a 1,000-node page's CPU was that (fast/execution.py).
     execution_context_class=PlainFieldExecutionContext,
     extensions=[
         MaskUnexpected,
@@ -75,7 +74,3 @@ schema = strawberry.Schema(
         ValidationCache,
     ],
 )
-
-# The direct executor's documents (direct.py), validated by the same rules and
-# token limit as the extensions above.
-prepared_documents = PreparedDocuments(schema._schema, LIMIT_RULES, MAX_TOKENS)

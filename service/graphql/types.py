@@ -17,9 +17,14 @@ from service.node_views import NodeRecord
 from service.reports import Disk as DiskRecord
 
 from .context import Context, Info
-from .execution import NOT_READY, READY
+from .fast.execution import NOT_READY, READY
 from .loaders import now_or_later, ready
 from .scalars import Bytes
+
+# Metadata key of a field whose value a page reads from a record attribute
+# of another name (fast/fields.py): e.g. Node.stateChangedBy is
+# NodeRecord.state_actor, Node.storage the node's filesystems.
+RECORD = "record-attribute"
 
 
 @strawberry.enum
@@ -150,15 +155,18 @@ def _as_loaded(records: list[Any]) -> list[Any]:
     return records
 
 
-def _ready(loader: str) -> dict[str, Any]:
-    """Metadata of a Node detail field: its value at once when `loader` holds it (execution.READY)."""
+def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
+    """Metadata of a Node detail field: its value at once when `loader` holds it (execution.READY).
+
+    `record`: the name a page of nodes gives the list (RECORD), when not the field's own.
+    """
     loader_of = attrgetter(loader)
 
     def read(node: Node, context: Context) -> Any:
         value = ready(loader_of(context.loaders), str(node.id), _as_loaded)
         return NOT_READY if value is None else value
 
-    return {READY: read}
+    return {READY: read} if record is None else {READY: read, RECORD: record}
 
 
 @strawberry.type
@@ -191,7 +199,8 @@ class Node:
         description="False when the node was not asked to look for weights: it then constrains nothing."
     )
     state_changed_by: str | None = strawberry.field(
-        description="Who cordoned or drained it, when an operator did."
+        description="Who cordoned or drained it, when an operator did.",
+        metadata={RECORD: "state_actor"},
     )
     registered_at: datetime
 
@@ -263,7 +272,7 @@ class Node:
     @strawberry.field(
         description="One entry per filesystem, not per directory.",
         graphql_type=list[Filesystem],
-        metadata=_ready("filesystems"),
+        metadata=_ready("filesystems", record="filesystems"),
     )
     def storage(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.filesystems, str(self.id), _as_loaded)
@@ -284,7 +293,9 @@ class Node:
 
         return now_or_later(info.context.loaders.weights, str(self.id), has)
 
-    @strawberry.field(graphql_type=list[Allocation], metadata=_ready("shards_on_node"))
+    @strawberry.field(
+        graphql_type=list[Allocation], metadata=_ready("shards_on_node", record="shards")
+    )
     def allocations(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.shards_on_node, str(self.id), _as_loaded)
 
@@ -319,7 +330,7 @@ class NodeFreeGpus:
     node_id: strawberry.Private[str]
     gpu_indices: list[int]
 
-    @strawberry.field(graphql_type=Node)
+    @strawberry.field(graphql_type=Node, metadata={RECORD: "node"})
     def node(self, info: Info) -> Any:
         # At once when the root field prefetched the page's nodes.
         record = ready(info.context.loaders.node, self.node_id, _node_record)

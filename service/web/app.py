@@ -25,10 +25,9 @@ from service.db import create_engine, dispose
 from service.event_announcements import drain_announcements
 from service.graphql.authentication import accept_connection, identify, identify_http
 from service.graphql.context import Context, new_context
-from service.graphql.direct import DirectExecutor
-from service.graphql.schema import prepared_documents, schema
+from service.graphql.fast.front_door import FrontDoor
+from service.graphql.schema import schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
-from service.web.direct_graphql import DirectGraphQL
 from service.web.draining import CloseConnectionsWhileDraining, Drain
 from service.web.graphiql import GraphiQLPage
 from service.web.http_guards import decode_json_body, guard_graphql
@@ -71,7 +70,7 @@ class InventoryGraphQL(GraphQL[Context, None]):
         return context
 
     def http_context(self, request: Request) -> Context:
-        """The context of a request the direct executor answers (service/web/direct_graphql.py)."""
+        """The context of a request the fast path answers (service/graphql/fast/front_door.py)."""
         context = self._new_context(request, None)
         identify_http(context, request, self.authenticator)
         return context
@@ -153,11 +152,8 @@ def create_app(
         Route(
             "/graphql",
             guard_graphql(
-                DirectGraphQL(
-                    graphql_app,
-                    DirectExecutor(schema, prepared_documents),
-                    graphql_app.http_context,
-                )
+                # The one switch (service/graphql/fast/switch.py): off, no front door.
+                FrontDoor(graphql_app, schema, graphql_app.http_context)
                 if settings.direct_execution
                 else graphql_app,
                 graphql_app.authenticator,

@@ -19,13 +19,15 @@ through graphql-core as before.
 How it stays exact: the same role check and page-size rule as the resolver,
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/test_compiled_page.py compares both ways field
-by field). A filter is an input object: its value is computed by the very
-functions the executor and the resolver use (graphql-core's variable and
-argument coercion, Strawberry's conversion to the NodeFilter class), so no
-rule of theirs is restated here. Whatever graphql-core would have to decide
-(a variable of another type, a refused caller, a page size out of range, any
-failure) answers nothing here, and graphql-core runs the document as usual:
-a read, so running it again is harmless.
+by field). Which record attribute answers which field is read from the
+Strawberry types (fields.py). A filter is an input object: its value is
+computed by the very functions the executor and the resolver use
+(graphql-core's variable and argument coercion, Strawberry's conversion to
+the NodeFilter class), so no rule of theirs is restated here. Whatever
+graphql-core would have to decide (a variable of another type, a refused
+caller, a page size out of range, a database that is down or a text it
+cannot store) is declined with a reason, and graphql-core runs the document
+as usual: a read, so running it again writes nothing.
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ from typing import Any
 
 import strawberry
 from graphql import (
+    GRAPHQL_MAX_INT,
+    GRAPHQL_MIN_INT,
     FieldNode,
     GraphQLEnumType,
+    GraphQLError,
     GraphQLField,
     GraphQLList,
     GraphQLNonNull,
@@ -52,45 +57,30 @@ from graphql import (
     StringValueNode,
     ValueNode,
     VariableNode,
+    get_argument_values,
     get_named_type,
+    get_variable_values,
 )
-from graphql.execution.values import get_argument_values, get_variable_values
-from graphql.type.scalars import GRAPHQL_MAX_INT, GRAPHQL_MIN_INT
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
+from service.db_faults import is_database_unavailable
+from service.errors import InventoryError
+from service.graphql.context import Context
+from service.graphql.masking import UNSTORABLE_TEXT
+from service.graphql.permissions import check_role, role_of
+from service.transactions import sqlstate
 
-from .context import Context
 from .documents import only_root_field
-from .permissions import check_role, role_of
+from .fields import NotAnObjectType, record_attributes
+from .outcomes import Answered, Declined, Outcome
+from .private_api import core_schema, scalar_registry
 
-# Node's GraphQL fields and the attribute node_pages reads for each (Node.of's
-# own mapping, and the detail fields' loaders).
-NODE_FIELDS: Mapping[str, str] = {
-    "id": "id",
-    "hostname": "hostname",
-    "mgmtAddr": "mgmt_addr",
-    "memoryTotalMb": "memory_total_mb",
-    "state": "state",
-    "stateReason": "state_reason",
-    "stateChangedBy": "state_actor",
-    "schedulable": "schedulable",
-    "agentVersion": "agent_version",
-    "knowsItsWeights": "knows_its_weights",
-    "localDisk": "local_disk",
-    "sharedDisk": "shared_disk",
-    "gpus": "gpus",
-    "storage": "filesystems",
-    "allocations": "shards",
-    "fabrics": "fabrics",
-    "weights": "weights",
-}
-
-# A freeGpus entry's fields (NodeFreeGpus) and what node_pages reads for each.
-FREE_GPUS_FIELDS: Mapping[str, str] = {"gpuIndices": "gpu_indices", "node": "node"}
-
-# The root fields compiled: their arguments' types.
+# The root fields compiled, and the arguments CompiledPage.run passes on, by
+# their types: an argument the page does not pass on is declined, never
+# dropped (a new argument of `nodes` goes through graphql-core until the page
+# knows it).
 ROOTS: Mapping[str, Mapping[str, str]] = {
     "nodes": {"filter": "NodeFilter", "first": "Int", "after": "ID"},
     "freeGpus": {"gpuClass": "String", "fabric": "String", "minFree": "Int", "first": "Int",
@@ -127,19 +117,22 @@ class _ResolverArguments:
         node: FieldNode,
         arguments: list[StrawberryArgument],
     ) -> None:
-        self._core = schema._schema
+        self._core = core_schema(schema)
         self._definitions = operation.variable_definitions or ()
         self._field = field
         self._node = node
         self._arguments = arguments
-        self._scalars = schema.schema_converter.scalar_registry
+        self._scalars = scalar_registry(schema)
         self._config = schema.config
 
     def __call__(self, variables: dict[str, Any]) -> dict[str, Any]:
         values = get_variable_values(self._core, self._definitions, variables)
         if isinstance(values, list):  # errors: graphql-core's to word
             raise _Declined
-        given = get_argument_values(self._field, self._node, values)
+        try:
+            given = get_argument_values(self._field, self._node, values)
+        except GraphQLError:  # graphql-core's to word
+            raise _Declined from None
         return convert_arguments(given, self._arguments, self._scalars, self._config)
 
 
@@ -183,40 +176,50 @@ class CompiledPage:
             raise _Declined
         return value
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> bytes | None:
-        """The encoded response body, or None: graphql-core must answer this one."""
+    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
         try:
             if self._resolver_arguments is not None:
                 given = self._resolver_arguments(variables or {})
             else:
                 given = {name: self._argument(name, variables or {}) for name in self._types}
+        except _Declined:
+            return Declined("arguments_for_graphql_core")
+        try:
             check_role(self._role, self._field, context.principal, given)
             size = context.page_size(given.get("first"))
-            async with connections.autocommit(context.engine) as conn:
-                if isinstance(self._page, node_pages.FreeGpusPage):
-                    min_free = given["minFree"]
-                    answer = await self._page.fetch(
-                        conn,
-                        gpu_class=given["gpuClass"],
-                        fabric=given["fabric"],
-                        min_free=1 if min_free is None else min_free,
-                        first=size,
-                        after=given["after"],
-                    )
-                else:
-                    node_filter = given.get("filter_")
-                    after = given.get("after")
-                    answer = await self._page.fetch(
-                        conn,
-                        node_filter.to_record()
-                        if node_filter is not None
-                        else node_views.NodeFilter(),
-                        size,
-                        str(after) if after is not None else None,
-                    )
-        except Exception:
-            return None
-        return b'{"data":{' + self._key + b":" + answer.encode() + b"}}"
+            answer = await self._fetch(context, given, size)
+        except InventoryError:  # a refused caller, a page size out of range: the resolver's words
+            return Declined("refused")
+        except Exception as error:
+            # What masking.py words for the client: graphql-core runs the read
+            # again and answers it. Any other exception is a bug: it propagates.
+            if is_database_unavailable(error):
+                return Declined("database_unavailable")
+            if sqlstate(error) in UNSTORABLE_TEXT:
+                return Declined("text_not_storable")
+            raise
+        return Answered(b'{"data":{' + self._key + b":" + answer.encode() + b"}}")
+
+    async def _fetch(self, context: Context, given: Mapping[str, Any], size: int) -> str:
+        async with connections.autocommit(context.engine) as conn:
+            if isinstance(self._page, node_pages.FreeGpusPage):
+                min_free = given["minFree"]
+                return await self._page.fetch(
+                    conn,
+                    gpu_class=given["gpuClass"],
+                    fabric=given["fabric"],
+                    min_free=1 if min_free is None else min_free,
+                    first=size,
+                    after=given["after"],
+                )
+            node_filter = given.get("filter_")
+            after = given.get("after")
+            return await self._page.fetch(
+                conn,
+                node_filter.to_record() if node_filter is not None else node_views.NodeFilter(),
+                size,
+                str(after) if after is not None else None,
+            )
 
 
 def _literal(type_name: str, value: ValueNode) -> Any:
@@ -251,27 +254,18 @@ class _Compiler:
     def __init__(self, schema: strawberry.Schema) -> None:
         self._schema = schema
 
-    def python_names(self, type_name: str) -> dict[str, str]:
-        definition = self._schema.get_type_by_name(type_name)
-        if not isinstance(definition, StrawberryObjectDefinition):
-            raise _Declined
-        return {
-            self._schema.config.name_converter.get_graphql_name(f): f.python_name
-            for f in definition.fields
-            if f.base_resolver is None and not f.extensions
-        }
+    def record_attributes(self, type_name: str) -> dict[str, str]:
+        try:
+            return record_attributes(self._schema, type_name)
+        except NotAnObjectType:
+            raise _Declined from None
 
     def selection(
         self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None
     ) -> tuple[node_pages.Value, ...]:
         if selection_set is None:
             raise _Declined
-        if parent.name == "Node":
-            names = NODE_FIELDS
-        elif parent.name == "NodeFreeGpus":
-            names = FREE_GPUS_FIELDS
-        else:
-            names = self.python_names(parent.name)
+        names = self.record_attributes(parent.name)
         values: list[node_pages.Value] = []
         keys: set[str] = set()
         for selection in selection_set.selections:
@@ -330,7 +324,7 @@ def compile_page(
     if root is None:
         return None
     field = root.name.value
-    root_type = schema._schema.query_type
+    root_type = core_schema(schema).query_type
     if field not in ROOTS or root_type is None:
         return None
     entry_type = get_named_type(root_type.fields[field].type)

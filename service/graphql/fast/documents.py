@@ -5,9 +5,10 @@ scheduler the same few, thousands of times a second across a cluster. Parsing
 and validating them again for each request is work whose answer never
 changes, so the first request of a text pays for it and later ones look it up.
 
-A text that fails to parse or validate is remembered as such: the request is
-then left to Strawberry's own path, which reports those errors in its own
-words. The cache is bounded (least recently used out) and long texts are not
+A text that fails to parse or validate is remembered as such: the front door
+then declines the request (reason `document_not_valid`) and Strawberry's view
+reports those errors in its own words. The rules and the token limit are the
+schema's own extensions' (extensions.py). The cache is bounded (least recently used out) and long texts are not
 kept, so a client sending endless distinct documents costs memory for at most
 `max_entries` of them.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final
 
 from graphql import (
     ASTValidationRule,
@@ -29,10 +30,8 @@ from graphql import (
     parse,
     specified_rules,
 )
-from strawberry.schema.schema import validate_document
 
-if TYPE_CHECKING:
-    from .direct import Plan
+from .private_api import validate_document
 
 # Agents' documents are a few hundred bytes; a page query a few kilobytes.
 MAX_CACHED_LENGTH: Final = 16_384
@@ -45,9 +44,9 @@ class Prepared:
 
     document: DocumentNode
     operations: dict[str | None, OperationDefinitionNode]
-    # Per operation name, what direct.py compiled of it (None: nothing);
-    # filled on first use.
-    compiled: dict[str | None, Plan | None] = field(default_factory=dict)
+    # Per operation name, the front door's plan of it (front_door.Plan),
+    # made on first use and kept as long as the document is.
+    plans: dict[str | None, Any] = field(default_factory=dict)
 
     def operation(self, name: str | None) -> OperationDefinitionNode | None:
         """The operation to run, as graphql-core picks it; None when that would be an error."""
@@ -68,7 +67,7 @@ class PreparedDocuments:
         self,
         schema: GraphQLSchema,
         extra_rules: tuple[type[ASTValidationRule], ...],
-        max_tokens: int,
+        max_tokens: int | None,
         max_entries: int = MAX_ENTRIES,
     ) -> None:
         self._schema = schema

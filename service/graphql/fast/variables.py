@@ -23,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from graphql import (
+    GRAPHQL_MAX_INT,
+    GRAPHQL_MIN_INT,
     GraphQLBoolean,
     GraphQLError,
     GraphQLID,
@@ -35,13 +37,16 @@ from graphql import (
     GraphQLString,
     OperationDefinitionNode,
     is_leaf_type,
+    is_required_input_field,
 )
-from graphql.execution.get_variable_signature import get_variable_signature
-from graphql.execution.values import VariableValues, VariableValueSource
 from graphql.pyutils import Undefined
-from graphql.type.definition import is_required_input_field
-from graphql.type.scalars import GRAPHQL_MAX_INT, GRAPHQL_MIN_INT
-from graphql.utilities.coerce_input_value import coerce_default_value
+
+from .private_api import (
+    VariableValues,
+    VariableValueSource,
+    coerce_default_value,
+    get_variable_signature,
+)
 
 Coerce = Callable[[Any], Any]
 
@@ -87,7 +92,7 @@ def _leaf(type_: Any) -> Coerce:
     def leaf(value: Any) -> Any:
         try:
             coerced = parse(value)
-        except Exception as error:
+        except Exception as error:  # graphql-core too reads any exception here as a refusal
             raise Declined from error
         if coerced is Undefined:
             raise Declined

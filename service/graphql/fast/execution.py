@@ -35,7 +35,10 @@ from operator import attrgetter
 from typing import Any
 
 from graphql import (
+    GRAPHQL_MAX_INT,
+    GRAPHQL_MIN_INT,
     GraphQLBoolean,
+    GraphQLError,
     GraphQLField,
     GraphQLID,
     GraphQLInt,
@@ -51,11 +54,16 @@ from graphql import (
     is_non_null_type,
     is_object_type,
 )
-from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
 from graphql.pyutils import AwaitableOrValue, Path, Undefined, gather_with_cancel
-from graphql.type.scalars import GRAPHQL_MAX_INT, GRAPHQL_MIN_INT
-from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types.field import StrawberryField
+
+from . import switch
+from .private_api import (
+    FieldDetailsList,
+    GroupedFieldSet,
+    StrawberryGraphQLCoreExecutionContext,
+    is_default_resolver,
+)
 
 # Completes one value of a planned output type, or raises: any exception means
 # "not the fast path's to answer", never an answer of its own.
@@ -92,6 +100,19 @@ class Delegate(Exception):
     """The fast path declines a value; graphql-core completes the field instead."""
 
 
+# What reading or coercing a value raises when graphql-core would answer the
+# field with an error of its own (a scalar refusing a value, a missing
+# attribute): the field is handed to graphql-core, which words the error. Any
+# other exception is a bug of this module and propagates (no quiet fallback).
+DELEGATED: tuple[type[Exception], ...] = (
+    Delegate,
+    GraphQLError,
+    TypeError,
+    ValueError,
+    AttributeError,
+)
+
+
 class Plan:
     """The response keys of one selection on one object type, in response order."""
 
@@ -122,9 +143,12 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
             tuple[GraphQLOutputType, int], tuple[FieldDetailsList, Completer | None]
         ] = {}
         # A middleware (a Strawberry extension with a `resolve` hook) must see
-        # every field, plain or not: with one, everything takes the stock path.
+        # every field, plain or not: with one, everything takes the stock path,
+        # as it does with the fast path switched off (switch.py).
         manager = self.middleware_manager
-        self._fast_path = not (manager is not None and manager.middlewares)
+        self._fast_path = switch.enabled(self.context_value) and not (
+            manager is not None and manager.middlewares
+        )
 
     def execute_fields(
         self,
@@ -144,7 +168,7 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         if plan.fast:
             try:
                 return _complete_fields(plan.entries, parent_type.name, source_value)
-            except Exception:  # the per-field loop below finds which field and delegates it
+            except DELEGATED:  # the per-field loop below finds which field and delegates it
                 pass
         return self._execute_planned(parent_type, source_value, path, plan)
 
@@ -179,7 +203,7 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
             if complete is not None:
                 try:
                     return complete(result)
-                except Exception:  # graphql-core reproduces the error below
+                except DELEGATED:  # graphql-core reproduces the error below
                     pass
         return super().complete_value(
             return_type, field_details_list, info, path, result, position_context
@@ -201,7 +225,7 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
                             typename if read is None else complete(read(source))
                         )
                         continue
-                    except Exception:  # graphql-core reproduces the error below
+                    except DELEGATED:  # graphql-core reproduces the error below
                         pass
                 field_path = Path(path, response_name, typename)
                 result = self.execute_field(
@@ -339,7 +363,7 @@ def _plain_attribute(field: GraphQLField) -> str | None:
     # extensions (a permission check, say), hence the checks on the field. A
     # schema's exception handlers may wrap it too, but they act only on an
     # exception or an awaitable, both of which the fast path hands back.
-    if not getattr(field.resolve, "_is_default", False):
+    if not is_default_resolver(field.resolve):
         return None
     if definition.base_resolver is not None or definition.extensions:
         return None

@@ -25,11 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING
 from typing import Any, TypeVar
 
-from strawberry.relay.types import GlobalID
-
-# _is_leaf_type is private: it is convert_argument's own test for a leaf, and
-# the plan must decide exactly as it does (tests/test_input_conversion.py).
-from strawberry.types.arguments import InputContext, _is_leaf_type
+from strawberry.types.arguments import InputContext
 from strawberry.types.base import (
     StrawberryList,
     StrawberryMaybe,
@@ -39,6 +35,12 @@ from strawberry.types.base import (
     has_object_definition,
 )
 from strawberry.types.unset import UNSET
+
+from . import switch
+
+# convert_argument's own test for a leaf (private in Strawberry): the plan
+# must decide exactly as it does (tests/test_input_conversion.py).
+from .private_api import is_strawberry_leaf
 
 T = TypeVar("T")
 Convert = Callable[[Any, InputContext], Any]
@@ -72,7 +74,7 @@ def _converter(type_: StrawberryType | type, context: InputContext) -> Convert:
             return [item(x, context) for x in value]
 
         return items
-    if _is_leaf_type(type_, context.scalar_registry, skip_classes=(GlobalID,)):
+    if is_strawberry_leaf(type_, context.scalar_registry):
         return _as_is
     if has_object_definition(type_):
         definition: StrawberryObjectDefinition = type_.__strawberry_definition__
@@ -103,12 +105,11 @@ class _Plan:
             for f in definition.fields
             if f.default_value is MISSING and f.default_factory is MISSING
         }
+        self.types = {
+            f.python_name: f.resolve_type(type_definition=definition) for f in definition.fields
+        }
         self.fields = [
-            (
-                name_of(f),
-                f.python_name,
-                _converter(f.resolve_type(type_definition=definition), context),
-            )
+            (name_of(f), f.python_name, _converter(self.types[f.python_name], context))
             for f in definition.fields
         ]
 
@@ -128,7 +129,16 @@ def compiled_input(cls: type[T]) -> type[T]:
         nonlocal plan
         if plan is None:
             plan = _Plan(definition, context)
-        kwargs = dict(plan.omitted)
+        kwargs: dict[str, Any] = dict(plan.omitted)
+        if context.info is not None and not switch.enabled(context.info.context):
+            # The fast path switched off: every field by Strawberry's own
+            # conversion (InputContext.convert, as from_input's contract asks).
+            for graphql_name, python_name, _convert in plan.fields:
+                if graphql_name in value:
+                    kwargs[python_name] = context.convert(
+                        value[graphql_name], plan.types[python_name], graphql_name
+                    )
+            return type_(**kwargs)
         for graphql_name, python_name, convert in plan.fields:
             if graphql_name in value:
                 kwargs[python_name] = convert(value[graphql_name], context)

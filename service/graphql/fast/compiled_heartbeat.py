@@ -15,11 +15,15 @@ fragments. The agent's own document (agent/operations/heartbeat.graphql) is
 one of them.
 
 How it stays exact: the same domain call as the resolver, the same role
-check, the schema's own serializers for each leaf. Whenever it would have to
-decide something graphql-core decides (a node id that is not a string, a
-refused token, an unknown node, a null in a non-null field, any failure), it
-answers nothing and graphql-core runs the document as usual. That re-runs the
-beat, which is harmless: a heartbeat only moves last_seen.
+check, the schema's own serializers for each leaf. Whatever graphql-core would
+have to decide, it declines with a reason, and graphql-core then runs the
+document as usual. Before the beat: a node id that is not a string (an ID
+sent as a number is graphql-core's to coerce), a caller the role check
+refuses (the resolver refuses it too, writing nothing). After the beat, the
+beat is never run again: when it failed (an unknown node), or a leaf is one
+graphql-core would refuse, its outcome is handed to the resolver through the
+request's context (Context.hand_over; mutations.py takes it with
+Context.once), and graphql-core words the answer from it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import strawberry
 from graphql import (
     FieldNode,
+    GraphQLError,
     GraphQLNonNull,
     GraphQLObjectType,
     GraphQLSchema,
@@ -41,14 +46,18 @@ from graphql import (
     get_named_type,
     is_leaf_type,
 )
-from strawberry.types.base import StrawberryObjectDefinition
 
 from service import heartbeats
+from service.errors import InventoryError
+from service.graphql.context import Context
+from service.graphql.mutations import HEARTBEAT
+from service.graphql.permissions import check_role, role_of
+from service.graphql.types import Node
 
-from .context import Context
 from .documents import only_root_field
-from .permissions import check_role, role_of
-from .types import Node
+from .fields import plain_fields
+from .outcomes import Answered, Declined, Outcome, encode
+from .private_api import core_schema
 
 FIELD = "heartbeat"
 
@@ -71,22 +80,25 @@ class CompiledHeartbeat:
         self._leaves = leaves
         self._role = role_of("Mutation", FIELD)
 
-    async def run(
-        self, variables: dict[str, Any] | None, context: Context
-    ) -> dict[str, Any] | None:
-        """The response body, or None: graphql-core must answer this one."""
+    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
         node_id = self._node_id
         if self._variable is not None:
             node_id = (variables or {}).get(self._variable)
         # An ID variable may also be sent as an integer, which graphql-core
         # coerces; a string is the only case taken here.
         if type(node_id) is not str:
-            return None
+            return Declined("node_id_not_a_string")
         try:
             check_role(self._role, FIELD, context.principal, {"node_id": node_id})
-            node = Node.of(await heartbeats.beat(context.engine, node_id))
-        except Exception:
-            return None
+        except InventoryError:
+            return Declined("refused")
+        key = (HEARTBEAT, node_id)
+        try:
+            record = await heartbeats.beat(context.engine, node_id)
+        except Exception as error:  # graphql-core words it (masked if unexpected)
+            context.hand_over(key, error=error)
+            return Declined("beat_failed")
+        node = Node.of(record)
         answer: dict[str, Any] = {}
         for leaf in self._leaves:
             if leaf.attribute is None:
@@ -95,21 +107,22 @@ class CompiledHeartbeat:
             value = getattr(node, leaf.attribute)
             try:
                 serialized = None if value is None else leaf.serialize(value)
-            except Exception:
-                return None
-            # graphql-core refuses a leaf that serializes to null (an error
-            # in a non-null field): its answer, not ours.
+            except (GraphQLError, TypeError, ValueError):
+                serialized = None
+            # graphql-core refuses a leaf that serializes to null or cannot
+            # be serialized (an error in the answer): its answer, not ours.
             if serialized is None and (value is not None or not leaf.nullable):
-                return None
+                context.hand_over(key, result=record)
+                return Declined("leaf_not_serializable")
             answer[leaf.key] = serialized
-        return {"data": {self._key: answer}}
+        return Answered(encode({"data": {self._key: answer}}))
 
 
 def compile_heartbeat(
     schema: strawberry.Schema, operation: OperationDefinitionNode
 ) -> CompiledHeartbeat | None:
     """A CompiledHeartbeat for an operation of the shape above, else None."""
-    core: GraphQLSchema = schema._schema
+    core: GraphQLSchema = core_schema(schema)
     root = only_root_field(operation, OperationType.MUTATION)
     if root is None or root.name.value != FIELD or root.selection_set is None:
         return None
@@ -125,16 +138,9 @@ def compile_heartbeat(
     else:
         return None
     node_type = core.get_type("Node")
-    definition = schema.get_type_by_name("Node")
-    if not isinstance(node_type, GraphQLObjectType) or not isinstance(
-        definition, StrawberryObjectDefinition
-    ):
+    if not isinstance(node_type, GraphQLObjectType):
         return None
-    attributes = {
-        schema.config.name_converter.get_graphql_name(f): f
-        for f in definition.fields
-        if f.base_resolver is None and not f.extensions
-    }
+    attributes = plain_fields(schema, "Node")
     leaves = []
     for selection in root.selection_set.selections:
         if (
@@ -156,9 +162,8 @@ def compile_heartbeat(
         leaf_type = get_named_type(field.type)
         if not is_leaf_type(leaf_type):
             return None
-        # The leaf's output coercion as graphql-core's complete_leaf_value
-        # calls it (coerce_output_value since 3.3, serialize before).
-        coerce = getattr(leaf_type, "coerce_output_value", None) or leaf_type.serialize
+        # The leaf's output coercion as graphql-core's complete_leaf_value calls it.
+        coerce = leaf_type.coerce_output_value
         leaves.append(
             _Leaf(
                 key,

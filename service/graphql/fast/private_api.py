@@ -1,0 +1,96 @@
+"""Every private part of graphql-core and Strawberry the fast path uses, and nothing else.
+
+The fast path answers as Strawberry would by calling the same code, and some of
+that code is not public: graphql-core 3.3's executor attributes and
+variable-coercion helpers, Strawberry's test for a leaf type and its mark on
+default resolvers. Each is reached through this module only, so an upgrade that
+moves one breaks here, by name, in tests/test_private_api.py (which checks each
+against the installed versions), before any answer changes. pyproject.toml pins
+both engines to the versions these were read from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import strawberry
+from graphql import DocumentNode, GraphQLSchema, OperationDefinitionNode
+from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
+from graphql.execution.get_variable_signature import get_variable_signature
+from graphql.execution.values import VariableValues, VariableValueSource
+from graphql.utilities.coerce_input_value import coerce_default_value
+from strawberry.execution.is_awaitable import optimized_is_awaitable
+from strawberry.relay.types import GlobalID
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext, validate_document
+from strawberry.types.arguments import _is_leaf_type
+from strawberry.types.base import StrawberryType
+
+__all__ = [
+    "FieldDetailsList",
+    "GroupedFieldSet",
+    "StrawberryGraphQLCoreExecutionContext",
+    "VariableValueSource",
+    "VariableValues",
+    "coerce_default_value",
+    "core_schema",
+    "executor_for_coerced_variables",
+    "get_variable_signature",
+    "is_default_resolver",
+    "is_strawberry_leaf",
+    "optimized_is_awaitable",
+    "scalar_registry",
+    "validate_document",
+]
+
+
+def core_schema(schema: strawberry.Schema) -> GraphQLSchema:
+    """The graphql-core schema Strawberry built (its `_schema`)."""
+    core: GraphQLSchema = schema._schema
+    return core
+
+
+def scalar_registry(schema: strawberry.Schema) -> Mapping[object, Any]:
+    """The scalars Strawberry converts arguments with (its converter's registry)."""
+    return schema.schema_converter.scalar_registry
+
+
+def executor_for_coerced_variables(
+    executor_class: type[Any],
+    schema: GraphQLSchema,
+    bare: DocumentNode,
+    operation: OperationDefinitionNode,
+    operation_name: str | None,
+    values: VariableValues,
+    context: Any,
+) -> Any:
+    """An executor for `operation`, its variables already coerced (fast/variables.py).
+
+    Built on `bare`, the document with the operation's variable definitions
+    left out, graphql-core coerces nothing; the operation and the coerced
+    values are then set as build() would have set them (the executor's
+    `operation` and `variable_values` attributes). None when build refused
+    the document, which a prepared document never is.
+    """
+    executor = executor_class.build(
+        schema,
+        bare,
+        context_value=context,
+        operation_name=operation_name,
+        is_awaitable=optimized_is_awaitable,
+    )
+    if isinstance(executor, list):
+        return None
+    executor.operation = operation
+    executor.variable_values = values
+    return executor
+
+
+def is_default_resolver(resolve: Callable[..., Any] | None) -> bool:
+    """Whether graphql-core's resolver is the one Strawberry made for a field without one."""
+    return bool(getattr(resolve, "_is_default", False))
+
+
+def is_strawberry_leaf(type_: StrawberryType | type, scalars: Mapping[object, Any]) -> bool:
+    """convert_argument's own test for a value it takes as graphql-core parsed it."""
+    return _is_leaf_type(type_, scalars, skip_classes=(GlobalID,))

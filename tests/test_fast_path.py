@@ -1,0 +1,370 @@
+"""The fast path's front door: one switch, counted routes, no second write, no quiet fallback.
+
+Each story sends requests to two apps on one database (the `both` fixture):
+the fast path on (the default) and INVENTORY_DIRECT_EXECUTION=false, the
+reference (Strawberry's view alone).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import strawberry
+from sqlalchemy.ext.asyncio import AsyncEngine
+from strawberry.extensions import QueryDepthLimiter, SchemaExtension
+from strawberry.types.arguments import InputContext
+
+from service import heartbeats, node_pages, node_views
+from service.graphql.fast import execution, front_door
+from service.graphql.fast.extensions import read_extensions
+from service.graphql.fast.fields import plain_fields, record_attributes
+from service.graphql.fast.input_conversion import compiled_input
+from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
+from service.graphql.types import Node
+from service.metrics import COUNTERS
+from tests.reports import A100, REGISTER, gpus, node_input
+from tests.test_direct_execution import AGENT_HEARTBEAT, PAGE, same_answer
+
+SERVICE = Path(__file__).resolve().parent.parent / "service"
+
+Counts = dict[tuple[str, str, str], int]
+
+
+def fast_path() -> Counts:
+    return COUNTERS.snapshot()[2]
+
+
+def since(before: Counts) -> Counts:
+    """The fast path's counts since `before`, without the zeros."""
+    now = fast_path()
+    return {k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0)}
+
+
+@pytest.fixture
+def completed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per selection the plain-field completion answered at once (execution.py)."""
+    calls: list[int] = []
+    plain = execution._complete_fields
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return plain(*args)
+
+    monkeypatch.setattr(execution, "_complete_fields", counting)
+    return calls
+
+
+async def test_switched_off_every_request_is_strawberrys_and_the_fast_path_counts_nothing(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], completed: list[int]
+) -> None:
+    _fast, reference = both
+    before = fast_path()
+    for body in (
+        {"query": REGISTER, "variables": {"input": node_input("gpu-01", gpus=gpus(A100, 2))}},
+        {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}},
+        {"query": PAGE, "variables": {"first": 10, "withGpus": True}},
+        {"query": "{ nodes { id labels { key } } }"},
+        {"query": "{ nodes { noSuchField } }"},
+    ):
+        response = await reference.post("/graphql", json=body)
+        assert response.status_code == 200
+    assert since(before) == {}
+    # Not even beneath Strawberry's view: plain fields completed the stock way.
+    assert completed == []
+
+
+async def test_switched_on_plain_fields_are_completed_by_the_fast_path(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], completed: list[int]
+) -> None:
+    """The counterpart of the story above: the same spy does see the fast path when it is on."""
+    fast, _reference = both
+    await fast.post("/graphql", json={"query": REGISTER, "variables": {"input": node_input("n1")}})
+    await fast.post("/graphql", json={"query": "{ nodes { id labels { key } } }"})
+    assert completed
+
+
+def test_switched_off_input_objects_are_built_by_strawberrys_own_conversion(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.config import Settings
+    from service.graphql.context import new_context
+
+    @compiled_input
+    @strawberry.input
+    class Label:
+        key: str
+        value: str = "none"
+
+    converted: list[object] = []
+    convert = InputContext.convert
+
+    def spy(self: InputContext, value: object, type_: Any, *keys: str | int) -> object:
+        converted.append(keys)
+        return convert(self, value, type_, *keys)
+
+    monkeypatch.setattr(InputContext, "convert", spy)
+    definition = Label.__strawberry_definition__  # type: ignore[attr-defined]
+    built = {}
+    for on in (True, False):
+        context = new_context(engine, Settings(direct_execution=on))
+        info: Any = type("FakeInfo", (), {"context": context})()
+        input_context = InputContext(
+            info=info,
+            config=schema.config,
+            scalar_registry=schema.schema_converter.scalar_registry,
+            path=(),
+        )
+        converted.clear()
+        built[on] = definition.from_input(Label, {"key": "zone"}, input_context)
+        assert bool(converted) is (not on)
+    assert built[True] == built[False] == Label(key="zone", value="none")
+
+
+async def test_an_unknown_node_beats_once_and_is_told_so_as_graphql_core_words_it(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    beats = _count_beats(monkeypatch, heartbeats.beat)
+    before = fast_path()
+    unknown = await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "nope"}})
+    assert unknown["errors"][0]["extensions"]["code"] == "NODE_NOT_FOUND"
+    # One beat per app: the compiled heartbeat's, handed to graphql-core's resolver.
+    assert beats == ["nope", "nope"]
+    assert since(before) == {
+        ("heartbeat", "declined", "beat_failed"): 1,
+        ("graphql_core", "answered", ""): 1,
+    }
+
+
+async def test_a_beat_that_wrote_then_failed_is_not_beaten_again(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    engine: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-01")}})
+    real = heartbeats.beat
+
+    async def beat_then_fail(engine: AsyncEngine, node_id: str) -> Any:
+        await real(engine, node_id)
+        raise RuntimeError("failed after the write")
+
+    beats = _count_beats(monkeypatch, beat_then_fail)
+    failed = await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}})
+    assert failed["errors"][0]["extensions"]["code"] == "INTERNAL_ERROR"
+    assert beats == ["gpu-01", "gpu-01"]  # one write per app, none repeated
+
+
+async def test_a_beat_whose_answer_graphql_core_must_word_is_not_beaten_again(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-01")}})
+    # A value Int cannot represent: graphql-core's error to word, after the beat.
+    of = Node.of.__func__  # type: ignore[attr-defined]
+
+    def too_much_memory(cls: type[Node], record: Any) -> Node:
+        node = of(cls, record)
+        node.memory_total_mb = 2**40
+        return node
+
+    monkeypatch.setattr(Node, "of", classmethod(too_much_memory))
+    beats = _count_beats(monkeypatch, heartbeats.beat)
+    before = fast_path()
+    answer = await same_answer(
+        both,
+        {
+            "query": "mutation B($id: ID!) { heartbeat(nodeId: $id) { id memoryTotalMb } }",
+            "variables": {"id": "gpu-01"},
+        },
+    )
+    assert "32-bit" in answer["errors"][0]["message"]
+    assert beats == ["gpu-01", "gpu-01"]  # one beat per app
+    assert since(before) == {
+        ("heartbeat", "declined", "leaf_not_serializable"): 1,
+        ("graphql_core", "answered", ""): 1,
+    }
+
+
+def _count_beats(
+    monkeypatch: pytest.MonkeyPatch, beat: Callable[[AsyncEngine, str], Awaitable[Any]]
+) -> list[str]:
+    beats: list[str] = []
+
+    async def counted(engine: AsyncEngine, node_id: str) -> Any:
+        beats.append(node_id)
+        return await beat(engine, node_id)
+
+    monkeypatch.setattr(heartbeats, "beat", counted)
+    return beats
+
+
+async def test_what_the_front_door_declines_is_counted_with_its_reason(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    fast, _reference = both
+    before = fast_path()
+    await fast.post("/graphql", json={"query": "{ nodes { noSuchField } }"})
+    await fast.post("/graphql", json=[{"query": "{ nodes { id } }"}])
+    await fast.get("/graphql", params={"query": "{ nodes { id } }"})
+    await fast.post(
+        "/graphql", json={"query": "subscription { events { kind } }"}
+    )  # refused by Strawberry's view
+    assert since(before) == {
+        ("front_door", "declined", "document_not_valid"): 1,
+        ("front_door", "declined", "body_not_ordinary"): 1,
+        ("front_door", "declined", "not_a_json_post"): 1,
+        ("front_door", "declined", "subscription"): 1,
+    }
+    metrics = (await fast.get("/metrics")).text
+    assert (
+        'inventory_fast_path_requests_total{route="front_door",outcome="declined",'
+        'reason="document_not_valid"}'
+    ) in metrics
+
+
+async def test_a_bug_in_a_route_is_logged_counted_and_answered_as_an_internal_error(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fast, _reference = both
+    await fast.post("/graphql", json={"query": REGISTER, "variables": {"input": node_input("n1")}})
+
+    async def broken(*args: Any, **kwargs: Any) -> str:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(node_pages.NodePage, "fetch", broken)
+    before = fast_path()
+    with caplog.at_level(logging.ERROR, logger=front_door.__name__):
+        body = (await fast.post("/graphql", json={"query": "{ nodes { id } }"})).json()
+    assert body["data"] is None
+    assert body["errors"][0]["extensions"]["code"] == "INTERNAL_ERROR"
+    # Not quietly answered by graphql-core instead: counted as a bug, with its traceback.
+    assert since(before) == {("page", "declined", "bug"): 1}
+    (record,) = [r for r in caplog.records if r.name == front_door.__name__]
+    assert record.exc_info is not None and record.exc_info[0] is ZeroDivisionError
+    assert body["errors"][0]["extensions"]["requestId"] in record.getMessage()
+
+
+def test_the_fast_path_honours_the_schemas_own_extensions() -> None:
+    extensions = read_extensions(schema)
+    assert extensions.rules == LIMIT_RULES
+    assert extensions.max_tokens == MAX_TOKENS
+    assert extensions.not_honoured == ()
+
+
+class Tracing(SchemaExtension):
+    def on_execute(self) -> Any:
+        yield
+
+
+async def test_an_extension_the_fast_path_cannot_honour_sends_every_request_to_strawberry() -> None:
+    traced = strawberry.Schema(
+        query=schema.query,  # type: ignore[arg-type]
+        mutation=schema.mutation,  # type: ignore[arg-type]
+        config=schema.config,
+        extensions=[*schema.extensions, lambda: QueryDepthLimiter(max_depth=3), Tracing],
+    )
+    extensions = read_extensions(traced)
+    assert extensions.not_honoured == ("Tracing",)
+    assert len(extensions.rules) == len(LIMIT_RULES) + 1
+
+    answered_by: list[str] = []
+
+    async def reference(scope: Any, receive: Any, send: Any) -> None:
+        answered_by.append("strawberry")
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    door = front_door.FrontDoor(reference, traced, lambda request: None)  # type: ignore[arg-type,return-value]
+    before = fast_path()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=door), base_url="http://inventory"
+    ) as client:
+        await client.post("/graphql", json={"query": "{ nodes { id } }"})
+    assert answered_by == ["strawberry"]
+    assert since(before) == {("front_door", "declined", "extension_not_honoured"): 1}
+
+
+async def test_a_pages_fields_are_the_records_attributes_named_by_the_strawberry_types(
+    api: Any, engine: AsyncEngine
+) -> None:
+    await api(
+        REGISTER,
+        {"input": node_input("gpu-01", labels=[{"key": "zone", "value": "a"}], gpus=gpus(A100, 1))},
+    )
+    await api('mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }')
+    async with engine.connect() as conn:
+        record = await node_views.get_node(conn, "gpu-01")
+    assert record is not None
+    node = Node.of(record)
+    attributes = record_attributes(schema, "Node")
+    plain = plain_fields(schema, "Node")
+    assert attributes["stateChangedBy"] == "state_actor"
+    for name, field in plain.items():
+        # Node.of copies the record attribute the type names for the field.
+        value = getattr(node, field.python_name)
+        raw = getattr(record, attributes[name])
+        assert _comparable(value) == _comparable(raw), name
+    # The detail lists a page reads, named by their fields' metadata.
+    assert {attributes[f] for f in ("gpus", "storage", "allocations", "fabrics", "weights")} <= {
+        *node_pages._LISTS
+    }
+    assert set(record_attributes(schema, "NodeFreeGpus").values()) == {"gpu_indices", "node"}
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, list):  # KeyValue pairs
+        return {kv.key: kv.value for kv in value}
+    if hasattr(value, "free_bytes"):
+        return (int(value.free_bytes), int(value.total_bytes))
+    return getattr(value, "value", value)  # enums
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The service modules a module imports when it is loaded (TYPE_CHECKING blocks aside)."""
+    package = ".".join(path.relative_to(SERVICE.parent).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package += ".__init__"
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level)[0]
+                module = f"{base}.{node.module}" if node.module else base
+                if not node.module:
+                    found.update(f"{base}.{a.name}" for a in node.names)
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return {m for m in found if m.startswith("service")}
+
+
+def test_no_module_of_the_graphql_layer_imports_itself_in_a_circle() -> None:
+    modules = {
+        ".".join(p.relative_to(SERVICE.parent).with_suffix("").parts): p
+        for p in (SERVICE / "graphql").rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    graph = {name: _module_imports(path) & modules.keys() for name, path in modules.items()}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        while stack:
+            current, trail = stack.pop()
+            for nxt in graph[current]:
+                if nxt == start:
+                    return [*trail, nxt]
+                if nxt not in trail:
+                    stack.append((nxt, [*trail, nxt]))
+        return None
+
+    circles = [c for c in map(cycle_from, sorted(graph)) if c is not None]
+    assert circles == []

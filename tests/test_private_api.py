@@ -1,0 +1,111 @@
+"""The private parts of graphql-core and Strawberry the fast path uses still mean what they meant.
+
+service/graphql/fast/private_api.py is the only module that reaches them;
+each test here fails, by name, on an engine upgrade that moves or changes
+one, before any answer of the service changes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+from graphql import GraphQLObjectType, GraphQLSchema, parse
+from strawberry.relay.types import GlobalID
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
+
+from service.graphql.fast import private_api
+from service.graphql.fast.execution import PlainFieldExecutionContext
+from service.graphql.fast.variables import compile_variables
+from service.graphql.inputs import NodeInput
+from service.graphql.schema import schema
+from service.graphql.types import NodeState
+
+
+def test_strawberrys_graphql_core_schema_is_the_one_it_executes() -> None:
+    core = private_api.core_schema(schema)
+    assert isinstance(core, GraphQLSchema)
+    assert isinstance(core.get_type("Node"), GraphQLObjectType)
+    assert core is schema._schema
+
+
+def test_strawberry_marks_the_resolvers_it_makes_for_plain_fields() -> None:
+    node = private_api.core_schema(schema).get_type("Node")
+    assert isinstance(node, GraphQLObjectType)
+    assert private_api.is_default_resolver(node.fields["hostname"].resolve)
+    assert not private_api.is_default_resolver(node.fields["gpus"].resolve)
+    assert not private_api.is_default_resolver(None)
+
+
+def test_strawberrys_leaf_test_takes_scalars_and_enums_not_inputs_or_global_ids() -> None:
+    scalars = private_api.scalar_registry(schema)
+    assert private_api.is_strawberry_leaf(str, scalars)
+    assert private_api.is_strawberry_leaf(NodeState.__strawberry_definition__, scalars)  # type: ignore[attr-defined]
+    assert not private_api.is_strawberry_leaf(NodeInput, scalars)
+    assert not private_api.is_strawberry_leaf(GlobalID, scalars)
+
+
+async def test_an_executor_built_on_coerced_variables_runs_the_operation() -> None:
+    core = private_api.core_schema(schema)
+    document = parse('query Q($n: Int) { __typename a: __type(name: "Node") { name } }')
+    operation = document.definitions[0]
+    plan = compile_variables(core, operation)  # type: ignore[arg-type]
+    assert plan is not None
+    values = plan.coerce({"n": 3})
+    bare = parse('query Q { __typename a: __type(name: "Node") { name } }')
+    executor = private_api.executor_for_coerced_variables(
+        schema.execution_context_class,
+        core,
+        bare,
+        operation,
+        "Q",
+        values,
+        None,  # type: ignore[arg-type]
+    )
+    assert executor.operation is operation
+    assert executor.variable_values is values
+    result = executor.execute_operation()
+    if inspect.isawaitable(result):
+        result = await result
+    assert result.errors is None
+    assert result.data == {"__typename": "Query", "a": {"name": "Node"}}
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["execute_fields", "complete_value", "execute_field", "collect_subfields"],
+)
+def test_the_executor_methods_the_plain_field_context_overrides_or_calls_keep_their_signature(
+    method: str,
+) -> None:
+    base: Any = StrawberryGraphQLCoreExecutionContext
+    expected = {
+        "execute_fields": [
+            "self", "parent_type", "source_value", "path", "grouped_field_set", "position_context"
+        ],
+        "complete_value": [
+            "self", "return_type", "field_details_list", "info", "path", "result",
+            "position_context",
+        ],
+        "execute_field": [
+            "self", "parent_type", "source", "field_details_list", "path", "position_context"
+        ],
+        "collect_subfields": ["self", "return_type", "field_details_list"],
+    }[method]  # fmt: skip
+    assert list(inspect.signature(getattr(base, method)).parameters) == expected
+    assert issubclass(PlainFieldExecutionContext, private_api.StrawberryGraphQLCoreExecutionContext)
+    assert callable(base.settle_in_background)
+
+
+def test_graphql_cores_variable_helpers_answer_as_the_plans_expect() -> None:
+    core = private_api.core_schema(schema)
+    definition = parse("query Q($id: ID!) { node(id: $id) { id } }").definitions[0]
+    signature = private_api.get_variable_signature(core, definition.variable_definitions[0])  # type: ignore[attr-defined]
+    assert signature.name == "id"
+    source = private_api.VariableValueSource(signature, "x")
+    values = private_api.VariableValues({"id": source}, {"id": "x"})
+    assert values.coerced == {"id": "x"}
+    node_input = core.get_type("NodeInput")
+    field = node_input.fields["labels"]  # type: ignore[union-attr]
+    assert private_api.coerce_default_value(field) is not None or field.default_value is None
