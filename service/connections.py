@@ -29,6 +29,8 @@ from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import NullType
 
+from service import database_url
+
 
 class Savepoint(Protocol):
     @property
@@ -232,6 +234,8 @@ class _Pool:
                 if self._pool is None:
                     self._pool = await asyncpg.create_pool(
                         self.dsn,
+                        # Each host of a multi-host URL with its own timeout.
+                        connect=database_url.connect,
                         # No idle connections held open: a process that only
                         # reads never opens one here.
                         min_size=0,

@@ -15,9 +15,13 @@ asyncpg from `Database.dsn`.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+import asyncpg  # type: ignore[import-untyped]
 
 SCHEMES = {
     "postgres",
@@ -49,6 +53,26 @@ class Database:
     @property
     def multi_host(self) -> bool:
         return len(self.hosts) > 1
+
+    def one_host_dsns(self) -> tuple[str, ...]:
+        """The URL once per host of its list, in order: each host gets a connect timeout of its own.
+
+        asyncpg shares one timeout among all the hosts of a URL, so a first
+        host that has vanished (a dead machine, a stopped container's address:
+        no refusal, only silence) used it all up and the promoted standby
+        behind it was never tried; libpq's connect_timeout is per host. With
+        `prefer-standby` (which needs a look at every host first) or hosts
+        given as `?host=`, the URL goes to asyncpg whole.
+        """
+        parts = urlsplit(self.dsn)
+        userinfo, at, hostlist = parts.netloc.rpartition("@")
+        attrs = dict(parse_qsl(parts.query)).get("target_session_attrs")
+        if "," not in hostlist or attrs == "prefer-standby":
+            return (self.dsn,)
+        return tuple(
+            urlunsplit((parts.scheme, f"{userinfo}{at}{host}", parts.path, parts.query, ""))
+            for host in hostlist.split(",")
+        )
 
     def redact(self, text: str) -> str:
         """`text` (an error from a driver, say) with this URL's password taken out."""
@@ -119,3 +143,22 @@ def parse(url: str) -> Database:
     database = unquote(parts.path.lstrip("/")) or query.get("dbname") or None
     dsn = urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
     return Database(dsn=dsn, hosts=tuple(hosts), user=user, database=database, shown=shown)
+
+
+async def connect(dsn: str, *, timeout: float = 60.0, **options: Any) -> Any:  # noqa: ASYNC109 (asyncpg pool passes timeout=)
+    """asyncpg.connect to the first host of `dsn` that answers and fits target_session_attrs.
+
+    Each host gets the whole `timeout` (see Database.one_host_dsns). The
+    signature is asyncpg's, so its pool can open connections with it too.
+    Raises the last host's error when none would do.
+    """
+    last: Exception | None = None
+    for one in parse(dsn).one_host_dsns():
+        try:
+            return await asyncpg.connect(one, timeout=timeout, **options)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the next host, as libpq does; the last error is raised
+            last = error
+    assert last is not None
+    raise last

@@ -49,7 +49,7 @@ def describe(database: database_url.Database, error: BaseException) -> str:
 
 
 async def _connect_once(database: database_url.Database, seconds: float) -> None:
-    conn = await asyncpg.connect(
+    conn = await database_url.connect(
         database.dsn, timeout=seconds, server_settings={"application_name": APPLICATION_NAME}
     )
     await conn.close(timeout=seconds)

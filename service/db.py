@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -40,7 +39,7 @@ def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> Asy
     database = database_url.parse(url)
 
     async def connect() -> Any:
-        return await asyncpg.connect(
+        return await database_url.connect(
             database.dsn,
             timeout=connect_timeout,
             server_settings={"application_name": APPLICATION_NAME},

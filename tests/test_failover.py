@@ -175,3 +175,36 @@ def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged
     finally:
         socket.close()
         service.stop()
+
+
+async def test_a_silent_first_host_costs_its_own_timeout_and_the_next_host_is_tried(
+    pair: StandbyPair,
+) -> None:
+    """A dead machine does not refuse, it stays silent: asyncpg alone spent the
+    whole timeout on it and never tried the primary behind it."""
+    import asyncio
+
+    from service import database_url
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accept, then say nothing until the client gives up
+
+    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    silent_port = silent.sockets[0].getsockname()[1]
+    url = (
+        f"postgresql://postgres@127.0.0.1:{silent_port},127.0.0.1:{pair.standby.port},"
+        f"127.0.0.1:{pair.primary.port}/postgres?target_session_attrs=read-write"
+    )
+    try:
+        started = asyncio.get_running_loop().time()
+        conn = await database_url.connect(url, timeout=1)
+        took = asyncio.get_running_loop().time() - started
+        try:
+            # Past the silent host and the (read-only) standby, on the primary.
+            assert await conn.fetchval("SELECT pg_is_in_recovery()") is False
+            assert await conn.fetchval("SELECT current_setting('port')") == str(pair.primary.port)
+        finally:
+            await conn.close()
+        assert 0.9 < took < 5, took
+    finally:
+        silent.close()

@@ -46,7 +46,7 @@ class Background:
         # pool: it is held for the process's life and must not count against
         # the connections requests use.
         dsn = connections.dsn_of(engine)
-        stream = EventStream(dsn, engine)
+        stream = EventStream(dsn, engine, connect_timeout=settings.db_timeout)
         stream.start()
         app.state.event_stream = stream
         # Serve only once subscribers can be served: a subscription accepted
