@@ -31,9 +31,9 @@ def libpq_url(url: str) -> str:
 def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> AsyncEngine:
     """A SQLAlchemy engine whose connections asyncpg opens from the libpq URL, one host or several.
 
-    SQLAlchemy never parses the URL (it rejects `h1:5432,h2:5432`): asyncpg
-    does, trying the hosts in order and keeping the first that matches
-    `target_session_attrs`. A reconnect after a failover is just the next
+    SQLAlchemy never parses the URL (it rejects `h1:5432,h2:5432`):
+    database_url.connect tries the hosts in order, each with its own timeout,
+    and keeps the first that matches `target_session_attrs`. A reconnect after a failover is just the next
     connect. The engine's own `url` only names the user and database.
     """
     database = database_url.parse(url)

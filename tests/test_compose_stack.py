@@ -197,9 +197,7 @@ def next_events(socket: Any, count: int, within: float) -> list[dict[str, Any]]:
     return events
 
 
-def test_the_agents_node_is_ready_and_a_replica_is_placed_released_and_seen_live(
-    stack: Stack,
-) -> None:
+def wait_for_the_demo_node(stack: Stack) -> None:
     wait_for(
         "the demo agent's node to be READY",
         90,
@@ -208,6 +206,12 @@ def test_the_agents_node_is_ready_and_a_replica_is_placed_released_and_seen_live
             == "READY"
         ),
     )
+
+
+def test_the_agents_node_is_ready_and_a_replica_is_placed_released_and_seen_live(
+    stack: Stack,
+) -> None:
+    wait_for_the_demo_node(stack)
     socket = subscribe(stack, 'subscription { events(replicaId: "e2e-r1") { kind replicaId } }')
     try:
         placed = stack.gql(
@@ -248,6 +252,7 @@ class Traffic:
                 query, variables = queries[n % len(queries)]
                 n += 1
                 started = time.monotonic()
+                response = None
                 try:
                     response = client.post(url, json={"query": query, "variables": variables})
                     body = response.json()
@@ -256,13 +261,19 @@ class Traffic:
                         if response.status_code == 200 and not body.get("errors")
                         else (f"HTTP {response.status_code}: {str(body)[:200]}")
                     )
-                except (httpx.HTTPError, ValueError) as error:
-                    problem, response = f"{type(error).__name__}: {error}", None
+                except httpx.HTTPError as error:
+                    problem = f"{type(error).__name__}: {error}"
+                except ValueError:
+                    assert response is not None
+                    problem = (
+                        f"HTTP {response.status_code} from {response.headers.get('x-upstream')}: "
+                        f"{response.text[:200]!r}"
+                    )
                 took = time.monotonic() - started
                 with self.lock:
                     self.durations.append(took)
                     if problem:
-                        self.failures.append(f"{time.strftime('%T')} {problem}")
+                        self.failures.append(f"{time.strftime('%T')} (at {started:.2f}) {problem}")
                     if response is not None:
                         self.upstreams.append((started, response.headers.get("x-upstream", "")))
                 time.sleep(0.01)
@@ -276,6 +287,7 @@ class Traffic:
 def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls_none(
     stack: Stack,
 ) -> None:
+    wait_for_the_demo_node(stack)  # the traffic heartbeats it
     traffic = Traffic()
     stop = threading.Event()
     workers = [threading.Thread(target=traffic.worker, args=(stack.url, i, stop)) for i in range(4)]
@@ -284,10 +296,12 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
     try:
         time.sleep(3)
         assert traffic.served_by(0) == {"inventory-1", "inventory-2"}
+        stopping = time.monotonic()
         stack.compose("stop", "inventory-1")
         stopped = time.monotonic()
         time.sleep(4)
         assert traffic.served_by(stopped) == {"inventory-2"}
+        starting = time.monotonic()
         stack.compose("start", "inventory-1")
         restarted = time.monotonic()
         # Back in rotation once nginx's fail_timeout (10 s) lets it probe again.
@@ -301,6 +315,10 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
             w.join(timeout=60)
     with traffic.lock:
         durations, failures = sorted(traffic.durations), list(traffic.failures)
+    print(
+        f"\nstop began {stopping:.2f}, returned {stopped:.2f}; start began {starting:.2f}, "
+        f"returned {restarted:.2f}"
+    )
     print(
         f"\nreplica stop/start under traffic: {len(durations)} requests, {len(failures)} failed, "
         f"slowest {durations[-1]:.3f} s, p99 {durations[int(len(durations) * 0.99)]:.3f} s"
