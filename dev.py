@@ -4,6 +4,14 @@
 Creates .venv and installs the project into it (again only when pyproject.toml
 changed), then runs the service or the whole test suite. Extra arguments pass
 through: `python3 dev.py test -k allocate`, `python3 dev.py serve --port 9000`.
+
+The console scripts the README shows run the same way from a checkout:
+  python3 dev.py ctl ...           is  llmgw-inventory ctl ...
+  python3 dev.py migrate ...       is  llmgw-inventory migrate ...
+  python3 dev.py fetch-assets ...  is  llmgw-inventory fetch-assets ...
+  python3 dev.py agent ...         is  llmgw-agent ...
+  python3 dev.py install           only sets up .venv (then `. .venv/bin/activate`
+                                   puts both scripts on PATH)
 """
 
 from __future__ import annotations
@@ -34,19 +42,30 @@ def ensure_installed() -> None:
     STAMP.write_text(wanted)
 
 
+# dev.py's command -> what it runs in .venv (the rest of the arguments follow).
+COMMANDS = {
+    "serve": ["llmgw-inventory", "serve"],
+    "migrate": ["llmgw-inventory", "migrate"],
+    "fetch-assets": ["llmgw-inventory", "fetch-assets"],
+    "ctl": ["llmgw-inventory", "ctl"],
+    "agent": ["llmgw-agent"],
+    "test": ["python", "-m", "pytest"],
+}
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"serve", "test", "install"}:
+    if not argv or argv[0] not in {*COMMANDS, "install"}:
         print(__doc__, file=sys.stderr)
         return 2
     ensure_installed()
     command, rest = argv[0], argv[1:]
     if command == "install":
         return 0
-    if command == "serve":
-        args = [str(BIN / "llmgw-inventory"), "serve", *rest]
-    else:
-        args = [str(BIN / "python"), "-m", "pytest", *rest]
-    os.chdir(ROOT)
+    program, *fixed = COMMANDS[command]
+    args = [str(BIN / program), *fixed, *rest]
+    if command in ("serve", "test"):
+        os.chdir(ROOT)
+    # ctl and agent stay where they were called: `--config ./agent.toml` is the caller's path.
     os.execv(args[0], args)
 
 

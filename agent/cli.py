@@ -65,7 +65,7 @@ def main(
     )
     env = os.environ if env is None else env
     try:
-        config = load_config(config_path(args.config, env), env)
+        config = load_config(config_path(args.config, env), env, read_token=not args.dry_run)
     except ConfigError as e:
         print(f"llmgw-agent: configuration error: {e}", file=sys.stderr)
         return 2

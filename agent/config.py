@@ -286,10 +286,15 @@ def _read_token(s: _Setting) -> str:
     return token
 
 
-def load_config(path: str | None, env: Mapping[str, str]) -> AgentConfig:
+def load_config(
+    path: str | None, env: Mapping[str, str], *, read_token: bool = True
+) -> AgentConfig:
     """The configuration from the file at `path` (None: no file) and `env`.
 
-    Raises ConfigError naming the key, the value and its origin.
+    Raises ConfigError naming the key, the value and its origin. With
+    read_token=False (a dry run, which sends nothing) token_file is not read:
+    the person trying the agent on a new node may not have a token yet, or
+    may not be root where the token is 0600.
     """
     settings = _settings(path, env)
     values = {key: _PARSERS[key](s) for key, s in settings.items()}
@@ -297,8 +302,10 @@ def load_config(path: str | None, env: Mapping[str, str]) -> AgentConfig:
     if "token" in settings and "token_file" in settings:
         settings["token"].fail("set token or token_file, not both")
     if "token_file" in settings:
-        values["token"] = _read_token(settings.pop("token_file"))
+        token_file = settings.pop("token_file")
         values.pop("token_file")
+        if read_token:
+            values["token"] = _read_token(token_file)
     root = str(values.get("root", "/"))
 
     if "node_id" not in values:

@@ -50,6 +50,17 @@ WITH free AS MATERIALIZED (
 SELECT node_id, indices FROM free WHERE cardinality(indices) >= 4 ORDER BY node_id LIMIT 50
 """
 
+# The whole answer to the schedulers' question (issue 22): every node with
+# room, not the first page. The service's answer is read page by page with
+# `first`/`after`, as a client must; the baseline is the same SQL without the
+# LIMIT, every entry in one statement.
+FREE_GPUS_PAGED = """
+query FreeAll($cls: String!, $first: Int!, $after: ID) {
+  freeGpus(gpuClass: $cls, minFree: 4, first: $first, after: $after) { gpuIndices node { id } }
+}
+"""
+FREE_GPUS_ALL_SQL = FREE_GPUS_SQL.replace("LIMIT 50", "")
+
 DISK = 2 * 10**12
 FILTERED = """
 query Filtered($disk: Bytes!) {
@@ -231,3 +242,68 @@ async def raw_free_gpus_p50(bench: Bench, calls: int) -> float:
         stmt = await conn.prepare(FREE_GPUS_SQL)
         await stmt.fetch("H100-80GB")
         return percentile(await latencies(lambda: stmt.fetch("H100-80GB"), calls), 50) * 1000
+
+
+async def every_entry(
+    client: Any, query: str, variables: dict[str, Any], page_size: int, cursor: Any
+) -> list[Any]:
+    """A list's whole answer: pages of `page_size` after the last entry's cursor until one is short.
+
+    Never one unpaged call: that answers one page (with PAGE_TRUNCATED when
+    there is more), and a figure for it would compare a page with the whole.
+    """
+    entries: list[Any] = []
+    after = None
+    while True:
+        reply = await client.graphql(
+            request_body(query, {**variables, "first": page_size, "after": after})
+        )
+        page = next(iter(reply["data"].values()))
+        entries += page
+        if len(page) < page_size:
+            return entries
+        after = cursor(page[-1])
+
+
+async def measure_full_answer(bench: Bench, page_size: int = PAGE_SIZE) -> int:
+    """freeGpus(H100-80GB, minFree 4), all of it, paged through, against one SQL statement.
+
+    Returns 1 when the service's whole answer differs from the SQL's (a wrong result).
+    """
+    name = f"freeGpus(H100-80GB, minFree 4) full answer, paged by first {page_size}"
+    variables = {"cls": "H100-80GB"}
+
+    def node_id(entry: Any) -> str:
+        return str(entry["node"]["id"])
+
+    def fetch(c: Any) -> Any:
+        return lambda: every_entry(c, FREE_GPUS_PAGED, variables, page_size, node_id)
+
+    calls = max(3, bench.calls // 20)
+    service, raw = Figure(), Figure()
+    wrong = 0
+    async with bench.pool(1) as pool:
+        (one,) = bench.connections(1)
+        answer = await fetch(one)()
+        whole = await pool.fetch(FREE_GPUS_ALL_SQL, "H100-80GB")
+        expected = [(r["node_id"], list(r["indices"])) for r in whole]
+        got = [(node_id(e), e["gpuIndices"]) for e in answer]
+        if got != expected:
+            wrong = 1
+            bench.results.note(
+                f"{name}: the service answered {len(got)} entries, raw SQL {len(expected)}"
+            )
+        for _ in range(bench.rounds):
+            samples = await latencies(fetch(one), calls)
+            service.add(percentile(samples, 50) * 1000)
+            async with pool.acquire() as conn:
+                stmt = await conn.prepare(FREE_GPUS_ALL_SQL)
+                samples = await latencies(lambda s=stmt: s.fetch("H100-80GB"), calls)
+            raw.add(percentile(samples, 50) * 1000)
+        await one.close()
+    requests = len(answer) // page_size + 1  # the last one comes back short
+    bench.results.add(Row(bench.size, f"{name} p50, 1 client", "ms", service,
+                          "raw SQL, every entry in one statement", raw,
+                          note=f"{len(answer):,} entries, {requests} request(s) of first {page_size}",
+                          better="lower"))  # fmt: skip
+    return wrong

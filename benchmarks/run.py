@@ -104,6 +104,10 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
                 for q in qs:
                     print(f"[{size}] {q.name}", flush=True)
                     await questions.measure_question(bench, q, counts.get(q.name, ""))
+                print(f"[{size}] freeGpus full answer", flush=True)
+                wrong += await questions.measure_full_answer(
+                    bench, 200 if args.quick else questions.PAGE_SIZE
+                )
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)

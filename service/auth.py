@@ -31,6 +31,9 @@ from service import connections, token_lookups, tokens
 from service.config import Settings
 from service.errors import InventoryError
 
+# INVENTORY_BOOTSTRAP_TOKEN's id: it lives in the environment, not in api_tokens.
+BOOTSTRAP_TOKEN_ID = "bootstrap"
+
 # What each role may do, as the set of roles' permissions it holds.
 GRANTS: dict[str, frozenset[str]] = {
     "reader": frozenset({"reader"}),
@@ -65,17 +68,22 @@ class Principal:
             return f"{self.description} ({self.token_id})"
         return self.token_id
 
+    @property
+    def stored(self) -> bool:
+        """Made by createToken (in api_tokens), so it can be revoked or expire."""
+        return self.token_id is not None and self.token_id != BOOTSTRAP_TOKEN_ID
+
     def may(self, role: str) -> bool:
         return role in GRANTS.get(self.role, frozenset())
 
 
 # No tokens configured: the bind policy keeps such a service on loopback.
 OPEN_ACCESS = Principal(role="operator")
-BOOTSTRAP = Principal(role="operator", token_id="bootstrap", description="bootstrap token")
+BOOTSTRAP = Principal(role="operator", token_id=BOOTSTRAP_TOKEN_ID, description="bootstrap token")
 
 
 class Unauthenticated(InventoryError):
-    """No token, a malformed header, or a token that is unknown or revoked."""
+    """No token, a malformed header, or a token that is unknown, revoked or expired."""
 
     code = "UNAUTHENTICATED"
 
@@ -174,6 +182,14 @@ class Authenticator:
         if record is None:
             raise Unauthenticated("the token is unknown or revoked")
         self._in_force = True
+        if record.status == "revoked":
+            raise Unauthenticated("the token was revoked")
+        if record.status == "expired":
+            assert record.expires_at is not None
+            raise Unauthenticated(
+                f"token expired at {record.expires_at.isoformat(timespec='seconds')}: "
+                "ask an operator for a new one"
+            )
         return Principal(
             role=record.role,
             token_id=record.id,

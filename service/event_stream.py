@@ -26,6 +26,7 @@ from service import connections, database_url
 from service.errors import InventoryError
 from service.event_announcements import parse_payload
 from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
+from service.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Subscription:
         self.filter = event_filter
         self.queue: asyncio.Queue[EventRecord | None] = asyncio.Queue()
         self.overflowed = False
+        self.ended: BaseException | None = None
 
     def offer(self, event: EventRecord) -> None:
         if self.overflowed or not self.filter.matches(event):
@@ -65,10 +67,18 @@ class Subscription:
     def close(self) -> None:
         self._stream.unsubscribe(self)
 
+    def end(self, error: BaseException) -> None:
+        """Stop the subscriber with `error` (its token ended), ahead of any backlog."""
+        self.ended = error
+        self._stream.unsubscribe(self)
+        self.queue.put_nowait(None)
+
     async def __aiter__(self) -> AsyncIterator[EventRecord]:
         try:
             while True:
                 event = await self.queue.get()
+                if self.ended is not None:
+                    raise self.ended
                 if event is None:
                     raise SubscriberTooSlow(
                         f"fell {SUBSCRIBER_BACKLOG} events behind; resubscribe with `after`"
@@ -108,11 +118,8 @@ class EventStream:
         self._task = asyncio.create_task(self._run(), name="event-stream")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     @property
     def listening(self) -> bool:

@@ -38,6 +38,10 @@ class _Counters:
         self.fast_path: dict[tuple[str, str, str], int] = defaultdict(int)
         # (method, route, status) -> per-bucket counts, sum, count
         self.latency: dict[tuple[str, str, str], list[float]] = {}
+        # Websockets whose token ended, by how ("revoked", "expired"), and the
+        # re-checks that could not ask the database (service/token_watch.py).
+        self.token_ends: dict[str, int] = defaultdict(int)
+        self.token_check_failures = 0
 
     def count_rejection(self, code: str) -> None:
         with self._lock:
@@ -46,6 +50,18 @@ class _Counters:
     def count_fast_path(self, route: str, outcome: str, reason: str) -> None:
         with self._lock:
             self.fast_path[route, outcome, reason] += 1
+
+    def count_token_end(self, status: str) -> None:
+        with self._lock:
+            self.token_ends[status] += 1
+
+    def count_token_check_failure(self) -> None:
+        with self._lock:
+            self.token_check_failures += 1
+
+    def token_watch(self) -> tuple[dict[str, int], int]:
+        with self._lock:
+            return dict(self.token_ends), self.token_check_failures
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         # Labels come from the request: fold the unexpected so that a scanner
@@ -78,6 +94,8 @@ class _Counters:
             self.rejections.clear()
             self.latency.clear()
             self.fast_path.clear()
+            self.token_ends.clear()
+            self.token_check_failures = 0
 
 
 COUNTERS = _Counters()
@@ -262,6 +280,21 @@ def _process(out: Exposition) -> None:
         "counter",
         "Allocations refused by this process, by rejection code.",
         (((("code", code),), count) for code, count in sorted(rejections.items())),
+    )
+    token_ends, token_check_failures = COUNTERS.token_watch()
+    out.family(
+        "inventory_websockets_ended_by_token_total",
+        "counter",
+        "Websockets of this process whose token ended (revoked or expired) after they "
+        "connected: their subscriptions were ended.",
+        (((("status", status),), count) for status, count in sorted(token_ends.items())),
+    )
+    out.family(
+        "inventory_token_recheck_failures_total",
+        "counter",
+        "Re-checks of open websockets' tokens that could not ask the database (the sockets "
+        "stay open until a check succeeds).",
+        [((), token_check_failures)],
     )
     out.histogram(
         "inventory_http_request_duration_seconds",

@@ -8,7 +8,9 @@ requests a second as PostGraphile, which has PostgreSQL build the JSON. Here
 too, for a selection made only of what this module can express, PostgreSQL
 builds the answer (json_build_object per object, json_agg per list, in the
 same order and with the same values the records would give) and the service
-passes the text through.
+passes the text through. A page read without `first` reads one entry past
+its page, as the resolvers do, and the same rule (paging.stops_short) says
+whether the answer must carry PAGE_TRUNCATED.
 
 Two pages: list_nodes' page (NodePage) and free_gpus' entries with their
 nodes (FreeGpusPage). What a selection may name: the attributes below, by the records' own names
@@ -32,6 +34,7 @@ from typing import Any
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
+from service.paging import PageRequest, PageTruncated, stops_short
 
 # Attribute -> SQL expression of its JSON value, per record kind, over the
 # kind's table alias.
@@ -133,6 +136,43 @@ class Value:
     selection: tuple[Value, ...] | None = None
 
 
+@dataclass(frozen=True)
+class JsonPage:
+    """A page's entries as a JSON array (text), and PAGE_TRUNCATED when it stopped short."""
+
+    entries: str
+    truncated: PageTruncated | None
+
+
+async def _json_page(
+    conn: Connection,
+    entry: str,
+    rows: str,
+    alias: str,
+    key: str,
+    params: dict[str, Any],
+    request: PageRequest,
+) -> JsonPage:
+    """The first request.size of `rows` (read with request.limit), each as `entry`, by `key`.
+
+    `entry` reads each row as `alias`. Every row read is numbered in the
+    page's order: those past the page are only counted, and the last one
+    kept gives the cursor that continues.
+    """
+    order = f"{alias}.{key}"
+    sql = (
+        f"SELECT coalesce(json_agg({entry} ORDER BY {order})"
+        f" FILTER (WHERE {alias}.page_position <= :kept), '[]')::text AS entries,"
+        f" count(*) AS read, max({order}) FILTER (WHERE {alias}.page_position = :kept) AS last"
+        f" FROM (SELECT {alias}.*, row_number() OVER (ORDER BY {order}) AS page_position"
+        f" FROM ({rows}) {alias}) {alias}"
+    )
+    row = (await conn.execute(cached_text(sql), {**params, "kept": request.size})).one()
+    if stops_short(request, row.read):
+        return JsonPage(row.entries, PageTruncated(row.last, request.size))
+    return JsonPage(row.entries, None)
+
+
 class Unsupported(ValueError):
     """The selection names something this module cannot build."""
 
@@ -214,19 +254,17 @@ class FreeGpusPage:
         gpu_class: str | None,
         fabric: str | None,
         min_free: int,
-        first: int,
+        request: PageRequest,
         after: str | None = None,
-    ) -> str:
-        """The entries free_gpus returns, as a JSON array, as text."""
+    ) -> JsonPage:
+        """The page of entries free_gpus returns, as a JSON array."""
         query, params = free_gpus_query(
-            gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=first, after=after
+            gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=request.limit, after=after
         )
         # free_gpus_query names its parameters by word, ours are p<n>: no clash.
-        sql = (
-            f"SELECT coalesce(json_agg({self._entry} ORDER BY q.node_id), '[]')::text"
-            f" FROM ({query}) q"
+        return await _json_page(
+            conn, self._entry, query, "q", "node_id", {**params, **self._params}, request
         )
-        return str(await conn.scalar(cached_text(sql), {**params, **self._params}))
 
 
 class NodePage:
@@ -238,13 +276,21 @@ class NodePage:
         self._params = statement.params
 
     async def fetch(
-        self, conn: Connection, node_filter: NodeFilter, first: int, after: str | None = None
-    ) -> str:
-        """The page list_nodes reads, each node as the selection says: a JSON array, as text."""
-        clause, params = page_clause(node_filter, first, after)
+        self,
+        conn: Connection,
+        node_filter: NodeFilter,
+        request: PageRequest,
+        after: str | None = None,
+    ) -> JsonPage:
+        """The page list_nodes reads, each node as the selection says, as a JSON array."""
+        clause, params = page_clause(node_filter, request.limit, after)
         # page_clause names its parameters by word, ours are p<n>: no clash.
-        sql = (
-            f"SELECT coalesce(json_agg({self._node} ORDER BY n.id), '[]')::text"
-            f" FROM (SELECT * FROM nodes n {clause}) n"
+        return await _json_page(
+            conn,
+            self._node,
+            f"SELECT * FROM nodes n {clause}",
+            "n",
+            "id",
+            {**params, **self._params},
+            request,
         )
-        return str(await conn.scalar(cached_text(sql), {**params, **self._params}))

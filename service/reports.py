@@ -189,6 +189,24 @@ def _check_pairs(field_name: str, pairs: tuple[tuple[str, str], ...], limit: int
         seen.add(key)
 
 
+def _check_health_agrees(where: str, gpu: GpuReport) -> None:
+    """A GPU is healthy with no reasons, or unhealthy with any (or none); never healthy *and* faulty.
+
+    `healthy: true` with ["ecc_uncorrected"] was stored as healthy and offered
+    to schedulers, so a model landed on a GPU its own agent said was broken.
+    Which of the two the agent meant cannot be guessed, so the report is
+    refused. Reasons themselves are open text: a newer agent may know a fault
+    this service does not, and on an unhealthy GPU it is accepted as sent.
+    """
+    if gpu.healthy and gpu.health_reasons:
+        raise InvalidInput(
+            f"{where}.healthReasons",
+            list(gpu.health_reasons),
+            "a GPU reported healthy: true cannot have health reasons; "
+            "send healthy: false with the reasons, or healthy: true without any",
+        )
+
+
 def validate_report(report: NodeReport) -> None:
     """Raise InvalidInput for the first unusable field; a report is stored whole or not at all."""
     _check_id("input.id", report.id)
@@ -221,6 +239,7 @@ def validate_report(report: NodeReport) -> None:
         _check_count(f"{where}.healthReasons", gpu.health_reasons, MAX_HEALTH_REASONS)
         for j, reason in enumerate(gpu.health_reasons):
             _check_id(f"{where}.healthReasons[{j}]", reason)
+        _check_health_agrees(where, gpu)
 
     _check_count("input.fabrics", report.fabrics, MAX_FABRICS)
     fabrics: set[str] = set()

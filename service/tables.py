@@ -263,6 +263,8 @@ api_tokens = Table(
     Column("description", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True)),
+    # NULL: never expires. Judged by the database's clock (service/tokens.py).
+    Column("expires_at", DateTime(timezone=True)),
     CheckConstraint("role IN ('reader', 'agent', 'scheduler', 'operator')", name="role"),
     CheckConstraint("(role = 'agent') = (node_id IS NOT NULL)", name="agent_node"),
 )

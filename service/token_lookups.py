@@ -39,19 +39,23 @@ class TokenLookups:
         )
 
     async def find(self, secret: str) -> TokenRecord | None:
-        """The live token with this secret, or None (unknown or revoked)."""
+        """The token with this secret, whatever its status (None: unknown).
+
+        Its status is the database's verdict when the batch was read, so a
+        revocation or an expiry before this request arrived is seen.
+        """
         return await self._batches.ask(tokens.digest(secret))
 
     async def _read(self, digests: Sequence[str]) -> Mapping[str, TokenRecord]:
         async with connections.autocommit(self._engine) as conn:
-            return await tokens.authenticate_many(conn, digests)
+            return await tokens.find_by_digests(conn, digests)
 
 
 _lookups: weakref.WeakKeyDictionary[AsyncEngine, TokenLookups] = weakref.WeakKeyDictionary()
 
 
 async def find_token(engine: AsyncEngine, secret: str) -> TokenRecord | None:
-    """The live token with this secret, looked up in this process's batch for `engine`."""
+    """The token with this secret (any status), looked up in this process's batch for `engine`."""
     lookups = _lookups.get(engine)
     if lookups is None:
         lookups = _lookups[engine] = TokenLookups(engine)

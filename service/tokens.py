@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
@@ -30,6 +31,9 @@ ROLES = ("reader", "agent", "scheduler", "operator")
 SECRET_PREFIX = "llmgw_"
 
 
+Status = Literal["active", "expired", "revoked"]
+
+
 @dataclass(frozen=True)
 class TokenRecord:
     id: str
@@ -38,10 +42,17 @@ class TokenRecord:
     description: str | None
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None
+    # Judged by the database's clock when the record was read (STATUS below).
+    status: Status
 
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def active(self) -> bool:
+        return self.status == "active"
 
 
 @dataclass(frozen=True)
@@ -73,13 +84,25 @@ def _record(row: Row[tuple[object, ...]]) -> TokenRecord:
         description=m["description"],
         created_at=m["created_at"],
         revoked_at=m["revoked_at"],
+        expires_at=m["expires_at"],
+        status=m["status"],
     )
 
 
-_COLUMNS = "id, role, node_id, description, created_at, revoked_at"
+# The one definition of a token's status, by the database's clock: every
+# process agrees when a token ended, whatever its own clock says. Revoked
+# wins over expired: an operator's act says more than the calendar.
+STATUS = (
+    "CASE WHEN revoked_at IS NOT NULL THEN 'revoked' "
+    "WHEN expires_at <= now() THEN 'expired' ELSE 'active' END"
+)
+
+_COLUMNS = f"id, role, node_id, description, created_at, revoked_at, expires_at, {STATUS} AS status"
 
 
-def check_token_request(role: str, node_id: str | None, description: str | None) -> None:
+def check_token_request(
+    role: str, node_id: str | None, description: str | None, expires_at: datetime | None = None
+) -> None:
     if role not in ROLES:
         raise InvalidInput("role", role, f"expected one of {', '.join(ROLES)}")
     if role == "agent":
@@ -95,24 +118,38 @@ def check_token_request(role: str, node_id: str | None, description: str | None)
         raise InvalidInput(
             "description", description, f"at most {MAX_TEXT_LENGTH} characters, no NUL"
         )
+    if expires_at is not None and expires_at.tzinfo is None:
+        # A time without a zone means a different instant on every machine.
+        raise InvalidInput(
+            "expiresAt", expires_at.isoformat(), "give a time zone, e.g. 2027-01-31T00:00:00Z"
+        )
 
 
 async def create_token(
-    conn: Connection, role: str, node_id: str | None = None, description: str | None = None
+    conn: Connection,
+    role: str,
+    node_id: str | None = None,
+    description: str | None = None,
+    expires_at: datetime | None = None,
 ) -> NewToken:
     """A new token of `role`; an agent token names the one node it may report for.
 
     The node need not be registered yet: the token is made before the agent's
-    first report.
+    first report. `expires_at` (None: never) must be in the future by the
+    database's clock, the clock that later decides the token expired.
     """
-    check_token_request(role, node_id, description)
+    check_token_request(role, node_id, description, expires_at)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
     row = (
         await conn.execute(
             text(
-                f"INSERT INTO api_tokens (id, digest, role, node_id, description) "
-                f"VALUES (:id, :digest, :role, :node_id, :description) RETURNING {_COLUMNS}"
+                f"INSERT INTO api_tokens (id, digest, role, node_id, description, expires_at) "
+                f"SELECT :id, :digest, :role, :node_id, :description, "
+                f"CAST(:expires_at AS timestamptz) "
+                f"WHERE CAST(:expires_at AS timestamptz) IS NULL "
+                f"OR CAST(:expires_at AS timestamptz) > now() "
+                f"RETURNING {_COLUMNS}"
             ),
             {
                 "id": token_id,
@@ -120,9 +157,18 @@ async def create_token(
                 "role": role,
                 "node_id": node_id,
                 "description": description,
+                "expires_at": expires_at,
             },
         )
-    ).one()
+    ).one_or_none()
+    if row is None:
+        now = await conn.scalar(text("SELECT now()"))
+        assert expires_at is not None and isinstance(now, datetime)
+        raise InvalidInput(
+            "expiresAt",
+            expires_at.isoformat(),
+            f"already past (the service's clock says {now.isoformat(timespec='seconds')})",
+        )
     return NewToken(token=_record(row), secret=secret)
 
 
@@ -164,21 +210,38 @@ async def list_tokens(
 
 
 async def authenticate(conn: Connection, secret: str) -> TokenRecord | None:
-    """The live token with this secret, or None (unknown or revoked)."""
+    """The active token with this secret, or None (unknown, revoked or expired)."""
     key = digest(secret)
-    return (await authenticate_many(conn, [key])).get(key)
+    record = (await find_by_digests(conn, [key])).get(key)
+    return record if record is not None and record.active else None
 
 
-async def authenticate_many(conn: Connection, digests: Sequence[str]) -> dict[str, TokenRecord]:
-    """The live tokens among these digests, by digest (unknown and revoked ones absent)."""
+async def find_by_digests(conn: Connection, digests: Sequence[str]) -> dict[str, TokenRecord]:
+    """The tokens with these digests, whatever their status, by digest (unknown ones absent).
+
+    Revoked and expired tokens are returned too, so the caller can tell the
+    client which of the two ended its token.
+    """
     rows = await conn.execute(
         cached_text(
             f"SELECT digest, {_COLUMNS} FROM api_tokens"
-            " WHERE digest = ANY(CAST(:digests AS text[])) AND revoked_at IS NULL"
+            " WHERE digest = ANY(CAST(:digests AS text[]))"
         ),
         {"digests": list(digests)},
     )
     return {row.digest: _record(row) for row in rows}
+
+
+async def ended_tokens(conn: Connection, token_ids: Sequence[str]) -> dict[str, Status]:
+    """Which of these tokens are no longer active (revoked or expired), with their status."""
+    rows = await conn.execute(
+        cached_text(
+            f"SELECT id, status FROM (SELECT id, {STATUS} AS status FROM api_tokens"
+            " WHERE id = ANY(CAST(:ids AS text[]))) t WHERE status <> 'active'"
+        ),
+        {"ids": list(token_ids)},
+    )
+    return {row.id: row.status for row in rows}
 
 
 async def any_tokens(conn: Connection) -> bool:

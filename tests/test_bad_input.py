@@ -75,6 +75,12 @@ BAD_REPORTS: list[tuple[str, dict[str, Any], str, Any]] = [
         "zone",
     ),
     (
+        "a healthy GPU with a health reason",
+        {"gpus": [*gpus(H100, 1), {**gpus(H100, 2)[1], "healthReasons": ["ecc_uncorrected"]}]},
+        "input.gpus[1].healthReasons",
+        "['ecc_uncorrected']",
+    ),
+    (
         "empty weights path",
         {"weights": [{"path": " "}]},
         "input.weights[0].path",
@@ -151,3 +157,25 @@ async def test_byte_counts_beyond_32_bits_round_trip(api: Api) -> None:
     await api(REGISTER, {"input": node_input("gpu-07", storage=storage)})
     data = await api('{ node(id: "gpu-07") { sharedDisk { freeBytes totalBytes } } }')
     assert data["node"]["sharedDisk"] == {"freeBytes": big, "totalBytes": big}
+
+
+FREE = '{ freeGpus(gpuClass: "H100-80GB") { node { id } gpuIndices } }'
+
+
+async def test_a_gpu_that_says_healthy_and_faulty_is_never_offered(api: Api) -> None:
+    contradictory = [{**gpu, "healthReasons": ["ecc_uncorrected"]} for gpu in gpus(H100, 2)]
+    error = await api.fails(REGISTER, {"input": node_input("gpu-07", gpus=contradictory)})
+    assert error["extensions"]["field"] == "input.gpus[0].healthReasons"
+    assert "ecc_uncorrected" in error["message"] and "healthy" in error["message"]
+    assert (await api(FREE))["freeGpus"] == []
+    assert (await api("{ nodes { id } }"))["nodes"] == []
+
+
+async def test_an_unknown_reason_on_an_unhealthy_gpu_is_kept_as_sent(api: Api) -> None:
+    # A newer agent may know a fault this service does not: stored, and the GPU not offered.
+    report = [*gpus(H100, 1), {**gpus(H100, 2)[1], "healthy": False,
+                               "healthReasons": ["nvlink_crc_storm"]}]  # fmt: skip
+    await api(REGISTER, {"input": node_input("gpu-07", gpus=report)})
+    node = (await api('{ node(id: "gpu-07") { gpus { index healthy healthReasons } } }'))["node"]
+    assert node["gpus"][1] == {"index": 1, "healthy": False, "healthReasons": ["nvlink_crc_storm"]}
+    assert (await api(FREE))["freeGpus"] == [{"node": {"id": "gpu-07"}, "gpuIndices": [0]}]

@@ -36,8 +36,14 @@ mutation Cordon($id: ID!, $reason: String!) { cordonNode(id: $id, reason: $reaso
 
 @pytest.fixture
 def service(live_service_factory: Any, engine: Any) -> LiveService:
-    """The service as deployed, with an operator token (sent everywhere, needed or not)."""
-    started: LiveService = live_service_factory(env={"INVENTORY_BOOTSTRAP_TOKEN": TOKEN})
+    """The service as deployed, with an operator token (sent everywhere, needed or not).
+
+    Pages of two nodes: the dashboard reads the node list on from each
+    PAGE_TRUNCATED answer, as it must on a cluster larger than a page.
+    """
+    started: LiveService = live_service_factory(
+        env={"INVENTORY_BOOTSTRAP_TOKEN": TOKEN, "INVENTORY_MAX_PAGE_SIZE": "2"}
+    )
     return started
 
 

@@ -17,7 +17,7 @@ import pytest
 from service.cli import build_parser
 from service.config import Settings
 from tests.conftest import LiveService, free_port
-from tests.reports import GB, REGISTER, TB, node_input
+from tests.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
@@ -80,6 +80,10 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     register(live_service, node_input("gpu-02"))
     url = ("--url", live_service.url)
     follower = Follower(live_service.url, "--node", "gpu-02")
+    # Its history printed: what it prints from now on came through the live stream
+    # (a follower still starting when the service restarts below has never
+    # connected, and rightly gives up).
+    followed = follower.until("registered")
 
     code, out, _ = ctl(capsys, *url, "nodes")
     assert code == 0
@@ -137,7 +141,7 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     # The follower printed the history, then each change as it was made;
     # a restart of the service (a rolling deploy) is a pause, not an exit.
     try:
-        followed = follower.until("removed")
+        followed += follower.until("removed")
         live_service.restart()
         register(live_service, node_input("gpu-02"))
         followed += follower.until("registered")
@@ -150,6 +154,13 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
         "removed",
         "registered",
     ]
+    # The live rows sit in the header's columns, as the history's rows do.
+    header = followed[0]
+    assert header.split() == ["TIME", "KIND", "NODE", "REPLICA", "SHARD", "BY", "REASON"]
+    for column in ("KIND", "NODE", "REPLICA", "SHARD", "BY"):
+        start = header.index(column)
+        for line in followed[1:]:
+            assert line[start - 2 : start] == "  " and line[start] != " ", (column, line)
     assert follower.process.stderr is not None
     complaints = follower.process.stderr.read().splitlines()
     assert complaints and all("resuming" in line for line in complaints)
@@ -194,3 +205,32 @@ def test_failures_are_one_line_and_a_non_zero_exit(
     )
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "token" in err
+
+
+def test_ctl_options_go_before_or_after_the_command_and_events_show_the_shard(
+    live_service_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    service = live_service_factory({"INVENTORY_BOOTSTRAP_TOKEN": OPERATOR_TOKEN})
+    register_as = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    for query, variables in (
+        (REGISTER, {"input": node_input("gpu-01")}),
+        (ALLOCATE, allocation("llama-r1", shard("llama-r1-s0", "gpu-01", 0, 1))),
+    ):
+        reply = httpx.post(service.url, json={"query": query, "variables": variables},
+                           headers=register_as)  # fmt: skip
+        assert not reply.json().get("errors"), reply.text
+
+    # After the command, after a nested command, and split around it.
+    for argv in (
+        ["events", "--url", service.url, "--token", OPERATOR_TOKEN],
+        ["--url", service.url, "events", "--token", OPERATOR_TOKEN],
+        ["tokens", "list", "--token", OPERATOR_TOKEN, "--url", service.url],
+    ):
+        code, out, err = ctl(capsys, *argv)
+        assert code == 0, (argv, err)
+    code, out, _ = ctl(capsys, "events", "--kind", "allocated", "--url", service.url,
+                       "--token", OPERATOR_TOKEN)  # fmt: skip
+    header, row = out.strip().splitlines()
+    shard_column = header.index("SHARD")
+    assert row[shard_column:].split()[0] == "llama-r1-s0"
+    assert row[header.index("REPLICA") :].split()[0] == "llama-r1"

@@ -116,8 +116,11 @@ async def test_without_first_a_list_returns_at_most_the_maximum(
             "INSERT INTO nodes (id, hostname, mgmt_addr) "
             "SELECT 'n' || lpad(i::text, 3, '0'), 'h', '10.0.0.1' FROM generate_series(1, 60) i"
         ))  # fmt: skip
-    page = (await api("{ nodes { id } }"))["nodes"]
+    # The page, and an error that says so (tests/test_paging.py has the whole story).
+    body = await api.raw("{ nodes { id } }")
+    page = body["data"]["nodes"]
     assert len(page) == 50
+    assert body["errors"][0]["extensions"]["code"] == "PAGE_TRUNCATED"
     rest = (await api("query($a: ID) { nodes(after: $a) { id } }", {"a": page[-1]["id"]}))["nodes"]
     assert len(rest) == 10
 
@@ -135,8 +138,10 @@ async def test_a_fabrics_nodes_are_paged_too(
             "INSERT INTO fabric_attachments (node_id, fabric, hcas, rate_gbps) "
             "SELECT id, 'ib-a', '{mlx5_0}', 400 FROM nodes"
         ))  # fmt: skip
-    page = (await api("{ fabrics { nodes { id } } }"))["fabrics"][0]["nodes"]
+    body = await api.raw("{ fabrics { nodes { id } } }")
+    page = body["data"]["fabrics"][0]["nodes"]
     assert len(page) == 50
+    assert body["errors"][0]["path"] == ["fabrics", 0, "nodes"]
     rest = await api("query($a: ID) { fabrics { nodes(after: $a) { id } } }", {"a": page[-1]["id"]})
     assert [n["id"] for n in rest["fabrics"][0]["nodes"]] == [f"n{i:03d}" for i in range(51, 61)]
     error = await api.fails("{ fabrics { nodes(first: 51) { id } } }")

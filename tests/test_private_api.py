@@ -11,7 +11,8 @@ import inspect
 from typing import Any
 
 import pytest
-from graphql import GraphQLObjectType, GraphQLSchema, parse
+from graphql import GraphQLError, GraphQLObjectType, GraphQLSchema, parse
+from graphql.pyutils import Path
 from strawberry.relay.types import GlobalID
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
@@ -74,7 +75,7 @@ async def test_an_executor_built_on_coerced_variables_runs_the_operation() -> No
 
 @pytest.mark.parametrize(
     "method",
-    ["execute_fields", "complete_value", "execute_field", "collect_subfields"],
+    ["execute_fields", "complete_value", "execute_field", "collect_subfields", "build_response"],
 )
 def test_the_executor_methods_the_plain_field_context_overrides_or_calls_keep_their_signature(
     method: str,
@@ -92,6 +93,7 @@ def test_the_executor_methods_the_plain_field_context_overrides_or_calls_keep_th
             "self", "parent_type", "source", "field_details_list", "path", "position_context"
         ],
         "collect_subfields": ["self", "return_type", "field_details_list"],
+        "build_response": ["self", "data"],
     }[method]  # fmt: skip
     assert list(inspect.signature(getattr(base, method)).parameters) == expected
     assert issubclass(PlainFieldExecutionContext, private_api.StrawberryGraphQLCoreExecutionContext)
@@ -109,3 +111,21 @@ def test_graphql_cores_variable_helpers_answer_as_the_plans_expect() -> None:
     node_input = core.get_type("NodeInput")
     field = node_input.fields["labels"]  # type: ignore[union-attr]
     assert private_api.coerce_default_value(field) is not None or field.default_value is None
+
+
+def test_errors_added_after_execution_keep_out_of_what_an_error_nulled() -> None:
+    """pages.py adds PAGE_TRUNCATED this way: at its path, unless that part of the answer is gone."""
+    core = private_api.core_schema(schema)
+    executor = StrawberryGraphQLCoreExecutionContext.build(core, parse("{ __typename }"))
+    nulled = Path(None, "a", "Query")
+    executor.collected_errors.add(GraphQLError("a failed"), nulled)  # type: ignore[union-attr]
+    under = GraphQLError("under a")
+    beside = GraphQLError("beside a")
+    private_api.add_field_errors(
+        executor, [(Path(nulled, "list", "A"), under), (Path(None, "b", "Query"), beside)]
+    )
+    errors = executor.collected_errors.errors  # type: ignore[union-attr]
+    assert [e.message for e in errors] == ["a failed", "beside a"]
+    # Adding marks nothing nulled: a later error under `b` is still kept.
+    executor.collected_errors.add(GraphQLError("under b"), Path(Path(None, "b", "Query"), 0, None))  # type: ignore[union-attr]
+    assert len(errors) == 3

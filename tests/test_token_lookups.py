@@ -43,7 +43,9 @@ async def test_concurrent_lookups_share_a_statement_and_each_gets_its_own_token(
 
     assert [r.node_id for r in found[:20] if r is not None] == list(agents)
     assert [r.role for r in found[20:22] if r is not None] == ["operator", "operator"]
-    assert found[22] is None and found[23] is None
+    revoked_record = found[22]
+    assert revoked_record is not None and revoked_record.status == "revoked"
+    assert found[23] is None
     # All 24 arrived before the batch left: one statement answered them.
     assert len(lookups) == 1
 
@@ -53,12 +55,12 @@ async def test_every_lookup_after_a_revocation_refuses_the_token(
 ) -> None:
     secret = await new_token(engine, "reader")
     record = await token_lookups.find_token(engine, secret)
-    assert record is not None and not record.revoked
+    assert record is not None and record.active
     async with engine.begin() as conn:
         await tokens.revoke_token(conn, record.id)
     # A lookup started after the revocation committed never sees the token alive.
     again = await asyncio.gather(*(token_lookups.find_token(engine, secret) for _ in range(5)))
-    assert again == [None] * 5
+    assert [r.status if r is not None else None for r in again] == ["revoked"] * 5
 
 
 async def test_agents_beating_with_their_own_tokens_at_once_are_each_checked_for_their_node(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import httpx
@@ -154,8 +156,59 @@ def test_ctl_creates_the_first_token_then_needs_one(
     assert refused.status_code == 401
 
 
-def test_ctl_refuses_an_agent_token_without_a_node(
+def test_ctl_refuses_an_agent_token_without_a_node_naming_the_flag(
     live_service: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = ctl(capsys, live_service.url, "tokens", "create", "--role", "agent")
-    assert code == 1 and "nodeId" in err
+    assert code == 1
+    assert err.startswith("llmgw-inventory ctl: --node is required"), err
+    assert "nodeId" not in err
+
+
+def test_ctl_makes_tokens_that_expire_and_lists_them_by_status(
+    live_service: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    url = live_service.url
+    code, out, _ = ctl(capsys, url, "tokens", "create", "--role", "operator")
+    operator = out.splitlines()[-1]
+    as_operator = ("--token", operator)
+
+    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "create", "--role", "reader",
+                       "--expires", "30d", "--description", "contractor")  # fmt: skip
+    in_30_days = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%d")
+    assert code == 0 and f"expires {in_30_days}" in out.splitlines()[0], out
+    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "create", "--role", "reader",
+                       "--expires", "2999-01-31")  # fmt: skip
+    assert code == 0 and "expires 2999-01-31 00:00 UTC" in out
+
+    code, _, err = ctl(capsys, url, *as_operator, "tokens", "create", "--role", "reader",
+                       "--expires", "2020-01-01")  # fmt: skip
+    assert code == 1 and err.startswith(
+        "llmgw-inventory ctl: --expires '2020-01-01T00:00:00+00:00'"
+    )
+    assert "already past" in err
+    with pytest.raises(SystemExit):  # argparse: a usage error naming the flag
+        ctl(capsys, url, *as_operator, "tokens", "create", "--role", "reader", "--expires", "soon")
+    assert "--expires='soon'" in capsys.readouterr().err
+
+    # One that expired, one revoked: the list tells them apart.
+    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "create", "--role", "reader",
+                       "--expires", "1s", "--description", "brief")  # fmt: skip
+    brief = re.findall(r"tok_[0-9a-f]+", out)[0]
+    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "create", "--role", "reader",
+                       "--description", "leaked")  # fmt: skip
+    leaked = re.findall(r"tok_[0-9a-f]+", out)[0]
+    ctl(capsys, url, *as_operator, "tokens", "revoke", leaked)
+    time.sleep(1.1)
+    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "list", "--all")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:4] == ["ID", "ROLE", "STATUS", "NODE"]
+    status = {row.split()[0]: row.split()[2] for row in rows}
+    assert status[brief] == "expired" and status[leaked] == "revoked"
+    assert sorted(status.values()).count("active") == 3
+    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "list", "-o", "json")
+    listed = {t["id"]: t["status"] for t in json.loads(out)}
+    assert listed[brief] == "EXPIRED" and leaked not in listed

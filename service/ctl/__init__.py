@@ -64,22 +64,46 @@ def add_ctl_parser(subparsers: Commands) -> argparse.ArgumentParser:
         help="operate the cluster through a running service (GraphQL over HTTP)",
         description="Operate the cluster through a running service's GraphQL API.",
     )
-    ctl.add_argument(
-        "--url",
-        default=None,
-        help=f"the service's GraphQL endpoint (INVENTORY_URL, default {DEFAULT_URL})",
-    )
-    ctl.add_argument(
-        "--token", default=None, help="bearer token (INVENTORY_TOKEN); sent as Authorization"
-    )
-    ctl.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the service (default 10)"
-    )
+    _add_connection_options(ctl, default=None)
     commands = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
     for module in _subcommand_modules():
         module.register(commands)
+    # `ctl nodes --url X` as well as `ctl --url X nodes`: operators append
+    # flags to the command they just ran. Below `ctl` the options default to
+    # SUPPRESS, so a subcommand that does not repeat them keeps ctl's value.
+    for parser in _parsers_below(ctl):
+        _add_connection_options(parser, default=argparse.SUPPRESS)
     ctl.set_defaults(run=run_ctl)
     return ctl
+
+
+def _add_connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    group = parser.add_argument_group("connection (accepted before or after the command)")
+    group.add_argument(
+        "--url",
+        default=default,
+        help=f"the service's GraphQL endpoint (INVENTORY_URL, default {DEFAULT_URL})",
+    )
+    group.add_argument(
+        "--token", default=default, help="bearer token (INVENTORY_TOKEN); sent as Authorization"
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=default if default is argparse.SUPPRESS else 10.0,
+        help="seconds to wait for the service (default 10)",
+    )
+
+
+def _parsers_below(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every subcommand's parser under `parser`, nested ones included (`tokens create`)."""
+    found: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # aliases share a parser
+                found.append(child)
+                found.extend(_parsers_below(child))
+    return found
 
 
 def run_ctl(args: argparse.Namespace, settings: object = None) -> int:

@@ -15,7 +15,31 @@ DEFAULT_URL = "http://127.0.0.1:8080/graphql"
 
 
 class CtlError(Exception):
-    """An expected failure; str(error) is the one line the operator reads."""
+    """An expected failure; str(error) is the one line the operator reads.
+
+    `field` is the GraphQL argument a BAD_INPUT error named, so a command can
+    name the flag the operator typed instead (see `flag_error`).
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def flag_error(error: CtlError, flags: dict[str, str]) -> CtlError:
+    """The same error, naming the command's flag instead of the API's field.
+
+    The service says `nodeId=None: an agent token is bound to one node...`;
+    the operator typed (or forgot) `--node`.
+    """
+    flag = flags.get(error.field or "")
+    message = str(error)
+    if flag is None or error.field is None or not message.startswith(f"{error.field}="):
+        return error
+    shown, _, problem = message[len(error.field) + 1 :].partition(": ")
+    if shown == "None":
+        return CtlError(f"{flag} is required: {problem}", flag)
+    return CtlError(f"{flag} {shown}: {problem}", flag)
 
 
 class Client:
@@ -56,7 +80,8 @@ class Client:
                 f"the service at {self.url} answered HTTP {response.status_code} without GraphQL"
             )
         if errors:
-            raise CtlError(_error_line(errors[0]))
+            field = (errors[0].get("extensions") or {}).get("field")
+            raise CtlError(_error_line(errors[0]), field if isinstance(field, str) else None)
         if response.status_code >= 400 or not isinstance(body.get("data"), dict):
             raise CtlError(f"the service at {self.url} answered HTTP {response.status_code}")
         data: dict[str, Any] = body["data"]

@@ -12,11 +12,19 @@ import json
 import re
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from service.ctl.client import Client, CtlError
-from service.ctl.output import DASH, add_output_option, print_json, table
+from service.ctl.output import (
+    DASH,
+    add_output_option,
+    column_widths,
+    print_json,
+    table,
+    table_row,
+)
+from service.ctl.times import since as parse_since
 
 # Where `ctl --help` lists these (after nodes).
 HELP_ORDER = 30
@@ -41,24 +49,6 @@ subscription Follow($nodeId: ID, $replicaId: ID, $kinds: [String!], $after: ID) 
 }
 """
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_since(value: str) -> datetime:
-    """'90s', '15m', '2h', '7d' ago, or an ISO-8601 time."""
-    match = _DURATION.match(value.strip())
-    if match:
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        return datetime.now(UTC) - timedelta(seconds=seconds)
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--since={value!r}: expected a duration like 15m, 2h, 7d or an ISO-8601 time"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
 
 def _time(value: str) -> str:
     return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -70,12 +60,17 @@ def event_row(e: dict[str, Any]) -> list[str]:
         e["kind"],
         e.get("nodeId") or DASH,
         e.get("replicaId") or DASH,
+        e.get("shardId") or DASH,
         e.get("actor") or DASH,
         e.get("reason") or "",
     ]
 
 
-HEADERS = ["TIME", "KIND", "NODE", "REPLICA", "BY", "REASON"]
+HEADERS = ["TIME", "KIND", "NODE", "REPLICA", "SHARD", "BY", "REASON"]
+# --follow prints rows one at a time under a header printed first, so the
+# columns cannot be sized by the rows to come: these widths hold the usual
+# ids (a time is always 19 characters, the longest kind is report_changed).
+FOLLOW_WIDTHS = [19, 14, 12, 16, 20, 16, 0]
 
 
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,19 +94,25 @@ def history(args: argparse.Namespace, client: Client) -> list[dict[str, Any]]:
 def show_events(args: argparse.Namespace, client: Client) -> int:
     found = history(args, client)
     shown = found[-args.limit :] if args.limit else found
+    widths: list[int] = []
     if args.output == "json":
         if args.follow:
             for event in shown:
                 print(json.dumps(event), flush=True)
         else:
             print_json(shown)
+    elif args.follow:
+        # The live rows go under the same header, in the same columns.
+        rows = [event_row(e) for e in shown]
+        widths = column_widths(HEADERS, rows, FOLLOW_WIDTHS)
+        print(table(HEADERS, rows, widths), flush=True)
     elif shown:
         print(table(HEADERS, [event_row(e) for e in shown]), flush=True)
-    elif not args.follow:
+    else:
         print("no events")
     if args.follow:
         last_id = found[-1]["id"] if found else None
-        follow(args, client, last_id)
+        follow(args, client, last_id, widths)
     return 0
 
 
@@ -127,7 +128,7 @@ class TokenRefused(CtlError):
 RESUME_DELAYS = (0.5, 1.0, 2.0, 5.0)
 
 
-def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
+def follow(args: argparse.Namespace, client: Client, after: str | None, widths: list[int]) -> None:
     """Stream events until Ctrl-C, resuming after the last one printed if the stream drops.
 
     A service restarting under a `--follow` (a rolling deploy) is a pause,
@@ -139,7 +140,7 @@ def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
     try:
         while True:
             try:
-                _stream(args, client, cursor)
+                _stream(args, client, cursor, widths)
                 return
             except StreamLost as lost:
                 attempts = 1
@@ -155,7 +156,9 @@ def follow(args: argparse.Namespace, client: Client, after: str | None) -> None:
         sys.stdout.flush()
 
 
-def _stream(args: argparse.Namespace, client: Client, cursor: list[str | None]) -> None:
+def _stream(
+    args: argparse.Namespace, client: Client, cursor: list[str | None], widths: list[int]
+) -> None:
     """One subscription; cursor[0] follows the last event printed."""
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
     from websockets.sync.client import connect
@@ -198,7 +201,7 @@ def _stream(args: argparse.Namespace, client: Client, cursor: list[str | None]) 
                     if args.output == "json":
                         print(json.dumps(event), flush=True)
                     else:
-                        print("  ".join(event_row(event)).rstrip(), flush=True)
+                        print(table_row(event_row(event), widths), flush=True)
                     cursor[0] = event["id"]
                 elif kind == "error":
                     errors = message.get("payload") or [{}]

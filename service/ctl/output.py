@@ -49,16 +49,27 @@ def age(value: str | None, now: datetime | None = None) -> str:
     return f"{int(seconds)}s ago"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(h) for h in headers]
+def column_widths(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], at_least: Sequence[int] = ()
+) -> list[int]:
+    """Each column as wide as its widest cell (and at least `at_least[i]`)."""
+    widths = [max(len(h), at_least[i] if i < len(at_least) else 0) for i, h in enumerate(headers)]
     for row in rows:
         for i, cell in enumerate(row):
             widths[i] = max(widths[i], len(cell))
-    lines = [
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip()
-        for line in [list(headers), *rows]
-    ]
-    return "\n".join(lines)
+    return widths
+
+
+def table_row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    """One line of a table: the cells padded to `widths`, two spaces apart."""
+    return "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip()
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] | None = None
+) -> str:
+    widths = widths or column_widths(headers, rows)
+    return "\n".join(table_row(line, widths) for line in [list(headers), *rows])
 
 
 def print_json(value: Any) -> None:

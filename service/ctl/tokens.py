@@ -7,27 +7,37 @@ can take it with `| tail -n 1`; it is never shown again.
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from typing import Any
 
-from service.ctl.client import Client
+from service.ctl import times
+from service.ctl.client import Client, CtlError, flag_error
 from service.ctl.output import DASH, add_output_option, age, print_json, table
 
 ROLES = ("reader", "agent", "scheduler", "operator")
 PAGE = 500
 
 CREATE = """
-mutation CreateToken($role: Role!, $nodeId: ID, $description: String) {
-  createToken(role: $role, nodeId: $nodeId, description: $description) {
+mutation CreateToken($role: Role!, $nodeId: ID, $description: String, $expiresAt: DateTime) {
+  createToken(role: $role, nodeId: $nodeId, description: $description, expiresAt: $expiresAt) {
     secret
-    token { id role nodeId description createdAt }
+    token { id role nodeId description createdAt expiresAt }
   }
 }
 """
 
+# The API's argument -> the flag an operator typed, for errors.
+FLAGS = {
+    "role": "--role",
+    "nodeId": "--node",
+    "description": "--description",
+    "expiresAt": "--expires",
+}
+
 LIST = """
 query Tokens($includeRevoked: Boolean!, $first: Int, $after: ID) {
   tokens(includeRevoked: $includeRevoked, first: $first, after: $after) {
-    id role nodeId description createdAt revokedAt
+    id role nodeId description createdAt revokedAt expiresAt status
   }
 }
 """
@@ -36,13 +46,20 @@ REVOKE = "mutation Revoke($id: ID!) { revokeToken(id: $id) { id revokedAt } }"
 
 
 def create_token(args: argparse.Namespace, client: Client) -> int:
-    data = client.execute(
-        CREATE,
-        {"role": args.role.upper(), "nodeId": args.node, "description": args.description},
-    )["createToken"]
+    variables = {
+        "role": args.role.upper(),
+        "nodeId": args.node,
+        "description": args.description,
+        "expiresAt": args.expires.isoformat() if args.expires is not None else None,
+    }
+    try:
+        data = client.execute(CREATE, variables)["createToken"]
+    except CtlError as error:
+        raise flag_error(error, FLAGS) from None
     token = data["token"]
     bound = f" for node {token['nodeId']}" if token.get("nodeId") else ""
-    print(f"created {token['role'].lower()} token {token['id']}{bound}")
+    until = f", expires {_utc(token['expiresAt'])}" if token.get("expiresAt") else ""
+    print(f"created {token['role'].lower()} token {token['id']}{bound}{until}")
     print("the secret below is shown once; send it as 'Authorization: Bearer <secret>'")
     print(data["secret"])
     return 0
@@ -64,15 +81,22 @@ def list_tokens(args: argparse.Namespace, client: Client) -> int:
         [
             t["id"],
             t["role"].lower(),
+            t["status"].lower(),
             t.get("nodeId") or DASH,
             age(t["createdAt"]),
+            _utc(t["expiresAt"]) if t.get("expiresAt") else DASH,
             age(t["revokedAt"]) if t.get("revokedAt") else DASH,
             t.get("description") or DASH,
         ]
         for t in found
     ]
-    print(table(["ID", "ROLE", "NODE", "CREATED", "REVOKED", "DESCRIPTION"], rows))
+    headers = ["ID", "ROLE", "STATUS", "NODE", "CREATED", "EXPIRES", "REVOKED", "DESCRIPTION"]
+    print(table(headers, rows))
     return 0
+
+
+def _utc(value: str) -> str:
+    return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def revoke_token(args: argparse.Namespace, client: Client) -> int:
@@ -89,9 +113,18 @@ def register(commands: Any) -> None:
     create.add_argument("--role", required=True, choices=ROLES)
     create.add_argument("--node", help="the one node an agent token may report for (agent only)")
     create.add_argument("--description", help="who or what holds it, e.g. 'scheduler-a'")
+    create.add_argument(
+        "--expires",
+        type=times.expires,
+        metavar="WHEN",
+        help="refuse it from then on: 30d, 12h, 2w from now, or a date or time "
+        "(2027-01-31, midnight UTC); default: never",
+    )
     create.set_defaults(handler=create_token)
 
-    listing = sub.add_parser("list", help="live tokens (--all: revoked ones too)")
+    listing = sub.add_parser(
+        "list", help="active and expired tokens, with their status (--all: revoked ones too)"
+    )
     listing.add_argument("--all", action="store_true", help="include revoked tokens")
     add_output_option(listing)
     listing.set_defaults(handler=list_tokens)

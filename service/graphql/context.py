@@ -13,7 +13,9 @@ from strawberry.types import Info as StrawberryInfo
 from service.auth import Authenticator, Principal
 from service.config import Settings
 from service.connections import Connection
+from service.event_stream import Subscription
 from service.graphql.loaders import Loaders
+from service.paging import PageRequest, page_request
 from service.transactions import in_transaction
 
 T = TypeVar("T")
@@ -39,6 +41,18 @@ class Context:
     # resolver that would make the same write takes it instead (once), so a
     # declined mutation never writes twice (service/graphql/fast/compiled_heartbeat.py).
     handed_over: dict[Hashable, tuple[bool, Any]] = field(default_factory=dict)
+    # A websocket's token ended (service/token_watch.py): "token revoked" or
+    # "token expired". Every later operation on the socket is refused, and
+    # its open subscriptions (`streams`) are ended with that error.
+    token_ended: str | None = None
+    streams: set[Subscription] = field(default_factory=set)
+
+    def end_token(self, status: str) -> None:
+        from service.auth import Unauthenticated
+
+        self.token_ended = f"token {status}"
+        for stream in list(self.streams):
+            stream.end(Unauthenticated(f"{self.token_ended}: this subscription ended"))
 
     async def write(self, work: Callable[[Connection], Awaitable[T]]) -> T:
         """Run one mutation's work in one transaction (retried on deadlock or serialization loss)."""
@@ -61,15 +75,9 @@ class Context:
         result: T = outcome
         return result
 
-    def page_size(self, first: int | None, field_name: str = "first") -> int:
-        from service.errors import InvalidInput
-
-        limit = self.settings.max_page_size
-        if first is None:
-            return limit
-        if first < 1 or first > limit:
-            raise InvalidInput(field_name, first, f"must be between 1 and {limit}")
-        return first
+    def page_request(self, first: int | None) -> PageRequest:
+        """The page a list's `first` asks for (service/paging.py): BAD_INPUT naming `first` if out of range."""
+        return page_request(first, self.settings.max_page_size)
 
 
 def new_context(engine: AsyncEngine, settings: Settings, **extra: Any) -> Context:

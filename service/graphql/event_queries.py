@@ -6,11 +6,12 @@ from datetime import datetime
 
 import strawberry
 
-from service import connections
+from service import connections, paging
 from service.events import EventFilter, list_events
 
 from .context import Info
 from .event_types import Event, event_id
+from .pages import answer, paged
 
 
 def event_filter(
@@ -26,10 +27,7 @@ def event_filter(
 @strawberry.type
 class EventQueries:
     @strawberry.field(
-        description=(
-            "Events oldest first, kept for INVENTORY_EVENT_RETENTION. Pass the last id of a "
-            "page as `after` for the next one."
-        )
+        description=paged("Events oldest first (by id), kept for INVENTORY_EVENT_RETENTION.")
     )
     async def events(
         self,
@@ -41,14 +39,14 @@ class EventQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[Event]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         async with connections.autocommit(info.context.engine) as conn:
             records = await list_events(
                 conn,
                 event_filter(node_id, replica_id, kinds),
-                first=page,
+                first=request.limit,
                 after=event_id(after),
                 since=since,
                 retention=info.context.settings.event_retention,
             )
-        return [Event.of(r) for r in records]
+        return answer(paging.cut(records, request, lambda r: str(r.id)), Event.of)

@@ -32,8 +32,21 @@ class GpuInput:
         default=None, description="Optional override; derived from name and memory when absent."
     )
     memory_mb: int | None = None
-    healthy: bool
-    health_reasons: list[str] | None = None
+    healthy: bool = strawberry.field(
+        description=(
+            "False when the GPU must not be scheduled. true with any healthReasons is refused "
+            "(BAD_INPUT naming healthReasons): a report cannot be healthy and faulty at once."
+        )
+    )
+    health_reasons: list[str] | None = strawberry.field(
+        default=None,
+        description=(
+            "Why the GPU is unhealthy (only with healthy: false), e.g. ecc_uncorrected, "
+            "row_remap_pending, row_remap_failed, retired_pages_pending, foreign_process, "
+            "nvml_error. Open text: a reason this service does not know is stored as sent, "
+            "because a newer agent may know more faults than the service."
+        ),
+    )
 
 
 @compiled_input

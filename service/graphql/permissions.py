@@ -107,6 +107,9 @@ class RequireRole(FieldExtension):
         self.role = role
 
     def check(self, info: Info[Any, Any], kwargs: dict[str, Any]) -> None:
+        ended = getattr(info.context, "token_ended", None)
+        if ended:  # a websocket whose token was revoked or expired since it connected
+            raise Unauthenticated(f"{info.field_name}: {ended}")
         check_role(self.role, info.field_name, getattr(info.context, "principal", None), kwargs)
 
     def resolve(

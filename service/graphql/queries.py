@@ -6,14 +6,13 @@ from typing import Annotated
 
 import strawberry
 
-from service import allocations, capacity, connections, node_views
+from service import allocations, capacity, connections, node_views, paging
 
 from .context import Info
 from .inputs import NodeFilter
 from .loaders import selected
+from .pages import answer, paged
 from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus
-
-PAGING = "Sorted by id; pass the last id of a page as `after` for the next one."
 
 
 @strawberry.type
@@ -23,7 +22,7 @@ class NodeQueries:
         record = await info.context.loaders.node.load(str(id))
         return None if record is None else Node.of(record)
 
-    @strawberry.field(description=f"Nodes matching the filter. {PAGING}")
+    @strawberry.field(description=paged("Nodes matching the filter, sorted by id."))
     async def nodes(
         self,
         info: Info,
@@ -31,25 +30,27 @@ class NodeQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[Node]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         node_filter = filter_.to_record() if filter_ is not None else node_views.NodeFilter()
         loaders = info.context.loaders
         async with connections.autocommit(info.context.engine) as conn:
-            records = await node_views.list_nodes(
-                conn, node_filter, page, str(after) if after is not None else None
+            read = await node_views.list_nodes(
+                conn, node_filter, request.limit, str(after) if after is not None else None
             )
-            loaders.node.prime_many({record.id: record for record in records})
+            page = paging.cut(read, request, lambda record: record.id)
+            loaders.node.prime_many({record.id: record for record in page.entries})
             # The details this query selects, for the whole page at once: its
             # Node fields then answer without a task per node (see loaders.py).
             await loaders.prefetch_nodes(
-                conn, [r.id for r in records], info.selected_fields[0].selections
+                conn, [r.id for r in page.entries], info.selected_fields[0].selections
             )
-        return [Node.of(r) for r in records]
+        return answer(page, Node.of)
 
     @strawberry.field(
-        description=(
+        description=paged(
             "Free, healthy GPUs on schedulable nodes, one entry per node that has at least "
-            f"minFree of them. {PAGING}"
+            "minFree of them, sorted by node id.",
+            cursor="node id",
         )
     )
     async def free_gpus(
@@ -61,7 +62,7 @@ class NodeQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[NodeFreeGpus]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         node = selected(info.selected_fields[0].selections).get("node")
         loaders = info.context.loaders
         async with connections.autocommit(info.context.engine) as conn:
@@ -70,15 +71,18 @@ class NodeQueries:
                 gpu_class=gpu_class,
                 fabric=fabric,
                 min_free=1 if min_free is None else min_free,
-                first=page,
+                first=request.limit,
                 after=str(after) if after is not None else None,
             )
+            page = paging.cut(found, request, lambda entry: entry.node_id)
             if node is not None:
                 # The page's nodes and their selected details, on this connection.
-                ids = [f.node_id for f in found]
+                ids = [f.node_id for f in page.entries]
                 await loaders.prefetch(conn, loaders.node, ids)
                 await loaders.prefetch_nodes(conn, ids, node)
-        return [NodeFreeGpus(node_id=f.node_id, gpu_indices=list(f.gpu_indices)) for f in found]
+        return answer(
+            page, lambda f: NodeFreeGpus(node_id=f.node_id, gpu_indices=list(f.gpu_indices))
+        )
 
     @strawberry.field
     async def fabrics(self, info: Info) -> list[Fabric]:
@@ -92,7 +96,7 @@ class NodeQueries:
             found = await capacity.gpu_classes(conn)
         return [GpuClassSummary.of(s) for s in found]
 
-    @strawberry.field(description="Allocations sorted by shard id; `after` is the last shard id.")
+    @strawberry.field(description=paged("Allocations sorted by shard id.", cursor="shard id"))
     async def allocations(
         self,
         info: Info,
@@ -101,13 +105,13 @@ class NodeQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[Allocation]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         async with connections.autocommit(info.context.engine) as conn:
             shards = await allocations.list_allocations(
                 conn,
                 node_id=str(node_id) if node_id is not None else None,
                 replica_id=str(replica_id) if replica_id is not None else None,
-                first=page,
+                first=request.limit,
                 after=str(after) if after is not None else None,
             )
-        return [Allocation.of(s) for s in shards]
+        return answer(paging.cut(shards, request, lambda s: s.shard_id), Allocation.of)

@@ -21,6 +21,7 @@ from .event_queries import EventQueries
 from .fast.execution import PlainFieldExecutionContext
 from .masking import MaskUnexpected
 from .mutations import NodeMutations
+from .pages import PageTruncation
 from .permissions import guard_root_fields
 from .placement import PlacementQueries
 from .queries import NodeQueries
@@ -58,14 +59,20 @@ LIMIT_RULES = (
     *MaxAliasesLimiter(max_alias_count=MAX_ALIASES).validation_rules,
 )
 
+
+class ExecutionContext(PageTruncation, PlainFieldExecutionContext):
+    """A short list says so (pages.py); plain fields are completed fast (execution.py)."""
+
+
 schema = strawberry.Schema(
     query=Query,
     mutation=Mutation,
     subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
     # Plain fields (no resolver) completed without graphql-core's per-field
-    # machinery: most of a 1,000-node page's CPU was that (fast/execution.py).
-    execution_context_class=PlainFieldExecutionContext,
+    # machinery: most of a 1,000-node page's CPU was that (fast/execution.py);
+    # and a short list says so, on every route (pages.py).
+    execution_context_class=ExecutionContext,
     extensions=[
         MaskUnexpected,
         lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),

@@ -61,6 +61,8 @@ class EventSubscriptions:
         # Subscribe before reading the history, so nothing committed in
         # between is missed; what the history already gave is skipped below.
         subscription = _stream(info).subscribe(wanted)
+        # Ended with an error if the connection's token ends (service/token_watch.py).
+        info.context.streams.add(subscription)
         replayed: set[int] = set()
         try:
             if resume_from is not None:
@@ -75,6 +77,8 @@ class EventSubscriptions:
                             retention=info.context.settings.event_retention,
                         )
                     for record in page:
+                        if subscription.ended is not None:
+                            raise subscription.ended
                         replayed.add(record.id)
                         yield Event.of(record)
                     if len(page) < REPLAY_PAGE:
@@ -85,4 +89,5 @@ class EventSubscriptions:
                     continue
                 yield Event.of(record)
         finally:
+            info.context.streams.discard(subscription)
             subscription.close()

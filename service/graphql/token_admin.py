@@ -7,11 +7,12 @@ from enum import Enum
 
 import strawberry
 
-from service import connections, tokens
+from service import connections, paging, tokens
 from service.connections import Connection
 from service.tokens import NewToken, TokenRecord
 
 from .context import Info
+from .pages import answer, paged
 
 
 @strawberry.enum(description="What a token may do; see the README's Security section.")
@@ -20,6 +21,13 @@ class Role(Enum):
     AGENT = "agent"
     SCHEDULER = "scheduler"
     OPERATOR = "operator"
+
+
+@strawberry.enum(description="Whether a token is accepted, by the service's clock.")
+class TokenStatus(Enum):
+    ACTIVE = "active"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
 
 
 @strawberry.type(description="A bearer token, without its secret (only its digest is stored).")
@@ -32,6 +40,15 @@ class ApiToken:
     description: str | None
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = strawberry.field(
+        description="When the token stops being accepted; null: never."
+    )
+    status: TokenStatus = strawberry.field(
+        description=(
+            "ACTIVE, EXPIRED (past expiresAt) or REVOKED (revokeToken; wins over EXPIRED), "
+            "judged by the service's database clock when read."
+        )
+    )
 
     @classmethod
     def of(cls, record: TokenRecord) -> ApiToken:
@@ -42,6 +59,8 @@ class ApiToken:
             description=record.description,
             created_at=record.created_at,
             revoked_at=record.revoked_at,
+            expires_at=record.expires_at,
+            status=TokenStatus(record.status),
         )
 
 
@@ -60,9 +79,9 @@ class CreatedToken:
 @strawberry.type
 class TokenQueries:
     @strawberry.field(
-        description=(
-            "Tokens sorted by id, revoked ones only when asked; pass the last id of a page as "
-            "`after` for the next one."
+        description=paged(
+            "Tokens sorted by id: active and expired ones (told apart by `status`), revoked "
+            "ones only with includeRevoked."
         )
     )
     async def tokens(
@@ -72,15 +91,15 @@ class TokenQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[ApiToken]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         async with connections.autocommit(info.context.engine) as conn:
             found = await tokens.list_tokens(
                 conn,
                 include_revoked=include_revoked,
-                first=page,
+                first=request.limit,
                 after=str(after) if after is not None else None,
             )
-        return [ApiToken.of(t) for t in found]
+        return answer(paging.cut(found, request, lambda t: t.id), ApiToken.of)
 
 
 @strawberry.type
@@ -88,6 +107,8 @@ class TokenMutations:
     @strawberry.mutation(
         description=(
             "Operator: a new token. An agent token needs nodeId, the one node it may report for. "
+            "With expiresAt (in the future, with a time zone) the token is refused from then on "
+            "(401 'token expired'), and subscriptions made with it end. "
             "The secret is in the answer and nowhere else."
         )
     )
@@ -97,10 +118,15 @@ class TokenMutations:
         role: Role,
         node_id: strawberry.ID | None = None,
         description: str | None = None,
+        expires_at: datetime | None = None,
     ) -> CreatedToken:
         async def work(conn: Connection) -> NewToken:
             return await tokens.create_token(
-                conn, role.value, str(node_id) if node_id is not None else None, description
+                conn,
+                role.value,
+                str(node_id) if node_id is not None else None,
+                description,
+                expires_at,
             )
 
         created = await info.context.write(work)
@@ -109,7 +135,12 @@ class TokenMutations:
             info.context.authenticator.forget()
         return CreatedToken.of(created)
 
-    @strawberry.mutation(description="Operator: stop accepting a token, from the next request on.")
+    @strawberry.mutation(
+        description=(
+            "Operator: stop accepting a token, from the next request on; subscriptions made "
+            "with it end within 2 seconds, in every service process."
+        )
+    )
     async def revoke_token(self, info: Info, id: strawberry.ID) -> ApiToken:
         async def work(conn: Connection) -> TokenRecord:
             return await tokens.revoke_token(conn, str(id))

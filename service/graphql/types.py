@@ -9,6 +9,7 @@ from typing import Any
 
 import strawberry
 
+from service import paging
 from service.allocations import ShardRecord
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
 from service.errors import NodeNotFound
@@ -19,6 +20,7 @@ from service.reports import Disk as DiskRecord
 from .context import Context, Info
 from .fast.execution import NOT_READY, READY
 from .loaders import now_or_later, ready
+from .pages import answer, paged
 from .scalars import Bytes
 
 # Metadata key of a field whose value a page reads from a record attribute
@@ -345,20 +347,23 @@ class Fabric:
     node_ids: strawberry.Private[tuple[str, ...]]
 
     @strawberry.field(
-        description=(
+        description=paged(
             "Nodes attached to this fabric, sorted by id; a fabric spans the cluster, so the "
-            "list is paged like `nodes` (`after` is the last id of the previous page)."
+            "list is paged like `nodes`."
         )
     )
     async def nodes(
         self, info: Info, first: int | None = None, after: strawberry.ID | None = None
     ) -> list[Node]:
-        page = info.context.page_size(first)
+        request = info.context.page_request(first)
         ids = sorted(self.node_ids)
         if after is not None:
             ids = [i for i in ids if i > str(after)]
-        records = await info.context.loaders.node.load_many(ids[:page])
-        return [Node.of(r) for r in records if r is not None]
+        page = paging.cut(ids[: request.limit], request, str)
+        records = await info.context.loaders.node.load_many(page.entries)
+        # A node removed since the fabric was read is left out.
+        found = [r for r in records if r is not None]
+        return answer(paging.Page(found, page.truncated), Node.of)
 
 
 @strawberry.type(

@@ -50,7 +50,10 @@ function token() {
 
 class GraphQLError extends Error {}
 
-async function graphql(query, variables) {
+// The answer's data, or a GraphQLError for any error in it, except that a
+// list which stopped short (PAGE_TRUNCATED, with the cursor that continues)
+// is handed to `truncated`, when given, for the caller to read on from.
+async function graphql(query, variables, truncated) {
   const headers = { "Content-Type": "application/json", Accept: "application/json" };
   if (token()) headers.Authorization = `Bearer ${token()}`;
   const response = await fetch(GRAPHQL, {
@@ -66,22 +69,31 @@ async function graphql(query, variables) {
   } catch (_) {
     throw new GraphQLError(`${response.status} ${response.statusText}`);
   }
-  if (body.errors && body.errors.length) {
-    throw new GraphQLError(body.errors.map((e) => e.message).join("; "));
+  const errors = (body.errors || []).filter((e) => {
+    if (truncated && e.extensions && e.extensions.code === "PAGE_TRUNCATED") {
+      truncated.push(e.extensions.after);
+      return false;
+    }
+    return true;
+  });
+  if (errors.length) {
+    throw new GraphQLError(errors.map((e) => e.message).join("; "));
   }
   if (!response.ok) throw new GraphQLError(`${response.status} ${response.statusText}`);
   return body.data;
 }
 
 async function loadAllNodes() {
-  // Pages of the server's own maximum size, until an empty one.
+  // Pages of the server's own maximum size: each one that stopped short
+  // says so (PAGE_TRUNCATED) and where the next one starts.
   const all = [];
   let after = null;
   for (;;) {
-    const data = await graphql(NODES_QUERY, { after });
-    if (!data.nodes.length) return all;
+    const truncated = [];
+    const data = await graphql(NODES_QUERY, { after }, truncated);
     all.push(...data.nodes);
-    after = data.nodes[data.nodes.length - 1].id;
+    if (!truncated.length) return all;
+    after = truncated[0];
   }
 }
 

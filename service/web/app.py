@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.types.unset import UNSET, UnsetType
@@ -27,6 +28,7 @@ from service.graphql.authentication import accept_connection, identify, identify
 from service.graphql.context import Context, new_context
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
+from service.token_watch import TokenWatch
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.draining import CloseConnectionsWhileDraining, Drain
 from service.web.graphiql import GraphiQLPage
@@ -46,6 +48,14 @@ class InventoryGraphQL(GraphQL[Context, None]):
         self._settings = settings
         self._graphiql = GraphiQLPage(self.graphql_ide_html, vendor_dir)
         self.authenticator = Authenticator(lambda: engine_ref.engine, settings)
+        self.token_watch = TokenWatch(lambda: engine_ref.engine)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if scope["type"] == "websocket":
+                self.token_watch.forget(id(scope))
 
     async def render_graphql_ide(self, request: Request) -> Response:
         # Local copies of GraphiQL's scripts when fetched (air-gapped clusters), else the CDN.
@@ -82,6 +92,10 @@ class InventoryGraphQL(GraphQL[Context, None]):
         # Every websocket operation (subscriptions included) is refused
         # until connection_init carried a valid token.
         await accept_connection(context)
+        token_id = context.principal.token_id if context.principal is not None else None
+        if token_id is not None and context.principal is not None and context.principal.stored:
+            # A websocket outlives the check above: end it when its token ends.
+            self.token_watch.watch(id(context.request.scope), token_id, context.end_token)
         ack: UnsetType = UNSET
         return ack
 
@@ -130,6 +144,7 @@ def create_app(
         try:
             yield
         finally:
+            await graphql_app.token_watch.stop()
             await background.stop()
             # Events committed in the last moments are still announced.
             await drain_announcements(ref.engine)

@@ -7,7 +7,6 @@ starts Background in its lifespan and mounts operational_routes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from service import connections, metrics, readiness
 from service.config import Settings
 from service.event_stream import EventStream
 from service.liveness import run_sweeper
+from service.tasks import stop_task
 from service.web.draining import Drain
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,7 @@ class Background:
         return cls(sweeper, stream)
 
     async def stop(self) -> None:
-        if self.sweeper is not None:
-            self.sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.sweeper
+        await stop_task(self.sweeper)
         await self.stream.stop()
 
 

@@ -77,6 +77,22 @@ def test_the_dry_run_prints_the_registration_as_json_and_sends_nothing(
     ]
 
 
+def test_the_dry_run_needs_no_token(
+    tmp_path: Path, node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The packaged unit's token file, not there yet on a node being tried out.
+    missing = str(tmp_path / "agent.token")
+    argv = ["--config", config_file(tmp_path, node, token_file=missing), "--dry-run"]
+    code = main(argv, env={}, host=fake_host(node), transport=httpx.MockTransport(refuse_to_send))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["id"] == "gpu-07"
+    # Registering for real still needs it, and says so.
+    code = main(["--config", config_file(tmp_path, node, token_file=missing), "--once"], env={})
+    assert code == 2
+    assert "cannot read the token file" in capsys.readouterr().err
+
+
 def test_once_registers_the_node_and_exits(
     tmp_path: Path, node: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,7 +16,9 @@ Aliases and __typename too; no directives, fragments or repeated response
 keys. Everything else (labels, timestamps, a field with arguments) runs
 through graphql-core as before.
 
-How it stays exact: the same role check and page-size rule as the resolver,
+How it stays exact: the same role check and page rule as the resolver
+(service/paging.py: a page without `first` that stopped short answers
+PAGE_TRUNCATED at the field, where graphql-core would place it),
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/test_compiled_page.py compares both ways field
 by field). Which record attribute answers which field is read from the
@@ -60,6 +62,7 @@ from graphql import (
     get_argument_values,
     get_named_type,
     get_variable_values,
+    located_error,
 )
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
@@ -70,6 +73,7 @@ from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.masking import UNSTORABLE_TEXT
 from service.graphql.permissions import check_role, role_of
+from service.paging import PageRequest
 from service.transactions import sqlstate
 
 from .documents import only_root_field
@@ -140,12 +144,15 @@ class CompiledPage:
     def __init__(
         self,
         field: str,
+        root: FieldNode,
         key: str,
         page: node_pages.NodePage | node_pages.FreeGpusPage,
         arguments: Mapping[str, tuple[str | None, Any, bool]],
         resolver_arguments: _ResolverArguments | None = None,
     ) -> None:
         self._field = field
+        self._root = root
+        self._response_key = key
         self._key = json.dumps(key).encode()
         self._page = page
         # argument -> (variable name or None, literal value, variable is non-null)
@@ -186,8 +193,8 @@ class CompiledPage:
             return Declined("arguments_for_graphql_core")
         try:
             check_role(self._role, self._field, context.principal, given)
-            size = context.page_size(given.get("first"))
-            answer = await self._fetch(context, given, size)
+            request = context.page_request(given.get("first"))
+            answer = await self._fetch(context, given, request)
         except InventoryError:  # a refused caller, a page size out of range: the resolver's words
             return Declined("refused")
         except Exception as error:
@@ -198,9 +205,16 @@ class CompiledPage:
             if sqlstate(error) in UNSTORABLE_TEXT:
                 return Declined("text_not_storable")
             raise
-        return Answered(b'{"data":{' + self._key + b":" + answer.encode() + b"}}")
+        body = b'{"data":{' + self._key + b":" + answer.entries.encode() + b"}"
+        if answer.truncated is not None:
+            # Where and how graphql-core places it (pages.py): at the field.
+            truncated = located_error(answer.truncated, [self._root], [self._response_key])
+            body += b',"errors":[' + json.dumps(truncated.formatted).encode() + b"]"
+        return Answered(body + b"}")
 
-    async def _fetch(self, context: Context, given: Mapping[str, Any], size: int) -> str:
+    async def _fetch(
+        self, context: Context, given: Mapping[str, Any], request: PageRequest
+    ) -> node_pages.JsonPage:
         async with connections.autocommit(context.engine) as conn:
             if isinstance(self._page, node_pages.FreeGpusPage):
                 min_free = given["minFree"]
@@ -209,7 +223,7 @@ class CompiledPage:
                     gpu_class=given["gpuClass"],
                     fabric=given["fabric"],
                     min_free=1 if min_free is None else min_free,
-                    first=size,
+                    request=request,
                     after=given["after"],
                 )
             node_filter = given.get("filter_")
@@ -217,7 +231,7 @@ class CompiledPage:
             return await self._page.fetch(
                 conn,
                 node_filter.to_record() if node_filter is not None else node_views.NodeFilter(),
-                size,
+                request,
                 str(after) if after is not None else None,
             )
 
@@ -366,7 +380,7 @@ def compile_page(
     except (_Declined, node_pages.Unsupported):
         return None
     key = root.alias.value if root.alias else field
-    return CompiledPage(field, key, page, arguments, resolver_arguments)
+    return CompiledPage(field, root, key, page, arguments, resolver_arguments)
 
 
 def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:

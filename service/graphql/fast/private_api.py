@@ -1,9 +1,11 @@
-"""Every private part of graphql-core and Strawberry the fast path uses, and nothing else.
+"""Every private part of graphql-core and Strawberry the service's execution uses, and nothing else.
 
 The fast path answers as Strawberry would by calling the same code, and some of
 that code is not public: graphql-core 3.3's executor attributes and
 variable-coercion helpers, Strawberry's test for a leaf type and its mark on
-default resolvers. Each is reached through this module only, so an upgrade that
+default resolvers; and the executor's collected errors, to which
+PAGE_TRUNCATED is added once execution is done (service/graphql/pages.py).
+Each is reached through this module only, so an upgrade that
 moves one breaks here, by name, in tests/test_private_api.py (which checks each
 against the installed versions), before any answer changes. pyproject.toml pins
 both engines to the versions these were read from.
@@ -11,14 +13,15 @@ both engines to the versions these were read from.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import strawberry
-from graphql import DocumentNode, GraphQLSchema, OperationDefinitionNode
+from graphql import DocumentNode, GraphQLError, GraphQLSchema, OperationDefinitionNode
 from graphql.execution.collect_fields import FieldDetailsList, GroupedFieldSet
 from graphql.execution.get_variable_signature import get_variable_signature
 from graphql.execution.values import VariableValues, VariableValueSource
+from graphql.pyutils import Path
 from graphql.utilities.coerce_input_value import coerce_default_value
 from strawberry.execution.is_awaitable import optimized_is_awaitable
 from strawberry.relay.types import GlobalID
@@ -32,6 +35,7 @@ __all__ = [
     "StrawberryGraphQLCoreExecutionContext",
     "VariableValueSource",
     "VariableValues",
+    "add_field_errors",
     "coerce_default_value",
     "core_schema",
     "executor_for_coerced_variables",
@@ -94,3 +98,16 @@ def is_default_resolver(resolve: Callable[..., Any] | None) -> bool:
 def is_strawberry_leaf(type_: StrawberryType | type, scalars: Mapping[object, Any]) -> bool:
     """convert_argument's own test for a value it takes as graphql-core parsed it."""
     return _is_leaf_type(type_, scalars, skip_classes=(GlobalID,))
+
+
+def add_field_errors(executor: Any, errors: Iterable[tuple[Path, GraphQLError]]) -> None:
+    """Add errors to an executor's answer, each at its field's path, after its fields ran.
+
+    As graphql-core's own CollectedErrors.add does, an error under a position
+    that another error nulled is left out (that part of the answer is gone);
+    unlike add, nothing is marked nulled, since each field still answers.
+    """
+    collected = executor.collected_errors
+    collected.errors.extend(
+        error for path, error in errors if not collected.has_nulled_position(path)
+    )
