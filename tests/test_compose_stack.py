@@ -323,6 +323,10 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
         f"\nreplica stop/start under traffic: {len(durations)} requests, {len(failures)} failed, "
         f"slowest {durations[-1]:.3f} s, p99 {durations[int(len(durations) * 0.99)]:.3f} s"
     )
+    if failures:
+        print(
+            stack.compose("logs", "--no-color", "--tail", "60", "inventory-1", "proxy", timeout=60)
+        )
     assert not failures, failures[:10]
     assert durations[-1] < 2.0, f"slowest request took {durations[-1]:.2f} s"
 

@@ -42,7 +42,7 @@ def test_sigterm_drains_then_stops_dropping_no_request_and_tells_subscribers_to_
 
     def client_loop() -> None:
         n = 0
-        with httpx.Client(timeout=httpx.Timeout(10, connect=0.5)) as client:
+        with httpx.Client(timeout=httpx.Timeout(10, connect=2)) as client:
             while not stop.is_set():
                 n += 1
                 try:
@@ -50,10 +50,8 @@ def test_sigterm_drains_then_stops_dropping_no_request_and_tells_subscribers_to_
                         service.url,
                         json={"query": REGISTER, "variables": {"input": node_input(f"gs-{n}")}},
                     )
-                except (httpx.ConnectError, httpx.ConnectTimeout):
-                    # Never reached the process (refused, or ignored once it
-                    # stopped accepting): any client may retry elsewhere.
-                    refused.append(time.monotonic())
+                except httpx.ConnectError:
+                    refused.append(time.monotonic())  # never reached the process: retryable
                     time.sleep(0.01)
                     continue
                 except httpx.TransportError as error:
@@ -109,25 +107,3 @@ def test_sigterm_drains_then_stops_dropping_no_request_and_tells_subscribers_to_
     assert during, "no request was answered during the drain"
     assert all(status == 200 and conn == "close" for _, status, conn in during), during[:5]
     assert all(at >= term + DRAIN * 0.9 for at in refused), "refused before the drain was over"
-
-
-def test_a_listener_told_to_drop_new_connections_keeps_those_it_already_queued() -> None:
-    """What the drain's end relies on (Linux): queued connections survive, new ones go unanswered."""
-    import socket
-
-    from service.web.draining import drop_new_connections
-
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        address = listener.getsockname()
-        queued = socket.create_connection(address, timeout=2)  # in the accept queue
-        assert drop_new_connections(listener.fileno())
-        try:
-            late = socket.create_connection(address, timeout=0.5)
-        except TimeoutError:
-            late = None
-        assert late is None, "a new connection was accepted after the filter"
-        accepted, _ = listener.accept()  # the queued one is still there
-        queued.sendall(b"ping")
-        assert accepted.recv(4) == b"ping"
-        accepted.close()
-        queued.close()

@@ -11,14 +11,7 @@ safely. So on the first SIGTERM (`docker stop`, systemd, Kubernetes):
    response carries `Connection: close`, so proxies drop their keep-alive
    connections to this process after their current request instead of
    racing its shutdown; requests are still served;
-2. then stop accepting without dropping what the kernel already accepted:
-   closing a listening socket resets every connection still queued in it,
-   and a request a proxy already wrote there is lost (a proxy must not
-   retry a POST it wrote; measured: about one request in 3,000 through nginx
-   while a replica stopped). So new connection attempts are first dropped by
-   a socket filter (a proxy's connect times out and it tries another replica,
-   which is safe), the loop accepts and serves what was queued, and only then
-3. uvicorn's own shutdown: close the listener, let in-flight requests finish
+2. then uvicorn's own shutdown: stop accepting, let in-flight requests finish
    (at most INVENTORY_REQUEST_TIMEOUT more), close websockets with 1012
    ("service restart": clients reconnect, to another replica), then the
    lifespan stops the background tasks and the pools.
@@ -28,14 +21,8 @@ A second SIGTERM, or Ctrl-C, skips what is left of the drain.
 
 from __future__ import annotations
 
-import asyncio
-import ctypes
 import logging
-import os
 import signal
-import socket
-import struct
-import sys
 import time
 from types import FrameType
 from typing import Any
@@ -46,31 +33,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.config import Settings
 
 log = logging.getLogger(__name__)
-
-
-# Seconds the loop gets to accept the connections already queued in the
-# listener once new ones are dropped; accepting is immediate on an idle loop.
-ACCEPT_QUEUE_GRACE = 0.3
-_SO_ATTACH_FILTER = 26  # Linux; Python's socket module does not name it
-# A classic BPF program of one instruction, `ret #0`: keep 0 bytes of every packet.
-_DROP_EVERYTHING = struct.pack("HBBI", 0x06, 0, 0, 0)
-
-
-def drop_new_connections(fd: int) -> bool:
-    """Make a listening TCP socket ignore new connection attempts; connections it queued stay.
-
-    A SYN the socket's filter drops is never answered: the client's connect
-    times out (no request was sent, so any client may retry elsewhere), where
-    closing the socket would have reset connections it had already queued.
-    Linux only; elsewhere False, and the caller says so.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    program = ctypes.create_string_buffer(_DROP_EVERYTHING, len(_DROP_EVERYTHING))
-    fprog = struct.pack("HL", 1, ctypes.addressof(program))  # struct sock_fprog
-    with socket.socket(fileno=os.dup(fd)) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
-    return True
 
 
 class Drain:
@@ -142,23 +104,6 @@ class DrainingServer(uvicorn.Server):
             self.drain.begin()
             return
         super().handle_exit(sig, frame)
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self._drain_until is not None:
-            await self._stop_accepting_without_resets()
-        await super().shutdown(sockets)
-
-    async def _stop_accepting_without_resets(self) -> None:
-        listeners = [s.fileno() for server in self.servers for s in server.sockets]
-        paused = [fd for fd in listeners if drop_new_connections(fd)]
-        if len(paused) < len(listeners):
-            log.warning(
-                "cannot ignore new connections before closing the listener on %s: connections "
-                "queued at that moment are reset",
-                sys.platform,
-            )
-        if paused:
-            await asyncio.sleep(ACCEPT_QUEUE_GRACE)
 
     async def on_tick(self, counter: int) -> bool:
         if await super().on_tick(counter):
