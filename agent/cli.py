@@ -14,9 +14,11 @@ import httpx
 from agent import __version__
 from agent.client import InventoryClient, ServiceError, ServiceUnavailable
 from agent.config import AgentConfig, ConfigError, config_path, load_config
+from agent.gpu_file import GpuFile
 from agent.loop import Agent, run_until_stopped
 from agent.report import Host, Report, build_report
 from agent.weights import WeightsScanner
+from agent.xids import XidInbox, XidListener
 
 log = logging.getLogger("llmgw.agent")
 
@@ -48,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_http_lines(level: str) -> None:
+    """httpx logs every request at INFO: one line per heartbeat, every few seconds, forever.
+
+    Those lines belong at DEBUG: shown with --log-level debug, hidden otherwise.
+    The agent's own lines already say when the service cannot be reached.
+    """
+    debug = level.upper() == "DEBUG"
+    logging.getLogger("httpx").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -63,6 +75,7 @@ def main(
         # journald stamps the time; a container runtime does too.
         format="%(levelname)s %(message)s",
     )
+    quiet_http_lines(args.log_level)
     env = os.environ if env is None else env
     try:
         config = load_config(config_path(args.config, env), env, read_token=not args.dry_run)
@@ -81,20 +94,36 @@ def main(
             print(f"warning: {warning}", file=sys.stderr)
         print(json.dumps(report.node_input, indent=2))
         return 0
+    xids = XidInbox()
+    if isinstance(config.gpu_source, GpuFile):
+        for index, heard in sorted(config.gpu_source.xids.items()):
+            for xid in heard:
+                xids.put(index, xid)
     if args.once:
-        return asyncio.run(_register_once(config, survey, transport))
-    asyncio.run(_serve(config, survey))
+        return asyncio.run(_register_once(config, survey, transport, xids))
+    listener = None
+    if config.gpu_source == "nvml" and host.nvml is not None:
+        listener = XidListener(host.nvml, xids, warn=log.warning)
+        listener.start()
+    try:
+        asyncio.run(_serve(config, survey, xids))
+    finally:
+        if listener is not None:
+            listener.stop(timeout=1.0)
     return 0
 
 
 async def _register_once(
-    config: AgentConfig, survey: Survey, transport: httpx.AsyncBaseTransport | None
+    config: AgentConfig,
+    survey: Survey,
+    transport: httpx.AsyncBaseTransport | None,
+    xids: XidInbox,
 ) -> int:
     client = InventoryClient(
         config.service_url, config.token, config.request_timeout, transport=transport
     )
     try:
-        status = await Agent(config, client, survey).register_once()
+        status = await Agent(config, client, survey, xids=xids).register_once()
     except (ServiceUnavailable, ServiceError, RuntimeError) as e:
         print(f"llmgw-agent: registration failed: {e}", file=sys.stderr)
         return 1
@@ -104,7 +133,7 @@ async def _register_once(
     return 0
 
 
-async def _serve(config: AgentConfig, survey: Survey) -> None:
+async def _serve(config: AgentConfig, survey: Survey, xids: XidInbox) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -117,7 +146,7 @@ async def _serve(config: AgentConfig, survey: Survey) -> None:
         config.service_url,
     )
     try:
-        await run_until_stopped(Agent(config, client, survey).run(), stop)
+        await run_until_stopped(Agent(config, client, survey, xids=xids).run(), stop)
     finally:
         await client.aclose()
     log.info("llmgw-agent stopped")

@@ -10,14 +10,32 @@ configured this way by mistake is visible in its log and its dry run.
 """
 
 import json
-from dataclasses import dataclass
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import NoReturn, TypeVar
 
 from agent.gpus import HEALTH_REASONS, Gpu
 
 # Every field a GPU entry may have; anything else is a mistake, not an extra.
-FIELDS = ("index", "name", "memory_mb", "uuid", "pci_bus_id", "healthy", "health_reasons")
+FIELDS = (
+    "index",
+    "name",
+    "memory_mb",
+    "uuid",
+    "pci_bus_id",
+    "healthy",
+    "health_reasons",
+    "xids",
+    # Topology, so a demo or a lab can fake an HGX board or NVL pairs.
+    "nvlink_peers",
+    "numa_node",
+    "near_hcas",
+    "nvlink_domain",
+)
 REQUIRED = ("index", "name")
+
+
+T = TypeVar("T")
 
 
 class GpuFileError(Exception):
@@ -30,6 +48,10 @@ class GpuFile:
 
     path: str
     gpus: tuple[Gpu, ...]
+    # XIDs the file says the driver raised, by GPU index: the agent reports
+    # them once, in its first report after start-up (agent/xids.py), as if
+    # it had heard them, to rehearse the service's handling in a lab.
+    xids: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def warning(self) -> str:
         return (
@@ -75,6 +97,24 @@ def _reasons(where: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _peers(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of GPU indices ([] for no NVLink)")
+    return tuple(_whole(f"{where}[{i}]", peer, 0) for i, peer in enumerate(value))
+
+
+def _names(where: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of adapter names")
+    return tuple(_text(f"{where}[{i}]", name) for i, name in enumerate(value))
+
+
+def _xids(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        _fail(where, value, "must be a list of XIDs")
+    return tuple(_whole(f"{where}[{i}]", xid, 1) for i, xid in enumerate(value))
+
+
 def _gpu(where: str, entry: object) -> Gpu:
     if not isinstance(entry, dict):
         _fail(where, entry, "must be an object with index and name")
@@ -106,11 +146,39 @@ def _gpu(where: str, entry: object) -> Gpu:
         memory_mb=None if memory is None else _whole(f"{where}.memory_mb", memory, 1),
         pci_bus_id=None if bus_id is None else _text(f"{where}.pci_bus_id", bus_id),
         health_reasons=reasons,
+        nvlink_peers=_optional(entry, "nvlink_peers", where, _peers),
+        numa_node=_optional(entry, "numa_node", where, lambda w, v: _whole(w, v, 0)),
+        near_hcas=_optional(entry, "near_hcas", where, _names),
+        nvlink_domain=_optional(entry, "nvlink_domain", where, _text),
     )
+
+
+def _optional(
+    entry: dict[str, object], key: str, where: str, parse: Callable[[str, object], T]
+) -> T | None:
+    value = entry.get(key)
+    return None if value is None else parse(f"{where}.{key}", value)
+
+
+def _check_peers(gpus: tuple[Gpu, ...]) -> None:
+    """Peers as the service will check them: GPUs of the file, not itself, listed by both ends."""
+    peers_of = {gpu.index: gpu.nvlink_peers for gpu in gpus}
+    for i, gpu in enumerate(gpus):
+        for peer in gpu.nvlink_peers or ():
+            where = f"[{i}].nvlink_peers"
+            if peer == gpu.index or peer not in peers_of:
+                _fail(where, peer, "must name another GPU of this file")
+            theirs = peers_of[peer]
+            if theirs is not None and gpu.index not in theirs:
+                _fail(where, peer, f"GPU {peer} does not list GPU {gpu.index} back")
 
 
 def parse_gpus(text: str) -> tuple[Gpu, ...]:
     """The GPUs in a file's text: a JSON list of objects. Raises GpuFileError."""
+    return _parse(text)[0]
+
+
+def _parse(text: str) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
     try:
         listed = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
@@ -118,14 +186,21 @@ def parse_gpus(text: str) -> tuple[Gpu, ...]:
     if not isinstance(listed, list):
         raise GpuFileError("must be a JSON list of GPU objects")
     gpus = tuple(_gpu(f"[{i}]", entry) for i, entry in enumerate(listed))
-    for field in ("index", "uuid", "pci_bus_id"):
+    xids = {
+        gpu.index: _xids(f"[{i}].xids", entry["xids"])
+        for i, (gpu, entry) in enumerate(zip(gpus, listed, strict=True))
+        if "xids" in entry
+    }
+    xids = {index: heard for index, heard in xids.items() if heard}
+    for unique in ("index", "uuid", "pci_bus_id"):
         seen: set[object] = set()
         for i, gpu in enumerate(gpus):
-            value = getattr(gpu, field)
+            value = getattr(gpu, unique)
             if value is not None and value in seen:
-                _fail(f"[{i}].{field}", value, "names another GPU too")
+                _fail(f"[{i}].{unique}", value, "names another GPU too")
             seen.add(value)
-    return gpus
+    _check_peers(gpus)
+    return gpus, xids
 
 
 def read_gpu_file(path: str) -> GpuFile:
@@ -137,4 +212,5 @@ def read_gpu_file(path: str) -> GpuFile:
         raise GpuFileError(f"cannot read the GPU file: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise GpuFileError(f"not UTF-8 text: {e.reason}") from e
-    return GpuFile(path, parse_gpus(text))
+    gpus, xids = _parse(text)
+    return GpuFile(path, gpus, xids)

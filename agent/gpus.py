@@ -47,6 +47,11 @@ class Gpu:
     memory_mb: int | None = None
     pci_bus_id: str | None = None
     health_reasons: tuple[str, ...] = ()
+    # Topology (agent.topology); None is "could not tell", never "none".
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] | None = None
+    nvlink_domain: str | None = None
+    near_hcas: tuple[str, ...] | None = None
 
     @property
     def healthy(self) -> bool:

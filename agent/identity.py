@@ -19,6 +19,22 @@ def read_machine_id(root: str) -> str | None:
     return text or None
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id(root: str) -> str | None:
+    """The kernel's id for this boot; None when unreadable.
+
+    A new one tells the service the node rebooted, which reset its GPUs: the
+    sticky health a critical XID left on them is then cleared.
+    """
+    try:
+        text = host_path(root, BOOT_ID).read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
 def default_mgmt_addr(service_url: str) -> str:
     """The local address this node reaches the service from.
 

@@ -26,6 +26,7 @@ from agent.client import (
 from agent.config import AgentConfig
 from agent.report import Report
 from agent.threads import in_daemon_thread
+from agent.xids import XidInbox, with_xids
 
 log = logging.getLogger("llmgw.agent")
 
@@ -77,6 +78,7 @@ class Agent:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
+        xids: XidInbox | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -97,6 +99,10 @@ class Agent:
         self._retry_register_at = 0.0
         self._warned: frozenset[str] = frozenset()
         self._state: tuple[str, str | None] | None = None
+        # XIDs heard from the driver (agent/xids.py): each wakes the loop for
+        # a full report at once.
+        self._xids = xids
+        self._xid_arrived: asyncio.Event | None = None
 
     async def survey(self) -> Report | None:
         """The node as it is now; None if discovery itself broke (a bug, logged)."""
@@ -118,7 +124,13 @@ class Agent:
         report = await self.survey()
         if report is None:
             raise RuntimeError("discovery failed; see the log")
-        status = await self.client.register_node(report.node_input)
+        xids = self._xids.take() if self._xids is not None else {}
+        try:
+            status = await self.client.register_node(with_xids(report.node_input, xids))
+        except BaseException:
+            if self._xids is not None:
+                self._xids.give_back(xids)
+            raise
         self._note(status)
         return status
 
@@ -126,15 +138,44 @@ class Agent:
         """Forever: cancel the task to stop it."""
         report: Report | None = None
         next_survey = self._clock()
+        if self._xids is not None:
+            self._xid_arrived = self._xids.bind()
         while True:
             now = self._clock()
-            if now >= next_survey:
+            if now >= next_survey or self._xids_waiting():
+                # An XID goes out with the node as it is now: its health may
+                # have changed with it.
                 report = await self.survey() or report
                 next_survey = now + self.config.scan_interval
             if report is None:
-                await self._sleep(self._retry.next())
+                await self._pause(self._retry.next())
                 continue
-            await self._sleep(await self.step(report, now))
+            await self._pause(await self.step(report, now))
+
+    def _xids_waiting(self) -> bool:
+        return self._xids is not None and self._xids.waiting()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, or less when an XID arrives.
+
+        Not while the service is failing or refused the report: the backoff
+        paces the next try then, XIDs or not (they wait in the inbox), and
+        waking for them would spin.
+        """
+        arrived = self._xid_arrived
+        if arrived is None or self.outage.failures or self._rejected_digest is not None:
+            await self._sleep(seconds)
+            return
+        sleeping = asyncio.ensure_future(self._sleep(seconds))
+        woken = asyncio.ensure_future(arrived.wait())
+        try:
+            await asyncio.wait({sleeping, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeping, woken):
+                task.cancel()
+            await asyncio.gather(sleeping, woken, return_exceptions=True)
+        if sleeping.done() and not sleeping.cancelled():
+            sleeping.result()  # what the sleep raised is the loop's to see
 
     def _action(self, report: Report, now: float) -> str:
         # A report the service refused is not sent again unchanged until its
@@ -145,6 +186,7 @@ class Agent:
         due = (
             report.changed_since(self.sent)
             or now - self._sent_at >= self.config.full_report_interval
+            or self._xids_waiting()
         )
         return "register" if due and not held_back else "heartbeat"
 
@@ -153,9 +195,17 @@ class Agent:
         action = self._action(report, now)
         if action == "wait":
             return min(self.config.heartbeat_interval, self._retry_register_at - now)
+        xids = self._xids.take() if action == "register" and self._xids is not None else {}
         try:
             if action == "register":
-                status = await self.client.register_node(report.node_input)
+                node_input = with_xids(report.node_input, xids) if xids else report.node_input
+                try:
+                    status = await self.client.register_node(node_input)
+                except BaseException:
+                    # Not stored: the XIDs go with the next report that is.
+                    if self._xids is not None:
+                        self._xids.give_back(xids)
+                    raise
                 self.registered = True
                 self.sent = report
                 self._sent_at = now

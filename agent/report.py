@@ -21,8 +21,10 @@ from agent.engines import engine_versions
 from agent.fabrics import discover_fabrics
 from agent.gpu_file import GpuFile
 from agent.gpus import Gpu, discover_gpus, load_nvml
+from agent.identity import BOOT_ID, read_boot_id
 from agent.memory import read_meminfo
 from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
+from agent.topology import discover_topology
 from agent.weights import WeightsScanner
 
 FREE_SPACE_STEP = 1 << 30
@@ -94,6 +96,15 @@ def _gpu_input(gpu: Gpu, gpu_class: str | None) -> dict[str, Any]:
         entry["memoryMb"] = gpu.memory_mb
     entry["healthy"] = gpu.healthy
     entry["healthReasons"] = list(gpu.health_reasons)
+    # Topology: left out when unknown, which the service reads as unknown.
+    if gpu.numa_node is not None:
+        entry["numaNode"] = gpu.numa_node
+    if gpu.nvlink_peers is not None:
+        entry["nvlinkPeers"] = list(gpu.nvlink_peers)
+    if gpu.nvlink_domain is not None:
+        entry["nvlinkDomain"] = gpu.nvlink_domain
+    if gpu.near_hcas is not None:
+        entry["nearHcas"] = list(gpu.near_hcas)
     return entry
 
 
@@ -109,6 +120,11 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
         "mgmtAddr": config.mgmt_addr,
         "labels": [{"key": k, "value": v} for k, v in sorted(config.labels.items())],
     }
+    boot_id = read_boot_id(root)
+    if boot_id is None:
+        warn(f"cannot read {BOOT_ID}: a reboot will not clear the GPUs' XID health")
+    else:
+        report["bootId"] = boot_id
     memory = read_meminfo(root)
     if memory is None:
         warn("cannot read MemTotal from /proc/meminfo: RAM not reported")
@@ -121,11 +137,15 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
         gpus = list(config.gpu_source.gpus)
     else:
         gpus = discover_gpus(host.nvml, root, config.engine_processes, warn)
+    fabrics = discover_fabrics(root, config.fabrics, warn)
+    if not isinstance(config.gpu_source, GpuFile):
+        # Near HCAs are looked for among the adapters reported below only.
+        hcas = [hca for a in fabrics for hca in a.hcas]
+        gpus = discover_topology(host.nvml, root, gpus, hcas, warn)
     report["gpus"] = [_gpu_input(gpu, config.gpu_class) for gpu in gpus]
 
     report["fabrics"] = [
-        {"fabric": a.fabric, "hcas": list(a.hcas), "rateGbps": a.rate_gbps}
-        for a in discover_fabrics(root, config.fabrics, warn)
+        {"fabric": a.fabric, "hcas": list(a.hcas), "rateGbps": a.rate_gbps} for a in fabrics
     ]
 
     present = present_model_dirs(root, config.model_dirs, warn)

@@ -166,6 +166,8 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
     ids = itertools.count()
     place, raw_place, allocate, raw_allocate = Figure(), Figure(), Figure(), Figure()
     place_cpu, allocate_cpu = Figure(), Figure()
+    # place with nvlinkShards (issue 20), against `place` in the same rounds.
+    nvlink_place, nvlink_cpu = Figure(), Figure()
     outcomes: dict[str, int] = {}
     wrong = 0
 
@@ -176,16 +178,18 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
         # place through the service
         clients = bench.connections(SCHEDULERS)
 
-        def placer(c: Connection) -> Callable[[], Awaitable[int]]:
+        def placer(c: Connection, **options: bool) -> Callable[[], Awaitable[int]]:
+            label = "place nvlinkShards" if options else "place"
+
             async def call() -> int:
                 body = request_body(
                     PLACE,
                     {"input": {"replicaId": f"bench-p{next(ids)}", "gpuClass": PLACE_CLASS,
-                               "shards": 1, "gpusPerShard": 1}},
+                               "shards": 1, "gpusPerShard": 1, **options}},
                 )  # fmt: skip
                 reply = await c.graphql(body)
                 kind = reply["data"]["place"]["__typename"]
-                note(f"place {kind}")
+                note(f"{label} {kind}")
                 if kind == "Unplaceable":
                     raise Exhausted
                 return 1 if kind == "Allocated" else 0
@@ -195,6 +199,18 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
         value, failed = await bench.throughput([placer(c) for c in clients], place_cpu)
         place.add(value)
         outcomes["place failed requests"] = outcomes.get("place failed requests", 0) + failed
+        await close_all(clients)
+        wrong += await check_and_release(bench)
+
+        # the same with nvlinkShards: every candidate's NVLink groups checked in SQL
+        clients = bench.connections(SCHEDULERS)
+        value, failed = await bench.throughput(
+            [placer(c, nvlinkShards=True) for c in clients], nvlink_cpu
+        )
+        nvlink_place.add(value)
+        outcomes["place nvlinkShards failed requests"] = (
+            outcomes.get("place nvlinkShards failed requests", 0) + failed
+        )
         await close_all(clients)
         wrong += await check_and_release(bench)
 
@@ -277,6 +293,9 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
             "raw asyncpg, SKIP LOCKED claim", raw_place, statements.get("place", ""),
             note=f"service CPU {fmt(place_cpu.median)} ms/request; double-booked GPUs or "
                  f"wrong pools: {wrong}; {seen}"))  # fmt: skip
+    add(Row(bench.size, f"place 1x {PLACE_CLASS} with nvlinkShards, 32 schedulers", "claims/s",
+            nvlink_place, "place without nvlinkShards (same rounds)", place, "",
+            note=f"service CPU {fmt(nvlink_cpu.median)} ms/request"))  # fmt: skip
     add(Row(bench.size, f"allocate 1x {ALLOCATE_CLASS}, 32 schedulers", "claims/s", allocate,
             "raw asyncpg, lock + 1 statement", raw_allocate, statements.get("allocate", ""),
             note=f"service CPU {fmt(allocate_cpu.median)} ms/request"))  # fmt: skip

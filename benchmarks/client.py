@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -106,6 +107,19 @@ class Connection:
             with contextlib.suppress(ConnectionError, OSError):
                 await self._writer.wait_closed()
         self._reader = self._writer = None
+
+
+def cycling(connection: Connection, bodies: list[bytes]) -> Callable[[], Awaitable[int]]:
+    """A load worker: each call sends the next of `bodies` on `connection` (1 operation)."""
+    position = 0
+
+    async def call() -> int:
+        nonlocal position
+        await connection.graphql(bodies[position % len(bodies)])
+        position += 1
+        return 1
+
+    return call
 
 
 def request_body(query: str, variables: dict[str, Any] | None = None) -> bytes:

@@ -26,6 +26,7 @@ from service.reports import (
     gpu_class_of,
     sum_disks,
 )
+from service.topology import nvlink_groups
 
 TB = 10**12
 GB = 10**9
@@ -39,6 +40,17 @@ MODELS = (
     ("NVIDIA L40S", 46068),
 )
 GPUS_PER_NODE = 8
+
+
+def nvlink_peers(i: int, g: int) -> list[int]:
+    """Node i's topology: H100 nodes alternate an NVSwitch board and bridged pairs
+    (H100 NVL style), A100 nodes are boards, L40S nodes have no NVLink."""
+    name = MODELS[i % len(MODELS)][0]
+    if "L40S" in name:
+        return []
+    if i % len(MODELS) == 1:
+        return [g ^ 1]
+    return [k for k in range(GPUS_PER_NODE) if k != g]
 
 
 def node_id(i: int) -> str:
@@ -57,6 +69,7 @@ def node_input(i: int, version: int = 0) -> dict[str, Any]:
             "memoryMb": memory,
             "healthy": not (unhealthy and g == 7),
             "healthReasons": ["ecc_uncorrected"] if unhealthy and g == 7 else [],
+            "nvlinkPeers": nvlink_peers(i, g),
         }
         for g in range(GPUS_PER_NODE)
     ]
@@ -116,6 +129,7 @@ def to_report(data: dict[str, Any]) -> NodeReport:
                 memory_mb=g.get("memoryMb"),
                 healthy=g["healthy"],
                 health_reasons=tuple(g.get("healthReasons") or ()),
+                nvlink_peers=None if g.get("nvlinkPeers") is None else tuple(g["nvlinkPeers"]),
             )
             for g in data["gpus"]
         ),
@@ -179,14 +193,16 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
                 bool(report.weights), report.digest(),
             )
         )  # fmt: skip
+        groups = nvlink_groups({g.index: g.nvlink_peers for g in report.gpus})
         for g in report.gpus:
             reasons = sorted(set(g.health_reasons)) or ([] if g.healthy else ["unhealthy"])
             key = (g.name, g.memory_mb, g.gpu_class)
             if key not in classes:
                 classes[key] = gpu_class_of(g)
             gpus.append(
-                (nid, g.index, g.uuid, g.name, classes[key], g.memory_mb, g.healthy, reasons)
-            )
+                (nid, g.index, g.uuid, g.name, classes[key], g.memory_mb, g.healthy, reasons,
+                 None if g.nvlink_peers is None else sorted(g.nvlink_peers), groups[g.index])
+            )  # fmt: skip
         for f in report.fabrics:
             fabrics.append((nid, f.fabric, list(f.hcas), f.rate_gbps))
         for fs in report.storage:
@@ -215,7 +231,7 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
         "gpus",
         records=gpus,
         columns=["node_id", "idx", "uuid", "name", "gpu_class", "memory_mb", "healthy",
-                 "health_reasons"],
+                 "health_reasons", "nvlink_peers", "nvlink_group"],
     )  # fmt: skip
     await conn.copy_records_to_table(
         "fabric_attachments", records=fabrics, columns=["node_id", "fabric", "hcas", "rate_gbps"]

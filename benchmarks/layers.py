@@ -69,6 +69,9 @@ class Split:
         return f"{here} {fmt(self.here.median)} ms, PostgreSQL {fmt(self.rest.median)} ms"
 
 
+SEQUENTIAL_PLACES = 200
+
+
 async def measure_layers(bench: Bench) -> int:
     """Returns the number of double-booked GPUs and wrong pools seen (must be 0).
 
@@ -84,6 +87,8 @@ async def measure_layers(bench: Bench) -> int:
     ids = itertools.count()
     node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
     registered, placed, raw_registered, claimed = Split(), Split(), Split(), Split()
+    placed_nvlink = Split()  # place with nvlinkShards (issue 20), in the same rounds
+    sequential = {False: Figure(), True: Figure()}
     wrong = 0
 
     def reporters(
@@ -102,8 +107,10 @@ async def measure_layers(bench: Bench) -> int:
             report = reports[(i, version)]
             await in_transaction(engine, lambda conn: register_node(conn, report))
 
-        async def place_one() -> int:
-            request = PlaceRequest(f"bench-l{next(ids)}", PLACE_CLASS, gpus_per_shard=1)
+        async def place_one(nvlink_shards: bool = False) -> int:
+            request = PlaceRequest(
+                f"bench-l{next(ids)}", PLACE_CLASS, gpus_per_shard=1, nvlink_shards=nvlink_shards
+            )
 
             async def work(conn: Any) -> object:
                 return await place(conn, request)
@@ -112,9 +119,22 @@ async def measure_layers(bench: Bench) -> int:
                 raise Exhausted  # no room left: the cluster's free H100s are taken
             return 1
 
+        # One caller, alternating with and without nvlinkShards: the cost of
+        # the topology checks alone, with the machine's noise shared by both.
+        for k in range(2 * SEQUENTIAL_PLACES):
+            latency = sequential[k % 2 == 1]
+            start = time.perf_counter()
+            await place_one(nvlink_shards=k % 2 == 1)
+            latency.add((time.perf_counter() - start) * 1000)
+        wrong += await check_and_release(bench)
+
         for _ in range(bench.rounds):
             await registered.measure(reporters(register), bench.seconds)
             await placed.measure([place_one] * SCHEDULERS, bench.seconds)
+            wrong += await check_and_release(bench)
+            await placed_nvlink.measure(
+                [lambda: place_one(nvlink_shards=True)] * SCHEDULERS, bench.seconds
+            )
             wrong += await check_and_release(bench)
     finally:
         await dispose(engine)
@@ -157,6 +177,28 @@ async def measure_layers(bench: Bench) -> int:
             claimed.rate,
             note=f"CPU per claim: {placed.words('domain Python')}; "
             f"raw: {claimed.words('client')}; double-booked GPUs or wrong pools: {wrong}",
+        )
+    )
+    bench.results.add(
+        Row(
+            bench.size,
+            f"place's {in_process}, 1x {PLACE_CLASS} with nvlinkShards, {SCHEDULERS} tasks",
+            "claims/s",
+            placed_nvlink.rate,
+            "the same without nvlinkShards",
+            placed.rate,
+            note=f"CPU per claim: {placed_nvlink.words('domain Python')}",
+        )
+    )
+    bench.results.add(
+        Row(
+            bench.size,
+            f"place's {in_process}, 1 caller, latency with nvlinkShards",
+            "ms",
+            sequential[True],
+            "the same calls without, alternating",
+            sequential[False],
+            note=f"{SEQUENTIAL_PLACES} calls each; a ratio of 1.25 is 0.8x the claims/s",
         )
     )
     return wrong

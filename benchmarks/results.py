@@ -128,7 +128,13 @@ def targets(rows: list[Row]) -> list[str]:
                     f"{size:,} nodes: heartbeats >= 5,000/s{tokens}: "
                     f"{verdict(beat.value.median >= 5000)} ({fmt(beat.value.median)}/s)"
                 )
-        place = _find(rows, size, "place ")
+        nvlink = _find(rows, size, "place 1x H100-80GB with nvlinkShards")
+        if nvlink is not None and size == 10_000:
+            out.append(
+                f"{size:,} nodes: place with nvlinkShards >= 0.8x place without (issue 20): "
+                f"{verdict(nvlink.ratio >= 0.8)} (x{nvlink.ratio:.2f})"
+            )
+        place = _find(rows, size, "place 1x H100-80GB, ")
         if place is not None:
             out.append(
                 f"{size:,} nodes: place >= 1,500 claims/s: "

@@ -33,7 +33,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer",
+    "peer", "floor",
 )  # fmt: skip
 
 
@@ -61,7 +61,7 @@ def load_average() -> str:
 
 async def run_size(server_url: str, size: int, args: argparse.Namespace, results: Results) -> int:
     """Measure one cluster size; returns the number of wrong results."""
-    from benchmarks import allocation, churn, layers, peer, questions, statements, writes
+    from benchmarks import allocation, churn, floor, layers, peer, questions, statements, writes
 
     wrong = 0
     url = await create_database(server_url)
@@ -123,6 +123,9 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "layers" in sections:
                 print(f"[{size}] layers (domain calls in-process)", flush=True)
                 wrong += await layers.measure_layers(bench)
+            if "floor" in sections:
+                print(f"[{size}] one process against the bare Starlette floor", flush=True)
+                await floor.measure_floor(bench)
             if "peer" in sections and size == min(args.sizes):
                 print(f"[{size}] PostGraphile peer", flush=True)
                 await peer.measure_peer(bench, args.peer_timeout)

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 
 from benchmarks.bench import Bench, close_all
-from benchmarks.client import Connection, request_body
+from benchmarks.client import Connection, cycling, request_body
 from benchmarks.cluster import node_id, node_input, to_report
 from benchmarks.measure import Figure, throughput
 from benchmarks.results import Row, fmt
@@ -254,19 +254,8 @@ async def measure_heartbeats(bench: Bench, statements: str) -> None:
     for _ in range(bench.rounds):
         clients = bench.connections(agents)
 
-        def beat(a: int, c: Connection) -> Callable[[], Awaitable[int]]:
-            mine = bodies[a::agents]
-            position = 0
-
-            async def call() -> int:
-                nonlocal position
-                await c.graphql(mine[position % len(mine)])
-                position += 1
-                return 1
-
-            return call
-
-        value, failed = await bench.throughput([beat(a, c) for a, c in enumerate(clients)], cpu)
+        workers = [cycling(c, bodies[a::agents]) for a, c in enumerate(clients)]
+        value, failed = await bench.throughput(workers, cpu)
         service.add(value)
         failures += failed
         await close_all(clients)

@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
+from service.availability import gpu_health_reasons, gpu_usable, is_schedulable
 from service.connections import Connection, cached_text
 from service.events import note_recorded, record_event
 from service.gpu_pools import move_to_allocated, refresh_pools
@@ -127,6 +128,9 @@ class ShardRequest:
     shard_id: str
     node_id: str
     gpu_indices: tuple[int, ...]
+    # The adapters this shard is handed, when place() chose them (railAligned:
+    # exactly its GPUs' near HCAs); None: every adapter of the node on the fabric.
+    hcas: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -228,9 +232,9 @@ def state_phrase(state: str, admin_reason: str | None, liveness_reason: str | No
 
 
 _GPUS_ASKED = text(
-    """
-    SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, g.healthy, g.health_reasons,
-           a.shard_id AS held_by
+    f"""
+    SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
+           {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -330,11 +334,11 @@ def store_statement(wanted: str) -> TextClause:
 # plain one-node allocation needs are made here, on the snapshot of this
 # statement (started under the node's lock): none of the shard ids is stored
 # (a retry or a clash, which _duplicate words), the replica has no shard on
-# another node (it would need a fabric), and every GPU exists, is healthy and
-# is free. When one fails nothing is written and allocate() reads the facts
+# another node (it would need a fabric), and every GPU exists and is free
+# (availability.gpu_free: usable, and not held, probed as below). When one fails nothing is written and allocate() reads the facts
 # again to say which, so the wording stays in one place (_check_gpus).
 _STORE = store_statement(
-    """
+    f"""
     want_shards AS (
         SELECT * FROM jsonb_to_recordset(CAST(:shards AS jsonb))
             AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
@@ -363,7 +367,7 @@ _STORE = store_statement(
                     WHERE a.node_id = w.node_id AND a.gpu_index = w.idx
                     LIMIT 1
                 ) held_now ON true
-                WHERE g.idx IS NULL OR NOT g.healthy OR held_now.taken)
+                WHERE g.idx IS NULL OR NOT {gpu_usable("g")} OR held_now.taken)
         ) AS ok
     )"""
 )
@@ -482,7 +486,7 @@ def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rej
                 f"node {shown(shard.node_id)} is not registered",
                 node_id=shard.node_id,
             )
-        if node.state != "ready":
+        if not is_schedulable(node.state):
             phrase = state_phrase(node.state, node.admin_reason, node.liveness_reason)
             return Rejection(
                 RejectionCode.NODE_NOT_SCHEDULABLE,
@@ -518,7 +522,14 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
                 gpu_index=index,
                 held_by=gpu.held_by,
             )
-        if not gpu.healthy:
+        if not gpu.usable and gpu.cordon_reason is not None:
+            return Rejection(
+                RejectionCode.GPU_CORDONED,
+                f"{where} is cordoned ({gpu.cordon_reason})",
+                node_id=node_id,
+                gpu_index=index,
+            )
+        if not gpu.usable:
             reasons = ", ".join(gpu.health_reasons) or "unhealthy"
             return Rejection(
                 RejectionCode.GPU_UNHEALTHY,
@@ -659,7 +670,11 @@ async def _store(
             "node_id": s.node_id,
             "gpu_indices": sorted(s.gpu_indices),
             "fabric": choice.fabric,
-            "hcas": list(choice.hcas.get(s.node_id, ())),
+            "hcas": list(
+                choice.hcas.get(s.node_id, ())
+                if s.hcas is None or choice.fabric is None
+                else s.hcas
+            ),
         }
         for s in request.shards
     ]

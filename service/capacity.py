@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from service.availability import gpu_free, pool_offers
 from service.connections import Connection, cached_text
 from service.errors import InvalidInput
 
@@ -53,7 +54,7 @@ def free_gpus_query(
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
     params: dict[str, Any] = {"min_free": min_free, "first": first}
-    where = ["p.schedulable", "p.free > 0"]
+    where = [pool_offers("p")]
     if gpu_class is not None:
         where.append("p.gpu_class = :cls")
         params["cls"] = gpu_class
@@ -77,9 +78,7 @@ def free_gpus_query(
         SELECT page.node_id, free.indices
         FROM page CROSS JOIN LATERAL (
             SELECT array_agg(g.idx ORDER BY g.idx) AS indices FROM gpus g
-            WHERE g.node_id = page.node_id AND g.healthy {gpu_class_match}
-              AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
-                              WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+            WHERE g.node_id = page.node_id AND {gpu_free("g")} {gpu_class_match}
         ) free
         ORDER BY page.node_id
     """
@@ -95,7 +94,7 @@ async def free_gpus(
     first: int,
     after: str | None = None,
 ) -> list[NodeFreeGpus]:
-    """Healthy, unallocated GPUs on READY nodes: one entry per node with at least min_free."""
+    """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free."""
     sql, params = free_gpus_query(
         gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=first, after=after
     )

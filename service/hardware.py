@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from service.allocations import ShardRecord
+from service.availability import gpu_health_reasons, gpu_healthy
 from service.connections import Connection, cached_text
 
 
@@ -30,12 +31,22 @@ class GpuRecord:
     name: str
     gpu_class: str
     memory_mb: int | None
+    # availability.gpu_healthy and gpu_health_reasons: the agent's word and
+    # the sticky reasons together.
     healthy: bool
     health_reasons: tuple[str, ...]
     held_by: str | None
     # The shard holding it, read with it: every GPU answers its own
     # `allocation` without a second lookup per GPU.
     shard: ShardRecord | None = None
+    cordon_reason: str | None = None
+    sticky_reasons: tuple[str, ...] = ()
+    # Topology as reported (service.topology); None is unknown.
+    numa_node: int | None = None
+    nvlink_peers: list[int] | None = None
+    nvlink_group: int | None = None
+    nvlink_domain: str | None = None
+    near_hcas: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,10 +77,11 @@ class WeightsRecord:
 
 
 _GPUS = text(
-    """
-    SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb, g.healthy,
-           g.health_reasons, a.shard_id, s.replica_id, s.gpu_indices, s.fabric, s.hcas,
-           s.created_at
+    f"""
+    SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb,
+           {gpu_healthy("g")}, {gpu_health_reasons("g")}, a.shard_id, s.replica_id,
+           s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons,
+           g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -86,7 +98,8 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
     # cost more than building the record, eight thousand times a page.
     for (
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
-        replica_id, indices, fabric, hcas, created_at,
+        replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
+        group, domain, near,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -104,7 +117,8 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         # Positionally, in GpuRecord's field order.
         gpu = GpuRecord(
             node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy,
-            tuple(reasons), held_by, shard,
+            tuple(reasons), held_by, shard, cordon_reason, tuple(sticky), numa_node, peers, group,
+            domain, near,
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

@@ -114,6 +114,20 @@ def count_fast_path(route: str, outcome: str, reason: str) -> None:
     COUNTERS.count_fast_path(route, outcome, reason)
 
 
+# XIDs reported to this process, by GPU class and XID (service/gpu_health.py),
+# counted once the report's transaction committed (a retried transaction
+# counts once). Apart from _Counters: one idea, one lock.
+_XIDS: dict[tuple[str, str], int] = defaultdict(int)
+_XIDS_LOCK = threading.Lock()
+
+
+def count_xids(xids: Iterable[tuple[str, int]]) -> None:
+    """Count committed XIDs, each a (GPU class, XID) pair; process-local."""
+    with _XIDS_LOCK:
+        for gpu_class, xid in xids:
+            _XIDS[(gpu_class, str(xid))] += 1
+
+
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     COUNTERS.observe_request(method, route, status, seconds)
 
@@ -234,7 +248,8 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
     out.family(
         "inventory_gpus",
         "gauge",
-        "GPUs by class and status (free = healthy, unallocated, on a READY node; "
+        "GPUs by class and status (free = healthy, not cordoned, unallocated, on a READY node; "
+        "unhealthy = unallocated and unhealthy or cordoned; "
         "unschedulable = healthy and unallocated on a node that is not READY).",
         samples,
     )
@@ -295,6 +310,15 @@ def _process(out: Exposition) -> None:
         "Re-checks of open websockets' tokens that could not ask the database (the sockets "
         "stay open until a check succeeds).",
         [((), token_check_failures)],
+    )
+    with _XIDS_LOCK:
+        xids = sorted(_XIDS.items())
+    out.family(
+        "inventory_gpu_xids_total",
+        "counter",
+        "XID errors reported to this process by agents, by GPU class and XID; critical ones "
+        "(service/gpu_health.py) leave the GPU unhealthy until it is reset.",
+        (((("gpu_class", cls), ("xid", xid)), count) for (cls, xid), count in xids),
     )
     out.histogram(
         "inventory_http_request_duration_seconds",

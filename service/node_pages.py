@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.availability import gpu_health_reasons, gpu_healthy, node_schedulable
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
@@ -44,9 +45,10 @@ NODE: Mapping[str, str] = {
     "mgmt_addr": "n.mgmt_addr",
     "memory_total_mb": "n.memory_total_mb",
     "state": "n.state",
-    "schedulable": "(n.state = 'ready')",
+    "schedulable": node_schedulable("n"),
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
+    "boot_id": "n.boot_id",
     # The reason that explains the state (node_views.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
     "state_reason": (
@@ -61,8 +63,15 @@ GPU: Mapping[str, str] = {
     "name": "g.name",
     "gpu_class": "g.gpu_class",
     "memory_mb": "g.memory_mb",
-    "healthy": "g.healthy",
-    "health_reasons": "g.health_reasons",
+    "healthy": gpu_healthy("g"),
+    "health_reasons": gpu_health_reasons("g"),
+    "cordon_reason": "g.cordon_reason",
+    "sticky_reasons": "g.sticky_reasons",
+    "numa_node": "g.numa_node",
+    "nvlink_peers": "g.nvlink_peers",
+    "nvlink_group": "g.nvlink_group",
+    "nvlink_domain": "g.nvlink_domain",
+    "near_hcas": "g.near_hcas",
 }
 SHARD: Mapping[str, str] = {
     "shard_id": "s.shard_id",

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
+from service.availability import is_schedulable, node_schedulable
 from service.connections import Connection, cached_text
 from service.errors import InvalidInput
 from service.reports import Disk
@@ -39,10 +40,12 @@ class NodeRecord:
     local_disk: Disk | None
     shared_disk: Disk | None
     knows_its_weights: bool
+    # The kernel's boot id the agent last reported; None from an older agent.
+    boot_id: str | None = None
 
     @property
     def schedulable(self) -> bool:
-        return self.state == "ready"
+        return is_schedulable(self.state)
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,9 @@ NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
     n.agent_version, n.engine_versions, n.local_disk_free, n.local_disk_total,
-    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights
+    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id
 """
-_NODE_WIDTH = 18
+_NODE_WIDTH = 19
 
 
 def _mapping(value: Any) -> dict[str, str]:
@@ -87,7 +90,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
     (
         node_id, hostname, mgmt_addr, labels, memory_total_mb, state, admin_reason,
         admin_actor, liveness_reason, last_seen, registered_at, agent_version,
-        engine_versions, local_free, local_total, shared_free, shared_total, knows,
+        engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
     ) = row[:_NODE_WIDTH]  # fmt: skip
     # The reason shown is the one that explains the state: a liveness reason
     # while unreachable or lost, the operator's while cordoned or draining.
@@ -111,6 +114,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         local_disk=Disk(local_free, local_total) if local_total is not None else None,
         shared_disk=Disk(shared_free, shared_total) if shared_total is not None else None,
         knows_its_weights=knows,
+        boot_id=boot_id,
     )
 
 
@@ -134,7 +138,8 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
         where.append("n.state = :state")
         params["state"] = f.state
     if f.schedulable is not None:
-        where.append("n.state = 'ready'" if f.schedulable else "n.state <> 'ready'")
+        schedulable = node_schedulable("n")
+        where.append(schedulable if f.schedulable else f"NOT {schedulable}")
     if f.fabric is not None:
         where.append(
             "EXISTS (SELECT 1 FROM fabric_attachments fa"

@@ -13,12 +13,16 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
+from service import gpu_health
+from service.availability import USABLE_COLUMNS, gpu_usable, node_schedulable, pool_counts
 from service.connections import Connection
 from service.errors import InvalidInput, NodeNotFound
 from service.events import note_recorded, record_event
+from service.gpu_health import ReportedXid
 from service.gpu_pools import POOL_UPSERT, refresh_pools
 from service.node_views import NODE_COLUMNS, NodeRecord, node_from_row
 from service.reports import MAX_TEXT_LENGTH, NodeReport, gpu_class_of, sum_disks, validate_report
+from service.topology import nvlink_groups
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Registration:
     # The node's row as this registration left it (the caller's reply needs
     # no second read: nothing after the upsert changes the row).
     node: NodeRecord
+    # The XIDs the report carried, for the caller to count once it commits.
+    xids: tuple[ReportedXid, ...] = ()
 
 
 # One round trip answers "new, changed or the same?": the old row is read
@@ -38,12 +44,12 @@ class Registration:
 _UPSERT_NODE = text(
     f"""
     WITH old AS (
-        SELECT report_digest, liveness FROM nodes WHERE id = :id FOR NO KEY UPDATE
+        SELECT report_digest, liveness, boot_id FROM nodes WHERE id = :id FOR NO KEY UPDATE
     ), upserted AS (
         INSERT INTO nodes AS n (
             id, hostname, mgmt_addr, labels, memory_total_mb, agent_version, engine_versions,
             local_disk_free, local_disk_total, shared_disk_free, shared_disk_total,
-            knows_its_weights, report_digest
+            knows_its_weights, report_digest, boot_id
         )
         -- Selected through `old`, so the old row is read (and locked) before
         -- this row is written: read after, in the same statement, the lock
@@ -55,7 +61,8 @@ _UPSERT_NODE = text(
                CAST(:agent_version AS text), CAST(:engine_versions AS jsonb),
                CAST(:local_free AS bigint), CAST(:local_total AS bigint),
                CAST(:shared_free AS bigint), CAST(:shared_total AS bigint),
-               CAST(:knows_its_weights AS boolean), CAST(:digest AS text)
+               CAST(:knows_its_weights AS boolean), CAST(:digest AS text),
+               CAST(:boot_id AS text)
         FROM (SELECT 1) AS one LEFT JOIN old ON true
         ON CONFLICT (id) DO UPDATE SET
             hostname = excluded.hostname,
@@ -70,6 +77,8 @@ _UPSERT_NODE = text(
             shared_disk_total = excluded.shared_disk_total,
             knows_its_weights = excluded.knows_its_weights,
             report_digest = excluded.report_digest,
+            -- An agent that does not say keeps the last boot id it said.
+            boot_id = coalesce(excluded.boot_id, n.boot_id),
             reported_at = CASE WHEN n.report_digest IS DISTINCT FROM excluded.report_digest
                                THEN now() ELSE n.reported_at END,
             liveness = 'alive',
@@ -80,6 +89,7 @@ _UPSERT_NODE = text(
     SELECT upserted.*,
            (SELECT report_digest FROM old) AS old_digest,
            (SELECT liveness FROM old) AS old_liveness,
+           (SELECT boot_id FROM old) AS old_boot_id,
            NOT EXISTS (SELECT 1 FROM old) AS created
     FROM upserted
     """
@@ -107,26 +117,35 @@ _REPLACE_REPORT = text(
     WITH g_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(
             idx int, uuid text, pci_bus_id text, name text, gpu_class text, memory_mb int,
-            healthy boolean, health_reasons text[])
+            healthy boolean, health_reasons text[], numa_node int, nvlink_peers int[],
+            nvlink_group int, nvlink_domain text, near_hcas text[])
     ), g_gone AS (
         DELETE FROM gpus g WHERE CAST(:changed AS boolean) AND g.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM g_in i WHERE i.idx = g.idx)
     ), g_up AS (
         INSERT INTO gpus AS g (
-            node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons)
-        SELECT :node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons
+            node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons,
+            numa_node, nvlink_peers, nvlink_group, nvlink_domain, near_hcas)
+        SELECT :node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, health_reasons,
+               numa_node, nvlink_peers, nvlink_group, nvlink_domain, near_hcas
         FROM g_in WHERE CAST(:changed AS boolean) ORDER BY idx
         ON CONFLICT (node_id, idx) DO UPDATE SET
             uuid = excluded.uuid, pci_bus_id = excluded.pci_bus_id, name = excluded.name,
             gpu_class = excluded.gpu_class,
             memory_mb = excluded.memory_mb, healthy = excluded.healthy,
-            health_reasons = excluded.health_reasons
+            health_reasons = excluded.health_reasons,
+            numa_node = excluded.numa_node, nvlink_peers = excluded.nvlink_peers,
+            nvlink_group = excluded.nvlink_group, nvlink_domain = excluded.nvlink_domain,
+            near_hcas = excluded.near_hcas
         WHERE (g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb, g.healthy,
-               g.health_reasons)
+               g.health_reasons, g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain,
+               g.near_hcas)
               IS DISTINCT FROM
               (excluded.uuid, excluded.pci_bus_id, excluded.name, excluded.gpu_class,
                excluded.memory_mb,
-               excluded.healthy, excluded.health_reasons)
+               excluded.healthy, excluded.health_reasons, excluded.numa_node,
+               excluded.nvlink_peers, excluded.nvlink_group, excluded.nvlink_domain,
+               excluded.near_hcas)
     ), f_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:fabrics AS jsonb))
             AS r(fabric text, hcas text[], rate_gbps int)
@@ -174,17 +193,20 @@ _REPLACE_REPORT = text(
         ON CONFLICT (node_id, path) DO UPDATE SET size_bytes = excluded.size_bytes
         WHERE w.size_bytes IS DISTINCT FROM excluded.size_bytes
     ), gpus_now AS (
-        SELECT idx, gpu_class, healthy FROM g_in WHERE CAST(:changed AS boolean)
+        -- The GPUs as the gpus table holds them after this statement, with
+        -- the columns availability.gpu_usable reads (USABLE_COLUMNS): the
+        -- report's, and the service's own (cordon, sticky reasons) that a
+        -- report does not overwrite.
+        SELECT i.idx, i.gpu_class, i.healthy,
+               coalesce(o.sticky_reasons, CAST('{{}}' AS text[])) AS sticky_reasons,
+               o.cordon_reason
+        FROM g_in i LEFT JOIN gpus o ON o.node_id = :node_id AND o.idx = i.idx
+        WHERE CAST(:changed AS boolean)
         UNION ALL
-        SELECT idx, gpu_class, healthy FROM gpus
+        SELECT idx, gpu_class, {", ".join(USABLE_COLUMNS)} FROM gpus
         WHERE node_id = :node_id AND NOT CAST(:changed AS boolean)
     ), counts AS (
-        -- The same partition as service.gpu_pools.refresh_pools.
-        SELECT g.gpu_class,
-               count(*) AS total,
-               count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL) AS unhealthy,
-               count(a.gpu_index) AS allocated,
-               count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL) AS free
+        SELECT g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
         FROM gpus_now g
         LEFT JOIN allocated_gpus a ON a.node_id = :node_id AND a.gpu_index = g.idx
         GROUP BY g.gpu_class
@@ -195,7 +217,7 @@ _REPLACE_REPORT = text(
         INSERT INTO gpu_pools AS p (
             node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
         SELECT :node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free,
-               n.state = 'ready'
+               {node_schedulable("n")}
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class
         {POOL_UPSERT}
@@ -206,8 +228,24 @@ _REPLACE_REPORT = text(
         FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(item, ord)
         ORDER BY e.ord
         RETURNING id
+    ), failed AS (
+        -- A held GPU this report makes unusable keeps its allocation; its
+        -- holder is told (service/gpu_health.after_change does the same for
+        -- cordons and XIDs). `o` is the stored row, as before this statement.
+        INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
+        SELECT 'gpu_failed_under_allocation', :node_id, s.replica_id, s.shard_id, :actor,
+               'unhealthy: ' || array_to_string(i.health_reasons, ', '),
+               jsonb_build_object('index', i.idx, 'uuid', i.uuid)
+        FROM gpus_now g
+        JOIN g_in i ON i.idx = g.idx
+        JOIN gpus o ON o.node_id = :node_id AND o.idx = g.idx
+        JOIN allocated_gpus a ON a.node_id = :node_id AND a.gpu_index = g.idx
+        JOIN shards s ON s.shard_id = a.shard_id
+        WHERE CAST(:changed AS boolean) AND {gpu_usable("o")} AND NOT {gpu_usable("g")}
+        ORDER BY g.idx
+        RETURNING id
     )
-    SELECT recorded.id FROM recorded
+    SELECT id FROM recorded UNION ALL SELECT id FROM failed
     """
 )
 
@@ -239,6 +277,7 @@ async def register_node(
             "shared_total": disks.shared.total_bytes if disks.shared else None,
             "knows_its_weights": bool(report.weights),
             "digest": digest,
+            "boot_id": report.boot_id,
         },
     )
     row = result.one()
@@ -246,11 +285,13 @@ async def register_node(
     changed = created or row.old_digest != digest
     came_back = row.old_liveness is not None and row.old_liveness != "alive"
     node = node_from_row(row)
+    rebooted = row.old_boot_id is not None and report.boot_id not in (None, row.old_boot_id)
 
     if not (changed or came_back):
         # The common case: an agent re-sending what it sent before. Only the
         # node row's last_seen moved; nothing else is rewritten.
-        return Registration(node_id=report.id, created=created, changed=changed, node=node)
+        xids = await gpu_health.after_report(conn, report, rebooted, actor)
+        return Registration(report.id, created, changed, node, xids)
 
     events: list[dict[str, str | None]] = []
     if created:
@@ -270,11 +311,13 @@ async def register_node(
         },
     )
     note_recorded(list(recorded.scalars()))
-    return Registration(node_id=report.id, created=created, changed=changed, node=node)
+    xids = await gpu_health.after_report(conn, report, rebooted, actor)
+    return Registration(report.id, created, changed, node, xids)
 
 
 def _hardware_rows(report: NodeReport) -> dict[str, str]:
     """The report's child rows as the JSON parameters of _REPLACE_REPORT."""
+    groups = nvlink_groups({g.index: g.nvlink_peers for g in report.gpus})
     gpus = [
         {
             "idx": g.index,
@@ -286,6 +329,11 @@ def _hardware_rows(report: NodeReport) -> dict[str, str]:
             "healthy": g.healthy,
             # A GPU reported unhealthy without a reason still says so.
             "health_reasons": sorted(set(g.health_reasons)) or ([] if g.healthy else ["unhealthy"]),
+            "numa_node": g.numa_node,
+            "nvlink_peers": None if g.nvlink_peers is None else sorted(g.nvlink_peers),
+            "nvlink_group": groups[g.index],
+            "nvlink_domain": g.nvlink_domain,
+            "near_hcas": None if g.near_hcas is None else sorted(set(g.near_hcas)),
         }
         for g in report.gpus
     ]
@@ -383,7 +431,7 @@ async def heartbeat(conn: Connection, node_id: str) -> None:
         raise NodeNotFound(node_id)
 
 
-def _check_reason(reason: str) -> str:
+def check_reason(reason: str) -> str:
     cleaned = reason.strip()
     if not cleaned:
         raise InvalidInput("reason", reason, "say why, for the next operator to read")
@@ -416,14 +464,14 @@ async def _set_admin_state(
 
 async def cordon_node(conn: Connection, node_id: str, reason: str, actor: str | None) -> None:
     """Exclude the node from new placement; what runs there keeps running."""
-    reason = _check_reason(reason)
+    reason = check_reason(reason)
     await _set_admin_state(conn, node_id, "cordoned", reason, actor)
     await record_event(conn, "cordoned", node_id=node_id, actor=actor, reason=reason)
 
 
 async def drain_node(conn: Connection, node_id: str, reason: str, actor: str | None) -> None:
     """Mark the node's replicas for moving off; like a cordon, it takes no new ones."""
-    reason = _check_reason(reason)
+    reason = check_reason(reason)
     await _set_admin_state(conn, node_id, "draining", reason, actor)
     await record_event(conn, "drained", node_id=node_id, actor=actor, reason=reason)
 

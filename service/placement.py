@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from service.allocations import (
     MAX_GPUS_PER_SHARD,
@@ -46,11 +47,13 @@ from service.allocations import (
     store,
     store_statement,
 )
+from service.availability import gpu_free, node_schedulable, pool_offers
 from service.connections import Connection, cached_text
 from service.rejections import Rejection, RejectionCode, invalid, shown
 from service.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
+from service.topology_fit import candidate_filters, claim_wanted, facts_column, fit_order
 from service.transactions import TransactionConflict
-from service.verdicts import NodeFacts, PlaceRequest, Verdict, judge
+from service.verdicts import NodeFacts, PlaceRequest, TopologyFacts, Verdict, judge
 
 # Verdicts are listed for at most this many nodes (by id); the answer says
 # how many more were considered, so it stays readable on a 10,000-node cluster.
@@ -67,6 +70,8 @@ class Plan:
     fabric: str | None
     # (node id, number of shards on it), in the order shards are numbered.
     nodes: tuple[tuple[str, int], ...]
+    # sameNvlinkDomain: the NVLink domain every shard is in.
+    domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,13 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
         return invalid(f"minLocalDiskFree={request.min_local_disk_free} is negative")
     if request.label is not None and not request.label[0]:
         return invalid("label has an empty key")
+    if request.rail_aligned and request.fabric is None:
+        return invalid("railAligned needs fabric: the HCAs a shard is handed are on one fabric")
     return None
 
 
-_FACTS = """
+def _facts_sql(request: PlaceRequest) -> str:
+    return f"""
     SELECT p.node_id, p.free, n.state,
            CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
                 ELSE n.admin_reason END AS state_reason,
@@ -132,24 +140,28 @@ _FACTS = """
            )) AS holds_weights,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = p.node_id ORDER BY fa.fabric) AS fabrics,
-           n.labels ->> CAST(:label_key AS text) AS label_value
+           n.labels ->> CAST(:label_key AS text) AS label_value,
+           {facts_column(request, "p.node_id")} AS topology
     FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
 """
 
-_FACTS_OF_RANKED = """
+
+def _facts_of_ranked(request: PlaceRequest) -> str:
+    return f"""
     SELECT c.node_id, c.free, n.state,
            CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
                 ELSE n.admin_reason END AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = c.node_id ORDER BY fa.fabric) AS fabrics,
-           n.labels ->> CAST(:label_key AS text) AS label_value
+           n.labels ->> CAST(:label_key AS text) AS label_value,
+           {facts_column(request, "c.node_id")} AS topology
     FROM ranked c JOIN nodes n ON n.id = c.node_id
     ORDER BY c.holds_weights DESC, c.free, c.tiebreak
 """
 
 
-def _ranked_sql(request: PlaceRequest) -> str:
+def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     """The window: only nodes that pass every check, best first, at most :limit of them.
 
     Best: weight holders, then the fewest free GPUs (packing), then random
@@ -160,13 +172,22 @@ def _ranked_sql(request: PlaceRequest) -> str:
     Holders are found through the weights index. A node's own row is joined
     only for the constraints asked for and for the rows returned. judge()
     re-checks each row, so these filters and the verdicts cannot drift apart.
+
+    Topology (service.topology_fit) costs a look at a node's GPUs per node
+    it checks. `drawn_first`: the window is drawn from the best :scan nodes
+    as if there were no topology, and the check runs on them in the window's
+    order until :limit pass, usually :limit checks instead of :scan. A
+    window that comes back empty then proves nothing (the :scan nodes may
+    all have failed the check), so the caller asks again without it.
     """
+    topology = candidate_filters(request)
     where = [
         "p.gpu_class = :cls",
-        "p.schedulable",
-        "p.free > 0",
+        pool_offers("p"),
         "p.free >= :need",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
+        # Topology last: evaluated only on rows that pass the cheap checks.
+        *([] if drawn_first else topology),
     ]
     if request.fabric is not None:
         where.append(
@@ -210,19 +231,22 @@ def _ranked_sql(request: PlaceRequest) -> str:
             WHERE {rest}
             ORDER BY p.free, p.node_id LIMIT :scan) o"""
     )
-    return f"""
+    ranked = f"""
         SELECT b.node_id, b.free, b.holds_weights, random() AS tiebreak
         FROM ({" UNION ALL ".join(branches)}) b
-        ORDER BY b.holds_weights DESC, b.free, tiebreak
-        LIMIT :limit
-    """
+        ORDER BY b.holds_weights DESC, b.free, tiebreak"""
+    if drawn_first and topology:
+        # OFFSET 0 keeps the check above the sort, where LIMIT stops it.
+        checks = " AND ".join(candidate_filters(request, "d.node_id"))
+        return f"SELECT d.* FROM ({ranked} OFFSET 0) d WHERE {checks} LIMIT :limit"
+    return ranked + " LIMIT :limit"
 
 
 def _candidates_sql(request: PlaceRequest) -> str:
-    return f"WITH ranked AS ({_ranked_sql(request)}) {_FACTS_OF_RANKED}"
+    return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
 
 
-def _pick_sql(request: PlaceRequest) -> str:
+def _pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     """The first statement of a one-node placement: its window, and its best free node locked.
 
     Also returns the replica's stored shards, so a retry is answered from
@@ -242,7 +266,7 @@ def _pick_sql(request: PlaceRequest) -> str:
         SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas,
                s.created_at
         FROM shards s WHERE s.replica_id = :replica_id
-    ), ranked AS ({_ranked_sql(request)}
+    ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.holds_weights, n.state,
                CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
@@ -252,19 +276,23 @@ def _pick_sql(request: PlaceRequest) -> str:
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
-        WHERE n.state = 'ready' AND NOT EXISTS (SELECT 1 FROM stored)
+        WHERE {node_schedulable("n")} AND NOT EXISTS (SELECT 1 FROM stored)
         ORDER BY c.holds_weights DESC, c.free, c.tiebreak
         LIMIT 1
         FOR NO KEY UPDATE OF n SKIP LOCKED
     )
-    SELECT (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
-            FROM ranked c) AS window_ids,
+    -- The window is read whole only when nothing was picked: picked's LIMIT 1
+    -- reads ranked a row at a time, so a topology check (see _ranked_sql)
+    -- usually runs on one node.
+    SELECT CASE WHEN k.id IS NULL THEN
+               (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
+                FROM ranked c) END AS window_ids,
            k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
            k.state AS picked_state, k.state_reason AS picked_state_reason,
            k.local_disk_free AS picked_local_disk_free,
            k.local_disk_total AS picked_local_disk_total,
            k.knows_its_weights AS picked_knows_its_weights,
-           k.label_value AS picked_label_value,
+           k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
@@ -284,13 +312,11 @@ def _pick_sql(request: PlaceRequest) -> str:
 # claim committed between the first statement's snapshot and its lock)
 # writes nothing.
 _CLAIM = store_statement(
-    """
+    f"""
     free AS (
         SELECT g.idx, row_number() OVER (ORDER BY g.idx) - 1 AS k
         FROM gpus g
-        WHERE g.node_id = CAST(:node_id AS text) AND g.gpu_class = :cls AND g.healthy
-          AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
-                          WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+        WHERE g.node_id = CAST(:node_id AS text) AND g.gpu_class = :cls AND {gpu_free("g")}
         ORDER BY g.idx
         LIMIT :need
     ), want_gpus AS (
@@ -299,7 +325,7 @@ _CLAIM = store_statement(
         FROM free f
     ), want_shards AS (
         SELECT w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               CAST(NULL AS text) AS fabric, CAST('{}' AS text[]) AS hcas
+               CAST(NULL AS text) AS fabric, CAST('{{}}' AS text[]) AS hcas
         FROM want_gpus w GROUP BY w.shard_id, w.node_id
     ), go AS (
         SELECT count(*) = :need AS ok FROM free
@@ -307,7 +333,22 @@ _CLAIM = store_statement(
 )
 
 
-_SURVEY = text(_FACTS + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit")
+def _survey_sql(request: PlaceRequest) -> str:
+    return _facts_sql(request) + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit"
+
+
+@lru_cache(maxsize=8)
+def _topology_claim(nvlink_shards: bool, rail_aligned: bool, domain: bool) -> TextClause:
+    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain))
+
+
+def _claim(request: PlaceRequest) -> TextClause:
+    """_CLAIM, or with topology the same claim over the node's fit order (service.topology_fit)."""
+    if not request.needs_topology:
+        return _CLAIM
+    return _topology_claim(request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain)
+
+
 _SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
 _CLASSES = text("SELECT DISTINCT gpu_class FROM gpu_pools ORDER BY gpu_class LIMIT 20")
 
@@ -320,12 +361,10 @@ _LOCK_OR_SKIP = text(
 )
 
 _FREE_INDICES = text(
-    """
+    f"""
     SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
     FROM gpus g
-    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND g.healthy
-      AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
-                      WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
+    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND {gpu_free("g")}
     GROUP BY g.node_id
     """
 )
@@ -346,6 +385,19 @@ SPREAD_WINDOW = 512
 NO_LIMIT = 1_000_000
 
 
+def _scan(request: PlaceRequest, limit: int, drawn_first: bool = False) -> int:
+    """How many of the best nodes a window of `limit` is drawn from.
+
+    A one-node window is drawn at random from the best few times its size,
+    so that concurrent callers spread out. With topology checked on every
+    node read (service.topology_fit.candidate_filters), from the best
+    `limit` only; drawn before the check (see _ranked_sql), as usual.
+    """
+    if limit != WINDOW or (request.needs_topology and not drawn_first):
+        return limit
+    return limit * 4
+
+
 def _params(request: PlaceRequest) -> dict[str, Any]:
     return {
         "cls": request.gpu_class,
@@ -354,6 +406,7 @@ def _params(request: PlaceRequest) -> dict[str, Any]:
         "label_value": request.label[1] if request.label else None,
         "fabric": request.fabric,
         "min_disk": request.min_local_disk_free,
+        "per": request.gpus_per_shard,
     }
 
 
@@ -374,6 +427,7 @@ def _facts(row: Any, prefix: str = "") -> NodeFacts:
         holds_weights=column("holds_weights"),
         fabrics=tuple(column("fabrics")),
         label_value=column("label_value"),
+        topology=TopologyFacts.of(column("topology")),
     )
 
 
@@ -381,8 +435,7 @@ async def _fetch(
     conn: Connection, request: PlaceRequest, need: int, limit: int, skip: set[str]
 ) -> tuple[list[NodeFacts], bool]:
     """(the nodes that pass every check, best first; whether the limit cut the list)."""
-    # A one-node window is drawn at random from the best few times its size.
-    scan = limit * 4 if limit == WINDOW else limit
+    scan = _scan(request, limit)
     params = {**_params(request), "need": need, "limit": limit, "scan": scan, "skip": sorted(skip)}
     rows = list(await conn.execute(cached_text(_candidates_sql(request)), params))
     facts = [f for f in (_facts(r) for r in rows) if judge(f, request).fits]
@@ -421,26 +474,35 @@ def plan_placement(
     def rank(f: NodeFacts) -> tuple[bool, int, float]:
         return (wants_weights and not f.holds_weights, f.free, rng.random())
 
-    whole = [f for f in fitting if f.free >= request.gpus]
+    whole = [f for f in fitting if f.room(request) >= request.shards]
     if whole:
         best = min(whole, key=rank)
-        return Plan(None, ((best.node_id, request.shards),))
+        return Plan(None, ((best.node_id, request.shards),), _domain_of(best, request))
     if request.shards == 1:
         return None
-    # Spread over one fabric. Among fabrics that can take the replica: the
-    # most shards on weight holders, then the fewest nodes, then the least
-    # left over on the nodes used, then the fabric's name.
+    # Spread over one fabric (and, sameNvlinkDomain, one NVLink domain).
+    # Among those that can take the replica: the most shards on weight
+    # holders, then the fewest nodes, then the least left over on the nodes
+    # used, then the fabric's name and the domain's.
     fabrics = (
         [request.fabric] if request.fabric else sorted({x for f in fitting for x in f.fabrics})
     )
+    domains: list[str | None] = [None]
+    if request.same_nvlink_domain:
+        domains = [*sorted({d for f in fitting if (d := _domain_of(f, request)) is not None})]
     best_plan: Plan | None = None
-    best_key: tuple[int, int, int, str] | None = None
-    for fabric in fabrics:
+    best_key: tuple[int, int, int, str, str] | None = None
+    for fabric, domain in ((f, d) for d in domains for f in fabrics):
         left = request.shards
         taken: list[tuple[str, int]] = []
         on_holders = leftover = 0
-        for f in sorted((f for f in fitting if fabric in f.fabrics), key=rank):
-            k = min(f.free // per_shard, left)
+        members = (
+            f
+            for f in fitting
+            if fabric in f.fabrics and (domain is None or _domain_of(f, request) == domain)
+        )
+        for f in sorted(members, key=rank):
+            k = min(f.room(request), left)
             taken.append((f.node_id, k))
             left -= k
             leftover += f.free - k * per_shard
@@ -449,10 +511,14 @@ def plan_placement(
                 break
         if left:
             continue
-        key = (-on_holders, len(taken), leftover, fabric)
+        key = (-on_holders, len(taken), leftover, fabric, domain or "")
         if best_key is None or key < best_key:
-            best_key, best_plan = key, Plan(fabric, tuple(taken))
+            best_key, best_plan = key, Plan(fabric, tuple(taken), domain)
     return best_plan
+
+
+def _domain_of(f: NodeFacts, request: PlaceRequest) -> str | None:
+    return f.topology.domain if request.same_nvlink_domain and f.topology else None
 
 
 async def _same_replica(conn: Connection, request: PlaceRequest) -> Allocated | Rejection | None:
@@ -498,8 +564,7 @@ async def _try(
             # Rolling back the savepoint lets go of the nodes we did get.
             await savepoint.rollback()
             return _Busy(set(node_ids) - got)
-        rows = await conn.execute(_FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
-        free = {r.node_id: list(r.indices) for r in rows}
+        free, near = await _usable_gpus(conn, request, plan, node_ids)
         names = iter(shard_ids(request))
         shards: list[ShardRequest] = []
         per = request.gpus_per_shard
@@ -510,7 +575,13 @@ async def _try(
                 return None
             for k in range(count):
                 chosen = tuple(indices[k * per : (k + 1) * per])
-                shards.append(ShardRequest(next(names), node_id, chosen))
+                # railAligned: the shard is handed exactly its GPUs' near HCAs.
+                hcas = (
+                    tuple(sorted({h for i in chosen for h in near[(node_id, i)]}))
+                    if request.rail_aligned
+                    else None
+                )
+                shards.append(ShardRequest(next(names), node_id, chosen, hcas))
         result = await allocate(
             conn, AllocationRequest(request.replica_id, tuple(shards)), actor, fabric=plan.fabric
         )
@@ -523,6 +594,36 @@ async def _try(
         if savepoint.is_active:
             await savepoint.rollback()
         raise
+
+
+async def _usable_gpus(
+    conn: Connection, request: PlaceRequest, plan: Plan, node_ids: list[str]
+) -> tuple[dict[str, list[int]], dict[tuple[str, int], list[str]]]:
+    """Per locked node, the GPUs the plan may take, in the order shards take them.
+
+    Without topology, the free GPUs by index. With it, the fit order of
+    service.topology_fit (whole groups, best fit first), and each GPU's near
+    HCAs on the fabric.
+    """
+    if not request.needs_topology:
+        rows = await conn.execute(_FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
+        return {r.node_id: list(r.indices) for r in rows}, {}
+    order = fit_order(
+        request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=plan.domain is not None
+    )
+    params = {
+        "ids": node_ids,
+        "cls": request.gpu_class,
+        "per": request.gpus_per_shard,
+        "fabric": plan.fabric,
+        "domain": plan.domain,
+    }
+    free: dict[str, list[int]] = {}
+    near: dict[tuple[str, int], list[str]] = {}
+    for r in await conn.execute(cached_text(f"{order} ORDER BY 1, 4"), params):
+        free.setdefault(r.node_id, []).append(r.idx)
+        near[(r.node_id, r.idx)] = list(r.hcas)
+    return free, near
 
 
 async def _wait_for(conn: Connection, node_ids: set[str]) -> None:
@@ -626,10 +727,11 @@ async def _place_on_one_node(
     where the savepoint makes waiting deadlock-free.
     """
     full: set[str] = set()
+    drawn_first = request.needs_topology
     while True:
         savepoint = await conn.begin_nested()
         try:
-            outcome = await _try_one_node(conn, request, actor, busy | full)
+            outcome = await _try_one_node(conn, request, actor, busy | full, drawn_first)
         except BaseException:
             if savepoint.is_active:
                 await savepoint.rollback()
@@ -641,6 +743,10 @@ async def _place_on_one_node(
             await savepoint.rollback()
         if isinstance(outcome, _Window):
             if not outcome.node_ids:
+                if drawn_first:
+                    # Drawn before the topology check: look at every node.
+                    drawn_first = False
+                    continue
                 return None
             busy.update(outcome.node_ids)
             continue
@@ -651,18 +757,17 @@ async def _place_on_one_node(
 
 
 async def _try_one_node(
-    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str]
+    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str], drawn_first: bool
 ) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
     params = {
         **_params(request),
         "replica_id": request.replica_id,
         "need": request.gpus,
         "limit": WINDOW,
-        # The window is drawn at random from the best few times its size.
-        "scan": WINDOW * 4,
+        "scan": _scan(request, WINDOW, drawn_first),
         "skip": sorted(skip),
     }
-    rows = list(await conn.execute(cached_text(_pick_sql(request)), params))
+    rows = list(await conn.execute(cached_text(_pick_sql(request, drawn_first)), params))
     head = rows[0]
     if head.shard_id is not None:
         answer = _answer_stored(request, [shard_from_row(r) for r in rows])
@@ -672,12 +777,17 @@ async def _try_one_node(
         return _Window(tuple(head.window_ids or ()))
     facts = _facts(head, prefix="picked_")
     # judge() re-checks the row, so the SQL filters and the verdicts cannot
-    # drift apart into a placement the verdicts would call unfit.
-    if not judge(facts, request).fits:
+    # drift apart into a placement the verdicts would call unfit. Topology
+    # is left to the claim, which counts the node's fit order (and its
+    # domain) under the lock and holds nothing when it falls short.
+    untopological = replace(
+        request, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False
+    )
+    if not judge(facts, untopological).fits:
         return _NoUse(head.picked_node_id)
     outcome = await store(
         conn,
-        _CLAIM,
+        _claim(request),
         {
             "node_id": head.picked_node_id,
             "cls": request.gpu_class,
@@ -686,6 +796,7 @@ async def _try_one_node(
             "names": shard_ids(request),
             "replica_id": request.replica_id,
             "actor": actor,
+            **({"fabric": request.fabric} if request.rail_aligned else {}),
         },
     )
     if isinstance(outcome, Allocated):
@@ -718,7 +829,9 @@ async def _spread(
 
 
 async def _verdicts(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:
-    rows = await conn.execute(_SURVEY, {**_params(request), "limit": MAX_VERDICTS})
+    rows = await conn.execute(
+        cached_text(_survey_sql(request)), {**_params(request), "limit": MAX_VERDICTS}
+    )
     verdicts = tuple(judge(_facts(r), request) for r in rows)
     total = (await conn.execute(_SURVEY_COUNT, {"cls": request.gpu_class})).scalar_one()
     return verdicts, max(0, int(total) - len(verdicts))
@@ -746,9 +859,8 @@ async def _why_not(
             f"no node has room for a shard of {request.gpus_per_shard} {request.gpu_class} "
             f"that meets every constraint ({considered} {nodes} with {request.gpu_class} considered)"
         )
-    per = request.gpus_per_shard
     by_fabric = {
-        fabric: sum(f.free // per for f in fitting if fabric in f.fabrics)
+        fabric: sum(f.room(request) for f in fitting if fabric in f.fabrics)
         for fabric in sorted({x for f in fitting for x in f.fabrics})
         if request.fabric is None or fabric == request.fabric
     }
@@ -792,5 +904,7 @@ async def explain(
     verdicts, omitted = await _verdicts(conn, request)
     where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in plan.nodes)
     on = f" on fabric {plan.fabric}" if plan.fabric else ""
+    if plan.domain is not None:
+        on += f" in NVLink domain {plan.domain}"
     message = f"would place {_shape(request)} on {where}{on}"
     return Explanation(True, message, verdicts, omitted, plan, tuple(shard_ids(request)))

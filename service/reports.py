@@ -13,6 +13,7 @@ from typing import Any
 
 from service.errors import InvalidInput
 from service.gpu_class import derive_gpu_class
+from service.topology import check_topology
 
 # Bounds that no real node comes near; they keep one broken or hostile agent
 # from writing a report that bloats every scheduler query.
@@ -28,6 +29,7 @@ MAX_DIRECTORIES = 256
 MAX_WEIGHTS = 10_000
 MAX_ENGINE_VERSIONS = 32
 MAX_HEALTH_REASONS = 16
+MAX_XIDS = 64  # per GPU per report: an XID storm still says enough in 64
 MAX_RATE_GBPS = 100_000
 MAX_MEMORY_MB = 1 << 30  # a PiB of RAM
 MAX_BYTES = (1 << 63) - 1  # what PostgreSQL's bigint holds
@@ -43,6 +45,13 @@ class GpuReport:
     gpu_class: str | None = None
     memory_mb: int | None = None
     health_reasons: tuple[str, ...] = ()
+    # Critical XIDs the driver raised since the last report (service/gpu_health.py).
+    xids: tuple[int, ...] = ()
+    # Topology (service.topology): None is "the agent did not say".
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] | None = None
+    nvlink_domain: str | None = None
+    near_hcas: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,8 @@ class NodeReport:
     weights: tuple[WeightsReport, ...] = ()
     agent_version: str | None = None
     engine_versions: tuple[tuple[str, str], ...] = ()
+    # /proc/sys/kernel/random/boot_id: a new one says the node's GPUs were reset.
+    boot_id: str | None = None
 
     def digest(self) -> str:
         """Identifies the report's content, to skip rewriting a node that did not change."""
@@ -107,11 +118,18 @@ def _plain(value: Any) -> Any:
     if names is None:
         if not is_dataclass(value) or isinstance(value, type):
             return [_plain(item) for item in value] if isinstance(value, tuple) else value
-        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(value))
+        names = _FIELD_NAMES[kind] = tuple(
+            f.name for f in fields(value) if f.name not in _NOT_CONTENT
+        )
     return {name: _plain(getattr(value, name)) for name in names}
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+# What a report says happened rather than what the node is: XIDs are events
+# (service/gpu_health.py handles them whatever the digest says), and the boot
+# id is written with the node's row on every report. Left out, they do not
+# make an otherwise unchanged report rewrite the node's hardware.
+_NOT_CONTENT = frozenset({"xids", "boot_id"})
 _LEAVES = frozenset({str, int, bool, float, type(None)})
 
 
@@ -218,6 +236,8 @@ def validate_report(report: NodeReport) -> None:
         _check_text("input.agentVersion", report.agent_version, MAX_ID_LENGTH)
     _check_pairs("input.labels", report.labels, MAX_LABELS)
     _check_pairs("input.engineVersions", report.engine_versions, MAX_ENGINE_VERSIONS)
+    if report.boot_id is not None:
+        _check_id("input.bootId", report.boot_id)
 
     _check_count("input.gpus", report.gpus, MAX_GPUS)
     indices: set[int] = set()
@@ -240,6 +260,10 @@ def validate_report(report: NodeReport) -> None:
         for j, reason in enumerate(gpu.health_reasons):
             _check_id(f"{where}.healthReasons[{j}]", reason)
         _check_health_agrees(where, gpu)
+        _check_count(f"{where}.xids", gpu.xids, MAX_XIDS)
+        for j, xid in enumerate(gpu.xids):
+            if xid < 1:
+                raise InvalidInput(f"{where}.xids[{j}]", xid, "an XID is a positive integer")
 
     _check_count("input.fabrics", report.fabrics, MAX_FABRICS)
     fabrics: set[str] = set()
@@ -291,6 +315,7 @@ def validate_report(report: NodeReport) -> None:
         paths.add(w.path)
         if w.size_bytes is not None:
             _check_range(f"{where}.sizeBytes", w.size_bytes, 0, MAX_BYTES)
+    check_topology(report)
 
 
 def gpu_class_of(gpu: GpuReport) -> str:

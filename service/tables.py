@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from service.availability import pool_offers
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -84,6 +86,9 @@ nodes = Table(
     # last_seen: rewriting identical GPU rows leaves dead tuples that double
     # scheduler query times until vacuum catches up.
     Column("report_digest", Text),
+    # The kernel's boot id the agent last reported: a new one means the node
+    # rebooted and its GPUs were reset (clears sticky reasons).
+    Column("boot_id", Text),
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -117,9 +122,29 @@ gpus = Table(
     Column("memory_mb", Integer),
     Column("healthy", Boolean, nullable=False),
     Column("health_reasons", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    # The service's own memory of the GPU, which no report overwrites
+    # (migration 0005): an operator's cordon, and the reasons a reset must
+    # clear (a critical XID: service/gpu_health.py). What they mean for
+    # placement is service/availability.py's.
+    Column("cordon_reason", Text),
+    Column("cordon_actor", Text),
+    Column("sticky_reasons", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    # Topology (migration 0006), NULL when the agent did not say: unknown is
+    # not "none", and only a request that needs the fact is refused for it.
+    Column("numa_node", Integer),
+    # GPUs of this node reached over NVLink, directly or through NVSwitch.
+    Column("nvlink_peers", ARRAY(Integer)),
+    # The lowest index of the GPU's NVLink-connected set, derived from the
+    # peers when the report is stored (service.topology.nvlink_groups).
+    Column("nvlink_group", Integer),
+    Column("nvlink_domain", Text),
+    # Adapters under the same PCIe switch: the GPU's rail-aligned HCAs.
+    Column("near_hcas", ARRAY(Text)),
     PrimaryKeyConstraint("node_id", "idx"),
     CheckConstraint("idx >= 0", name="idx"),
     CheckConstraint("memory_mb >= 0", name="memory"),
+    CheckConstraint("numa_node >= 0", name="numa_node"),
+    CheckConstraint("nvlink_group >= 0 AND nvlink_group <= idx", name="nvlink_group"),
 )
 
 # One row per (node, GPU class): how many of them exist, are unhealthy, are
@@ -144,7 +169,7 @@ Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
-    postgresql_where=text("schedulable AND free > 0"),
+    postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that
 # still fit are the first entries of this range, however large the cluster.
@@ -153,7 +178,7 @@ Index(
     gpu_pools.c.gpu_class,
     gpu_pools.c.free,
     gpu_pools.c.node_id,
-    postgresql_where=text("schedulable AND free > 0"),
+    postgresql_where=text(pool_offers("")),
 )
 
 fabric_attachments = Table(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-from service.rejections import shown
+from service.availability import is_schedulable
+from service.rejections import index_ranges, shown
 
 
 class VerdictCode(Enum):
@@ -20,6 +22,11 @@ class VerdictCode(Enum):
     LABEL_MISMATCH = "LABEL_MISMATCH"
     LOCAL_DISK_TOO_SMALL = "LOCAL_DISK_TOO_SMALL"
     NO_WEIGHTS = "NO_WEIGHTS"
+    # Topology (service.topology_fit): each says which group, domain or HCA.
+    NVLINK_GROUP_TOO_SMALL = "NVLINK_GROUP_TOO_SMALL"
+    TOPOLOGY_UNKNOWN = "TOPOLOGY_UNKNOWN"
+    NOT_IN_NVLINK_DOMAIN = "NOT_IN_NVLINK_DOMAIN"
+    NO_RAIL_ALIGNED_HCA = "NO_RAIL_ALIGNED_HCA"
 
 
 @dataclass(frozen=True)
@@ -32,10 +39,47 @@ class PlaceRequest:
     weights: str | None = None
     min_local_disk_free: int | None = None
     label: tuple[str, str] | None = None
+    nvlink_shards: bool = False
+    same_nvlink_domain: bool = False
+    rail_aligned: bool = False
 
     @property
     def gpus(self) -> int:
         return self.shards * self.gpus_per_shard
+
+    @property
+    def needs_topology(self) -> bool:
+        return self.nvlink_shards or self.same_nvlink_domain or self.rail_aligned
+
+
+@dataclass(frozen=True)
+class TopologyFacts:
+    """A node's topology for one request, from service.topology_fit.facts_column.
+
+    known: some GPU of the class reported what the request needs (peers for
+    nvlinkShards, near HCAs for railAligned). groups: free GPUs per NVLink
+    group, largest first. usable: free GPUs the request may use, whole shards
+    only (the fit order's length). unaligned: free GPUs with no near HCA on
+    the fabric. domain: the node's one NVLink domain, if any.
+    """
+
+    known: bool
+    groups: tuple[int, ...]
+    usable: int
+    unaligned: tuple[int, ...]
+    domain: str | None
+
+    @classmethod
+    def of(cls, value: Any) -> TopologyFacts | None:
+        if value is None:
+            return None
+        return cls(
+            known=bool(value["known"]),
+            groups=tuple(value["groups"] or ()),
+            usable=int(value["usable"]),
+            unaligned=tuple(value["unaligned"] or ()),
+            domain=value["domain"],
+        )
 
 
 @dataclass(frozen=True)
@@ -52,6 +96,14 @@ class NodeFacts:
     holds_weights: bool
     fabrics: tuple[str, ...]
     label_value: str | None
+    # Read only when the request needs topology.
+    topology: TopologyFacts | None = None
+
+    def room(self, request: PlaceRequest) -> int:
+        """How many of the request's shards this node can take now."""
+        if request.needs_topology:
+            return self.topology.usable // request.gpus_per_shard if self.topology else 0
+        return self.free // request.gpus_per_shard
 
 
 @dataclass(frozen=True)
@@ -89,7 +141,7 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     def no(code: VerdictCode, detail: str) -> Verdict:
         return Verdict(node.node_id, code, detail)
 
-    if node.state != "ready":
+    if not is_schedulable(node.state):
         detail = f"{node.state}: {node.state_reason}" if node.state_reason else node.state
         return no(VerdictCode.NOT_SCHEDULABLE, detail)
     per_shard = request.gpus_per_shard
@@ -118,10 +170,60 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     # A node that was not asked to look for weights constrains nothing.
     if request.weights is not None and node.knows_its_weights and not node.holds_weights:
         return no(VerdictCode.NO_WEIGHTS, f"does not hold {shown(request.weights, 200)}")
-    room = node.free // per_shard
+    if request.needs_topology:
+        misfit = _topology_misfit(node, request)
+        if misfit is not None:
+            return no(*misfit)
+    room = node.room(request)
     holds = ", holds the weights" if request.weights is not None and node.holds_weights else ""
     plural = "" if room == 1 else "s"
     return no(
         VerdictCode.FITS,
         f"{node.free} free {request.gpu_class}, room for {room} shard{plural}{holds}",
+    )
+
+
+def _topology_misfit(node: NodeFacts, request: PlaceRequest) -> tuple[VerdictCode, str] | None:
+    """Why the node's topology cannot take one shard of the request, or None.
+
+    Unknown is not zero: a node that reported none of what the request needs
+    is TOPOLOGY_UNKNOWN, not "no NVLink".
+    """
+    t = node.topology
+    per = request.gpus_per_shard
+    if t is None or not t.known:
+        needs = [
+            what
+            for what, asked in (
+                ("NVLink peers", request.nvlink_shards),
+                ("near HCAs", request.rail_aligned),
+            )
+            if asked
+        ]
+        return VerdictCode.TOPOLOGY_UNKNOWN, f"its agent reported no {' or '.join(needs)}"
+    if request.same_nvlink_domain and t.domain is None:
+        return (
+            VerdictCode.NOT_IN_NVLINK_DOMAIN,
+            f"its {request.gpu_class} GPUs are in no single NVLink domain",
+        )
+    if request.nvlink_shards and not any(size >= per for size in t.groups):
+        largest = t.groups[0] if t.groups else 0
+        return (
+            VerdictCode.NVLINK_GROUP_TOO_SMALL,
+            f"largest free NVLink group has {largest} {request.gpu_class}, needs {per}",
+        )
+    if t.usable >= per:
+        return None
+    aligned = node.free - len(t.unaligned)
+    if request.rail_aligned and aligned < per:
+        fabric = shown(request.fabric or "")
+        return (
+            VerdictCode.NO_RAIL_ALIGNED_HCA,
+            f"{aligned} free {request.gpu_class} have a near HCA on fabric {fabric}, needs {per}; "
+            f"no near HCA on {fabric} for GPU {index_ranges(t.unaligned)}",
+        )
+    return (
+        VerdictCode.NVLINK_GROUP_TOO_SMALL,
+        f"no NVLink group has {per} free {request.gpu_class} with a near HCA on fabric "
+        f"{shown(request.fabric or '')}",
     )

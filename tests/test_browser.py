@@ -18,6 +18,7 @@ import pytest
 from tests.chromium import CHROMIUM, Page, chromium
 from tests.conftest import REPO, LiveService
 from tests.reports import L40S, REGISTER, TB, gpus, node_input
+from tests.topology import bridged_pairs
 from tests.vendor_assets import local_assets_or_skip
 
 pytestmark = pytest.mark.skipif(
@@ -157,7 +158,7 @@ async def test_graphiql_runs_a_query_from_local_assets_with_the_token_typed_in_i
 ROWS = """
 Object.fromEntries([...document.querySelectorAll('#nodes tbody tr')].map(tr => [
   tr.dataset.nodeId,
-  Object.fromEntries(['state', 'reason', 'gpus', 'fabrics', 'disk', 'age'].map(
+  Object.fromEntries(['state', 'reason', 'gpus', 'fabrics', 'disk', 'age', 'nvlink'].map(
     (name, i) => [name, tr.children[i + 1].innerText.trim()]))
 ]))
 """
@@ -176,7 +177,7 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
          "freeBytes": 2 * TB, "totalBytes": 3 * TB, "directories": ["/data/models"]},
     ]  # fmt: skip
-    register(service, "gpu-01", fabrics=fabric("ib-a"), storage=storage)
+    register(service, "gpu-01", fabrics=fabric("ib-a"), storage=storage, gpus=bridged_pairs())
     register(service, "gpu-02", fabrics=fabric("ib-b"))  # an old agent: disk unknown
     register(service, "gpu-03", gpus=gpus(L40S, 4), storage=storage)
     call(service, CORDON, {"id": "gpu-03", "reason": "fan failure, ticket OPS-1234"})
@@ -213,6 +214,8 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         assert rows["gpu-03"]["gpus"] == "4 / 4 L40S-48GB"
         assert (rows["gpu-01"]["fabrics"], rows["gpu-02"]["fabrics"]) == ("ib-a", "ib-b")
         assert rows["gpu-01"]["age"].endswith("s ago")
+        assert rows["gpu-01"]["nvlink"] == "NVLink 2x4\nlargest free 2"
+        assert rows["gpu-02"]["nvlink"] == "unknown"
         # total, free, allocated, unhealthy, unschedulable
         assert await page.evaluate(SUMMARY) == {
             "H100-80GB": [16, 16, 0, 0, 0],
@@ -241,6 +244,75 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
         assert shown["gpu-01"]["reason"].startswith("ib-a maintenance")
         assert await page.evaluate("location.hash") == "#state=CORDONED"
         assert all(r["headers"].get("Authorization") == BEARER for r in graphql_posts(page)[-2:])
+        assert_nothing_came_from_outside(page, service)
+        assert page.errors == []
+        assert_only_refused_before_the_token(page)
+
+
+MARKS = """
+[...document.querySelectorAll('tr[data-node-id="gpu-01"] .gpu-mark')].map(d => d.innerText.trim())
+"""
+NODE_VIEW = """
+({
+  title: document.getElementById('node-view-title').innerText,
+  gpus: [...document.querySelectorAll('#node-gpus tbody tr')].map(tr =>
+    [...tr.children].map(td => td.innerText.trim())),
+  xids: [...document.querySelectorAll('#node-xids tbody tr')].map(tr =>
+    [...tr.children].slice(1).map(td => td.innerText.trim())),
+})
+"""
+
+
+async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recent_xids(
+    service: LiveService,
+) -> None:
+    sick = gpus(L40S, 4)
+    sick[2] = {**sick[2], "xids": [79]}
+    sick[1] = {**sick[1], "xids": [31]}
+    register(service, "gpu-01", gpus=sick, bootId="boot-a")
+    register(service, "gpu-02", gpus=gpus(L40S, 4))
+    call(
+        service,
+        'mutation { cordonGpu(nodeId: "gpu-01", index: 3, reason: "fan noise") { index } }',
+        {},
+    )
+
+    async with chromium() as page:
+        await page.goto(service.url.removesuffix("graphql"))
+        await page.evaluate(
+            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#nodes tbody tr').length === 2", "two node rows"
+        )
+        assert await page.evaluate(MARKS) == ["GPU 2 xid_79", "GPU 3 cordoned"]
+        rows = await page.evaluate(ROWS)
+        assert rows["gpu-01"]["gpus"].startswith("2 / 4 L40S-48GB")
+        assert rows["gpu-02"]["gpus"] == "4 / 4 L40S-48GB"
+
+        # The operator opens the node.
+        await page.evaluate(
+            "document.querySelector('tr[data-node-id=\"gpu-01\"] a.open-node').click()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#node-xids tbody tr').length === 2", "the node's XIDs"
+        )
+        shown = await page.evaluate(NODE_VIEW)
+        await page.screenshot(SCREENSHOTS / "dashboard-node-xids.png")
+
+        assert shown["title"] == "gpu-01"
+        assert [g[:5] for g in shown["gpus"]] == [
+            ["0", "L40S-48GB", "ok", "—", "—"],
+            ["1", "L40S-48GB", "ok", "—", "—"],
+            ["2", "L40S-48GB", "xid_79", "xid_79", "—"],
+            ["3", "L40S-48GB", "ok", "—", "fan noise"],
+        ]
+        # Most recent first (the report listed GPU 1's before GPU 2's).
+        assert [x[:2] for x in shown["xids"]] == [["2", "79"], ["1", "31"]]
+        assert "fallen off the bus" in shown["xids"][0][2]
+        assert shown["xids"][1][2] == "the application's (the GPU stays healthy)"
+        assert await page.evaluate("location.hash") == "#node=gpu-01"
         assert_nothing_came_from_outside(page, service)
         assert page.errors == []
         assert_only_refused_before_the_token(page)

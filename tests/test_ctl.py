@@ -18,6 +18,7 @@ from service.cli import build_parser
 from service.config import Settings
 from tests.conftest import LiveService, free_port
 from tests.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
+from tests.topology import hgx_h100
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
@@ -72,10 +73,44 @@ def register(service: LiveService, report: dict[str, Any]) -> None:
     assert not response.json().get("errors"), response.text
 
 
+def test_an_operator_cordons_one_gpu_and_clears_another_after_a_reset(
+    live_service: LiveService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = node_input("gpu-01")
+    report["gpus"][2]["xids"] = [79]
+    register(live_service, report)
+    url = ("--url", live_service.url)
+
+    code, out, _ = ctl(capsys, *url, "gpus", "cordon", "gpu-01", "5", "--reason", "ECC bursts")
+    assert (code, out.strip()) == (
+        0,
+        "GPU 5 on node gpu-01 cordoned: now healthy; cordoned (ECC bursts)",
+    )
+    code, out, _ = ctl(capsys, *url, "nodes")
+    assert "H100-80GB 6/8" in out and "2:xid_79 5:cordoned" in out
+    code, out, _ = ctl(capsys, *url, "node", "gpu-01")
+    (gpu_2,) = [line for line in out.splitlines() if line.startswith("2 ")]
+    assert gpu_2.split()[2:4] == ["xid_79", "xid_79"]
+    (gpu_5,) = [line for line in out.splitlines() if line.startswith("5 ")]
+    assert "ECC bursts" in gpu_5
+
+    code, out, _ = ctl(capsys, *url, "gpus", "clear-health", "gpu-01", "2")
+    assert (code, out.strip()) == (0, "GPU 2 on node gpu-01 cleared: now healthy")
+    code, out, _ = ctl(capsys, *url, "gpus", "uncordon", "gpu-01", "5")
+    assert (code, out.strip()) == (0, "GPU 5 on node gpu-01 uncordoned: now healthy")
+    code, out, _ = ctl(capsys, *url, "nodes")
+    assert "H100-80GB 8/8" in out and "cordoned" not in out
+
+    code, out, err = ctl(capsys, *url, "gpus", "cordon", "gpu-01", "9", "--reason", "x")
+    assert code != 0 and "has no GPU 9" in err
+    code, out, _ = ctl(capsys, *url, "gpus")
+    assert out.splitlines()[1].split() == ["H100-80GB", "8", "8", "0", "0", "0"]
+
+
 def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
     live_service: LiveService, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    register(live_service, node_input("gpu-01", storage=DISK, fabrics=IB_A))
+    register(live_service, node_input("gpu-01", storage=DISK, fabrics=IB_A, gpus=hgx_h100(False)))
     # An agent too old to report storage: its disk is unknown, not full.
     register(live_service, node_input("gpu-02"))
     url = ("--url", live_service.url)
@@ -93,12 +128,18 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
         "STATE",
         "GPUS",
         "FREE/TOTAL",
+        "GPUS",
+        "MARKED",
         "FABRICS",
         "LOCAL",
         "DISK",
         "LAST",
         "SEEN",
+        "NVLINK",
     ]
+    # The node's NVLink groups and the widest shard it can take; unknown says so.
+    assert first.endswith("NVLink 8, largest free 8")
+    assert second.endswith("unknown")
     assert first.startswith("gpu-01") and "1.2 TB / 3.0 TB" in first and "ib-a" in first
     assert "H100-80GB 8/8" in first and "s ago" in first
     assert second.startswith("gpu-02")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from service.ctl.client import Client
+from service.ctl.gpu_verbs import add_verbs
 from service.ctl.output import DASH, add_output_option, age, print_json, table
 
 # Where `ctl --help` lists these (after nodes).
@@ -90,9 +91,13 @@ def allocations(args: argparse.Namespace, client: Client) -> int:
 
 
 def register(commands: Any) -> None:
-    summary = commands.add_parser("gpus", help="GPUs per class: total, free, allocated, unhealthy")
+    summary = commands.add_parser(
+        "gpus",
+        help="GPUs per class (total, free, allocated, unhealthy); cordon|uncordon|clear-health one",
+    )
     add_output_option(summary)
     summary.set_defaults(handler=gpus)
+    add_verbs(summary)
 
     held = commands.add_parser("allocations", help="shards of replicas and the GPUs they hold")
     held.add_argument("--node", help="only shards on this node")

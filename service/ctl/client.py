@@ -87,6 +87,17 @@ class Client:
         data: dict[str, Any] = body["data"]
         return data
 
+    def mutate(
+        self, field: str, arguments: dict[str, tuple[str, Any]], selection: str
+    ) -> dict[str, Any]:
+        """Call one mutation with its arguments as variables: name -> (GraphQL type, value)."""
+        signature = ", ".join(f"${name}: {kind}" for name, (kind, _) in arguments.items())
+        call = ", ".join(f"{name}: ${name}" for name in arguments)
+        query = f"mutation Verb({signature}) {{ {field}({call}) {{ {selection} }} }}"
+        variables = {name: value for name, (_, value) in arguments.items()}
+        result: dict[str, Any] = self.execute(query, variables)[field]
+        return result
+
 
 def _reason(error: httpx.HTTPError) -> str:
     text = str(error) or type(error).__name__

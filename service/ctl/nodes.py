@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from service.ctl.client import Client, CtlError
+from service.ctl.gpu_verbs import marks_text
 from service.ctl.output import (
     DASH,
     add_output_option,
@@ -28,7 +29,9 @@ query Nodes($first: Int, $after: ID) {
     id state stateReason lastSeen
     localDisk { freeBytes totalBytes }
     fabrics { fabric }
-    gpus { gpuClass healthy allocation { shardId } }
+    gpus { index gpuClass cordonReason stickyReasons }
+    freeGpus { gpuClass }
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }
 """
@@ -41,12 +44,13 @@ query Node($id: ID!) {
     localDisk { freeBytes totalBytes } sharedDisk { freeBytes totalBytes }
     fabrics { fabric hcas rateGbps }
     gpus {
-      index gpuClass name healthy healthReasons
+      index gpuClass name healthy healthReasons stickyReasons cordonReason
       allocation { shardId replicaId }
     }
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
     weights { path sizeBytes }
     knowsItsWeights
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }
 """
@@ -73,13 +77,16 @@ def state_text(node: dict[str, Any]) -> str:
 
 
 def gpu_counts(node: dict[str, Any]) -> str:
-    """'H100-80GB 4/8': free (healthy, unheld) out of total, per class."""
+    """'H100-80GB 4/8': free out of total, per class.
+
+    Free as the service says (Node.freeGpus): the rule has one home, service/availability.py.
+    """
     total: dict[str, int] = defaultdict(int)
     free: dict[str, int] = defaultdict(int)
     for gpu in node.get("gpus") or []:
         total[gpu["gpuClass"]] += 1
-        if gpu["healthy"] and gpu.get("allocation") is None:
-            free[gpu["gpuClass"]] += 1
+    for gpu in node.get("freeGpus") or []:
+        free[gpu["gpuClass"]] += 1
     if not total:
         return DASH
     return ", ".join(f"{cls} {free[cls]}/{total[cls]}" for cls in sorted(total))
@@ -91,13 +98,23 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
             n["id"],
             state_text(n),
             gpu_counts(n),
+            marks_text(n.get("gpus") or []),
             ",".join(f["fabric"] for f in n.get("fabrics") or []) or DASH,
             free_of_total(n.get("localDisk")),
             age(n.get("lastSeen")),
+            nvlink_text(n),
         ]
         for n in nodes
     ]
-    return table(["NODE", "STATE", "GPUS FREE/TOTAL", "FABRICS", "LOCAL DISK", "LAST SEEN"], rows)
+    headers = ["NODE", "STATE", "GPUS FREE/TOTAL", "GPUS MARKED", "FABRICS", "LOCAL DISK"]
+    return table([*headers, "LAST SEEN", "NVLINK"], rows)
+
+
+def nvlink_text(node: dict[str, Any]) -> str:
+    """'NVLink 4x2, largest free 4': the node's groups and the widest shard it can take now."""
+    groups = node.get("nvlinkGroups") or "unknown"
+    largest = node.get("largestFreeNvlinkGroup")
+    return groups if largest is None else f"{groups}, largest free {largest}"
 
 
 def list_nodes(args: argparse.Namespace, client: Client) -> int:
@@ -127,6 +144,7 @@ def node_details(node: dict[str, Any]) -> str:
         f"local disk:  {free_of_total(node.get('localDisk'))}",
         f"shared disk: {free_of_total(node.get('sharedDisk'))}",
         f"labels:      {_pairs(node.get('labels'))}",
+        f"nvlink:      {nvlink_text(node)}",
         f"agent:       {node.get('agentVersion') or DASH}; engines: "
         f"{_pairs(node.get('engineVersions'))}",
         "",
@@ -139,10 +157,13 @@ def node_details(node: dict[str, Any]) -> str:
                 str(gpu["index"]),
                 gpu["gpuClass"],
                 "ok" if gpu["healthy"] else ", ".join(gpu["healthReasons"]) or "unhealthy",
+                ", ".join(gpu.get("stickyReasons") or []) or DASH,
+                gpu.get("cordonReason") or DASH,
                 f"{held['shardId']} (replica {held['replicaId']})" if held else DASH,
             ]
         )
-    lines.append(table(["GPU", "CLASS", "HEALTH", "HELD BY"], gpu_rows) if gpu_rows else "no GPUs")
+    headers = ["GPU", "CLASS", "HEALTH", "UNTIL RESET", "CORDONED", "HELD BY"]
+    lines.append(table(headers, gpu_rows) if gpu_rows else "no GPUs")
     fabrics = node.get("fabrics") or []
     if fabrics:
         lines.append("")
@@ -202,15 +223,10 @@ def show_node(args: argparse.Namespace, client: Client) -> int:
 
 def _verb(mutation: str, past: str, with_reason: bool) -> Any:
     def run(args: argparse.Namespace, client: Client) -> int:
-        variables: dict[str, Any] = {"id": args.id}
-        signature = "$id: ID!"
-        call = "id: $id"
+        arguments: dict[str, tuple[str, Any]] = {"id": ("ID!", args.id)}
         if with_reason:
-            variables["reason"] = args.reason
-            signature += ", $reason: String!"
-            call += ", reason: $reason"
-        query = f"mutation Verb({signature}) {{ {mutation}({call}) {{ {VERB_RESULT} }} }}"
-        node = client.execute(query, variables)[mutation]
+            arguments["reason"] = ("String!", args.reason)
+        node = client.mutate(mutation, arguments, VERB_RESULT)
         print(f"node {node['id']} {past}: now {state_text(node)}")
         return 0
 

@@ -104,6 +104,25 @@ class PlaceInput:
         default=None, description="A node whose local disk is unknown is not excluded."
     )
     label: KeyValueInput | None = None
+    # Topology (contract-topology.graphql); see README "Topology-aware placement".
+    nvlink_shards: bool | None = strawberry.field(
+        default=False,
+        description=(
+            "Each shard's GPUs must lie in one NVLink group of its node. A node whose topology "
+            "is unknown does not qualify."
+        ),
+    )
+    same_nvlink_domain: bool | None = strawberry.field(
+        default=False,
+        description="Every shard in one multi-node NVLink domain (e.g. one GB200 NVL72 rack).",
+    )
+    rail_aligned: bool | None = strawberry.field(
+        default=False,
+        description=(
+            "Every GPU of a shard must have a rail-aligned HCA on the chosen fabric; the shard is "
+            "handed exactly those HCAs. Needs fabric."
+        ),
+    )
 
     def to_request(self) -> verdicts.PlaceRequest:
         return verdicts.PlaceRequest(
@@ -115,6 +134,10 @@ class PlaceInput:
             weights=self.weights,
             min_local_disk_free=self.min_local_disk_free,
             label=(self.label.key, self.label.value) if self.label is not None else None,
+            # Nullable in the contract: null asks for nothing, like false.
+            nvlink_shards=bool(self.nvlink_shards),
+            same_nvlink_domain=bool(self.same_nvlink_domain),
+            rail_aligned=bool(self.rail_aligned),
         )
 
 
@@ -168,6 +191,9 @@ class PlacementExplanation:
     placeable: bool
     message: str
     fabric: str | None
+    nvlink_domain: str | None = strawberry.field(
+        description="With sameNvlinkDomain: the NVLink domain the plan chose."
+    )
     plan: list[PlannedShard]
     verdicts: list[PlacementVerdict]
     verdicts_omitted: int
@@ -189,6 +215,7 @@ class PlacementExplanation:
             placeable=e.placeable,
             message=e.message,
             fabric=e.plan.fabric if e.plan else None,
+            nvlink_domain=e.plan.domain if e.plan else None,
             plan=planned,
             verdicts=[PlacementVerdict.of(v) for v in e.verdicts],
             verdicts_omitted=e.omitted,

@@ -7,7 +7,8 @@ from datetime import datetime
 import strawberry
 
 from service import connections, paging
-from service.events import EventFilter, list_events
+from service.errors import InvalidInput
+from service.events import EVENT_KINDS, EventFilter, list_events, unknown_kinds
 
 from .context import Info
 from .event_types import Event, event_id
@@ -17,6 +18,14 @@ from .pages import answer, paged
 def event_filter(
     node_id: strawberry.ID | None, replica_id: strawberry.ID | None, kinds: list[str] | None
 ) -> EventFilter:
+    """The filter of `events` (query and subscription); an unknown kind is BAD_INPUT."""
+    unknown = unknown_kinds(kinds or ())
+    if unknown:
+        raise InvalidInput(
+            "kinds",
+            unknown[0] if len(unknown) == 1 else unknown,
+            f"not an event kind; the kinds are {', '.join(sorted(EVENT_KINDS))}",
+        )
     return EventFilter(
         node_id=str(node_id) if node_id is not None else None,
         replica_id=str(replica_id) if replica_id is not None else None,

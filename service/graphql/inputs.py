@@ -47,6 +47,35 @@ class GpuInput:
             "because a newer agent may know more faults than the service."
         ),
     )
+    xids: list[int] | None = strawberry.field(
+        default=None,
+        description="Critical XID errors the driver raised for this GPU since the last report.",
+    )
+    # Topology (contract-topology.graphql); null is "unknown", never "none".
+    numa_node: int | None = strawberry.field(
+        default=None, description="The NUMA node the GPU is attached to."
+    )
+    nvlink_peers: list[int] | None = strawberry.field(
+        default=None,
+        description=(
+            "Indices of the GPUs on this node that this one reaches over NVLink, directly or "
+            "through NVSwitch. Null: unknown; empty: none (PCIe only)."
+        ),
+    )
+    nvlink_domain: str | None = strawberry.field(
+        default=None,
+        description=(
+            "The multi-node NVLink domain the GPU belongs to (NVML GPU fabric info: cluster UUID "
+            "and clique id, written 'uuid/clique'). Null: none or unknown."
+        ),
+    )
+    near_hcas: list[str] | None = strawberry.field(
+        default=None,
+        description=(
+            "The node's adapters under the same PCIe switch as this GPU (nvidia-smi topo PIX or "
+            "PXB): its rail-aligned HCAs. Null: unknown."
+        ),
+    )
 
 
 @compiled_input
@@ -95,6 +124,13 @@ class NodeInput:
     )
     agent_version: str | None = None
     engine_versions: list[KeyValueInput] | None = None
+    boot_id: str | None = strawberry.field(
+        default=None,
+        description=(
+            "The kernel's boot id (/proc/sys/kernel/random/boot_id). A new one means the node "
+            "rebooted, so its GPUs were reset."
+        ),
+    )
 
     def to_report(self) -> NodeReport:
         return NodeReport(
@@ -113,6 +149,11 @@ class NodeInput:
                     memory_mb=g.memory_mb,
                     healthy=g.healthy,
                     health_reasons=tuple(g.health_reasons or ()),
+                    numa_node=g.numa_node,
+                    nvlink_peers=None if g.nvlink_peers is None else tuple(g.nvlink_peers),
+                    nvlink_domain=g.nvlink_domain,
+                    near_hcas=None if g.near_hcas is None else tuple(g.near_hcas),
+                    xids=tuple(g.xids or ()),
                 )
                 for g in self.gpus
             ),
@@ -137,6 +178,7 @@ class NodeInput:
             ),
             agent_version=self.agent_version,
             engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),
+            boot_id=None if self.boot_id is None else str(self.boot_id),
         )
 
 

@@ -19,6 +19,8 @@ from service.db_faults import DatabaseUnavailable, is_database_unavailable
 from service.errors import InventoryError
 from service.transactions import sqlstate
 
+from .request_errors import code_of, give_code
+
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "internal error"
@@ -71,12 +73,35 @@ def masked(error: GraphQLError, request_id: str | None) -> GraphQLError:
 
 
 def mask_unexpected(errors: list[GraphQLError], request_id: str | None) -> list[GraphQLError]:
-    return [masked(e, request_id) if is_unexpected(e) else e for e in errors]
+    """What the client sees of a result's errors, on either route: bugs masked, the rest coded."""
+    return [masked(e, request_id) if is_unexpected(e) else give_code(e) for e in errors]
+
+
+def log_expected(errors: list[GraphQLError]) -> None:
+    """One INFO line for a request's expected errors: its code and first message, no traceback.
+
+    A refused request is an answer, not an incident: before this every
+    BAD_INPUT, FORBIDDEN or NODE_NOT_FOUND was logged at ERROR with a full
+    traceback (15,513 tracebacks in one fuzzing run of 2,098 requests).
+    Unexpected errors are logged once, with their traceback, by `masked`.
+    The request id is added by the log handler (service/web/logs.py).
+    """
+    expected = [give_code(e) for e in errors if not is_unexpected(e)]
+    if not expected:
+        return
+    first = expected[0]
+    code = code_of(first) or "ERROR"
+    more = f" (and {len(expected) - 1} more)" if len(expected) > 1 else ""
+    where = f" at {'.'.join(map(str, first.path))}" if first.path else ""
+    log.info("refused%s: %s %s%s", where, code, first.message, more, extra={"code": code})
 
 
 class MaskUnexpected(MaskErrors):
+    """Strawberry's route: every error passes through anonymise_error, as mask_unexpected's do."""
+
     def __init__(self) -> None:
-        super().__init__(should_mask_error=is_unexpected, error_message=INTERNAL_ERROR)
+        super().__init__(should_mask_error=lambda error: True, error_message=INTERNAL_ERROR)
 
     def anonymise_error(self, error: GraphQLError) -> GraphQLError:
-        return masked(error, getattr(self.execution_context.context, "request_id", None))
+        request_id = getattr(self.execution_context.context, "request_id", None)
+        return mask_unexpected([error], request_id)[0]

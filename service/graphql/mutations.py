@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
-from service import heartbeats, node_views, nodes
+from service import heartbeats, metrics, node_views, nodes
 from service.connections import Connection
 from service.errors import NodeNotFound
 from service.node_views import NodeRecord
@@ -33,11 +33,13 @@ class NodeMutations:
         report = input.to_report()
         actor = info.context.actor
 
-        async def work(conn: Connection) -> NodeRecord:
-            # The row as the upsert returned it: one round trip fewer.
-            return (await nodes.register_node(conn, report, actor)).node
+        async def work(conn: Connection) -> nodes.Registration:
+            return await nodes.register_node(conn, report, actor)
 
-        return Node.of(await info.context.write(work))
+        registration = await info.context.write(work)
+        metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
+        # The row as the upsert returned it: one round trip fewer.
+        return Node.of(registration.node)
 
     @strawberry.mutation(
         description=(

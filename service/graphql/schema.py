@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import strawberry
+from graphql import GraphQLError
 from strawberry.extensions import (
     AddValidationRules,
     MaxAliasesLimiter,
@@ -19,12 +21,14 @@ from strawberry.tools import merge_types
 from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
 from .fast.execution import PlainFieldExecutionContext
-from .masking import MaskUnexpected
+from .gpu_mutations import GpuMutations
+from .masking import MaskUnexpected, log_expected
 from .mutations import NodeMutations
 from .pages import PageTruncation
 from .permissions import guard_root_fields
 from .placement import PlacementQueries
 from .queries import NodeQueries
+from .request_errors import CodeValidationErrors
 from .scalars import BYTES_SCALAR, Bytes
 from .subscriptions import EventSubscriptions
 from .token_admin import TokenMutations, TokenQueries
@@ -32,7 +36,9 @@ from .token_admin import TokenMutations, TokenQueries
 log = logging.getLogger(__name__)
 
 Query = merge_types("Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries))
-Mutation = merge_types("Mutation", (NodeMutations, TokenMutations, AllocationMutations))
+Mutation = merge_types(
+    "Mutation", (NodeMutations, TokenMutations, AllocationMutations, GpuMutations)
+)
 Subscription = merge_types("Subscription", (EventSubscriptions,))
 
 
@@ -64,7 +70,17 @@ class ExecutionContext(PageTruncation, PlainFieldExecutionContext):
     """A short list says so (pages.py); plain fields are completed fast (execution.py)."""
 
 
-schema = strawberry.Schema(
+class InventorySchema(strawberry.Schema):
+    def process_errors(
+        self, errors: list[GraphQLError], execution_context: Any | None = None
+    ) -> None:
+        # Strawberry logs every error at ERROR with its traceback; here an
+        # expected one is a line at INFO and an unexpected one is logged once,
+        # with its traceback, where it is masked (masking.py).
+        log_expected(errors)
+
+
+schema = InventorySchema(
     query=Query,
     mutation=Mutation,
     subscription=Subscription,
@@ -75,6 +91,7 @@ schema = strawberry.Schema(
     execution_context_class=ExecutionContext,
     extensions=[
         MaskUnexpected,
+        CodeValidationErrors,
         lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
         lambda: AddValidationRules(list(LIMIT_RULES)),
         ParserCache,

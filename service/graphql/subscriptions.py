@@ -14,7 +14,7 @@ import strawberry
 from service import connections
 from service.errors import InventoryError
 from service.event_stream import EventStream
-from service.events import list_events
+from service.events import EventFilter, list_events
 
 from .context import Info
 from .event_queries import event_filter
@@ -56,38 +56,48 @@ class EventSubscriptions:
         kinds: list[str] | None = None,
         after: strawberry.ID | None = None,
     ) -> AsyncGenerator[Event, None]:
+        # Checked before the stream starts (this is not itself a generator):
+        # a bad filter is then the subscription's `error` message with its
+        # code, where an error raised inside the stream ended it with a
+        # traceback in the log.
         wanted = event_filter(node_id, replica_id, kinds)
         resume_from = event_id(after)
-        # Subscribe before reading the history, so nothing committed in
-        # between is missed; what the history already gave is skipped below.
-        subscription = _stream(info).subscribe(wanted)
-        # Ended with an error if the connection's token ends (service/token_watch.py).
-        info.context.streams.add(subscription)
-        replayed: set[int] = set()
-        try:
-            if resume_from is not None:
-                cursor = resume_from
-                while True:
-                    async with connections.autocommit(info.context.engine) as conn:
-                        page = await list_events(
-                            conn,
-                            wanted,
-                            first=REPLAY_PAGE,
-                            after=cursor,
-                            retention=info.context.settings.event_retention,
-                        )
-                    for record in page:
-                        if subscription.ended is not None:
-                            raise subscription.ended
-                        replayed.add(record.id)
-                        yield Event.of(record)
-                    if len(page) < REPLAY_PAGE:
-                        break
-                    cursor = page[-1].id
-            async for record in subscription:
-                if record.id in replayed or (resume_from is not None and record.id <= resume_from):
-                    continue
-                yield Event.of(record)
-        finally:
-            info.context.streams.discard(subscription)
-            subscription.close()
+        return _events(info, _stream(info), wanted, resume_from)
+
+
+async def _events(
+    info: Info, stream: EventStream, wanted: EventFilter, resume_from: int | None
+) -> AsyncGenerator[Event, None]:
+    # Subscribe before reading the history, so nothing committed in
+    # between is missed; what the history already gave is skipped below.
+    subscription = stream.subscribe(wanted)
+    # Ended with an error if the connection's token ends (service/token_watch.py).
+    info.context.streams.add(subscription)
+    replayed: set[int] = set()
+    try:
+        if resume_from is not None:
+            cursor = resume_from
+            while True:
+                async with connections.autocommit(info.context.engine) as conn:
+                    page = await list_events(
+                        conn,
+                        wanted,
+                        first=REPLAY_PAGE,
+                        after=cursor,
+                        retention=info.context.settings.event_retention,
+                    )
+                for record in page:
+                    if subscription.ended is not None:
+                        raise subscription.ended
+                    replayed.add(record.id)
+                    yield Event.of(record)
+                if len(page) < REPLAY_PAGE:
+                    break
+                cursor = page[-1].id
+        async for record in subscription:
+            if record.id in replayed or (resume_from is not None and record.id <= resume_from):
+                continue
+            yield Event.of(record)
+    finally:
+        info.context.streams.discard(subscription)
+        subscription.close()

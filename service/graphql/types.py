@@ -9,8 +9,9 @@ from typing import Any
 
 import strawberry
 
-from service import paging
+from service import connections, paging, topology
 from service.allocations import ShardRecord
+from service.availability import is_free
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
 from service.errors import NodeNotFound
 from service.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
@@ -111,11 +112,45 @@ class Gpu:
     memory_mb: int | None
     healthy: bool
     health_reasons: list[str] = strawberry.field(
-        description="Why it is not healthy, e.g. ecc_uncorrected, foreign_process; empty when healthy."
+        description=(
+            "Why it is not healthy, e.g. ecc_uncorrected, foreign_process, or xid_79: a critical "
+            "XID, kept until the GPU is reset (a new bootId, or clearGpuHealth). Empty when healthy."
+        )
     )
     # The record's holding shard, read with the GPU: a plain field, not a
     # resolver call per GPU.
     shard: Allocation | None = strawberry.field(name="allocation", description="Null when free.")
+    cordon_reason: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Why an operator took this one GPU out of placement; null when it is not cordoned. "
+            "Survives re-registration."
+        ),
+    )
+    sticky_reasons: list[str] = strawberry.field(
+        default_factory=list,
+        description=(
+            "The healthReasons that outlive healthy reports (xid_<n>: a critical XID) until the "
+            "GPU is reset: a new bootId, or clearGpuHealth."
+        ),
+    )
+    # Topology (contract-topology.graphql): null is "the agent did not say".
+    numa_node: int | None
+    nvlink_peers: list[int] | None = strawberry.field(
+        description="GPUs of this node reached over NVLink; empty: none (PCIe only); null: unknown."
+    )
+    nvlink_group: int | None = strawberry.field(
+        description=(
+            "The lowest index among the GPUs this one is connected to over NVLink on its node, "
+            "itself included. Null when unknown."
+        )
+    )
+    nvlink_domain: str | None = strawberry.field(
+        description="The multi-node NVLink domain ('uuid/clique'); null: none or unknown."
+    )
+    near_hcas: list[str] | None = strawberry.field(
+        description="Adapters under the GPU's PCIe switch (its rail-aligned HCAs); null: unknown."
+    )
 
 
 @strawberry.type
@@ -205,6 +240,7 @@ class Node:
         metadata={RECORD: "state_actor"},
     )
     registered_at: datetime
+    boot_id: str | None = None
 
     @classmethod
     def of(cls, node: NodeRecord) -> Node:
@@ -225,6 +261,7 @@ class Node:
             knows_its_weights=node.knows_its_weights,
             state_changed_by=node.state_actor,
             registered_at=node.registered_at,
+            boot_id=node.boot_id,
         )
 
     # The detail fields answer synchronously from the request's loaders when
@@ -239,20 +276,42 @@ class Node:
         return now_or_later(info.context.loaders.gpus, str(self.id), _as_loaded)
 
     @strawberry.field(
-        description="Healthy GPUs with no allocation, optionally of one class.",
+        description=(
+            "GPUs a scheduler may take now (healthy, not cordoned, not held), "
+            "optionally of one class."
+        ),
         graphql_type=list[Gpu],
     )
     def free_gpus(self, info: Info, gpu_class: str | None = None) -> Any:
         def free(gpus: list[GpuRecord]) -> list[GpuRecord]:
             return [
-                g
-                for g in gpus
-                if g.healthy
-                and g.held_by is None
-                and (gpu_class is None or g.gpu_class == gpu_class)
+                g for g in gpus if is_free(g) and (gpu_class is None or g.gpu_class == gpu_class)
             ]
 
         return now_or_later(info.context.loaders.gpus, str(self.id), free)
+
+    @strawberry.field(
+        description=(
+            "The most free GPUs that lie in one NVLink group: the widest tensor-parallel shard "
+            "this node can take now. Null when its topology is unknown."
+        ),
+        graphql_type=int | None,
+    )
+    def largest_free_nvlink_group(self, info: Info) -> Any:
+        return now_or_later(info.context.loaders.gpus, str(self.id), topology.largest_free_group)
+
+    @strawberry.field(
+        description=(
+            "The node's NVLink groups in words: 'NVLink 8' (one NVSwitch board), 'NVLink 2x4' "
+            "(bridged pairs), 'none' (PCIe only), 'unknown' (not reported)."
+        ),
+        graphql_type=str,
+    )
+    def nvlink_groups(self, info: Info) -> Any:
+        def words(gpus: list[GpuRecord]) -> str:
+            return topology.describe_groups(topology.group_sizes(gpus))
+
+        return now_or_later(info.context.loaders.gpus, str(self.id), words)
 
     @strawberry.field(graphql_type=list[FabricAttachment], metadata=_ready("fabrics"))
     def fabrics(self, info: Info) -> Any:
@@ -370,7 +429,8 @@ class Fabric:
     description=(
         "GPUs of one class across the cluster. total = free + allocated + unhealthy + "
         "unschedulable: an allocated GPU counts as allocated even when unhealthy, and a "
-        "healthy spare GPU on a node that is not READY counts as unschedulable."
+        "healthy spare GPU on a node that is not READY counts as unschedulable. unhealthy "
+        "also counts cordoned GPUs (cordonGpu): neither may be placed on."
     )
 )
 class GpuClassSummary:
@@ -380,6 +440,17 @@ class GpuClassSummary:
     allocated: int
     unhealthy: int
     unschedulable: int
+
+    @strawberry.field(
+        description=(
+            "Fragmentation: free GPUs of this class in NVLink groups with fewer than shardSize "
+            "free, which a tensor-parallel shard of that width cannot use. Nodes whose topology "
+            "is unknown are not counted."
+        )
+    )
+    async def nvlink_fragmented_free(self, info: Info, shard_size: int = 8) -> int:
+        async with connections.autocommit(info.context.engine) as conn:
+            return await topology.fragmented_free(conn, self.gpu_class, shard_size)
 
     @classmethod
     def of(cls, s: GpuClassSummaryRecord) -> GpuClassSummary:

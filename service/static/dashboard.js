@@ -16,16 +16,30 @@ const STATES = ["READY", "CORDONED", "DRAINING", "UNREACHABLE", "LOST"];
 
 const NODES_QUERY = `query DashboardNodes($after: ID) {
   nodes(after: $after) {
-    id hostname state stateReason stateChangedBy lastSeen
-    gpus { gpuClass healthy allocation { shardId } }
+    id hostname state schedulable stateReason stateChangedBy lastSeen
+    gpus { index gpuClass cordonReason stickyReasons }
+    freeGpus { gpuClass }
     fabrics { fabric }
     localDisk { freeBytes totalBytes }
+    nvlinkGroups largestFreeNvlinkGroup
   }
 }`;
 const SUMMARY_QUERY = `query DashboardSummary {
   gpuClasses { gpuClass total free allocated unhealthy unschedulable }
   fabrics { name }
 }`;
+// One node's GPUs and its XIDs of the last day, for the node view.
+const NODE_QUERY = `query DashboardNode($id: ID!) {
+  node(id: $id) {
+    id state
+    gpus { index gpuClass healthy healthReasons stickyReasons cordonReason allocation { shardId replicaId } }
+  }
+}`;
+const XIDS_QUERY = `query DashboardXids($id: ID!, $since: DateTime, $after: ID) {
+  events(nodeId: $id, kinds: ["gpu_xid"], since: $since, after: $after) { id at reason detail }
+}`;
+const XID_WINDOW_MS = 24 * 3600 * 1000;
+const XIDS_SHOWN = 50;
 const SUBSCRIPTIONS_QUERY = `query DashboardSubscriptions {
   __schema { subscriptionType { fields { name args { name type { kind } }
     type { kind ofType { kind ofType { kind ofType { kind } } } } } } }
@@ -35,6 +49,8 @@ const view = {
   nodes: [],
   summary: [],
   fabrics: [],
+  selected: null, // the node whose view is open
+  selectedNode: null, // its answer to NODE_QUERY
   skewMs: 0, // server clock minus browser clock
   mode: "loading",
   error: null,
@@ -97,6 +113,21 @@ async function loadAllNodes() {
   }
 }
 
+// The node and its latest XIDs since `since` (events come oldest first, in pages).
+async function loadNodeView(id, since) {
+  const data = await graphql(NODE_QUERY, { id });
+  const xids = [];
+  let after = null;
+  for (;;) {
+    const truncated = [];
+    const page = await graphql(XIDS_QUERY, { id, since, after }, truncated);
+    xids.push(...page.events);
+    xids.splice(0, Math.max(0, xids.length - XIDS_SHOWN));
+    if (!truncated.length) return { node: data.node, events: xids };
+    after = truncated[0];
+  }
+}
+
 async function refresh() {
   if (refreshing) {
     // Events arrive in bursts: one more read after the current one covers them all.
@@ -107,7 +138,13 @@ async function refresh() {
     do {
       refreshAgain = false;
       try {
-        const [nodes, summary] = await Promise.all([loadAllNodes(), graphql(SUMMARY_QUERY)]);
+        const since = new Date(Date.now() + view.skewMs - XID_WINDOW_MS).toISOString();
+        const [nodes, summary, selected] = await Promise.all([
+          loadAllNodes(),
+          graphql(SUMMARY_QUERY),
+          view.selected ? loadNodeView(view.selected, since) : null,
+        ]);
+        view.selectedNode = selected;
         view.nodes = nodes;
         view.summary = summary.gpuClasses;
         view.fabrics = summary.fabrics.map((f) => f.name);
@@ -237,14 +274,12 @@ function formatAge(lastSeen) {
   return `${Math.floor(seconds / 86400)}d ago`;
 }
 
+// Free as the service says (Node.freeGpus): the rule lives in service/availability.py only.
 function gpuCounts(node) {
   const byClass = new Map();
-  for (const gpu of node.gpus) {
-    const count = byClass.get(gpu.gpuClass) || { free: 0, total: 0 };
-    count.total += 1;
-    if (gpu.healthy && !gpu.allocation) count.free += 1;
-    byClass.set(gpu.gpuClass, count);
-  }
+  const count = (cls) => byClass.get(cls) || byClass.set(cls, { free: 0, total: 0 }).get(cls);
+  for (const gpu of node.gpus) count(gpu.gpuClass).total += 1;
+  for (const gpu of node.freeGpus || []) count(gpu.gpuClass).free += 1;
   return [...byClass.entries()].sort(([a], [b]) => a.localeCompare(b));
 }
 
@@ -315,7 +350,12 @@ function nodeRow(node) {
   return el(
     "tr",
     { "data-node-id": node.id },
-    el("td", { class: "node" }, node.id, el("div", { class: "hostname" }, node.hostname)),
+    el(
+      "td",
+      { class: "node" },
+      el("a", { href: `#node=${encodeURIComponent(node.id)}`, class: "open-node" }, node.id),
+      el("div", { class: "hostname" }, node.hostname),
+    ),
     el("td", {}, el("span", { class: `state state-${node.state}` }, node.state)),
     el("td", { class: "reason" }, ...reason),
     el(
@@ -323,22 +363,89 @@ function nodeRow(node) {
       { class: "gpus" },
       ...(gpus.length
         ? gpus.map(([cls, c]) =>
-            node.state === "READY"
+            node.schedulable
               ? el("div", {}, `${c.free} / ${c.total} ${cls}`)
               : // Idle GPUs on a node that is not READY are not free for the schedulers.
                 el("div", { class: "unschedulable", title: `not schedulable: the node is ${node.state}` }, `${c.free} / ${c.total} ${cls}`),
           )
         : [el("span", { class: "unknown" }, "none")]),
+      ...gpuMarks(node.gpus),
     ),
     el("td", { class: "fabrics" }, node.fabrics.map((f) => f.fabric).join(", ") || "—"),
     disk,
     el("td", { class: "age", "data-last-seen": node.lastSeen }, formatAge(node.lastSeen)),
+    nvlinkCell(node),
   );
+}
+
+// The node's NVLink groups ("NVLink 8", "NVLink 2x4", "none") and the widest
+// tensor-parallel shard it can take now; unknown topology is said, not zeroed.
+function nvlinkCell(node) {
+  const largest = node.largestFreeNvlinkGroup;
+  return el(
+    "td",
+    { class: node.nvlinkGroups === "unknown" ? "nvlink unknown" : "nvlink" },
+    node.nvlinkGroups,
+    largest === null ? "" : el("div", { class: "muted" }, `largest free ${largest}`),
+  );
+}
+
+// Cordoned GPUs and GPUs whose health waits for a reset, marked under the counts.
+function gpuMarks(gpus) {
+  return gpus
+    .filter((g) => g.cordonReason || g.stickyReasons.length)
+    .map((g) =>
+      el(
+        "div",
+        { class: "gpu-mark", "data-gpu-index": g.index },
+        `GPU ${g.index} `,
+        ...(g.cordonReason ? [el("span", { class: "cordoned", title: g.cordonReason }, "cordoned")] : []),
+        ...g.stickyReasons.map((r) => el("span", { class: "sticky", title: "kept until the GPU is reset" }, r)),
+      ),
+    );
+}
+
+function renderNodeView() {
+  const section = document.getElementById("node-view");
+  const node = view.selectedNode && view.selectedNode.node;
+  section.hidden = !view.selected;
+  if (!view.selected) return;
+  document.getElementById("node-view-title").textContent = node ? node.id : `${view.selected} (not registered)`;
+  const gpus = node ? node.gpus : [];
+  document.querySelector("#node-gpus tbody").replaceChildren(
+    ...gpus.map((g) =>
+      el(
+        "tr",
+        { "data-gpu-index": g.index },
+        el("td", { class: "num" }, g.index),
+        el("td", {}, g.gpuClass),
+        el("td", { class: g.healthy ? "" : "unhealthy" }, g.healthy ? "ok" : g.healthReasons.join(", ")),
+        el("td", { class: "sticky" }, g.stickyReasons.join(", ") || "—"),
+        el("td", { class: "cordoned" }, g.cordonReason || "—"),
+        el("td", {}, g.allocation ? `${g.allocation.shardId} (replica ${g.allocation.replicaId})` : "—"),
+      ),
+    ),
+  );
+  const xids = view.selectedNode ? [...view.selectedNode.events].reverse() : [];
+  document.querySelector("#node-xids tbody").replaceChildren(
+    ...xids.map((e) =>
+      el(
+        "tr",
+        { "data-event-id": e.id },
+        el("td", { class: "age", "data-last-seen": e.at }, formatAge(e.at)),
+        el("td", { class: "num" }, e.detail.index),
+        el("td", { class: "num xid" }, e.detail.xid),
+        el("td", {}, e.detail.critical ? e.reason : "the application's (the GPU stays healthy)"),
+      ),
+    ),
+  );
+  document.getElementById("node-xids-none").hidden = xids.length > 0;
 }
 
 function render() {
   renderStatus();
   renderSummary();
+  renderNodeView();
   setOptions(document.getElementById("filter-state"), STATES);
   setOptions(document.getElementById("filter-class"), view.summary.map((s) => s.gpuClass));
   setOptions(document.getElementById("filter-fabric"), view.fabrics);
@@ -360,6 +467,7 @@ function renderAges() {
 
 function readHash() {
   const params = new URLSearchParams(location.hash.slice(1));
+  view.selected = params.get("node") || null;
   for (const [id, key] of [["filter-state", "state"], ["filter-class", "class"], ["filter-fabric", "fabric"]]) {
     const value = params.get(key) || "";
     const select = document.getElementById(id);
@@ -374,6 +482,7 @@ function writeHash() {
   if (f.state) params.set("state", f.state);
   if (f.gpuClass) params.set("class", f.gpuClass);
   if (f.fabric) params.set("fabric", f.fabric);
+  if (view.selected) params.set("node", view.selected);
   history.replaceState(null, "", params.toString() ? `#${params}` : location.pathname + location.search);
 }
 
@@ -389,6 +498,21 @@ async function start() {
     refresh();
   });
   document.getElementById("filters").addEventListener("change", () => {
+    writeHash();
+    render();
+  });
+  document.getElementById("nodes").addEventListener("click", (event) => {
+    const link = event.target.closest("a.open-node");
+    if (!link) return;
+    event.preventDefault();
+    view.selected = link.closest("tr").dataset.nodeId;
+    view.selectedNode = null;
+    writeHash();
+    refresh();
+  });
+  document.getElementById("close-node").addEventListener("click", () => {
+    view.selected = null;
+    view.selectedNode = null;
     writeHash();
     render();
   });

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from cross_web import HTTPException
+from graphql import GraphQLError, OperationType, get_operation_ast, parse
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -18,6 +20,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
+from strawberry.http import GraphQLRequestData
+from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.types.unset import UNSET, UnsetType
 
 from service.auth import Authenticator
@@ -32,7 +36,9 @@ from service.token_watch import TokenWatch
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.draining import CloseConnectionsWhileDraining, Drain
 from service.web.graphiql import GraphiQLPage
-from service.web.http_guards import decode_json_body, guard_graphql
+from service.web.graphql_http import graphql_endpoint
+from service.web.graphql_ws import CheckedTransportWS
+from service.web.http_guards import decode_json_body
 from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
 from service.web.operations import Background, operational_routes
 
@@ -40,6 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class InventoryGraphQL(GraphQL[Context, None]):
+    graphql_transport_ws_handler_class = CheckedTransportWS
+
     def __init__(
         self, engine_ref: EngineRef, settings: Settings, vendor_dir: Path = VENDOR_DIR
     ) -> None:
@@ -85,6 +93,30 @@ class InventoryGraphQL(GraphQL[Context, None]):
         identify_http(context, request, self.authenticator)
         return context
 
+    async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
+        request_data: GraphQLRequestData | None = kwargs.get("request_data")
+        if (
+            request_data is not None
+            and request_data.protocol == "http"
+            and _is_subscription(request_data.query, request_data.operation_name)
+        ):
+            # Without a stream to answer on, graphql-core ran the subscription
+            # as a query and the client got an internal error (and the log a
+            # traceback) for its own mistake.
+            raise HTTPException(
+                400,
+                "a subscription needs a stream: graphql-transport-ws on /graphql, "
+                "or Accept: text/event-stream",
+            )
+        try:
+            return await super().execute_single(*args, **kwargs)
+        except HTTPException as refused:
+            # GraphQL over HTTP: a mutation sent with GET is 405 Method Not
+            # Allowed (Strawberry says 400); NegotiateMediaType makes it JSON.
+            if isinstance(refused.__cause__, InvalidOperationTypeError):
+                raise HTTPException(405, refused.reason) from refused
+            raise
+
     def decode_json(self, data: str | bytes) -> object:
         return decode_json_body(data)
 
@@ -98,6 +130,16 @@ class InventoryGraphQL(GraphQL[Context, None]):
             self.token_watch.watch(id(context.request.scope), token_id, context.end_token)
         ack: UnsetType = UNSET
         return ack
+
+
+def _is_subscription(query: str | None, operation_name: str | None) -> bool:
+    if not query or "subscription" not in query:  # most requests: no parse
+        return False
+    try:
+        operation = get_operation_ast(parse(query), operation_name)
+    except GraphQLError:
+        return False  # Strawberry's view words the syntax error
+    return operation is not None and operation.operation == OperationType.SUBSCRIPTION
 
 
 class EngineRef:
@@ -166,7 +208,7 @@ def create_app(
     routes: list[Any] = [
         Route(
             "/graphql",
-            guard_graphql(
+            graphql_endpoint(
                 # The one switch (service/graphql/fast/switch.py): off, no front door.
                 FrontDoor(graphql_app, schema, graphql_app.http_context)
                 if settings.direct_execution

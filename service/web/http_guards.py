@@ -27,6 +27,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def error_body(message: str, code: str) -> bytes:
+    """A GraphQL-shaped error of a request refused before execution (no `data` key)."""
+    return json.dumps({"errors": [{"message": message, "extensions": {"code": code}}]}).encode()
+
+
 async def send_error(
     send: Send,
     status: int,
@@ -34,7 +39,7 @@ async def send_error(
     code: str,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    body = json.dumps({"errors": [{"message": message, "extensions": {"code": code}}]}).encode()
+    body = error_body(message, code)
     await send(
         {
             "type": "http.response.start",
@@ -188,6 +193,9 @@ class RequireToken:
             try:
                 principal = await self.authenticator.principal(_header(scope, b"authorization"))
             except Unauthenticated as refused:
+                # An expected outcome: one line, no traceback.
+                log.info("refused a request (%s 401): %s", refused.code, refused.message,
+                         extra={"code": refused.code})  # fmt: skip
                 await send_error(
                     send, 401, refused.message, refused.code, [(b"www-authenticate", b"Bearer")]
                 )

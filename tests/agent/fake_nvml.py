@@ -5,6 +5,8 @@ fails here with AttributeError; a test checks that each of these names exists
 in the real binding too, so the fake cannot drift into an NVML that does not exist.
 """
 
+import ctypes
+import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -49,6 +51,14 @@ class NVMLError_Unknown(NVMLError):
     pass
 
 
+class NVMLError_InvalidArgument(NVMLError):
+    pass
+
+
+class NVMLError_Timeout(NVMLError):
+    pass
+
+
 class NVMLLibraryMismatchError(Exception):
     """Raised by the binding itself (not an NVMLError) when the driver lacks a _v3 call."""
 
@@ -65,13 +75,47 @@ ERRORS = {
         NVMLError_GpuIsLost,
         NVMLError_FunctionNotFound,
         NVMLError_Unknown,
+        NVMLError_InvalidArgument,
+        NVMLError_Timeout,
     )
 }
 CONSTANTS = {
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
     "NVML_VOLATILE_ECC": 0,
     "NVML_FEATURE_ENABLED": 1,
+    # The real binding's values (a test compares them).
+    "NVML_NVLINK_MAX_LINKS": 36,
+    "NVML_NVLINK_DEVICE_TYPE_GPU": 0,
+    "NVML_NVLINK_DEVICE_TYPE_SWITCH": 2,
+    "NVML_GPU_FABRIC_STATE_COMPLETED": 3,
+    "nvmlEventTypeXidCriticalError": 8,
 }
+NVLINK_GPU, NVLINK_SWITCH = 0, 2
+
+
+class c_nvmlGpuFabricInfoV_t(ctypes.Structure):
+    """The binding's struct: the agent allocates it and passes it by reference."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint32),
+    ]
+
+
+STRUCTS = {"c_nvmlGpuFabricInfoV_t": c_nvmlGpuFabricInfoV_t}
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """What nvmlDeviceGetGpuFabricInfoV reports for a GPU in a multi-node NVLink domain."""
+
+    cluster_uuid: bytes
+    clique_id: int
+    state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 
 
 @dataclass
@@ -88,6 +132,14 @@ class FakeGpu:
     retired_pending: Any = field(default_factory=NVMLError_NotSupported)
     processes: Any = field(default_factory=list)  # pids, or an exception
     handle_error: Exception | None = None
+    # NVLink: one entry per link, None when inactive, else (remote device
+    # type, remote PCI bus id); or the exception every link raises. Past the
+    # last link the driver says InvalidArgument. No NVLink: NotSupported.
+    nvlinks: Any = field(default_factory=NVMLError_NotSupported)
+    # GPU fabric info (multi-node NVLink): a Fabric, or the exception.
+    fabric: Any = field(default_factory=NVMLError_NotSupported)
+    # What nvmlDeviceRegisterEvents raises for it (NotSupported on some GPUs).
+    events_error: Exception | None = None
 
     def answer(self, value: Any) -> Any:
         if isinstance(value, BaseException):
@@ -128,7 +180,10 @@ class FakeNvml:
         self.driver_before_r510 = driver_before_r510
         self.initialized = False
         self.shut_down = False
-        for name, value in {**ERRORS, **CONSTANTS}.items():
+        # XID events the driver will deliver: (GPU index, XID), via raise_xid.
+        self.xid_events: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.event_sets: list[list[FakeGpu]] = []
+        for name, value in {**ERRORS, **CONSTANTS, **STRUCTS}.items():
             setattr(self, name, value)
 
     def nvmlInit(self) -> None:
@@ -177,8 +232,77 @@ class FakeNvml:
             SimpleNamespace(pid=pid, usedGpuMemory=1 << 30) for pid in gpu.answer(gpu.processes)
         ]
 
+    def _link(self, gpu: FakeGpu, link: int) -> Any:
+        links = gpu.answer(gpu.nvlinks)
+        if link >= len(links):
+            raise NVMLError_InvalidArgument()
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        return 0 if self._link(gpu, link) is None else 1
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, gpu: FakeGpu, link: int) -> int:
+        found = self._link(gpu, link)
+        assert found is not None, "the agent asked about an inactive link"
+        return int(found[0])
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, gpu: FakeGpu, link: int) -> Any:
+        found = self._link(gpu, link)
+        assert found is not None, "the agent asked about an inactive link"
+        return SimpleNamespace(busId=found[1])
+
+    def nvmlDeviceGetGpuFabricInfoV(self, gpu: FakeGpu, info: Any) -> int:
+        fabric = gpu.answer(gpu.fabric)
+        struct = info._obj  # ctypes.byref(struct), as the real binding takes it
+        assert isinstance(struct, c_nvmlGpuFabricInfoV_t)
+        for i, byte in enumerate(fabric.cluster_uuid[:16]):
+            struct.clusterUuid[i] = byte
+        struct.cliqueId = fabric.clique_id
+        struct.state = fabric.state
+        return 0
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        """The driver reports an XID on GPU `index`, as a test's event."""
+        self.xid_events.put((index, xid))
+
+    # XID events: one event set, the GPUs registered on it, and a wait.
+
+    def nvmlEventSetCreate(self) -> list[FakeGpu]:
+        event_set: list[FakeGpu] = []
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(
+        self, gpu: FakeGpu, event_types: int, event_set: list[FakeGpu]
+    ) -> None:
+        assert event_types == CONSTANTS["nvmlEventTypeXidCriticalError"]
+        if gpu.events_error is not None:
+            raise gpu.events_error
+        event_set.append(gpu)
+
+    def nvmlEventSetWait_v2(self, event_set: list[FakeGpu], timeout_ms: int) -> Any:
+        try:
+            index, xid = self.xid_events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise NVMLError_Timeout() from None
+        gpu = self.gpus[index]
+        assert gpu in event_set, f"an XID on GPU {index}, which is not registered for events"
+        return SimpleNamespace(
+            device=gpu,
+            eventType=CONSTANTS["nvmlEventTypeXidCriticalError"],
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
+
+    def nvmlEventSetFree(self, event_set: list[FakeGpu]) -> None:
+        event_set.clear()
+
+    def nvmlDeviceGetIndex(self, gpu: FakeGpu) -> int:
+        return next(i for i, g in enumerate(self.gpus) if g is gpu)
+
 
 def names_the_agent_may_call() -> list[str]:
     """Every module-level name this fake offers, which the real binding must have too."""
     methods = [n for n in vars(FakeNvml) if n.startswith("nvml")]
-    return sorted([*methods, *ERRORS, *CONSTANTS])
+    return sorted([*methods, *ERRORS, *CONSTANTS, *STRUCTS])

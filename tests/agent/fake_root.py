@@ -74,6 +74,7 @@ def add_process(root: Path, pid: int, comm: str, argv: list[str]) -> None:
 def make_node(root: Path) -> Path:
     """The files of a node with 2 TiB of RAM, the mounts above and one fabric of two HCAs."""
     write(root, "/etc/machine-id", "4c4c4544004e3510804bc4c04f4e3633\n")
+    write(root, "/proc/sys/kernel/random/boot_id", "0f6b1e52-8d52-4a53-9e33-6f0c4a7d5b21\n")
     write(
         root,
         "/proc/meminfo",

@@ -64,6 +64,8 @@ def test_a_full_report_uses_the_contracts_names(node: Path) -> None:
         "memoryMb": 81559,
         "healthy": True,
         "healthReasons": [],
+        # The plain fake GPU has no NVLink (NotSupported) and no sysfs entry.
+        "nvlinkPeers": [],
     }
     assert sent["fabrics"] == [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
     assert sent["storage"] == [
@@ -87,6 +89,7 @@ def test_a_full_report_uses_the_contracts_names(node: Path) -> None:
         },
     ]
     assert sent["weights"] == [{"path": "/data/models/llama-8b", "sizeBytes": 16 * GIB + 100}]
+    assert sent["bootId"] == "0f6b1e52-8d52-4a53-9e33-6f0c4a7d5b21"
     assert sent["agentVersion"] == __version__
     assert sent["engineVersions"] == [
         {"key": "sglang", "value": "0.5.2"},
@@ -131,6 +134,15 @@ def test_unreadable_ram_and_no_driver_are_left_out_with_warnings(node: Path) -> 
     assert "memoryTotalMb" not in report.node_input
     assert report.node_input["gpus"] == []
     assert len(report.warnings) == 2
+
+
+def test_an_unreadable_boot_id_is_left_out_with_a_warning(node: Path) -> None:
+    (node / "proc/sys/kernel/random/boot_id").unlink()
+    report = report_of(node)
+    assert "bootId" not in report.node_input
+    assert report.warnings == (
+        "cannot read /proc/sys/kernel/random/boot_id: a reboot will not clear the GPUs' XID health",
+    )
 
 
 def with_free_space(report: Report, free: int) -> Report:

@@ -21,6 +21,7 @@ from agent.config import AgentConfig, FabricConfig
 from agent.loop import Agent, run_until_stopped
 from agent.report import Host, build_report
 from agent.weights import WeightsScanner
+from agent.xids import XidInbox, XidListener
 
 ENGINE_PID, FOREIGN_PID = 4100, 5200
 
@@ -182,3 +183,54 @@ async def test_the_agent_keeps_the_services_view_of_its_node_true(
         await asyncio.wait_for(running, timeout=10)
         await client.aclose()
         logging.getLogger("llmgw.agent").removeHandler(watch)
+
+
+async def test_an_xid_reaches_the_service_within_seconds_and_stays(
+    live_service: Any, tmp_path: Path
+) -> None:
+    root = make_node(tmp_path / "node")
+    nvml = FakeNvml([h100(i) for i in range(4)])
+    config = AgentConfig(
+        node_id="gpu-07",
+        hostname="gpu-07.dc1",
+        mgmt_addr="10.0.0.7",
+        service_url=live_service.url,
+        # Every interval longer than the test's patience: only the XID itself
+        # can make the agent report it.
+        heartbeat_interval=PATIENCE * 4,
+        scan_interval=PATIENCE * 4,
+        full_report_interval=PATIENCE * 8,
+        root=str(root),
+    )
+    disks = FakeDisks(root)
+    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
+    scanner = WeightsScanner(config.root)
+    client = InventoryClient(config.service_url, None, config.request_timeout)
+    inbox = XidInbox()
+    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
+    listener.start()
+    agent = Agent(config, client, lambda: build_report(config, host, scanner), xids=inbox)
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
+    try:
+        await eventually(live_service.url, lambda n: len(n["gpus"]) == 4, "the node registered")
+        nvml.raise_xid(2, 79)
+        node = await eventually(live_service.url, lambda n: 2 not in healthy(n), "the XID")
+        assert node["gpus"][2]["healthReasons"] == ["xid_79"]
+        # NVML says the GPU is fine again; the service remembers until a reset.
+        nvml.raise_xid(1, 13)
+        async with httpx.AsyncClient(timeout=5) as http:
+            events = """{ events(kinds: ["gpu_xid"]) { detail } }"""
+            for _ in range(PATIENCE * 20):
+                answer = (await http.post(live_service.url, json={"query": events})).json()
+                if len(answer["data"]["events"]) == 2:
+                    break
+                await asyncio.sleep(0.05)
+        assert [e["detail"]["xid"] for e in answer["data"]["events"]] == [79, 13]
+        node = await eventually(live_service.url, lambda n: True, "the node")
+        assert healthy(node) == [0, 1, 3]
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+        listener.stop(timeout=10)
+        await client.aclose()

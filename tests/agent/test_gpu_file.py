@@ -202,7 +202,41 @@ BAD_FILES: list[tuple[object, str]] = [
     ([entry(), entry()], "[1].index = 0: names another GPU too"),
     ([entry(uuid="GPU-a"), entry(index=1, uuid="GPU-a")], "[1].uuid = 'GPU-a': names another"),
     ('[{"index": 0, "index": 1, "name": "H100"}]', "'index' appears twice in one entry"),
+    ([entry(nvlink_peers=[0])], "[0].nvlink_peers = 0: must name another GPU of this file"),
+    ([entry(nvlink_peers=[3])], "[0].nvlink_peers = 3: must name another GPU of this file"),
+    (
+        [entry(nvlink_peers=[1]), entry(index=1, nvlink_peers=[])],
+        "[0].nvlink_peers = 1: GPU 1 does not list GPU 0 back",
+    ),
+    ([entry(nvlink_peers="0,1")], "[0].nvlink_peers = '0,1': must be a list of GPU indices"),
+    ([entry(numa_node=-1)], "[0].numa_node = -1: must be a whole number of at least 0"),
+    ([entry(near_hcas=["mlx5_0", ""])], "[0].near_hcas[1] = '': must be a non-empty string"),
+    ([entry(nvlink_domain="")], "[0].nvlink_domain = '': must be a non-empty string"),
 ]
+
+
+def test_a_gpu_file_fakes_a_topology(tmp_path: Path, node: Path) -> None:
+    pair = [
+        entry(nvlink_peers=[1], numa_node=0, near_hcas=["mlx5_0"], nvlink_domain="c/1"),
+        entry(index=1, nvlink_peers=[0], numa_node=1, near_hcas=[]),
+    ]
+    config = load_config(
+        None,
+        {
+            "LLMGW_AGENT_NODE_ID": "lab-1",
+            "LLMGW_AGENT_ROOT": str(node),
+            "LLMGW_AGENT_GPU_SOURCE": str(gpu_file(tmp_path, pair)),
+        },
+    )
+    host, _ = host_with_a_driver(node)
+    sent = build_report(config, host, WeightsScanner(str(node))).node_input["gpus"]
+    topology = [
+        {k: g.get(k) for k in ("nvlinkPeers", "numaNode", "nearHcas", "nvlinkDomain")} for g in sent
+    ]
+    assert topology == [
+        {"nvlinkPeers": [1], "numaNode": 0, "nearHcas": ["mlx5_0"], "nvlinkDomain": "c/1"},
+        {"nvlinkPeers": [0], "numaNode": 1, "nearHcas": [], "nvlinkDomain": None},
+    ]
 
 
 @pytest.mark.parametrize(("content", "problem"), BAD_FILES)

@@ -15,6 +15,7 @@ service stays right (Strawberry's view answers) and says why it is slower.
 | MaxTokensLimiter | the parser's token limit (documents.py) |
 | AddValidationRules, and its QueryDepthLimiter, MaxAliasesLimiter | their rules, in order, after graphql-core's (documents.py) |
 | ParserCache, ValidationCache | nothing to do: documents.py keeps parsed, validated documents itself |
+| CodeValidationErrors (request_errors.py) | nothing to do: only documents that validated run here; Strawberry's view answers the rest |
 """
 
 from __future__ import annotations
@@ -31,9 +32,15 @@ from strawberry.extensions import (
 )
 
 from service.graphql.masking import MaskUnexpected
+from service.graphql.request_errors import CodeValidationErrors
 
 # Extensions whose whole effect the fast path has by construction.
-_NOTHING_TO_DO: tuple[type, ...] = (MaskUnexpected, ParserCache, ValidationCache)
+_NOTHING_TO_DO: tuple[type, ...] = (
+    MaskUnexpected,
+    ParserCache,
+    ValidationCache,
+    CodeValidationErrors,
+)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ from starlette.requests import Request
 from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
 from service.metrics import count_fast_path
+from service.web.graphql_http import PARSED_BODY
 from service.web.http_guards import ASGIApp, Receive, Scope, Send, decode_json_body, replay
 
 from .compiled_heartbeat import compile_heartbeat
@@ -200,10 +201,13 @@ class FrontDoor:
             # ours to reassemble.
             await self._decline("body_in_parts", scope, replayed, send)
             return
-        try:
-            request = decode_json_body(message.get("body", b""))
-        except json.JSONDecodeError:
-            request = None
+        # Parsed and checked by service/web/graphql_http.CheckRequest, in front.
+        request = scope.get("state", {}).get(PARSED_BODY)
+        if request is None:  # a front door without CheckRequest before it
+            try:
+                request = decode_json_body(message.get("body", b""))
+            except json.JSONDecodeError:
+                request = None
         ordinary = _ordinary(request)
         if ordinary is None:
             await self._decline("body_not_ordinary", scope, replayed, send)
