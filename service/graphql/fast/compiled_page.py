@@ -11,9 +11,10 @@ after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
 leaves (IDs, strings, integers, booleans, Bytes, the NodeState enum), lists
 of leaves, localDisk/sharedDisk, and the detail lists gpus (with
-allocation), storage, allocations, fabrics and weights with their leaves.
+allocation), freeGpus without gpuClass (service/availability.py's
+gpu_free), storage, allocations, fabrics and weights with their leaves.
 Aliases and __typename too; no directives, fragments or repeated response
-keys. Everything else (labels, timestamps, a field with arguments) runs
+keys. Everything else (labels, timestamps, a field given arguments) runs
 through graphql-core as before.
 
 How it stays exact: the same role check and page rule as the resolver
