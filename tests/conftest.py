@@ -270,7 +270,7 @@ class LiveService:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/graphql"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         env = {**os.environ, **self.env, "DATABASE_URL": self.database_url}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
