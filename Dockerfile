@@ -7,7 +7,12 @@
 # an air-gapped cluster. The runtime stage is python:3.11-slim, a virtualenv and
 # the source, running as an unprivileged user.
 
-FROM python:3.11-slim AS build
+# Base images by build argument, so a site with its own registry mirror (or the
+# local stand-ins of deploy/base-images.sh, built from Debian's packages) uses
+# this file unchanged: docker build --build-arg PYTHON_IMAGE=mirror/python:3.11-slim .
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nodejs npm \
  && rm -rf /var/lib/apt/lists/*
@@ -24,7 +29,7 @@ RUN /opt/llmgw/bin/pip install -e . \
  && /opt/llmgw/bin/llmgw-inventory fetch-assets --check \
  && rm -rf /root/.npm
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin llmgw
 COPY --from=build /opt/llmgw /opt/llmgw

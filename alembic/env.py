@@ -5,10 +5,9 @@ import os
 
 from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from alembic import context
-from service.db import asyncpg_url
+from service.db import asyncpg_url, engine_for
 from service.migrations import MIGRATION_LOCK_KEY
 from service.tables import metadata
 
@@ -20,11 +19,13 @@ def database_url() -> str:
     url = config.attributes.get("database_url") or os.environ.get("DATABASE_URL")
     if not url:
         raise SystemExit("DATABASE_URL is not set: which database should be migrated?")
-    return asyncpg_url(str(url))
+    return str(url)
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=database_url(), target_metadata=target_metadata, literal_binds=True)
+    context.configure(
+        url=asyncpg_url(database_url()), target_metadata=target_metadata, literal_binds=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -39,7 +40,8 @@ def do_run_migrations(connection: Connection) -> None:
 
 
 async def run_async_migrations() -> None:
-    engine = create_async_engine(database_url(), poolclass=pool.NullPool)
+    # Through asyncpg's own URL parsing: DATABASE_URL may name several hosts.
+    engine = engine_for(database_url(), poolclass=pool.NullPool)
     async with engine.connect() as connection:
         await connection.run_sync(do_run_migrations)
     await engine.dispose()

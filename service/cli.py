@@ -14,6 +14,9 @@ from service.config import SettingError, Settings, default_data_dir
 
 log = logging.getLogger("llmgw-inventory")
 
+# Seconds `migrate` waits for an unreachable database before it gives up.
+MIGRATE_WAIT = 60.0
+
 
 def configure_logging(settings: Settings) -> None:
     from service.web.logs import configure
@@ -47,11 +50,23 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
+def wait_for_database(url: str, settings: Settings, within: float | None) -> str | None:
+    """None once DATABASE_URL answers; else the reason to stop (hosts named, password hidden)."""
+    import asyncio
 
+    from service.database_wait import DatabaseStartupError, wait_until_reachable
+
+    try:
+        asyncio.run(wait_until_reachable(url, connect_timeout=settings.db_timeout, within=within))
+    except DatabaseStartupError as error:
+        return str(error)
+    return None
+
+
+def serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.migrations import upgrade
     from service.web.app import create_app
+    from service.web.draining import DrainingServer
 
     settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
     url, server = _database(settings, args.data_dir)
@@ -61,6 +76,11 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             server.stop()  # type: ignore[attr-defined]
 
     try:
+        # Not listening until the database answers: a load balancer sees
+        # this replica as down rather than failing its requests.
+        if server is None and (problem := wait_for_database(url, settings, within=None)):
+            print(f"llmgw-inventory: {problem}", file=sys.stderr)
+            return 2
         upgrade(url)
         from service.bind_policy import bind_decision, tokens_in_force
 
@@ -74,7 +94,9 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             log.warning("%s", decision.message)
         app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
-        uvicorn.run(app, host=settings.host, port=settings.port, **uvicorn_options(settings))
+        DrainingServer.run_app(
+            app, settings, host=settings.host, port=settings.port, **uvicorn_options(settings)
+        )
     finally:
         # Reached on startup failures and on a plain return; after SIGTERM
         # uvicorn re-raises the signal, and the lifespan has already stopped it.
@@ -87,6 +109,10 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
 
     url, server = _database(settings, args.data_dir)
     try:
+        # A one-shot job: waits like a replica, but not forever.
+        if server is None and (problem := wait_for_database(url, settings, within=MIGRATE_WAIT)):
+            print(f"llmgw-inventory migrate: {problem}", file=sys.stderr)
+            return 1
         upgrade(url)
     finally:
         if server is not None:

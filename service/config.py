@@ -16,18 +16,31 @@ from typing import Any
 
 import platformdirs
 
+from service import database_url
+
 
 class SettingError(ValueError):
     """A setting's value cannot be used; the message names the variable and the value."""
 
 
-def _positive_float(name: str, raw: str) -> float:
+def _seconds(name: str, raw: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r}: expected a number of seconds") from None
+
+
+def _positive_float(name: str, raw: str) -> float:
+    value = _seconds(name, raw)
     if value <= 0:
         raise SettingError(f"{name}={raw!r}: must be greater than 0")
+    return value
+
+
+def _non_negative_float(name: str, raw: str) -> float:
+    value = _seconds(name, raw)
+    if not 0 <= value < float("inf"):
+        raise SettingError(f"{name}={raw!r}: must be 0 or more")
     return value
 
 
@@ -65,6 +78,16 @@ def _optional_text(name: str, raw: str) -> str | None:
     return raw or None
 
 
+def _database_url(name: str, raw: str) -> str | None:
+    if not raw:
+        return None
+    try:
+        database_url.parse(raw)
+    except database_url.DatabaseUrlError as error:
+        raise SettingError(str(error)) from None
+    return raw
+
+
 def _log_level(name: str, raw: str) -> str:
     level = raw.strip().upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
@@ -97,8 +120,9 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("DATABASE_URL", "database_url", "", _optional_text,
-            "PostgreSQL URL (postgresql:// or postgresql+asyncpg://). Unset: an embedded server."),
+    Setting("DATABASE_URL", "database_url", "", _database_url,
+            "PostgreSQL URL (postgresql:// or postgresql+asyncpg://), one host or libpq's several "
+            "(`h1:5432,h2:5432/db?target_session_attrs=read-write`). Unset: an embedded server."),
     Setting("INVENTORY_DATA_DIR", "data_dir", "", _optional_text,
             "Embedded PostgreSQL's data directory (default: /var/lib/llmgw-inventory as root, "
             "else the per-user data directory)."),
@@ -116,6 +140,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Largest GraphQL request body accepted; larger ones get HTTP 413."),
     Setting("INVENTORY_REQUEST_TIMEOUT", "request_timeout", "30", _positive_float,
             "Seconds a GraphQL request may run before it is stopped with an error."),
+    Setting("INVENTORY_SHUTDOWN_DRAIN", "shutdown_drain", "2", _non_negative_float,
+            "Seconds a process keeps serving after SIGTERM with /readyz 503 and `Connection: close`, "
+            "before it stops accepting (0: stop at once)."),
     Setting("INVENTORY_UNREACHABLE_AFTER", "unreachable_after", "30", _positive_float,
             "Seconds without a heartbeat before a node is UNREACHABLE."),
     Setting("INVENTORY_LOST_AFTER", "lost_after", "300", _positive_float,
@@ -150,6 +177,7 @@ class Settings:
     max_page_size: int = 1000
     max_body_bytes: int = 1048576
     request_timeout: float = 30.0
+    shutdown_drain: float = 2.0
     unreachable_after: float = 30.0
     lost_after: float = 300.0
     sweep_interval: float = 5.0

@@ -29,6 +29,8 @@ from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import NullType
 
+from service import database_url
+
 
 class Savepoint(Protocol):
     @property
@@ -232,6 +234,8 @@ class _Pool:
                 if self._pool is None:
                     self._pool = await asyncpg.create_pool(
                         self.dsn,
+                        # Each host of a multi-host URL with its own timeout.
+                        connect=database_url.connect,
                         # No idle connections held open: a process that only
                         # reads never opens one here.
                         min_size=0,
@@ -278,10 +282,16 @@ def _json_text(value: str) -> str:
 _pools: weakref.WeakKeyDictionary[AsyncEngine, _Pool] = weakref.WeakKeyDictionary()
 
 
-def attach(engine: AsyncEngine, spec: PoolSpec) -> None:
-    """Give the engine its native pool, to the same database, opened on first use."""
-    url = engine.url.set(drivername="postgresql")
-    _pools[engine] = _Pool(url.render_as_string(hide_password=False), spec)
+def attach(engine: AsyncEngine, spec: PoolSpec, dsn: str | None = None) -> None:
+    """Give the engine its native pool, to the same database (`dsn`, libpq's form), opened on first use."""
+    if dsn is None:
+        dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    _pools[engine] = _Pool(dsn, spec)
+
+
+def dsn_of(engine: AsyncEngine) -> str:
+    """The libpq URL the engine's connections are opened from (several hosts, when failing over)."""
+    return _pool_of(engine).dsn
 
 
 def _pool_of(engine: AsyncEngine) -> _Pool:

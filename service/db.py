@@ -2,39 +2,58 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any
 
+from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service import connections
+from service import connections, database_url
 from service.config import Settings
+
+APPLICATION_NAME = "llmgw-inventory"
 
 
 def asyncpg_url(url: str) -> str:
-    """Accept the plain postgresql:// URL every tool prints and point it at asyncpg.
+    """The plain postgresql:// URL every tool prints, as SQLAlchemy's asyncpg driver names it.
 
-    libpq spells a Unix socket directory as `?host=/run/pg`; asyncpg reads the
-    same query parameter, so it passes through unchanged.
+    Single-host URLs only (alembic's offline mode, tests): the service itself
+    connects through `engine_for`, which takes the multi-host form too.
     """
-    parts = urlsplit(url)
-    scheme = parts.scheme
-    if scheme in {"postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg2"}:
-        scheme = "postgresql+asyncpg"
-    elif scheme != "postgresql+asyncpg":
-        raise ValueError(f"DATABASE_URL={url!r}: expected a postgresql:// URL")
-    query = urlencode(parse_qsl(parts.query))
-    return urlunsplit((scheme, parts.netloc, parts.path, query, parts.fragment))
+    database = database_url.parse(url)
+    return "postgresql+asyncpg" + database.dsn.removeprefix("postgresql")
 
 
 def libpq_url(url: str) -> str:
     """The same database as a plain postgresql:// URL, for asyncpg.connect and psql."""
-    parts = urlsplit(url)
-    return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, parts.fragment))
+    return database_url.parse(url).dsn
+
+
+def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> AsyncEngine:
+    """A SQLAlchemy engine whose connections asyncpg opens from the libpq URL, one host or several.
+
+    SQLAlchemy never parses the URL (it rejects `h1:5432,h2:5432`):
+    database_url.connect tries the hosts in order, each with its own timeout,
+    and keeps the first that matches `target_session_attrs`. A reconnect after a failover is just the next
+    connect. The engine's own `url` only names the user and database.
+    """
+    database = database_url.parse(url)
+
+    async def connect() -> Any:
+        return await database_url.connect(
+            database.dsn,
+            timeout=connect_timeout,
+            server_settings={"application_name": APPLICATION_NAME},
+        )
+
+    shown = URL.create("postgresql+asyncpg", username=database.user, database=database.database)
+    engine = create_async_engine(shown, async_creator=connect, **options)
+    return engine
 
 
 def create_engine(url: str, settings: Settings) -> AsyncEngine:
-    engine = create_async_engine(
-        asyncpg_url(url),
+    engine = engine_for(
+        url,
+        connect_timeout=settings.db_timeout,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_timeout,
@@ -45,10 +64,6 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         # connection pooled before that moment, so one request per process
         # answers "database unavailable" and the next ones reconnect.
         pool_pre_ping=False,
-        connect_args={
-            "timeout": settings.db_timeout,
-            "server_settings": {"application_name": "llmgw-inventory"},
-        },
     )
     # Writes run on asyncpg's own pool (service/connections.py), as many
     # connections at most as SQLAlchemy's pool may open.
@@ -57,6 +72,7 @@ def create_engine(url: str, settings: Settings) -> AsyncEngine:
         connections.PoolSpec(
             max_size=settings.db_pool_size + settings.db_max_overflow, timeout=settings.db_timeout
         ),
+        dsn=libpq_url(url),
     )
     return engine
 

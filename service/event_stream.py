@@ -20,10 +20,9 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections
+from service import connections, database_url
 from service.errors import InventoryError
 from service.event_announcements import parse_payload
 from service.events import EVENTS_CHANNEL, EventFilter, EventRecord, events_by_id, list_events
@@ -92,8 +91,16 @@ class Subscription:
 class EventStream:
     """The process's LISTEN connection and its subscribers."""
 
-    def __init__(self, dsn: str, engine: AsyncEngine, *, reconnect_delay: float = 1.0) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        engine: AsyncEngine,
+        *,
+        reconnect_delay: float = 1.0,
+        connect_timeout: float = 60.0,
+    ) -> None:
         self._dsn = dsn
+        self._connect_timeout = connect_timeout
         self._engine = engine
         self._reconnect_delay = reconnect_delay
         self._subscribers: set[Subscription] = set()
@@ -161,8 +168,11 @@ class EventStream:
             conn: Any = None
             dropped = asyncio.Event()
             try:
-                conn = await asyncpg.connect(
-                    self._dsn, server_settings={"application_name": LISTENER_NAME}
+                # Each host of a multi-host URL in turn, as the pools connect.
+                conn = await database_url.connect(
+                    self._dsn,
+                    timeout=self._connect_timeout,
+                    server_settings={"application_name": LISTENER_NAME},
                 )
                 conn.add_termination_listener(lambda _c, d=dropped: d.set())
                 await conn.add_listener(EVENTS_CHANNEL, self._on_notify)

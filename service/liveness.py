@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.allocations import release_replica
 from service.connections import Connection
+from service.db_faults import is_database_unavailable
 from service.events import prune_events, record_event
 from service.gpu_pools import refresh_pools
 from service.transactions import in_transaction
@@ -260,9 +261,17 @@ async def run_sweeper(
             watch.succeeded(await in_transaction(engine, work))
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as error:
             watch.failed()
-            log.exception("liveness sweep failed; retrying in %s", _seconds(interval))
+            if is_database_unavailable(error):
+                # A restart or failover: expected, one line (no traceback).
+                log.warning(
+                    "liveness sweep: database unavailable (%s); retrying in %s",
+                    str(error).splitlines()[0] if str(error) else type(error).__name__,
+                    _seconds(interval),
+                )
+            else:
+                log.exception("liveness sweep failed; retrying in %s", _seconds(interval))
         await asyncio.sleep(interval)
 
 

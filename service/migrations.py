@@ -8,7 +8,6 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 
 from alembic import command
-from service.db import asyncpg_url
 
 ALEMBIC_DIR = Path(__file__).resolve().parent.parent / "alembic"
 
@@ -20,7 +19,7 @@ MIGRATION_LOCK_KEY = 0x6C6C6D67  # "llmg"
 def alembic_config(database_url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(ALEMBIC_DIR))
-    config.attributes["database_url"] = asyncpg_url(database_url)
+    config.attributes["database_url"] = database_url
     return config
 
 

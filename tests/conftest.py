@@ -271,7 +271,14 @@ class LiveService:
         return f"http://127.0.0.1:{self.port}/graphql"
 
     def start(self, timeout: float = 60.0) -> None:
-        env = {**os.environ, **self.env, "DATABASE_URL": self.database_url}
+        # No drain on SIGTERM unless a test asks for one (test_graceful_shutdown.py):
+        # each stop would cost INVENTORY_SHUTDOWN_DRAIN seconds.
+        env = {
+            "INVENTORY_SHUTDOWN_DRAIN": "0",
+            **os.environ,
+            **self.env,
+            "DATABASE_URL": self.database_url,
+        }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
             env=env,

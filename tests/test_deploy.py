@@ -79,6 +79,13 @@ def test_the_proxy_balances_over_exactly_the_compose_replicas(compose: dict[str,
     assert mounts(proxy)["/etc/nginx/conf.d/default.conf"] == str(REPO / "deploy" / "nginx.conf")
     # Subscriptions are websockets: the proxy must pass the upgrade on.
     assert "proxy_set_header Upgrade $http_upgrade" in nginx
+    # A vanished replica costs a short connect timeout, not nginx's 60 s; a
+    # mutation that reached a replica is never sent to another
+    # (test_compose_stack.py proves both under traffic).
+    timeout = re.search(r"proxy_connect_timeout\s+(\d+)(ms|s);", nginx)
+    assert timeout is not None
+    assert int(timeout.group(1)) / (1000 if timeout.group(2) == "ms" else 1) <= 1
+    assert "non_idempotent" not in nginx
 
 
 def test_the_demo_agent_reports_to_the_proxy_with_the_services_token(

