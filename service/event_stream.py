@@ -110,6 +110,9 @@ class EventStream:
         self._recent_set: set[int] = set()
         self._last_id: int | None = None
         self._listening = asyncio.Event()
+        # Set at the first LISTEN and never cleared: from then on a reconnect
+        # catches up from _last_id, so subscribers miss nothing.
+        self._started = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -131,6 +134,18 @@ class EventStream:
             async with asyncio.timeout(within):
                 await self._listening.wait()
         return self.listening
+
+    async def wait_started(self, within: float) -> bool:
+        """Wait until the stream has listened once (it has a position), at most `within` seconds.
+
+        Before that, an event committed between a subscriber's history read and
+        the first LISTEN would be delivered by neither: subscribers wait for it.
+        After it, a dropped connection is a pause that the catch-up read covers.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self._started.wait()
+        return self._started.is_set()
 
     # -- subscribers ----------------------------------------------------------
 
@@ -168,6 +183,7 @@ class EventStream:
                         await conn.fetchval("SELECT coalesce(max(id), 0) FROM events")
                     )
                 self._listening.set()
+                self._started.set()
                 log.info("listening for events")
                 # Anything committed while we were not listening.
                 await self._catch_up()

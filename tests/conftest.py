@@ -270,7 +270,7 @@ class LiveService:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/graphql"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
         # No drain on SIGTERM unless a test asks for one (test_graceful_shutdown.py):
         # each stop would cost INVENTORY_SHUTDOWN_DRAIN seconds.
         env = {

@@ -53,7 +53,10 @@ class Follower:
         for line in self.process.stdout:
             self.lines.put(line.rstrip("\n"))
 
-    def until(self, text: str, within: float = 10) -> list[str]:
+    # A wait for a line, not a speed bound: across a service restart on a
+    # loaded 2-core CI machine (interpreter start-up, the follower's resume
+    # back-off of up to 5 s) ten seconds proved too short.
+    def until(self, text: str, within: float = 60) -> list[str]:
         seen: list[str] = []
         deadline = time.monotonic() + within
         while not any(text in line for line in seen):
@@ -65,7 +68,7 @@ class Follower:
 
     def stop(self) -> None:
         self.process.terminate()
-        self.process.wait(timeout=10)
+        self.process.wait(timeout=60)
 
 
 def register(service: LiveService, report: dict[str, Any]) -> None:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 from tests.conftest import REPO, free_port
 
 
-def test_a_json_logging_service_writes_only_json_with_request_ids(database_url: str) -> None:
+def test_a_json_logging_service_writes_only_json_with_request_ids(
+    database_url: str, tmp_path: Path
+) -> None:
     port = free_port()
     env = {
         **os.environ,
@@ -21,33 +25,39 @@ def test_a_json_logging_service_writes_only_json_with_request_ids(database_url: 
         "INVENTORY_LOG_FORMAT": "json",
         "INVENTORY_LOG_LEVEL": "debug",
     }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env=env,
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A file, not a pipe: nobody reads a pipe while the service starts, and
+    # debug logging can fill its 64 KiB, blocking the service mid-start.
+    log_path = tmp_path / "service.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+            env=env,
+            cwd=REPO,
+            stderr=log,
+            text=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        # Generous: a loaded 2-core CI machine starts the service slowly.
+        deadline = time.monotonic() + 60
         while True:
             assert process.poll() is None, "the service exited"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/healthz", timeout=5).status_code == 200:
                     break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "the service did not start"
-                time.sleep(0.1)
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.1)
         response = httpx.post(
             f"{base}/graphql",
             json={"query": "{ nodes { id } }"},
             headers={"X-Request-Id": "probe-7"},
+            timeout=60,  # the first query warms the schema and the pools
         )
         assert response.headers["x-request-id"] == "probe-7"
     finally:
         process.terminate()
-        _, stderr = process.communicate(timeout=15)
+        process.wait(timeout=60)
+    stderr = log_path.read_text()
 
     lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
     assert lines, "the service logged nothing"

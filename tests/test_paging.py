@@ -325,7 +325,7 @@ async def test_a_subscriptions_catch_up_reads_every_stored_event_page_by_page(
     resume = 'subscription { events(nodeId: "gpu-01", after: "0") { id reason } }'
     async with subscribe(service.url, resume) as subscriber:
         received = []
-        while len(received) < count and (event := await subscriber.next_event(within=5)):
+        while len(received) < count and (event := await subscriber.next_event(within=30)):
             received.append(event)
         assert [e["id"] for e in received] == stored_ids
         assert [e["reason"] for e in received] == [f"r{i}" for i in range(1, count + 1)]
@@ -335,6 +335,6 @@ async def test_a_subscriptions_catch_up_reads_every_stored_event_page_by_page(
             await record_event(conn, "uncordoned", node_id="gpu-01")
 
         await in_transaction(engine, work)
-        live = await subscriber.next_event(within=5)
+        live = await subscriber.next_event(within=30)
         assert live is not None and int(live["id"]) > int(stored_ids[-1])
         assert await subscriber.next_event(within=0.3) is None

@@ -183,8 +183,15 @@ async def test_the_service_logs_one_info_line_per_malformed_message_and_no_trace
     await socket.send(json.dumps({"type": "subscribe", "id": "z", "payload": {"q": 1}}))
     assert (await receive(socket))["type"] == "error"
     await socket.close()
-    await asyncio.sleep(0.2)  # the last line reaches the file
-    lines = service.log_lines()
+    # The service writes its log lines after answering: wait for the fifth
+    # refusal to reach the file (a fixed pause was too short under load).
+    deadline = time.monotonic() + 60
+    while True:
+        lines = service.log_lines()
+        if sum("refused a websocket message" in line for line in lines[before:]) >= 5:
+            break
+        assert time.monotonic() < deadline, lines[before:]
+        await asyncio.sleep(0.05)
     assert not [line for line in lines if "Traceback" in line], service.log.read_text()
     refusals = [line for line in lines[before:] if "refused a websocket message" in line]
     assert len(refusals) == 5, lines[before:]

@@ -62,7 +62,16 @@ class EventSubscriptions:
         # traceback in the log.
         wanted = event_filter(node_id, replica_id, kinds)
         resume_from = event_id(after)
-        return _events(info, _stream(info), wanted, resume_from)
+        stream = _stream(info)
+        # A process serves before its LISTEN is first up when that takes longer
+        # than db_timeout (a loaded machine, a slow database). A subscriber let
+        # in then reads its history, and an event committed before the stream's
+        # first connection is neither in that history nor delivered live (the
+        # stream starts from the newest event it finds): a hole. Wait for the
+        # stream; if it never started, refuse, and the client retries.
+        if not await stream.wait_started(within=info.context.settings.db_timeout):
+            raise EventStreamUnavailable()
+        return _events(info, stream, wanted, resume_from)
 
 
 async def _events(
