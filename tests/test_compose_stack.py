@@ -327,8 +327,8 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
     # replica closes its listening socket, connections the kernel had queued
     # but it had not accepted yet are reset, and nginx must not resend a POST
     # it wrote into one: one 502 was seen in about one run in five here.
-    # Tolerated: at most one, a 502 or a reset, while `stop` ran; anything
-    # else fails the test.
+    # Tolerated: at most one per client (each has one request in flight), a
+    # 502 or a reset, while `stop` ran; anything else fails the test.
     at_close = [
         f
         for at, f in failures
@@ -339,7 +339,7 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
         print(f"lost at the listener's close: {at_close}")
         print(stack.compose("logs", "--no-color", "--tail", "40", "inventory-1", "proxy"))
     assert not others, others[:10]
-    assert len(at_close) <= 1, at_close
+    assert len(at_close) <= len(workers), at_close
     assert durations[-1] < 2.0, f"slowest request took {durations[-1]:.2f} s"
 
 
