@@ -159,6 +159,12 @@ SETTINGS: tuple[Setting, ...] = (
             "The fast path (service/graphql/fast/): ordinary POST queries and mutations answered "
             "on cached documents by compiled routes or graphql-core directly (false: every request "
             "through Strawberry's view alone; same answers, slower)."),
+    Setting("INVENTORY_PLACE_BATCH", "place_batch", "8", _positive_int,
+            "Most `place` calls one transaction holds: concurrent calls of a process share "
+            "transactions and their commits (service/place_batches.py; 1: one each)."),
+    Setting("INVENTORY_PLACE_TRANSACTIONS", "place_transactions", "4", _positive_int,
+            "Most transactions a process places in at once; further `place` calls wait in "
+            "the process for the next one."),
     Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),
@@ -185,6 +191,8 @@ class Settings:
     bootstrap_token: str | None = None
     insecure: bool = False
     direct_execution: bool = True
+    place_batch: int = 8
+    place_transactions: int = 4
     log_level: str = "INFO"
     log_format: str = "text"
 

@@ -682,6 +682,28 @@ async def place(
     raise TransactionConflict(MAX_ROUNDS)
 
 
+async def place_without_waiting(
+    conn: Connection, request: PlaceRequest, actor: str | None = None
+) -> Allocated | Rejection | None:
+    """place()'s one-node look, in the caller's transaction, never waiting for another's lock.
+
+    For a transaction that holds claims of other callers (service/
+    place_batches.py): it may lock nodes but must not wait for a lock while
+    holding them, so whatever place() would wait or plan further for (every
+    node of the window held by others, no room on one node, a conflict) is
+    None, and the caller runs place() in a transaction of its own. Answers
+    Allocated, or a Rejection (bad input, or the replica id holding other
+    shards) exactly as place() would.
+    """
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    outcome = await _place_on_one_node(conn, request, actor, set())
+    if isinstance(outcome, Allocated | Rejection):
+        return outcome
+    return None
+
+
 class _Conflict:
     """Someone committed first (this replica's shards, or GPUs the plan counted on): start over."""
 

@@ -7,6 +7,7 @@ import strawberry
 from service import allocations, placement
 from service.connections import Connection
 from service.metrics import count_rejection
+from service.place_batches import place_batched
 from service.rejections import Rejection
 
 from .allocation_types import (
@@ -50,13 +51,14 @@ class AllocationMutations:
     )
     async def place(self, info: Info, input: PlaceInput) -> PlaceResult:
         request = input.to_request()
-
-        async def work(
-            conn: Connection,
-        ) -> allocations.Allocated | placement.Unplaceable | Rejection:
-            return await placement.place(conn, request, info.context.actor)
-
-        outcome = await info.context.write(work)
+        settings = info.context.settings
+        outcome = await place_batched(
+            info.context.engine,
+            request,
+            info.context.actor,
+            size=settings.place_batch,
+            transactions=settings.place_transactions,
+        )
         if isinstance(outcome, Rejection):
             count_rejection(outcome.code.value)
             return AllocationRejected.of(outcome)
