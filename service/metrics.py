@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
+from service import place_batches
 from service.capacity import gpu_classes
 from service.connections import Connection
 from service.node_views import STATES
@@ -295,6 +296,30 @@ def _process(out: Exposition) -> None:
         "counter",
         "Allocations refused by this process, by rejection code.",
         (((("code", code),), count) for code, count in sorted(rejections.items())),
+    )
+    out.family(
+        "inventory_place_transactions_total",
+        "counter",
+        "Transactions this process committed for `place` calls sharing them "
+        "(service/place_batches.py).",
+        [((), place_batches.COUNTS.transactions)],
+    )
+    out.family(
+        "inventory_place_batched_total",
+        "counter",
+        "`place` calls placed in a shared transaction by this process.",
+        [((), place_batches.COUNTS.placed)],
+    )
+    out.family(
+        "inventory_place_alone_total",
+        "counter",
+        "`place` calls this process ran in a transaction of their own instead, by why: waits "
+        "(they waited for a lock, spread over nodes or found no room), error (the claim raised "
+        "in the batch), commit (the batch's COMMIT failed).",
+        (
+            ((("reason", reason),), count)
+            for reason, count in sorted(place_batches.COUNTS.alone.items())
+        ),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()
     out.family(

@@ -1,0 +1,170 @@
+"""Concurrent place calls share transactions, and one call's failure costs no other its placement.
+
+The failures are real database errors, raised by triggers made for the test:
+one in the middle of a claim (its savepoint is rolled back, the claims
+before it commit with the batch, the ones after it are placed by the next
+batch), and one at COMMIT (the whole batch is rolled back, and every call
+in it is placed again alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.allocations import Allocated
+from service.metrics import render
+from service.place_batches import COUNTS, PlaceQueue
+from service.placement import Unplaceable
+from service.rejections import Rejection
+from service.verdicts import PlaceRequest
+from tests.conftest import Api, StatementCounter
+from tests.consistency import inconsistencies
+from tests.reports import REGISTER, node_input
+
+
+async def register(api: Api, *node_ids: str) -> None:
+    for node_id in node_ids:
+        await api(REGISTER, {"input": node_input(node_id)})
+
+
+def request(replica_id: str, gpus: int = 1) -> PlaceRequest:
+    return PlaceRequest(replica_id, "H100-80GB", gpus_per_shard=gpus)
+
+
+async def stored_replicas(engine: AsyncEngine) -> list[str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT replica_id FROM shards ORDER BY replica_id"))
+        return list(rows.scalars())
+
+
+async def place_all(
+    queue: PlaceQueue, replica_ids: Sequence[str]
+) -> list[Allocated | Unplaceable | Rejection | BaseException]:
+    return await asyncio.gather(
+        *(queue.place(request(r), "test") for r in replica_ids), return_exceptions=True
+    )
+
+
+@pytest.fixture
+async def poisoned(engine: AsyncEngine) -> AsyncIterator[None]:
+    """Inserting a shard of replica `poison` fails at once, of `late-poison` at COMMIT."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                """
+                CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF NEW.replica_id = TG_ARGV[0] THEN
+                        RAISE EXCEPTION 'poisoned replica %', NEW.replica_id;
+                    END IF;
+                    RETURN NEW;
+                END $$
+                """
+            )
+        )
+        await conn.execute(
+            text(
+                "CREATE TRIGGER test_poison_now BEFORE INSERT ON shards"
+                " FOR EACH ROW EXECUTE FUNCTION test_poison('poison')"
+            )
+        )
+        await conn.execute(
+            text(
+                "CREATE CONSTRAINT TRIGGER test_poison_late AFTER INSERT ON shards"
+                " DEFERRABLE INITIALLY DEFERRED"
+                " FOR EACH ROW EXECUTE FUNCTION test_poison('late-poison')"
+            )
+        )
+    try:
+        yield
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TRIGGER test_poison_now ON shards"))
+            await conn.execute(text("DROP TRIGGER test_poison_late ON shards"))
+            await conn.execute(text("DROP FUNCTION test_poison()"))
+
+
+async def test_concurrent_places_share_one_transaction(
+    api: Api, engine: AsyncEngine, count_statements: StatementCounter
+) -> None:
+    await register(api, "gpu-01", "gpu-02")
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    before = count_statements.transactions
+    answers = await place_all(queue, [f"r{i}" for i in range(8)])
+    assert all(isinstance(a, Allocated) for a in answers), answers
+    # Eight claims, one transaction: they arrived together and it took them all.
+    assert count_statements.transactions - before == 1
+    held = [(s.node_id, s.gpu_indices) for a in answers for s in a.shards]  # type: ignore[union-attr]
+    assert len(set(held)) == 8
+    assert await inconsistencies(engine) == []
+
+
+async def test_a_batch_never_holds_more_than_its_size(
+    api: Api, engine: AsyncEngine, count_statements: StatementCounter
+) -> None:
+    await register(api, "gpu-01", "gpu-02")
+    queue = PlaceQueue(engine, size=3, transactions=1)
+    before = count_statements.transactions
+    answers = await place_all(queue, [f"r{i}" for i in range(7)])
+    assert all(isinstance(a, Allocated) for a in answers), answers
+    assert count_statements.transactions - before == 3  # 3 + 3 + 1
+    assert len(await stored_replicas(engine)) == 7
+
+
+async def test_a_place_that_must_wait_or_fails_runs_alone_and_says_why(
+    api: Api, engine: AsyncEngine
+) -> None:
+    # Room for one 8-GPU replica: the second call finds no room, which only a
+    # transaction of its own may say (the batch never waits and never judges).
+    await register(api, "gpu-01")
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    alone = COUNTS.alone.get("waits", 0)
+    answers = await asyncio.gather(
+        queue.place(request("big-1", gpus=8), None), queue.place(request("big-2", gpus=8), None)
+    )
+    assert [type(a) for a in answers] == [Allocated, Unplaceable]
+    assert COUNTS.alone.get("waits", 0) == alone + 1
+    assert await stored_replicas(engine) == ["big-1"]
+
+
+@pytest.mark.usefixtures("poisoned")
+async def test_a_claim_that_fails_in_a_batch_costs_the_others_nothing(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await register(api, "gpu-01", "gpu-02")
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    errors = COUNTS.alone.get("error", 0)
+    answers = await place_all(queue, ["a", "b", "poison", "c", "d"])
+    # The poisoned call gets its own error, from its own transaction...
+    assert isinstance(answers[2], asyncpg.RaiseError), answers[2]
+    assert "poisoned replica poison" in str(answers[2])
+    # ...and the claims before it (committed with the batch) and after it
+    # (put back in the queue) are all placed, each GPU once.
+    assert [type(a) for i, a in enumerate(answers) if i != 2] == [Allocated] * 4
+    assert await stored_replicas(engine) == ["a", "b", "c", "d"]
+    assert COUNTS.alone.get("error", 0) == errors + 1
+    assert await inconsistencies(engine) == []
+
+
+@pytest.mark.usefixtures("poisoned")
+async def test_a_batch_whose_commit_fails_is_placed_again_call_by_call(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await register(api, "gpu-01", "gpu-02")
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    commits = COUNTS.alone.get("commit", 0)
+    answers = await place_all(queue, ["a", "late-poison", "b", "c"])
+    assert isinstance(answers[1], asyncpg.RaiseError), answers[1]
+    assert [type(a) for i, a in enumerate(answers) if i != 1] == [Allocated] * 3
+    # Nothing of the failed batch was kept, and each call was placed once.
+    assert await stored_replicas(engine) == ["a", "b", "c"]
+    assert COUNTS.alone.get("commit", 0) == commits + 4
+    assert await inconsistencies(engine) == []
+    exposition = await render(None)
+    assert f'inventory_place_alone_total{{reason="commit"}} {commits + 4}' in exposition
