@@ -32,6 +32,7 @@ from service.allocations import Allocated
 from service.config import Settings
 from service.db import create_engine, dispose
 from service.nodes import register_node
+from service.place_batches import place_batched
 from service.placement import place
 from service.reports import NodeReport
 from service.transactions import in_transaction
@@ -88,6 +89,9 @@ async def measure_layers(bench: Bench) -> int:
     node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
     registered, placed, raw_registered, claimed = Split(), Split(), Split(), Split()
     placed_nvlink = Split()  # place with nvlinkShards (issue 20), in the same rounds
+    # Each place in a transaction of its own, as before service/place_batches.py.
+    placed_alone = Split()
+    defaults = Settings()
     sequential = {False: Figure(), True: Figure()}
     wrong = 0
 
@@ -107,7 +111,8 @@ async def measure_layers(bench: Bench) -> int:
             report = reports[(i, version)]
             await in_transaction(engine, lambda conn: register_node(conn, report))
 
-        async def place_one(nvlink_shards: bool = False) -> int:
+        async def place_one(nvlink_shards: bool = False, alone: bool = False) -> int:
+            """One place as the resolver makes it (sharing transactions), or `alone` in its own."""
             request = PlaceRequest(
                 f"bench-l{next(ids)}", PLACE_CLASS, gpus_per_shard=1, nvlink_shards=nvlink_shards
             )
@@ -115,7 +120,17 @@ async def measure_layers(bench: Bench) -> int:
             async def work(conn: Any) -> object:
                 return await place(conn, request)
 
-            if not isinstance(await in_transaction(engine, work), Allocated):
+            if alone:
+                outcome: object = await in_transaction(engine, work)
+            else:
+                outcome = await place_batched(
+                    engine,
+                    request,
+                    None,
+                    size=defaults.place_batch,
+                    transactions=defaults.place_transactions,
+                )
+            if not isinstance(outcome, Allocated):
                 raise Exhausted  # no room left: the cluster's free H100s are taken
             return 1
 
@@ -131,6 +146,8 @@ async def measure_layers(bench: Bench) -> int:
         for _ in range(bench.rounds):
             await registered.measure(reporters(register), bench.seconds)
             await placed.measure([place_one] * SCHEDULERS, bench.seconds)
+            wrong += await check_and_release(bench)
+            await placed_alone.measure([lambda: place_one(alone=True)] * SCHEDULERS, bench.seconds)
             wrong += await check_and_release(bench)
             await placed_nvlink.measure(
                 [lambda: place_one(nvlink_shards=True)] * SCHEDULERS, bench.seconds
@@ -177,6 +194,18 @@ async def measure_layers(bench: Bench) -> int:
             claimed.rate,
             note=f"CPU per claim: {placed.words('domain Python')}; "
             f"raw: {claimed.words('client')}; double-booked GPUs or wrong pools: {wrong}",
+        )
+    )
+    bench.results.add(
+        Row(
+            bench.size,
+            f"place's {in_process}, 1x {PLACE_CLASS}, {SCHEDULERS} tasks, sharing transactions",
+            "claims/s",
+            placed.rate,
+            "each place in its own transaction (same rounds)",
+            placed_alone.rate,
+            note=f"CPU per claim: {placed.words('domain Python')}; "
+            f"own transactions: {placed_alone.words('domain Python')}",
         )
     )
     bench.results.add(

@@ -315,7 +315,8 @@ def _process(out: Exposition) -> None:
         "counter",
         "`place` calls this process ran in a transaction of their own instead, by why: waits "
         "(they waited for a lock, spread over nodes or found no room), error (the claim raised "
-        "in the batch), commit (the batch's COMMIT failed).",
+        "in the batch), abandoned (placed in a batch another claim's error rolled back), commit "
+        "(the batch's COMMIT failed).",
         (
             ((("reason", reason),), count)
             for reason, count in sorted(place_batches.COUNTS.alone.items())

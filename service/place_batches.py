@@ -11,17 +11,19 @@ PostgreSQL's lock queues.
 
 What stays as it was:
 - Every placement is in exactly one transaction, and each claim in a batch
-  is placement.place_without_waiting: its own savepoint, the same two
-  statements, the same locks. A claim that would wait for another
-  transaction's lock, or plan over several nodes, or answer Unplaceable, is
-  not made in the batch: it runs as place() in a transaction of its own
-  afterwards (waiting while holding other callers' claims could deadlock).
-- A failure of one claim fails no other: an error inside a claim rolls back
-  its savepoint, that call is retried alone (where its error, if any, is its
-  own answer), and the claims not yet tried go back to the queue. A batch
-  whose COMMIT fails wrote nothing, and each of its calls is retried alone:
-  nothing was half-written, and a retry of a place that did commit answers
-  what is stored (the replica id).
+  is placement.place_without_waiting: the same two statements and the same
+  locks as place(), without a savepoint (safe because the batch never waits
+  for a lock; see there). A claim that would wait for another transaction's
+  lock, or plan over several nodes, or answer Unplaceable, is not made in
+  the batch: it runs as place() in a transaction of its own afterwards
+  (waiting while holding other callers' claims could deadlock).
+- A failure of one claim fails no other and half-writes nothing: a claim
+  that raises ends its batch, whose transaction is rolled back whole; that
+  call is retried alone (where its error, if any, is its own answer), the
+  claims made before it in the batch are made again alone, and the calls
+  not yet tried go back to the queue. A batch whose COMMIT fails wrote
+  nothing, and each of its calls is retried alone; a retry of a place that
+  did commit answers what is stored (the replica id).
 - Events are announced after the commit, as for any transaction.
 
 Batches form on their own: a call that finds a transaction free starts one
@@ -82,8 +84,9 @@ class BatchCounts:
     transactions: int = 0
     placed: int = 0
     # Calls run alone, by why: "waits" (place() had to wait, plan over
-    # several nodes, or say Unplaceable), "error" (a claim raised), "commit"
-    # (the batch's COMMIT failed).
+    # several nodes, or say Unplaceable), "error" (a claim raised),
+    # "abandoned" (placed in a batch that another claim's error rolled
+    # back), "commit" (the batch's COMMIT failed).
     alone: dict[str, int] = field(default_factory=dict)
 
     def count_alone(self, reason: str) -> None:
@@ -133,7 +136,6 @@ class PlaceQueue:
     async def _batch(self, batch: list[_Call]) -> None:
         placed: list[tuple[_Call, Allocated | Rejection]] = []
         tried = 0
-        requeued = False
         try:
             with collecting_recorded() as recorded:
                 async with connections.transaction(self.engine) as conn:
@@ -141,34 +143,41 @@ class PlaceQueue:
                         tried += 1
                         try:
                             outcome = await place_without_waiting(conn, call.request, call.actor)
-                        except Exception:
-                            # Its savepoint is rolled back (place_without_waiting's
-                            # own); the claims before it stand. It is retried
-                            # alone, the rest go back to the queue.
+                        except Exception as error:
+                            # The transaction is unusable now: it is rolled back
+                            # whole (raising out of the block), this call is
+                            # retried alone, the ones not tried go back to the queue.
                             log.warning(
-                                "a claim failed inside a batch; it is retried alone",
+                                "a claim failed inside a batch of %d; it is retried alone, "
+                                "and the %d placed before it in the batch too",
+                                len(batch),
+                                len(placed),
                                 exc_info=True,
                             )
                             COUNTS.count_alone("error")
                             call.settle(_Alone("error"))
                             self.waiting.extendleft(reversed(batch[tried:]))
-                            requeued = True
-                            break
+                            raise _Abandoned from error
                         if outcome is None:
                             COUNTS.count_alone("waits")
                             call.settle(_Alone("waits"))
                         else:
                             placed.append((call, outcome))
             announce(self.engine, recorded)
-        except Exception:
-            # Nothing of this transaction was kept: every claim in it is retried alone.
-            log.warning("a batch of %d claims did not commit; each is retried alone", len(placed))
-            for call, _ in placed:
-                COUNTS.count_alone("commit")
-                call.settle(_Alone("commit"))
-            if not requeued:
+        except Exception as error:
+            # Nothing of this transaction was kept: each claim in it is made again alone.
+            reason = "abandoned" if isinstance(error, _Abandoned) else "commit"
+            if reason == "commit":
+                log.warning(
+                    "a batch of %d claims did not commit; each is retried alone",
+                    len(batch),
+                    exc_info=True,
+                )
                 for call in batch[tried:]:
-                    call.settle(_Alone("commit"))
+                    call.settle(_Alone(reason))
+            for call, _ in placed:
+                COUNTS.count_alone(reason)
+                call.settle(_Alone(reason))
             return
         except BaseException:
             # Cancelled (the process is stopping): the callers run alone, or are gone too.
@@ -179,6 +188,10 @@ class PlaceQueue:
         COUNTS.placed += sum(1 for _, outcome in placed if isinstance(outcome, Allocated))
         for call, outcome in placed:
             call.settle(outcome)
+
+
+class _Abandoned(Exception):
+    """A claim raised: the batch's transaction is rolled back whole."""
 
 
 _queues: WeakKeyDictionary[AsyncEngine, PlaceQueue] = WeakKeyDictionary()

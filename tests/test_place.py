@@ -13,6 +13,7 @@ from service import placement as placement_module
 from service.allocations import Allocated
 from service.events import collecting_recorded
 from service.liveness import sweep
+from service.transactions import in_transaction
 from service.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.reports import (
@@ -365,8 +366,8 @@ def statements_sent(count_statements: StatementCounter) -> list[str]:
     ]
 
 
-async def test_a_one_node_place_is_two_statements_in_a_savepoint(
-    api: Api, count_statements: StatementCounter
+async def test_a_one_node_place_is_two_statements(
+    api: Api, engine: AsyncEngine, count_statements: StatementCounter
 ) -> None:
     await asyncio.gather(*(register(api, f"gpu-{i:02d}") for i in range(4)))
 
@@ -376,16 +377,27 @@ async def test_a_one_node_place_is_two_statements_in_a_savepoint(
 
         assert got["__typename"] == "Allocated"
         # Pick and lock; then store the shards, their GPUs, the pools and the
-        # events. The savepoint around them lets go of a node found full.
+        # events. In a transaction shared with other calls
+        # (service/place_batches.py), which never waits, so no savepoint.
         sent = statements_sent(count_statements)
-        assert len(sent) == 4, sent
-        assert sent[0].startswith("SAVEPOINT") and sent[3].startswith("RELEASE SAVEPOINT")
-        assert "FOR NO KEY UPDATE" in sent[1] and "INSERT INTO shards" in sent[2]
+        assert len(sent) == 2, sent
+        assert "FOR NO KEY UPDATE" in sent[0] and "INSERT INTO shards" in sent[1]
 
     count_statements.statements.clear()
     again = await place(api, "r1", gpusPerShard=2)
     assert again["__typename"] == "Allocated"
-    assert len(statements_sent(count_statements)) == 3
+    assert len(statements_sent(count_statements)) == 1
+
+    # place() in a transaction of its own (a call that must wait runs so):
+    # the savepoint around the two statements lets go of a node found full.
+    count_statements.statements.clear()
+    request = PlaceRequest("r3", "H100-80GB", gpus_per_shard=2)
+    alone = await in_transaction(engine, lambda conn: placement_module.place(conn, request))
+    assert isinstance(alone, Allocated)
+    sent = statements_sent(count_statements)
+    assert len(sent) == 4, sent
+    assert sent[0].startswith("SAVEPOINT") and sent[3].startswith("RELEASE SAVEPOINT")
+    assert "FOR NO KEY UPDATE" in sent[1] and "INSERT INTO shards" in sent[2]
 
 
 async def test_one_event_per_shard_is_recorded_and_announced_after_commit(

@@ -1,10 +1,10 @@
 """Concurrent place calls share transactions, and one call's failure costs no other its placement.
 
 The failures are real database errors, raised by triggers made for the test:
-one in the middle of a claim (its savepoint is rolled back, the claims
-before it commit with the batch, the ones after it are placed by the next
-batch), and one at COMMIT (the whole batch is rolled back, and every call
-in it is placed again alone).
+one in the middle of a claim (the batch is rolled back, the claims before it
+are made again alone, the ones after it by the next batch), and one at
+COMMIT (the whole batch is rolled back, and every call in it is placed again
+alone).
 """
 
 from __future__ import annotations
@@ -139,16 +139,17 @@ async def test_a_claim_that_fails_in_a_batch_costs_the_others_nothing(
 ) -> None:
     await register(api, "gpu-01", "gpu-02")
     queue = PlaceQueue(engine, size=8, transactions=1)
-    errors = COUNTS.alone.get("error", 0)
+    errors, abandoned = COUNTS.alone.get("error", 0), COUNTS.alone.get("abandoned", 0)
     answers = await place_all(queue, ["a", "b", "poison", "c", "d"])
     # The poisoned call gets its own error, from its own transaction...
     assert isinstance(answers[2], asyncpg.RaiseError), answers[2]
     assert "poisoned replica poison" in str(answers[2])
-    # ...and the claims before it (committed with the batch) and after it
-    # (put back in the queue) are all placed, each GPU once.
+    # ...and the claims before it (rolled back with the batch, made again
+    # alone) and after it (put back in the queue) are all placed, each GPU once.
     assert [type(a) for i, a in enumerate(answers) if i != 2] == [Allocated] * 4
     assert await stored_replicas(engine) == ["a", "b", "c", "d"]
     assert COUNTS.alone.get("error", 0) == errors + 1
+    assert COUNTS.alone.get("abandoned", 0) == abandoned + 2
     assert await inconsistencies(engine) == []
 
 
