@@ -47,7 +47,13 @@ from service import connections
 from service.allocations import Allocated
 from service.event_announcements import announce
 from service.events import collecting_recorded
-from service.placement import Unplaceable, place, place_without_waiting
+from service.placement import (
+    Unplaceable,
+    place,
+    place_several_without_waiting,
+    place_without_waiting,
+    same_shape,
+)
 from service.rejections import Rejection
 from service.transactions import in_transaction
 from service.verdicts import PlaceRequest
@@ -134,50 +140,55 @@ class PlaceQueue:
             self.running -= 1
 
     async def _batch(self, batch: list[_Call]) -> None:
+        groups = _by_shape(batch)
         placed: list[tuple[_Call, Allocated | Rejection]] = []
-        tried = 0
         try:
             with collecting_recorded() as recorded:
                 async with connections.transaction(self.engine) as conn:
-                    for call in batch:
-                        tried += 1
+                    for k, group in enumerate(groups):
                         try:
-                            outcome = await place_without_waiting(conn, call.request, call.actor)
+                            outcomes = await _place_group(conn, group)
                         except Exception as error:
                             # The transaction is unusable now: it is rolled back
-                            # whole (raising out of the block), this call is
+                            # whole (raising out of the block), these calls are
                             # retried alone, the ones not tried go back to the queue.
                             log.warning(
-                                "a claim failed inside a batch of %d; it is retried alone, "
-                                "and the %d placed before it in the batch too",
+                                "a claim failed inside a batch of %d; its calls (%d) are "
+                                "retried alone, and the %d placed before them in the batch too",
                                 len(batch),
+                                len(group),
                                 len(placed),
                                 exc_info=True,
                             )
-                            COUNTS.count_alone("error")
-                            call.settle(_Alone("error"))
-                            self.waiting.extendleft(reversed(batch[tried:]))
+                            for call in group:
+                                COUNTS.count_alone("error")
+                                call.settle(_Alone("error"))
+                            untried = [call for later in groups[k + 1 :] for call in later]
+                            self.waiting.extendleft(reversed(untried))
                             raise _Abandoned from error
-                        if outcome is None:
-                            COUNTS.count_alone("waits")
-                            call.settle(_Alone("waits"))
-                        else:
-                            placed.append((call, outcome))
+                        for call, outcome in zip(group, outcomes, strict=True):
+                            if outcome is None:
+                                COUNTS.count_alone("waits")
+                                call.settle(_Alone("waits"))
+                            else:
+                                placed.append((call, outcome))
             announce(self.engine, recorded)
-        except Exception as error:
-            # Nothing of this transaction was kept: each claim in it is made again alone.
-            reason = "abandoned" if isinstance(error, _Abandoned) else "commit"
-            if reason == "commit":
-                log.warning(
-                    "a batch of %d claims did not commit; each is retried alone",
-                    len(batch),
-                    exc_info=True,
-                )
-                for call in batch[tried:]:
-                    call.settle(_Alone(reason))
+        except _Abandoned:
+            # Nothing of this transaction was kept: what it placed is made again alone.
             for call, _ in placed:
-                COUNTS.count_alone(reason)
-                call.settle(_Alone(reason))
+                COUNTS.count_alone("abandoned")
+                call.settle(_Alone("abandoned"))
+            return
+        except Exception:
+            log.warning(
+                "a batch of %d claims did not commit; each is retried alone",
+                len(batch),
+                exc_info=True,
+            )
+            for call in batch:
+                if not call.answer.done():
+                    COUNTS.count_alone("commit")
+                    call.settle(_Alone("commit"))
             return
         except BaseException:
             # Cancelled (the process is stopping): the callers run alone, or are gone too.
@@ -188,6 +199,27 @@ class PlaceQueue:
         COUNTS.placed += sum(1 for _, outcome in placed if isinstance(outcome, Allocated))
         for call, outcome in placed:
             call.settle(outcome)
+
+
+def _by_shape(batch: list[_Call]) -> list[list[_Call]]:
+    """The batch's calls in groups placed together (same shape), each other call on its own."""
+    groups: dict[PlaceRequest, list[_Call]] = {}
+    alone: list[list[_Call]] = []
+    for call in batch:
+        shape = same_shape(call.request)
+        if shape is None:
+            alone.append([call])
+        else:
+            groups.setdefault(shape, []).append(call)
+    return [*groups.values(), *alone]
+
+
+async def _place_group(
+    conn: connections.NativeConnection, group: list[_Call]
+) -> list[Allocated | Rejection | None]:
+    if len(group) == 1:
+        return [await place_without_waiting(conn, group[0].request, group[0].actor)]
+    return await place_several_without_waiting(conn, [(c.request, c.actor) for c in group])
 
 
 class _Abandoned(Exception):

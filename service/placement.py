@@ -304,6 +304,45 @@ def _pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     """
 
 
+def _pick_several_sql(request: PlaceRequest) -> str:
+    """_pick_sql for several calls of one shape at once: up to :k of the window's best free nodes locked.
+
+    For a batch of calls that differ only in replica id (service/
+    place_batches.py): one statement locks the nodes their claims go to,
+    best first, SKIP LOCKED as _pick_sql does, instead of one per call.
+    Returns one row per locked node (in rank order; none when nothing was
+    free) and, on every row, the replica ids among :replica_ids that have
+    stored shards (those calls are answered by the one-call path). Like
+    _pick_sql it counts nothing: each claim (_CLAIM) counts its node's free
+    GPUs afresh under the lock. No topology: those requests go one by one.
+    """
+    return f"""
+    WITH ranked AS ({_ranked_sql(request)}
+    ), picked AS MATERIALIZED (
+        SELECT n.id, c.free, c.holds_weights, c.tiebreak, n.state,
+               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                    ELSE n.admin_reason END AS state_reason,
+               n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+               n.labels ->> CAST(:label_key AS text) AS label_value
+        FROM ranked c JOIN nodes n ON n.id = c.node_id
+        WHERE {node_schedulable("n")}
+        ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+        LIMIT :k
+        FOR NO KEY UPDATE OF n SKIP LOCKED
+    )
+    SELECT ARRAY(SELECT DISTINCT s.replica_id FROM shards s
+                 WHERE s.replica_id = ANY(CAST(:replica_ids AS text[]))) AS stored_ids,
+           k.id AS node_id, k.free, k.holds_weights, k.state, k.state_reason,
+           k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
+           CAST(NULL AS json) AS topology,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = k.id ORDER BY fa.fabric) AS fabrics
+    FROM (SELECT 1) AS one
+    LEFT JOIN picked k ON true
+    ORDER BY k.holds_weights DESC, k.free, k.tiebreak
+    """
+
+
 # The second statement of a one-node placement, on the node the first one
 # locked: its free GPUs of the class, counted afresh (this statement started
 # after the lock, so it sees every claim committed on the node, and none can
@@ -706,6 +745,92 @@ async def place_without_waiting(
     outcome = await _place_on_one_node(conn, request, actor, set(), savepoints=False)
     if isinstance(outcome, Allocated | Rejection):
         return outcome
+    return None
+
+
+def same_shape(request: PlaceRequest) -> PlaceRequest | None:
+    """What calls placed together by place_several_without_waiting share: all but the replica id.
+
+    None for a request that goes one by one: topology (its pick and claim
+    check the node's GPUs one node at a time) or invalid input.
+    """
+    if request.needs_topology or validate_place(request) is not None:
+        return None
+    return replace(request, replica_id="")
+
+
+async def place_several_without_waiting(
+    conn: Connection, calls: Sequence[tuple[PlaceRequest, str | None]]
+) -> list[Allocated | Rejection | None]:
+    """place_without_waiting for several calls of one shape (same_shape), one pick for all.
+
+    One statement locks up to one node per call (best first, SKIP LOCKED);
+    then each call's claim (_CLAIM, the one-call path's own statement,
+    counting the node's free GPUs afresh under the lock) goes to the best
+    locked node that its count says has room, several calls to one node
+    while it has. A claim that finds its node fuller than the snapshot said
+    moves on to the next node. A call whose replica id has stored shards,
+    whose shard ids a concurrent call took, or for which the locked nodes
+    had no room left, is made by place_without_waiting (its own pick), in
+    the same transaction. Answers in the order of `calls`.
+    """
+    shape = same_shape(calls[0][0])
+    assert shape is not None and all(same_shape(r) == shape for r, _ in calls)
+    params = {
+        **_params(shape),
+        "need": shape.gpus,
+        "limit": WINDOW,
+        "scan": _scan(shape, WINDOW),
+        "skip": [],
+        "k": len(calls),
+        "replica_ids": [r.replica_id for r, _ in calls],
+    }
+    rows = list(await conn.execute(cached_text(_pick_several_sql(shape)), params))
+    stored = set(rows[0].stored_ids)
+    # (node id, how many more claims its snapshot says it takes), best first.
+    room = [
+        [r.node_id, r.free // shape.gpus]
+        for r in rows
+        if r.node_id is not None and judge(_facts(r), shape).fits
+    ]
+    answers: list[Allocated | Rejection | None] = []
+    for request, actor in calls:
+        outcome: Allocated | Rejection | _Conflict | None = None
+        if request.replica_id not in stored:
+            outcome = await _claim_on_locked(conn, request, actor, room)
+        if outcome is None or outcome is _CONFLICT:
+            outcome = await place_without_waiting(conn, request, actor)
+        assert not isinstance(outcome, _Conflict)
+        answers.append(outcome)
+    return answers
+
+
+async def _claim_on_locked(
+    conn: Connection, request: PlaceRequest, actor: str | None, room: list[list[Any]]
+) -> Allocated | _Conflict | None:
+    """The call's claim on the first locked node with room (see place_several_without_waiting)."""
+    for slot in room:
+        if slot[1] <= 0:
+            continue
+        outcome = await store(
+            conn,
+            _CLAIM,
+            {
+                "node_id": slot[0],
+                "cls": request.gpu_class,
+                "need": request.gpus,
+                "per": request.gpus_per_shard,
+                "names": shard_ids(request),
+                "replica_id": request.replica_id,
+                "actor": actor,
+            },
+        )
+        if isinstance(outcome, Allocated):
+            slot[1] -= 1
+            return outcome
+        if outcome.checked:
+            return _CONFLICT  # its shard ids were taken meanwhile
+        slot[1] = 0  # fuller than the snapshot said
     return None
 
 

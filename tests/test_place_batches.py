@@ -25,12 +25,18 @@ from service.rejections import Rejection
 from service.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.consistency import inconsistencies
-from tests.reports import REGISTER, node_input
+from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 
 
 async def register(api: Api, *node_ids: str) -> None:
     for node_id in node_ids:
         await api(REGISTER, {"input": node_input(node_id)})
+
+
+async def hold(api: Api, node_id: str, count: int) -> None:
+    """Something else already runs on the node's first `count` GPUs."""
+    held = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *range(count)))
+    assert (await api(ALLOCATE, held))["allocate"]["__typename"] == "Allocated"
 
 
 def request(replica_id: str, gpus: int = 1) -> PlaceRequest:
@@ -140,16 +146,23 @@ async def test_a_claim_that_fails_in_a_batch_costs_the_others_nothing(
     await register(api, "gpu-01", "gpu-02")
     queue = PlaceQueue(engine, size=8, transactions=1)
     errors, abandoned = COUNTS.alone.get("error", 0), COUNTS.alone.get("abandoned", 0)
-    answers = await place_all(queue, ["a", "b", "poison", "c", "d"])
+    # Three shapes, so three groups in this order: [a], [b, poison, c], [d].
+    answers = await asyncio.gather(
+        queue.place(request("a", gpus=2), None),
+        *(queue.place(request(r), None) for r in ("b", "poison", "c")),
+        queue.place(request("d", gpus=3), None),
+        return_exceptions=True,
+    )
     # The poisoned call gets its own error, from its own transaction...
     assert isinstance(answers[2], asyncpg.RaiseError), answers[2]
     assert "poisoned replica poison" in str(answers[2])
-    # ...and the claims before it (rolled back with the batch, made again
-    # alone) and after it (put back in the queue) are all placed, each GPU once.
+    # ...and the others are all placed, each GPU once: a (placed before it,
+    # rolled back with the batch) and b and c (its group) made again alone,
+    # d (not tried) by the next batch.
     assert [type(a) for i, a in enumerate(answers) if i != 2] == [Allocated] * 4
     assert await stored_replicas(engine) == ["a", "b", "c", "d"]
-    assert COUNTS.alone.get("error", 0) == errors + 1
-    assert COUNTS.alone.get("abandoned", 0) == abandoned + 2
+    assert COUNTS.alone.get("error", 0) == errors + 3
+    assert COUNTS.alone.get("abandoned", 0) == abandoned + 1
     assert await inconsistencies(engine) == []
 
 
@@ -169,3 +182,50 @@ async def test_a_batch_whose_commit_fails_is_placed_again_call_by_call(
     assert await inconsistencies(engine) == []
     exposition = await render(None)
     assert f'inventory_place_alone_total{{reason="commit"}} {commits + 4}' in exposition
+
+
+async def test_calls_of_one_shape_fill_the_smallest_holes_as_one_by_one_would(
+    api: Api, engine: AsyncEngine, count_statements: StatementCounter
+) -> None:
+    await register(api, "roomy", "half", "nearly-full")
+    await hold(api, "half", 4)
+    await hold(api, "nearly-full", 6)
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    count_statements.statements.clear()
+    answers = await place_all(queue, ["r1", "r2", "r3", "r4"])
+    where = [(s.node_id, s.gpu_indices) for a in answers for s in a.shards]  # type: ignore[union-attr]
+    assert where == [
+        ("nearly-full", (6,)),
+        ("nearly-full", (7,)),
+        ("half", (4,)),
+        ("half", (5,)),
+    ]
+    # One pick for the four calls, then one claim each.
+    sent = [s for s in count_statements.statements if "pg_notify" not in s]
+    assert len(sent) == 5, sent
+    assert "FOR NO KEY UPDATE" in sent[0]
+    assert all("INSERT INTO shards" in s for s in sent[1:])
+
+
+async def test_a_retried_call_in_a_group_answers_what_is_stored(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await register(api, "gpu-01")
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    first = await queue.place(request("r1"), None)
+    again = await place_all(queue, ["r2", "r1", "r3"])
+    assert again[1] == first
+    assert all(isinstance(a, Allocated) for a in again)
+    assert await stored_replicas(engine) == ["r1", "r2", "r3"]
+    assert await inconsistencies(engine) == []
+
+
+async def test_more_calls_than_room_place_what_fits_and_say_no_room_for_the_rest(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await register(api, "gpu-01")
+    queue = PlaceQueue(engine, size=16, transactions=1)
+    answers = await place_all(queue, [f"r{i}" for i in range(10)])
+    assert [type(a) for a in answers].count(Allocated) == 8
+    assert [type(a) for a in answers].count(Unplaceable) == 2
+    assert await inconsistencies(engine) == []
