@@ -11,12 +11,17 @@ PostgreSQL's lock queues.
 
 What stays as it was:
 - Every placement is in exactly one transaction, and each claim in a batch
-  is placement.place_without_waiting: the same two statements and the same
-  locks as place(), without a savepoint (safe because the batch never waits
-  for a lock; see there). A claim that would wait for another transaction's
-  lock, or plan over several nodes, or answer Unplaceable, is not made in
-  the batch: it runs as place() in a transaction of its own afterwards
-  (waiting while holding other callers' claims could deadlock).
+  is the one-call path's claim statement on a node locked by this
+  transaction (placement.place_without_waiting; calls of one shape share
+  the statement that picks and locks their nodes,
+  place_several_without_waiting), without a savepoint: safe because the
+  batch never waits for a node's lock. A claim that would wait for one, or
+  plan over several nodes, or answer Unplaceable, is not made in the batch:
+  it runs as place() in a transaction of its own afterwards (waiting while
+  holding other callers' claims could deadlock). The one wait left is an
+  insert meeting the same shard id uncommitted (one replica placed twice at
+  once); should that close a cycle, PostgreSQL's deadlock check ends it
+  with an error, which is the case below.
 - A failure of one claim fails no other and half-writes nothing: a claim
   that raises ends its batch, whose transaction is rolled back whole; that
   call is retried alone (where its error, if any, is its own answer), the
