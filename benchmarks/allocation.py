@@ -1,7 +1,9 @@
 """Allocation: `place` and `allocate` per second, 32 schedulers through two service processes.
 
 Every scheduler asks for the same class at once (the case where a fixed
-first-fit order collapses). `place` takes one H100 per claim; `allocate` names
+first-fit order collapses). `place` is also measured with each call in a
+transaction of its own (service/place_batches.py off), on as many service
+processes of its own, in the same rounds. `place` takes one H100 per claim; `allocate` names
 one A100 per claim, from free GPUs split between the schedulers beforehand, so
 a rejection there is a bug, not contention. After each round, every GPU is
 checked for double booking (two shards naming one GPU, or a pool count that
@@ -16,16 +18,18 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from benchmarks.bench import Bench, close_all
+from benchmarks.bench import Bench, close_all, services_cpu
 from benchmarks.client import Connection, request_body
 from benchmarks.measure import Exhausted, Figure, throughput
 from benchmarks.results import Row, fmt
+from benchmarks.services import HEADERS, Service
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schema.graphql"
 SCHEDULERS = 32
@@ -163,11 +167,27 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
     if "place(" not in SCHEMA.read_text():
         bench.results.note("allocation skipped: `place` is not in schema.graphql yet")
         return 0
+    return await _rounds(bench, statements or {})
+
+
+# Each `place` in its own transaction, as before service/place_batches.py,
+# on service processes of their own, started for their part of each round
+# and stopped after it (their idle connections and the raw baselines' pool
+# would pass PostgreSQL's max_connections).
+ALONE = {
+    "INVENTORY_PLACE_BATCH": "1",
+    "INVENTORY_PLACE_TRANSACTIONS": str(SCHEDULERS),
+    "INVENTORY_SHUTDOWN_DRAIN": "0",
+}
+
+
+async def _rounds(bench: Bench, statements: dict[str, str]) -> int:
     ids = itertools.count()
     place, raw_place, allocate, raw_allocate = Figure(), Figure(), Figure(), Figure()
     place_cpu, allocate_cpu = Figure(), Figure()
     # place with nvlinkShards (issue 20), against `place` in the same rounds.
     nvlink_place, nvlink_cpu = Figure(), Figure()
+    place_alone, place_alone_cpu = Figure(), Figure()
     outcomes: dict[str, int] = {}
     wrong = 0
 
@@ -178,8 +198,12 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
         # place through the service
         clients = bench.connections(SCHEDULERS)
 
-        def placer(c: Connection, **options: bool) -> Callable[[], Awaitable[int]]:
+        def placer(
+            c: Connection, warm: bool = False, **options: bool
+        ) -> Callable[[], Awaitable[int]]:
             label = "place nvlinkShards" if options else "place"
+            if warm:
+                label = "warm-up place"
 
             async def call() -> int:
                 body = request_body(
@@ -200,6 +224,31 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
         place.add(value)
         outcomes["place failed requests"] = outcomes.get("place failed requests", 0) + failed
         await close_all(clients)
+        wrong += await check_and_release(bench)
+
+        # the same, each call in a transaction of its own
+        alone = [Service(bench.url, ALONE) for _ in bench.services]
+        try:
+            for service in alone:
+                service.start()
+            clients = [Connection(alone[i % len(alone)].url, HEADERS) for i in range(SCHEDULERS)]
+            # Warmed up first: new processes open connections and prepare statements.
+            await throughput([placer(c, warm=True) for c in clients], 0.3)
+            wrong += await check_and_release(bench)
+            before = services_cpu(alone)
+            start = time.perf_counter()
+            value, failed = await throughput([placer(c) for c in clients], bench.seconds)
+            done = value * (time.perf_counter() - start)
+            if done:
+                place_alone_cpu.add((services_cpu(alone) - before) / done * 1000)
+            place_alone.add(value)
+            outcomes["place alone failed requests"] = (
+                outcomes.get("place alone failed requests", 0) + failed
+            )
+            await close_all(clients)
+        finally:
+            for service in alone:
+                service.stop()
         wrong += await check_and_release(bench)
 
         # the same with nvlinkShards: every candidate's NVLink groups checked in SQL
@@ -288,11 +337,14 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
 
     seen = ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items()))
     add = bench.results.add
-    statements = statements or {}
     add(Row(bench.size, f"place 1x {PLACE_CLASS}, 32 schedulers, same class", "claims/s", place,
             "raw asyncpg, SKIP LOCKED claim", raw_place, statements.get("place", ""),
             note=f"service CPU {fmt(place_cpu.median)} ms/request; double-booked GPUs or "
                  f"wrong pools: {wrong}; {seen}"))  # fmt: skip
+    add(Row(bench.size, f"place 1x {PLACE_CLASS}, 32 schedulers, calls sharing transactions",
+            "claims/s", place, "each call in its own transaction (same rounds)", place_alone, "",
+            note=f"service CPU {fmt(place_cpu.median)} ms/request, alone "
+                 f"{fmt(place_alone_cpu.median)} ms"))  # fmt: skip
     add(Row(bench.size, f"place 1x {PLACE_CLASS} with nvlinkShards, 32 schedulers", "claims/s",
             nvlink_place, "place without nvlinkShards (same rounds)", place, "",
             note=f"service CPU {fmt(nvlink_cpu.median)} ms/request"))  # fmt: skip

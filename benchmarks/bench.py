@@ -38,14 +38,7 @@ class Bench:
         Counted per request it is the service's own cost, which a busy machine
         inflates far less than it does wall-clock rates.
         """
-        total = 0.0
-        for service in self.services:
-            try:
-                fields = Path(f"/proc/{service.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                return float("nan")
-            total += (int(fields[11]) + int(fields[12])) / TICKS
-        return total
+        return services_cpu(self.services)
 
     async def throughput(
         self, workers: list[Callable[[], Awaitable[int]]], cpu: Figure
@@ -88,6 +81,18 @@ class Bench:
             return rows
         finally:
             await conn.close()
+
+
+def services_cpu(services: list[Service]) -> float:
+    """CPU seconds these service processes have used so far (user + system)."""
+    total = 0.0
+    for service in services:
+        try:
+            fields = Path(f"/proc/{service.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
 
 
 async def close_all(connections: list[Connection]) -> None:
