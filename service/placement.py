@@ -314,10 +314,11 @@ def _pick_several_sql(request: PlaceRequest) -> str:
     free) and, on every row, the replica ids among :replica_ids that have
     stored shards (those calls are answered by the one-call path). Like
     _pick_sql it counts nothing: each claim (_CLAIM) counts its node's free
-    GPUs afresh under the lock. No topology: those requests go one by one.
+    GPUs afresh under the lock, and with topology its fit order too (the
+    window is drawn before the topology check, as _pick_sql draws it).
     """
     return f"""
-    WITH ranked AS ({_ranked_sql(request)}
+    WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.holds_weights, c.tiebreak, n.state,
                CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
@@ -751,10 +752,9 @@ async def place_without_waiting(
 def same_shape(request: PlaceRequest) -> PlaceRequest | None:
     """What calls placed together by place_several_without_waiting share: all but the replica id.
 
-    None for a request that goes one by one: topology (its pick and claim
-    check the node's GPUs one node at a time) or invalid input.
+    None for a request that goes one by one: invalid input.
     """
-    if request.needs_topology or validate_place(request) is not None:
+    if validate_place(request) is not None:
         return None
     return replace(request, replica_id="")
 
@@ -765,7 +765,7 @@ async def place_several_without_waiting(
     """place_without_waiting for several calls of one shape (same_shape), one pick for all.
 
     One statement locks up to one node per call (best first, SKIP LOCKED);
-    then each call's claim (_CLAIM, the one-call path's own statement,
+    then each call's claim (_claim, the one-call path's own statement,
     counting the node's free GPUs afresh under the lock) goes to the best
     locked node that its count says has room, several calls to one node
     while it has. A claim that finds its node fuller than the snapshot said
@@ -780,7 +780,7 @@ async def place_several_without_waiting(
         **_params(shape),
         "need": shape.gpus,
         "limit": WINDOW,
-        "scan": _scan(shape, WINDOW),
+        "scan": _scan(shape, WINDOW, drawn_first=shape.needs_topology),
         "skip": [],
         "k": len(calls),
         "replica_ids": [r.replica_id for r, _ in calls],
@@ -788,10 +788,15 @@ async def place_several_without_waiting(
     rows = list(await conn.execute(cached_text(_pick_several_sql(shape)), params))
     stored = set(rows[0].stored_ids)
     # (node id, how many more claims its snapshot says it takes), best first.
+    # Topology is left to the claims, as in _try_one_node: the count is an
+    # upper bound then, and a claim that finds less moves on.
+    untopological = replace(
+        shape, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False
+    )
     room = [
         [r.node_id, r.free // shape.gpus]
         for r in rows
-        if r.node_id is not None and judge(_facts(r), shape).fits
+        if r.node_id is not None and judge(_facts(r), untopological).fits
     ]
     answers: list[Allocated | Rejection | None] = []
     for request, actor in calls:
@@ -814,7 +819,7 @@ async def _claim_on_locked(
             continue
         outcome = await store(
             conn,
-            _CLAIM,
+            _claim(request),
             {
                 "node_id": slot[0],
                 "cls": request.gpu_class,
@@ -823,6 +828,7 @@ async def _claim_on_locked(
                 "names": shard_ids(request),
                 "replica_id": request.replica_id,
                 "actor": actor,
+                **({"fabric": request.fabric} if request.rail_aligned else {}),
             },
         )
         if isinstance(outcome, Allocated):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
@@ -26,6 +27,7 @@ from service.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.topology import bridged_pairs, no_nvlink
 
 
 async def register(api: Api, *node_ids: str) -> None:
@@ -228,4 +230,24 @@ async def test_more_calls_than_room_place_what_fits_and_say_no_room_for_the_rest
     answers = await place_all(queue, [f"r{i}" for i in range(10)])
     assert [type(a) for a in answers].count(Allocated) == 8
     assert [type(a) for a in answers].count(Unplaceable) == 2
+    assert await inconsistencies(engine) == []
+
+
+async def test_nvlink_calls_placed_together_each_get_one_group(
+    api: Api, engine: AsyncEngine
+) -> None:
+    # Pairs {0,1}..{6,7} with GPU 0 busy: three whole pairs are left. A node
+    # without NVLink groups ranks first (fewer free GPUs) but fits none.
+    await api(REGISTER, {"input": node_input("pairs", gpus=bridged_pairs())})
+    await api(REGISTER, {"input": node_input("flat", gpus=no_nvlink())})
+    await hold(api, "pairs", 1)
+    await hold(api, "flat", 4)
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    nvlink = PlaceRequest("", "H100-80GB", gpus_per_shard=2, nvlink_shards=True)
+    answers = await asyncio.gather(
+        *(queue.place(replace(nvlink, replica_id=f"tp{i}"), None) for i in range(4))
+    )
+    placed = sorted(s.gpu_indices for a in answers if isinstance(a, Allocated) for s in a.shards)
+    assert placed == [(2, 3), (4, 5), (6, 7)]
+    assert [type(a) for a in answers].count(Unplaceable) == 1
     assert await inconsistencies(engine) == []
