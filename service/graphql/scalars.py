@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, NewType
 
 import strawberry
 from graphql import ValueNode, value_from_ast_untyped
-from strawberry.schema.types.base_scalars import DateTimeDefinition
+
+from .fast.private_api import parse_strawberry_datetime
 
 MAX_BYTES = (1 << 63) - 1
 
@@ -38,7 +40,7 @@ def _parse_datetime_literal(node: ValueNode, variables: dict[str, Any] | None = 
     # could not say which argument was wrong. A plain ValueError is reported
     # with the node (and the parser's words), so extensions.field names it.
     try:
-        return DateTimeDefinition.parse_value(value_from_ast_untyped(node, variables))
+        return parse_strawberry_datetime(value_from_ast_untyped(node, variables))
     except Exception as error:  # the parser's own message is the answer
         raise ValueError(str(error)) from None
 
@@ -47,8 +49,8 @@ def _parse_datetime_literal(node: ValueNode, variables: dict[str, Any] | None = 
 # unchanged) with a literal parser that keeps its location.
 DATETIME_SCALAR = strawberry.scalar(
     name="DateTime",
-    description=DateTimeDefinition.description,
-    serialize=DateTimeDefinition.serialize,
-    parse_value=DateTimeDefinition.parse_value,
+    description="Date with time (isoformat)",
+    serialize=datetime.isoformat,
+    parse_value=parse_strawberry_datetime,
     parse_literal=_parse_datetime_literal,
 )
