@@ -39,6 +39,7 @@ from service.allocations import (
     MAX_SHARDS,
     Allocated,
     AllocationRequest,
+    NotStored,
     ShardRecord,
     ShardRequest,
     allocate,
@@ -790,9 +791,7 @@ async def place_several_without_waiting(
     # (node id, how many more claims its snapshot says it takes), best first.
     # Topology is left to the claims, as in _try_one_node: the count is an
     # upper bound then, and a claim that finds less moves on.
-    untopological = replace(
-        shape, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False
-    )
+    untopological = _without_topology(shape)
     room = [
         [r.node_id, r.free // shape.gpus]
         for r in rows
@@ -817,20 +816,7 @@ async def _claim_on_locked(
     for slot in room:
         if slot[1] <= 0:
             continue
-        outcome = await store(
-            conn,
-            _claim(request),
-            {
-                "node_id": slot[0],
-                "cls": request.gpu_class,
-                "need": request.gpus,
-                "per": request.gpus_per_shard,
-                "names": shard_ids(request),
-                "replica_id": request.replica_id,
-                "actor": actor,
-                **({"fabric": request.fabric} if request.rail_aligned else {}),
-            },
-        )
+        outcome = await _claim_on(conn, request, actor, slot[0])
         if isinstance(outcome, Allocated):
             slot[1] -= 1
             return outcome
@@ -960,16 +946,30 @@ async def _try_one_node(
     # drift apart into a placement the verdicts would call unfit. Topology
     # is left to the claim, which counts the node's fit order (and its
     # domain) under the lock and holds nothing when it falls short.
-    untopological = replace(
-        request, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False
-    )
-    if not judge(facts, untopological).fits:
+    if not judge(facts, _without_topology(request)).fits:
         return _NoUse(head.picked_node_id)
-    outcome = await store(
+    outcome = await _claim_on(conn, request, actor, head.picked_node_id)
+    if isinstance(outcome, Allocated):
+        return outcome
+    if not outcome.checked:
+        return _NoUse(head.picked_node_id)
+    return _CONFLICT
+
+
+def _without_topology(request: PlaceRequest) -> PlaceRequest:
+    """The request as judge() checks a picked node: its topology is the claim's to check."""
+    return replace(request, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False)
+
+
+async def _claim_on(
+    conn: Connection, request: PlaceRequest, actor: str | None, node_id: str
+) -> Allocated | NotStored:
+    """The claim (_claim) of every shard on one node this transaction has locked."""
+    return await store(
         conn,
         _claim(request),
         {
-            "node_id": head.picked_node_id,
+            "node_id": node_id,
             "cls": request.gpu_class,
             "need": request.gpus,
             "per": request.gpus_per_shard,
@@ -979,11 +979,6 @@ async def _try_one_node(
             **({"fabric": request.fabric} if request.rail_aligned else {}),
         },
     )
-    if isinstance(outcome, Allocated):
-        return outcome
-    if not outcome.checked:
-        return _NoUse(head.picked_node_id)
-    return _CONFLICT
 
 
 async def _spread(
