@@ -93,7 +93,20 @@ def gpu_held(g: str = "g") -> str:
 
 def gpu_free(g: str = "g") -> str:
     """SQL: the GPU row `g` (of `gpus`) can be allocated now, its node's state aside."""
-    return f"({gpu_usable(g)} AND NOT {gpu_held(g)})"
+    return gpu_free_given(g, gpu_held(g))
+
+
+def gpu_free_given(g: str, held: str) -> str:
+    """SQL: gpu_free for a row `g` whose holder the caller has joined already.
+
+    `held` is the expression, true when the row's GPU is held (for a LEFT JOIN
+    of allocated_gpus `a`: "a.gpu_index IS NOT NULL"). Why a second form: over
+    one node's GPUs, a join of its allocations reads them with one index
+    descent (a merge join on the GPU index), where gpu_free's probe looks each
+    GPU up on its own; the page of freeGpus (capacity.free_gpus_query) does
+    that for a thousand nodes per page.
+    """
+    return f"({gpu_usable(g)} AND NOT ({held}))"
 
 
 class GpuFacts(Protocol):
@@ -131,7 +144,7 @@ def pool_counts(g: str, held: str) -> str:
         "count(*) AS total, "
         f"count(*) FILTER (WHERE NOT {usable} AND NOT ({held})) AS unhealthy, "
         f"count(*) FILTER (WHERE {held}) AS allocated, "
-        f"count(*) FILTER (WHERE {usable} AND NOT ({held})) AS free"
+        f"count(*) FILTER (WHERE {gpu_free_given(g, held)}) AS free"
     )
 
 
