@@ -165,10 +165,13 @@ gpu_pools = Table(
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
 )
+# freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
+# `free` included, so testing minFree needs no table row (migration 0008).
 Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
+    postgresql_include=["free"],
     postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that
