@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from service.availability import pool_offers
+from service.availability import gpu_usable, pool_offers
 
 metadata = MetaData(
     naming_convention={
@@ -145,6 +145,16 @@ gpus = Table(
     CheckConstraint("memory_mb >= 0", name="memory"),
     CheckConstraint("numa_node >= 0", name="numa_node"),
     CheckConstraint("nvlink_group >= 0 AND nvlink_group <= idx", name="nvlink_group"),
+)
+# The GPUs that may take work, by node, with their class (migration 0008):
+# freeGpus reads a page's free GPUs from it index-only, a thousand nodes'
+# worth in one scan (capacity.free_gpus_query), without the wide table rows.
+Index(
+    "ix_gpus_usable",
+    gpus.c.node_id,
+    gpus.c.idx,
+    postgresql_include=["gpu_class"],
+    postgresql_where=text(gpu_usable("")),
 )
 
 # One row per (node, GPU class): how many of them exist, are unhealthy, are

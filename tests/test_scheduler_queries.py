@@ -105,8 +105,9 @@ async def test_a_page_of_free_gpus_walks_the_pools_index_from_its_cursor_and_sto
     """Issue 18: the whole answer, paged, costs no more than one aggregate over every GPU.
 
     So each page walks ix_gpu_pools_free (class, node id, with the free count
-    included: migration 0008) from the cursor, index-only, and stops at the
-    page's end instead of reading and sorting the rest of the list. Checked on
+    included) from the cursor, index-only, and stops at the page's end instead
+    of reading and sorting the rest of the list; then it reads the page's GPUs
+    from ix_gpus_usable, index-only (both indexes: migration 0008). Checked on
     the migrated schema with enough nodes that the planner has a choice, and
     the page checked against availability's definition of a free GPU.
     """
@@ -144,7 +145,7 @@ async def test_a_page_of_free_gpus_walks_the_pools_index_from_its_cursor_and_sto
         await refresh_pools(conn, ids)
     async with engine.connect() as conn:
         autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
-        await autocommit.execute(text("VACUUM ANALYZE gpu_pools"))
+        await autocommit.execute(text("VACUUM ANALYZE gpu_pools, gpus, allocated_gpus"))
 
     first, after = 100, "n-00500"
     sql, params = free_gpus_query(
@@ -188,6 +189,11 @@ async def test_a_page_of_free_gpus_walks_the_pools_index_from_its_cursor_and_sto
     assert limit["Node Type"] == "Limit"
     assert walk["Actual Rows"] == first
     assert walk["Actual Rows"] + walk.get("Rows Removed by Filter", 0) < 200
+    # The page's GPUs come from ix_gpus_usable, index-only, in one scan.
+    reads = [n for n in _plan_nodes(plan) if n.get("Relation Name") == "gpus"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in reads] == [
+        ("Index Only Scan", "ix_gpus_usable")
+    ], plan
 
 
 async def test_min_free_below_one_is_refused(api: Api) -> None:
