@@ -40,16 +40,20 @@ OFFERS = sa.text("schedulable AND free > 0")
 USABLE = sa.text("((healthy AND cardinality(sticky_reasons) = 0) AND cordon_reason IS NULL)")
 
 
-def upgrade() -> None:
-    op.drop_index("ix_gpu_pools_free", table_name="gpu_pools", postgresql_where=OFFERS)
+def _pools_free_index(include: list[str]) -> None:
     op.create_index(
         "ix_gpu_pools_free",
         "gpu_pools",
         ["gpu_class", "node_id"],
         unique=False,
-        postgresql_include=["free"],
+        postgresql_include=include,
         postgresql_where=OFFERS,
     )
+
+
+def upgrade() -> None:
+    op.drop_index("ix_gpu_pools_free", table_name="gpu_pools", postgresql_where=OFFERS)
+    _pools_free_index(["free"])
     op.create_index(
         "ix_gpus_usable",
         "gpus",
@@ -63,10 +67,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_gpus_usable", table_name="gpus", postgresql_where=USABLE)
     op.drop_index("ix_gpu_pools_free", table_name="gpu_pools", postgresql_where=OFFERS)
-    op.create_index(
-        "ix_gpu_pools_free",
-        "gpu_pools",
-        ["gpu_class", "node_id"],
-        unique=False,
-        postgresql_where=OFFERS,
-    )
+    _pools_free_index([])
