@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 
 from service.auth import Authenticator, Unauthenticated
 from service.config import Settings
-from service.db_faults import DatabaseUnavailable, is_database_unavailable
+from service.db_faults import RETRY_AFTER_SECONDS, DatabaseUnavailable, is_database_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,8 @@ class RequireToken:
                     raise
                 log.warning("cannot check a token, database unavailable: %s", error)
                 unavailable = DatabaseUnavailable()
-                await send_error(send, 503, unavailable.message, unavailable.code)
+                retry_after = (b"retry-after", str(RETRY_AFTER_SECONDS).encode())
+                await send_error(send, 503, unavailable.message, unavailable.code, [retry_after])
                 return
             scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
