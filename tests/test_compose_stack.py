@@ -284,8 +284,14 @@ class Traffic:
         return {REPLICA_ADDRESSES.get(a, a) for a in addresses}
 
 
+# CI runs the stop/start story once; LLMGW_COMPOSE_ROUNDS=8 repeats it on the
+# same stack to measure (README, "The deployment test").
+ROUNDS = int(os.environ.get("LLMGW_COMPOSE_ROUNDS", "1"))
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
 def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls_none(
-    stack: Stack,
+    stack: Stack, round_: int
 ) -> None:
     wait_for_the_demo_node(stack)  # the traffic heartbeats it
     traffic = Traffic()
@@ -323,23 +329,14 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
         f"\nreplica stop/start under traffic: {len(durations)} requests, {len(failures)} failed, "
         f"slowest {durations[-1]:.3f} s, p99 {durations[int(len(durations) * 0.99)]:.3f} s"
     )
-    # Known limit (README, "Replicas that come and go", "The listener's
-    # close"): nginx must not resend a POST it wrote to the stopping replica.
-    # Before the service served its listener's queue at the close, one 502 was
-    # seen in about one run in five; since, one request in about 18,000.
-    # Tolerated: at most one per client (each has one request in flight), a
-    # 502 or a reset, while `stop` ran; anything else fails the test.
-    at_close = [
-        f
-        for at, f in failures
-        if stopping <= at <= stopped and ("HTTP 502" in f or "reset" in f.lower())
-    ]
-    others = [f for _, f in failures if f not in at_close]
+    # None may fail, at the stop or the start: nginx must not resend a POST
+    # it wrote, so a replica that closed or reset a connection a request was
+    # on would lose it (service/web/draining.py says how none is).
     if failures:
-        print(f"lost at the listener's close: {at_close}")
-        print(stack.compose("logs", "--no-color", "--tail", "40", "inventory-1", "proxy"))
-    assert not others, others[:10]
-    assert len(at_close) <= len(workers), at_close
+        lost = [f"{'at stop' if stopping <= at <= stopped else 'other'}: {f}" for at, f in failures]
+        print(f"lost: {lost}")
+        print(stack.compose("logs", "--no-color", "--tail", "60", "inventory-1", "proxy"))
+    assert not failures, [f for _, f in failures][:10]
     assert durations[-1] < 2.0, f"slowest request took {durations[-1]:.2f} s"
 
 
