@@ -235,6 +235,7 @@ class Traffic:
     """Steady traffic through nginx: what each request took, and whatever failed."""
 
     durations: list[float] = field(default_factory=list)
+    slowest: tuple[float, float] = (0.0, 0.0)  # (took, started at)
     failures: list[tuple[float, str]] = field(default_factory=list)
     upstreams: list[tuple[float, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -272,6 +273,7 @@ class Traffic:
                 took = time.monotonic() - started
                 with self.lock:
                     self.durations.append(took)
+                    self.slowest = max(self.slowest, (took, started))
                     if problem:
                         self.failures.append((started, f"{time.strftime('%T')} {problem}"))
                     if response is not None:
@@ -321,13 +323,21 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
             w.join(timeout=60)
     with traffic.lock:
         durations, failures = sorted(traffic.durations), list(traffic.failures)
+        slowest_at = traffic.slowest[1]
+    phase = (
+        "before the stop" if slowest_at < stopping
+        else "during the stop" if slowest_at <= stopped
+        else "while stopped" if slowest_at < starting
+        else "during the start" if slowest_at <= restarted
+        else "after the start"
+    )  # fmt: skip
     print(
         f"\nstop began {stopping:.2f}, returned {stopped:.2f}; start began {starting:.2f}, "
         f"returned {restarted:.2f}"
     )
     print(
         f"\nreplica stop/start under traffic: {len(durations)} requests, {len(failures)} failed, "
-        f"slowest {durations[-1]:.3f} s, p99 {durations[int(len(durations) * 0.99)]:.3f} s"
+        f"slowest {durations[-1]:.3f} s ({phase}), p99 {durations[int(len(durations) * 0.99)]:.3f} s"
     )
     # None may fail, at the stop or the start: nginx must not resend a POST
     # it wrote, so a replica that closed or reset a connection a request was

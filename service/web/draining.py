@@ -178,13 +178,16 @@ class DrainingServer(uvicorn.Server):
         flight finish.
         """
         self.drain.close_connections()
-        give_up = time.monotonic() + self.config.timeout_keep_alive + 1.0
+        began = time.monotonic()
+        give_up = began + self.config.timeout_keep_alive + 1.0
         # Polled: uvicorn's protocols signal no event when a connection closes.
         while time.monotonic() < give_up and not self.force_exit and self._http_open():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         left = [p for p in self.server_state.connections if hasattr(p, "cycle")]
         if left:
             log.info("%d connections still open after the keep-alive timeout", len(left))
+        else:
+            log.info("clients closed every connection in %.2f s", time.monotonic() - began)
 
     async def serve_the_backlog(self) -> None:
         """Close the listeners without resetting the connections queued on them.
