@@ -7,33 +7,14 @@ in a tight loop nor give up: the answer tells it how long to wait.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.db import create_engine, dispose
 from service.db_faults import RETRY_AFTER_SECONDS
 from service.web.app import create_app
-from tests.conftest import free_port
 
 GRAPHQL = {"query": "{ nodes(first: 1) { id } }"}
-
-
-@pytest.fixture
-async def unreachable() -> AsyncIterator[httpx.AsyncClient]:
-    """The service in front of a PostgreSQL that does not answer (nothing listens there)."""
-    settings = Settings(db_timeout=2)
-    engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", settings)
-    try:
-        app = create_app(settings, engine=engine)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
-            yield client
-    finally:
-        await dispose(engine)
 
 
 def says_retry_after(response: httpx.Response) -> bool:
@@ -43,9 +24,9 @@ def says_retry_after(response: httpx.Response) -> bool:
 
 
 async def test_a_request_whose_token_cannot_be_checked_is_told_to_retry(
-    unreachable: httpx.AsyncClient,
+    unreachable_client: httpx.AsyncClient,
 ) -> None:
-    response = await unreachable.post(
+    response = await unreachable_client.post(
         "/graphql", json=GRAPHQL, headers={"Authorization": "Bearer some-agent-token"}
     )
     assert says_retry_after(response), (response.status_code, response.headers)
@@ -53,9 +34,9 @@ async def test_a_request_whose_token_cannot_be_checked_is_told_to_retry(
 
 
 async def test_readiness_without_the_database_says_when_to_ask_again(
-    unreachable: httpx.AsyncClient,
+    unreachable_client: httpx.AsyncClient,
 ) -> None:
-    response = await unreachable.get("/readyz")
+    response = await unreachable_client.get("/readyz")
     assert says_retry_after(response), (response.status_code, response.headers)
 
 
