@@ -38,12 +38,11 @@ from tests.conftest import REPO, free_port
 from tests.reports import REGISTER, node_input
 
 TOKEN = "e2e-operator-token-0123456789abcdef"
-PROJECT = "llmgw-e2e"
-SUBNET_PREFIX = "172.29.82"
-REPLICA_ADDRESSES = {
-    f"{SUBNET_PREFIX}.11:8080": "inventory-1",
-    f"{SUBNET_PREFIX}.12:8080": "inventory-2",
-}
+# Per run: test sessions of several worktrees may share one dockerd, and each
+# must test its own image on its own stack (one shared tag and project name
+# once ran another checkout's code, and tore another run's stack down).
+PROJECT = f"llmgw-e2e-{os.getpid()}"
+IMAGE = f"llmgw-inventory:e2e-{os.getpid()}"
 HOW_TO_RUN = (
     "run it as root with docker.io and docker-compose installed and dockerd running "
     "(`apt-get install docker.io docker-compose debootstrap; dockerd &`), as .ci/run does"
@@ -74,10 +73,33 @@ def run(*command: str, env: dict[str, str], timeout: float = 600) -> str:
     return done.stdout
 
 
+def free_subnet_prefix() -> str:
+    """A 172.29.N (/24) no docker network uses yet: the replicas' fixed addresses live there."""
+    ids = subprocess.run(
+        ["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
+    used = subprocess.run(
+        ["docker", "network", "inspect", "--format",
+         "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *ids],
+        capture_output=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+    start = 82 + os.getpid() % 100
+    for n in [*range(start, 250), *range(82, start)]:
+        if f"172.29.{n}.0/24" not in used:
+            return f"172.29.{n}"
+    raise AssertionError(f"no free 172.29.N.0/24 for the compose network; in use: {used}")
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
     port: int
+    subnet_prefix: str
+
+    @property
+    def replicas(self) -> dict[str, str]:
+        """nginx's $upstream_addr of each replica -> its compose service name."""
+        return {f"{self.subnet_prefix}.{11 + i}:8080": f"inventory-{1 + i}" for i in range(2)}
 
     @property
     def url(self) -> str:
@@ -129,17 +151,19 @@ def stack() -> Iterator[Stack]:
     run(
         "docker", "build", "--network", "host", "-q",
         "--build-arg", f"PYTHON_IMAGE={env['PYTHON_IMAGE']}",
-        "-t", "llmgw-inventory:latest", ".",
+        "-t", IMAGE, ".",
         env=env, timeout=900,
     )  # fmt: skip
     built = time.monotonic()
     port = free_port()
+    subnet_prefix = free_subnet_prefix()
     env.update(
+        LLMGW_IMAGE=IMAGE,
         INVENTORY_BOOTSTRAP_TOKEN=TOKEN,
         INVENTORY_PUBLISH_PORT=str(port),
-        LLMGW_SUBNET_PREFIX=SUBNET_PREFIX,
+        LLMGW_SUBNET_PREFIX=subnet_prefix,
     )
-    stack = Stack(env, port)
+    stack = Stack(env, port, subnet_prefix)
     stack.compose("down", "-v", "--remove-orphans")
     try:
         stack.compose("up", "-d")
@@ -157,6 +181,8 @@ def stack() -> Iterator[Stack]:
         raise
     finally:
         stack.compose("down", "-v", "--remove-orphans", timeout=120)
+        # The tag only: its layers stay in docker's cache for the next run.
+        subprocess.run(["docker", "image", "rm", IMAGE], capture_output=True, timeout=60)
 
 
 PLACE = """
@@ -234,6 +260,7 @@ def test_the_agents_node_is_ready_and_a_replica_is_placed_released_and_seen_live
 class Traffic:
     """Steady traffic through nginx: what each request took, and whatever failed."""
 
+    replicas: dict[str, str]  # nginx's upstream address -> replica name
     durations: list[float] = field(default_factory=list)
     slowest: tuple[float, float] = (0.0, 0.0)  # (took, started at)
     failures: list[tuple[float, str]] = field(default_factory=list)
@@ -283,7 +310,7 @@ class Traffic:
     def served_by(self, since: float) -> set[str]:
         with self.lock:
             addresses = {a.split(",")[-1].strip() for t, a in self.upstreams if t >= since}
-        return {REPLICA_ADDRESSES.get(a, a) for a in addresses}
+        return {self.replicas.get(a, a) for a in addresses}
 
 
 # CI runs the stop/start story once; LLMGW_COMPOSE_ROUNDS=8 repeats it on the
@@ -296,7 +323,7 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
     stack: Stack, round_: int
 ) -> None:
     wait_for_the_demo_node(stack)  # the traffic heartbeats it
-    traffic = Traffic()
+    traffic = Traffic(replicas=stack.replicas)
     stop = threading.Event()
     workers = [threading.Thread(target=traffic.worker, args=(stack.url, i, stop)) for i in range(4)]
     for w in workers:
