@@ -181,8 +181,11 @@ def stack() -> Iterator[Stack]:
         raise
     finally:
         stack.compose("down", "-v", "--remove-orphans", timeout=120)
-        # The tag only: its layers stay in docker's cache for the next run.
-        subprocess.run(["docker", "image", "rm", IMAGE], capture_output=True, timeout=60)
+        # The tag, not its parents: they are docker's build cache (without
+        # --no-prune the next run rebuilt for 23 s instead of 1 s).
+        subprocess.run(
+            ["docker", "image", "rm", "--no-prune", IMAGE], capture_output=True, timeout=60
+        )
 
 
 PLACE = """
