@@ -8,7 +8,7 @@ safely. So on the first SIGTERM (`docker stop`, systemd, Kubernetes):
 
 1. drain, for INVENTORY_SHUTDOWN_DRAIN seconds: /readyz answers 503
    "shutting down" (a load balancer that polls it stops sending), and every
-   response carries `Connection: close`, so proxies drop their keep-alive
+   response carries `Connection: close` (web/exchange.py), so proxies drop their keep-alive
    connections to this process after their current request instead of
    racing its shutdown; requests are still served;
 2. then stop accepting without dropping what the kernel already queued
@@ -32,7 +32,6 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
 
@@ -52,31 +51,6 @@ class Drain:
     def begin(self) -> None:
         if self.since is None:
             self.since = time.monotonic()
-
-
-class CloseConnectionsWhileDraining:
-    """Adds `Connection: close` to every HTTP response once the drain began."""
-
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
-        self.app = app
-        self.drain = drain
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.drain.draining:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (name, value)
-                    for name, value in message.get("headers", [])
-                    if name.lower() != b"connection"
-                ]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, receive, send_closing)
 
 
 class DrainingServer(uvicorn.Server):
