@@ -15,11 +15,11 @@ builds the response's start once and hands both messages to uvicorn.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 
 from service.web.draining import Drain
 from service.web.http_guards import Message, Send
+from service.web.time_limits import Limit
 
 REQUEST_ID_HEADER = b"x-request-id"
 JSON = b"application/json"
@@ -28,7 +28,7 @@ JSON = b"application/json"
 class Exchange:
     """The `send` of one HTTP request (an ASGI send callable), and what it has sent so far."""
 
-    __slots__ = ("_drain", "_request_id", "_send", "started", "status", "timeout")
+    __slots__ = ("_drain", "_request_id", "_send", "limit", "started", "status")
 
     def __init__(self, send: Send, request_id: str, drain: Drain) -> None:
         self._send = send
@@ -39,7 +39,7 @@ class Exchange:
         self.status = 500
         # The request's time limit while it runs (graphql_endpoint.py), ended
         # by the response's start.
-        self.timeout: asyncio.Timeout | None = None
+        self.limit: Limit | None = None
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -67,8 +67,8 @@ class Exchange:
     ) -> list[tuple[bytes, bytes]]:
         self.started = True
         self.status = status
-        if self.timeout is not None:
-            self.timeout.reschedule(None)
+        if self.limit is not None:
+            self.limit.end()
         out = list(headers)
         out.append((REQUEST_ID_HEADER, self._request_id))
         if self._drain.draining:

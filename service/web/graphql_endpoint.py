@@ -4,7 +4,7 @@ In this order, each step answering a request it refuses:
 
 1. the media type of the answer, from Accept (graphql_http.py): 406 when
    nothing fits, before anything else is read;
-2. the time limit (INVENTORY_REQUEST_TIMEOUT), around everything after it,
+2. the time limit (INVENTORY_REQUEST_TIMEOUT, time_limits.py), around all after it,
    so that a body trickled in a byte at a time counts against it too: 503;
 3. the body, read whole, at most INVENTORY_MAX_BODY_BYTES: 413;
 4. the caller's token: 401 (503 while the database cannot say);
@@ -21,7 +21,6 @@ all: its answer goes out whole through the request's Exchange (exchange.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from service.auth import Authenticator
@@ -49,6 +48,7 @@ from service.web.http_guards import (
     replay,
     time_limit_passed,
 )
+from service.web.time_limits import TimeLimits
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class GraphQLEndpoint:
         self.view = view
         self.front_door = front_door
         self.authenticator = authenticator
-        self.seconds = settings.request_timeout
+        self.limits = TimeLimits(settings.request_timeout)
         self.max_bytes = settings.max_body_bytes
         self._media_types: dict[str | None, str | None] = {}
 
@@ -87,18 +87,17 @@ class GraphQLEndpoint:
             if refusal is not None:
                 await refuse(exchange, None, refusal)
                 return
-        timeout = asyncio.timeout(self.seconds)
-        exchange.timeout = timeout
+        limit = exchange.limit = self.limits.begin()
         try:
-            async with timeout:
+            with limit:
                 await self._in_time(scope, receive, exchange, media_type)
         except TimeoutError:
-            exchange.timeout = None
-            if exchange.started or not timeout.expired():
+            exchange.limit = None
+            if exchange.started or not limit.expired:
                 raise
-            await self._refused(exchange, media_type, time_limit_passed(self.seconds, scope))
+            await self._refused(exchange, media_type, time_limit_passed(self.limits.seconds, scope))
         finally:
-            exchange.timeout = None
+            exchange.limit = None
 
     async def _in_time(
         self, scope: Scope, receive: Receive, exchange: Exchange, media_type: str | None
