@@ -9,13 +9,11 @@ gets an "internal error" quotes the id and the log line is one grep away.
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 import logging
 import random
 import re
 import sys
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,10 +40,13 @@ def sane_request_id(incoming: str) -> bool:
     return _SANE_ID.match(incoming) is not None
 
 
-def set_request_id(request_id: str) -> Callable[[], None]:
-    """Attach `request_id` to every log line written from here on in this task; returns the undo."""
-    token = _request_id.set(request_id)
-    return functools.partial(_request_id.reset, token)
+def set_request_id(request_id: str) -> contextvars.Token[str | None]:
+    """Attach `request_id` to every log line written from here on in this task (reset_request_id undoes it)."""
+    return _request_id.set(request_id)
+
+
+def reset_request_id(token: contextvars.Token[str | None]) -> None:
+    _request_id.reset(token)
 
 
 class RequestIdFilter(logging.Filter):

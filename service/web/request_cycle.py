@@ -25,6 +25,7 @@ answer for a whole one.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import time
@@ -38,7 +39,13 @@ from service.web.draining import Drain
 from service.web.exchange import REQUEST_ID_HEADER, Exchange
 from service.web.graphql_endpoint import GraphQLEndpoint
 from service.web.http_guards import Receive, Scope, Send
-from service.web.logs import access_log, new_request_id, sane_request_id, set_request_id
+from service.web.logs import (
+    access_log,
+    new_request_id,
+    reset_request_id,
+    sane_request_id,
+    set_request_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +74,17 @@ class RequestCycle:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "websocket":
-            reset = _identify(scope)
+            token = _identify(scope)
             try:
                 await self.app(scope, receive, send)
             finally:
-                reset()
+                reset_request_id(token)
         else:  # lifespan
             await self.app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        reset = _identify(scope)
+        token = _identify(scope)
         request_id: str = scope["state"]["request_id"]
         exchange = Exchange(send, request_id, self.drain)
         try:
@@ -107,11 +114,11 @@ class RequestCycle:
                     elapsed * 1000,
                     extra={"status": exchange.status, "duration_ms": round(elapsed * 1000, 2)},
                 )
-            reset()
+            reset_request_id(token)
 
 
-def _identify(scope: Scope) -> Any:
-    """Give the request its id (the caller's X-Request-Id when sane); returns what undoes it."""
+def _identify(scope: Scope) -> contextvars.Token[str | None]:
+    """Give the request its id (the caller's X-Request-Id when sane); reset_request_id undoes it."""
     incoming = None
     for name, value in scope["headers"]:
         if name == REQUEST_ID_HEADER:
