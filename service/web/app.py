@@ -112,7 +112,7 @@ class InventoryGraphQL(GraphQL[Context, None]):
             return await super().execute_single(*args, **kwargs)
         except HTTPException as refused:
             # GraphQL over HTTP: a mutation sent with GET is 405 Method Not
-            # Allowed (Strawberry says 400); NegotiateMediaType makes it JSON.
+            # Allowed (Strawberry says 400); graphql_http.Negotiated makes it JSON.
             if isinstance(refused.__cause__, InvalidOperationTypeError):
                 raise HTTPException(405, refused.reason) from refused
             raise
