@@ -31,28 +31,6 @@ def error_body(message: str, code: str) -> bytes:
     return json.dumps({"errors": [{"message": message, "extensions": {"code": code}}]}).encode()
 
 
-async def send_error(
-    send: Send,
-    status: int,
-    message: str,
-    code: str,
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    body = error_body(message, code)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
 def decode_json_body(data: str | bytes) -> object:
     """json.loads, with undecodable bytes reported as bad JSON (a 400), not a crash (a 500).
 
