@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -36,8 +37,8 @@ class _Counters:
         # The fast path's route runs: (route, outcome, reason) -> count
         # (service/graphql/fast/front_door.py).
         self.fast_path: dict[tuple[str, str, str], int] = defaultdict(int)
-        # (method, route, status) -> per-bucket counts, sum, count
-        self.latency: dict[tuple[str, str, str], list[float]] = {}
+        # (method, route, status) -> per-bucket counts, sum
+        self.latency: dict[tuple[str, str, int], list[float]] = {}
         # Websockets whose token ended, by how ("revoked", "expired"), and the
         # re-checks that could not ask the database (service/token_watch.py).
         self.token_ends: dict[str, int] = defaultdict(int)
@@ -68,17 +69,17 @@ class _Counters:
         # cannot mint a new series per made-up method.
         if method not in KNOWN_METHODS:
             method = "other"
-        key = (method, route, str(status))
+        key = (method, route, status)
+        # The one bucket it falls in (the last: over every bound); the
+        # snapshot sums them up as Prometheus counts them (cumulative).
+        bucket = bisect_left(LATENCY_BUCKETS, seconds)
         with self._lock:
             series = self.latency.get(key)
             if series is None:
-                # cumulative bucket counts, then the sum, then the count
+                # per-bucket counts (+Inf last), then the sum
                 series = self.latency[key] = [0.0] * (len(LATENCY_BUCKETS) + 2)
-            for i, bound in enumerate(LATENCY_BUCKETS):
-                if seconds <= bound:
-                    series[i] += 1
-            series[-2] += seconds
-            series[-1] += 1
+            series[bucket] += 1
+            series[-1] += seconds
 
     def snapshot(
         self,
@@ -86,7 +87,10 @@ class _Counters:
         dict[str, int], dict[tuple[str, str, str], list[float]], dict[tuple[str, str, str], int]
     ]:
         with self._lock:
-            latency = {k: list(v) for k, v in self.latency.items()}
+            latency = {
+                (method, route, str(status)): _cumulative(series)
+                for (method, route, status), series in self.latency.items()
+            }
             return dict(self.rejections), latency, dict(self.fast_path)
 
     def reset(self) -> None:
@@ -104,6 +108,17 @@ COUNTERS = _Counters()
 def count_rejection(code: str) -> None:
     """Count one refused allocation by its RejectionCode (e.g. GPU_TAKEN); process-local."""
     COUNTERS.count_rejection(code)
+
+
+def _cumulative(series: list[float]) -> list[float]:
+    """Per-bucket counts and their sum as the exposition reads them: cumulative counts, sum, count."""
+    out = []
+    running = 0.0
+    for count in series[: len(LATENCY_BUCKETS)]:
+        running += count
+        out.append(running)
+    total = running + series[len(LATENCY_BUCKETS)]
+    return [*out, series[-1], total]
 
 
 def count_fast_path(route: str, outcome: str, reason: str) -> None:

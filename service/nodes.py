@@ -404,7 +404,8 @@ async def heartbeat_alive(conn: Connection, node_ids: Sequence[str]) -> dict[str
     Whatever is absent (an unknown node, one coming back) goes to heartbeat_many.
     """
     rows = await conn.execute(_ALIVE_HEARTBEATS, {"ids": sorted(set(node_ids))})
-    return {r.id: node_from_row(r) for r in rows}
+    # The id from the record: a row's `.id` is a __getattr__ after a failed lookup.
+    return {node.id: node for node in map(node_from_row, rows)}
 
 
 async def heartbeat_many(conn: Connection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:

@@ -281,7 +281,7 @@ mutation Beat($id: ID!) {
     ],
 )
 def test_which_heartbeat_documents_are_compiled(document: str, compiled: bool) -> None:
-    prepared = FrontDoor(None, schema, None).documents.get(document)  # type: ignore[arg-type]
+    prepared = FrontDoor(schema, None).documents.get(document)  # type: ignore[arg-type]
     assert prepared is not None, "the document must be valid"
     operation = prepared.operation(None)
     assert operation is not None

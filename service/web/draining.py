@@ -35,7 +35,7 @@ So on the first SIGTERM (`docker stop`, systemd, Kubernetes):
    refused, which it may retry on another replica (nothing was sent), and a
    passive health check (nginx's max_fails) takes the replica out;
 3. close the connections from the client's side: every response now carries
-   `Connection: close`, so a proxy drops each connection after its current
+   `Connection: close` (web/exchange.py), so a proxy drops each connection after its current
    request, and idle ones are left for the proxy to close at its idle
    timeout; after uvicorn's keep-alive timeout whatever is left is closed as
    it would have been anyway;
@@ -59,7 +59,6 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
 
@@ -85,36 +84,6 @@ class Drain:
     def close_connections(self) -> None:
         self.begin()
         self.closing = True
-
-
-class CloseConnectionsWhileDraining:
-    """Adds `Connection: close` to every HTTP response once the listener is closed.
-
-    Decided when the request begins (no wrapper on the hot path): a response
-    to a request begun just before leaves its connection open, and the
-    proxy's next request on it, or its idle timeout, ends it.
-    """
-
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
-        self.app = app
-        self.drain = drain
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.drain.closing:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (name, value)
-                    for name, value in message.get("headers", [])
-                    if name.lower() != b"connection"
-                ]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, receive, send_closing)
 
 
 class DrainingServer(uvicorn.Server):

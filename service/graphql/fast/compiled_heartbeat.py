@@ -15,7 +15,8 @@ fragments. The agent's own document (agent/operations/heartbeat.graphql) is
 one of them.
 
 How it stays exact: the same domain call as the resolver, the same role
-check, the schema's own serializers for each leaf. Whatever graphql-core would
+check, each field read from the record as Node.of reads it (types.NODE_FIELDS),
+the schema's own serializers for each leaf. Whatever graphql-core would
 have to decide, it declines with a reason, and graphql-core then runs the
 document as usual. Before the beat: a node id that is not a string (an ID
 sent as a number is graphql-core's to coerce), a caller the role check
@@ -28,6 +29,7 @@ Context.once), and graphql-core words the answer from it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +55,11 @@ from service.graphql.context import Context
 from service.graphql.mutations import HEARTBEAT
 from service.graphql.permissions import check_role, role_of
 from service.graphql.types import Node
+from service.node_views import NodeRecord
 
 from .documents import only_root_field
 from .fields import plain_fields
-from .outcomes import Answered, Declined, Outcome, encode
+from .outcomes import Answered, Declined, Outcome
 from .private_api import core_schema
 
 FIELD = "heartbeat"
@@ -65,7 +68,8 @@ FIELD = "heartbeat"
 @dataclass(frozen=True)
 class _Leaf:
     key: str
-    attribute: str | None  # None: __typename
+    prefix: str  # the key as the answer writes it
+    read: Callable[[NodeRecord], Any] | None  # as Node.of reads it; None: __typename
     serialize: Callable[[Any], Any]
     nullable: bool
 
@@ -74,7 +78,8 @@ class CompiledHeartbeat:
     def __init__(
         self, key: str, node_id: str | None, variable: str | None, leaves: list[_Leaf]
     ) -> None:
-        self._key = key
+        # The answer as outcomes.encode writes {"data": {key: {leaf: value...}}}.
+        self._head = f'{{"data":{{{json.dumps(key)}:{{'
         self._node_id = node_id
         self._variable = variable
         self._leaves = leaves
@@ -98,13 +103,13 @@ class CompiledHeartbeat:
         except Exception as error:  # graphql-core words it (masked if unexpected)
             context.hand_over(key, error=error)
             return Declined("beat_failed")
-        node = Node.of(record)
-        answer: dict[str, Any] = {}
+        answer = [self._head]
         for leaf in self._leaves:
-            if leaf.attribute is None:
-                answer[leaf.key] = "Node"
+            answer.append(leaf.prefix)
+            if leaf.read is None:
+                answer.append('"Node"')
                 continue
-            value = getattr(node, leaf.attribute)
+            value = leaf.read(record)
             try:
                 serialized = None if value is None else leaf.serialize(value)
             except (GraphQLError, TypeError, ValueError):
@@ -114,8 +119,11 @@ class CompiledHeartbeat:
             if serialized is None and (value is not None or not leaf.nullable):
                 context.hand_over(key, result=record)
                 return Declined("leaf_not_serializable")
-            answer[leaf.key] = serialized
-        return Answered(encode({"data": {self._key: answer}}))
+            # A leaf's value is a scalar: json.dumps writes it as it would
+            # inside the whole answer (outcomes.encode).
+            answer.append(json.dumps(serialized))
+        answer.append("}}}")
+        return Answered("".join(answer).encode())
 
 
 def compile_heartbeat(
@@ -141,7 +149,7 @@ def compile_heartbeat(
     if not isinstance(node_type, GraphQLObjectType):
         return None
     attributes = plain_fields(schema, "Node")
-    leaves = []
+    leaves: list[_Leaf] = []
     for selection in root.selection_set.selections:
         if (
             not isinstance(selection, FieldNode)
@@ -152,12 +160,18 @@ def compile_heartbeat(
             return None
         name = selection.name.value
         key = selection.alias.value if selection.alias else name
+        prefix = f"{',' if leaves else ''}{json.dumps(key)}:"
+        if any(leaf.key == key for leaf in leaves):
+            continue  # the same field again (validation saw to that): answered once
         if name == "__typename":
-            leaves.append(_Leaf(key, None, str, False))
+            leaves.append(_Leaf(key, prefix, None, str, False))
             continue
         field = node_type.fields.get(name)
         strawberry_field = attributes.get(name)
         if field is None or strawberry_field is None:
+            return None
+        read = Node.read(strawberry_field.python_name)
+        if read is None:
             return None
         leaf_type = get_named_type(field.type)
         if not is_leaf_type(leaf_type):
@@ -167,7 +181,8 @@ def compile_heartbeat(
         leaves.append(
             _Leaf(
                 key,
-                strawberry_field.python_name,
+                prefix,
+                read,
                 coerce,
                 not isinstance(field.type, GraphQLNonNull),
             )

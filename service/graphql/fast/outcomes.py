@@ -30,9 +30,13 @@ class Declined:
 Outcome = Answered | Declined
 
 
+# json.dumps with any argument builds a new encoder per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def encode(body: dict[str, Any]) -> bytes:
     """A response body as the routes send it: compact JSON, as Strawberry's view writes it."""
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _COMPACT.encode(body).encode()
 
 
 class CompiledRoute(Protocol):
