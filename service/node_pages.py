@@ -36,6 +36,29 @@ from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
 from service.node_views import NodeFilter, page_clause
 from service.paging import PageRequest, PageTruncated, stops_short
+from service.topology import describe_groups_sql, largest_free_group_sql
+
+
+def timestamp(column: str) -> str:
+    """SQL text: a timestamptz column as the GraphQL DateTime scalar writes it.
+
+    The scalar is Strawberry's: datetime.isoformat() of the value asyncpg
+    decodes, which is always in UTC (whatever the session's TimeZone), with
+    six digits of microseconds, none when they are zero:
+    2026-12-04T07:58:29.120000+00:00, 2026-12-04T07:58:29+00:00. PostgreSQL's
+    own to_json writes the session's zone and trims the fraction
+    (2026-12-04T08:58:29.12+01:00), so the text is built here. asyncpg
+    decodes infinity as datetime.max and -infinity as datetime.min, both
+    without a zone. tests/test_compiled_page.py compares this with the
+    scalar on values of each kind and in several session time zones.
+    """
+    return (
+        f"CASE {column} WHEN 'infinity' THEN '9999-12-31T23:59:59.999999'"
+        f" WHEN '-infinity' THEN '0001-01-01T00:00:00'"
+        f" ELSE replace(to_char({column} AT TIME ZONE 'UTC',"
+        """ 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'), '.000000+', '+') END"""
+    )
+
 
 # Attribute -> SQL expression of its JSON value, per record kind, over the
 # kind's table alias.
@@ -49,6 +72,12 @@ NODE: Mapping[str, str] = {
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
     "boot_id": "n.boot_id",
+    "last_seen": timestamp("n.last_seen"),
+    "registered_at": timestamp("n.registered_at"),
+    # Node.nvlinkGroups and Node.largestFreeNvlinkGroup, from topology's
+    # definitions (their SQL form sits next to the Python one).
+    "nvlink_groups": describe_groups_sql("n"),
+    "largest_free_nvlink_group": largest_free_group_sql("n"),
     # The reason that explains the state (node_views.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
     "state_reason": (
@@ -81,6 +110,7 @@ SHARD: Mapping[str, str] = {
     "gpu_indices": "(SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest(s.gpu_indices) i)",
     "fabric": "s.fabric",
     "hcas": "s.hcas",
+    "created_at": timestamp("s.created_at"),
 }
 FILESYSTEM: Mapping[str, str] = {
     "id": "f.fs_id",
@@ -311,3 +341,20 @@ class NodePage:
             {**params, **self._params},
             request,
         )
+
+
+class OneNode:
+    """One node by id as the selection says: node_views.get_node's node, built once per selection."""
+
+    def __init__(self, selection: Sequence[Value]) -> None:
+        statement = _Statement()
+        node = statement.object(NODE, selection)  # raises Unsupported
+        # The parameters are p<n> (keys, constants) and the node's id.
+        self._sql = cached_text(f"SELECT {node}::text FROM nodes n WHERE n.id = :node_id")
+        self._params = statement.params
+
+    async def fetch(self, conn: Connection, node_id: str) -> str | None:
+        """The node's JSON object (text), None when there is no node of that id."""
+        found = await conn.execute(self._sql, {**self._params, "node_id": node_id})
+        text: str | None = found.scalar()
+        return text

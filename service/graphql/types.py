@@ -26,7 +26,8 @@ from .scalars import Bytes
 
 # Metadata key of a field whose value a page reads from a record attribute
 # of another name (fast/fields.py): e.g. Node.stateChangedBy is
-# NodeRecord.state_actor, Node.storage the node's filesystems.
+# NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
+# builds itself (Node.nvlinkGroups, service/node_pages.py).
 RECORD = "record-attribute"
 
 
@@ -299,6 +300,8 @@ class Node:
             "this node can take now. Null when its topology is unknown."
         ),
         graphql_type=int | None,
+        # A page of nodes builds it itself (node_pages.py, from topology's definition).
+        metadata={RECORD: "largest_free_nvlink_group"},
     )
     def largest_free_nvlink_group(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.gpus, str(self.id), topology.largest_free_group)
@@ -309,6 +312,7 @@ class Node:
             "(bridged pairs), 'none' (PCIe only), 'unknown' (not reported)."
         ),
         graphql_type=str,
+        metadata={RECORD: "nvlink_groups"},
     )
     def nvlink_groups(self, info: Info) -> Any:
         def words(gpus: list[GpuRecord]) -> str:

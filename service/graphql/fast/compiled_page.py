@@ -69,17 +69,14 @@ from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
-from service.db_faults import is_database_unavailable
 from service.errors import InventoryError
 from service.graphql.context import Context
-from service.graphql.masking import UNSTORABLE_TEXT
 from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
-from service.transactions import sqlstate
 
 from .documents import only_root_field
 from .fields import NotAnObjectType, record_attributes
-from .outcomes import Answered, Declined, Outcome
+from .outcomes import Answered, Declined, Outcome, read_declined
 from .private_api import core_schema, scalar_registry
 
 # The root fields compiled, and the arguments CompiledPage.run passes on, by
@@ -94,8 +91,9 @@ ROOTS: Mapping[str, Mapping[str, str]] = {
 
 # Leaves whose JSON PostgreSQL writes as the type's output coercion would: a
 # text, a 32-bit integer column (always within Int), a bigint (Bytes is a JSON
-# integer), a boolean. Any other scalar (DateTime, JSON...) is graphql-core's.
-_LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes"})
+# integer), a boolean, a timestamp as the DateTime scalar writes it
+# (node_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
+_LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes", "DateTime"})
 
 _NOT_GIVEN: Any = object()
 
@@ -201,11 +199,10 @@ class CompiledPage:
         except Exception as error:
             # What masking.py words for the client: graphql-core runs the read
             # again and answers it. Any other exception is a bug: it propagates.
-            if is_database_unavailable(error):
-                return Declined("database_unavailable")
-            if sqlstate(error) in UNSTORABLE_TEXT:
-                return Declined("text_not_storable")
-            raise
+            declined = read_declined(error)
+            if declined is None:
+                raise
+            return declined
         body = b'{"data":{' + self._key + b":" + answer.entries.encode() + b"}"
         if answer.truncated is not None:
             # Where and how graphql-core places it (pages.py): at the field.
@@ -318,6 +315,20 @@ class _Compiler:
         if named.name not in _LEAVES:
             raise _Declined
         return node_pages.Value(key, attribute)
+
+
+def compile_selection(
+    schema: strawberry.Schema, parent: GraphQLObjectType, selection_set: SelectionSetNode | None
+) -> tuple[node_pages.Value, ...] | None:
+    """node_pages' values for a selection of `parent`, None when it cannot build all of it.
+
+    Also the compiled node(id)'s selection (compiled_node.py): one rule of
+    what PostgreSQL may build, for a page and for one node.
+    """
+    try:
+        return _Compiler(schema).selection(parent, selection_set)
+    except _Declined:
+        return None
 
 
 def _is_list(type_: Any) -> bool:

@@ -11,7 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from service.db_faults import is_database_unavailable
 from service.graphql.context import Context
+from service.graphql.masking import UNSTORABLE_TEXT
+from service.transactions import sqlstate
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,20 @@ class Declined:
 
 
 Outcome = Answered | Declined
+
+
+def read_declined(error: Exception) -> Declined | None:
+    """A compiled read's failure that graphql-core words (masking.py), as a decline; None: a bug.
+
+    The database down, or a text it cannot store (a NUL in an id): the read
+    declines and graphql-core runs it again and answers as it would; reading
+    twice writes nothing. Anything else is a bug, for the caller to raise.
+    """
+    if is_database_unavailable(error):
+        return Declined("database_unavailable")
+    if sqlstate(error) in UNSTORABLE_TEXT:
+        return Declined("text_not_storable")
+    return None
 
 
 def encode(body: dict[str, Any]) -> bytes:
