@@ -422,6 +422,10 @@ async def test_one_node_by_id_reads_the_same_built_by_postgresql(
     await both_ways(both, count_statements, '{ node(id: "gpu-01") { __typename id lastSeen } }')
     await both_ways(both, count_statements, CTL_NODE_BUT_LABELS, {"id": "gpu-01"})
     assert answered("node") - before == 8
+    metrics = (await both[0].get("/metrics")).text
+    assert (
+        'inventory_fast_path_requests_total{route="node",outcome="answered",reason=""}' in metrics
+    )
 
 
 @pytest.mark.parametrize(

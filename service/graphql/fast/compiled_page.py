@@ -9,13 +9,15 @@ Which documents: a query with one root field, `nodes` (filter, first, after)
 or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
 after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
-leaves (IDs, strings, integers, booleans, Bytes, the NodeState enum), lists
-of leaves, localDisk/sharedDisk, and the detail lists gpus (with
-allocation), freeGpus without gpuClass (service/availability.py's
-gpu_free), storage, allocations, fabrics and weights with their leaves.
-Aliases and __typename too; no directives, fragments or repeated response
-keys. Everything else (labels, timestamps, a field given arguments) runs
-through graphql-core as before.
+leaves (IDs, strings, integers, booleans, Bytes, DateTime, the NodeState
+enum), lists of leaves, localDisk/sharedDisk, nvlinkGroups and
+largestFreeNvlinkGroup (service/topology.py's definitions), and the detail
+lists gpus (with allocation), freeGpus without gpuClass
+(service/availability.py's gpu_free), storage, allocations, fabrics and
+weights with their leaves. Aliases and __typename too; no directives,
+fragments or repeated response keys. Everything else (labels and engine
+versions, a field given arguments) runs through graphql-core as before.
+The same selections of one node by id: compiled_node.py.
 
 How it stays exact: the same role check and page rule as the resolver
 (service/paging.py: a page without `first` that stopped short answers
