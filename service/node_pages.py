@@ -34,7 +34,7 @@ from typing import Any
 from service.availability import gpu_free, gpu_health_reasons, gpu_healthy, node_schedulable
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
-from service.node_views import NodeFilter, page_clause
+from service.node_views import NodeFilter, by_key_sql, page_clause
 from service.paging import PageRequest, PageTruncated, stops_short
 from service.topology import describe_groups_sql, largest_free_group_sql
 
@@ -136,6 +136,9 @@ DISKS: Mapping[str, tuple[str, str]] = {
     "shared_disk": ("n.shared_disk_free", "n.shared_disk_total"),
 }
 DISK: Mapping[str, int] = {"free_bytes": 0, "total_bytes": 1}
+# A node's key-value lists (Node.labels, Node.engineVersions), in node_views.by_key's order.
+KEY_VALUE_LISTS: Mapping[str, str] = {"labels": "n.labels", "engine_versions": "n.engine_versions"}
+KEY_VALUE: Mapping[str, str] = {"key": "e.key", "value": "e.value"}
 
 # A node's detail lists: the kind of their items, FROM ... WHERE, and the
 # order their loaders read them in.
@@ -267,6 +270,9 @@ class _Statement:
                 else:
                     raise Unsupported(sub.attribute)
             return f"CASE WHEN {total} IS NULL THEN NULL ELSE json_build_object({', '.join(parts)}) END"
+        if kind is NODE and attribute in KEY_VALUE_LISTS:
+            entry = self.object(KEY_VALUE, value.selection)
+            return by_key_sql(KEY_VALUE_LISTS[attribute], entry)
         if kind is NODE and attribute in _LISTS:
             item, source, order = _LISTS[attribute]
             return (

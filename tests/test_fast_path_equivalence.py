@@ -30,6 +30,7 @@ from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
 from benchmarks.equivalence.differential import MAX_PAGE_SIZE, Differential, Normalizer, settings
 from benchmarks.equivalence.operations import Operation
+from service.ctl.nodes import NODE as CTL_NODE
 from service.ctl.nodes import NODES as CTL_NODES
 from service.metrics import COUNTERS
 from service.migrations import upgrade
@@ -175,8 +176,8 @@ def test_the_dashboards_and_ctl_nodes_pages_are_answered_by_the_compiled_page(
     both: Both,
 ) -> None:
     """Their pages select lastSeen, nvlinkGroups and largestFreeNvlinkGroup: built by
-    PostgreSQL now, alike, and counted as the compiled page's (the node view's look at one
-    node as the compiled node route's)."""
+    PostgreSQL now, alike, and counted as the compiled page's (their looks at one node as
+    the compiled node route's)."""
     page, node = answered("page"), answered("node")
     dashboard = _dashboard_query("NODES_QUERY")
     same(both, dashboard, {"after": None})
@@ -185,5 +186,7 @@ def test_the_dashboards_and_ctl_nodes_pages_are_answered_by_the_compiled_page(
     same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": None})
     same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": "gpu-05"})
     assert answered("page") - page == 4
+    # Their looks at one node: the dashboard's node view, `ctl node ID` (labels included).
     same(both, _dashboard_query("NODE_QUERY"), {"id": "gpu-02"})
-    assert answered("node") - node == 1
+    same(both, CTL_NODE, {"id": "gpu-01"})
+    assert answered("node") - node == 2

@@ -366,7 +366,7 @@ def compiled_shape(
 ) -> SelectionSetNode:
     """The selection without what no compiled route takes: arguments below the root
     (dropped where all are optional, as Node.freeGpus without gpuClass; else the field),
-    key-value lists, and (for the heartbeat) anything but leaves."""
+    and (for the heartbeat) anything but leaves."""
     kept: list[SelectionNode] = []
     for selection in selection_set.selections:
         if not isinstance(selection, FieldNode) or not isinstance(parent, GraphQLObjectType):
@@ -380,7 +380,7 @@ def compiled_shape(
             is_non_null_type(a.type) and a.default_value is Undefined
             for a in definition.args.values()
         )
-        if (not root and required) or named.name == "KeyValue":
+        if not root and required:
             continue
         arguments = selection.arguments if root else ()
         if selection.selection_set is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import strawberry
 
-from service import connections, paging, topology
+from service import connections, node_views, paging, topology
 from service.allocations import ShardRecord
 from service.availability import is_free
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
@@ -47,7 +47,7 @@ class KeyValue:
 
 
 def key_values(mapping: dict[str, str]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=mapping[k]) for k in sorted(mapping)]
+    return [KeyValue(key=k, value=v) for k, v in node_views.by_key(mapping)]
 
 
 @strawberry.type

@@ -10,13 +10,14 @@ or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
 after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
 leaves (IDs, strings, integers, booleans, Bytes, DateTime, the NodeState
-enum), lists of leaves, localDisk/sharedDisk, nvlinkGroups and
-largestFreeNvlinkGroup (service/topology.py's definitions), and the detail
+enum), lists of leaves, localDisk/sharedDisk, labels and engineVersions
+(node_views.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
+(service/topology.py's definitions), and the detail
 lists gpus (with allocation), freeGpus without gpuClass
 (service/availability.py's gpu_free), storage, allocations, fabrics and
 weights with their leaves. Aliases and __typename too; no directives,
-fragments or repeated response keys. Everything else (labels and engine
-versions, a field given arguments) runs through graphql-core as before.
+fragments or repeated response keys. Everything else (a field given
+arguments, hasWeights or hcasFor) runs through graphql-core as before.
 The same selections of one node by id: compiled_node.py.
 
 How it stays exact: the same role check and page rule as the resolver
