@@ -22,7 +22,7 @@ Declined with a reason, graphql-core then answering as usual (a read, so
 running it again writes nothing): an id that is not a JSON string (an ID
 sent as a number is graphql-core's to coerce) or a variable left out
 (id_for_graphql_core), a caller the role check refuses (refused), a
-database that is down or an id it cannot store (outcomes.read_declined).
+database that is down or an id it cannot store (outcomes.compiled_read).
 """
 
 from __future__ import annotations
@@ -44,13 +44,12 @@ from graphql import (
 )
 
 from service import connections, node_pages
-from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 
 from .compiled_page import compile_selection
 from .documents import only_root_field
-from .outcomes import Answered, Declined, Outcome, read_declined
+from .outcomes import Answered, Declined, Outcome, compiled_read
 from .private_api import core_schema
 
 FIELD = "node"
@@ -72,17 +71,15 @@ class CompiledNode:
             node_id = (variables or {}).get(self._variable or "")
             if type(node_id) is not str:
                 return Declined("id_for_graphql_core")
-        try:
+
+        async def read() -> str | None:
             check_role(self._role, FIELD, context.principal, {"id": node_id})
             async with connections.autocommit(context.engine) as conn:
-                found = await self._node.fetch(conn, node_id)
-        except InventoryError:  # a refused caller: the resolver's words
-            return Declined("refused")
-        except Exception as error:
-            declined = read_declined(error)
-            if declined is None:
-                raise
-            return declined
+                return await self._node.fetch(conn, node_id)
+
+        found = await compiled_read(read)
+        if isinstance(found, Declined):
+            return found
         return Answered(self._start + (b"null" if found is None else found.encode()) + b"}}")
 
 

@@ -72,14 +72,13 @@ from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
-from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
 
 from .documents import only_root_field
 from .fields import NotAnObjectType, record_attributes
-from .outcomes import Answered, Declined, Outcome, read_declined
+from .outcomes import Answered, Declined, Outcome, compiled_read
 from .private_api import core_schema, scalar_registry
 
 # The root fields compiled, and the arguments CompiledPage.run passes on, by
@@ -193,19 +192,15 @@ class CompiledPage:
                 given = {name: self._argument(name, variables or {}) for name in self._types}
         except _Declined:
             return Declined("arguments_for_graphql_core")
-        try:
+
+        async def read() -> node_pages.JsonPage:
             check_role(self._role, self._field, context.principal, given)
             request = context.page_request(given.get("first"))
-            answer = await self._fetch(context, given, request)
-        except InventoryError:  # a refused caller, a page size out of range: the resolver's words
-            return Declined("refused")
-        except Exception as error:
-            # What masking.py words for the client: graphql-core runs the read
-            # again and answers it. Any other exception is a bug: it propagates.
-            declined = read_declined(error)
-            if declined is None:
-                raise
-            return declined
+            return await self._fetch(context, given, request)
+
+        answer = await compiled_read(read)
+        if isinstance(answer, Declined):
+            return answer
         body = b'{"data":{' + self._key + b":" + answer.entries.encode() + b"}"
         if answer.truncated is not None:
             # Where and how graphql-core places it (pages.py): at the field.
