@@ -16,6 +16,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from benchmarks.floor import NODE as BENCH_NODE
+from benchmarks.floor import NODE_BY_GRAPHQL_CORE
 from benchmarks.questions import FILTERED as BENCH_FILTERED
 from benchmarks.questions import PAGE as BENCH_PAGE
 from service import connections, node_pages
@@ -47,9 +49,6 @@ query Page($first: Int, $after: ID) {
   }
 }
 """
-
-# benchmarks/floor.py's look at one node.
-BENCH_NODE = "query Node($id: ID!) { node(id: $id) { id state gpus { index healthy } } }"
 
 # The schedulers' question, with every node field the page builds.
 FREE = """
@@ -396,9 +395,9 @@ async def test_a_caller_without_the_role_is_refused_the_same_way(
 
 # node(id), compiled (service/graphql/fast/compiled_node.py): the same selection
 # as a page's node, by id.
-NODE = EVERYTHING.replace("query Page($first: Int, $after: ID) {", "query One($id: ID!) {").replace(
-    "page: nodes(first: $first, after: $after)", "one: node(id: $id)"
-)
+ONE_NODE = EVERYTHING.replace(
+    "query Page($first: Int, $after: ID) {", "query One($id: ID!) {"
+).replace("page: nodes(first: $first, after: $after)", "one: node(id: $id)")
 
 
 def answered(route: str) -> int:
@@ -414,11 +413,11 @@ async def test_one_node_by_id_reads_the_same_built_by_postgresql(
     await a_varied_cluster(api, engine)
     before = answered("node")
     for node_id in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"):
-        answer, statements = await both_ways(both, count_statements, NODE, {"id": node_id})
+        answer, statements = await both_ways(both, count_statements, ONE_NODE, {"id": node_id})
         assert statements == 1  # the node and its details in one statement
         assert answer["data"]["one"]["id"] == node_id
     # No such node: null, as the resolver answers.
-    missing, statements = await both_ways(both, count_statements, NODE, {"id": "gpu-99"})
+    missing, statements = await both_ways(both, count_statements, ONE_NODE, {"id": "gpu-99"})
     assert missing == {"data": {"one": None}} and statements == 1
     # The benchmark's question, a literal id, and `ctl node`'s question.
     await both_ways(both, count_statements, BENCH_NODE, {"id": "gpu-03"})
@@ -428,6 +427,10 @@ async def test_one_node_by_id_reads_the_same_built_by_postgresql(
         "Zone", "_a", "team", "z-1", "zone", "ß", "équipe"
     ]  # fmt: skip
     assert answered("node") - before == 8
+    # The benchmark's comparison row goes to graphql-core, with the same answer.
+    core = answered("graphql_core")
+    await both_ways(both, count_statements, NODE_BY_GRAPHQL_CORE, {"id": "gpu-03"})
+    assert (answered("node") - before, answered("graphql_core") - core) == (8, 1)
     metrics = (await both[0].get("/metrics")).text
     assert (
         'inventory_fast_path_requests_total{route="node",outcome="answered",reason=""}' in metrics
