@@ -350,17 +350,19 @@ class NodePage:
 
 
 class OneNode:
-    """One node by id as the selection says: node_views.get_node's node, built once per selection."""
+    """Nodes by id as the selection says: node_views.get_nodes' nodes, built once per selection."""
 
     def __init__(self, selection: Sequence[Value]) -> None:
         statement = _Statement()
         node = statement.object(NODE, selection)  # raises Unsupported
-        # The parameters are p<n> (keys, constants) and the node's id.
-        self._sql = cached_text(f"SELECT {node}::text FROM nodes n WHERE n.id = :node_id")
+        # The parameters are p<n> (keys, constants) and the ids.
+        self._sql = cached_text(
+            f"SELECT n.id, {node}::text AS node FROM nodes n"
+            " WHERE n.id = ANY(CAST(:node_ids AS text[]))"
+        )
         self._params = statement.params
 
-    async def fetch(self, conn: Connection, node_id: str) -> str | None:
-        """The node's JSON object (text), None when there is no node of that id."""
-        found = await conn.execute(self._sql, {**self._params, "node_id": node_id})
-        text: str | None = found.scalar()
-        return text
+    async def fetch(self, conn: Connection, node_ids: Sequence[str]) -> dict[str, str]:
+        """Each node's JSON object (text) by id; an id of no node is left out."""
+        rows = await conn.execute(self._sql, {**self._params, "node_ids": list(node_ids)})
+        return {row[0]: row[1] for row in rows}

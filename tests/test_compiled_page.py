@@ -8,6 +8,7 @@ must have been one SQL statement.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -435,6 +436,40 @@ async def test_one_node_by_id_reads_the_same_built_by_postgresql(
     assert (
         'inventory_fast_path_requests_total{route="node",outcome="answered",reason=""}' in metrics
     )
+
+
+async def test_looks_at_one_node_that_arrive_together_are_read_together(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    count_statements: StatementCounter,
+) -> None:
+    """Concurrent node(id) requests share statements (service/batches.py), each answered as
+    alone: repeated and missing ids, and a batch that fails (an id PostgreSQL cannot store)
+    declines to graphql-core, which answers each request as the reference does."""
+    await a_varied_cluster(api, engine)
+
+    async def together(ids: list[str]) -> tuple[list[Any], int]:
+        before = count_statements.count
+        answers = await asyncio.gather(*(post(both[0], BENCH_NODE, {"id": i}) for i in ids))
+        reads = sum(1 for sql in count_statements.statements[before:] if "FROM nodes n" in sql)
+        return answers, reads
+
+    ids = ["gpu-01", "gpu-02", "gpu-99", "gpu-01", "gpu-03", "gpu-04", "", "gpu-02"]
+    answers, reads = await together(ids)
+    assert reads < len(ids)
+    for node_id, answer in zip(ids, answers, strict=True):
+        assert answer == await post(both[1], BENCH_NODE, {"id": node_id})
+    assert [a["data"]["node"] and a["data"]["node"]["id"] for a in answers] == [
+        "gpu-01", "gpu-02", None, "gpu-01", "gpu-03", "gpu-04", None, "gpu-02"
+    ]  # fmt: skip
+
+    ids = ["gpu-01", "gpu\x0001", "gpu-02"]
+    answers, _ = await together(ids)
+    for node_id, answer in zip(ids, answers, strict=True):
+        assert _without_request_ids(answer) == _without_request_ids(
+            await post(both[1], BENCH_NODE, {"id": node_id})
+        )
 
 
 @pytest.mark.parametrize("role", ["agent", "none"])
