@@ -296,7 +296,7 @@ def _process(out: Exposition) -> None:
     out.family(
         "inventory_fast_path_requests_total",
         "counter",
-        "GraphQL HTTP requests by fast-path route (front_door, heartbeat, page, graphql_core), "
+        "GraphQL HTTP requests by fast-path route (front_door, heartbeat, page, node, graphql_core), "
         "counted after the route ran: answered, or declined with a reason (declined by "
         "front_door: Strawberry's view answered; reason bug: a logged bug, answered as an "
         "internal error). All zero with INVENTORY_DIRECT_EXECUTION=false.",

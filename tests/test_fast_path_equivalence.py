@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,8 +28,10 @@ import pytest
 
 from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
-from benchmarks.equivalence.differential import Differential, Normalizer, settings
+from benchmarks.equivalence.differential import MAX_PAGE_SIZE, Differential, Normalizer, settings
 from benchmarks.equivalence.operations import Operation
+from service.ctl.nodes import NODE as CTL_NODE
+from service.ctl.nodes import NODES as CTL_NODES
 from service.metrics import COUNTERS
 from service.migrations import upgrade
 from service.web.app import create_app
@@ -134,3 +138,55 @@ def test_a_nodes_free_gpus_are_answered_alike_by_the_compiled_page(both: Both) -
         ("page", "answered", ""), 0
     )
     assert answered == 2
+
+
+def answered(route: str) -> int:
+    count: int = COUNTERS.snapshot()[2].get((route, "answered", ""), 0)
+    return count
+
+
+def test_one_node_by_id_is_answered_alike_by_the_compiled_node_route(both: Both) -> None:
+    """node(id), existing or not, is answered by its compiled route (route="node") and
+    reads as the reference's, timestamps and NVLink groups included."""
+    before = answered("node")
+    query = (
+        "query($id: ID!) { node(id: $id) { id state lastSeen registeredAt nvlinkGroups"
+        " largestFreeNvlinkGroup gpus { index healthy allocation { shardId createdAt } } } }"
+    )
+    for node_id in ("gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-07", "gpu-99", ""):
+        same(both, query, {"id": node_id})
+    same(both, '{ n: node(id: "gpu-06") { __typename id freeGpus { index } } }')
+    assert answered("node") - before == 9
+    # Not counted as answered: an id sent as a number is graphql-core's to coerce.
+    same(both, query, {"id": 1})
+    assert answered("node") - before == 9
+
+
+# The dashboard's questions (service/static/dashboard.js), as it sends them.
+DASHBOARD = (Path(__file__).resolve().parent.parent / "service/static/dashboard.js").read_text()
+
+
+def _dashboard_query(name: str) -> str:
+    found = re.search(rf"const {name} = `([^`]*)`", DASHBOARD)
+    assert found is not None, name
+    return found.group(1)
+
+
+def test_the_dashboards_and_ctl_nodes_pages_are_answered_by_the_compiled_page(
+    both: Both,
+) -> None:
+    """Their pages select lastSeen, nvlinkGroups and largestFreeNvlinkGroup: built by
+    PostgreSQL now, alike, and counted as the compiled page's (their looks at one node as
+    the compiled node route's)."""
+    page, node = answered("page"), answered("node")
+    dashboard = _dashboard_query("NODES_QUERY")
+    same(both, dashboard, {"after": None})
+    same(both, dashboard, {"after": "gpu-03"})
+    # ctl pages by `first` (PAGE; the comparison's apps allow pages of MAX_PAGE_SIZE).
+    same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": None})
+    same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": "gpu-05"})
+    assert answered("page") - page == 4
+    # Their looks at one node: the dashboard's node view, `ctl node ID` (labels included).
+    same(both, _dashboard_query("NODE_QUERY"), {"id": "gpu-02"})
+    same(both, CTL_NODE, {"id": "gpu-01"})
+    assert answered("node") - node == 2

@@ -366,7 +366,7 @@ def compiled_shape(
 ) -> SelectionSetNode:
     """The selection without what no compiled route takes: arguments below the root
     (dropped where all are optional, as Node.freeGpus without gpuClass; else the field),
-    timestamps and key-value lists, and (for the heartbeat) anything but leaves."""
+    and (for the heartbeat) anything but leaves."""
     kept: list[SelectionNode] = []
     for selection in selection_set.selections:
         if not isinstance(selection, FieldNode) or not isinstance(parent, GraphQLObjectType):
@@ -380,7 +380,7 @@ def compiled_shape(
             is_non_null_type(a.type) and a.default_value is Undefined
             for a in definition.args.values()
         )
-        if (not root and required) or named.name in ("DateTime", "KeyValue"):
+        if not root and required:
             continue
         arguments = selection.arguments if root else ()
         if selection.selection_set is None:
@@ -425,9 +425,9 @@ def operations(draw: st.DrawFn, schema: GraphQLSchema, sdl: str) -> Operation:
     dresser = _Dresser(schema, draw)
     selection_set = operation.selection_set
     root_fields = [s.name.value for s in selection_set.selections if isinstance(s, FieldNode)]
-    if root_fields in (["heartbeat"], ["nodes"], ["freeGpus"]) and dresser.chance(85):
-        # Shaped for the compiled routes (the heartbeat's leaves, a page's plain
-        # fields and lists), which take only what they can answer whole.
+    if root_fields in (["heartbeat"], ["nodes"], ["freeGpus"], ["node"]) and dresser.chance(85):
+        # Shaped for the compiled routes (the heartbeat's leaves, a page's or one
+        # node's plain fields and lists), which take only what they can answer whole.
         dresser.plain = True
         dresser.features.add("compiled shape")
         selection_set = compiled_shape(

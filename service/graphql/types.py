@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import strawberry
 
-from service import connections, paging, topology
+from service import connections, node_views, paging, topology
 from service.allocations import ShardRecord
 from service.availability import is_free
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
@@ -27,7 +27,8 @@ from .scalars import Bytes
 
 # Metadata key of a field whose value a page reads from a record attribute
 # of another name (fast/fields.py): e.g. Node.stateChangedBy is
-# NodeRecord.state_actor, Node.storage the node's filesystems.
+# NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
+# builds itself (Node.nvlinkGroups, service/node_pages.py).
 RECORD = "record-attribute"
 
 
@@ -47,7 +48,7 @@ class KeyValue:
 
 
 def key_values(mapping: dict[str, str]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=mapping[k]) for k in sorted(mapping)]
+    return [KeyValue(key=k, value=v) for k, v in node_views.by_key(mapping)]
 
 
 @strawberry.type
@@ -313,6 +314,8 @@ class Node:
             "this node can take now. Null when its topology is unknown."
         ),
         graphql_type=int | None,
+        # A page of nodes builds it itself (node_pages.py, from topology's definition).
+        metadata={RECORD: "largest_free_nvlink_group"},
     )
     def largest_free_nvlink_group(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.gpus, str(self.id), topology.largest_free_group)
@@ -323,6 +326,7 @@ class Node:
             "(bridged pairs), 'none' (PCIe only), 'unknown' (not reported)."
         ),
         graphql_type=str,
+        metadata={RECORD: "nvlink_groups"},
     )
     def nvlink_groups(self, info: Info) -> Any:
         def words(gpus: list[GpuRecord]) -> str:
