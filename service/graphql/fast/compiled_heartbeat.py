@@ -28,24 +28,10 @@ Context.once), and graphql-core words the answer from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import strawberry
-from graphql import (
-    FieldNode,
-    GraphQLError,
-    GraphQLNonNull,
-    GraphQLObjectType,
-    GraphQLSchema,
-    OperationDefinitionNode,
-    OperationType,
-    StringValueNode,
-    VariableNode,
-    get_named_type,
-    is_leaf_type,
-)
+from graphql import OperationDefinitionNode, OperationType, StringValueNode, VariableNode
 
 from service import heartbeats
 from service.errors import InventoryError
@@ -55,24 +41,15 @@ from service.graphql.permissions import check_role, role_of
 from service.graphql.types import Node
 
 from .documents import only_root_field
-from .fields import plain_fields
+from .node_leaves import NodeLeaves, node_leaves
 from .outcomes import Answered, Declined, Outcome, encode
-from .private_api import core_schema
 
 FIELD = "heartbeat"
 
 
-@dataclass(frozen=True)
-class _Leaf:
-    key: str
-    attribute: str | None  # None: __typename
-    serialize: Callable[[Any], Any]
-    nullable: bool
-
-
 class CompiledHeartbeat:
     def __init__(
-        self, key: str, node_id: str | None, variable: str | None, leaves: list[_Leaf]
+        self, key: str, node_id: str | None, variable: str | None, leaves: NodeLeaves
     ) -> None:
         self._key = key
         self._node_id = node_id
@@ -98,23 +75,11 @@ class CompiledHeartbeat:
         except Exception as error:  # graphql-core words it (masked if unexpected)
             context.hand_over(key, error=error)
             return Declined("beat_failed")
-        node = Node.of(record)
-        answer: dict[str, Any] = {}
-        for leaf in self._leaves:
-            if leaf.attribute is None:
-                answer[leaf.key] = "Node"
-                continue
-            value = getattr(node, leaf.attribute)
-            try:
-                serialized = None if value is None else leaf.serialize(value)
-            except (GraphQLError, TypeError, ValueError):
-                serialized = None
-            # graphql-core refuses a leaf that serializes to null or cannot
-            # be serialized (an error in the answer): its answer, not ours.
-            if serialized is None and (value is not None or not leaf.nullable):
-                context.hand_over(key, result=record)
-                return Declined("leaf_not_serializable")
-            answer[leaf.key] = serialized
+        answer = self._leaves.answer(Node.of(record))
+        if answer is None:
+            # A leaf graphql-core refuses (an error in the answer): its answer, not ours.
+            context.hand_over(key, result=record)
+            return Declined("leaf_not_serializable")
         return Answered(encode({"data": {self._key: answer}}))
 
 
@@ -122,7 +87,6 @@ def compile_heartbeat(
     schema: strawberry.Schema, operation: OperationDefinitionNode
 ) -> CompiledHeartbeat | None:
     """A CompiledHeartbeat for an operation of the shape above, else None."""
-    core: GraphQLSchema = core_schema(schema)
     root = only_root_field(operation, OperationType.MUTATION)
     if root is None or root.name.value != FIELD or root.selection_set is None:
         return None
@@ -137,40 +101,8 @@ def compile_heartbeat(
         node_id = value.value
     else:
         return None
-    node_type = core.get_type("Node")
-    if not isinstance(node_type, GraphQLObjectType):
+    leaves = node_leaves(schema, root.selection_set)
+    if leaves is None:
         return None
-    attributes = plain_fields(schema, "Node")
-    leaves = []
-    for selection in root.selection_set.selections:
-        if (
-            not isinstance(selection, FieldNode)
-            or selection.directives
-            or selection.arguments
-            or selection.selection_set is not None
-        ):
-            return None
-        name = selection.name.value
-        key = selection.alias.value if selection.alias else name
-        if name == "__typename":
-            leaves.append(_Leaf(key, None, str, False))
-            continue
-        field = node_type.fields.get(name)
-        strawberry_field = attributes.get(name)
-        if field is None or strawberry_field is None:
-            return None
-        leaf_type = get_named_type(field.type)
-        if not is_leaf_type(leaf_type):
-            return None
-        # The leaf's output coercion as graphql-core's complete_leaf_value calls it.
-        coerce = leaf_type.coerce_output_value
-        leaves.append(
-            _Leaf(
-                key,
-                strawberry_field.python_name,
-                coerce,
-                not isinstance(field.type, GraphQLNonNull),
-            )
-        )
     key = root.alias.value if root.alias else FIELD
     return CompiledHeartbeat(key, node_id, variable, leaves)

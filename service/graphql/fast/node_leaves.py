@@ -1,0 +1,103 @@
+"""A mutation's answer when it selects only leaves of Node: compiled once, filled from Node.of.
+
+For the compiled agent mutations (compiled_heartbeat.py, compiled_registration.py):
+each selected field is a scalar or enum of Node without arguments, directives
+or fragments (aliases and __typename too), serialized by the schema's own
+leaf type as graphql-core's complete_leaf_value does. A value graphql-core
+would refuse (null for a non-null field, or one its serializer rejects) is
+not answered here: the route hands the write's outcome to the resolver and
+graphql-core words the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import strawberry
+from graphql import (
+    FieldNode,
+    GraphQLError,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    SelectionSetNode,
+    get_named_type,
+    is_leaf_type,
+)
+
+from service.graphql.types import Node
+
+from .fields import plain_fields
+from .private_api import core_schema
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    key: str
+    attribute: str | None  # None: __typename
+    serialize: Callable[[Any], Any]
+    nullable: bool
+
+
+class NodeLeaves:
+    """The selected leaves of a Node, in the order selected."""
+
+    def __init__(self, leaves: list[_Leaf]) -> None:
+        self._leaves = leaves
+
+    def answer(self, node: Node) -> dict[str, Any] | None:
+        """The selection's answer for `node`; None when graphql-core would refuse a leaf."""
+        answer: dict[str, Any] = {}
+        for leaf in self._leaves:
+            if leaf.attribute is None:
+                answer[leaf.key] = "Node"
+                continue
+            value = getattr(node, leaf.attribute)
+            try:
+                serialized = None if value is None else leaf.serialize(value)
+            except (GraphQLError, TypeError, ValueError):
+                serialized = None
+            if serialized is None and (value is not None or not leaf.nullable):
+                return None
+            answer[leaf.key] = serialized
+        return answer
+
+
+def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> NodeLeaves | None:
+    """The compiled selection when it selects only leaves of Node, else None."""
+    node_type = core_schema(schema).get_type("Node")
+    if not isinstance(node_type, GraphQLObjectType):
+        return None
+    attributes = plain_fields(schema, "Node")
+    leaves = []
+    for selection in selection_set.selections:
+        if (
+            not isinstance(selection, FieldNode)
+            or selection.directives
+            or selection.arguments
+            or selection.selection_set is not None
+        ):
+            return None
+        name = selection.name.value
+        key = selection.alias.value if selection.alias else name
+        if name == "__typename":
+            leaves.append(_Leaf(key, None, str, False))
+            continue
+        field = node_type.fields.get(name)
+        strawberry_field = attributes.get(name)
+        if field is None or strawberry_field is None:
+            return None
+        leaf_type = get_named_type(field.type)
+        if not is_leaf_type(leaf_type):
+            return None
+        # The leaf's output coercion as graphql-core's complete_leaf_value calls it.
+        leaves.append(
+            _Leaf(
+                key,
+                strawberry_field.python_name,
+                leaf_type.coerce_output_value,
+                not isinstance(field.type, GraphQLNonNull),
+            )
+        )
+    return NodeLeaves(leaves)
