@@ -87,10 +87,10 @@ async def postmaster_pid(url: str) -> int | None:
     """
     conn = await asyncpg.connect(url)
     try:
-        backend = await conn.fetchval("SELECT pg_backend_pid()")
+        # Read while the backend lives: once closed, its /proc entry is gone.
+        return _postgres_parent(await conn.fetchval("SELECT pg_backend_pid()"))
     finally:
         await conn.close()
-    return _postgres_parent(backend)
 
 
 def _postgres_parent(backend: int) -> int | None:
