@@ -8,6 +8,7 @@ one, before any answer of the service changes.
 from __future__ import annotations
 
 import inspect
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -129,3 +130,10 @@ def test_errors_added_after_execution_keep_out_of_what_an_error_nulled() -> None
     # Adding marks nothing nulled: a later error under `b` is still kept.
     executor.collected_errors.add(GraphQLError("under b"), Path(Path(None, "b", "Query"), 0, None))  # type: ignore[union-attr]
     assert len(errors) == 3
+
+
+def test_strawberrys_datetime_parser_reads_iso_8601_and_names_a_bad_value() -> None:
+    parsed = private_api.parse_strawberry_datetime("2026-12-04T08:00:00.5+01:00")
+    assert parsed == datetime(2026, 12, 4, 7, 0, 0, 500000, tzinfo=UTC)
+    with pytest.raises(GraphQLError, match='Value cannot represent a DateTime: "yesterday"'):
+        private_api.parse_strawberry_datetime("yesterday")

@@ -51,7 +51,7 @@ REFUSED_VALUES: list[tuple[str, str, dict[str, Any], str | None]] = [
         "$input.storage[0].freeBytes",
     ),
     ("malformed DateTime variable", DATETIME_VARIABLE, {"d": "yesterday"}, "$d"),
-    ("malformed DateTime literal", '{ events(since: "yesterday") { id } }', {}, None),
+    ("malformed DateTime literal", '{ events(since: "yesterday") { id } }', {}, "events.since"),
     ("Int beyond 32 bits, variable", INT_VARIABLE, {"n": 2**40}, "$n"),
     ("Int beyond 32 bits, literal", "{ events(first: 99999999999) { id } }", {}, "events.first"),
     ("a string for an Int", INT_VARIABLE, {"n": "ten"}, "$n"),

@@ -1,9 +1,11 @@
-"""graphql-transport-ws messages of the wrong shape, and subscriptions with a bad filter, on a live service.
+"""WebSocket messages of the wrong shape, and subscriptions with a bad filter, on a live service.
 
 A malformed subscribe with a usable id gets that operation's `error` message
 (GraphQL-shaped, with a code) and the connection stays usable; any other
-malformed message closes the socket with 4400 and says why. Never a crash, never
-a traceback in the service's log.
+malformed message closes the socket with 4400 and says why. The same holds for
+the legacy `graphql-ws` protocol (its `start` for `subscribe`; a
+`connection_error` with the reason before the close). Never a crash, never a
+traceback in the service's log.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.conftest import REPO, TABLES, free_port
 
 PROTOCOL = "graphql-transport-ws"
+LEGACY = "graphql-ws"
 
 
 @dataclass
@@ -75,10 +78,10 @@ def service(
         process.wait(timeout=20)
 
 
-async def connect(service: LoggedService) -> Any:
+async def connect(service: LoggedService, protocol: str = PROTOCOL) -> Any:
     socket = await websockets.connect(
         service.url.replace("http://", "ws://", 1),
-        subprotocols=[PROTOCOL],  # type: ignore[list-item]
+        subprotocols=[protocol],  # type: ignore[list-item]
     )
     await socket.send(json.dumps({"type": "connection_init", "payload": {}}))
     ack = await receive(socket)
@@ -167,6 +170,52 @@ async def test_a_subscription_to_an_unknown_event_kind_is_bad_input_naming_the_k
         assert error["extensions"]["value"] == "cordonned"
         assert "cordoned" in error["message"] and "registered" in error["message"]
         assert error["path"] == ["events"]
+    finally:
+        await socket.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "phrase"),
+    [
+        ([1, 2], "must be a JSON object"),
+        ("start", "must be a JSON object"),
+        ({"id": "1"}, "unknown message type"),
+        ({"type": "subscribe", "id": "1", "payload": {"query": "{ __typename }"}}, "unknown"),
+        ({"type": "start", "id": 5, "payload": {"query": "{ __typename }"}}, "`id`"),
+        ({"type": "stop", "id": {"a": 1}}, "`id`"),
+        ({"type": "connection_init", "payload": "x"}, "connection_init payload"),
+    ],
+)
+async def test_a_legacy_graphql_ws_message_of_the_wrong_shape_gets_a_connection_error_and_4400(
+    service: LoggedService, message: Any, phrase: str
+) -> None:
+    socket = await connect(service, LEGACY)
+    await socket.send(json.dumps(message))
+    answer = await receive(socket)
+    assert answer["type"] == "connection_error", answer
+    assert answer["payload"]["extensions"]["code"] == "BAD_REQUEST"
+    assert phrase in answer["payload"]["message"], answer
+    code, reason = await closed_with(socket)
+    assert code == 4400
+    assert reason.startswith("BAD_REQUEST: ") and phrase in reason, reason
+
+
+async def test_a_malformed_legacy_start_gets_its_error_and_the_connection_still_subscribes(
+    service: LoggedService,
+) -> None:
+    socket = await connect(service, LEGACY)
+    try:
+        await socket.send(json.dumps({"type": "start", "id": "a", "payload": {"query": 5}}))
+        answer = await receive(socket)
+        assert answer["type"] == "error" and answer["id"] == "a", answer
+        assert answer["payload"]["extensions"]["code"] == "BAD_REQUEST"
+        assert "`query` must be a string" in answer["payload"]["message"]
+        # The same connection still runs a well-formed subscription.
+        query = 'subscription { events(kinds: ["cordonned"]) { id } }'
+        await socket.send(json.dumps({"type": "start", "id": "b", "payload": {"query": query}}))
+        answer = await receive(socket)
+        assert answer["id"] == "b", answer
+        assert "cordonned" in json.dumps(answer), answer
     finally:
         await socket.close()
 

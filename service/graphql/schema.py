@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 import strawberry
@@ -29,7 +30,7 @@ from .permissions import guard_root_fields
 from .placement import PlacementQueries
 from .queries import NodeQueries
 from .request_errors import CodeValidationErrors
-from .scalars import BYTES_SCALAR, Bytes
+from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
 from .subscriptions import EventSubscriptions
 from .token_admin import TokenMutations, TokenQueries
 
@@ -84,7 +85,7 @@ schema = InventorySchema(
     query=Query,
     mutation=Mutation,
     subscription=Subscription,
-    config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR}),
+    config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR, datetime: DATETIME_SCALAR}),
     # Plain fields (no resolver) completed without graphql-core's per-field
     # machinery: most of a 1,000-node page's CPU was that (fast/execution.py);
     # and a short list says so, on every route (pages.py).

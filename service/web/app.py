@@ -37,7 +37,7 @@ from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.draining import CloseConnectionsWhileDraining, Drain
 from service.web.graphiql import GraphiQLPage
 from service.web.graphql_http import graphql_endpoint
-from service.web.graphql_ws import CheckedTransportWS
+from service.web.graphql_ws import CheckedLegacyWS, CheckedTransportWS
 from service.web.http_guards import decode_json_body
 from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
 from service.web.operations import Background, operational_routes
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 class InventoryGraphQL(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = CheckedTransportWS
+    graphql_ws_handler_class = CheckedLegacyWS
 
     def __init__(
         self, engine_ref: EngineRef, settings: Settings, vendor_dir: Path = VENDOR_DIR

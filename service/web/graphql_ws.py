@@ -1,4 +1,4 @@
-"""graphql-transport-ws messages of the wrong shape: refused with a reason, never a crash.
+"""WebSocket messages of the wrong shape: refused with a reason, never a crash.
 
 Strawberry's handler reads `message["type"]` and `message["payload"]["query"]`
 as given, so a message that was JSON but not an object (`[1]`, `"x"`), or a
@@ -11,6 +11,13 @@ The same checks as an HTTP request's (service/web/graphql_http.py) run first:
   BAD_REQUEST, and the connection stays open;
 - any other malformed message closes the socket with 4400 and the reason,
   as the protocol prescribes for a message it does not define.
+
+The legacy `graphql-ws` protocol (subscriptions-transport-ws, still spoken by
+older Apollo clients) had the same crash: its handler reads
+`message["type"]` as well. Its messages get the same checks; a malformed
+`start` with a usable id gets that operation's `error`, anything else a
+`connection_error` with the reason, then the same 4400 close (the old
+protocol defines no close code for it).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
     BaseGraphQLTransportWSHandler,
 )
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import ErrorMessage, Message
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.subscriptions.protocols.graphql_ws.types import OperationMessage
 
 from service.graphql.context import Context
 from service.web.graphql_http import BAD_REQUEST, MalformedRequest, check_parameters
@@ -29,29 +38,60 @@ from service.web.graphql_http import BAD_REQUEST, MalformedRequest, check_parame
 log = logging.getLogger(__name__)
 
 _TYPES = ("connection_init", "ping", "pong", "subscribe", "complete")
+_LEGACY_TYPES = ("connection_init", "connection_terminate", "start", "stop")
 # A close frame's reason is at most 123 bytes.
 _MAX_REASON = 120
 
 
 def check_message(message: object) -> None:
     """MalformedRequest unless `message` has the shape graphql-transport-ws defines."""
+    _check(message, _TYPES, ("connection_init", "ping", "pong"), "subscribe")
+
+
+def check_legacy_message(message: object) -> None:
+    """MalformedRequest unless `message` has the shape the legacy graphql-ws protocol defines."""
+    _check(message, _LEGACY_TYPES, ("connection_init", "connection_terminate"), "start")
+
+
+def _check(
+    message: object, types: tuple[str, ...], without_id: tuple[str, ...], start: str
+) -> None:
     if not isinstance(message, dict):
         raise MalformedRequest(f"a message must be a JSON object, got {type(message).__name__}")
     kind = message.get("type")
-    if kind not in _TYPES:
+    if kind not in types:
         raise MalformedRequest(f"unknown message type {kind!r}")
     payload = message.get("payload")
-    if kind in ("connection_init", "ping", "pong"):
+    if kind in without_id:
         if payload is not None and not isinstance(payload, dict):
             raise MalformedRequest(f"{kind} payload must be an object")
         return
     operation_id = message.get("id")
     if not isinstance(operation_id, str) or not operation_id:
         raise MalformedRequest(f"{kind} needs an `id` that is a non-empty string")
-    if kind == "subscribe":
+    if kind == start:
         if not isinstance(payload, dict):
-            raise MalformedRequest("subscribe `payload` must be an object with a `query`")
+            raise MalformedRequest(f"{start} `payload` must be an object with a `query`")
         check_parameters(payload)
+
+
+def _log_refusal(refusal: MalformedRequest) -> None:
+    log.info("refused a websocket message (%s): %s", BAD_REQUEST, refusal.message,
+             extra={"code": BAD_REQUEST})  # fmt: skip
+
+
+def _operation_to_answer(message: Any, start: str, acknowledged: bool, taken: Any) -> str | None:
+    """The id of a malformed start/subscribe that can be answered on its own, else None."""
+    if not (acknowledged and isinstance(message, dict) and message.get("type") == start):
+        return None
+    operation_id = message.get("id")
+    if isinstance(operation_id, str) and operation_id and operation_id not in taken:
+        return operation_id
+    return None
+
+
+def _close_reason(refusal: MalformedRequest) -> str:
+    return f"{BAD_REQUEST}: {refusal.message}".encode()[:_MAX_REASON].decode("utf-8", "ignore")
 
 
 class CheckedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
@@ -64,20 +104,34 @@ class CheckedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
         await super().handle_message(message)
 
     async def _refuse(self, message: Any, refusal: MalformedRequest) -> None:
-        log.info("refused a websocket message (%s): %s", BAD_REQUEST, refusal.message,
-                 extra={"code": BAD_REQUEST})  # fmt: skip
-        is_dict = isinstance(message, dict)
-        operation_id = message.get("id") if is_dict else None
-        if (
-            self.connection_acknowledged
-            and is_dict
-            and message.get("type") == "subscribe"
-            and isinstance(operation_id, str)
-            and operation_id
-            and operation_id not in self.operations
-        ):
+        _log_refusal(refusal)
+        taken = self.operations
+        operation_id = _operation_to_answer(
+            message, "subscribe", self.connection_acknowledged, taken
+        )
+        if operation_id is not None:
             error: Any = {"message": refusal.message, "extensions": {"code": BAD_REQUEST}}
             await self.send_message(ErrorMessage(id=operation_id, type="error", payload=[error]))
             return
-        reason = f"{BAD_REQUEST}: {refusal.message}".encode()[:_MAX_REASON]
-        await self.handle_invalid_message(reason.decode("utf-8", "ignore"))
+        await self.handle_invalid_message(_close_reason(refusal))
+
+
+class CheckedLegacyWS(BaseGraphQLWSHandler[Context, None]):
+    async def handle_message(self, message: OperationMessage) -> None:
+        try:
+            check_legacy_message(message)
+        except MalformedRequest as refusal:
+            await self._refuse(message, refusal)
+            return
+        await super().handle_message(message)
+
+    async def _refuse(self, message: Any, refusal: MalformedRequest) -> None:
+        _log_refusal(refusal)
+        error: Any = {"message": refusal.message, "extensions": {"code": BAD_REQUEST}}
+        taken = self.subscriptions
+        operation_id = _operation_to_answer(message, "start", self.connection_acknowledged, taken)
+        if operation_id is not None:
+            await self.send_message({"type": "error", "id": operation_id, "payload": error})
+            return
+        await self.send_message({"type": "connection_error", "payload": error})
+        await self.websocket.close(code=4400, reason=_close_reason(refusal))

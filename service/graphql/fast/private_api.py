@@ -3,7 +3,7 @@
 The fast path answers as Strawberry would by calling the same code, and some of
 that code is not public: graphql-core 3.3's executor attributes and
 variable-coercion helpers, Strawberry's test for a leaf type and its mark on
-default resolvers; and the executor's collected errors, to which
+default resolvers, and its DateTime parser (service/graphql/scalars.py); and the executor's collected errors, to which
 PAGE_TRUNCATED is added once execution is done (service/graphql/pages.py).
 Each is reached through this module only, so an upgrade that
 moves one breaks here, by name, in tests/test_private_api.py (which checks each
@@ -26,6 +26,7 @@ from graphql.utilities.coerce_input_value import coerce_default_value
 from strawberry.execution.is_awaitable import optimized_is_awaitable
 from strawberry.relay.types import GlobalID
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext, validate_document
+from strawberry.schema.types.base_scalars import DateTimeDefinition
 from strawberry.types.arguments import _is_leaf_type
 from strawberry.types.base import StrawberryType
 
@@ -43,6 +44,7 @@ __all__ = [
     "is_default_resolver",
     "is_strawberry_leaf",
     "optimized_is_awaitable",
+    "parse_strawberry_datetime",
     "scalar_registry",
     "validate_document",
 ]
@@ -111,3 +113,10 @@ def add_field_errors(executor: Any, errors: Iterable[tuple[Path, GraphQLError]])
     collected.errors.extend(
         error for path, error in errors if not collected.has_nulled_position(path)
     )
+
+
+def parse_strawberry_datetime(value: object) -> object:
+    """Strawberry's DateTime parsing of a value, its error messages included."""
+    parse = DateTimeDefinition.parse_value
+    assert parse is not None, "Strawberry's DateTime has a parse_value"
+    return parse(value)
