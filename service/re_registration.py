@@ -25,6 +25,11 @@ takes the transactional path, which handles every case:
 Reports carrying XIDs never try (reason `xids`): their events, sticky
 reasons and pools are gpu_health.after_report's.
 
+The same report again, when this process stored that digest last, is
+lighter still: one guarded UPDATE of the node row (_SAME_AGAIN), no child
+rows sent; when its guard fails it wrote nothing and the one statement
+decides as above.
+
 Why the check "written meanwhile" makes one statement safe: READ COMMITTED
 takes a statement's snapshot when it starts, before it waits for the row
 lock. The lock then returns the newest version of the row, but every other
@@ -43,7 +48,8 @@ not in the upsert's SET list). Concurrent allocations and cordons lock the
 node's row too, and only write what this statement does not touch.
 
 Every outcome is counted: inventory_registrations_total{path, reason}
-(service/metrics.py).
+(service/metrics.py): path one_statement with reason changed, unchanged or
+same_as_last_stored, or path transaction with the reason it was needed.
 """
 
 from __future__ import annotations
@@ -55,11 +61,11 @@ import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import metrics, nodes
+from service import connections, metrics, nodes
 from service.connections import Connection
 from service.event_announcements import announce
 from service.events import collecting_recorded, note_recorded
-from service.node_views import node_from_row
+from service.node_views import NODE_COLUMNS, node_from_row
 from service.report_rows import (
     REPORTED_ROWS,
     came_back,
@@ -71,7 +77,7 @@ from service.report_rows import (
     write_own_rows,
 )
 from service.reports import NodeReport, validate_report
-from service.transactions import RETRYABLE_SQLSTATES, in_statement, in_transaction, sqlstate
+from service.transactions import RETRYABLE_SQLSTATES, in_transaction, sqlstate
 
 ONE_STATEMENT: Final = "one_statement"
 TRANSACTION: Final = "transaction"
@@ -117,6 +123,36 @@ _ONE_STATEMENT = text(
 )
 
 
+# The same report again, when this process stored that digest last: one row
+# updated, no child rows sent. The guard is the unchanged verdict's, checked
+# by the UPDATE on the row's newest version (READ COMMITTED re-checks an
+# updated row's WHERE after waiting for its lock), and the statement reads
+# nothing else, so no snapshot can be stale. Everything a report writes to
+# the node row is in the digest but the boot id and the liveness, which an
+# alive node's unchanged report leaves as they are (a new boot id fails the
+# guard).
+_SAME_AGAIN = text(
+    f"""
+    UPDATE nodes n SET last_seen = now(), boot_id = coalesce(CAST(:boot_id AS text), n.boot_id)
+    WHERE n.id = :id AND n.report_digest = CAST(:digest AS text) AND NOT {came_back("n")}
+      AND NOT {rebooted("n", "CAST(:boot_id AS text)")}
+    RETURNING {NODE_COLUMNS}
+    """
+)
+
+# The digest this process last stored for each node: only a hint of which
+# statement to try first (_SAME_AGAIN's guard decides). Bounded: past this
+# many nodes it starts over, and the next reports take the one statement.
+_LAST_STORED: dict[str, str] = {}
+MAX_REMEMBERED = 200_000
+
+
+def _remember(node_id: str, digest: str) -> None:
+    if len(_LAST_STORED) >= MAX_REMEMBERED:
+        _LAST_STORED.clear()
+    _LAST_STORED[node_id] = digest
+
+
 @dataclass(frozen=True)
 class NotInOneStatement:
     """The one statement wrote nothing: the report takes the transaction, for this reason."""
@@ -124,20 +160,34 @@ class NotInOneStatement:
     reason: str
 
 
+@dataclass(frozen=True)
+class InOneStatement:
+    registration: nodes.Registration
+    # changed, unchanged, or same_as_last_stored (by _SAME_AGAIN).
+    reason: str
+
+
 async def re_register(
     conn: Connection, report: NodeReport, actor: str | None = None
-) -> nodes.Registration | NotInOneStatement:
+) -> InOneStatement | NotInOneStatement:
     """Store the report of a known, alive node whose GPUs did not change, in one statement.
 
-    `conn` is outside a transaction block (the statement is its own
+    `conn` is outside a transaction block (each statement is its own
     transaction). Anything else writes nothing and says why.
     """
     validate_report(report)
+    digest = report.digest()
+    if _LAST_STORED.get(report.id) == digest:
+        params = {"id": report.id, "digest": digest, "boot_id": report.boot_id}
+        same = (await conn.execute(_SAME_AGAIN, params)).one_or_none()
+        if same is not None:
+            registration = nodes.Registration(report.id, False, False, node_from_row(same))
+            return InOneStatement(registration, "same_as_last_stored")
     row = (
         await conn.execute(
             _ONE_STATEMENT,
             {
-                **node_parameters(report, report.digest()),
+                **node_parameters(report, digest),
                 "node_id": report.id,
                 **hardware_rows(report),
                 "actor": actor,
@@ -148,8 +198,10 @@ async def re_register(
         return NotInOneStatement(row.verdict)
     if row.event_id is not None:
         note_recorded([row.event_id])
+    _remember(report.id, digest)
     changed = row.verdict == "changed"
-    return nodes.Registration(report.id, False, changed, node_from_row(row))
+    registration = nodes.Registration(report.id, False, changed, node_from_row(row))
+    return InOneStatement(registration, row.verdict)
 
 
 async def register(
@@ -159,21 +211,25 @@ async def register(
     reason = "xids"
     if not any(g.xids for g in report.gpus):
         try:
+            # Outside a transaction block: _SAME_AGAIN, when tried, writes
+            # one row or nothing, then _ONE_STATEMENT writes it all or nothing.
             with collecting_recorded() as recorded:
-                outcome = await in_statement(engine, lambda conn: re_register(conn, report, actor))
+                async with connections.autocommit(engine) as conn:
+                    outcome = await re_register(conn, report, actor)
         except asyncpg.PostgresError as error:
             # A deadlock victim wrote nothing: the transaction retries it.
             if sqlstate(error) not in RETRYABLE_SQLSTATES:
                 raise
             outcome = NotInOneStatement("lost_conflict")
-        if isinstance(outcome, nodes.Registration):
+        if isinstance(outcome, InOneStatement):
             # Committed: the statement was its own transaction.
             announce(engine, recorded)
-            metrics.count_registration(ONE_STATEMENT, "changed" if outcome.changed else "unchanged")
-            return outcome
+            metrics.count_registration(ONE_STATEMENT, outcome.reason)
+            return outcome.registration
         reason = outcome.reason
     registration = await in_transaction(
         engine, lambda conn: nodes.register_node(conn, report, actor)
     )
+    _remember(report.id, report.digest())
     metrics.count_registration(TRANSACTION, reason)
     return registration

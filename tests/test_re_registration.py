@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from benchmarks.cluster import to_report
-from service import allocations, connections, metrics, nodes
+from service import allocations, connections, metrics, nodes, re_registration
 from service.allocations import Allocated, AllocationRequest, ShardRequest
 from tests.conftest import Api, StatementCounter
 from tests.reports import H100, REGISTER, TB, gpus, node_input
@@ -84,13 +84,44 @@ async def test_disk_space_moving_is_one_statement_without_begin(
     assert await kinds(api) == ["registered", "report_changed"]
 
 
-async def test_the_same_report_again_is_one_statement(api: Api) -> None:
+async def test_the_same_report_again_is_one_row_updated(
+    api: Api, count_statements: StatementCounter
+) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
+    before = counted()
+    count_statements.statements.clear()
+
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    assert since(before) == {("one_statement", "same_as_last_stored"): 1}
+    (write,) = [s for s in count_statements.statements if not s.lstrip().startswith("SELECT")]
+    assert write.lstrip().startswith("UPDATE nodes")
+
+
+async def test_the_same_report_stored_by_another_process_is_one_statement(api: Api) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+    re_registration._LAST_STORED.clear()  # this process did not store it
     before = counted()
 
     await api(REGISTER, {"input": node_input("gpu-07")})
 
     assert since(before) == {("one_statement", "unchanged"): 1}
+
+
+async def test_a_report_this_process_stored_but_another_changed_since_is_stored_again(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """The digest this process remembers is a hint: the stored one decides."""
+    first = node_input("gpu-07", storage=STORAGE[:1])
+    await api(REGISTER, {"input": first})
+    async with connections.transaction(engine) as elsewhere:
+        await nodes.register_node(elsewhere, to_report(node_input("gpu-07", storage=STORAGE)))
+    before = counted()
+
+    await api(REGISTER, {"input": first})
+
+    assert since(before) == {("one_statement", "changed"): 1}
+    assert [fs["id"] for fs in (await api(NODE))["node"]["storage"]] == ["nvme0"]
 
 
 async def test_a_gpu_turning_unhealthy_takes_the_transaction_and_counts_the_pool(
