@@ -38,11 +38,10 @@ from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.mutations import HEARTBEAT
 from service.graphql.permissions import check_role, role_of
-from service.graphql.types import Node
 
 from .documents import only_root_field
-from .node_leaves import NodeLeaves, node_leaves
-from .outcomes import Answered, Declined, Outcome, encode
+from .node_leaves import NodeLeaves, node_leaves, write_and_answer
+from .outcomes import Declined, Outcome
 
 FIELD = "heartbeat"
 
@@ -69,18 +68,14 @@ class CompiledHeartbeat:
             check_role(self._role, FIELD, context.principal, {"node_id": node_id})
         except InventoryError:
             return Declined("refused")
-        key = (HEARTBEAT, node_id)
-        try:
-            record = await heartbeats.beat(context.engine, node_id)
-        except Exception as error:  # graphql-core words it (masked if unexpected)
-            context.hand_over(key, error=error)
-            return Declined("beat_failed")
-        answer = self._leaves.answer(Node.of(record))
-        if answer is None:
-            # A leaf graphql-core refuses (an error in the answer): its answer, not ours.
-            context.hand_over(key, result=record)
-            return Declined("leaf_not_serializable")
-        return Answered(encode({"data": {self._key: answer}}))
+        return await write_and_answer(
+            context,
+            (HEARTBEAT, node_id),
+            lambda: heartbeats.beat(context.engine, node_id),
+            self._leaves,
+            self._key,
+            "beat_failed",
+        )
 
 
 def compile_heartbeat(

@@ -66,7 +66,6 @@ from graphql import (
     located_error,
 )
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
-from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
 from service.db_faults import is_database_unavailable
@@ -78,7 +77,7 @@ from service.paging import PageRequest
 from service.transactions import sqlstate
 
 from .documents import only_root_field
-from .fields import NotAnObjectType, record_attributes
+from .fields import NotAnObjectType, field_arguments, record_attributes
 from .outcomes import Answered, Declined, Outcome
 from .private_api import core_schema, scalar_registry
 
@@ -385,10 +384,7 @@ def compile_page(
 
 
 def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:
-    query = schema.get_type_by_name("Query")
-    if not isinstance(query, StrawberryObjectDefinition):
-        raise _Declined
-    for f in query.fields:
-        if schema.config.name_converter.get_graphql_name(f) == field:
-            return list(f.arguments)
-    raise _Declined
+    try:
+        return field_arguments(schema, "Query", field)
+    except LookupError:
+        raise _Declined from None

@@ -32,17 +32,16 @@ from typing import Any
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
-from strawberry.types.base import StrawberryObjectDefinition
 
 from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.mutations import REGISTER, store_report
 from service.graphql.permissions import check_role, role_of
-from service.graphql.types import Node
 
 from .documents import only_root_field
-from .node_leaves import NodeLeaves, node_leaves
-from .outcomes import Answered, Declined, Outcome, encode
+from .fields import field_arguments
+from .node_leaves import NodeLeaves, node_leaves, write_and_answer
+from .outcomes import Declined, Outcome
 from .private_api import core_schema, scalar_registry
 from .variables import Declined as LeftToGraphqlCore
 from .variables import VariablePlan, compile_variables
@@ -85,28 +84,22 @@ class CompiledRegistration:
         except InventoryError:
             return Declined("refused")
         report = kwargs[ARGUMENT].to_report()
-        key = (REGISTER, report.id)
-        try:
-            record = await store_report(context, report)
-        except Exception as error:  # graphql-core words it (masked if unexpected)
-            context.hand_over(key, error=error)
-            return Declined("register_failed")
-        answer = self._leaves.answer(Node.of(record))
-        if answer is None:
-            context.hand_over(key, result=record)
-            return Declined("leaf_not_serializable")
-        return Answered(encode({"data": {self._key: answer}}))
+        return await write_and_answer(
+            context,
+            (REGISTER, report.id),
+            lambda: store_report(context, report),
+            self._leaves,
+            self._key,
+            "register_failed",
+        )
 
 
 def _arguments(schema: strawberry.Schema) -> list[StrawberryArgument] | None:
     """registerNode's arguments as Strawberry declares them."""
-    mutation = schema.get_type_by_name("Mutation")
-    if not isinstance(mutation, StrawberryObjectDefinition):
+    try:
+        return field_arguments(schema, "Mutation", FIELD)
+    except LookupError:
         return None
-    for field in mutation.fields:
-        if schema.config.name_converter.get_graphql_name(field) == FIELD:
-            return list(field.arguments)
-    return None
 
 
 def compile_registration(

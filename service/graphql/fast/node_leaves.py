@@ -11,7 +11,7 @@ graphql-core words the error.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +26,12 @@ from graphql import (
     is_leaf_type,
 )
 
+from service.graphql.context import Context
 from service.graphql.types import Node
+from service.node_views import NodeRecord
 
 from .fields import plain_fields
+from .outcomes import Answered, Declined, Outcome, encode
 from .private_api import core_schema
 
 
@@ -101,3 +104,29 @@ def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> N
             )
         )
     return NodeLeaves(leaves)
+
+
+async def write_and_answer(
+    context: Context,
+    key: Hashable,
+    write: Callable[[], Awaitable[NodeRecord]],
+    leaves: NodeLeaves,
+    answer_key: str,
+    failed: str,
+) -> Outcome:
+    """Make the mutation's write, then answer its leaves; after the write, never a second one.
+
+    A failed write (declined as `failed`) or a leaf graphql-core would refuse
+    (leaf_not_serializable) hands the write's outcome to the resolver under
+    `key` (Context.hand_over), and graphql-core words the answer from it.
+    """
+    try:
+        record = await write()
+    except Exception as error:  # graphql-core words it (masked if unexpected)
+        context.hand_over(key, error=error)
+        return Declined(failed)
+    answer = leaves.answer(Node.of(record))
+    if answer is None:
+        context.hand_over(key, result=record)
+        return Declined("leaf_not_serializable")
+    return Answered(encode({"data": {answer_key: answer}}))
