@@ -230,3 +230,23 @@ async def wait_for_lock_wait(engine: AsyncEngine) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("no backend waited for the lock")
+
+
+async def test_metrics_say_how_each_report_was_stored(api: Api) -> None:
+    await api(REGISTER, {"input": node_input("gpu-07")})
+    await api(REGISTER, {"input": node_input("gpu-07")})
+
+    exposition = await metrics.render(None)
+
+    stored = [
+        line
+        for line in exposition.splitlines()
+        if line.startswith("inventory_registrations_total{")
+    ]
+    assert 'inventory_registrations_total{path="transaction",reason="new_node"}' in "".join(stored)
+    assert any(
+        line.startswith(
+            'inventory_registrations_total{path="one_statement",reason="same_as_last_stored"} '
+        )
+        for line in stored
+    ), stored
