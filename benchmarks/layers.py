@@ -3,13 +3,15 @@
 The HTTP figures say how fast the service is; they do not say whether the
 rest is HTTP and GraphQL, the domain's Python or PostgreSQL. Here the same
 work runs again in this process, through the same functions the resolvers
-call (service.nodes.register_node, service.placement.place, each in
+call (service.re_registration.register; service.placement.place in
 service.transactions.in_transaction), with as many concurrent tasks as the
-HTTP figure has clients, and the machine's CPU is split per operation: this
-process's (the domain's Python, asyncpg included) and the rest of the
-machine's, which during this run is PostgreSQL (the service processes are
-idle). The raw baselines are split the same way, so "PostgreSQL per report"
-can be compared with what the plain statement costs it.
+HTTP figure has clients, and the CPU is split per operation: this process's
+(the domain's Python, asyncpg included) and PostgreSQL's (its own processes
+when the server runs here, else the rest of the machine's; the service
+processes are idle). The same reports also run always in one transaction
+(service.nodes.register_node, the path before the one statement), in the
+same rounds. The raw baselines are split the same way, so "PostgreSQL per
+report" can be compared with what the plain statement costs it.
 
 Linux only (/proc/stat); elsewhere the section says it was skipped.
 """
