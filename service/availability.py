@@ -44,6 +44,11 @@ def is_schedulable(state: str) -> bool:
     return state == SCHEDULABLE_STATE
 
 
+def _columns_of(g: str) -> str:
+    """The prefix of `g`'s columns: none for an index predicate (`g` empty)."""
+    return f"{g}." if g else ""
+
+
 def gpu_healthy(g: str = "g") -> str:
     """SQL: the GPU row `g` is healthy: its agent says so and no sticky reason remains.
 
@@ -51,7 +56,8 @@ def gpu_healthy(g: str = "g") -> str:
     reports until the GPU is reset: NVML forgets the XID, the service must not.
     What Gpu.healthy shows, so a GPU is never shown healthy and refused as sick.
     """
-    return f"({g}.healthy AND cardinality({g}.sticky_reasons) = 0)"
+    c = _columns_of(g)
+    return f"({c}healthy AND cardinality({c}sticky_reasons) = 0)"
 
 
 def gpu_health_reasons(g: str = "g") -> str:
@@ -68,9 +74,11 @@ def gpu_usable(g: str = "g") -> str:
 
     Healthy (gpu_healthy), and not cordoned by an operator (service/gpu_cordons.py).
     `g` names a row with the gpus table's columns (the table itself, or a
-    report's rows shaped like it: USABLE_COLUMNS).
+    report's rows shaped like it: USABLE_COLUMNS). Also the predicate of the
+    partial index ix_gpus_usable (tables.py, with `g` empty), which a
+    statement testing gpu_free or gpu_free_given in its WHERE can read.
     """
-    return f"({gpu_healthy(g)} AND {g}.cordon_reason IS NULL)"
+    return f"({gpu_healthy(g)} AND {_columns_of(g)}cordon_reason IS NULL)"
 
 
 # The gpus columns gpu_usable reads: a row source standing in for the table
@@ -93,7 +101,20 @@ def gpu_held(g: str = "g") -> str:
 
 def gpu_free(g: str = "g") -> str:
     """SQL: the GPU row `g` (of `gpus`) can be allocated now, its node's state aside."""
-    return f"({gpu_usable(g)} AND NOT {gpu_held(g)})"
+    return gpu_free_given(g, gpu_held(g))
+
+
+def gpu_free_given(g: str, held: str) -> str:
+    """SQL: gpu_free for a row `g` whose holder the caller has joined already.
+
+    `held` is the expression, true when the row's GPU is held (for a LEFT JOIN
+    of allocated_gpus `a`: "a.gpu_index IS NOT NULL"). Why a second form: over
+    one node's GPUs, a join of its allocations reads them with one index
+    descent (a merge join on the GPU index), where gpu_free's probe looks each
+    GPU up on its own; the page of freeGpus (capacity.free_gpus_query) does
+    that for a thousand nodes per page.
+    """
+    return f"({gpu_usable(g)} AND NOT ({held}))"
 
 
 class GpuFacts(Protocol):
@@ -131,7 +152,7 @@ def pool_counts(g: str, held: str) -> str:
         "count(*) AS total, "
         f"count(*) FILTER (WHERE NOT {usable} AND NOT ({held})) AS unhealthy, "
         f"count(*) FILTER (WHERE {held}) AS allocated, "
-        f"count(*) FILTER (WHERE {usable} AND NOT ({held})) AS free"
+        f"count(*) FILTER (WHERE {gpu_free_given(g, held)}) AS free"
     )
 
 

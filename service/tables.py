@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from service.availability import pool_offers
+from service.availability import gpu_usable, pool_offers
 
 metadata = MetaData(
     naming_convention={
@@ -146,6 +146,16 @@ gpus = Table(
     CheckConstraint("numa_node >= 0", name="numa_node"),
     CheckConstraint("nvlink_group >= 0 AND nvlink_group <= idx", name="nvlink_group"),
 )
+# The GPUs that may take work, by node, with their class (migration 0008):
+# freeGpus reads a page's free GPUs from it index-only, a thousand nodes'
+# worth in one scan (capacity.free_gpus_query), without the wide table rows.
+Index(
+    "ix_gpus_usable",
+    gpus.c.node_id,
+    gpus.c.idx,
+    postgresql_include=["gpu_class"],
+    postgresql_where=text(gpu_usable("")),
+)
 
 # One row per (node, GPU class): how many of them exist, are unhealthy, are
 # held, and are free, plus whether the node accepts placement. Kept current by
@@ -165,10 +175,13 @@ gpu_pools = Table(
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
 )
+# freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
+# `free` included, so testing minFree needs no table row (migration 0008).
 Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
+    postgresql_include=["free"],
     postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that

@@ -37,7 +37,9 @@ SECOND_DEFINITIONS = {
     "a SQL health test": re.compile(r"\b(WHERE|AND|OR|NOT)\s+\(*\w+\.healthy\b(?!\s*=)", re.I),
     "a Python health test": re.compile(r"\b(if|and|or|not)\s+\w+(\[\"healthy\"\]|\.healthy\b)"),
     "a JS health test": re.compile(r"\.healthy\s*&&|&&\s*\w+\.healthy\b"),
-    "an allocation probe": re.compile(r"NOT\s+EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+allocated_gpus"),
+    "an allocation probe": re.compile(
+        r"NOT\s+\(?\s*EXISTS\s*\(\s*SELECT\s+1\s+FROM\s+allocated_gpus"
+    ),
     "the pools' offer": re.compile(r"schedulable\s+AND\s+\w*\.?free\s*>\s*0"),
 }
 
@@ -88,7 +90,10 @@ def test_the_scan_would_see_the_definitions_it_forbids() -> None:
         "a SQL health test": ["WHERE g.node_id = :n AND g.healthy", "NOT g.healthy OR x"],
         "a Python health test": ["if g.healthy", 'if gpu["healthy"] and x'],
         "a JS health test": ["if (gpu.healthy && !gpu.allocation)"],
-        "an allocation probe": ["AND NOT EXISTS (SELECT 1 FROM allocated_gpus a"],
+        "an allocation probe": [
+            "AND NOT EXISTS (SELECT 1 FROM allocated_gpus a",
+            "AND NOT (EXISTS (SELECT 1 FROM allocated_gpus a",
+        ],
         "the pools' offer": ["p.schedulable AND p.free > 0", "schedulable AND free > 0"],
     }
     for what, lines in old_forms.items():

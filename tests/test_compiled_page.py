@@ -205,6 +205,20 @@ async def test_the_schedulers_free_gpu_question_reads_the_same_built_by_postgres
         _, statements = await both_ways(both, count_statements, FREE, variables)
         assert statements == 1
 
+    # A node selected by its id alone is the entry's own node id (no row read
+    # per entry): the same answer, aliases and __typename included.
+    for query in (
+        "{ freeGpus { gpuIndices node { id } } }",
+        '{ f: freeGpus(first: 1, after: "gpu-01") { node { __typename nodeId: id } } }',
+        "{ freeGpus { node { id hostname } } }",
+    ):
+        answer, statements = await both_ways(both, count_statements, query)
+        assert statements == 1
+        entries = next(iter(answer["data"].values()))
+        assert [e["node"].get("id", e["node"].get("nodeId")) for e in entries] == (
+            ["gpu-02"] if "after" in query else ["gpu-01", "gpu-02"]
+        )
+
 
 # A filter as one variable, the way a scheduler's client sends it.
 FILTERED = """

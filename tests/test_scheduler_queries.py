@@ -7,6 +7,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import availability
+from service.capacity import free_gpus, free_gpus_query
 from service.gpu_pools import refresh_pools
 from tests.conftest import Api, StatementCounter
 from tests.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
@@ -90,6 +92,108 @@ async def test_free_gpus_pages_by_node_id(api: Api) -> None:
     assert [n for n, _ in first] == ["gpu-00", "gpu-01"]
     rest = await free(api, first=10, after="gpu-01")
     assert [n for n, _ in rest] == ["gpu-02", "gpu-03", "gpu-04"]
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    return [plan, *(n for child in plan.get("Plans", ()) for n in _plan_nodes(child))]
+
+
+async def test_a_page_of_free_gpus_walks_the_pools_index_from_its_cursor_and_stops(
+    engine: AsyncEngine,
+) -> None:
+    """Issue 18: the whole answer, paged, costs no more than one aggregate over every GPU.
+
+    So each page walks ix_gpu_pools_free (class, node id, with the free count
+    included) from the cursor, index-only, and stops at the page's end instead
+    of reading and sorting the rest of the list; then it reads the page's GPUs
+    from ix_gpus_usable, index-only (both indexes: migration 0008). Checked on
+    the migrated schema with enough nodes that the planner has a choice, and
+    the page checked against availability's definition of a free GPU.
+    """
+    async with engine.begin() as conn:
+        # 3,000 nodes, four in ten of them H100 nodes; every third H100 node has
+        # 5 of its 8 GPUs held, so it has fewer than 4 free.
+        await conn.execute(
+            text(
+                "INSERT INTO nodes (id, hostname, mgmt_addr)"
+                " SELECT format('n-%s', lpad(i::text, 5, '0')), 'h', '10.0.0.1'"
+                " FROM generate_series(0, 2999) i"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO gpus (node_id, idx, name, gpu_class, healthy)"
+                " SELECT n.id, k, 'gpu', CASE WHEN right(n.id, 1) < '4' THEN 'H100-80GB'"
+                " ELSE 'A100-40GB' END, true FROM nodes n, generate_series(0, 7) k"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
+                " SELECT 's-' || id, 'r', id, '{0,2,3,4,6}' FROM nodes"
+                " WHERE right(id, 1) < '4' AND substr(id, 3)::int % 3 = 0"
+            )
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO allocated_gpus SELECT s.node_id, i, s.shard_id"
+                " FROM shards s, unnest(s.gpu_indices) i"
+            )
+        )
+        ids = list((await conn.execute(text("SELECT id FROM nodes"))).scalars())
+        await refresh_pools(conn, ids)
+    async with engine.connect() as conn:
+        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await autocommit.execute(text("VACUUM ANALYZE gpu_pools, gpus, allocated_gpus"))
+
+    first, after = 100, "n-00500"
+    sql, params = free_gpus_query(
+        gpu_class="H100-80GB", fabric=None, min_free=4, first=first, after=after
+    )
+    async with engine.connect() as conn:
+        page = await free_gpus(
+            conn, gpu_class="H100-80GB", fabric=None, min_free=4, first=first, after=after
+        )
+        plan = (
+            await conn.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"), params)
+        ).scalar_one()[0]["Plan"]
+        expected = (
+            await conn.execute(
+                text(
+                    "SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices"
+                    " FROM gpus g JOIN nodes n ON n.id = g.node_id"
+                    f" WHERE {availability.node_schedulable('n')} AND {availability.gpu_free('g')}"
+                    "   AND g.gpu_class = 'H100-80GB' AND g.node_id > :after"
+                    " GROUP BY g.node_id HAVING count(*) >= 4 ORDER BY g.node_id LIMIT :first"
+                ),
+                {"after": after, "first": first},
+            )
+        ).all()
+    assert [(e.node_id, list(e.gpu_indices)) for e in page] == [
+        (r.node_id, list(r.indices)) for r in expected
+    ]
+    # n-00501 has 3 free GPUs (5 held): the page starts after it.
+    assert len(page) == first and page[0].node_id == "n-00502"
+    assert ("n-00510", [1, 5, 7]) not in [(e.node_id, list(e.gpu_indices)) for e in page]
+
+    walks = [n for n in _plan_nodes(plan) if n.get("Relation Name") == "gpu_pools"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in walks] == [
+        ("Index Only Scan", "ix_gpu_pools_free")
+    ]
+    # In node order, so the LIMIT takes its rows as they come (no sort of the
+    # rest of the list), and it stopped at the page's end: it read the page
+    # and the nodes with too few free GPUs in between, nothing after.
+    (walk,) = walks
+    (limit,) = [n for n in _plan_nodes(plan) if walk in n.get("Plans", ())]
+    assert limit["Node Type"] == "Limit"
+    assert walk["Actual Rows"] == first
+    assert walk["Actual Rows"] + walk.get("Rows Removed by Filter", 0) < 200
+    # The page's GPUs come from ix_gpus_usable, index-only, in one scan.
+    reads = [n for n in _plan_nodes(plan) if n.get("Relation Name") == "gpus"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in reads] == [
+        ("Index Only Scan", "ix_gpus_usable")
+    ], plan
 
 
 async def test_min_free_below_one_is_refused(api: Api) -> None:
