@@ -143,6 +143,25 @@ def count_xids(xids: Iterable[tuple[str, int]]) -> None:
             _XIDS[(gpu_class, str(xid))] += 1
 
 
+# Reports stored by this process, by path ("one_statement" or "transaction",
+# service/re_registration.py) and reason (the one statement's verdict, or why
+# the report took the transaction). Apart from _Counters: one idea, one lock.
+_REGISTRATIONS: dict[tuple[str, str], int] = defaultdict(int)
+_REGISTRATIONS_LOCK = threading.Lock()
+
+
+def count_registration(path: str, reason: str) -> None:
+    """Count one stored report by how it was stored; process-local."""
+    with _REGISTRATIONS_LOCK:
+        _REGISTRATIONS[(path, reason)] += 1
+
+
+def registrations() -> dict[tuple[str, str], int]:
+    """(path, reason) -> reports stored so far by this process."""
+    with _REGISTRATIONS_LOCK:
+        return dict(_REGISTRATIONS)
+
+
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     COUNTERS.observe_request(method, route, status, seconds)
 
@@ -334,6 +353,17 @@ def _process(out: Exposition) -> None:
         "XID errors reported to this process by agents, by GPU class and XID; critical ones "
         "(service/gpu_health.py) leave the GPU unhealthy until it is reset.",
         (((("gpu_class", cls), ("xid", xid)), count) for (cls, xid), count in xids),
+    )
+    out.family(
+        "inventory_registrations_total",
+        "counter",
+        "Node reports stored by this process: path one_statement (a known, alive node whose "
+        "GPUs did not change; reason changed or unchanged) or transaction (reason: why not "
+        "one statement, service/re_registration.py).",
+        (
+            ((("path", path), ("reason", reason)), count)
+            for (path, reason), count in sorted(registrations().items())
+        ),
     )
     out.histogram(
         "inventory_http_request_duration_seconds",

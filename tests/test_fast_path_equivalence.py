@@ -30,6 +30,7 @@ from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
 from benchmarks.equivalence.differential import MAX_PAGE_SIZE, Differential, Normalizer, settings
 from benchmarks.equivalence.operations import Operation
+from benchmarks.equivalence.seed import NODES
 from service.ctl.nodes import NODE as CTL_NODE
 from service.ctl.nodes import NODES as CTL_NODES
 from service.metrics import COUNTERS
@@ -37,6 +38,7 @@ from service.migrations import upgrade
 from service.web.app import create_app
 
 OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))
+OPERATIONS_DIR = Path(__file__).resolve().parent.parent / "agent" / "operations"
 
 Both = tuple[asyncio.AbstractEventLoop, Differential]
 
@@ -190,3 +192,45 @@ def test_the_dashboards_and_ctl_nodes_pages_are_answered_by_the_compiled_page(
     same(both, _dashboard_query("NODE_QUERY"), {"id": "gpu-02"})
     same(both, CTL_NODE, {"id": "gpu-01"})
     assert answered("node") - node == 2
+
+
+def test_an_agents_report_is_answered_alike_by_the_compiled_registration(both: Both) -> None:
+    """registerNode with its input in a variable: every way a report is stored, and every
+    way the route declines, leave the same answer and the same rows as Strawberry alone."""
+    before = COUNTERS.snapshot()[2]
+    register = (OPERATIONS_DIR / "register_node.graphql").read_text()
+    gpu_01, gpu_02, _, _, gpu_05, *_ = NODES
+    moved = {**gpu_01, "storage": [{**gpu_01["storage"][0], "freeBytes": 7 * 10**9}]}
+
+    same(both, register, {"input": gpu_01})  # unchanged: one statement
+    same(both, register, {"input": moved})  # disk moved: one statement
+    same(both, register, {"input": {**gpu_02, "gpus": gpu_02["gpus"][:4]}})  # GPUs: transaction
+    same(both, register, {"input": gpu_05})  # unreachable, coming back: transaction
+    same(both, register, {"input": {**gpu_01, "id": "gpu-08"}})  # a new node
+    same(
+        both,
+        "mutation R($r: NodeInput!) { r: registerNode(input: $r) { __typename id schedulable "
+        "state stateReason localDisk { freeBytes } } }",
+        {"r": moved},
+    )  # a selection beyond leaves: graphql_core's
+    registered = counted(before, "registration", "answered", "")
+
+    refused = counted(before, "registration", "declined", "refused")
+    same(both, register, {"input": {**gpu_01, "gpus": [{**gpu_01["gpus"][0], "index": -1}]}})
+    same(
+        both, register, {"input": {**gpu_01, "id": 7}}
+    )  # an ID as a number: coerced by graphql-core
+    same(both, register, {"input": gpu_02}, role="agent")  # gpu-01's agent names gpu-02
+    same(both, register, {"input": gpu_01}, role="reader")
+    same(both, register, {"input": gpu_01}, role="agent")
+
+    assert registered == 5
+    assert counted(before, "registration", "declined", "register_failed") == 1
+    assert counted(before, "registration", "declined", "variables_for_graphql_core") == 1
+    assert counted(before, "registration", "declined", "refused") - refused == 2
+    assert counted(before, "registration", "answered", "") == 6
+
+
+def counted(before: dict[tuple[str, str, str], int], route: str, outcome: str, reason: str) -> int:
+    key = (route, outcome, reason)
+    return COUNTERS.snapshot()[2].get(key, 0) - before.get(key, 0)

@@ -69,7 +69,6 @@ from graphql import (
     located_error,
 )
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
-from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
 from service.graphql.context import Context
@@ -77,7 +76,7 @@ from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
 
 from .documents import only_root_field
-from .fields import NotAnObjectType, record_attributes
+from .fields import NotAnObjectType, field_arguments, record_attributes
 from .outcomes import Answered, Declined, Outcome, compiled_read
 from .private_api import core_schema, scalar_registry
 
@@ -394,10 +393,7 @@ def compile_page(
 
 
 def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:
-    query = schema.get_type_by_name("Query")
-    if not isinstance(query, StrawberryObjectDefinition):
-        raise _Declined
-    for f in query.fields:
-        if schema.config.name_converter.get_graphql_name(f) == field:
-            return list(f.arguments)
-    raise _Declined
+    try:
+        return field_arguments(schema, "Query", field)
+    except LookupError:
+        raise _Declined from None
