@@ -12,6 +12,7 @@ from pathlib import Path
 import asyncpg
 
 from benchmarks.client import Connection
+from benchmarks.database import postgres_cpu
 from benchmarks.measure import Figure, throughput
 from benchmarks.results import Results
 from benchmarks.services import HEADERS, Service
@@ -31,6 +32,17 @@ class Bench:
     calls: int
     # The report version each node last sent (see cluster.node_input).
     versions: dict[int, int] = field(default_factory=dict)
+    # The PostgreSQL server's postmaster, when it runs on this machine.
+    postmaster: int | None = None
+
+    def postgres_cpu(self) -> float:
+        """CPU seconds the PostgreSQL server has used so far; nan when it is not on this machine."""
+        if self.postmaster is None:
+            return float("nan")
+        try:
+            return postgres_cpu(self.postmaster)
+        except (OSError, ValueError):
+            return float("nan")
 
     def service_cpu(self) -> float:
         """CPU seconds the service processes have used so far (user + system).
@@ -41,15 +53,26 @@ class Bench:
         return services_cpu(self.services)
 
     async def throughput(
-        self, workers: list[Callable[[], Awaitable[int]]], cpu: Figure
+        self,
+        workers: list[Callable[[], Awaitable[int]]],
+        cpu: Figure | None,
+        postgres: Figure | None = None,
     ) -> tuple[float, int]:
-        """measure.throughput over this bench's round length, adding the service's CPU ms per op."""
-        before = self.service_cpu()
+        """measure.throughput over this bench's round length, adding CPU ms per op.
+
+        `cpu`: the service processes'; `postgres`: the PostgreSQL server's
+        (nothing added when it is not on this machine).
+        """
+        before, db_before = self.service_cpu(), self.postgres_cpu()
         start = time.perf_counter()
         rate, failed = await throughput(workers, self.seconds)
         ops = rate * (time.perf_counter() - start)
         if ops:
-            cpu.add((self.service_cpu() - before) / ops * 1000)
+            if cpu is not None:
+                cpu.add((self.service_cpu() - before) / ops * 1000)
+            db = self.postgres_cpu() - db_before
+            if postgres is not None and db == db:  # not nan
+                postgres.add(db / ops * 1000)
         return rate, failed
 
     def connections(

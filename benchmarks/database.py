@@ -77,3 +77,55 @@ async def server_version(url: str) -> str:
         return version
     finally:
         await conn.close()
+
+
+async def postmaster_pid(url: str) -> int | None:
+    """The pid of the server's postmaster when it runs on this machine (the embedded one), else None.
+
+    Its processes' CPU is PostgreSQL's share of a figure (postgres_cpu); on a
+    machine shared with other work, the machine's CPU less the client's is not.
+    """
+    conn = await asyncpg.connect(url)
+    try:
+        # Read while the backend lives: once closed, its /proc entry is gone.
+        return _postgres_parent(await conn.fetchval("SELECT pg_backend_pid()"))
+    finally:
+        await conn.close()
+
+
+def _postgres_parent(backend: int) -> int | None:
+    try:
+        parent = int(_stat(backend)[1])
+        if "postgres" not in Path(f"/proc/{parent}/comm").read_text():
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    return parent
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command: state, ppid, ... (utime is [11])."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """CPU seconds the server's processes have used: the postmaster, its exited children, its live ones.
+
+    A backend that exits between two readings moves from the live sum to the
+    postmaster's children's time (cutime, cstime), so differences stay right.
+    """
+    fields = _stat(postmaster)
+    total = sum(int(x) for x in fields[11:15])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            child = _stat(int(entry.name))
+        except (OSError, ValueError):
+            continue
+        if child[1] == str(postmaster):
+            total += int(child[11]) + int(child[12])
+    return total / TICKS

@@ -9,7 +9,9 @@ much of the stack's ceiling the inventory keeps:
 
 - the agents' heartbeat (the compiled route), with the bootstrap token;
 - `node(id) { id state gpus { index healthy } }`, a scheduler's or the
-  dashboard's look at one node.
+  dashboard's look at one node (the compiled node route); and, for
+  comparison in the same rounds, the same answer through graphql-core (an
+  `@include(if: true)` the compiled route declines), as node(id) went before.
 
 `python -m benchmarks.floor --port N` serves the floor alone (for py-spy or wrk).
 """
@@ -42,6 +44,8 @@ from benchmarks.services import HEADERS, REPO, Service, free_port
 CONNECTIONS = 32
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id state } }"
 NODE = "query Node($id: ID!) { node(id: $id) { id state gpus { index healthy } } }"
+# The same answer, which the compiled node route declines (a directive): graphql-core's.
+NODE_BY_GRAPHQL_CORE = NODE.replace("gpus {", "gpus @include(if: true) {")
 # The answer the floor gives every request: the shape of a heartbeat's.
 ANSWER = json.dumps({"data": {"heartbeat": {"id": "node-000001", "state": "READY"}}}).encode()
 
@@ -123,6 +127,7 @@ async def measure_floor(bench: Bench) -> None:
     ids = [node_id(i) for i in range(min(bench.size, 1024))]
     beats = [request_body(HEARTBEAT, {"id": n}) for n in ids]
     looks = [request_body(NODE, {"id": n}) for n in ids]
+    core_looks = [request_body(NODE_BY_GRAPHQL_CORE, {"id": n}) for n in ids]
     # One process of its own: the suite's others stay idle meanwhile.
     single = Service(bench.url)
     single.start()
@@ -131,7 +136,8 @@ async def measure_floor(bench: Bench) -> None:
             floor = Target(floor_url, floor_pid)
             beat = Target(single.url, single.pid)
             look = Target(single.url, single.pid)
-            work = ((floor, beats), (beat, beats), (look, looks))
+            core_look = Target(single.url, single.pid)
+            work = ((floor, beats), (beat, beats), (look, looks), (core_look, core_looks))
             # Warm: the service's pool opens its connections on first use.
             for target, bodies in work:
                 await _round(target, bodies, 0.3, record=False)
@@ -146,10 +152,12 @@ async def measure_floor(bench: Bench) -> None:
     for target, label, goal in (
         (beat, "heartbeat (compiled)", 0.6),
         (look, "node(id) { id state gpus { index healthy } }", 0.3),
+        (core_look, "the same node(id) through graphql-core", None),
     ):
         cpu_ratio = floor.cpu.median / target.cpu.median if target.cpu.values else float("nan")
         note = (
-            f"target {goal}; CPU per request: service {fmt(target.cpu.median)} ms, floor "
+            ("" if goal is None else f"target {goal}; ")
+            + f"CPU per request: service {fmt(target.cpu.median)} ms, floor "
             f"{fmt(floor.cpu.median)} ms (ratio {cpu_ratio:.2f})"
         )
         if target.failures or floor.failures:

@@ -3,13 +3,15 @@
 The HTTP figures say how fast the service is; they do not say whether the
 rest is HTTP and GraphQL, the domain's Python or PostgreSQL. Here the same
 work runs again in this process, through the same functions the resolvers
-call (service.nodes.register_node, service.placement.place, each in
+call (service.re_registration.register; service.placement.place in
 service.transactions.in_transaction), with as many concurrent tasks as the
-HTTP figure has clients, and the machine's CPU is split per operation: this
-process's (the domain's Python, asyncpg included) and the rest of the
-machine's, which during this run is PostgreSQL (the service processes are
-idle). The raw baselines are split the same way, so "PostgreSQL per report"
-can be compared with what the plain statement costs it.
+HTTP figure has clients, and the CPU is split per operation: this process's
+(the domain's Python, asyncpg included) and PostgreSQL's (its own processes
+when the server runs here, else the rest of the machine's; the service
+processes are idle). The same reports also run always in one transaction
+(service.nodes.register_node, the path before the one statement), in the
+same rounds. The raw baselines are split the same way, so "PostgreSQL per
+report" can be compared with what the plain statement costs it.
 
 Linux only (/proc/stat); elsewhere the section says it was skipped.
 """
@@ -28,6 +30,7 @@ from benchmarks.cluster import node_input, to_report
 from benchmarks.measure import Exhausted, Figure, throughput
 from benchmarks.results import Row, fmt
 from benchmarks.writes import RAW_REGISTER, ReportSource, agent_nodes, changed_reporter
+from service import re_registration
 from service.allocations import Allocated
 from service.config import Settings
 from service.db import create_engine, dispose
@@ -50,13 +53,19 @@ def machine_cpu() -> float:
 
 
 class Split:
-    """Per-operation CPU over rounds: this process's and the rest of the machine's, in ms."""
+    """Per-operation CPU over rounds: this process's and PostgreSQL's, in ms.
 
-    def __init__(self) -> None:
+    PostgreSQL's is its own processes' when the server runs here
+    (Bench.postgres_cpu): on a machine shared with other work, the rest of
+    the machine's CPU is theirs too. Otherwise the rest of the machine's.
+    """
+
+    def __init__(self, bench: Bench) -> None:
         self.rate, self.here, self.rest = Figure(), Figure(), Figure()
+        self.bench = bench
 
     async def measure(self, workers: list[Callable[[], Awaitable[int]]], seconds: float) -> None:
-        machine, here = machine_cpu(), time.process_time()
+        machine, here, db = machine_cpu(), time.process_time(), self.bench.postgres_cpu()
         start = time.perf_counter()
         rate, _ = await throughput(workers, seconds)
         ops = rate * (time.perf_counter() - start)
@@ -64,7 +73,10 @@ class Split:
         if ops:
             mine = time.process_time() - here
             self.here.add(mine / ops * 1000)
-            self.rest.add((machine_cpu() - machine - mine) / ops * 1000)
+            postgres = self.bench.postgres_cpu() - db
+            if postgres != postgres:  # nan: the server is elsewhere
+                postgres = machine_cpu() - machine - mine
+            self.rest.add(postgres / ops * 1000)
 
     def words(self, here: str) -> str:
         return f"{here} {fmt(self.here.median)} ms, PostgreSQL {fmt(self.rest.median)} ms"
@@ -87,10 +99,11 @@ async def measure_layers(bench: Bench) -> int:
     reports: dict[tuple[int, int], NodeReport] = {}
     ids = itertools.count()
     node_ids = [r["id"] for r in await bench.sql("SELECT id FROM nodes ORDER BY id")]
-    registered, placed, raw_registered, claimed = Split(), Split(), Split(), Split()
-    placed_nvlink = Split()  # place with nvlinkShards (issue 20), in the same rounds
+    registered, placed, raw_registered, claimed = (Split(bench) for _ in range(4))
+    registered_tx = Split(bench)  # the same reports, always in a transaction
+    placed_nvlink = Split(bench)  # place with nvlinkShards (issue 20), in the same rounds
     # Each place in a transaction of its own, as before service/place_batches.py.
-    placed_alone = Split()
+    placed_alone = Split(bench)
     defaults = Settings()
     sequential = {False: Figure(), True: Figure()}
     wrong = 0
@@ -105,10 +118,18 @@ async def measure_layers(bench: Bench) -> int:
     engine = create_engine(bench.url, Settings(db_pool_size=SCHEDULERS, db_max_overflow=0))
     try:
 
-        async def register(i: int, version: int) -> None:
+        def report_of(i: int, version: int) -> NodeReport:
             if (i, version) not in reports:
                 reports[(i, version)] = to_report(node_input(i, version))
-            report = reports[(i, version)]
+            return reports[(i, version)]
+
+        async def register(i: int, version: int) -> None:
+            # As the resolver stores it: one statement when it can.
+            await re_registration.register(engine, report_of(i, version))
+
+        async def register_in_transaction(i: int, version: int) -> None:
+            # Always the transaction (register's path before the one statement).
+            report = report_of(i, version)
             await in_transaction(engine, lambda conn: register_node(conn, report))
 
         async def place_one(nvlink_shards: bool = False, alone: bool = False) -> int:
@@ -145,6 +166,7 @@ async def measure_layers(bench: Bench) -> int:
 
         for _ in range(bench.rounds):
             await registered.measure(reporters(register), bench.seconds)
+            await registered_tx.measure(reporters(register_in_transaction), bench.seconds)
             await placed.measure([place_one] * SCHEDULERS, bench.seconds)
             wrong += await check_and_release(bench)
             await placed_alone.measure([lambda: place_one(alone=True)] * SCHEDULERS, bench.seconds)
@@ -182,6 +204,17 @@ async def measure_layers(bench: Bench) -> int:
             raw_registered.rate,
             note=f"CPU per report: {registered.words('domain Python')}; "
             f"raw: {raw_registered.words('client')}",
+        )
+    )
+    bench.results.add(
+        Row(
+            bench.size,
+            f"registerNode's {in_process}, changed report, always one transaction, {AGENTS} tasks",
+            "req/s",
+            registered_tx.rate,
+            "raw asyncpg, 1 statement",
+            raw_registered.rate,
+            note=f"CPU per report: {registered_tx.words('domain Python')}",
         )
     )
     bench.results.add(

@@ -25,6 +25,7 @@ from benchmarks.database import (
     drop_database,
     migrate,
     postgres_server,
+    postmaster_pid,
     server_version,
 )
 from benchmarks.results import Results
@@ -83,6 +84,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         sections -= set(args.skip.split(",")) if args.skip else set()
         with services(url, args.services) as procs:
             bench = Bench(
+                postmaster=await postmaster_pid(url),
                 size=size,
                 url=url,
                 services=procs,

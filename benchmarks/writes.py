@@ -194,6 +194,8 @@ async def measure_registration(bench: Bench, statements: dict[str, str]) -> None
     source = ReportSource()
     changed, unchanged, raw = Figure(), Figure(), Figure()
     cpu_changed, cpu_unchanged = Figure(), Figure()
+    # PostgreSQL's CPU per report, each way (the server's own processes).
+    db_changed, db_unchanged, db_raw = Figure(), Figure(), Figure()
     failures = 0
     for _ in range(bench.rounds):
         clients = bench.connections(agents)
@@ -208,14 +210,14 @@ async def measure_registration(bench: Bench, statements: dict[str, str]) -> None
             changed_reporter(bench, agent_nodes(bench.size, agents, a), via_service(c))
             for a, c in enumerate(clients)
         ]
-        value, failed = await bench.throughput(workers, cpu_changed)
+        value, failed = await bench.throughput(workers, cpu_changed, db_changed)
         changed.add(value)
         failures += failed
         workers = [
             unchanged_reporter(bench, agent_nodes(bench.size, agents, a), via_service(c))
             for a, c in enumerate(clients)
         ]
-        value, failed = await bench.throughput(workers, cpu_unchanged)
+        value, failed = await bench.throughput(workers, cpu_unchanged, db_unchanged)
         unchanged.add(value)
         failures += failed
         await close_all(clients)
@@ -232,17 +234,20 @@ async def measure_registration(bench: Bench, statements: dict[str, str]) -> None
                 changed_reporter(bench, agent_nodes(bench.size, agents, a), via_raw(pool))
                 for a in range(agents)
             ]
-            value, _ = await throughput(workers, bench.seconds)
+            value, _ = await bench.throughput(workers, None, db_raw)
             raw.add(value)
     failed_note = f"; {failures} failed requests" if failures else ""
     add = bench.results.add
     add(Row(bench.size, "registerNode, changed report (disk free moved), 16 agents", "req/s",
             changed, "raw asyncpg, 1 statement", raw, statements.get("changed", ""),
-            f"service CPU {fmt(cpu_changed.median)} ms/request{failed_note}"))  # fmt: skip
+            f"CPU per request: service {fmt(cpu_changed.median)} ms, PostgreSQL "
+            f"{fmt(db_changed.median)} ms (raw: PostgreSQL {fmt(db_raw.median)} ms)"
+            f"{failed_note}"))  # fmt: skip
     add(Row(bench.size, "registerNode, unchanged report (digest skip), 16 agents", "req/s",
             unchanged, "raw asyncpg, 1 statement (changed)", raw,
             statements.get("unchanged", ""),
-            f"service CPU {fmt(cpu_unchanged.median)} ms/request"))  # fmt: skip
+            f"CPU per request: service {fmt(cpu_unchanged.median)} ms, PostgreSQL "
+            f"{fmt(db_unchanged.median)} ms"))  # fmt: skip
 
 
 async def measure_heartbeats(bench: Bench, statements: str) -> None:

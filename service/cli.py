@@ -36,6 +36,9 @@ def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | N
     return server.url, server
 
 
+KEEP_ALIVE_SECONDS = 5
+
+
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """How uvicorn runs the service (the benchmarks' bare-Starlette floor runs the same way)."""
     return {
@@ -47,6 +50,10 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "access_log": False,
         # A websocket message is bounded like a request body (uvicorn's default is 16 MiB).
         "ws_max_size": settings.max_body_bytes,
+        # Seconds an idle keep-alive connection is kept (uvicorn's default). A
+        # proxy's idle timeout must be shorter (deploy/nginx.conf: 2 s), or a
+        # connection closed here as the proxy reuses it loses a request.
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,
     }
 
 

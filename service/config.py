@@ -141,8 +141,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("INVENTORY_REQUEST_TIMEOUT", "request_timeout", "30", _positive_float,
             "Seconds a GraphQL request may run before it is stopped with an error."),
     Setting("INVENTORY_SHUTDOWN_DRAIN", "shutdown_drain", "2", _non_negative_float,
-            "Seconds a process keeps serving after SIGTERM with /readyz 503 and `Connection: close`, "
-            "before it stops accepting (0: stop at once)."),
+            "Seconds a process keeps serving after SIGTERM with /readyz 503, before it stops "
+            "accepting and ends its connections (0: stop at once)."),
     Setting("INVENTORY_UNREACHABLE_AFTER", "unreachable_after", "30", _positive_float,
             "Seconds without a heartbeat before a node is UNREACHABLE."),
     Setting("INVENTORY_LOST_AFTER", "lost_after", "300", _positive_float,

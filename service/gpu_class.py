@@ -17,6 +17,7 @@ and every release names the same card the same way:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -50,6 +51,9 @@ def _words(name: str) -> list[str]:
     return [w for w in re.split(r"[\s\-_/]+", name.upper()) if w]
 
 
+# Made once per (name, memory): a report derives it for each of its GPUs, and
+# the regular expressions were a tenth of a re-registration's Python here.
+@functools.lru_cache(maxsize=1024)
 def derive_gpu_class(name: str, memory_mb: int | None) -> str:
     words = _words(name)
     named_size: int | None = None

@@ -66,9 +66,18 @@ class HeartbeatBatcher:
 _batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.WeakKeyDictionary()
 
 
+# A process has one engine: its batcher found without the weak dictionary's
+# lookup (a weak reference made and AsyncEngine's Python-level __eq__ per beat).
+_last: tuple[weakref.ref[AsyncEngine], HeartbeatBatcher] | None = None
+
+
 async def beat(engine: AsyncEngine, node_id: str) -> NodeRecord:
     """The node's heartbeat through this process's batch for `engine`."""
+    global _last
+    if _last is not None and _last[0]() is engine:
+        return await _last[1].beat(node_id)
     batcher = _batchers.get(engine)
     if batcher is None:
         batcher = _batchers[engine] = HeartbeatBatcher(engine)
+    _last = (weakref.ref(engine), batcher)
     return await batcher.beat(node_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -37,8 +38,8 @@ class _Counters:
         # The fast path's route runs: (route, outcome, reason) -> count
         # (service/graphql/fast/front_door.py).
         self.fast_path: dict[tuple[str, str, str], int] = defaultdict(int)
-        # (method, route, status) -> per-bucket counts, sum, count
-        self.latency: dict[tuple[str, str, str], list[float]] = {}
+        # (method, route, status) -> per-bucket counts, sum
+        self.latency: dict[tuple[str, str, int], list[float]] = {}
         # Websockets whose token ended, by how ("revoked", "expired"), and the
         # re-checks that could not ask the database (service/token_watch.py).
         self.token_ends: dict[str, int] = defaultdict(int)
@@ -69,17 +70,17 @@ class _Counters:
         # cannot mint a new series per made-up method.
         if method not in KNOWN_METHODS:
             method = "other"
-        key = (method, route, str(status))
+        key = (method, route, status)
+        # The one bucket it falls in (the last: over every bound); the
+        # snapshot sums them up as Prometheus counts them (cumulative).
+        bucket = bisect_left(LATENCY_BUCKETS, seconds)
         with self._lock:
             series = self.latency.get(key)
             if series is None:
-                # cumulative bucket counts, then the sum, then the count
+                # per-bucket counts (+Inf last), then the sum
                 series = self.latency[key] = [0.0] * (len(LATENCY_BUCKETS) + 2)
-            for i, bound in enumerate(LATENCY_BUCKETS):
-                if seconds <= bound:
-                    series[i] += 1
-            series[-2] += seconds
-            series[-1] += 1
+            series[bucket] += 1
+            series[-1] += seconds
 
     def snapshot(
         self,
@@ -87,7 +88,10 @@ class _Counters:
         dict[str, int], dict[tuple[str, str, str], list[float]], dict[tuple[str, str, str], int]
     ]:
         with self._lock:
-            latency = {k: list(v) for k, v in self.latency.items()}
+            latency = {
+                (method, route, str(status)): _cumulative(series)
+                for (method, route, status), series in self.latency.items()
+            }
             return dict(self.rejections), latency, dict(self.fast_path)
 
     def reset(self) -> None:
@@ -105,6 +109,17 @@ COUNTERS = _Counters()
 def count_rejection(code: str) -> None:
     """Count one refused allocation by its RejectionCode (e.g. GPU_TAKEN); process-local."""
     COUNTERS.count_rejection(code)
+
+
+def _cumulative(series: list[float]) -> list[float]:
+    """Per-bucket counts and their sum as the exposition reads them: cumulative counts, sum, count."""
+    out = []
+    running = 0.0
+    for count in series[: len(LATENCY_BUCKETS)]:
+        running += count
+        out.append(running)
+    total = running + series[len(LATENCY_BUCKETS)]
+    return [*out, series[-1], total]
 
 
 def count_fast_path(route: str, outcome: str, reason: str) -> None:
@@ -127,6 +142,25 @@ def count_xids(xids: Iterable[tuple[str, int]]) -> None:
     with _XIDS_LOCK:
         for gpu_class, xid in xids:
             _XIDS[(gpu_class, str(xid))] += 1
+
+
+# Reports stored by this process, by path ("one_statement" or "transaction",
+# service/re_registration.py) and reason (the one statement's verdict, or why
+# the report took the transaction). Apart from _Counters: one idea, one lock.
+_REGISTRATIONS: dict[tuple[str, str], int] = defaultdict(int)
+_REGISTRATIONS_LOCK = threading.Lock()
+
+
+def count_registration(path: str, reason: str) -> None:
+    """Count one stored report by how it was stored; process-local."""
+    with _REGISTRATIONS_LOCK:
+        _REGISTRATIONS[(path, reason)] += 1
+
+
+def registrations() -> dict[tuple[str, str], int]:
+    """(path, reason) -> reports stored so far by this process."""
+    with _REGISTRATIONS_LOCK:
+        return dict(_REGISTRATIONS)
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
@@ -282,7 +316,7 @@ def _process(out: Exposition) -> None:
     out.family(
         "inventory_fast_path_requests_total",
         "counter",
-        "GraphQL HTTP requests by fast-path route (front_door, heartbeat, page, graphql_core), "
+        "GraphQL HTTP requests by fast-path route (front_door, heartbeat, page, node, graphql_core), "
         "counted after the route ran: answered, or declined with a reason (declined by "
         "front_door: Strawberry's view answered; reason bug: a logged bug, answered as an "
         "internal error). All zero with INVENTORY_DIRECT_EXECUTION=false.",
@@ -345,6 +379,17 @@ def _process(out: Exposition) -> None:
         "XID errors reported to this process by agents, by GPU class and XID; critical ones "
         "(service/gpu_health.py) leave the GPU unhealthy until it is reset.",
         (((("gpu_class", cls), ("xid", xid)), count) for (cls, xid), count in xids),
+    )
+    out.family(
+        "inventory_registrations_total",
+        "counter",
+        "Node reports stored by this process: path one_statement (a known, alive node whose "
+        "GPUs did not change; reason changed or unchanged) or transaction (reason: why not "
+        "one statement, service/re_registration.py).",
+        (
+            ((("path", path), ("reason", reason)), count)
+            for (path, reason), count in sorted(registrations().items())
+        ),
     )
     out.histogram(
         "inventory_http_request_duration_seconds",

@@ -34,8 +34,31 @@ from typing import Any
 from service.availability import gpu_free, gpu_health_reasons, gpu_healthy, node_schedulable
 from service.capacity import free_gpus_query
 from service.connections import Connection, cached_text
-from service.node_views import NodeFilter, page_clause
+from service.node_views import NodeFilter, by_key_sql, page_clause
 from service.paging import PageRequest, PageTruncated, stops_short
+from service.topology import describe_groups_sql, largest_free_group_sql
+
+
+def timestamp(column: str) -> str:
+    """SQL text: a timestamptz column as the GraphQL DateTime scalar writes it.
+
+    The scalar is Strawberry's: datetime.isoformat() of the value asyncpg
+    decodes, which is always in UTC (whatever the session's TimeZone), with
+    six digits of microseconds, none when they are zero:
+    2026-12-04T07:58:29.120000+00:00, 2026-12-04T07:58:29+00:00. PostgreSQL's
+    own to_json writes the session's zone and trims the fraction
+    (2026-12-04T08:58:29.12+01:00), so the text is built here. asyncpg
+    decodes infinity as datetime.max and -infinity as datetime.min, both
+    without a zone. tests/test_compiled_page.py compares this with the
+    scalar on values of each kind and in several session time zones.
+    """
+    return (
+        f"CASE {column} WHEN 'infinity' THEN '9999-12-31T23:59:59.999999'"
+        f" WHEN '-infinity' THEN '0001-01-01T00:00:00'"
+        f" ELSE replace(to_char({column} AT TIME ZONE 'UTC',"
+        """ 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'), '.000000+', '+') END"""
+    )
+
 
 # Attribute -> SQL expression of its JSON value, per record kind, over the
 # kind's table alias.
@@ -49,6 +72,12 @@ NODE: Mapping[str, str] = {
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
     "boot_id": "n.boot_id",
+    "last_seen": timestamp("n.last_seen"),
+    "registered_at": timestamp("n.registered_at"),
+    # Node.nvlinkGroups and Node.largestFreeNvlinkGroup, from topology's
+    # definitions (their SQL form sits next to the Python one).
+    "nvlink_groups": describe_groups_sql("n"),
+    "largest_free_nvlink_group": largest_free_group_sql("n"),
     # The reason that explains the state (node_views.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
     "state_reason": (
@@ -81,6 +110,7 @@ SHARD: Mapping[str, str] = {
     "gpu_indices": "(SELECT coalesce(array_agg(i ORDER BY i), '{}') FROM unnest(s.gpu_indices) i)",
     "fabric": "s.fabric",
     "hcas": "s.hcas",
+    "created_at": timestamp("s.created_at"),
 }
 FILESYSTEM: Mapping[str, str] = {
     "id": "f.fs_id",
@@ -106,6 +136,9 @@ DISKS: Mapping[str, tuple[str, str]] = {
     "shared_disk": ("n.shared_disk_free", "n.shared_disk_total"),
 }
 DISK: Mapping[str, int] = {"free_bytes": 0, "total_bytes": 1}
+# A node's key-value lists (Node.labels, Node.engineVersions), in node_views.by_key's order.
+KEY_VALUE_LISTS: Mapping[str, str] = {"labels": "n.labels", "engine_versions": "n.engine_versions"}
+KEY_VALUE: Mapping[str, str] = {"key": "e.key", "value": "e.value"}
 
 # A node's detail lists: the kind of their items, FROM ... WHERE, and the
 # order their loaders read them in.
@@ -242,6 +275,9 @@ class _Statement:
                 else:
                     raise Unsupported(sub.attribute)
             return f"CASE WHEN {total} IS NULL THEN NULL ELSE json_build_object({', '.join(parts)}) END"
+        if kind is NODE and attribute in KEY_VALUE_LISTS:
+            entry = self.object(KEY_VALUE, value.selection)
+            return by_key_sql(KEY_VALUE_LISTS[attribute], entry)
         if kind is NODE and attribute in _LISTS:
             item, source, order = _LISTS[attribute]
             return (
@@ -321,3 +357,22 @@ class NodePage:
             {**params, **self._params},
             request,
         )
+
+
+class OneNode:
+    """Nodes by id as the selection says: node_views.get_nodes' nodes, built once per selection."""
+
+    def __init__(self, selection: Sequence[Value]) -> None:
+        statement = _Statement()
+        node = statement.object(NODE, selection)  # raises Unsupported
+        # The parameters are p<n> (keys, constants) and the ids.
+        self._sql = cached_text(
+            f"SELECT n.id, {node}::text AS node FROM nodes n"
+            " WHERE n.id = ANY(CAST(:node_ids AS text[]))"
+        )
+        self._params = statement.params
+
+    async def fetch(self, conn: Connection, node_ids: Sequence[str]) -> dict[str, str]:
+        """Each node's JSON object (text) by id; an id of no node is left out."""
+        rows = await conn.execute(self._sql, {**self._params, "node_ids": list(node_ids)})
+        return {row[0]: row[1] for row in rows}

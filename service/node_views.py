@@ -70,6 +70,23 @@ NODE_COLUMNS = """
 _NODE_WIDTH = 19
 
 
+def by_key(mapping: dict[str, str]) -> list[tuple[str, str]]:
+    """A node's labels or engine versions in the order they are shown: by key, by code point."""
+    return sorted(mapping.items())
+
+
+def by_key_sql(column: str, entry: str, e: str = "e") -> str:
+    """SQL: by_key of a jsonb column of `nodes` as a JSON array of `entry` (over `e.key`, `e.value`).
+
+    Python orders strings by code point, which is UTF-8's byte order:
+    COLLATE "C" compares bytes, whatever the database's collation.
+    """
+    return (
+        f"(SELECT coalesce(json_agg({entry} ORDER BY {e}.key COLLATE \"C\"), '[]')"
+        f" FROM jsonb_each_text({column}) {e})"
+    )
+
+
 def _mapping(value: Any) -> dict[str, str]:
     if isinstance(value, str):
         value = json.loads(value)

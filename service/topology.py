@@ -142,6 +142,43 @@ def largest_free_group(gpus: Sequence[GpuRecord]) -> int | None:
     return max(free.values(), default=0)
 
 
+# The same two answers for a node row `n` in SQL, where a page of nodes is
+# built as JSON by PostgreSQL (service/node_pages.py). Each is written next
+# to its Python definition above and follows it step by step;
+# tests/test_topology_reports.py checks that both agree on every topology
+# the agents report.
+
+
+def _groups_of(n: str) -> str:
+    """SQL rows (group, size, free) of node `n`'s NVLink groups: group_sizes' Counter."""
+    return (
+        "SELECT g.nvlink_group, count(*) AS size,"
+        f" count(*) FILTER (WHERE {gpu_free('g')}) AS free"
+        f" FROM gpus g WHERE g.node_id = {n}.id AND g.nvlink_group IS NOT NULL"
+        " GROUP BY g.nvlink_group"
+    )
+
+
+def describe_groups_sql(n: str = "n") -> str:
+    """SQL text: describe_groups(group_sizes(the GPUs of node row `n`))."""
+    # Per size, how many groups have it; the words list sizes > 1, largest
+    # first, "4x2" for two groups of 4.
+    return (
+        "(SELECT CASE WHEN count(*) = 0 THEN 'unknown'"
+        " WHEN count(*) FILTER (WHERE s.size > 1) = 0 THEN 'none'"
+        " ELSE 'NVLink ' || string_agg(CASE WHEN s.groups > 1 THEN s.size || 'x' || s.groups"
+        " ELSE s.size::text END, ' + ' ORDER BY s.size DESC) FILTER (WHERE s.size > 1) END"
+        f" FROM (SELECT x.size, count(*) AS groups FROM ({_groups_of(n)}) x GROUP BY x.size) s)"
+    )
+
+
+def largest_free_group_sql(n: str = "n") -> str:
+    """SQL integer: largest_free_group(the GPUs of node row `n`); null when its topology is unknown."""
+    return (
+        f"(SELECT CASE WHEN count(*) = 0 THEN NULL ELSE max(x.free) END FROM ({_groups_of(n)}) x)"
+    )
+
+
 # Free GPUs of a class, on nodes that take placement, per NVLink group.
 _FREE_PER_GROUP = f"""
     SELECT count(*) AS n FROM gpus g

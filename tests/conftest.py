@@ -140,6 +140,20 @@ async def client(engine: AsyncEngine, settings: Settings) -> AsyncIterator[httpx
 
 
 @pytest.fixture
+async def unreachable_client() -> AsyncIterator[httpx.AsyncClient]:
+    """The service in front of a PostgreSQL that does not answer (nothing listens there)."""
+    settings = Settings(db_timeout=2)
+    engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", settings)
+    try:
+        app = create_app(settings, engine=engine)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as c:
+            yield c
+    finally:
+        await dispose(engine)
+
+
+@pytest.fixture
 async def both(
     engine: AsyncEngine, settings: Settings
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient]]:

@@ -48,7 +48,7 @@ NOT_DEFINITIONS = {
     ("service/ctl/gpu_verbs.py", 'health = "healthy" if gpu["healthy"] else'): (
         "shows a GPU's health, decides nothing"
     ),
-    ("service/nodes.py", 'if g.healthy else ["unhealthy"]'): (
+    ("service/report_rows.py", 'if g.healthy else ["unhealthy"]'): (
         "a report's reasons: a GPU reported unhealthy without one still says so"
     ),
     (

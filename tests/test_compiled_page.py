@@ -8,6 +8,7 @@ must have been one SQL statement.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -16,23 +17,34 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from benchmarks.floor import NODE as BENCH_NODE
+from benchmarks.floor import NODE_BY_GRAPHQL_CORE
 from benchmarks.questions import FILTERED as BENCH_FILTERED
 from benchmarks.questions import PAGE as BENCH_PAGE
+from service import connections, node_pages
+from service.ctl.nodes import NODE as CTL_NODE
 from service.gpu_pools import refresh_pools
+from service.graphql.fast.private_api import core_schema
+from service.graphql.schema import schema
+from service.metrics import COUNTERS
 from tests.conftest import StatementCounter
 from tests.reports import A100, ALLOCATE, GB, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.topology import bridged_pairs, hgx_h100, no_nvlink
 
 # Every field the compiled page can build, under aliases, with __typename.
 EVERYTHING = """
 query Page($first: Int, $after: ID) {
   page: nodes(first: $first, after: $after) {
     __typename id name: hostname mgmtAddr memoryTotalMb state stateReason stateChangedBy
-    schedulable agentVersion knowsItsWeights
+    schedulable agentVersion knowsItsWeights lastSeen registeredAt
+    nvlinkGroups largestFreeNvlinkGroup
+    labels { __typename key value } engineVersions { name: key value }
     localDisk { __typename freeBytes totalBytes } sharedDisk { freeBytes free: freeBytes }
     gpus { __typename index uuid pciBusId name gpuClass memoryMb healthy healthReasons
-           allocation { shardId replicaId nodeId gpuIndices fabric hcas } }
+           nvlinkPeers nvlinkGroup
+           allocation { shardId replicaId nodeId gpuIndices fabric hcas createdAt } }
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
-    allocations { __typename shardId replicaId nodeId gpuIndices fabric hcas }
+    allocations { __typename shardId replicaId nodeId gpuIndices fabric hcas createdAt }
     fabrics { fabric hcas rateGbps }
     weights { path sizeBytes }
   }
@@ -73,8 +85,15 @@ async def both_ways(
         if "api_tokens" not in sql and "pg_notify" not in sql
     )
     reference = await post(both[1], query, variables or {})
-    assert json.dumps(compiled) == json.dumps(reference)
+    assert json.dumps(_without_request_ids(compiled)) == json.dumps(_without_request_ids(reference))
     return compiled, statements
+
+
+def _without_request_ids(body: Any) -> Any:
+    """The body but the request id of a masked error, which differs by design."""
+    for error in body.get("errors") or ():
+        error.get("extensions", {}).pop("requestId", None)
+    return body
 
 
 async def a_varied_cluster(api: Any, engine: AsyncEngine) -> None:
@@ -97,18 +116,36 @@ async def a_varied_cluster(api: Any, engine: AsyncEngine) -> None:
         weights=[{"path": "/data/models/llama-3-70b", "sizeBytes": 140 * GB},
                  {"path": "/data/models/a \"quoted\" näme"}],
         agentVersion="1.4.0",
-        labels=[{"key": "zone", "value": "eu-1"}, {"key": "team", "value": "serving"}],
+        # Keys Python and a collation would sort differently: by code point here.
+        labels=[{"key": "zone", "value": "eu-1"}, {"key": "team", "value": "serving"},
+                {"key": "Zone", "value": "é"}, {"key": "équipe", "value": "x"},
+                {"key": "_a", "value": ""}, {"key": "z-1", "value": "\"quoted\""},
+                {"key": "ß", "value": "\u00e9\u2603"}],
+        engineVersions=[{"key": "vllm", "value": "0.6.3"}, {"key": "sglang", "value": "0.4"}],
     )  # fmt: skip
     await api(REGISTER, {"input": full})
-    # Nothing known: no memory, disk, fabrics, weights or agent version.
-    await api(REGISTER, {"input": node_input("gpu-02", gpus=gpus(H100, 2, uuid=None))})
-    await api(REGISTER, {"input": node_input("gpu-03", gpus=gpus(H100, 8))})
-    await api(REGISTER, {"input": node_input("gpu-04", gpus=gpus(H100, 1))})
+    # Nothing known: no memory, disk, fabrics, weights or agent version; no NVLink.
+    await api(REGISTER, {"input": node_input("gpu-02", gpus=no_nvlink(H100, 2))})
+    # One NVSwitch board (nvlinkGroups "NVLink 8"); gpu-04 bridged pairs.
+    await api(REGISTER, {"input": node_input("gpu-03", gpus=hgx_h100(near=False))})
+    await api(REGISTER, {"input": node_input("gpu-04", gpus=bridged_pairs(2))})
     async with engine.begin() as conn:
         await conn.execute(
             text(
                 "UPDATE nodes SET liveness = 'lost', liveness_reason = 'no heartbeat for 10m'"
                 " WHERE id = 'gpu-04'"
+            )
+        )
+        # Timestamps of each shape the DateTime scalar writes: whole seconds
+        # (no fraction), a fraction ending in zeros, one microsecond.
+        await conn.execute(
+            text(
+                "UPDATE nodes SET registered_at = CASE id"
+                " WHEN 'gpu-01' THEN timestamptz '2026-01-02 03:04:05+00'"
+                " WHEN 'gpu-02' THEN timestamptz '2026-01-02 03:04:05.12+01'"
+                " ELSE timestamptz '2026-01-02 03:04:05.000001-03:30' END,"
+                " last_seen = date_trunc('second', last_seen)"
+                " WHERE id IN ('gpu-01', 'gpu-02', 'gpu-03')"
             )
         )
         # As the liveness sweep does: a lost node's GPUs are no longer free.
@@ -142,6 +179,17 @@ async def test_every_supported_field_reads_the_same_built_by_postgresql(
     assert page[1]["localDisk"] is None and page[1]["memoryTotalMb"] is None
     assert page[2]["state"] == "CORDONED" and page[2]["stateReason"] == "burn-in"
     assert page[3]["state"] == "LOST" and page[3]["stateReason"] == "no heartbeat for 10m"
+    # Timestamps as the DateTime scalar writes them: UTC, six digits or none.
+    assert [n["registeredAt"] for n in page[:3]] == [
+        "2026-01-02T03:04:05+00:00",
+        "2026-01-02T02:04:05.120000+00:00",
+        "2026-01-02T06:34:05.000001+00:00",
+    ]
+    assert all("." not in n["lastSeen"] for n in page[:3])  # whole seconds
+    # Topology's words and widths: unknown, none, one board (GPU 5 held), a pair.
+    assert [(n["nvlinkGroups"], n["largestFreeNvlinkGroup"]) for n in page] == [
+        ("unknown", None), ("none", 1), ("NVLink 8", 7), ("NVLink 2", 2)
+    ]  # fmt: skip
 
     # Paged: first and after, as variables.
     second, statements = await both_ways(
@@ -291,14 +339,16 @@ async def test_a_filtered_page_reads_the_same_built_by_postgresql(
         (BENCH_FILTERED, {"disk": 2**63}),
         ("{ nodes(filter: {state: SLEEPY}) { id } }", {}),
         ('{ nodes(filter: {schedulable: true, fabric: "ib-a"}) { id labels { key } } }', {}),
+        ("{ nodes { id engineVersions { key value } } }", {}),
         # The schedulers' question with what graphql-core must judge or build.
         ("{ freeGpus(minFree: 0) { gpuIndices } }", {}),
         ("query($min: Int) { freeGpus(minFree: $min) { gpuIndices } }", {"min": 1.5}),
         ('{ freeGpus { node { id freeGpus(gpuClass: "A100-40GB") { index } } } }', {}),
+        # Built by the page since 4 December (timestamps, key-value lists): alike.
         ("{ freeGpus { node { id registeredAt } } }", {}),
-        # Fields the page does not build: graphql-core answers, as before.
-        ("{ nodes { id labels { key value } } }", {}),
+        ("{ nodes { id labels { key value } engineVersions { key, v: value } } }", {}),
         ("{ nodes { id lastSeen } }", {}),
+        # Fields the page does not build: graphql-core answers, as before.
         ('{ nodes { id freeGpus(gpuClass: "H100-80GB") { index } } }', {}),
         ("query($on: Boolean!) { nodes { id gpus @include(if: $on) { index } } }", {"on": False}),
         ("{ nodes { id ...F } } fragment F on Node { hostname }", {}),
@@ -309,6 +359,20 @@ async def test_a_filtered_page_reads_the_same_built_by_postgresql(
         ("query($first: Int) { nodes(first: $first) { id } }", {"first": "2"}),
         ("query($first: Int!) { nodes(first: $first) { id } }", {}),
         ("query($after: ID) { nodes(after: $after) { id } }", {"after": 7}),
+        # One node by id: what graphql-core must judge or build.
+        # An ID sent as a number, null, left out, or a text PostgreSQL cannot store.
+        (BENCH_NODE, {"id": 3}),
+        (BENCH_NODE, {"id": None}),
+        (BENCH_NODE, {}),
+        (BENCH_NODE, {"id": "gpu\x0001"}),
+        ("{ node(id: 3) { id } }", {}),
+        ('query($id: ID = "gpu-01") { node(id: $id) { id } }', {}),
+        ("query($id: ID!) { node(id: $id) { id labels { key key } } }", {"id": "gpu-01"}),
+        ('{ node(id: "gpu-01") { id freeGpus(gpuClass: "A100-40GB") { index } } }', {}),
+        ('{ node(id: "gpu-01") { ...F } } fragment F on Node { id }', {}),
+        ('{ node(id: "gpu-01") { id hcasFor(fabric: "ib-a") } }', {}),
+        ('{ node(id: "gpu-01") { id } nodes { id } }', {}),
+        ("query($id: ID!) { node(id: $id) { id } }", {"id": ["gpu-01"]}),
     ],
 )
 async def test_anything_else_is_answered_as_before(
@@ -342,3 +406,130 @@ async def test_a_caller_without_the_role_is_refused_the_same_way(
     assert answers[0] == answers[1]
     assert answers[0]["data"] is None
     assert answers[0]["errors"][0]["extensions"]["code"] == "FORBIDDEN"
+
+
+# node(id), compiled (service/graphql/fast/compiled_node.py): the same selection
+# as a page's node, by id.
+ONE_NODE = EVERYTHING.replace(
+    "query Page($first: Int, $after: ID) {", "query One($id: ID!) {"
+).replace("page: nodes(first: $first, after: $after)", "one: node(id: $id)")
+
+
+def answered(route: str) -> int:
+    return COUNTERS.snapshot()[2].get((route, "answered", ""), 0)
+
+
+async def test_one_node_by_id_reads_the_same_built_by_postgresql(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    count_statements: StatementCounter,
+) -> None:
+    await a_varied_cluster(api, engine)
+    before = answered("node")
+    for node_id in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"):
+        answer, statements = await both_ways(both, count_statements, ONE_NODE, {"id": node_id})
+        assert statements == 1  # the node and its details in one statement
+        assert answer["data"]["one"]["id"] == node_id
+    # No such node: null, as the resolver answers.
+    missing, statements = await both_ways(both, count_statements, ONE_NODE, {"id": "gpu-99"})
+    assert missing == {"data": {"one": None}} and statements == 1
+    # The benchmark's question, a literal id, and `ctl node`'s question.
+    await both_ways(both, count_statements, BENCH_NODE, {"id": "gpu-03"})
+    await both_ways(both, count_statements, '{ node(id: "gpu-01") { __typename id lastSeen } }')
+    ctl, _ = await both_ways(both, count_statements, CTL_NODE, {"id": "gpu-01"})
+    assert [label["key"] for label in ctl["data"]["node"]["labels"]] == [
+        "Zone", "_a", "team", "z-1", "zone", "ß", "équipe"
+    ]  # fmt: skip
+    assert answered("node") - before == 8
+    # The benchmark's comparison row goes to graphql-core, with the same answer.
+    core = answered("graphql_core")
+    await both_ways(both, count_statements, NODE_BY_GRAPHQL_CORE, {"id": "gpu-03"})
+    assert (answered("node") - before, answered("graphql_core") - core) == (8, 1)
+    metrics = (await both[0].get("/metrics")).text
+    assert (
+        'inventory_fast_path_requests_total{route="node",outcome="answered",reason=""}' in metrics
+    )
+
+
+async def test_looks_at_one_node_that_arrive_together_are_read_together(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    count_statements: StatementCounter,
+) -> None:
+    """Concurrent node(id) requests share statements (service/batches.py), each answered as
+    alone: repeated and missing ids, and a batch that fails (an id PostgreSQL cannot store)
+    declines to graphql-core, which answers each request as the reference does."""
+    await a_varied_cluster(api, engine)
+
+    async def together(ids: list[str]) -> tuple[list[Any], int]:
+        before = count_statements.count
+        answers = await asyncio.gather(*(post(both[0], BENCH_NODE, {"id": i}) for i in ids))
+        reads = sum(1 for sql in count_statements.statements[before:] if "FROM nodes n" in sql)
+        return answers, reads
+
+    ids = ["gpu-01", "gpu-02", "gpu-99", "gpu-01", "gpu-03", "gpu-04", "", "gpu-02"]
+    answers, reads = await together(ids)
+    assert reads < len(ids)
+    for node_id, answer in zip(ids, answers, strict=True):
+        assert answer == await post(both[1], BENCH_NODE, {"id": node_id})
+    assert [a["data"]["node"] and a["data"]["node"]["id"] for a in answers] == [
+        "gpu-01", "gpu-02", None, "gpu-01", "gpu-03", "gpu-04", None, "gpu-02"
+    ]  # fmt: skip
+
+    ids = ["gpu-01", "gpu\x0001", "gpu-02"]
+    answers, _ = await together(ids)
+    for node_id, answer in zip(ids, answers, strict=True):
+        assert _without_request_ids(answer) == _without_request_ids(
+            await post(both[1], BENCH_NODE, {"id": node_id})
+        )
+
+
+@pytest.mark.parametrize("role", ["agent", "none"])
+async def test_one_node_for_a_refused_caller_is_refused_the_same_way(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    engine: AsyncEngine,
+    api_as: Any,
+    role: str,
+) -> None:
+    await a_varied_cluster(api, engine)
+    headers = {"Authorization": "Bearer llmgw_not_a_token_at_all_000000"}
+    if role == "agent":
+        agent = await api_as("agent", node_id="gpu-01")
+        headers = agent.headers
+    answers = []
+    for client in both:
+        response = await client.post(
+            "/graphql", json={"query": BENCH_NODE, "variables": {"id": "gpu-02"}}, headers=headers
+        )
+        answers.append((response.status_code, response.json()))
+    assert answers[0] == answers[1]
+    assert answers[0][1]["errors"] and not (answers[0][1].get("data") or {}).get("node")
+
+
+async def test_timestamps_are_written_as_the_datetime_scalar_writes_them(
+    engine: AsyncEngine,
+) -> None:
+    """node_pages.timestamp against the schema's own DateTime serializer, on what asyncpg
+    decodes, for each shape of value and whatever the session's time zone."""
+    serialize = core_schema(schema).get_type("DateTime").serialize  # type: ignore[union-attr]
+    values = [
+        "2026-12-04 07:58:29.123456+00", "2026-12-04 07:58:29+00", "2026-12-04 07:58:29.1+00",
+        "2026-12-04 07:58:29.000001+00", "2026-03-29 01:30:00.5+01", "1850-03-01 12:00:00+00",
+        "0999-01-01 00:00:00.25+00", "infinity", "-infinity",
+    ]  # fmt: skip
+    expression = node_pages.timestamp("t.at")
+    for zone in ("UTC", "Europe/Paris", "America/St_Johns", "Asia/Kathmandu"):
+        async with connections.autocommit(engine) as conn, conn.raw.transaction():
+            await conn.raw.execute(f"SET LOCAL TIME ZONE '{zone}'")
+            rows = await conn.raw.fetch(
+                f"SELECT t.at, {expression} AS built, to_json(t.at)::text AS to_json"
+                " FROM unnest(CAST($1 AS text[])) AS v(text),"
+                " LATERAL (SELECT CAST(v.text AS timestamptz) AS at) t",
+                values,
+            )
+        assert [r["built"] for r in rows] == [serialize(r["at"]) for r in rows], zone
+    # PostgreSQL's own JSON would not do: another zone, a trimmed fraction.
+    assert any(json.loads(r["to_json"]) != r["built"] for r in rows)

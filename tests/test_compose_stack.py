@@ -38,12 +38,11 @@ from tests.conftest import REPO, free_port
 from tests.reports import REGISTER, node_input
 
 TOKEN = "e2e-operator-token-0123456789abcdef"
-PROJECT = "llmgw-e2e"
-SUBNET_PREFIX = "172.29.82"
-REPLICA_ADDRESSES = {
-    f"{SUBNET_PREFIX}.11:8080": "inventory-1",
-    f"{SUBNET_PREFIX}.12:8080": "inventory-2",
-}
+# Per run: test sessions of several worktrees may share one dockerd, and each
+# must test its own image on its own stack (one shared tag and project name
+# once ran another checkout's code, and tore another run's stack down).
+PROJECT = f"llmgw-e2e-{os.getpid()}"
+IMAGE = f"llmgw-inventory:e2e-{os.getpid()}"
 HOW_TO_RUN = (
     "run it as root with docker.io and docker-compose installed and dockerd running "
     "(`apt-get install docker.io docker-compose debootstrap; dockerd &`), as .ci/run does"
@@ -74,10 +73,33 @@ def run(*command: str, env: dict[str, str], timeout: float = 600) -> str:
     return done.stdout
 
 
+def free_subnet_prefix() -> str:
+    """A 172.29.N (/24) no docker network uses yet: the replicas' fixed addresses live there."""
+    ids = subprocess.run(
+        ["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
+    used = subprocess.run(
+        ["docker", "network", "inspect", "--format",
+         "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *ids],
+        capture_output=True, text=True, timeout=30,
+    ).stdout  # fmt: skip
+    start = 82 + os.getpid() % 100
+    for n in [*range(start, 250), *range(82, start)]:
+        if f"172.29.{n}.0/24" not in used:
+            return f"172.29.{n}"
+    raise AssertionError(f"no free 172.29.N.0/24 for the compose network; in use: {used}")
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
     port: int
+    subnet_prefix: str
+
+    @property
+    def replicas(self) -> dict[str, str]:
+        """nginx's $upstream_addr of each replica -> its compose service name."""
+        return {f"{self.subnet_prefix}.{11 + i}:8080": f"inventory-{1 + i}" for i in range(2)}
 
     @property
     def url(self) -> str:
@@ -129,17 +151,19 @@ def stack() -> Iterator[Stack]:
     run(
         "docker", "build", "--network", "host", "-q",
         "--build-arg", f"PYTHON_IMAGE={env['PYTHON_IMAGE']}",
-        "-t", "llmgw-inventory:latest", ".",
+        "-t", IMAGE, ".",
         env=env, timeout=900,
     )  # fmt: skip
     built = time.monotonic()
     port = free_port()
+    subnet_prefix = free_subnet_prefix()
     env.update(
+        LLMGW_IMAGE=IMAGE,
         INVENTORY_BOOTSTRAP_TOKEN=TOKEN,
         INVENTORY_PUBLISH_PORT=str(port),
-        LLMGW_SUBNET_PREFIX=SUBNET_PREFIX,
+        LLMGW_SUBNET_PREFIX=subnet_prefix,
     )
-    stack = Stack(env, port)
+    stack = Stack(env, port, subnet_prefix)
     stack.compose("down", "-v", "--remove-orphans")
     try:
         stack.compose("up", "-d")
@@ -157,6 +181,11 @@ def stack() -> Iterator[Stack]:
         raise
     finally:
         stack.compose("down", "-v", "--remove-orphans", timeout=120)
+        # The tag, not its parents: they are docker's build cache (without
+        # --no-prune the next run rebuilt for 23 s instead of 1 s).
+        subprocess.run(
+            ["docker", "image", "rm", "--no-prune", IMAGE], capture_output=True, timeout=60
+        )
 
 
 PLACE = """
@@ -234,7 +263,9 @@ def test_the_agents_node_is_ready_and_a_replica_is_placed_released_and_seen_live
 class Traffic:
     """Steady traffic through nginx: what each request took, and whatever failed."""
 
+    replicas: dict[str, str]  # nginx's upstream address -> replica name
     durations: list[float] = field(default_factory=list)
+    slowest: tuple[float, float] = (0.0, 0.0)  # (took, started at)
     failures: list[tuple[float, str]] = field(default_factory=list)
     upstreams: list[tuple[float, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -272,6 +303,7 @@ class Traffic:
                 took = time.monotonic() - started
                 with self.lock:
                     self.durations.append(took)
+                    self.slowest = max(self.slowest, (took, started))
                     if problem:
                         self.failures.append((started, f"{time.strftime('%T')} {problem}"))
                     if response is not None:
@@ -281,14 +313,20 @@ class Traffic:
     def served_by(self, since: float) -> set[str]:
         with self.lock:
             addresses = {a.split(",")[-1].strip() for t, a in self.upstreams if t >= since}
-        return {REPLICA_ADDRESSES.get(a, a) for a in addresses}
+        return {self.replicas.get(a, a) for a in addresses}
 
 
+# CI runs the stop/start story once; LLMGW_COMPOSE_ROUNDS=8 repeats it on the
+# same stack to measure (README, "The deployment test").
+ROUNDS = int(os.environ.get("LLMGW_COMPOSE_ROUNDS", "1"))
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
 def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls_none(
-    stack: Stack,
+    stack: Stack, round_: int
 ) -> None:
     wait_for_the_demo_node(stack)  # the traffic heartbeats it
-    traffic = Traffic()
+    traffic = Traffic(replicas=stack.replicas)
     stop = threading.Event()
     workers = [threading.Thread(target=traffic.worker, args=(stack.url, i, stop)) for i in range(4)]
     for w in workers:
@@ -315,31 +353,30 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
             w.join(timeout=60)
     with traffic.lock:
         durations, failures = sorted(traffic.durations), list(traffic.failures)
+        slowest_at = traffic.slowest[1]
+    phase = (
+        "before the stop" if slowest_at < stopping
+        else "during the stop" if slowest_at <= stopped
+        else "while stopped" if slowest_at < starting
+        else "during the start" if slowest_at <= restarted
+        else "after the start"
+    )  # fmt: skip
     print(
         f"\nstop began {stopping:.2f}, returned {stopped:.2f}; start began {starting:.2f}, "
         f"returned {restarted:.2f}"
     )
     print(
         f"\nreplica stop/start under traffic: {len(durations)} requests, {len(failures)} failed, "
-        f"slowest {durations[-1]:.3f} s, p99 {durations[int(len(durations) * 0.99)]:.3f} s"
+        f"slowest {durations[-1]:.3f} s ({phase}), p99 {durations[int(len(durations) * 0.99)]:.3f} s"
     )
-    # Known limit (README, "Replicas that come and go", "The listener's
-    # close"): nginx must not resend a POST it wrote to the stopping replica.
-    # Before the service served its listener's queue at the close, one 502 was
-    # seen in about one run in five; since, one request in about 18,000.
-    # Tolerated: at most one per client (each has one request in flight), a
-    # 502 or a reset, while `stop` ran; anything else fails the test.
-    at_close = [
-        f
-        for at, f in failures
-        if stopping <= at <= stopped and ("HTTP 502" in f or "reset" in f.lower())
-    ]
-    others = [f for _, f in failures if f not in at_close]
+    # None may fail, at the stop or the start: nginx must not resend a POST
+    # it wrote, so a replica that closed or reset a connection a request was
+    # on would lose it (service/web/draining.py says how none is).
     if failures:
-        print(f"lost at the listener's close: {at_close}")
-        print(stack.compose("logs", "--no-color", "--tail", "40", "inventory-1", "proxy"))
-    assert not others, others[:10]
-    assert len(at_close) <= len(workers), at_close
+        lost = [f"{'at stop' if stopping <= at <= stopped else 'other'}: {f}" for at, f in failures]
+        print(f"lost: {lost}")
+        print(stack.compose("logs", "--no-color", "--tail", "60", "inventory-1", "proxy"))
+    assert not failures, [f for _, f in failures][:10]
     assert durations[-1] < 2.0, f"slowest request took {durations[-1]:.2f} s"
 
 

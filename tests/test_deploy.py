@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from service.cli import uvicorn_options
+from service.config import Settings
 from tests.conftest import REPO
 
 DOCKER_COMPOSE = shutil.which("docker-compose")
@@ -85,7 +87,18 @@ def test_the_proxy_balances_over_exactly_the_compose_replicas(compose: dict[str,
     timeout = re.search(r"proxy_connect_timeout\s+(\d+)(ms|s);", nginx)
     assert timeout is not None
     assert int(timeout.group(1)) / (1000 if timeout.group(2) == "ms" else 1) <= 1
-    assert "non_idempotent" not in nginx
+    retries = re.search(r"^\s*proxy_next_upstream\s([^;]*);", nginx, flags=re.MULTILINE)
+    assert retries is not None and "non_idempotent" not in retries.group(1)
+
+
+def test_the_proxy_closes_an_idle_connection_before_a_replica_would() -> None:
+    # A replica that closes an idle keep-alive connection as nginx writes a
+    # request on it loses that request (a POST is not retried): nginx's
+    # upstream idle timeout must be the shorter one (service/web/draining.py).
+    nginx = (REPO / "deploy" / "nginx.conf").read_text()
+    idle = re.search(r"^\s*keepalive_timeout\s+(\d+)s;", nginx, flags=re.MULTILINE)
+    assert idle is not None, "the upstream sets no keepalive_timeout (nginx's default is 60 s)"
+    assert int(idle.group(1)) < uvicorn_options(Settings())["timeout_keep_alive"]
 
 
 def test_the_demo_agent_reports_to_the_proxy_with_the_services_token(

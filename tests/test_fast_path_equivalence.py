@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,13 +28,17 @@ import pytest
 
 from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
-from benchmarks.equivalence.differential import Differential, Normalizer, settings
+from benchmarks.equivalence.differential import MAX_PAGE_SIZE, Differential, Normalizer, settings
 from benchmarks.equivalence.operations import Operation
+from benchmarks.equivalence.seed import NODES
+from service.ctl.nodes import NODE as CTL_NODE
+from service.ctl.nodes import NODES as CTL_NODES
 from service.metrics import COUNTERS
 from service.migrations import upgrade
 from service.web.app import create_app
 
 OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))
+OPERATIONS_DIR = Path(__file__).resolve().parent.parent / "agent" / "operations"
 
 Both = tuple[asyncio.AbstractEventLoop, Differential]
 
@@ -134,3 +140,97 @@ def test_a_nodes_free_gpus_are_answered_alike_by_the_compiled_page(both: Both) -
         ("page", "answered", ""), 0
     )
     assert answered == 2
+
+
+def answered(route: str) -> int:
+    count: int = COUNTERS.snapshot()[2].get((route, "answered", ""), 0)
+    return count
+
+
+def test_one_node_by_id_is_answered_alike_by_the_compiled_node_route(both: Both) -> None:
+    """node(id), existing or not, is answered by its compiled route (route="node") and
+    reads as the reference's, timestamps and NVLink groups included."""
+    before = answered("node")
+    query = (
+        "query($id: ID!) { node(id: $id) { id state lastSeen registeredAt nvlinkGroups"
+        " largestFreeNvlinkGroup gpus { index healthy allocation { shardId createdAt } } } }"
+    )
+    for node_id in ("gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-07", "gpu-99", ""):
+        same(both, query, {"id": node_id})
+    same(both, '{ n: node(id: "gpu-06") { __typename id freeGpus { index } } }')
+    assert answered("node") - before == 9
+    # Not counted as answered: an id sent as a number is graphql-core's to coerce.
+    same(both, query, {"id": 1})
+    assert answered("node") - before == 9
+
+
+# The dashboard's questions (service/static/dashboard.js), as it sends them.
+DASHBOARD = (Path(__file__).resolve().parent.parent / "service/static/dashboard.js").read_text()
+
+
+def _dashboard_query(name: str) -> str:
+    found = re.search(rf"const {name} = `([^`]*)`", DASHBOARD)
+    assert found is not None, name
+    return found.group(1)
+
+
+def test_the_dashboards_and_ctl_nodes_pages_are_answered_by_the_compiled_page(
+    both: Both,
+) -> None:
+    """Their pages select lastSeen, nvlinkGroups and largestFreeNvlinkGroup: built by
+    PostgreSQL now, alike, and counted as the compiled page's (their looks at one node as
+    the compiled node route's)."""
+    page, node = answered("page"), answered("node")
+    dashboard = _dashboard_query("NODES_QUERY")
+    same(both, dashboard, {"after": None})
+    same(both, dashboard, {"after": "gpu-03"})
+    # ctl pages by `first` (PAGE; the comparison's apps allow pages of MAX_PAGE_SIZE).
+    same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": None})
+    same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": "gpu-05"})
+    assert answered("page") - page == 4
+    # Their looks at one node: the dashboard's node view, `ctl node ID` (labels included).
+    same(both, _dashboard_query("NODE_QUERY"), {"id": "gpu-02"})
+    same(both, CTL_NODE, {"id": "gpu-01"})
+    assert answered("node") - node == 2
+
+
+def test_an_agents_report_is_answered_alike_by_the_compiled_registration(both: Both) -> None:
+    """registerNode with its input in a variable: every way a report is stored, and every
+    way the route declines, leave the same answer and the same rows as Strawberry alone."""
+    before = COUNTERS.snapshot()[2]
+    register = (OPERATIONS_DIR / "register_node.graphql").read_text()
+    gpu_01, gpu_02, _, _, gpu_05, *_ = NODES
+    moved = {**gpu_01, "storage": [{**gpu_01["storage"][0], "freeBytes": 7 * 10**9}]}
+
+    same(both, register, {"input": gpu_01})  # unchanged: one statement
+    same(both, register, {"input": moved})  # disk moved: one statement
+    same(both, register, {"input": {**gpu_02, "gpus": gpu_02["gpus"][:4]}})  # GPUs: transaction
+    same(both, register, {"input": gpu_05})  # unreachable, coming back: transaction
+    same(both, register, {"input": {**gpu_01, "id": "gpu-08"}})  # a new node
+    same(
+        both,
+        "mutation R($r: NodeInput!) { r: registerNode(input: $r) { __typename id schedulable "
+        "state stateReason localDisk { freeBytes } } }",
+        {"r": moved},
+    )  # a selection beyond leaves: graphql_core's
+    registered = counted(before, "registration", "answered", "")
+
+    refused = counted(before, "registration", "declined", "refused")
+    same(both, register, {"input": {**gpu_01, "gpus": [{**gpu_01["gpus"][0], "index": -1}]}})
+    same(
+        both, register, {"input": {**gpu_01, "id": 7}}
+    )  # an ID as a number: coerced by graphql-core
+    same(both, register, {"input": gpu_02}, role="agent")  # gpu-01's agent names gpu-02
+    same(both, register, {"input": gpu_01}, role="reader")
+    same(both, register, {"input": gpu_01}, role="agent")
+
+    assert registered == 5
+    assert counted(before, "registration", "declined", "register_failed") == 1
+    assert counted(before, "registration", "declined", "variables_for_graphql_core") == 1
+    assert counted(before, "registration", "declined", "refused") - refused == 2
+    assert counted(before, "registration", "answered", "") == 6
+
+
+def counted(before: dict[tuple[str, str, str], int], route: str, outcome: str, reason: str) -> int:
+    key = (route, outcome, reason)
+    return COUNTERS.snapshot()[2].get(key, 0) - before.get(key, 0)

@@ -7,12 +7,9 @@ import re
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.config import Settings
-from service.db import create_engine, dispose
 from service.event_announcements import drain_announcements
 from service.metrics import count_rejection
-from service.web.app import create_app
-from tests.conftest import Api, StatementCounter, free_port
+from tests.conftest import Api, StatementCounter
 from tests.reports import GB, REGISTER, TB, node_input
 from tests.test_liveness import IB_A, place
 
@@ -104,17 +101,11 @@ async def test_a_scrape_costs_the_same_statements_for_two_nodes_or_twenty(
     assert await statements_per_scrape() == small
 
 
-async def test_a_scrape_during_a_database_outage_still_answers_for_the_process() -> None:
-    settings = Settings(db_timeout=2)
-    engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", settings)
-    try:
-        app = create_app(settings, engine=engine)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
-            count_rejection("NO_SUCH_GPU")
-            m = await scrape(client)
-    finally:
-        await dispose(engine)
+async def test_a_scrape_during_a_database_outage_still_answers_for_the_process(
+    unreachable_client: httpx.AsyncClient,
+) -> None:
+    count_rejection("NO_SUCH_GPU")
+    m = await scrape(unreachable_client)
     assert m["inventory_database_up"] == 0
     assert m['inventory_allocation_rejections_total{code="NO_SUCH_GPU"}'] >= 1
     assert not any(key.startswith("inventory_nodes") for key in m)

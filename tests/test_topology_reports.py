@@ -5,11 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import topology as topology_rules
+from service.hardware import gpus_of
 from service.topology import describe_groups, nvlink_groups
 from tests.conftest import Api
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
-from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink
+from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.test_scheduler_queries import hold
+from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink, with_peers
 
 TOPOLOGY = """
 query Topology($id: ID!) {
@@ -88,6 +93,53 @@ def test_groups_are_connected_sets_named_by_their_lowest_index() -> None:
     assert describe_groups([4, 4]) == "NVLink 4x2"
     assert describe_groups([1, 1]) == "none"
     assert describe_groups(None) == "unknown"
+
+
+async def test_the_sql_forms_agree_with_the_python_definitions(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """topology.describe_groups_sql and largest_free_group_sql (what a page built by
+    PostgreSQL answers) against describe_groups(group_sizes) and largest_free_group on
+    the loaded GPUs (what the resolvers answer), on every shape of topology and GPU."""
+    mixed = with_peers(gpus(H100, 9), [[0, 1, 2, 3], [4, 5], [6, 7]])  # 4 + 2x2 and a lone 8
+    partly = with_peers(gpus(H100, 4), [[0, 1]])
+    partly[2]["nvlinkPeers"] = partly[3]["nvlinkPeers"] = None  # unknown beside known
+    sick = bridged_pairs()
+    sick[7].update(healthy=False, healthReasons=["ecc_uncorrected"])
+    nodes = {
+        "hgx": hgx_h100(near=False), "pairs": bridged_pairs(), "mixed": mixed, "partly": partly,
+        "l40s": no_nvlink(), "old": gpus(H100, 2), "tray": gb200_tray("c1/1"), "sick": sick,
+        "taken": hgx_h100(near=False), "bare": [],
+    }  # fmt: skip
+    for node_id, entries in nodes.items():
+        await api(REGISTER, {"input": node_input(node_id, gpus=entries)})
+    await hold(engine, "taken", [0, 1, 2, 3, 4, 5, 6, 7], shard="all")
+    await hold(engine, "mixed", [0, 4], shard="some")
+    await api('mutation { cordonGpu(nodeId: "pairs", index: 2, reason: "fan") { index } }')
+    async with engine.connect() as conn:
+        built = {
+            r.id: (r.words, r.largest)
+            for r in await conn.execute(
+                text(
+                    f"SELECT n.id, {topology_rules.describe_groups_sql('n')} AS words,"
+                    f" {topology_rules.largest_free_group_sql('n')} AS largest FROM nodes n"
+                )
+            )
+        }
+        loaded = await gpus_of(conn, list(nodes))
+    defined = {
+        node_id: (
+            describe_groups(topology_rules.group_sizes(loaded.get(node_id, []))),
+            topology_rules.largest_free_group(loaded.get(node_id, [])),
+        )
+        for node_id in nodes
+    }
+    assert built == defined
+    # Every kind of answer is among them.
+    assert {words for words, _ in defined.values()} >= {
+        "NVLink 8", "NVLink 2x4", "NVLink 4 + 2x2", "none", "unknown", "NVLink 4", "NVLink 2",
+    }  # fmt: skip
+    assert {largest for _, largest in defined.values()} >= {None, 0, 1, 2, 3, 8}
 
 
 def _bad(change: Any) -> list[dict[str, Any]]:

@@ -145,9 +145,12 @@ def scalar_values() -> dict[str, st.SearchStrategy[ValueNode]]:
     }
 
 
-# Root fields a fast route answers, drawn more often (the compiled heartbeat, the
-# compiled pages, and the questions schedulers ask most).
+# Root fields a fast route answers, drawn more often (the compiled heartbeat and
+# registration, the compiled pages, and the questions schedulers ask most).
 FAVOURED = ("nodes", "freeGpus", "node", "nodes", "freeGpus", "node") + ("heartbeat",) * 5
+FAVOURED += ("registerNode",) * 3
+# Root fields whose compiled route takes only leaves of Node.
+LEAVES_ONLY = (["heartbeat"], ["registerNode"])
 
 
 def drawn_documents(schema: GraphQLSchema, sdl: str) -> st.SearchStrategy[DocumentNode]:
@@ -366,7 +369,7 @@ def compiled_shape(
 ) -> SelectionSetNode:
     """The selection without what no compiled route takes: arguments below the root
     (dropped where all are optional, as Node.freeGpus without gpuClass; else the field),
-    timestamps and key-value lists, and (for the heartbeat) anything but leaves."""
+    and (for the heartbeat) anything but leaves."""
     kept: list[SelectionNode] = []
     for selection in selection_set.selections:
         if not isinstance(selection, FieldNode) or not isinstance(parent, GraphQLObjectType):
@@ -380,7 +383,7 @@ def compiled_shape(
             is_non_null_type(a.type) and a.default_value is Undefined
             for a in definition.args.values()
         )
-        if (not root and required) or named.name in ("DateTime", "KeyValue"):
+        if not root and required:
             continue
         arguments = selection.arguments if root else ()
         if selection.selection_set is None:
@@ -425,14 +428,12 @@ def operations(draw: st.DrawFn, schema: GraphQLSchema, sdl: str) -> Operation:
     dresser = _Dresser(schema, draw)
     selection_set = operation.selection_set
     root_fields = [s.name.value for s in selection_set.selections if isinstance(s, FieldNode)]
-    if root_fields in (["heartbeat"], ["nodes"], ["freeGpus"]) and dresser.chance(85):
-        # Shaped for the compiled routes (the heartbeat's leaves, a page's plain
-        # fields and lists), which take only what they can answer whole.
+    if root_fields in (*LEAVES_ONLY, ["nodes"], ["freeGpus"], ["node"]) and dresser.chance(85):
+        # Shaped for the compiled routes (the agents' mutations' leaves, a page's
+        # or one node's plain fields and lists), which take only what they can answer whole.
         dresser.plain = True
         dresser.features.add("compiled shape")
-        selection_set = compiled_shape(
-            selection_set, root, leaves_only=root_fields == ["heartbeat"]
-        )
+        selection_set = compiled_shape(selection_set, root, leaves_only=root_fields in LEAVES_ONLY)
     if dresser.chance(75):
         selection_set = dresser.selections(selection_set, root)
     name = None

@@ -81,17 +81,31 @@ def _fabric(name: str, hcas: int = 2) -> list[dict[str, Any]]:
     return [{"fabric": name, "hcas": [f"mlx5_{i}" for i in range(hcas)], "rateGbps": 400}]
 
 
+def _linked(gpus: list[Any], groups: list[list[int]]) -> list[Any]:
+    """The GPUs with their NVLink peers: the other members of their group ([] alone)."""
+    for gpu in gpus:
+        group = next((g for g in groups if gpu["index"] in g), [gpu["index"]])
+        gpu["nvlinkPeers"] = [i for i in group if i != gpu["index"]]
+    return gpus
+
+
+# Topologies of each kind (Node.nvlinkGroups): one NVSwitch board (gpu-01),
+# bridged pairs (gpu-02), none (gpu-04, L40S), a board and pairs (gpu-05);
+# the others unknown.
 NODES = (
-    _node("gpu-01", _gpus(H100, 8), fabrics=_fabric("ib-a", 4), storage=_disk(500, shared=True),
+    _node("gpu-01", _linked(_gpus(H100, 8), [list(range(8))]), fabrics=_fabric("ib-a", 4),
+          storage=_disk(500, shared=True),
           weights=[{"path": WEIGHTS, "sizeBytes": 140 * GB}], labels=[{"key": "zone", "value": "a"}],
           memoryTotalMb=2_000_000, agentVersion="1.4.0",
           engineVersions=[{"key": "vllm", "value": "0.6.3"}]),
-    _node("gpu-02", _gpus(H100, 8, unhealthy=(3, 6)), fabrics=_fabric("ib-a"),
+    _node("gpu-02", _linked(_gpus(H100, 8, unhealthy=(3, 6)), [[0, 1], [2, 3], [4, 5], [6, 7]]),
+          fabrics=_fabric("ib-a"),
           storage=_disk(20), weights=[{"path": "/data/models/other"}],
           labels=[{"key": "zone", "value": "b"}]),
     _node("gpu-03", _gpus(A100, 4), fabrics=_fabric("ib-b"), storage=_disk(900)),
-    _node("gpu-04", _gpus(L40S, 4, unhealthy=(0,)), storage=_disk(100, shared=True)),
-    _node("gpu-05", _gpus(H200, 8), fabrics=_fabric("ib-a") + _fabric("ib-b")),
+    _node("gpu-04", _linked(_gpus(L40S, 4, unhealthy=(0,)), []), storage=_disk(100, shared=True)),
+    _node("gpu-05", _linked(_gpus(H200, 8), [[0, 1, 2, 3], [4, 5], [6, 7]]),
+          fabrics=_fabric("ib-a") + _fabric("ib-b")),
     _node("gpu-06", _gpus(H100, 2)),
     _node("gpu-07", _gpus(A100, 2), fabrics=_fabric("ib-b")),
 )  # fmt: skip
@@ -148,6 +162,18 @@ async def seed(engine: AsyncEngine, send: Send) -> None:
     await ok(PLACE, {"input": {"replicaId": "r-2", "gpuClass": "H100-80GB", "gpusPerShard": 2}})
     # gpu-05 silent for a minute (UNREACHABLE), gpu-07 for an hour (LOST, its replica released).
     async with engine.begin() as conn:
+        # Timestamps of every shape the DateTime scalar writes: whole seconds (no
+        # fraction), a fraction ending in zeros, one microsecond; the others as now() left them.
+        await conn.execute(
+            text(
+                "UPDATE nodes SET registered_at = CASE id"
+                " WHEN 'gpu-01' THEN date_trunc('second', registered_at)"
+                " WHEN 'gpu-02' THEN timestamptz '2026-01-02 03:04:05.12+01'"
+                " ELSE timestamptz '2026-01-02 03:04:05.000001-03:30' END,"
+                " last_seen = date_trunc('second', last_seen)"
+                " WHERE id IN ('gpu-01', 'gpu-02', 'gpu-03')"
+            )
+        )
         await conn.execute(
             text(
                 "UPDATE nodes SET last_seen = now() - make_interval(secs => "

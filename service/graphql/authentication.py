@@ -1,6 +1,6 @@
 """Putting the caller into the GraphQL context, for HTTP requests and websocket connections.
 
-HTTP: service/http_guards.RequireToken already checked the token and left the
+HTTP: service/web/http_guards.caller already checked the token and left the
 Principal in the request's state. Websockets: the browser's WebSocket API
 cannot set headers, so graphql-transport-ws clients send the token in the
 connection_init payload ({"Authorization": "Bearer <token>"}); the connection
@@ -42,7 +42,7 @@ async def identify(context: Context, request: Request | WebSocket, auth: Authent
 
 
 def identify_http(context: Context, request: Request, auth: Authenticator) -> None:
-    """The Principal RequireToken left in the request's state (None: no token checked)."""
+    """The Principal http_guards.caller left in the request's state (None: no token checked)."""
     context.authenticator = auth
     context.principal = request.scope.get("state", {}).get("principal")
     if context.principal is not None:

@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import strawberry
 
-from service import heartbeats, metrics, node_views, nodes
+from service import heartbeats, metrics, node_views, nodes, re_registration
 from service.connections import Connection
 from service.errors import NodeNotFound
 from service.node_views import NodeRecord
+from service.reports import NodeReport
 
-from .context import Info
+from .context import Context, Info
 from .inputs import NodeInput
 from .types import Node
 
-# The key of a beat's outcome in Context.handed_over: the field and the node id.
+# The keys of a beat's and a report's outcome in Context.handed_over: the
+# field and the node id.
 HEARTBEAT = "heartbeat"
+REGISTER = "registerNode"
+
+
+async def store_report(context: Context, report: NodeReport) -> NodeRecord:
+    """registerNode's write, for its resolver and its compiled route: the node as stored.
+
+    One statement or one transaction (service/re_registration.py); the XIDs
+    it carried are counted once it committed.
+    """
+    registration = await re_registration.register(context.engine, report, context.actor)
+    metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
+    # The row as the upsert returned it: one round trip fewer.
+    return registration.node
 
 
 async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
@@ -31,15 +46,12 @@ class NodeMutations:
     )
     async def register_node(self, info: Info, input: NodeInput) -> Node:
         report = input.to_report()
-        actor = info.context.actor
-
-        async def work(conn: Connection) -> nodes.Registration:
-            return await nodes.register_node(conn, report, actor)
-
-        registration = await info.context.write(work)
-        metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
-        # The row as the upsert returned it: one round trip fewer.
-        return Node.of(registration.node)
+        context = info.context
+        # Once per request: a compiled registerNode that declined after
+        # storing hands its outcome over (service/graphql/fast/compiled_registration.py).
+        return Node.of(
+            await context.once((REGISTER, report.id), lambda: store_report(context, report))
+        )
 
     @strawberry.mutation(
         description=(

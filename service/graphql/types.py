@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from operator import attrgetter
-from typing import Any
+from typing import Any, Final
 
 import strawberry
 
-from service import connections, paging, topology
+from service import connections, node_views, paging, topology
 from service.allocations import ShardRecord
 from service.availability import is_free
 from service.capacity import GpuClassSummary as GpuClassSummaryRecord
@@ -26,7 +27,8 @@ from .scalars import Bytes
 
 # Metadata key of a field whose value a page reads from a record attribute
 # of another name (fast/fields.py): e.g. Node.stateChangedBy is
-# NodeRecord.state_actor, Node.storage the node's filesystems.
+# NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
+# builds itself (Node.nvlinkGroups, service/node_pages.py).
 RECORD = "record-attribute"
 
 
@@ -46,7 +48,7 @@ class KeyValue:
 
 
 def key_values(mapping: dict[str, str]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=mapping[k]) for k in sorted(mapping)]
+    return [KeyValue(key=k, value=v) for k, v in node_views.by_key(mapping)]
 
 
 @strawberry.type
@@ -206,6 +208,32 @@ def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
     return {READY: read} if record is None else {READY: read, RECORD: record}
 
 
+# Each plain field of Node, by its Python name, as read from a NodeRecord: the
+# one definition Node.of builds a Node from, and the compiled heartbeat
+# (fast/compiled_heartbeat.py) reads the few fields a document selects from,
+# without building the rest (a node's labels, engine versions and disks were
+# a twentieth of a heartbeat's CPU). Node.of fails on a field left out here.
+NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
+    "id": lambda node: strawberry.ID(node.id),
+    "hostname": attrgetter("hostname"),
+    "mgmt_addr": attrgetter("mgmt_addr"),
+    "labels": lambda node: key_values(node.labels),
+    "memory_total_mb": attrgetter("memory_total_mb"),
+    "state": lambda node: NodeState(node.state),
+    "state_reason": attrgetter("state_reason"),
+    "schedulable": attrgetter("schedulable"),
+    "last_seen": attrgetter("last_seen"),
+    "agent_version": attrgetter("agent_version"),
+    "engine_versions": lambda node: key_values(node.engine_versions),
+    "local_disk": lambda node: Disk.of(node.local_disk),
+    "shared_disk": lambda node: Disk.of(node.shared_disk),
+    "knows_its_weights": attrgetter("knows_its_weights"),
+    "state_changed_by": attrgetter("state_actor"),
+    "registered_at": attrgetter("registered_at"),
+    "boot_id": attrgetter("boot_id"),
+}
+
+
 @strawberry.type
 class Node:
     id: strawberry.ID
@@ -244,25 +272,12 @@ class Node:
 
     @classmethod
     def of(cls, node: NodeRecord) -> Node:
-        return cls(
-            id=strawberry.ID(node.id),
-            hostname=node.hostname,
-            mgmt_addr=node.mgmt_addr,
-            labels=key_values(node.labels),
-            memory_total_mb=node.memory_total_mb,
-            state=NodeState(node.state),
-            state_reason=node.state_reason,
-            schedulable=node.schedulable,
-            last_seen=node.last_seen,
-            agent_version=node.agent_version,
-            engine_versions=key_values(node.engine_versions),
-            local_disk=Disk.of(node.local_disk),
-            shared_disk=Disk.of(node.shared_disk),
-            knows_its_weights=node.knows_its_weights,
-            state_changed_by=node.state_actor,
-            registered_at=node.registered_at,
-            boot_id=node.boot_id,
-        )
+        return cls(**{name: read(node) for name, read in NODE_FIELDS.items()})
+
+    @staticmethod
+    def read(python_name: str) -> Callable[[NodeRecord], Any] | None:
+        """How Node.of reads one plain field from a record (None: not a plain field)."""
+        return NODE_FIELDS.get(python_name)
 
     # The detail fields answer synchronously from the request's loaders when
     # the root field prefetched them (loaders.prefetch_nodes), and return an
@@ -299,6 +314,8 @@ class Node:
             "this node can take now. Null when its topology is unknown."
         ),
         graphql_type=int | None,
+        # A page of nodes builds it itself (node_pages.py, from topology's definition).
+        metadata={RECORD: "largest_free_nvlink_group"},
     )
     def largest_free_nvlink_group(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.gpus, str(self.id), topology.largest_free_group)
@@ -309,6 +326,7 @@ class Node:
             "(bridged pairs), 'none' (PCIe only), 'unknown' (not reported)."
         ),
         graphql_type=str,
+        metadata={RECORD: "nvlink_groups"},
     )
     def nvlink_groups(self, info: Info) -> Any:
         def words(gpus: list[GpuRecord]) -> str:

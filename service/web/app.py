@@ -12,7 +12,6 @@ from cross_web import HTTPException
 from graphql import GraphQLError, OperationType, get_operation_ast, parse
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -34,13 +33,14 @@ from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
 from service.token_watch import TokenWatch
 from service.web.assets import STATIC_DIR, VENDOR_DIR
-from service.web.draining import CloseConnectionsWhileDraining, Drain
+from service.web.draining import Drain
 from service.web.graphiql import GraphiQLPage
-from service.web.graphql_http import graphql_endpoint
+from service.web.graphql_endpoint import GraphQLEndpoint
 from service.web.graphql_ws import CheckedLegacyWS, CheckedTransportWS
 from service.web.http_guards import decode_json_body
-from service.web.logs import RequestContextMiddleware, current_request_id, new_request_id
+from service.web.logs import current_request_id, new_request_id
 from service.web.operations import Background, operational_routes
+from service.web.request_cycle import RequestCycle
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class InventoryGraphQL(GraphQL[Context, None]):
             return await super().execute_single(*args, **kwargs)
         except HTTPException as refused:
             # GraphQL over HTTP: a mutation sent with GET is 405 Method Not
-            # Allowed (Strawberry says 400); NegotiateMediaType makes it JSON.
+            # Allowed (Strawberry says 400); graphql_http.Negotiated makes it JSON.
             if isinstance(refused.__cause__, InvalidOperationTypeError):
                 raise HTTPException(405, refused.reason) from refused
             raise
@@ -167,7 +167,7 @@ def create_app(
     on_shutdown: Callable[[], None] | None = None,
     sweep: bool = True,
     vendor_dir: Path = VENDOR_DIR,
-) -> Starlette:
+) -> RequestCycle:
     """An app over an existing engine (tests) or one it creates at startup from database_url.
 
     Its lifespan starts the liveness sweep (unless sweep=False, for tests that
@@ -206,19 +206,17 @@ def create_app(
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
 
     drain = Drain()  # begun by SIGTERM (web/draining.py)
+    endpoint = GraphQLEndpoint(
+        graphql_app,
+        # The one switch (service/graphql/fast/switch.py): off, no front door.
+        FrontDoor(schema, graphql_app.http_context) if settings.direct_execution else None,
+        graphql_app.authenticator,
+        settings,
+    )
     routes: list[Any] = [
-        Route(
-            "/graphql",
-            graphql_endpoint(
-                # The one switch (service/graphql/fast/switch.py): off, no front door.
-                FrontDoor(graphql_app, schema, graphql_app.http_context)
-                if settings.direct_execution
-                else graphql_app,
-                graphql_app.authenticator,
-                settings,
-            ),
-            methods=["GET", "POST"],
-        ),
+        # RequestCycle calls the endpoint itself for GET, HEAD and POST; the
+        # route answers the other methods (405).
+        Route("/graphql", endpoint, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql_app),
         Route("/healthz", healthz),
         *operational_routes(lambda: ref.engine, settings, drain),
@@ -228,15 +226,8 @@ def create_app(
         Mount("/static/vendor", StaticFiles(directory=vendor_dir, check_dir=False)),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        middleware=[
-            Middleware(CloseConnectionsWhileDraining, drain=drain),
-            Middleware(RequestContextMiddleware),
-        ],
-    )
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.drain = drain
     app.state.engine_ref = ref
     app.state.settings = settings
-    return app
+    return RequestCycle(app, endpoint, drain)

@@ -2,20 +2,47 @@
 
 Measured through nginx in front of two replicas: a replica that simply
 stopped (uvicorn's default: close the listener and every idle keep-alive
-connection at once) stalled requests for up to 38.7 s, and a POST that nginx
-had already written to a closing keep-alive connection cannot be retried
-safely. So on the first SIGTERM (`docker stop`, systemd, Kubernetes):
+connection at once) stalled requests for up to 38.7 s, and lost requests: a
+POST that nginx has written to a connection the replica then closes or resets
+cannot be retried safely (it may have run), so nginx answers 502. A
+connection can be lost that way in three places, and each is closed here:
+
+- an idle keep-alive connection the replica closes just as the proxy reuses
+  it. Only the proxy can close an idle connection without that race, so the
+  replica never closes one itself before its keep-alive timeout (uvicorn's
+  `timeout_keep_alive`, 5 s), and the proxy's own idle timeout must be
+  shorter (deploy/nginx.conf: `keepalive_timeout 2s` in the upstream). The
+  same race exists in steady state, where uvicorn's keep-alive timer closes
+  connections nginx would keep for 60 s by default;
+- a connection the kernel queued on the listener (or was completing) when
+  the listener closes: it is reset after the proxy may have written its
+  request. serve_the_backlog empties the queue before the close; what it
+  cannot reach is a handshake under way at that very instant, so the close
+  must come when the proxy opens (almost) no new connections: while it
+  still reuses pooled ones. Hence no `Connection: close` before the close:
+  during the drain each response would make the proxy open a new
+  connection for its next request, about one per request, right up to the
+  close;
+- a connection closed before the request written on it was read:
+  serve_the_backlog gives such connections time to have it read.
+
+So on the first SIGTERM (`docker stop`, systemd, Kubernetes):
 
 1. drain, for INVENTORY_SHUTDOWN_DRAIN seconds: /readyz answers 503
-   "shutting down" (a load balancer that polls it stops sending), and every
-   response carries `Connection: close`, so proxies drop their keep-alive
-   connections to this process after their current request instead of
-   racing its shutdown; requests are still served;
-2. then stop accepting without dropping what the kernel already queued
-   (serve_the_backlog), and uvicorn's own shutdown: let in-flight requests finish
-   (at most INVENTORY_REQUEST_TIMEOUT more), close websockets with 1012
-   ("service restart": clients reconnect, to another replica), then the
-   lifespan stops the background tasks and the pools.
+   "shutting down" (a load balancer that polls it, or Kubernetes' endpoint
+   removal, stops sending new work); requests are served as usual;
+2. stop accepting (serve_the_backlog): a proxy's next new connection is
+   refused, which it may retry on another replica (nothing was sent), and a
+   passive health check (nginx's max_fails) takes the replica out;
+3. close the connections from the client's side: every response now carries
+   `Connection: close` (web/exchange.py), so a proxy drops each connection after its current
+   request, and idle ones are left for the proxy to close at its idle
+   timeout; after uvicorn's keep-alive timeout whatever is left is closed as
+   it would have been anyway;
+4. uvicorn's own shutdown: let in-flight requests finish (at most
+   INVENTORY_REQUEST_TIMEOUT more), close websockets with 1012 ("service
+   restart": clients reconnect, to another replica), then the lifespan stops
+   the background tasks and the pools.
 
 A second SIGTERM, or Ctrl-C, skips what is left of the drain.
 """
@@ -32,7 +59,6 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
 
@@ -40,10 +66,12 @@ log = logging.getLogger(__name__)
 
 
 class Drain:
-    """Whether this process is leaving the load balancer."""
+    """Whether this process is leaving the load balancer, and whether it stopped accepting."""
 
     def __init__(self) -> None:
         self.since: float | None = None
+        # Set once the listener is closed: responses then end their connection.
+        self.closing = False
 
     @property
     def draining(self) -> bool:
@@ -53,30 +81,9 @@ class Drain:
         if self.since is None:
             self.since = time.monotonic()
 
-
-class CloseConnectionsWhileDraining:
-    """Adds `Connection: close` to every HTTP response once the drain began."""
-
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
-        self.app = app
-        self.drain = drain
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.drain.draining:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [
-                    (name, value)
-                    for name, value in message.get("headers", [])
-                    if name.lower() != b"connection"
-                ]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, receive, send_closing)
+    def close_connections(self) -> None:
+        self.begin()
+        self.closing = True
 
 
 class DrainingServer(uvicorn.Server):
@@ -115,7 +122,7 @@ class DrainingServer(uvicorn.Server):
         if self._drain_until is not None and not self._drain_logged:
             self._drain_logged = True
             log.info(
-                "SIGTERM: draining for %g s (/readyz 503, Connection: close), then stopping",
+                "SIGTERM: draining for %g s (/readyz 503), then no longer accepting",
                 self.drain_seconds,
             )
         if self._drain_until is not None and time.monotonic() >= self._drain_until:
@@ -125,9 +132,33 @@ class DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.serve_the_backlog()
+        await self.let_clients_close()
         await super().shutdown(sockets)
 
-    async def serve_the_backlog(self, settle: float = 2.0) -> None:
+    async def let_clients_close(self) -> None:
+        """Wait (at most the keep-alive timeout, plus a second) for the clients to close.
+
+        Every response now says `Connection: close`; a connection idle in a
+        proxy's pool is closed by the proxy at its idle timeout, which must be
+        shorter than ours (deploy/nginx.conf). Closing it here instead would
+        race with the proxy writing a request on it. What is still open after
+        the keep-alive timeout would have been closed by uvicorn's keep-alive
+        timer anyway; uvicorn's shutdown then closes it, and lets requests in
+        flight finish.
+        """
+        self.drain.close_connections()
+        began = time.monotonic()
+        give_up = began + self.config.timeout_keep_alive + 1.0
+        # Polled: uvicorn's protocols signal no event when a connection closes.
+        while time.monotonic() < give_up and not self.force_exit and self._http_open():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        left = [p for p in self.server_state.connections if hasattr(p, "cycle")]
+        if left:
+            log.info("%d connections still open after the keep-alive timeout", len(left))
+        else:
+            log.info("clients closed every connection in %.2f s", time.monotonic() - began)
+
+    async def serve_the_backlog(self) -> None:
         """Close the listeners without resetting the connections queued on them.
 
         Closing a listening socket resets every connection the kernel had
@@ -141,9 +172,8 @@ class DrainingServer(uvicorn.Server):
         runs in between that could let a connection queue.
 
         uvicorn's shutdown closes every connection that has not begun a
-        request, although its client may have written one already: so every
-        connection without a request yet (taken here, or by uvloop just before)
-        is given up to `settle` seconds to have it read first.
+        request, although its client may have written one already:
+        let_clients_close, next, waits for those to be answered too.
         """
         loop = asyncio.get_running_loop()
         duplicates: list[socket.socket] = []
@@ -177,14 +207,13 @@ class DrainingServer(uvicorn.Server):
                 dup.close()
         if taken:
             log.info("served %d connections queued at the listener's close", len(taken))
-        deadline = time.monotonic() + settle
-        # Polled: uvicorn's protocols signal no event when a request begins.
-        while time.monotonic() < deadline and any(  # noqa: ASYNC110
-            # HTTP protocols only: a websocket's has no request cycle.
-            hasattr(p, "cycle") and p.cycle is None and not p.transport.is_closing()
+
+    def _http_open(self) -> bool:
+        # HTTP protocols only: a websocket is closed (1012) by uvicorn's shutdown.
+        return any(
+            hasattr(p, "cycle") and not p.transport.is_closing()
             for p in self.server_state.connections
-        ):
-            await asyncio.sleep(0.01)
+        )
 
     def _protocol(self) -> asyncio.Protocol:
         # What uvicorn's startup gives its listeners (a closure there).

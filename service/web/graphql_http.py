@@ -1,10 +1,10 @@
 """GraphQL over HTTP, to the letter: which media type answers, and what a request must look like.
 
-Both execution routes (the direct executor and Strawberry's view) stand
-behind these two ASGI layers, so every client gets the same answer whichever
-route runs its operation:
+Both execution routes (the fast path and Strawberry's view) stand behind
+these steps of the GraphQL endpoint (web/graphql_endpoint.py), so every
+client gets the same answer whichever route runs its operation:
 
-- `NegotiateMediaType` (outermost) reads Accept. A client that asks for
+- The media type (first) from Accept. A client that asks for
   `application/graphql-response+json` (the GraphQL-over-HTTP spec's media
   type) gets it, and a request that failed before execution (a document that
   did not parse or validate, variables that did not coerce, an operation that
@@ -12,39 +12,32 @@ route runs its operation:
   (or no Accept, or `*/*`) the answer is what it always was: 200 with
   `"data": null`. Any plain-text refusal from Strawberry's view (an unknown
   operation name, a mutation sent with GET) is rewritten as a GraphQL-shaped
-  JSON error, so no client ever has to parse a sentence.
-- `CheckRequest` (innermost, after the body is read and the token checked)
-  refuses a malformed request before either route sees it: a body that is not
-  UTF-8, not JSON or not one JSON object, a missing or non-string `query`,
-  `variables` or `extensions` that are not objects, an `operationName` that is
-  not a string, a POST that is not `application/json`. Each is a 4xx with
-  `extensions.code` BAD_REQUEST and a sentence naming what was wrong. Before
-  this, a JSON string, number or null as the body was a 500 with a traceback.
+  JSON error, so no client ever has to parse a sentence. Answers held whole
+  (the fast path's, every refusal) go out through `answer_json`; Strawberry's
+  view's through `Negotiated`, the one wrapper of its `send`.
+- The request's shape (`check_request`, last, after the body is read and the
+  token checked) refuses a malformed request before either route sees it: a
+  body that is not UTF-8, not JSON or not one JSON object, a missing or
+  non-string `query`, `variables` or `extensions` that are not objects, an
+  `operationName` that is not a string, a POST that is not
+  `application/json`. Each is a 4xx with `extensions.code` BAD_REQUEST and a
+  sentence naming what was wrong. Before this, a JSON string, number or null
+  as the body was a 500 with a traceback.
 
-The parsed body is left in the scope's state (PARSED_BODY) for the direct
-executor's routing, so the checks cost no second parse on the hot path.
+The parsed body is handed to the fast path's front door, so the checks cost
+no second parse on the hot path.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
-from service.auth import Authenticator
-from service.config import Settings
-from service.web.http_guards import (
-    ASGIApp,
-    Message,
-    Receive,
-    Scope,
-    Send,
-    error_body,
-    guard_graphql,
-    replay,
-    send_error,
-)
+from service.web.exchange import Exchange
+from service.web.http_guards import Message, Scope, Send, error_body
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +46,8 @@ GRAPHQL_RESPONSE: Final = "application/graphql-response+json"
 # Strawberry's streaming transports (subscriptions over SSE, incremental
 # delivery): their own media types, passed through untouched.
 STREAMING: Final = ("text/event-stream", "multipart/mixed")
-# The scope["state"] key of the request body, once CheckRequest parsed it.
-PARSED_BODY: Final = "graphql_body"
+JSON_TYPE: Final = JSON.encode()
+GRAPHQL_RESPONSE_TYPE: Final = f"{GRAPHQL_RESPONSE}; charset=utf-8".encode()
 
 BAD_REQUEST: Final = "BAD_REQUEST"
 _STATUS_CODES: Final = {
@@ -152,30 +145,19 @@ def _is_request_error(body: bytes) -> bool:
     return all(isinstance(error, dict) and "path" not in error for error in errors)
 
 
-class NegotiateMediaType:
-    """Answers in the media type the client asked for; plain-text refusals become JSON errors."""
+def unanswerable(scope: Scope, accept: str | None) -> MalformedRequest | None:
+    """The 406 of a request whose Accept names nothing a GraphQL answer comes in.
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        accept = _header(scope, b"accept")
-        media_type = response_media_type(accept)
-        if media_type is None:
-            if _streaming(accept) or not _runs_an_operation(scope):
-                await self.app(scope, receive, send)  # SSE, multipart, the GraphiQL page
-                return
-            refusal = MalformedRequest(
-                f"cannot answer in any media type of Accept: {accept!r}; "
-                f"ask for {GRAPHQL_RESPONSE} or {JSON}",
-                406,
-            )
-            await refuse(send, refusal)
-            return
-        await self.app(scope, receive, _Answer(send, media_type))
+    None also for the streaming transports (SSE, multipart) and the GraphiQL
+    page, which Strawberry's view answers in their own media types.
+    """
+    if _streaming(accept) or not _runs_an_operation(scope):
+        return None
+    return MalformedRequest(
+        f"cannot answer in any media type of Accept: {accept!r}; "
+        f"ask for {GRAPHQL_RESPONSE} or {JSON}",
+        406,
+    )
 
 
 def _logged(refusal: MalformedRequest) -> str:
@@ -186,15 +168,42 @@ def _logged(refusal: MalformedRequest) -> str:
     return code
 
 
-async def refuse(send: Send, refusal: MalformedRequest) -> None:
-    """The GraphQL-shaped error of a malformed request (NegotiateMediaType sets its media type)."""
-    await send_error(send, refusal.status, refusal.message, _logged(refusal))
+async def refuse(exchange: Exchange, media_type: str | None, refusal: MalformedRequest) -> None:
+    """The GraphQL-shaped error of a malformed request, in the media type negotiated."""
+    body = error_body(refusal.message, _logged(refusal))
+    await answer_json(exchange, media_type, refusal.status, body)
 
 
-class _Answer:
+async def answer_json(
+    exchange: Exchange,
+    media_type: str | None,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """A whole JSON answer in the media type the client asked for (None: plain JSON)."""
+    if media_type == GRAPHQL_RESPONSE:
+        status, body = _as_graphql_response(status, body)
+        await exchange.answer(status, body, GRAPHQL_RESPONSE_TYPE, headers)
+    else:
+        await exchange.answer(status, body, JSON_TYPE, headers)
+
+
+def _as_graphql_response(status: int, body: bytes) -> tuple[int, bytes]:
+    """A JSON answer as application/graphql-response+json says: a request error is a 400 without `data`."""
+    if status == 200 and _is_request_error(body):
+        answer = json.loads(body)
+        del answer["data"]
+        return 400, json.dumps(answer, separators=(",", ":")).encode()
+    return status, body
+
+
+class Negotiated:
     """The `send` of one request: holds the response start until its body says what it is."""
 
     def __init__(self, send: Send, media_type: str) -> None:
+        # A wrapper of its own, for Strawberry's view only: the fast path and
+        # the guards answer whole (answer_json).
         self.send = send
         self.media_type = media_type
         self.start: Message | None = None
@@ -224,17 +233,13 @@ class _Answer:
             # unknown operation name, a mutation sent with GET).
             refusal = MalformedRequest(body.decode("utf-8", "replace").strip(), status)
             body = error_body(refusal.message, _logged(refusal))
-            kind = JSON.encode()
+            kind = JSON_TYPE
             headers = [(k, v) for k, v in headers if k.lower() != b"content-type"]
-            headers.append((b"content-type", JSON.encode()))
-        if kind == JSON.encode() and self.media_type == GRAPHQL_RESPONSE:
-            if status == 200 and _is_request_error(body):
-                answer = json.loads(body)
-                del answer["data"]
-                body = json.dumps(answer, separators=(",", ":")).encode()
-                status = 400
+            headers.append((b"content-type", JSON_TYPE))
+        if kind == JSON_TYPE and self.media_type == GRAPHQL_RESPONSE:
+            status, body = _as_graphql_response(status, body)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-type"]
-            headers.append((b"content-type", f"{GRAPHQL_RESPONSE}; charset=utf-8".encode()))
+            headers.append((b"content-type", GRAPHQL_RESPONSE_TYPE))
         headers.append((b"content-length", str(len(body)).encode()))
         await self.send({**start, "status": status, "headers": headers})
         await self.send({"type": "http.response.body", "body": body})
@@ -333,40 +338,15 @@ def _check_content_type(scope: Scope) -> None:
             raise MalformedRequest(f"the body must be UTF-8, got charset {value.strip()!r}", 415)
 
 
-class CheckRequest:
-    """Refuses a malformed GraphQL request with a 4xx JSON error before any route sees it."""
+def check_request(scope: Scope, body: bytes) -> dict[str, Any] | None:
+    """The request object of a POST; a GET's parameters checked (None); MalformedRequest if malformed.
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _runs_an_operation(scope):
-            await self.app(scope, receive, send)
-            return
-        if scope.get("method") != "POST":
-            try:
-                if scope.get("method") == "GET":
-                    _check_query_string(scope)
-            except MalformedRequest as refusal:
-                await refuse(send, refusal)
-                return
-            await self.app(scope, receive, send)  # other methods: Strawberry's 405
-            return
-        message = await receive()
-        if message["type"] != "http.request":  # the client went away
-            return
-        try:
-            _check_content_type(scope)
-            # BodySizeLimit hands the body over whole.
-            body = check_body(message.get("body", b""))
-        except MalformedRequest as refusal:
-            await refuse(send, refusal)
-            return
-        scope.setdefault("state", {})[PARSED_BODY] = body
-        await self.app(scope, replay(message, receive), send)
-
-
-def graphql_endpoint(app: ASGIApp, authenticator: Authenticator, settings: Settings) -> ASGIApp:
-    """The GraphQL endpoint as clients meet it, outermost first: the media type of its answers,
-    the guards (time limit, body size, token), then the request's shape, then a route."""
-    return NegotiateMediaType(guard_graphql(CheckRequest(app), authenticator, settings))
+    Other methods, and a GET without a query (the GraphiQL page), are Strawberry's view's to answer.
+    """
+    method = scope.get("method")
+    if method == "POST":
+        _check_content_type(scope)
+        return check_body(body)
+    if method == "GET" and _runs_an_operation(scope):
+        _check_query_string(scope)
+    return None

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from service import connections, metrics, readiness
 from service.config import Settings
+from service.db_faults import RETRY_AFTER_SECONDS
 from service.event_stream import EventStream
 from service.liveness import run_sweeper
 from service.tasks import stop_task
@@ -100,6 +101,9 @@ def operational_routes(
             "revision": state.revision,
             "expected": state.expected,
         }
-        return JSONResponse(body, status_code=200 if state.ready else 503)
+        if state.ready:
+            return JSONResponse(body)
+        # Not ready passes (the database comes back, a drained replica is replaced).
+        return JSONResponse(body, 503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     return [Route("/metrics", metrics_endpoint), Route("/readyz", readyz)]

@@ -15,7 +15,8 @@ fragments. The agent's own document (agent/operations/heartbeat.graphql) is
 one of them.
 
 How it stays exact: the same domain call as the resolver, the same role
-check, the schema's own serializers for each leaf. Whatever graphql-core would
+check, each field read from the record as Node.of reads it (types.NODE_FIELDS),
+the schema's own serializers for each leaf. Whatever graphql-core would
 have to decide, it declines with a reason, and graphql-core then runs the
 document as usual. Before the beat: a node id that is not a string (an ID
 sent as a number is graphql-core's to coerce), a caller the role check
@@ -28,51 +29,27 @@ Context.once), and graphql-core words the answer from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import strawberry
-from graphql import (
-    FieldNode,
-    GraphQLError,
-    GraphQLNonNull,
-    GraphQLObjectType,
-    GraphQLSchema,
-    OperationDefinitionNode,
-    OperationType,
-    StringValueNode,
-    VariableNode,
-    get_named_type,
-    is_leaf_type,
-)
+from graphql import OperationDefinitionNode, OperationType, StringValueNode, VariableNode
 
 from service import heartbeats
 from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.mutations import HEARTBEAT
 from service.graphql.permissions import check_role, role_of
-from service.graphql.types import Node
 
 from .documents import only_root_field
-from .fields import plain_fields
-from .outcomes import Answered, Declined, Outcome, encode
-from .private_api import core_schema
+from .node_leaves import NodeLeaves, node_leaves, write_and_answer
+from .outcomes import Declined, Outcome
 
 FIELD = "heartbeat"
 
 
-@dataclass(frozen=True)
-class _Leaf:
-    key: str
-    attribute: str | None  # None: __typename
-    serialize: Callable[[Any], Any]
-    nullable: bool
-
-
 class CompiledHeartbeat:
     def __init__(
-        self, key: str, node_id: str | None, variable: str | None, leaves: list[_Leaf]
+        self, key: str, node_id: str | None, variable: str | None, leaves: NodeLeaves
     ) -> None:
         self._key = key
         self._node_id = node_id
@@ -92,37 +69,20 @@ class CompiledHeartbeat:
             check_role(self._role, FIELD, context.principal, {"node_id": node_id})
         except InventoryError:
             return Declined("refused")
-        key = (HEARTBEAT, node_id)
-        try:
-            record = await heartbeats.beat(context.engine, node_id)
-        except Exception as error:  # graphql-core words it (masked if unexpected)
-            context.hand_over(key, error=error)
-            return Declined("beat_failed")
-        node = Node.of(record)
-        answer: dict[str, Any] = {}
-        for leaf in self._leaves:
-            if leaf.attribute is None:
-                answer[leaf.key] = "Node"
-                continue
-            value = getattr(node, leaf.attribute)
-            try:
-                serialized = None if value is None else leaf.serialize(value)
-            except (GraphQLError, TypeError, ValueError):
-                serialized = None
-            # graphql-core refuses a leaf that serializes to null or cannot
-            # be serialized (an error in the answer): its answer, not ours.
-            if serialized is None and (value is not None or not leaf.nullable):
-                context.hand_over(key, result=record)
-                return Declined("leaf_not_serializable")
-            answer[leaf.key] = serialized
-        return Answered(encode({"data": {self._key: answer}}))
+        return await write_and_answer(
+            context,
+            (HEARTBEAT, node_id),
+            lambda: heartbeats.beat(context.engine, node_id),
+            self._leaves,
+            self._key,
+            "beat_failed",
+        )
 
 
 def compile_heartbeat(
     schema: strawberry.Schema, operation: OperationDefinitionNode
 ) -> CompiledHeartbeat | None:
     """A CompiledHeartbeat for an operation of the shape above, else None."""
-    core: GraphQLSchema = core_schema(schema)
     root = only_root_field(operation, OperationType.MUTATION)
     if root is None or root.name.value != FIELD or root.selection_set is None:
         return None
@@ -137,40 +97,8 @@ def compile_heartbeat(
         node_id = value.value
     else:
         return None
-    node_type = core.get_type("Node")
-    if not isinstance(node_type, GraphQLObjectType):
+    leaves = node_leaves(schema, root.selection_set)
+    if leaves is None:
         return None
-    attributes = plain_fields(schema, "Node")
-    leaves = []
-    for selection in root.selection_set.selections:
-        if (
-            not isinstance(selection, FieldNode)
-            or selection.directives
-            or selection.arguments
-            or selection.selection_set is not None
-        ):
-            return None
-        name = selection.name.value
-        key = selection.alias.value if selection.alias else name
-        if name == "__typename":
-            leaves.append(_Leaf(key, None, str, False))
-            continue
-        field = node_type.fields.get(name)
-        strawberry_field = attributes.get(name)
-        if field is None or strawberry_field is None:
-            return None
-        leaf_type = get_named_type(field.type)
-        if not is_leaf_type(leaf_type):
-            return None
-        # The leaf's output coercion as graphql-core's complete_leaf_value calls it.
-        coerce = leaf_type.coerce_output_value
-        leaves.append(
-            _Leaf(
-                key,
-                strawberry_field.python_name,
-                coerce,
-                not isinstance(field.type, GraphQLNonNull),
-            )
-        )
     key = root.alias.value if root.alias else FIELD
     return CompiledHeartbeat(key, node_id, variable, leaves)

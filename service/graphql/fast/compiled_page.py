@@ -9,13 +9,16 @@ Which documents: a query with one root field, `nodes` (filter, first, after)
 or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
 after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
-leaves (IDs, strings, integers, booleans, Bytes, the NodeState enum), lists
-of leaves, localDisk/sharedDisk, and the detail lists gpus (with
-allocation), freeGpus without gpuClass (service/availability.py's
-gpu_free), storage, allocations, fabrics and weights with their leaves.
-Aliases and __typename too; no directives, fragments or repeated response
-keys. Everything else (labels, timestamps, a field given arguments) runs
-through graphql-core as before.
+leaves (IDs, strings, integers, booleans, Bytes, DateTime, the NodeState
+enum), lists of leaves, localDisk/sharedDisk, labels and engineVersions
+(node_views.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
+(service/topology.py's definitions), and the detail
+lists gpus (with allocation), freeGpus without gpuClass
+(service/availability.py's gpu_free), storage, allocations, fabrics and
+weights with their leaves. Aliases and __typename too; no directives,
+fragments or repeated response keys. Everything else (a field given
+arguments, hasWeights or hcasFor) runs through graphql-core as before.
+The same selections of one node by id: compiled_node.py.
 
 How it stays exact: the same role check and page rule as the resolver
 (service/paging.py: a page without `first` that stopped short answers
@@ -66,20 +69,15 @@ from graphql import (
     located_error,
 )
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
-from strawberry.types.base import StrawberryObjectDefinition
 
 from service import connections, node_pages, node_views
-from service.db_faults import is_database_unavailable
-from service.errors import InventoryError
 from service.graphql.context import Context
-from service.graphql.masking import UNSTORABLE_TEXT
 from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
-from service.transactions import sqlstate
 
 from .documents import only_root_field
-from .fields import NotAnObjectType, record_attributes
-from .outcomes import Answered, Declined, Outcome
+from .fields import NotAnObjectType, field_arguments, record_attributes
+from .outcomes import Answered, Declined, Outcome, compiled_read
 from .private_api import core_schema, scalar_registry
 
 # The root fields compiled, and the arguments CompiledPage.run passes on, by
@@ -94,8 +92,9 @@ ROOTS: Mapping[str, Mapping[str, str]] = {
 
 # Leaves whose JSON PostgreSQL writes as the type's output coercion would: a
 # text, a 32-bit integer column (always within Int), a bigint (Bytes is a JSON
-# integer), a boolean. Any other scalar (DateTime, JSON...) is graphql-core's.
-_LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes"})
+# integer), a boolean, a timestamp as the DateTime scalar writes it
+# (node_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
+_LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes", "DateTime"})
 
 _NOT_GIVEN: Any = object()
 
@@ -192,20 +191,15 @@ class CompiledPage:
                 given = {name: self._argument(name, variables or {}) for name in self._types}
         except _Declined:
             return Declined("arguments_for_graphql_core")
-        try:
+
+        async def read() -> node_pages.JsonPage:
             check_role(self._role, self._field, context.principal, given)
             request = context.page_request(given.get("first"))
-            answer = await self._fetch(context, given, request)
-        except InventoryError:  # a refused caller, a page size out of range: the resolver's words
-            return Declined("refused")
-        except Exception as error:
-            # What masking.py words for the client: graphql-core runs the read
-            # again and answers it. Any other exception is a bug: it propagates.
-            if is_database_unavailable(error):
-                return Declined("database_unavailable")
-            if sqlstate(error) in UNSTORABLE_TEXT:
-                return Declined("text_not_storable")
-            raise
+            return await self._fetch(context, given, request)
+
+        answer = await compiled_read(read)
+        if isinstance(answer, Declined):
+            return answer
         body = b'{"data":{' + self._key + b":" + answer.entries.encode() + b"}"
         if answer.truncated is not None:
             # Where and how graphql-core places it (pages.py): at the field.
@@ -320,6 +314,20 @@ class _Compiler:
         return node_pages.Value(key, attribute)
 
 
+def compile_selection(
+    schema: strawberry.Schema, parent: GraphQLObjectType, selection_set: SelectionSetNode | None
+) -> tuple[node_pages.Value, ...] | None:
+    """node_pages' values for a selection of `parent`, None when it cannot build all of it.
+
+    Also the compiled node(id)'s selection (compiled_node.py): one rule of
+    what PostgreSQL may build, for a page and for one node.
+    """
+    try:
+        return _Compiler(schema).selection(parent, selection_set)
+    except _Declined:
+        return None
+
+
 def _is_list(type_: Any) -> bool:
     while isinstance(type_, GraphQLNonNull):
         type_ = type_.of_type
@@ -385,10 +393,7 @@ def compile_page(
 
 
 def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:
-    query = schema.get_type_by_name("Query")
-    if not isinstance(query, StrawberryObjectDefinition):
-        raise _Declined
-    for f in query.fields:
-        if schema.config.name_converter.get_graphql_name(f) == field:
-            return list(f.arguments)
-    raise _Declined
+    try:
+        return field_arguments(schema, "Query", field)
+    except LookupError:
+        raise _Declined from None

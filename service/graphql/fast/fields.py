@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import strawberry
+from strawberry.types.arguments import StrawberryArgument
 from strawberry.types.base import StrawberryObjectDefinition
 from strawberry.types.field import StrawberryField
 from strawberry.types.private import is_private
@@ -46,6 +47,16 @@ def _fields(schema: strawberry.Schema, type_name: str) -> list[StrawberryField]:
 
 def _graphql_name(schema: strawberry.Schema, field: StrawberryField) -> str:
     return schema.config.name_converter.get_graphql_name(field)
+
+
+def field_arguments(
+    schema: strawberry.Schema, type_name: str, field_name: str
+) -> list[StrawberryArgument]:
+    """The arguments the type's field declares, as Strawberry converts them; LookupError if none such."""
+    for f in _fields(schema, type_name):
+        if _graphql_name(schema, f) == field_name:
+            return list(f.arguments)
+    raise LookupError(f"{type_name}.{field_name}")
 
 
 def plain_fields(schema: strawberry.Schema, type_name: str) -> dict[str, StrawberryField]:

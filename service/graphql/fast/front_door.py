@@ -1,9 +1,10 @@
 """The fast path's front door: which route answers a GraphQL request, decided from one table.
 
-It stands behind the guards (time limit, body size, token check) on POST
-/graphql, so the body is already read and the caller's Principal is in the
-scope's state. Strawberry's view (the reference) stands behind it: whatever
-the front door or a route declines is replayed to it unchanged.
+The GraphQL endpoint (service/web/graphql_endpoint.py) asks it after the
+guards (time limit, body size, token check) and the request's checks, so the
+body is already read and parsed and the caller's Principal is in the scope's
+state. Strawberry's view (the reference) stands behind it: whatever the front
+door or a route declines is replayed to the view unchanged.
 
 The front door itself declines (route `front_door`, Strawberry's view
 answers), with these reasons:
@@ -12,7 +13,6 @@ answers), with these reasons:
 | --- | --- |
 | extension_not_honoured | any: the schema has an extension the fast path cannot honour (extensions.py) |
 | not_a_json_post | GET, GraphiQL, multipart, or an Accept asking for a stream |
-| body_in_parts | a body not handed over whole |
 | body_not_ordinary | not a JSON object of `query`, optional object `variables`, string `operationName` (batches, `extensions`, malformed JSON) |
 | document_not_valid | parse or validation errors: Strawberry's words |
 | operation_not_found | no operation of that name, or several and no name |
@@ -26,7 +26,9 @@ and graphql_core stands after it:
 | route | covers | why it is exact | declines (then graphql_core answers) |
 | --- | --- | --- | --- |
 | heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node | the resolver's domain call and role check, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
+| registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the resolver's role check and write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
 | page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (node_pages.py) | the resolver's role check, page size and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
+| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the resolver's role check and node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
@@ -51,7 +53,6 @@ front door and every request is Strawberry's view's alone.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, Final
@@ -63,11 +64,12 @@ from starlette.requests import Request
 from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
 from service.metrics import count_fast_path
-from service.web.graphql_http import PARSED_BODY
-from service.web.http_guards import ASGIApp, Receive, Scope, Send, decode_json_body, replay
+from service.web.http_guards import Receive, Scope
 
 from .compiled_heartbeat import compile_heartbeat
+from .compiled_node import compile_node
 from .compiled_page import compile_page
+from .compiled_registration import compile_registration
 from .direct import DirectOperation
 from .documents import Prepared, PreparedDocuments
 from .extensions import read_extensions
@@ -85,7 +87,9 @@ Compile = Callable[[strawberry.Schema, OperationDefinitionNode], CompiledRoute |
 # this route's shape), in the order they are tried. graphql_core follows.
 ROUTES: Final[tuple[tuple[str, Compile], ...]] = (
     ("heartbeat", compile_heartbeat),
+    ("registration", compile_registration),
     ("page", compile_page),
+    ("node", compile_node),
 )
 
 _KNOWN_KEYS = frozenset({"query", "variables", "operationName"})
@@ -149,15 +153,13 @@ def _ordinary(request: object) -> tuple[str, str | None, dict[str, Any] | None] 
 
 
 class FrontDoor:
-    """The ASGI app in front of Strawberry's view on POST /graphql."""
+    """What answers a GraphQL request before Strawberry's view, or declines it to the view."""
 
     def __init__(
         self,
-        strawberry_app: ASGIApp,
         schema: strawberry.Schema,
         context_for: Callable[[Request], Context],
     ) -> None:
-        self.app = strawberry_app
         self.schema = schema
         self.context_for = context_for
         extensions = read_extensions(schema)
@@ -184,47 +186,29 @@ class FrontDoor:
         plan: Plan | None = prepared.plans[operation_name]
         return plan
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def answer(self, scope: Scope, receive: Receive, request: object) -> bytes | None:
+        """The answer's body (status 200, JSON), or None: declined and counted, for Strawberry's view.
+
+        `request` is the body as service/web/graphql_http.check_request parsed
+        and checked it (None for a GET).
+        """
         if self.not_honoured:
-            await self._decline("extension_not_honoured", scope, receive, send)
-            return
+            return _declined("extension_not_honoured")
         if not _is_plain_json_post(scope):
-            await self._decline("not_a_json_post", scope, receive, send)
-            return
-        message = await receive()
-        replayed = replay(message, receive)
-        if message["type"] != "http.request" or message.get("more_body", False):
-            # BodySizeLimit hands the body over whole; anything else is not
-            # ours to reassemble.
-            await self._decline("body_in_parts", scope, replayed, send)
-            return
-        # Parsed and checked by service/web/graphql_http.CheckRequest, in front.
-        request = scope.get("state", {}).get(PARSED_BODY)
-        if request is None:  # a front door without CheckRequest before it
-            try:
-                request = decode_json_body(message.get("body", b""))
-            except json.JSONDecodeError:
-                request = None
+            return _declined("not_a_json_post")
         ordinary = _ordinary(request)
         if ordinary is None:
-            await self._decline("body_not_ordinary", scope, replayed, send)
-            return
+            return _declined("body_not_ordinary")
         query, operation_name, variables = ordinary
         prepared = self.documents.get(query)
         if prepared is None:
-            await self._decline("document_not_valid", scope, replayed, send)
-            return
+            return _declined("document_not_valid")
         plan = self.plan(prepared, operation_name)
         if plan is None:
             operation = prepared.operation(operation_name)
-            reason = "operation_not_found" if operation is None else "subscription"
-            await self._decline(reason, scope, replayed, send)
-            return
+            return _declined("operation_not_found" if operation is None else "subscription")
         context = self.context_for(Request(scope, receive))
-        await _respond(send, await self._answer(plan, variables, context))
+        return await self._answer(plan, variables, context)
 
     async def _answer(
         self, plan: Plan, variables: dict[str, Any] | None, context: Context
@@ -263,9 +247,11 @@ class FrontDoor:
                 }
             )
 
-    async def _decline(self, reason: str, scope: Scope, receive: Receive, send: Send) -> None:
-        count_fast_path(FRONT_DOOR, "declined", reason)
-        await self.app(scope, receive, send)
+
+def _declined(reason: str) -> bytes | None:
+    """No answer from the front door (Strawberry's view answers), counted with its reason."""
+    count_fast_path(FRONT_DOOR, "declined", reason)
+    return None
 
 
 def _count(route: str, outcome: Outcome | None) -> None:
@@ -276,17 +262,3 @@ def _count(route: str, outcome: Outcome | None) -> None:
         count_fast_path(route, "answered", outcome.reason)
     else:
         count_fast_path(route, "declined", outcome.reason)
-
-
-async def _respond(send: Send, encoded: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(encoded)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": encoded})

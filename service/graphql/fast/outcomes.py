@@ -8,10 +8,17 @@ fixed words, never values taken from the request.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from service.db_faults import is_database_unavailable
+from service.errors import InventoryError
 from service.graphql.context import Context
+from service.graphql.masking import UNSTORABLE_TEXT
+from service.transactions import sqlstate
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -30,9 +37,33 @@ class Declined:
 Outcome = Answered | Declined
 
 
+# json.dumps with any argument builds a new encoder per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+async def compiled_read(read: Callable[[], Awaitable[T]]) -> T | Declined:
+    """A compiled read's value, or a decline for what graphql-core must word; a bug raises.
+
+    Declined, graphql-core runs the read again and answers as it would
+    (reading twice writes nothing): a caller the role check refuses or a page
+    size out of range (an InventoryError: the resolver's words), the database
+    down, a text it cannot store (a NUL in an id: masking.py's words).
+    """
+    try:
+        return await read()
+    except InventoryError:
+        return Declined("refused")
+    except Exception as error:
+        if is_database_unavailable(error):
+            return Declined("database_unavailable")
+        if sqlstate(error) in UNSTORABLE_TEXT:
+            return Declined("text_not_storable")
+        raise
+
+
 def encode(body: dict[str, Any]) -> bytes:
     """A response body as the routes send it: compact JSON, as Strawberry's view writes it."""
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _COMPACT.encode(body).encode()
 
 
 class CompiledRoute(Protocol):

@@ -1,0 +1,171 @@
+"""One node by id, compiled: PostgreSQL builds the object's JSON (service/node_pages.py).
+
+Why: `node(id)` is the dashboard's and `ctl node`'s look at one node, and a
+scheduler's. Through graphql-core it cost about 0.8-1.2 ms of service CPU
+(the executor, Strawberry's resolvers, and two statements one after the
+other: the node through its loader, then its GPUs through theirs), against
+about 0.06 ms for a bare endpoint. Here PostgreSQL builds the object's JSON
+text, passed through; and looks that arrive together are read in one
+statement (service/batches.py, as heartbeats are written): with one
+statement and one pool checkout per look, the round trip was still about
+half of the route's CPU.
+
+Which documents: a query with one root field, `node`, whose `id` is a
+string literal or the one variable (ID!, no default), selecting what the
+compiled page builds for a node (compiled_page.compile_selection: leaves,
+timestamps, disks, detail lists, nvlinkGroups...; aliases and __typename;
+no directives, fragments or repeated keys). Everything else goes to
+graphql-core.
+
+How it stays exact: the resolver's role check, and the node the resolver's
+loader reads (node_views.get_nodes: by id, the object or null) built by the
+same statement builder as a page (node_pages.OneNode, the page's own
+expressions per attribute; tests/test_compiled_page.py compares both ways).
+A batch's statement starts after each look it carries arrived, so each sees
+what was committed before it, as its own statement would; a batch that fails
+fails each look, which declines as below.
+Declined with a reason, graphql-core then answering as usual (a read, so
+running it again writes nothing): an id that is not a JSON string (an ID
+sent as a number is graphql-core's to coerce) or a variable left out
+(id_for_graphql_core), a caller the role check refuses (refused), a
+database that is down or an id it cannot store (outcomes.compiled_read).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import strawberry
+from graphql import (
+    FieldNode,
+    GraphQLObjectType,
+    NamedTypeNode,
+    NonNullTypeNode,
+    OperationDefinitionNode,
+    OperationType,
+    StringValueNode,
+    VariableNode,
+    get_named_type,
+)
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import connections, node_pages
+from service.batches import Batches
+from service.graphql.context import Context
+from service.graphql.permissions import check_role, role_of
+
+from .compiled_page import compile_selection
+from .documents import only_root_field
+from .outcomes import Answered, Declined, Outcome, compiled_read
+from .private_api import core_schema
+
+FIELD = "node"
+
+
+# At most this many ids per statement. Measured with 32 concurrent looks
+# (benchmarks/floor.py): 0.17 ms of CPU a look against 0.31 with a statement
+# and a pool checkout apiece. A lone look is read at once.
+MAX_BATCH = 100
+
+
+def _no_node(node_id: str) -> None:
+    return None
+
+
+class CompiledNode:
+    def __init__(
+        self, key: str, node_id: str | None, variable: str | None, node: node_pages.OneNode
+    ) -> None:
+        self._node_id = node_id
+        self._variable = variable
+        self._node = node
+        self._role = role_of("Query", FIELD)
+        self._start = b'{"data":{' + json.dumps(key).encode() + b":"
+        # By engine: one per app, as the app's front door holds this route.
+        self._batches: dict[AsyncEngine, Batches[str, str | None]] = {}
+
+    def _batches_of(self, engine: AsyncEngine) -> Batches[str, str | None]:
+        batches = self._batches.get(engine)
+        if batches is None:
+
+            async def read(node_ids: Sequence[str]) -> Mapping[str, str | None]:
+                async with connections.autocommit(engine) as conn:
+                    return await self._node.fetch(conn, node_ids)
+
+            batches = self._batches[engine] = Batches(read, _no_node, MAX_BATCH)
+        return batches
+
+    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+        node_id = self._node_id
+        if node_id is None:
+            node_id = (variables or {}).get(self._variable or "")
+            if type(node_id) is not str:
+                return Declined("id_for_graphql_core")
+
+        async def read() -> str | None:
+            check_role(self._role, FIELD, context.principal, {"id": node_id})
+            return await self._batches_of(context.engine).ask(node_id)
+
+        found = await compiled_read(read)
+        if isinstance(found, Declined):
+            return found
+        return Answered(self._start + (b"null" if found is None else found.encode()) + b"}}")
+
+
+def _id_argument(
+    operation: OperationDefinitionNode, root: FieldNode
+) -> tuple[str | None, str | None] | None:
+    """(literal id, None) or (None, variable name) for the shapes compiled, else None.
+
+    The document is valid (documents.py), so a variable in `id: ID!` is
+    declared ID! or has a default; only the first is taken, and it must be
+    the operation's only variable.
+    """
+    arguments = root.arguments or ()
+    if len(arguments) != 1 or arguments[0].name.value != "id":
+        return None
+    value = arguments[0].value
+    if isinstance(value, StringValueNode):
+        return None if operation.variable_definitions else (value.value, None)
+    if not isinstance(value, VariableNode):
+        return None
+    definitions = operation.variable_definitions or ()
+    if len(definitions) != 1:
+        return None
+    definition = definitions[0]
+    declared = definition.type
+    if (
+        definition.variable.name.value != value.name.value
+        or definition.default_value is not None
+        or definition.directives
+        or not isinstance(declared, NonNullTypeNode)
+        or not isinstance(declared.type, NamedTypeNode)
+        or declared.type.name.value != "ID"
+    ):
+        return None
+    return None, value.name.value
+
+
+def compile_node(
+    schema: strawberry.Schema, operation: OperationDefinitionNode
+) -> CompiledNode | None:
+    """A CompiledNode for an operation of the shape above, else None."""
+    root = only_root_field(operation, OperationType.QUERY)
+    query = core_schema(schema).query_type
+    if root is None or root.name.value != FIELD or query is None:
+        return None
+    node_type = get_named_type(query.fields[FIELD].type)
+    argument = _id_argument(operation, root)
+    if argument is None or not isinstance(node_type, GraphQLObjectType):
+        return None
+    values = compile_selection(schema, node_type, root.selection_set)
+    if values is None:
+        return None
+    try:
+        node = node_pages.OneNode(values)
+    except node_pages.Unsupported:
+        return None
+    key = root.alias.value if root.alias else FIELD
+    return CompiledNode(key, *argument, node)

@@ -1,0 +1,124 @@
+"""The agents' registerNode, compiled: answered without graphql-core's executor.
+
+Why: every agent re-sends its report every few minutes, and with the write
+down to one statement (service/re_registration.py) graphql-core's executor,
+Strawberry's resolver wrapper and argument conversion were about a quarter
+of a registration's CPU in py-spy (16 agents), more than its SQL.
+
+Which documents: a mutation with one root field, `registerNode`, whose
+`input` is a variable, selecting only leaf fields of Node (node_leaves.py),
+without directives or fragments. The agent's own document
+(agent/operations/register_node.graphql) is one of them.
+
+How it stays exact: the variables are coerced by the same plan the
+graphql_core route uses (variables.py: exactly as graphql-core, or not at
+all), the input is built by Strawberry's own argument conversion with the
+field's own arguments (the compiled input converters, input_conversion.py),
+then the same role check, the same write (mutations.store_report) and the
+schema's serializers for each leaf. It declines, and graphql-core runs the
+document as usual, before the write: variables the plan leaves to
+graphql-core (reason variables_for_graphql_core), a caller the role check
+refuses (refused). After the write it never writes again: when the write
+failed (a bad report, reason register_failed) or a leaf is one graphql-core
+would refuse (leaf_not_serializable), the outcome is handed to the resolver
+(Context.hand_over; mutations.py takes it with Context.once), and
+graphql-core words the answer from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import strawberry
+from graphql import OperationDefinitionNode, OperationType, VariableNode
+from strawberry.types.arguments import StrawberryArgument, convert_arguments
+
+from service.errors import InventoryError
+from service.graphql.context import Context
+from service.graphql.mutations import REGISTER, store_report
+from service.graphql.permissions import check_role, role_of
+
+from .documents import only_root_field
+from .fields import field_arguments
+from .node_leaves import NodeLeaves, node_leaves, write_and_answer
+from .outcomes import Declined, Outcome
+from .private_api import core_schema, scalar_registry
+from .variables import Declined as LeftToGraphqlCore
+from .variables import VariablePlan, compile_variables
+
+FIELD = "registerNode"
+ARGUMENT = "input"
+
+
+class CompiledRegistration:
+    def __init__(
+        self,
+        schema: strawberry.Schema,
+        key: str,
+        variable: str,
+        variables: VariablePlan,
+        arguments: list[StrawberryArgument],
+        leaves: NodeLeaves,
+    ) -> None:
+        self._key = key
+        self._variable = variable
+        self._variables = variables
+        self._arguments = arguments
+        self._scalars = scalar_registry(schema)
+        self._config = schema.config
+        self._leaves = leaves
+        self._role = role_of("Mutation", FIELD)
+
+    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+        try:
+            coerced = self._variables.coerce(variables).coerced
+        except LeftToGraphqlCore:
+            return Declined("variables_for_graphql_core")
+        given = coerced.get(self._variable)
+        if given is None:  # absent or null: graphql-core's error to word
+            return Declined("variables_for_graphql_core")
+        # As Strawberry's resolver wrapper converts the field's arguments.
+        kwargs = convert_arguments({ARGUMENT: given}, self._arguments, self._scalars, self._config)
+        try:
+            check_role(self._role, FIELD, context.principal, kwargs)
+        except InventoryError:
+            return Declined("refused")
+        report = kwargs[ARGUMENT].to_report()
+        return await write_and_answer(
+            context,
+            (REGISTER, report.id),
+            lambda: store_report(context, report),
+            self._leaves,
+            self._key,
+            "register_failed",
+        )
+
+
+def _arguments(schema: strawberry.Schema) -> list[StrawberryArgument] | None:
+    """registerNode's arguments as Strawberry declares them."""
+    try:
+        return field_arguments(schema, "Mutation", FIELD)
+    except LookupError:
+        return None
+
+
+def compile_registration(
+    schema: strawberry.Schema, operation: OperationDefinitionNode
+) -> CompiledRegistration | None:
+    """A CompiledRegistration for an operation of the shape above, else None."""
+    root = only_root_field(operation, OperationType.MUTATION)
+    if root is None or root.name.value != FIELD or root.selection_set is None:
+        return None
+    given = root.arguments or ()
+    if len(given) != 1 or given[0].name.value != ARGUMENT:
+        return None
+    value = given[0].value
+    if not isinstance(value, VariableNode):
+        return None
+    arguments = _arguments(schema)
+    plan = compile_variables(core_schema(schema), operation)
+    leaves = node_leaves(schema, root.selection_set)
+    if arguments is None or plan is None or leaves is None:
+        return None
+    key = root.alias.value if root.alias else FIELD
+    return CompiledRegistration(schema, key, value.name.value, plan, arguments, leaves)

@@ -1,0 +1,151 @@
+"""A mutation's answer when it selects only leaves of Node: compiled once, filled from Node.of.
+
+For the compiled agent mutations (compiled_heartbeat.py, compiled_registration.py):
+each selected field is a scalar or enum of Node without arguments, directives
+or fragments (aliases and __typename too), serialized by the schema's own
+leaf type as graphql-core's complete_leaf_value does. A value graphql-core
+would refuse (null for a non-null field, or one its serializer rejects) is
+not answered here: the route hands the write's outcome to the resolver and
+graphql-core words the error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import strawberry
+from graphql import (
+    FieldNode,
+    GraphQLError,
+    GraphQLNonNull,
+    GraphQLObjectType,
+    SelectionSetNode,
+    get_named_type,
+    is_leaf_type,
+)
+
+from service.graphql.context import Context
+from service.graphql.types import Node
+from service.node_views import NodeRecord
+
+from .fields import plain_fields
+from .outcomes import Answered, Declined, Outcome
+from .private_api import core_schema
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    key: str
+    prefix: str  # the key as the answer writes it
+    read: Callable[[NodeRecord], Any] | None  # as Node.of reads it; None: __typename
+    serialize: Callable[[Any], Any]
+    nullable: bool
+
+
+class NodeLeaves:
+    """The selected leaves of a Node, in the order selected."""
+
+    def __init__(self, leaves: list[_Leaf]) -> None:
+        self._leaves = leaves
+
+    def answer(self, record: NodeRecord, answer_key: str) -> bytes | None:
+        """The whole answer, {"data": {answer_key: {leaf: value...}}} as outcomes.encode
+        writes it; None when graphql-core would refuse a leaf.
+
+        Written from the record field by field (types.NODE_FIELDS, as Node.of
+        reads it) rather than through a Node and a nested json.dumps: this is
+        the heartbeat's hot path (BENCHMARKS.md, "The heartbeat's request path").
+        """
+        answer = ['{"data":{', json.dumps(answer_key), ":{"]
+        for leaf in self._leaves:
+            answer.append(leaf.prefix)
+            if leaf.read is None:
+                answer.append('"Node"')
+                continue
+            value = leaf.read(record)
+            try:
+                serialized = None if value is None else leaf.serialize(value)
+            except (GraphQLError, TypeError, ValueError):
+                serialized = None
+            if serialized is None and (value is not None or not leaf.nullable):
+                return None
+            # A leaf's value is a scalar: json.dumps writes it as it would
+            # inside the whole answer (outcomes.encode).
+            answer.append(json.dumps(serialized))
+        answer.append("}}}")
+        return "".join(answer).encode()
+
+
+def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> NodeLeaves | None:
+    """The compiled selection when it selects only leaves of Node, else None."""
+    node_type = core_schema(schema).get_type("Node")
+    if not isinstance(node_type, GraphQLObjectType):
+        return None
+    attributes = plain_fields(schema, "Node")
+    leaves: list[_Leaf] = []
+    for selection in selection_set.selections:
+        if (
+            not isinstance(selection, FieldNode)
+            or selection.directives
+            or selection.arguments
+            or selection.selection_set is not None
+        ):
+            return None
+        name = selection.name.value
+        key = selection.alias.value if selection.alias else name
+        prefix = f"{',' if leaves else ''}{json.dumps(key)}:"
+        if any(leaf.key == key for leaf in leaves):
+            continue  # the same field again (validation saw to that): answered once
+        if name == "__typename":
+            leaves.append(_Leaf(key, prefix, None, str, False))
+            continue
+        field = node_type.fields.get(name)
+        strawberry_field = attributes.get(name)
+        if field is None or strawberry_field is None:
+            return None
+        read = Node.read(strawberry_field.python_name)
+        if read is None:
+            return None
+        leaf_type = get_named_type(field.type)
+        if not is_leaf_type(leaf_type):
+            return None
+        # The leaf's output coercion as graphql-core's complete_leaf_value calls it.
+        leaves.append(
+            _Leaf(
+                key,
+                prefix,
+                read,
+                leaf_type.coerce_output_value,
+                not isinstance(field.type, GraphQLNonNull),
+            )
+        )
+    return NodeLeaves(leaves)
+
+
+async def write_and_answer(
+    context: Context,
+    key: Hashable,
+    write: Callable[[], Awaitable[NodeRecord]],
+    leaves: NodeLeaves,
+    answer_key: str,
+    failed: str,
+) -> Outcome:
+    """Make the mutation's write, then answer its leaves; after the write, never a second one.
+
+    A failed write (declined as `failed`) or a leaf graphql-core would refuse
+    (leaf_not_serializable) hands the write's outcome to the resolver under
+    `key` (Context.hand_over), and graphql-core words the answer from it.
+    """
+    try:
+        record = await write()
+    except Exception as error:  # graphql-core words it (masked if unexpected)
+        context.hand_over(key, error=error)
+        return Declined(failed)
+    answer = leaves.answer(record, answer_key)
+    if answer is None:
+        context.hand_over(key, result=record)
+        return Declined("leaf_not_serializable")
+    return Answered(answer)

@@ -1,0 +1,57 @@
+"""A 503 for a condition that passes by itself says when to come back (`Retry-After`).
+
+A scheduler or a load balancer that meets the database restarting, or a
+replica leaving the load balancer, should retry soon, not hammer the service
+in a tight loop nor give up: the answer tells it how long to wait.
+"""
+
+from __future__ import annotations
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.config import Settings
+from service.db_faults import RETRY_AFTER_SECONDS
+from service.web.app import create_app
+
+GRAPHQL = {"query": "{ nodes(first: 1) { id } }"}
+
+
+def says_retry_after(response: httpx.Response) -> bool:
+    return response.status_code == 503 and response.headers.get("retry-after") == str(
+        RETRY_AFTER_SECONDS
+    )
+
+
+async def test_a_request_whose_token_cannot_be_checked_is_told_to_retry(
+    unreachable_client: httpx.AsyncClient,
+) -> None:
+    response = await unreachable_client.post(
+        "/graphql", json=GRAPHQL, headers={"Authorization": "Bearer some-agent-token"}
+    )
+    assert says_retry_after(response), (response.status_code, response.headers)
+    assert response.json()["errors"][0]["extensions"]["code"] == "DATABASE_UNAVAILABLE"
+
+
+async def test_readiness_without_the_database_says_when_to_ask_again(
+    unreachable_client: httpx.AsyncClient,
+) -> None:
+    response = await unreachable_client.get("/readyz")
+    assert says_retry_after(response), (response.status_code, response.headers)
+
+
+async def test_a_draining_replica_is_not_ready_and_says_when_to_ask_again(
+    engine: AsyncEngine, settings: Settings
+) -> None:
+    app = create_app(settings, engine=engine)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200 and "retry-after" not in ready.headers
+        app.state.drain.begin()  # what SIGTERM does (service/web/draining.py)
+        leaving = await client.get("/readyz")
+        assert says_retry_after(leaving), (leaving.status_code, leaving.headers)
+        assert leaving.json()["reason"] == "shutting down"
+        # Still serving meanwhile: only readiness says it is going.
+        served = await client.post("/graphql", json=GRAPHQL)
+        assert served.status_code == 200 and served.json() == {"data": {"nodes": []}}
