@@ -7,8 +7,8 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 
 from alembic import context
-from service.db import asyncpg_url, engine_for
-from service.migrations import MIGRATION_LOCK_KEY
+from service.database.db import asyncpg_url, engine_for
+from service.database.migrations import MIGRATION_LOCK_KEY
 from service.tables import metadata
 
 config = context.config

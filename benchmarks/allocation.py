@@ -2,7 +2,7 @@
 
 Every scheduler asks for the same class at once (the case where a fixed
 first-fit order collapses). `place` is also measured with each call in a
-transaction of its own (service/place_batches.py off), on as many service
+transaction of its own (service/scheduling/place_batches.py off), on as many service
 processes of its own, in the same rounds. `place` takes one H100 per claim; `allocate` names
 one A100 per claim, from free GPUs split between the schedulers beforehand, so
 a rejection there is a bug, not contention. After each round, every GPU is
@@ -170,7 +170,7 @@ async def measure_allocation(bench: Bench, statements: dict[str, str] | None = N
     return await _rounds(bench, statements or {})
 
 
-# Each `place` in its own transaction, as before service/place_batches.py,
+# Each `place` in its own transaction, as before service/scheduling/place_batches.py,
 # on service processes of their own, started for their part of each round
 # and stopped after it (their idle connections and the raw baselines' pool
 # would pass PostgreSQL's max_connections).

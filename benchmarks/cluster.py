@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from service.reports import (
+from service.fleet.reports import (
     FabricReport,
     FilesystemReport,
     GpuReport,
@@ -26,7 +26,7 @@ from service.reports import (
     gpu_class_of,
     sum_disks,
 )
-from service.topology import nvlink_groups
+from service.fleet.topology import nvlink_groups
 
 TB = 10**12
 GB = 10**9
@@ -251,7 +251,7 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
     await conn.copy_records_to_table(
         "allocated_gpus", records=held, columns=["node_id", "gpu_index", "shard_id"]
     )
-    # The same counts service.gpu_pools.refresh_pools keeps, for every node at once.
+    # The same counts service.scheduling.gpu_pools.refresh_pools keeps, for every node at once.
     await conn.execute(
         """
         INSERT INTO gpu_pools (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)

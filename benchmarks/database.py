@@ -17,8 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from service.db import libpq_url
-from service.migrations import upgrade
+from service.database.db import libpq_url
+from service.database.migrations import upgrade
 
 
 def with_database(url: str, name: str) -> str:
@@ -33,7 +33,7 @@ def postgres_server() -> Iterator[tuple[str, str]]:
     if external:
         yield libpq_url(external), "BENCH_DATABASE_URL"
         return
-    from service.embedded import EmbeddedPostgres
+    from service.database.embedded import EmbeddedPostgres
 
     # Under /tmp: the embedded server runs as an unprivileged user that must
     # traverse every parent folder of its data directory.

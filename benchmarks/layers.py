@@ -3,13 +3,13 @@
 The HTTP figures say how fast the service is; they do not say whether the
 rest is HTTP and GraphQL, the domain's Python or PostgreSQL. Here the same
 work runs again in this process, through the same functions the resolvers
-call (service.re_registration.register; service.placement.place in
-service.transactions.in_transaction), with as many concurrent tasks as the
+call (service.fleet.re_registration.register; service.scheduling.placement.place in
+service.database.transactions.in_transaction), with as many concurrent tasks as the
 HTTP figure has clients, and the CPU is split per operation: this process's
 (the domain's Python, asyncpg included) and PostgreSQL's (its own processes
 when the server runs here, else the rest of the machine's; the service
 processes are idle). The same reports also run always in one transaction
-(service.nodes.register_node, the path before the one statement), in the
+(service.fleet.nodes.register_node, the path before the one statement), in the
 same rounds. The raw baselines are split the same way, so "PostgreSQL per
 report" can be compared with what the plain statement costs it.
 
@@ -30,16 +30,16 @@ from benchmarks.cluster import node_input, to_report
 from benchmarks.measure import Exhausted, Figure, throughput
 from benchmarks.results import Row, fmt
 from benchmarks.writes import RAW_REGISTER, ReportSource, agent_nodes, changed_reporter
-from service import re_registration
-from service.allocations import Allocated
 from service.config import Settings
-from service.db import create_engine, dispose
-from service.nodes import register_node
-from service.place_batches import place_batched
-from service.placement import place
-from service.reports import NodeReport
-from service.transactions import in_transaction
-from service.verdicts import PlaceRequest
+from service.database.db import create_engine, dispose
+from service.database.transactions import in_transaction
+from service.fleet import re_registration
+from service.fleet.nodes import register_node
+from service.fleet.reports import NodeReport
+from service.scheduling.allocations import Allocated
+from service.scheduling.place_batches import place_batched
+from service.scheduling.placement import place
+from service.scheduling.verdicts import PlaceRequest
 
 STAT = Path("/proc/stat")
 HAS_STAT = STAT.exists()
@@ -102,7 +102,7 @@ async def measure_layers(bench: Bench) -> int:
     registered, placed, raw_registered, claimed = (Split(bench) for _ in range(4))
     registered_tx = Split(bench)  # the same reports, always in a transaction
     placed_nvlink = Split(bench)  # place with nvlinkShards (issue 20), in the same rounds
-    # Each place in a transaction of its own, as before service/place_batches.py.
+    # Each place in a transaction of its own, as before service/scheduling/place_batches.py.
     placed_alone = Split(bench)
     defaults = Settings()
     sequential = {False: Figure(), True: Figure()}

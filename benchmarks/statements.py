@@ -13,9 +13,9 @@ from benchmarks.cluster import node_id, node_input
 from benchmarks.questions import Question
 from benchmarks.services import HEADERS, TOKEN
 from benchmarks.writes import HEARTBEAT, REGISTER
-from service import connections
 from service.config import Settings
-from service.db import create_engine, dispose
+from service.database import connections
+from service.database.db import create_engine, dispose
 from service.web.app import create_app
 
 

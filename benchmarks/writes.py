@@ -13,10 +13,10 @@ from benchmarks.client import Connection, cycling, request_body
 from benchmarks.cluster import node_id, node_input, to_report
 from benchmarks.measure import Figure, throughput
 from benchmarks.results import Row, fmt
-from service import tokens
+from service.access_control import tokens
 from service.config import Settings
-from service.db import create_engine, dispose
-from service.reports import gpu_class_of, sum_disks
+from service.database.db import create_engine, dispose
+from service.fleet.reports import gpu_class_of, sum_disks
 
 REGISTER = """
 mutation Register($input: NodeInput!) { registerNode(input: $input) { id state } }

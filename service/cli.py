@@ -29,7 +29,7 @@ def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | N
     """The database URL to use and, when embedded, the server to stop at shutdown."""
     if settings.database_url:
         return settings.database_url, None
-    from service.embedded import EmbeddedPostgres
+    from service.database.embedded import EmbeddedPostgres
 
     directory = Path(data_dir or settings.data_dir or default_data_dir())
     server = EmbeddedPostgres(directory)
@@ -61,7 +61,7 @@ def wait_for_database(url: str, settings: Settings, within: float | None) -> str
     """None once DATABASE_URL answers; else the reason to stop (hosts named, password hidden)."""
     import asyncio
 
-    from service.database_wait import DatabaseStartupError, wait_until_reachable
+    from service.database.database_wait import DatabaseStartupError, wait_until_reachable
 
     try:
         asyncio.run(wait_until_reachable(url, connect_timeout=settings.db_timeout, within=within))
@@ -71,7 +71,7 @@ def wait_for_database(url: str, settings: Settings, within: float | None) -> str
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
-    from service.migrations import upgrade
+    from service.database.migrations import upgrade
     from service.web.app import create_app
     from service.web.draining import DrainingServer
 
@@ -89,7 +89,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             print(f"llmgw-inventory: {problem}", file=sys.stderr)
             return 2
         upgrade(url)
-        from service.bind_policy import bind_decision, tokens_in_force
+        from service.access_control.bind_policy import bind_decision, tokens_in_force
 
         decision = bind_decision(
             settings.host, tokens_in_force(url, settings), args.insecure or settings.insecure
@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from service.migrations import upgrade
+    from service.database.migrations import upgrade
 
     url, server = _database(settings, args.data_dir)
     try:

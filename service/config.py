@@ -16,7 +16,7 @@ from typing import Any
 
 import platformdirs
 
-from service import database_url
+from service.database import database_url
 
 
 class SettingError(ValueError):
@@ -161,7 +161,7 @@ SETTINGS: tuple[Setting, ...] = (
             "through Strawberry's view alone; same answers, slower)."),
     Setting("INVENTORY_PLACE_BATCH", "place_batch", "8", _positive_int,
             "Most `place` calls one transaction holds: concurrent calls of a process share "
-            "transactions and their commits (service/place_batches.py; 1: one each)."),
+            "transactions and their commits (service/scheduling/place_batches.py; 1: one each)."),
     Setting("INVENTORY_PLACE_TRANSACTIONS", "place_transactions", "4", _positive_int,
             "Most transactions a process places in at once; further `place` calls wait in "
             "the process for the next one."),

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
-from service import place_batches
-from service.capacity import gpu_classes
-from service.connections import Connection
-from service.node_views import STATES
+from service.database.connections import Connection
+from service.fleet.node_views import STATES
+from service.scheduling import place_batches
+from service.scheduling.capacity import gpu_classes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -41,7 +41,7 @@ class _Counters:
         # (method, route, status) -> per-bucket counts, sum
         self.latency: dict[tuple[str, str, int], list[float]] = {}
         # Websockets whose token ended, by how ("revoked", "expired"), and the
-        # re-checks that could not ask the database (service/token_watch.py).
+        # re-checks that could not ask the database (service/access_control/token_watch.py).
         self.token_ends: dict[str, int] = defaultdict(int)
         self.token_check_failures = 0
 
@@ -130,7 +130,7 @@ def count_fast_path(route: str, outcome: str, reason: str) -> None:
     COUNTERS.count_fast_path(route, outcome, reason)
 
 
-# XIDs reported to this process, by GPU class and XID (service/gpu_health.py),
+# XIDs reported to this process, by GPU class and XID (service/fleet/gpu_health.py),
 # counted once the report's transaction committed (a retried transaction
 # counts once). Apart from _Counters: one idea, one lock.
 _XIDS: dict[tuple[str, str], int] = defaultdict(int)
@@ -145,7 +145,7 @@ def count_xids(xids: Iterable[tuple[str, int]]) -> None:
 
 
 # Reports stored by this process, by path ("one_statement" or "transaction",
-# service/re_registration.py) and reason (the one statement's verdict, or why
+# service/fleet/re_registration.py) and reason (the one statement's verdict, or why
 # the report took the transaction). Apart from _Counters: one idea, one lock.
 _REGISTRATIONS: dict[tuple[str, str], int] = defaultdict(int)
 _REGISTRATIONS_LOCK = threading.Lock()
@@ -335,7 +335,7 @@ def _process(out: Exposition) -> None:
         "inventory_place_transactions_total",
         "counter",
         "Transactions this process committed for `place` calls sharing them "
-        "(service/place_batches.py).",
+        "(service/scheduling/place_batches.py).",
         [((), place_batches.COUNTS.transactions)],
     )
     out.family(
@@ -377,7 +377,7 @@ def _process(out: Exposition) -> None:
         "inventory_gpu_xids_total",
         "counter",
         "XID errors reported to this process by agents, by GPU class and XID; critical ones "
-        "(service/gpu_health.py) leave the GPU unhealthy until it is reset.",
+        "(service/fleet/gpu_health.py) leave the GPU unhealthy until it is reset.",
         (((("gpu_class", cls), ("xid", xid)), count) for (cls, xid), count in xids),
     )
     out.family(
@@ -385,7 +385,7 @@ def _process(out: Exposition) -> None:
         "counter",
         "Node reports stored by this process: path one_statement (a known, alive node whose "
         "GPUs did not change; reason changed or unchanged) or transaction (reason: why not "
-        "one statement, service/re_registration.py).",
+        "one statement, service/fleet/re_registration.py).",
         (
             ((("path", path), ("reason", reason)), count)
             for (path, reason), count in sorted(registrations().items())

@@ -15,9 +15,9 @@ from functools import lru_cache
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections
-from service.connections import Connection
-from service.migrations import head_revision
+from service.database import connections
+from service.database.connections import Connection
+from service.database.migrations import head_revision
 
 
 @dataclass(frozen=True)

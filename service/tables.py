@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from service.availability import gpu_usable, pool_offers
+from service.scheduling.availability import gpu_usable, pool_offers
 
 metadata = MetaData(
     naming_convention={
@@ -124,8 +124,8 @@ gpus = Table(
     Column("health_reasons", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     # The service's own memory of the GPU, which no report overwrites
     # (migration 0005): an operator's cordon, and the reasons a reset must
-    # clear (a critical XID: service/gpu_health.py). What they mean for
-    # placement is service/availability.py's.
+    # clear (a critical XID: service/fleet/gpu_health.py). What they mean for
+    # placement is service/scheduling/availability.py's.
     Column("cordon_reason", Text),
     Column("cordon_actor", Text),
     Column("sticky_reasons", ARRAY(Text), nullable=False, server_default=text("'{}'")),
@@ -135,7 +135,7 @@ gpus = Table(
     # GPUs of this node reached over NVLink, directly or through NVSwitch.
     Column("nvlink_peers", ARRAY(Integer)),
     # The lowest index of the GPU's NVLink-connected set, derived from the
-    # peers when the report is stored (service.topology.nvlink_groups).
+    # peers when the report is stored (service.fleet.topology.nvlink_groups).
     Column("nvlink_group", Integer),
     Column("nvlink_domain", Text),
     # Adapters under the same PCIe switch: the GPU's rail-aligned HCAs.
@@ -301,7 +301,7 @@ api_tokens = Table(
     Column("description", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True)),
-    # NULL: never expires. Judged by the database's clock (service/tokens.py).
+    # NULL: never expires. Judged by the database's clock (service/access_control/tokens.py).
     Column("expires_at", DateTime(timezone=True)),
     CheckConstraint("role IN ('reader', 'agent', 'scheduler', 'operator')", name="role"),
     CheckConstraint("(role = 'agent') = (node_id IS NOT NULL)", name="agent_node"),

@@ -30,8 +30,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.db import create_engine, dispose, libpq_url
-from service.migrations import upgrade
+from service.database.db import create_engine, dispose, libpq_url
+from service.database.migrations import upgrade
 from service.web.app import create_app
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def server_url() -> Iterator[str]:
     if external:
         yield libpq_url(external)
         return
-    from service.embedded import EmbeddedPostgres
+    from service.database.embedded import EmbeddedPostgres
 
     # Under /tmp: the server runs as an unprivileged user that must be able
     # to traverse every parent of its data directory.
@@ -220,7 +220,7 @@ def api_as(client: httpx.AsyncClient, engine: AsyncEngine) -> Any:
     """`await api_as("scheduler")` (or `api_as("agent", node_id="gpu-07")`): an Api sending a
     new token of that role. Once a test makes one, tokens are in force for its app: the plain
     `api` fixture is then refused (HTTP 401)."""
-    from service import tokens
+    from service.access_control import tokens
 
     async def make(role: str, node_id: str | None = None) -> Api:
         async with engine.begin() as conn:
@@ -247,7 +247,7 @@ class StatementCounter:
 
 @pytest.fixture
 def count_statements(engine: AsyncEngine) -> Iterator[StatementCounter]:
-    from service import connections
+    from service.database import connections
 
     counter = StatementCounter()
 

@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.connections import Connection
-from service.gpu_pools import refresh_pools
+from service.database.connections import Connection
+from service.scheduling.gpu_pools import refresh_pools
 
 _POOLS = text("SELECT * FROM gpu_pools ORDER BY node_id, gpu_class")
 

@@ -19,12 +19,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import allocations, nodes
-from service.allocations import AllocationRequest, ShardRequest
 from service.config import Settings
-from service.connections import Connection
-from service.db import create_engine, dispose
-from service.reports import GpuReport, NodeReport
+from service.database.connections import Connection
+from service.database.db import create_engine, dispose
+from service.fleet import nodes
+from service.fleet.reports import GpuReport, NodeReport
+from service.scheduling import allocations
+from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.web.app import create_app
 from tests.conftest import Api
 from tests.reports import ALLOCATE, PLACE, REGISTER, allocation, node_input, placement, shard
@@ -417,7 +418,7 @@ async def test_a_place_that_loses_its_shard_ids_answers_what_the_winner_stored(
 async def test_places_racing_for_the_last_gpus_fill_them_without_a_deadlock(
     api: Api, engine: AsyncEngine, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="service.transactions")
+    caplog.set_level(logging.INFO, logger="service.database.transactions")
     for i in range(3):
         await api(REGISTER, {"input": node_input(f"gpu-{i}")})
     # 48 schedulers asking for 1 or 2 GPUs where 24 are free, through an app

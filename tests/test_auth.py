@@ -27,8 +27,8 @@ from graphql.pyutils import Undefined
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
-from service.auth import GRANTS
+from service.access_control import tokens
+from service.access_control.auth import GRANTS
 from service.config import Settings
 from service.graphql.permissions import ROOT_FIELD_ROLES, unlisted_fields
 from service.graphql.schema import ROOT_TYPES, schema

@@ -1,4 +1,4 @@
-"""'A GPU is free' and 'a node is schedulable' have one definition (service/availability.py).
+"""'A GPU is free' and 'a node is schedulable' have one definition (service/scheduling/availability.py).
 
 Two ways this can go wrong, and a test for each:
 - a second definition appears somewhere else and the two drift (the source
@@ -18,9 +18,9 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import availability
-from service.gpu_pools import refresh_pools
-from service.hardware import gpus_of
+from service.fleet.hardware import gpus_of
+from service.scheduling import availability
+from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import Api
 from tests.consistency import inconsistencies
 from tests.reports import EXPLAIN, L40S, PLACE, REGISTER, gpus, node_input
@@ -48,14 +48,14 @@ NOT_DEFINITIONS = {
     ("service/ctl/gpu_verbs.py", 'health = "healthy" if gpu["healthy"] else'): (
         "shows a GPU's health, decides nothing"
     ),
-    ("service/report_rows.py", 'if g.healthy else ["unhealthy"]'): (
+    ("service/fleet/report_rows.py", 'if g.healthy else ["unhealthy"]'): (
         "a report's reasons: a GPU reported unhealthy without one still says so"
     ),
     (
         "service/ctl/nodes.py",
         '"ok" if gpu["healthy"] else',
     ): "shows a GPU's health, decides nothing",
-    ("service/reports.py", "if gpu.healthy and gpu.health_reasons:"): (
+    ("service/fleet/reports.py", "if gpu.healthy and gpu.health_reasons:"): (
         "refuses a report that contradicts itself, decides no GPU's health"
     ),
 }
@@ -77,8 +77,9 @@ def test_free_and_schedulable_are_defined_in_one_place() -> None:
             for what, pattern in SECOND_DEFINITIONS.items():
                 if pattern.search(line):
                     found.append(f"{name}:{number}: {what}: {line.strip()}")
-    assert not found, "define it in service/availability.py and use it from there:\n" + "\n".join(
-        found
+    assert not found, (
+        "define it in service/scheduling/availability.py and use it from there:\n"
+        + "\n".join(found)
     )
 
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
-from service.bind_policy import bind_decision, is_loopback
+from service.access_control import tokens
+from service.access_control.bind_policy import bind_decision, is_loopback
 from tests.conftest import REPO, free_port
 
 

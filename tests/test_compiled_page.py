@@ -21,12 +21,13 @@ from benchmarks.floor import NODE as BENCH_NODE
 from benchmarks.floor import NODE_BY_GRAPHQL_CORE
 from benchmarks.questions import FILTERED as BENCH_FILTERED
 from benchmarks.questions import PAGE as BENCH_PAGE
-from service import connections, node_pages
 from service.ctl.nodes import NODE as CTL_NODE
-from service.gpu_pools import refresh_pools
+from service.database import connections
+from service.fleet import node_pages
 from service.graphql.fast.private_api import core_schema
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
+from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import StatementCounter
 from tests.reports import A100, ALLOCATE, GB, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.topology import bridged_pairs, hgx_h100, no_nvlink

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections
+from service.database import connections
 
 
 async def test_a_statement_built_per_request_is_compiled_once_and_binds_by_name(

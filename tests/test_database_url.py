@@ -18,9 +18,9 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
-from service import database_url
 from service.config import SettingError, Settings
-from service.database_wait import DatabaseStartupError, wait_until_reachable
+from service.database import database_url
+from service.database.database_wait import DatabaseStartupError, wait_until_reachable
 from tests.conftest import REPO, free_port
 from tests.pg_cluster import StandbyPair
 

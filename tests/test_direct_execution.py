@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
+from service.access_control import tokens
 from service.graphql.fast.compiled_heartbeat import compile_heartbeat
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema

@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.connections import Connection
-from service.event_announcements import IDS_PER_NOTIFICATION, parse_payload
-from service.events import EVENTS_CHANNEL, record_event
-from service.transactions import in_transaction
+from service.database.connections import Connection
+from service.database.transactions import in_transaction
+from service.event_log.event_announcements import IDS_PER_NOTIFICATION, parse_payload
+from service.event_log.events import EVENTS_CHANNEL, record_event
 
 
 class Changed(Exception):

@@ -184,7 +184,7 @@ async def test_a_silent_first_host_costs_its_own_timeout_and_the_next_host_is_tr
     whole timeout on it and never tried the primary behind it."""
     import asyncio
 
-    from service import database_url
+    from service.database import database_url
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # accept, then say nothing until the client gives up

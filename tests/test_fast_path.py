@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
 
-from service import heartbeats, node_pages, node_views
+from service.fleet import heartbeats, node_pages, node_views
 from service.graphql.fast import execution, front_door
 from service.graphql.fast.extensions import read_extensions
 from service.graphql.fast.fields import plain_fields, record_attributes

@@ -33,8 +33,8 @@ from benchmarks.equivalence.operations import Operation
 from benchmarks.equivalence.seed import NODES
 from service.ctl.nodes import NODE as CTL_NODE
 from service.ctl.nodes import NODES as CTL_NODES
+from service.database.migrations import upgrade
 from service.metrics import COUNTERS
-from service.migrations import upgrade
 from service.web.app import create_app
 
 OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))

@@ -23,9 +23,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.connections import Connection
-from service.db import create_engine, dispose, libpq_url
-from service.transactions import MAX_ATTEMPTS, TransactionConflict, in_transaction
+from service.database.connections import Connection
+from service.database.db import create_engine, dispose, libpq_url
+from service.database.transactions import MAX_ATTEMPTS, TransactionConflict, in_transaction
 from tests.conftest import LiveService, free_port
 from tests.consistency import inconsistencies, report_signature
 from tests.reports import A100, H100, REGISTER, gpus, node_input
@@ -125,7 +125,7 @@ async def stored_node_ids(url: str) -> set[str]:
 def test_postgres_restart_under_load_fails_fast_recovers_and_loses_nothing(
     own_postgres: Path,
 ) -> None:
-    from service.embedded import EmbeddedPostgres
+    from service.database.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(own_postgres)
     url = libpq_url(server.url)

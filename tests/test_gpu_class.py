@@ -2,7 +2,7 @@
 
 import pytest
 
-from service.gpu_class import derive_gpu_class
+from service.fleet.gpu_class import derive_gpu_class
 
 
 @pytest.mark.parametrize(

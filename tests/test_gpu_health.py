@@ -8,7 +8,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.gpu_health import CRITICAL_XIDS
+from service.fleet.gpu_health import CRITICAL_XIDS
 from tests.conftest import Api
 from tests.consistency import inconsistencies
 from tests.reports import H100, REGISTER, gpus, node_input

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
+from service.access_control import tokens
 from tests.conftest import REPO, LiveService
 
 GRAPHQL_HTTP = "graphql-http@1.23.1"

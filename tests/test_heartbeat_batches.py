@@ -88,8 +88,9 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
 ) -> None:
     """Both only move last_seen: HOT updates (no index entry), or the churn of a
     cluster's beats bloats every index of nodes and slows every question until vacuum."""
-    from service import connections, nodes
-    from service.reports import NodeReport
+    from service.database import connections
+    from service.fleet import nodes
+    from service.fleet.reports import NodeReport
 
     ids = [f"gpu-{i:02d}" for i in range(5)]
     for node_id in ids:

@@ -1,6 +1,6 @@
 """Nodes that stop heartbeating become unreachable, then lost; a lost node's replicas are released whole.
 
-The sweep is driven directly here (service.liveness.sweep in a transaction);
+The sweep is driven directly here (service.fleet.liveness.sweep in a transaction);
 a node's silence is made by moving its last heartbeat into the past on the
 database's clock, which is the clock the sweep reads. The live-process proof
 (short real timeouts, two processes sweeping at once) is in test_subscription.py.
@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.connections import Connection
-from service.gpu_pools import refresh_pools
-from service.liveness import SweepResult, Watch, sweep
-from service.transactions import in_transaction
+from service.database.connections import Connection
+from service.database.transactions import in_transaction
+from service.fleet.liveness import SweepResult, Watch, sweep
+from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 

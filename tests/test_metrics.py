@@ -7,7 +7,7 @@ import re
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.event_announcements import drain_announcements
+from service.event_log.event_announcements import drain_announcements
 from service.metrics import count_rejection
 from tests.conftest import Api, StatementCounter
 from tests.reports import GB, REGISTER, TB, node_input

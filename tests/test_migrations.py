@@ -13,7 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from service.migrations import downgrade, head_revision, upgrade
+from service.database.migrations import downgrade, head_revision, upgrade
 from service.tables import metadata
 from tests.conftest import REPO, create_database, drop_database
 

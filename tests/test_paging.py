@@ -22,13 +22,13 @@ from graphql import get_nullable_type, is_list_type
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
+from service.access_control import tokens
 from service.config import Settings
-from service.connections import Connection
-from service.events import record_event
+from service.database.connections import Connection
+from service.database.transactions import in_transaction
+from service.event_log.events import record_event
 from service.graphql.schema import schema
 from service.graphql.subscriptions import REPLAY_PAGE
-from service.transactions import in_transaction
 from service.web.app import create_app
 from tests.conftest import Api, StatementCounter
 from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard

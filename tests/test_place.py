@@ -9,12 +9,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import placement as placement_module
-from service.allocations import Allocated
-from service.events import collecting_recorded
-from service.liveness import sweep
-from service.transactions import in_transaction
-from service.verdicts import PlaceRequest
+from service.database.transactions import in_transaction
+from service.event_log.events import collecting_recorded
+from service.fleet.liveness import sweep
+from service.scheduling import placement as placement_module
+from service.scheduling.allocations import Allocated
+from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.reports import (
     ALLOCATE,
@@ -378,7 +378,7 @@ async def test_a_one_node_place_is_two_statements(
         assert got["__typename"] == "Allocated"
         # Pick and lock; then store the shards, their GPUs, the pools and the
         # events. In a transaction shared with other calls
-        # (service/place_batches.py), which never waits, so no savepoint.
+        # (service/scheduling/place_batches.py), which never waits, so no savepoint.
         sent = statements_sent(count_statements)
         assert len(sent) == 2, sent
         assert "FOR NO KEY UPDATE" in sent[0] and "INSERT INTO shards" in sent[1]

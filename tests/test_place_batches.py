@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.allocations import Allocated
 from service.metrics import render
-from service.place_batches import COUNTS, PlaceQueue
-from service.placement import Unplaceable
-from service.rejections import Rejection
-from service.verdicts import PlaceRequest
+from service.scheduling.allocations import Allocated
+from service.scheduling.place_batches import COUNTS, PlaceQueue
+from service.scheduling.placement import Unplaceable
+from service.scheduling.rejections import Rejection
+from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.execution.is_awaitable import optimized_is_awaitable
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
-from service.auth import OPEN_ACCESS
+from service.access_control.auth import OPEN_ACCESS
 from service.config import Settings
 from service.graphql.context import new_context
 from service.graphql.fast.execution import READY, PlainFieldExecutionContext

@@ -19,7 +19,7 @@ import pytest
 import strawberry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
+from service.access_control import tokens
 from service.graphql.fast.direct import DirectOperation
 from service.graphql.fast.documents import PreparedDocuments
 from service.graphql.masking import MaskUnexpected

@@ -8,8 +8,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from benchmarks.cluster import to_report
-from service import allocations, connections, metrics, nodes, re_registration
-from service.allocations import Allocated, AllocationRequest, ShardRequest
+from service import metrics
+from service.database import connections
+from service.fleet import nodes, re_registration
+from service.scheduling import allocations
+from service.scheduling.allocations import Allocated, AllocationRequest, ShardRequest
 from tests.conftest import Api, StatementCounter
 from tests.reports import H100, REGISTER, TB, gpus, node_input
 
@@ -42,7 +45,7 @@ async def test_a_changed_report_is_logged_as_a_change_not_a_new_node(api: Api) -
 
 
 # A known, alive node whose GPUs did not change is stored in one statement
-# without a transaction block (service/re_registration.py); everything else
+# without a transaction block (service/fleet/re_registration.py); everything else
 # takes the transaction, and says why.
 
 STORAGE = [

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from service.config import Settings
-from service.db import create_engine, dispose
-from service.migrations import head_revision
+from service.database.db import create_engine, dispose
+from service.database.migrations import head_revision
 from service.web.app import create_app
 from tests.conftest import create_database, drop_database, free_port
 

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections
-from service.events import EVENT_KINDS, record_event
+from service.database import connections
+from service.event_log.events import EVENT_KINDS, record_event
 from tests.conftest import Api
 from tests.reports import ALLOCATE, GB, REGISTER, allocation, node_input, shard
 

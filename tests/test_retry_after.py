@@ -11,7 +11,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.db_faults import RETRY_AFTER_SECONDS
+from service.database.db_faults import RETRY_AFTER_SECONDS
 from service.web.app import create_app
 
 GRAPHQL = {"query": "{ nodes(first: 1) { id } }"}

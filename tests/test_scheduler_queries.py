@@ -7,9 +7,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import availability
-from service.capacity import free_gpus, free_gpus_query
-from service.gpu_pools import refresh_pools
+from service.scheduling import availability
+from service.scheduling.capacity import free_gpus, free_gpus_query
+from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import Api, StatementCounter
 from tests.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
 
@@ -318,8 +318,8 @@ WHOLE_PAGE = """
 
 async def register_many(engine: AsyncEngine, count: int, start: int = 0) -> None:
     """Register nodes through the domain function, as registerNode does, but without HTTP."""
-    from service.nodes import register_node
-    from service.reports import FabricReport, FilesystemReport, GpuReport, NodeReport
+    from service.fleet.nodes import register_node
+    from service.fleet.reports import FabricReport, FilesystemReport, GpuReport, NodeReport
 
     async with engine.begin() as conn:
         for i in range(start, start + count):

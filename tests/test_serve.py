@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded import prune_dead_handles
+from service.database.embedded import prune_dead_handles
 from tests.conftest import REPO, free_port
 from tests.reports import REGISTER, node_input
 

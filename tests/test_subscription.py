@@ -22,10 +22,10 @@ import websockets
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.connections import Connection
-from service.event_stream import LISTENER_NAME, EventStream
-from service.events import EventFilter, record_event
-from service.transactions import in_transaction
+from service.database.connections import Connection
+from service.database.transactions import in_transaction
+from service.event_log.event_stream import LISTENER_NAME, EventStream
+from service.event_log.events import EventFilter, record_event
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
 from tests.test_liveness import IB_A, place

@@ -52,7 +52,7 @@ async def create(api: Api, role: str = "READER", expires_in: float | None = None
 
 
 async def operator_api(client: httpx.AsyncClient, engine: AsyncEngine) -> Api:
-    from service import tokens
+    from service.access_control import tokens
 
     async with engine.begin() as conn:
         made = await tokens.create_token(conn, "operator", description="test operator")
@@ -176,7 +176,7 @@ def ending_error(frames: list[dict[str, Any]]) -> dict[str, Any]:
 async def test_revoking_a_token_ends_its_subscriptions_in_every_process(
     live_service_factory: Any, engine: AsyncEngine
 ) -> None:
-    from service import tokens
+    from service.access_control import tokens
 
     a, b = await asyncio.gather(
         asyncio.to_thread(live_service_factory), asyncio.to_thread(live_service_factory)
@@ -237,7 +237,7 @@ async def test_revoking_a_token_ends_its_subscriptions_in_every_process(
 async def test_a_subscription_ends_when_its_token_expires(
     live_service: Any, engine: AsyncEngine
 ) -> None:
-    from service import tokens
+    from service.access_control import tokens
 
     async with engine.begin() as conn:
         expiring = await tokens.create_token(

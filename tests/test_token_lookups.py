@@ -1,6 +1,6 @@
 """Concurrent token lookups share one statement, and each still gets its own answer.
 
-Agents beat every few seconds with their own node tokens; service/token_lookups.py
+Agents beat every few seconds with their own node tokens; service/access_control/token_lookups.py
 answers the lookups that arrive together with one SELECT. Revocation must
 still take effect from the next request on, and a lookup must never get
 another token's record.
@@ -13,7 +13,7 @@ import asyncio
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import token_lookups, tokens
+from service.access_control import token_lookups, tokens
 from tests.conftest import Api, StatementCounter
 from tests.reports import REGISTER, node_input
 

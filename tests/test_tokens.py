@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
+from service.access_control import tokens
+from service.access_control.tokens import TokenNotFound
 from service.errors import InvalidInput
-from service.tokens import TokenNotFound
 
 
 async def test_the_secret_is_shown_once_and_only_its_digest_is_stored(engine: AsyncEngine) -> None:

@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import topology as topology_rules
-from service.hardware import gpus_of
-from service.topology import describe_groups, nvlink_groups
+from service.fleet import topology as topology_rules
+from service.fleet.hardware import gpus_of
+from service.fleet.topology import describe_groups, nvlink_groups
 from tests.conftest import Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.test_scheduler_queries import hold

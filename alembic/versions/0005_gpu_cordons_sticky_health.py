@@ -8,7 +8,7 @@ A GPU's cordon and its sticky reasons (xid_<n>) are the service's memory of
 a GPU, kept apart from what the agent reports (healthy, health_reasons) so a
 report never overwrites them: the cordon survives re-registration, and a
 critical XID stays until a reset (a new boot id, or an operator's
-clearGpuHealth). service/availability.py says what they mean for placement.
+clearGpuHealth). service/scheduling/availability.py says what they mean for placement.
 Nullable or defaulted columns: adding them rewrites no existing row.
 """
 

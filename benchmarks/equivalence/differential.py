@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from benchmarks.equivalence.operations import Operation
 from benchmarks.equivalence.seed import create_tokens, seed
 from service.config import Settings
-from service.db import create_engine, dispose
+from service.database.db import create_engine, dispose
 from service.web.app import create_app
 
 SNAPSHOT = "equivalence_seed"

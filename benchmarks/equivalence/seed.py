@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tokens
-from service.liveness import sweep
-from service.transactions import in_transaction
+from service.access_control import tokens
+from service.database.transactions import in_transaction
+from service.fleet.liveness import sweep
 
 GB = 10**9
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memoryMb": 81559}

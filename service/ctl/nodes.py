@@ -79,7 +79,7 @@ def state_text(node: dict[str, Any]) -> str:
 def gpu_counts(node: dict[str, Any]) -> str:
     """'H100-80GB 4/8': free out of total, per class.
 
-    Free as the service says (Node.freeGpus): the rule has one home, service/availability.py.
+    Free as the service says (Node.freeGpus): the rule has one home, service/scheduling/availability.py.
     """
     total: dict[str, int] = defaultdict(int)
     free: dict[str, int] = defaultdict(int)

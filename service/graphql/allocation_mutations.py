@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import strawberry
 
-from service import allocations, placement
-from service.connections import Connection
+from service.database.connections import Connection
 from service.metrics import count_rejection
-from service.place_batches import place_batched
-from service.rejections import Rejection
+from service.scheduling import allocations, placement
+from service.scheduling.place_batches import place_batched
+from service.scheduling.rejections import Rejection
 
 from .allocation_types import (
     Allocated,

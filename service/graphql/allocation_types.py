@@ -6,12 +6,12 @@ from typing import Annotated
 
 import strawberry
 
-from service import rejections, verdicts
-from service.allocations import Allocated as AllocatedRecord
-from service.allocations import AllocationRequest, ShardRequest
 from service.errors import InventoryError
-from service.placement import Explanation
-from service.placement import Unplaceable as UnplaceableRecord
+from service.scheduling import rejections, verdicts
+from service.scheduling.allocations import Allocated as AllocatedRecord
+from service.scheduling.allocations import AllocationRequest, ShardRequest
+from service.scheduling.placement import Explanation
+from service.scheduling.placement import Unplaceable as UnplaceableRecord
 
 from .fast.input_conversion import compiled_input
 from .inputs import KeyValueInput

@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.websockets import WebSocket
 from strawberry.exceptions import ConnectionRejectionError
 
-from service.auth import Authenticator, Unauthenticated
-from service.db_faults import is_database_unavailable
+from service.access_control.auth import Authenticator, Unauthenticated
+from service.database.db_faults import is_database_unavailable
 
 from .context import Context
 

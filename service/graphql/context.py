@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.types import Info as StrawberryInfo
 
-from service.auth import Authenticator, Principal
+from service.access_control.auth import Authenticator, Principal
 from service.config import Settings
-from service.connections import Connection
-from service.event_stream import Subscription
+from service.database.connections import Connection
+from service.database.transactions import in_transaction
+from service.event_log.event_stream import Subscription
 from service.graphql.loaders import Loaders
 from service.paging import PageRequest, page_request
-from service.transactions import in_transaction
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ class Context:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     request: Any = None
     response: Any = None
-    # Who is calling (service/auth.py); None on a websocket until its
+    # Who is calling (service/access_control/auth.py); None on a websocket until its
     # connection_init carried a token, and every root field refuses None.
     principal: Principal | None = None
     authenticator: Authenticator | None = None
@@ -41,14 +41,14 @@ class Context:
     # resolver that would make the same write takes it instead (once), so a
     # declined mutation never writes twice (service/graphql/fast/compiled_heartbeat.py).
     handed_over: dict[Hashable, tuple[bool, Any]] = field(default_factory=dict)
-    # A websocket's token ended (service/token_watch.py): "token revoked" or
+    # A websocket's token ended (service/access_control/token_watch.py): "token revoked" or
     # "token expired". Every later operation on the socket is refused, and
     # its open subscriptions (`streams`) are ended with that error.
     token_ended: str | None = None
     streams: set[Subscription] = field(default_factory=set)
 
     def end_token(self, status: str) -> None:
-        from service.auth import Unauthenticated
+        from service.access_control.auth import Unauthenticated
 
         self.token_ended = f"token {status}"
         for stream in list(self.streams):

@@ -6,9 +6,10 @@ from datetime import datetime
 
 import strawberry
 
-from service import connections, paging
+from service import paging
+from service.database import connections
 from service.errors import InvalidInput
-from service.events import EVENT_KINDS, EventFilter, list_events, unknown_kinds
+from service.event_log.events import EVENT_KINDS, EventFilter, list_events, unknown_kinds
 
 from .context import Info
 from .event_types import Event, event_id

@@ -8,7 +8,7 @@ import strawberry
 from strawberry.scalars import JSON
 
 from service.errors import InvalidInput
-from service.events import EventRecord
+from service.event_log.events import EventRecord
 
 
 @strawberry.type(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import strawberry
 
-from service import gpu_cordons, gpu_health
-from service.connections import Connection
+from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.hardware import GpuRecord, gpus_of
+from service.fleet import gpu_cordons, gpu_health
+from service.fleet.hardware import GpuRecord, gpus_of
 
 from .context import Info
 from .types import Gpu

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import strawberry
 
-from service.node_views import NodeFilter as NodeFilterRecord
-from service.reports import FabricReport, FilesystemReport, GpuReport, NodeReport, WeightsReport
+from service.fleet.node_views import NodeFilter as NodeFilterRecord
+from service.fleet.reports import (
+    FabricReport,
+    FilesystemReport,
+    GpuReport,
+    NodeReport,
+    WeightsReport,
+)
 
 from .fast.input_conversion import compiled_input
 from .scalars import Bytes

@@ -21,8 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.dataloader import DataLoader
 from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField, Selection
 
-from service import allocations, connections, hardware, node_views
-from service.connections import Connection
+from service.database import connections
+from service.database.connections import Connection
+from service.fleet import hardware, node_views
+from service.scheduling import allocations
 
 K = TypeVar("K")
 V = TypeVar("V")

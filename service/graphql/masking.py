@@ -15,9 +15,9 @@ import logging
 from graphql import GraphQLError
 from strawberry.extensions import MaskErrors
 
-from service.db_faults import DatabaseUnavailable, is_database_unavailable
+from service.database.db_faults import DatabaseUnavailable, is_database_unavailable
+from service.database.transactions import sqlstate
 from service.errors import InventoryError
-from service.transactions import sqlstate
 
 from .request_errors import code_of, give_code
 

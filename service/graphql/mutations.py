@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import strawberry
 
-from service import heartbeats, metrics, node_views, nodes, re_registration
-from service.connections import Connection
+from service import metrics
+from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.node_views import NodeRecord
-from service.reports import NodeReport
+from service.fleet import heartbeats, node_views, nodes, re_registration
+from service.fleet.node_views import NodeRecord
+from service.fleet.reports import NodeReport
 
 from .context import Context, Info
 from .inputs import NodeInput
@@ -23,7 +24,7 @@ REGISTER = "registerNode"
 async def store_report(context: Context, report: NodeReport) -> NodeRecord:
     """registerNode's write, for its resolver and its compiled route: the node as stored.
 
-    One statement or one transaction (service/re_registration.py); the XIDs
+    One statement or one transaction (service/fleet/re_registration.py); the XIDs
     it carried are counted once it committed.
     """
     registration = await re_registration.register(context.engine, report, context.actor)
@@ -61,7 +62,7 @@ class NodeMutations:
     )
     async def heartbeat(self, info: Info, node_id: strawberry.ID) -> Node:
         # Batched with this process's concurrent heartbeats: one transaction
-        # for many (service/heartbeats.py); the reply waits for its commit.
+        # for many (service/fleet/heartbeats.py); the reply waits for its commit.
         # Once per request: a compiled heartbeat that declined after beating
         # hands its outcome over (service/graphql/fast/compiled_heartbeat.py).
         context = info.context

@@ -23,11 +23,11 @@ from strawberry.extensions.field_extension import (
 )
 from strawberry.types import Info
 
-from service.auth import Forbidden, Principal, Unauthenticated, WrongNode, check_node
+from service.access_control.auth import Forbidden, Principal, Unauthenticated, WrongNode, check_node
 
 log = logging.getLogger(__name__)
 
-# Root type -> GraphQL field name -> the role it needs (see service/auth.py
+# Root type -> GraphQL field name -> the role it needs (see service/access_control/auth.py
 # GRANTS for which roles include which). "agent" fields are node-bound: an
 # agent token may only name its own node.
 ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {

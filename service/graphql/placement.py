@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import strawberry
 
-from service import connections, placement
-from service.rejections import Rejection
+from service.database import connections
+from service.scheduling import placement
+from service.scheduling.rejections import Rejection
 
 from .allocation_types import InvalidPlacement, PlaceInput, PlacementExplanation
 from .context import Info

@@ -6,7 +6,10 @@ from typing import Annotated
 
 import strawberry
 
-from service import allocations, capacity, connections, node_views, paging
+from service import paging
+from service.database import connections
+from service.fleet import node_views
+from service.scheduling import allocations, capacity
 
 from .context import Info
 from .inputs import NodeFilter

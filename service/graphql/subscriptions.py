@@ -1,7 +1,7 @@
 """The `events` subscription: changes as they happen, whichever service process made them.
 
 Served over graphql-transport-ws on /graphql. The events reach this process
-through its one LISTEN connection (service/event_stream.py); each subscriber
+through its one LISTEN connection (service/event_log/event_stream.py); each subscriber
 gets a filtered view of that stream.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from service import connections
+from service.database import connections
 from service.errors import InventoryError
-from service.event_stream import EventStream
-from service.events import EventFilter, list_events
+from service.event_log.event_stream import EventStream
+from service.event_log.events import EventFilter, list_events
 
 from .context import Info
 from .event_queries import event_filter
@@ -80,7 +80,7 @@ async def _events(
     # Subscribe before reading the history, so nothing committed in
     # between is missed; what the history already gave is skipped below.
     subscription = stream.subscribe(wanted)
-    # Ended with an error if the connection's token ends (service/token_watch.py).
+    # Ended with an error if the connection's token ends (service/access_control/token_watch.py).
     info.context.streams.add(subscription)
     replayed: set[int] = set()
     try:

@@ -7,9 +7,11 @@ from enum import Enum
 
 import strawberry
 
-from service import connections, paging, tokens
-from service.connections import Connection
-from service.tokens import NewToken, TokenRecord
+from service import paging
+from service.access_control import tokens
+from service.access_control.tokens import NewToken, TokenRecord
+from service.database import connections
+from service.database.connections import Connection
 
 from .context import Info
 from .pages import answer, paged

@@ -10,14 +10,16 @@ from typing import Any, Final
 
 import strawberry
 
-from service import connections, node_views, paging, topology
-from service.allocations import ShardRecord
-from service.availability import is_free
-from service.capacity import GpuClassSummary as GpuClassSummaryRecord
+from service import paging
+from service.database import connections
 from service.errors import NodeNotFound
-from service.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
-from service.node_views import NodeRecord
-from service.reports import Disk as DiskRecord
+from service.fleet import node_views, topology
+from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
+from service.fleet.node_views import NodeRecord
+from service.fleet.reports import Disk as DiskRecord
+from service.scheduling.allocations import ShardRecord
+from service.scheduling.availability import is_free
+from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
 
 from .context import Context, Info
 from .fast.execution import NOT_READY, READY
@@ -28,7 +30,7 @@ from .scalars import Bytes
 # Metadata key of a field whose value a page reads from a record attribute
 # of another name (fast/fields.py): e.g. Node.stateChangedBy is
 # NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
-# builds itself (Node.nvlinkGroups, service/node_pages.py).
+# builds itself (Node.nvlinkGroups, service/fleet/node_pages.py).
 RECORD = "record-attribute"
 
 
@@ -67,7 +69,7 @@ class Disk:
 
 @strawberry.type
 class Allocation:
-    """Also served by service.allocations.ShardRecord itself, in a node's lists."""
+    """Also served by service.scheduling.allocations.ShardRecord itself, in a node's lists."""
 
     shard_id: strawberry.ID
     replica_id: strawberry.ID
@@ -96,7 +98,7 @@ class Allocation:
 
 @strawberry.type
 class Gpu:
-    """Served by service.hardware.GpuRecord itself (see SERVED_BY_RECORDS).
+    """Served by service.fleet.hardware.GpuRecord itself (see SERVED_BY_RECORDS).
 
     A 1,000-node page has 8,000 GPUs: copying each record into this class
     was an eighth of the page's CPU, for values that are the record's own.
@@ -157,7 +159,7 @@ class Gpu:
 
 @strawberry.type
 class FabricAttachment:
-    """Served by service.hardware.FabricRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.hardware.FabricRecord itself (see SERVED_BY_RECORDS)."""
 
     fabric: str
     hcas: list[str]
@@ -166,7 +168,7 @@ class FabricAttachment:
 
 @strawberry.type
 class Filesystem:
-    """Served by service.hardware.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.hardware.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
 
     id: str = strawberry.field(
         description="Stable id of the filesystem on its node (e.g. its device number or fsid)."
@@ -183,7 +185,7 @@ class Filesystem:
 
 @strawberry.type
 class Weights:
-    """Served by service.hardware.WeightsRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.hardware.WeightsRecord itself (see SERVED_BY_RECORDS)."""
 
     path: str
     size_bytes: Bytes | None

@@ -23,15 +23,15 @@ from strawberry.http import GraphQLRequestData
 from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.types.unset import UNSET, UnsetType
 
-from service.auth import Authenticator
+from service.access_control.auth import Authenticator
+from service.access_control.token_watch import TokenWatch
 from service.config import Settings
-from service.db import create_engine, dispose
-from service.event_announcements import drain_announcements
+from service.database.db import create_engine, dispose
+from service.event_log.event_announcements import drain_announcements
 from service.graphql.authentication import accept_connection, identify, identify_http
 from service.graphql.context import Context, new_context
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
-from service.token_watch import TokenWatch
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.draining import Drain
 from service.web.graphiql import GraphiQLPage
@@ -171,7 +171,7 @@ def create_app(
     """An app over an existing engine (tests) or one it creates at startup from database_url.
 
     Its lifespan starts the liveness sweep (unless sweep=False, for tests that
-    drive service.liveness.sweep themselves) and the event stream.
+    drive service.fleet.liveness.sweep themselves) and the event stream.
     """
     ref = EngineRef(engine)
     owns_engine = engine is None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 
-from service.auth import Authenticator
+from service.access_control.auth import Authenticator
 from service.config import Settings
 from service.graphql.fast.front_door import FrontDoor
 from service.web.exchange import Exchange

@@ -14,8 +14,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from service.auth import Authenticator, Principal, Unauthenticated
-from service.db_faults import RETRY_AFTER_SECONDS, DatabaseUnavailable, is_database_unavailable
+from service.access_control.auth import Authenticator, Principal, Unauthenticated
+from service.database.db_faults import (
+    RETRY_AFTER_SECONDS,
+    DatabaseUnavailable,
+    is_database_unavailable,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from service import connections, metrics, readiness
+from service import metrics, readiness
 from service.config import Settings
-from service.db_faults import RETRY_AFTER_SECONDS
-from service.event_stream import EventStream
-from service.liveness import run_sweeper
+from service.database import connections
+from service.database.db_faults import RETRY_AFTER_SECONDS
+from service.event_log.event_stream import EventStream
+from service.fleet.liveness import run_sweeper
 from service.tasks import stop_task
 from service.web.draining import Drain
 

@@ -2,7 +2,7 @@
 
 Why: every node beats every few seconds, so a cluster sends more heartbeats
 than everything else together. With the document cached (documents.py) and
-the write batched (service/heartbeats.py), what was left of a beat's CPU was
+the write batched (service/fleet/heartbeats.py), what was left of a beat's CPU was
 mostly graphql-core's executor and Strawberry's resolver wrapper: about 40%
 in py-spy with 32 concurrent beats (an incremental executor, a serial
 reduction over one mutation field, a ResolveInfo and a Strawberry Info,
@@ -34,8 +34,8 @@ from typing import Any
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, StringValueNode, VariableNode
 
-from service import heartbeats
 from service.errors import InventoryError
+from service.fleet import heartbeats
 from service.graphql.context import Context
 from service.graphql.mutations import HEARTBEAT
 from service.graphql.permissions import check_role, role_of

@@ -1,4 +1,4 @@
-"""One node by id, compiled: PostgreSQL builds the object's JSON (service/node_pages.py).
+"""One node by id, compiled: PostgreSQL builds the object's JSON (service/fleet/node_pages.py).
 
 Why: `node(id)` is the dashboard's and `ctl node`'s look at one node, and a
 scheduler's. Through graphql-core it cost about 0.8-1.2 ms of service CPU
@@ -51,8 +51,9 @@ from graphql import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import connections, node_pages
 from service.batches import Batches
+from service.database import connections
+from service.fleet import node_pages
 from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 

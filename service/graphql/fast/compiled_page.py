@@ -1,4 +1,4 @@
-"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/node_pages.py).
+"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/fleet/node_pages.py).
 
 Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is about
 50,000 values, and executing it field by field cost about 200 ms of service
@@ -12,9 +12,9 @@ node_pages can express. For freeGpus: gpuIndices and its node. For a node:
 leaves (IDs, strings, integers, booleans, Bytes, DateTime, the NodeState
 enum), lists of leaves, localDisk/sharedDisk, labels and engineVersions
 (node_views.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
-(service/topology.py's definitions), and the detail
+(service/fleet/topology.py's definitions), and the detail
 lists gpus (with allocation), freeGpus without gpuClass
-(service/availability.py's gpu_free), storage, allocations, fabrics and
+(service/scheduling/availability.py's gpu_free), storage, allocations, fabrics and
 weights with their leaves. Aliases and __typename too; no directives,
 fragments or repeated response keys. Everything else (a field given
 arguments, hasWeights or hcasFor) runs through graphql-core as before.
@@ -70,7 +70,8 @@ from graphql import (
 )
 from strawberry.types.arguments import StrawberryArgument, convert_arguments
 
-from service import connections, node_pages, node_views
+from service.database import connections
+from service.fleet import node_pages, node_views
 from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest

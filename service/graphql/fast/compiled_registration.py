@@ -1,7 +1,7 @@
 """The agents' registerNode, compiled: answered without graphql-core's executor.
 
 Why: every agent re-sends its report every few minutes, and with the write
-down to one statement (service/re_registration.py) graphql-core's executor,
+down to one statement (service/fleet/re_registration.py) graphql-core's executor,
 Strawberry's resolver wrapper and argument conversion were about a quarter
 of a registration's CPU in py-spy (16 agents), more than its SQL.
 

@@ -27,9 +27,9 @@ from graphql import (
     is_leaf_type,
 )
 
+from service.fleet.node_views import NodeRecord
 from service.graphql.context import Context
 from service.graphql.types import Node
-from service.node_views import NodeRecord
 
 from .fields import plain_fields
 from .outcomes import Answered, Declined, Outcome

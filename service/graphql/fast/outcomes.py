@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from service.db_faults import is_database_unavailable
+from service.database.db_faults import is_database_unavailable
+from service.database.transactions import sqlstate
 from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.masking import UNSTORABLE_TEXT
-from service.transactions import sqlstate
 
 T = TypeVar("T")
 

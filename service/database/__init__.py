@@ -1,0 +1,1 @@
+"""The database underneath: the engine, connections and transactions, DATABASE_URL, start-up waits, faults, migrations, the embedded server."""

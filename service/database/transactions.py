@@ -1,0 +1,82 @@
+"""One transaction per mutation, retried when PostgreSQL picks it as a deadlock or serialization victim.
+
+The retry is safe because the whole unit of work reruns from the start in a
+new transaction; nothing of the failed attempt was committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.database import connections
+from service.database.connections import NativeConnection
+from service.errors import InventoryError
+from service.event_log.event_announcements import announce
+from service.event_log.events import collecting_recorded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 5
+# SQLSTATEs PostgreSQL uses for a transaction it aborted to let another win.
+RETRYABLE_SQLSTATES = {"40001", "40P01"}
+
+
+class TransactionConflict(InventoryError):
+    code = "CONFLICT"
+
+    def __init__(self, attempts: int) -> None:
+        super().__init__(
+            f"the change kept colliding with concurrent changes ({attempts} attempts); retry later"
+        )
+
+
+def sqlstate(error: BaseException) -> str | None:
+    # asyncpg's own errors carry it; SQLAlchemy's wrap one (orig, or its cause).
+    orig = getattr(error, "orig", None)
+    for candidate in (error, orig, getattr(orig, "__cause__", None)):
+        code = getattr(candidate, "sqlstate", None)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+async def in_transaction(
+    engine: AsyncEngine, work: Callable[[NativeConnection], Awaitable[T]]
+) -> T:
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            with collecting_recorded() as recorded:
+                async with connections.transaction(engine) as conn:
+                    result = await work(conn)
+            # Only now, after COMMIT: listeners must never hear of an event
+            # that a rollback then took back.
+            announce(engine, recorded)
+            return result
+        except (DBAPIError, asyncpg.PostgresError) as error:
+            if sqlstate(error) not in RETRYABLE_SQLSTATES:
+                raise
+            log.info("transaction lost a conflict (attempt %d): %s", attempt, sqlstate(error))
+            await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
+    raise TransactionConflict(MAX_ATTEMPTS)
+
+
+async def in_statement(engine: AsyncEngine, work: Callable[[NativeConnection], Awaitable[T]]) -> T:
+    """Run work that is a single statement, with no BEGIN or COMMIT around it.
+
+    PostgreSQL makes each statement outside a transaction block its own
+    transaction, so one statement is as atomic here as in in_transaction, for
+    a third of the round trips. Only for work that is one statement and
+    records no events: nothing here announces them.
+    """
+    async with connections.autocommit(engine) as conn:
+        return await work(conn)

@@ -1,0 +1,1 @@
+"""The nodes and what they report: registration, heartbeats, liveness, hardware, GPU health and cordons, topology, and reading nodes back."""

@@ -1,0 +1,83 @@
+"""Heartbeats arriving together are written together: one UPDATE per batch, not per node.
+
+Thousands of agents beat every few seconds. One transaction per beat costs
+four round trips and a commit each, which caps a service at a few thousand
+beats a second; PostgreSQL updates a hundred rows in one statement at about
+the cost of one. So each process keeps one batch open: a beat that arrives
+while the previous batch is being written waits for the next one, and the
+next one leaves as soon as the previous commits (no timer: an idle service
+answers a lone beat at once, a busy one answers in batches).
+
+Each beat's reply still waits for the commit of the batch that carries it,
+an unknown node still gets NODE_NOT_FOUND, and a node coming back from
+UNREACHABLE or LOST still gets its pools refreshed and its "back" event, in
+the same transaction (nodes.heartbeat_many). Beats of nodes that were alive,
+nearly all of them, are one statement without BEGIN or COMMIT
+(nodes.heartbeat_alive).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from collections.abc import Sequence
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.batches import Batches
+from service.database.transactions import in_statement, in_transaction
+from service.errors import NodeNotFound
+from service.fleet import nodes
+from service.fleet.node_views import NodeRecord
+
+log = logging.getLogger(__name__)
+
+# Enough to amortize a commit; small enough that one batch's row locks are
+# held for a millisecond or two, not long enough to stall an allocation.
+MAX_BATCH = 500
+
+
+class HeartbeatBatcher:
+    """One process's open batch of heartbeats over one engine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._batches: Batches[str, NodeRecord] = Batches(self._write, NodeNotFound, MAX_BATCH)
+
+    async def beat(self, node_id: str) -> NodeRecord:
+        """Record the beat; returns the node as committed, or raises NodeNotFound."""
+        return await self._batches.ask(node_id)
+
+    async def _write(self, batch: Sequence[str]) -> dict[str, NodeRecord]:
+        found = await in_statement(
+            self._engine, functools.partial(nodes.heartbeat_alive, node_ids=list(batch))
+        )
+        # Unknown nodes and nodes coming back: their pools and "back" events
+        # in one transaction with their beat.
+        rest = [node_id for node_id in batch if node_id not in found]
+        if rest:
+            found |= await in_transaction(
+                self._engine, functools.partial(nodes.heartbeat_many, node_ids=rest)
+            )
+        return found
+
+
+_batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.WeakKeyDictionary()
+
+
+# A process has one engine: its batcher found without the weak dictionary's
+# lookup (a weak reference made and AsyncEngine's Python-level __eq__ per beat).
+_last: tuple[weakref.ref[AsyncEngine], HeartbeatBatcher] | None = None
+
+
+async def beat(engine: AsyncEngine, node_id: str) -> NodeRecord:
+    """The node's heartbeat through this process's batch for `engine`."""
+    global _last
+    if _last is not None and _last[0]() is engine:
+        return await _last[1].beat(node_id)
+    batcher = _batchers.get(engine)
+    if batcher is None:
+        batcher = _batchers[engine] = HeartbeatBatcher(engine)
+    _last = (weakref.ref(engine), batcher)
+    return await batcher.beat(node_id)

@@ -1,0 +1,212 @@
+"""Reading nodes: one node, or a page of nodes matching a scheduler's filter.
+
+Each read is one statement whatever the cluster size; the per-node details
+(GPUs, fabrics, storage, weights, allocations) are read by hardware.py in one
+statement per kind for a whole page of nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+from service.database.connections import Connection, cached_text
+from service.errors import InvalidInput
+from service.fleet.reports import Disk
+from service.scheduling.availability import is_schedulable, node_schedulable
+
+STATES = ("ready", "cordoned", "draining", "unreachable", "lost")
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    id: str
+    hostname: str
+    mgmt_addr: str
+    labels: dict[str, str]
+    memory_total_mb: int | None
+    state: str
+    state_reason: str | None
+    state_actor: str | None
+    last_seen: datetime
+    registered_at: datetime
+    agent_version: str | None
+    engine_versions: dict[str, str]
+    local_disk: Disk | None
+    shared_disk: Disk | None
+    knows_its_weights: bool
+    # The kernel's boot id the agent last reported; None from an older agent.
+    boot_id: str | None = None
+
+    @property
+    def schedulable(self) -> bool:
+        return is_schedulable(self.state)
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    state: str | None = None
+    schedulable: bool | None = None
+    fabric: str | None = None
+    gpu_class: str | None = None
+    label: tuple[str, str] | None = None
+    has_weights: str | None = None
+    min_local_disk_free: int | None = None
+
+
+# Also what nodes.heartbeat_many and register_node return, so their replies
+# need no second read. node_from_row reads these columns by position.
+NODE_COLUMNS = """
+    n.id, n.hostname, n.mgmt_addr, n.labels, n.memory_total_mb, n.state,
+    n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
+    n.agent_version, n.engine_versions, n.local_disk_free, n.local_disk_total,
+    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id
+"""
+_NODE_WIDTH = 19
+
+
+def by_key(mapping: dict[str, str]) -> list[tuple[str, str]]:
+    """A node's labels or engine versions in the order they are shown: by key, by code point."""
+    return sorted(mapping.items())
+
+
+def by_key_sql(column: str, entry: str, e: str = "e") -> str:
+    """SQL: by_key of a jsonb column of `nodes` as a JSON array of `entry` (over `e.key`, `e.value`).
+
+    Python orders strings by code point, which is UTF-8's byte order:
+    COLLATE "C" compares bytes, whatever the database's collation.
+    """
+    return (
+        f"(SELECT coalesce(json_agg({entry} ORDER BY {e}.key COLLATE \"C\"), '[]')"
+        f" FROM jsonb_each_text({column}) {e})"
+    )
+
+
+def _mapping(value: Any) -> dict[str, str]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    if type(value) is dict:
+        # register_node stores labels and engine versions as string-to-string
+        # objects only; copying each into a fresh dict was a tenth of a
+        # 100-node page's CPU.
+        return value
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def node_from_row(row: Row[Any]) -> NodeRecord:
+    """A node from a row that starts with NODE_COLUMNS, in their order.
+
+    By position: named access on SQLAlchemy rows was most of this function's
+    cost, which a 1,000-node page pays a thousand times.
+    """
+    (
+        node_id, hostname, mgmt_addr, labels, memory_total_mb, state, admin_reason,
+        admin_actor, liveness_reason, last_seen, registered_at, agent_version,
+        engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
+    ) = row[:_NODE_WIDTH]  # fmt: skip
+    # The reason shown is the one that explains the state: a liveness reason
+    # while unreachable or lost, the operator's while cordoned or draining.
+    if state in ("unreachable", "lost"):
+        reason, actor = liveness_reason, None
+    else:
+        reason, actor = admin_reason, admin_actor
+    return NodeRecord(
+        id=node_id,
+        hostname=hostname,
+        mgmt_addr=mgmt_addr,
+        labels=_mapping(labels),
+        memory_total_mb=memory_total_mb,
+        state=state,
+        state_reason=reason,
+        state_actor=actor,
+        last_seen=last_seen,
+        registered_at=registered_at,
+        agent_version=agent_version,
+        engine_versions=_mapping(engine_versions),
+        local_disk=Disk(local_free, local_total) if local_total is not None else None,
+        shared_disk=Disk(shared_free, shared_total) if shared_total is not None else None,
+        knows_its_weights=knows,
+        boot_id=boot_id,
+    )
+
+
+async def get_nodes(conn: Connection, ids: Sequence[str]) -> dict[str, NodeRecord]:
+    rows = await conn.execute(
+        cached_text(f"SELECT {NODE_COLUMNS} FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[]))"),
+        {"ids": list(ids)},
+    )
+    return {row.id: node_from_row(row) for row in rows}
+
+
+async def get_node(conn: Connection, node_id: str) -> NodeRecord | None:
+    return (await get_nodes(conn, [node_id])).get(node_id)
+
+
+def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
+    where: list[str] = []
+    if f.state is not None:
+        if f.state not in STATES:
+            raise InvalidInput("filter.state", f.state, f"expected one of {', '.join(STATES)}")
+        where.append("n.state = :state")
+        params["state"] = f.state
+    if f.schedulable is not None:
+        schedulable = node_schedulable("n")
+        where.append(schedulable if f.schedulable else f"NOT {schedulable}")
+    if f.fabric is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM fabric_attachments fa"
+            " WHERE fa.node_id = n.id AND fa.fabric = :fabric)"
+        )
+        params["fabric"] = f.fabric
+    if f.gpu_class is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM gpu_pools gp WHERE gp.node_id = n.id AND gp.gpu_class = :cls)"
+        )
+        params["cls"] = f.gpu_class
+    if f.label is not None:
+        where.append("n.labels @> CAST(:label AS jsonb)")
+        params["label"] = json.dumps({f.label[0]: f.label[1]})
+    if f.has_weights is not None:
+        # A node that reported no weights was not asked to look: keep it.
+        where.append(
+            "(NOT n.knows_its_weights OR EXISTS (SELECT 1 FROM weights w"
+            " WHERE w.node_id = n.id AND w.path = :weights))"
+        )
+        params["weights"] = f.has_weights
+    if f.min_local_disk_free is not None:
+        if f.min_local_disk_free < 0:
+            raise InvalidInput("filter.minLocalDiskFree", f.min_local_disk_free, "must be >= 0")
+        # Unknown disk is not a full disk: a node that reported none stays in.
+        where.append("(n.local_disk_total IS NULL OR n.local_disk_free >= :min_disk)")
+        params["min_disk"] = f.min_local_disk_free
+    return where
+
+
+def page_clause(
+    node_filter: NodeFilter, first: int, after: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """WHERE ... ORDER BY ... LIMIT of a page over `nodes n`, and its parameters.
+
+    Also node_pages.py's page, so both ways of reading a page pick the same nodes.
+    """
+    params: dict[str, Any] = {"first": first}
+    where = _filter_sql(node_filter, params)
+    if after is not None:
+        where.append("n.id > :after")
+        params["after"] = after
+    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    return f"{clause}ORDER BY n.id LIMIT :first", params
+
+
+async def list_nodes(
+    conn: Connection, node_filter: NodeFilter, first: int, after: str | None = None
+) -> list[NodeRecord]:
+    """A page of nodes sorted by id; `after` is the last id of the previous page."""
+    clause, params = page_clause(node_filter, first, after)
+    rows = await conn.execute(cached_text(f"SELECT {NODE_COLUMNS} FROM nodes n {clause}"), params)
+    return [node_from_row(row) for row in rows]

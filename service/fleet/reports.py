@@ -1,0 +1,323 @@
+"""A node's report as an agent sends it, and the checks it must pass before anything is written.
+
+Field names in error messages are the API's (`gpus[2].index`), because that is
+what the person reading the error sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
+
+from service.errors import InvalidInput
+from service.fleet.gpu_class import derive_gpu_class
+from service.fleet.topology import check_topology
+
+# Bounds that no real node comes near; they keep one broken or hostile agent
+# from writing a report that bloats every scheduler query.
+MAX_ID_LENGTH = 253
+MAX_TEXT_LENGTH = 1024
+MAX_PATH_LENGTH = 4096
+MAX_GPUS = 64
+MAX_LABELS = 64
+MAX_FABRICS = 16
+MAX_HCAS = 64
+MAX_FILESYSTEMS = 64
+MAX_DIRECTORIES = 256
+MAX_WEIGHTS = 10_000
+MAX_ENGINE_VERSIONS = 32
+MAX_HEALTH_REASONS = 16
+MAX_XIDS = 64  # per GPU per report: an XID storm still says enough in 64
+MAX_RATE_GBPS = 100_000
+MAX_MEMORY_MB = 1 << 30  # a PiB of RAM
+MAX_BYTES = (1 << 63) - 1  # what PostgreSQL's bigint holds
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    index: int
+    name: str
+    healthy: bool
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    gpu_class: str | None = None
+    memory_mb: int | None = None
+    health_reasons: tuple[str, ...] = ()
+    # Critical XIDs the driver raised since the last report (service/fleet/gpu_health.py).
+    xids: tuple[int, ...] = ()
+    # Topology (service.fleet.topology): None is "the agent did not say".
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] | None = None
+    nvlink_domain: str | None = None
+    near_hcas: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class FabricReport:
+    fabric: str
+    hcas: tuple[str, ...]
+    rate_gbps: int
+
+
+@dataclass(frozen=True)
+class FilesystemReport:
+    id: str
+    mount_point: str
+    shared: bool
+    free_bytes: int
+    total_bytes: int
+    fs_type: str | None = None
+    directories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WeightsReport:
+    path: str
+    size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    id: str
+    hostname: str
+    mgmt_addr: str
+    gpus: tuple[GpuReport, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    memory_total_mb: int | None = None
+    fabrics: tuple[FabricReport, ...] = ()
+    storage: tuple[FilesystemReport, ...] = ()
+    weights: tuple[WeightsReport, ...] = ()
+    agent_version: str | None = None
+    engine_versions: tuple[tuple[str, str], ...] = ()
+    # /proc/sys/kernel/random/boot_id: a new one says the node's GPUs were reset.
+    boot_id: str | None = None
+
+    def digest(self) -> str:
+        """Identifies the report's content, to skip rewriting a node that did not change."""
+        canonical = json.dumps(_plain(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """The JSON-ready form dataclasses.asdict gives a report (so stored digests stay valid).
+
+    asdict deep-copies every leaf on the way, which made the digest a tenth
+    of a registration's CPU; a report holds only dataclasses, tuples and
+    immutable leaves, so nothing needs copying. The field names of each
+    report class are looked up once: is_dataclass and fields() per value were
+    most of what was left.
+    """
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    if kind is tuple:
+        return [_plain(item) for item in value]
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        if not is_dataclass(value) or isinstance(value, type):
+            return [_plain(item) for item in value] if isinstance(value, tuple) else value
+        names = _FIELD_NAMES[kind] = tuple(
+            f.name for f in fields(value) if f.name not in _NOT_CONTENT
+        )
+    return {name: _plain(getattr(value, name)) for name in names}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+# What a report says happened rather than what the node is: XIDs are events
+# (service/fleet/gpu_health.py handles them whatever the digest says), and the boot
+# id is written with the node's row on every report. Left out, they do not
+# make an otherwise unchanged report rewrite the node's hardware.
+_NOT_CONTENT = frozenset({"xids", "boot_id"})
+_LEAVES = frozenset({str, int, bool, float, type(None)})
+
+
+@dataclass(frozen=True)
+class Disk:
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class DiskSums:
+    """Local and shared space summed apart; None where nothing was reported."""
+
+    local: Disk | None
+    shared: Disk | None
+
+
+def sum_disks(storage: tuple[FilesystemReport, ...]) -> DiskSums:
+    # Shared filesystems never count as the node's own: twenty nodes mounting
+    # one filer would each claim its free terabyte, and a scheduler would
+    # place twenty models into room for one.
+    local = [fs for fs in storage if not fs.shared]
+    shared = [fs for fs in storage if fs.shared]
+
+    def total(group: list[FilesystemReport]) -> Disk | None:
+        if not group:
+            return None
+        return Disk(sum(fs.free_bytes for fs in group), sum(fs.total_bytes for fs in group))
+
+    return DiskSums(local=total(local), shared=total(shared))
+
+
+def _check_id(field_name: str, value: str) -> None:
+    if not value or not value.strip():
+        raise InvalidInput(field_name, value, "must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput(field_name, value, f"longer than {MAX_ID_LENGTH} characters")
+    if value != value.strip():
+        raise InvalidInput(field_name, value, "must not start or end with white space")
+
+
+def _check_text(field_name: str, value: str, limit: int = MAX_TEXT_LENGTH) -> None:
+    if len(value) > limit:
+        raise InvalidInput(field_name, value, f"longer than {limit} characters")
+    if "\x00" in value:
+        raise InvalidInput(field_name, value, "contains a NUL character")
+
+
+def _check_path(field_name: str, value: str) -> None:
+    if not value.strip():
+        raise InvalidInput(field_name, value, "must not be empty")
+    _check_text(field_name, value, MAX_PATH_LENGTH)
+
+
+def _check_count(field_name: str, items: tuple[Any, ...], limit: int) -> None:
+    if len(items) > limit:
+        raise InvalidInput(field_name, f"{len(items)} entries", f"at most {limit} are accepted")
+
+
+def _check_range(field_name: str, value: int, low: int, high: int) -> None:
+    if value < low:
+        raise InvalidInput(field_name, value, f"must be at least {low}")
+    if value > high:
+        raise InvalidInput(field_name, value, f"must be at most {high}")
+
+
+def _check_pairs(field_name: str, pairs: tuple[tuple[str, str], ...], limit: int) -> None:
+    _check_count(field_name, pairs, limit)
+    seen: set[str] = set()
+    for i, (key, value) in enumerate(pairs):
+        _check_id(f"{field_name}[{i}].key", key)
+        _check_text(f"{field_name}[{i}].value", value)
+        if key in seen:
+            raise InvalidInput(f"{field_name}[{i}].key", key, "appears twice")
+        seen.add(key)
+
+
+def _check_health_agrees(where: str, gpu: GpuReport) -> None:
+    """A GPU is healthy with no reasons, or unhealthy with any (or none); never healthy *and* faulty.
+
+    `healthy: true` with ["ecc_uncorrected"] was stored as healthy and offered
+    to schedulers, so a model landed on a GPU its own agent said was broken.
+    Which of the two the agent meant cannot be guessed, so the report is
+    refused. Reasons themselves are open text: a newer agent may know a fault
+    this service does not, and on an unhealthy GPU it is accepted as sent.
+    """
+    if gpu.healthy and gpu.health_reasons:
+        raise InvalidInput(
+            f"{where}.healthReasons",
+            list(gpu.health_reasons),
+            "a GPU reported healthy: true cannot have health reasons; "
+            "send healthy: false with the reasons, or healthy: true without any",
+        )
+
+
+def validate_report(report: NodeReport) -> None:
+    """Raise InvalidInput for the first unusable field; a report is stored whole or not at all."""
+    _check_id("input.id", report.id)
+    _check_id("input.hostname", report.hostname)
+    _check_id("input.mgmtAddr", report.mgmt_addr)
+    if report.memory_total_mb is not None:
+        _check_range("input.memoryTotalMb", report.memory_total_mb, 0, MAX_MEMORY_MB)
+    if report.agent_version is not None:
+        _check_text("input.agentVersion", report.agent_version, MAX_ID_LENGTH)
+    _check_pairs("input.labels", report.labels, MAX_LABELS)
+    _check_pairs("input.engineVersions", report.engine_versions, MAX_ENGINE_VERSIONS)
+    if report.boot_id is not None:
+        _check_id("input.bootId", report.boot_id)
+
+    _check_count("input.gpus", report.gpus, MAX_GPUS)
+    indices: set[int] = set()
+    for i, gpu in enumerate(report.gpus):
+        where = f"input.gpus[{i}]"
+        _check_range(f"{where}.index", gpu.index, 0, MAX_GPUS * 16)
+        if gpu.index in indices:
+            raise InvalidInput(f"{where}.index", gpu.index, "appears twice in this report")
+        indices.add(gpu.index)
+        _check_id(f"{where}.name", gpu.name)
+        if gpu.uuid is not None:
+            _check_id(f"{where}.uuid", gpu.uuid)
+        if gpu.pci_bus_id is not None:
+            _check_id(f"{where}.pciBusId", gpu.pci_bus_id)
+        if gpu.gpu_class is not None:
+            _check_id(f"{where}.gpuClass", gpu.gpu_class)
+        if gpu.memory_mb is not None:
+            _check_range(f"{where}.memoryMb", gpu.memory_mb, 0, MAX_MEMORY_MB)
+        _check_count(f"{where}.healthReasons", gpu.health_reasons, MAX_HEALTH_REASONS)
+        for j, reason in enumerate(gpu.health_reasons):
+            _check_id(f"{where}.healthReasons[{j}]", reason)
+        _check_health_agrees(where, gpu)
+        _check_count(f"{where}.xids", gpu.xids, MAX_XIDS)
+        for j, xid in enumerate(gpu.xids):
+            if xid < 1:
+                raise InvalidInput(f"{where}.xids[{j}]", xid, "an XID is a positive integer")
+
+    _check_count("input.fabrics", report.fabrics, MAX_FABRICS)
+    fabrics: set[str] = set()
+    for i, fabric in enumerate(report.fabrics):
+        where = f"input.fabrics[{i}]"
+        _check_id(f"{where}.fabric", fabric.fabric)
+        if fabric.fabric in fabrics:
+            raise InvalidInput(f"{where}.fabric", fabric.fabric, "appears twice in this report")
+        fabrics.add(fabric.fabric)
+        _check_range(f"{where}.rateGbps", fabric.rate_gbps, 0, MAX_RATE_GBPS)
+        _check_count(f"{where}.hcas", fabric.hcas, MAX_HCAS)
+        for j, hca in enumerate(fabric.hcas):
+            _check_id(f"{where}.hcas[{j}]", hca)
+
+    _check_count("input.storage", report.storage, MAX_FILESYSTEMS)
+    filesystems: set[str] = set()
+    for i, fs in enumerate(report.storage):
+        where = f"input.storage[{i}]"
+        _check_id(f"{where}.id", fs.id)
+        # One filesystem listed twice would count its space twice: the very
+        # mistake reporting per filesystem exists to prevent.
+        if fs.id in filesystems:
+            raise InvalidInput(f"{where}.id", fs.id, "appears twice in this report")
+        filesystems.add(fs.id)
+        _check_path(f"{where}.mountPoint", fs.mount_point)
+        if fs.fs_type is not None:
+            _check_text(f"{where}.fsType", fs.fs_type, MAX_ID_LENGTH)
+        _check_range(f"{where}.totalBytes", fs.total_bytes, 0, MAX_BYTES)
+        _check_range(f"{where}.freeBytes", fs.free_bytes, 0, MAX_BYTES)
+        if fs.free_bytes > fs.total_bytes:
+            raise InvalidInput(
+                f"{where}.freeBytes", fs.free_bytes, f"exceeds totalBytes={fs.total_bytes}"
+            )
+        _check_count(f"{where}.directories", fs.directories, MAX_DIRECTORIES)
+        for j, directory in enumerate(fs.directories):
+            _check_path(f"{where}.directories[{j}]", directory)
+    sums = sum_disks(report.storage)
+    for disk in (sums.local, sums.shared):
+        if disk is not None and disk.total_bytes > MAX_BYTES:
+            raise InvalidInput("input.storage", disk.total_bytes, "sums past 2^63-1 bytes")
+
+    _check_count("input.weights", report.weights, MAX_WEIGHTS)
+    paths: set[str] = set()
+    for i, w in enumerate(report.weights):
+        where = f"input.weights[{i}]"
+        _check_path(f"{where}.path", w.path)
+        if w.path in paths:
+            raise InvalidInput(f"{where}.path", w.path, "appears twice in this report")
+        paths.add(w.path)
+        if w.size_bytes is not None:
+            _check_range(f"{where}.sizeBytes", w.size_bytes, 0, MAX_BYTES)
+    check_topology(report)
+
+
+def gpu_class_of(gpu: GpuReport) -> str:
+    """The class the agent gave, or the one derived from the driver's name and memory."""
+    return gpu.gpu_class or derive_gpu_class(gpu.name, gpu.memory_mb)

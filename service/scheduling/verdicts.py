@@ -1,0 +1,229 @@
+"""Whether one node can take a placement, and if not, the first reason in words.
+
+The same function decides for place() and explains for explainPlacement, so
+the explanation can never disagree with the decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from service.scheduling.availability import is_schedulable
+from service.scheduling.rejections import index_ranges, shown
+
+
+class VerdictCode(Enum):
+    FITS = "FITS"
+    NOT_SCHEDULABLE = "NOT_SCHEDULABLE"
+    NOT_ENOUGH_GPUS = "NOT_ENOUGH_GPUS"
+    NOT_ON_FABRIC = "NOT_ON_FABRIC"
+    LABEL_MISMATCH = "LABEL_MISMATCH"
+    LOCAL_DISK_TOO_SMALL = "LOCAL_DISK_TOO_SMALL"
+    NO_WEIGHTS = "NO_WEIGHTS"
+    # Topology (service.scheduling.topology_fit): each says which group, domain or HCA.
+    NVLINK_GROUP_TOO_SMALL = "NVLINK_GROUP_TOO_SMALL"
+    TOPOLOGY_UNKNOWN = "TOPOLOGY_UNKNOWN"
+    NOT_IN_NVLINK_DOMAIN = "NOT_IN_NVLINK_DOMAIN"
+    NO_RAIL_ALIGNED_HCA = "NO_RAIL_ALIGNED_HCA"
+
+
+@dataclass(frozen=True)
+class PlaceRequest:
+    replica_id: str
+    gpu_class: str
+    gpus_per_shard: int
+    shards: int = 1
+    fabric: str | None = None
+    weights: str | None = None
+    min_local_disk_free: int | None = None
+    label: tuple[str, str] | None = None
+    nvlink_shards: bool = False
+    same_nvlink_domain: bool = False
+    rail_aligned: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.shards * self.gpus_per_shard
+
+    @property
+    def needs_topology(self) -> bool:
+        return self.nvlink_shards or self.same_nvlink_domain or self.rail_aligned
+
+
+@dataclass(frozen=True)
+class TopologyFacts:
+    """A node's topology for one request, from service.scheduling.topology_fit.facts_column.
+
+    known: some GPU of the class reported what the request needs (peers for
+    nvlinkShards, near HCAs for railAligned). groups: free GPUs per NVLink
+    group, largest first. usable: free GPUs the request may use, whole shards
+    only (the fit order's length). unaligned: free GPUs with no near HCA on
+    the fabric. domain: the node's one NVLink domain, if any.
+    """
+
+    known: bool
+    groups: tuple[int, ...]
+    usable: int
+    unaligned: tuple[int, ...]
+    domain: str | None
+
+    @classmethod
+    def of(cls, value: Any) -> TopologyFacts | None:
+        if value is None:
+            return None
+        return cls(
+            known=bool(value["known"]),
+            groups=tuple(value["groups"] or ()),
+            usable=int(value["usable"]),
+            unaligned=tuple(value["unaligned"] or ()),
+            domain=value["domain"],
+        )
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What placement needs to know about one node and one GPU class, read in one statement."""
+
+    node_id: str
+    state: str
+    state_reason: str | None
+    free: int
+    local_disk_free: int | None
+    local_disk_total: int | None
+    knows_its_weights: bool
+    holds_weights: bool
+    fabrics: tuple[str, ...]
+    label_value: str | None
+    # Read only when the request needs topology.
+    topology: TopologyFacts | None = None
+
+    def room(self, request: PlaceRequest) -> int:
+        """How many of the request's shards this node can take now."""
+        if request.needs_topology:
+            return self.topology.usable // request.gpus_per_shard if self.topology else 0
+        return self.free // request.gpus_per_shard
+
+
+@dataclass(frozen=True)
+class Verdict:
+    node_id: str
+    code: VerdictCode
+    detail: str
+
+    @property
+    def fits(self) -> bool:
+        return self.code is VerdictCode.FITS
+
+
+_UNITS = ("B", "kB", "MB", "GB", "TB", "PB", "EB")
+
+
+def format_bytes(count: int) -> str:
+    """Decimal units, as disks are sold and `df -H` prints: 20.1 GB, 1.8 TB, 40 GB."""
+    value = float(count)
+    unit = 0
+    while value >= 999.95 and unit < len(_UNITS) - 1:
+        value /= 1000
+        unit += 1
+    text = f"{value:.1f}".removesuffix(".0") if unit else str(count)
+    return f"{text} {_UNITS[unit]}"
+
+
+def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
+    """The first check the node fails, in a fixed order, or FITS.
+
+    Order: state, GPUs, fabric, label, local disk, weights: the hard facts
+    about the machine first, the things an operator can change later.
+    """
+
+    def no(code: VerdictCode, detail: str) -> Verdict:
+        return Verdict(node.node_id, code, detail)
+
+    if not is_schedulable(node.state):
+        detail = f"{node.state}: {node.state_reason}" if node.state_reason else node.state
+        return no(VerdictCode.NOT_SCHEDULABLE, detail)
+    per_shard = request.gpus_per_shard
+    if node.free < per_shard:
+        return no(
+            VerdictCode.NOT_ENOUGH_GPUS,
+            f"{node.free} free {request.gpu_class}, needs {per_shard}",
+        )
+    if request.fabric is not None and request.fabric not in node.fabrics:
+        return no(VerdictCode.NOT_ON_FABRIC, f"not on fabric {shown(request.fabric)}")
+    if request.label is not None:
+        key, value = request.label
+        if node.label_value != value:
+            have = "no such label" if node.label_value is None else f"it is {node.label_value}"
+            return no(VerdictCode.LABEL_MISMATCH, f"label {key}={value} wanted, {have}")
+    need = request.min_local_disk_free
+    # Unknown disk is not a full disk: an old agent or a node without model
+    # directories says nothing, and must not be excluded for it.
+    if need is not None and node.local_disk_free is not None and node.local_disk_free < need:
+        total = format_bytes(node.local_disk_total or 0)
+        return no(
+            VerdictCode.LOCAL_DISK_TOO_SMALL,
+            f"local disk {format_bytes(node.local_disk_free)} free of {total}, "
+            f"needs {format_bytes(need)}",
+        )
+    # A node that was not asked to look for weights constrains nothing.
+    if request.weights is not None and node.knows_its_weights and not node.holds_weights:
+        return no(VerdictCode.NO_WEIGHTS, f"does not hold {shown(request.weights, 200)}")
+    if request.needs_topology:
+        misfit = _topology_misfit(node, request)
+        if misfit is not None:
+            return no(*misfit)
+    room = node.room(request)
+    holds = ", holds the weights" if request.weights is not None and node.holds_weights else ""
+    plural = "" if room == 1 else "s"
+    return no(
+        VerdictCode.FITS,
+        f"{node.free} free {request.gpu_class}, room for {room} shard{plural}{holds}",
+    )
+
+
+def _topology_misfit(node: NodeFacts, request: PlaceRequest) -> tuple[VerdictCode, str] | None:
+    """Why the node's topology cannot take one shard of the request, or None.
+
+    Unknown is not zero: a node that reported none of what the request needs
+    is TOPOLOGY_UNKNOWN, not "no NVLink".
+    """
+    t = node.topology
+    per = request.gpus_per_shard
+    if t is None or not t.known:
+        needs = [
+            what
+            for what, asked in (
+                ("NVLink peers", request.nvlink_shards),
+                ("near HCAs", request.rail_aligned),
+            )
+            if asked
+        ]
+        return VerdictCode.TOPOLOGY_UNKNOWN, f"its agent reported no {' or '.join(needs)}"
+    if request.same_nvlink_domain and t.domain is None:
+        return (
+            VerdictCode.NOT_IN_NVLINK_DOMAIN,
+            f"its {request.gpu_class} GPUs are in no single NVLink domain",
+        )
+    if request.nvlink_shards and not any(size >= per for size in t.groups):
+        largest = t.groups[0] if t.groups else 0
+        return (
+            VerdictCode.NVLINK_GROUP_TOO_SMALL,
+            f"largest free NVLink group has {largest} {request.gpu_class}, needs {per}",
+        )
+    if t.usable >= per:
+        return None
+    aligned = node.free - len(t.unaligned)
+    if request.rail_aligned and aligned < per:
+        fabric = shown(request.fabric or "")
+        return (
+            VerdictCode.NO_RAIL_ALIGNED_HCA,
+            f"{aligned} free {request.gpu_class} have a near HCA on fabric {fabric}, needs {per}; "
+            f"no near HCA on {fabric} for GPU {index_ranges(t.unaligned)}",
+        )
+    return (
+        VerdictCode.NVLINK_GROUP_TOO_SMALL,
+        f"no NVLink group has {per} free {request.gpu_class} with a near HCA on fabric "
+        f"{shown(request.fabric or '')}",
+    )
