@@ -27,7 +27,7 @@ from tests.reports import EXPLAIN, L40S, PLACE, REGISTER, gpus, node_input
 from tests.test_scheduler_queries import hold
 
 ROOT = Path(__file__).resolve().parent.parent
-HOME = ROOT / "service" / "availability.py"
+HOME = ROOT / "service" / "scheduling" / "availability.py"
 
 # What a second definition looks like, in SQL, Python or the dashboard's JS.
 SECOND_DEFINITIONS = {
