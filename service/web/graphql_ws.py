@@ -23,6 +23,7 @@ protocol defines no close code for it).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import (
@@ -94,44 +95,51 @@ def _close_reason(refusal: MalformedRequest) -> str:
     return f"{BAD_REQUEST}: {refusal.message}".encode()[:_MAX_REASON].decode("utf-8", "ignore")
 
 
+async def _checked(
+    message: Any,
+    check: Callable[[object], None],
+    refuse: Callable[[Any, MalformedRequest], Awaitable[None]],
+    handle: Callable[[Any], Awaitable[None]],
+) -> None:
+    """The protocol's handling of a well-formed message; a malformed one is refused, once logged."""
+    try:
+        check(message)
+    except MalformedRequest as refusal:
+        _log_refusal(refusal)
+        await refuse(message, refusal)
+        return
+    await handle(message)
+
+
+def _error(refusal: MalformedRequest) -> Any:
+    return {"message": refusal.message, "extensions": {"code": BAD_REQUEST}}
+
+
 class CheckedTransportWS(BaseGraphQLTransportWSHandler[Context, None]):
     async def handle_message(self, message: Message) -> None:
-        try:
-            check_message(message)
-        except MalformedRequest as refusal:
-            await self._refuse(message, refusal)
-            return
-        await super().handle_message(message)
+        await _checked(message, check_message, self._refuse, super().handle_message)
 
     async def _refuse(self, message: Any, refusal: MalformedRequest) -> None:
-        _log_refusal(refusal)
-        taken = self.operations
-        operation_id = _operation_to_answer(
-            message, "subscribe", self.connection_acknowledged, taken
-        )
+        acknowledged, taken = self.connection_acknowledged, self.operations
+        operation_id = _operation_to_answer(message, "subscribe", acknowledged, taken)
         if operation_id is not None:
-            error: Any = {"message": refusal.message, "extensions": {"code": BAD_REQUEST}}
-            await self.send_message(ErrorMessage(id=operation_id, type="error", payload=[error]))
+            payload = [_error(refusal)]
+            await self.send_message(ErrorMessage(id=operation_id, type="error", payload=payload))
             return
         await self.handle_invalid_message(_close_reason(refusal))
 
 
 class CheckedLegacyWS(BaseGraphQLWSHandler[Context, None]):
     async def handle_message(self, message: OperationMessage) -> None:
-        try:
-            check_legacy_message(message)
-        except MalformedRequest as refusal:
-            await self._refuse(message, refusal)
-            return
-        await super().handle_message(message)
+        await _checked(message, check_legacy_message, self._refuse, super().handle_message)
 
     async def _refuse(self, message: Any, refusal: MalformedRequest) -> None:
-        _log_refusal(refusal)
-        error: Any = {"message": refusal.message, "extensions": {"code": BAD_REQUEST}}
-        taken = self.subscriptions
-        operation_id = _operation_to_answer(message, "start", self.connection_acknowledged, taken)
+        acknowledged, taken = self.connection_acknowledged, self.subscriptions
+        operation_id = _operation_to_answer(message, "start", acknowledged, taken)
         if operation_id is not None:
-            await self.send_message({"type": "error", "id": operation_id, "payload": error})
+            await self.send_message(
+                {"type": "error", "id": operation_id, "payload": _error(refusal)}
+            )
             return
-        await self.send_message({"type": "connection_error", "payload": error})
+        await self.send_message({"type": "connection_error", "payload": _error(refusal)})
         await self.websocket.close(code=4400, reason=_close_reason(refusal))
