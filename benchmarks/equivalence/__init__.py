@@ -2,7 +2,7 @@
 
 `explore` draws operations (operations.py) and sends each to both apps
 (differential.py) on the seeded cluster (seed.py). The test suite runs it
-with a fixed seed (tests/test_fast_path_equivalence.py); the longer run is
+with a fixed seed (tests/fast_path/test_fast_path_equivalence.py); the longer run is
 `python -m benchmarks.equivalence --operations 5000`.
 """
 

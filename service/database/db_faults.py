@@ -36,7 +36,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 
 
 # Retry-After (seconds) on a 503 for a condition that passes by itself: the
-# database unreachable (a promotion took 0.3 s in tests/test_failover.py, a
+# database unreachable (a promotion took 0.3 s in tests/operations/test_failover.py, a
 # restart about 3 s in the compose test) or a replica leaving the load
 # balancer. A client that honours it comes back soon, not in a tight loop.
 RETRY_AFTER_SECONDS = 1

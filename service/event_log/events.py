@@ -27,7 +27,7 @@ EVENTS_CHANNEL = "inventory_events"
 # on a misspelt kind ("cordonned") is told so instead of silently getting
 # nothing. Add a kind here before writing it (record_event refuses others; the
 # kinds written in SQL by nodes.py and allocations.py are checked by
-# tests/test_request_errors.py against the rows they leave behind).
+# tests/api/test_request_errors.py against the rows they leave behind).
 EVENT_KINDS: frozenset[str] = frozenset(
     {
         "registered",

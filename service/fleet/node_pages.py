@@ -54,7 +54,7 @@ def timestamp(column: str) -> str:
     own to_json writes the session's zone and trims the fraction
     (2026-12-04T08:58:29.12+01:00), so the text is built here. asyncpg
     decodes infinity as datetime.max and -infinity as datetime.min, both
-    without a zone. tests/test_compiled_page.py compares this with the
+    without a zone. tests/fast_path/test_compiled_page.py compares this with the
     scalar on values of each kind and in several session time zones.
     """
     return (

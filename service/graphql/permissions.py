@@ -4,7 +4,7 @@ Every root field (query, mutation, subscription) gets its role from the table
 below, applied to the merged root types when the schema is built, so a field
 an engineer adds is guarded without anyone remembering to decorate it. A field
 missing from the table is refused to everyone but operators (fail closed), and
-tests/test_auth.py fails until it gets a row.
+tests/access_control/test_auth.py fails until it gets a row.
 
 Nested fields need no check: they are reachable only through a root field.
 """

@@ -390,7 +390,7 @@ def _node_record(record: NodeRecord | None) -> NodeRecord | None:
 
 # GraphQL types whose values are the domain's records as they are: every field
 # of the type is an attribute of the record under the field's Python name
-# (tests/test_plain_field_completion.py checks it), so nothing is copied.
+# (tests/fast_path/test_plain_field_completion.py checks it), so nothing is copied.
 SERVED_BY_RECORDS: dict[type, type] = {
     Gpu: GpuRecord,
     Allocation: ShardRecord,

@@ -6,7 +6,7 @@ condition from the SQL fragments here, and the few decisions made in Python
 refusal) call the predicates here. A rule that takes GPUs or nodes out of
 placement (a cordoned GPU, a sticky XID) is added here once, and every
 answer changes with it; written out in eight places, the ninth would offer
-a GPU that the others refuse. tests/test_availability.py fails when a second
+a GPU that the others refuse. tests/scheduling/test_availability.py fails when a second
 definition appears elsewhere in the service, and checks that the SQL and the
 Python forms agree on a database holding every case.
 

@@ -20,7 +20,7 @@ graphql-core.
 How it stays exact: the resolver's role check, and the node the resolver's
 loader reads (node_views.get_nodes: by id, the object or null) built by the
 same statement builder as a page (node_pages.OneNode, the page's own
-expressions per attribute; tests/test_compiled_page.py compares both ways).
+expressions per attribute; tests/fast_path/test_compiled_page.py compares both ways).
 A batch's statement starts after each look it carries arrived, so each sees
 what was committed before it, as its own statement would; a batch that fails
 fails each look, which declines as below.

@@ -24,7 +24,7 @@ How it stays exact: the same role check and page rule as the resolver
 (service/paging.py: a page without `first` that stopped short answers
 PAGE_TRUNCATED at the field, where graphql-core would place it),
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
-value the record holds (tests/test_compiled_page.py compares both ways field
+value the record holds (tests/fast_path/test_compiled_page.py compares both ways field
 by field). Which record attribute answers which field is read from the
 Strawberry types (fields.py). A filter is an input object: its value is
 computed by the very functions the executor and the resolver use

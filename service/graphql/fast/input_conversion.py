@@ -39,7 +39,7 @@ from strawberry.types.unset import UNSET
 from . import switch
 
 # convert_argument's own test for a leaf (private in Strawberry): the plan
-# must decide exactly as it does (tests/test_input_conversion.py).
+# must decide exactly as it does (tests/fast_path/test_input_conversion.py).
 from .private_api import is_strawberry_leaf
 
 T = TypeVar("T")

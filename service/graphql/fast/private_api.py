@@ -6,7 +6,7 @@ variable-coercion helpers, Strawberry's test for a leaf type and its mark on
 default resolvers, and its DateTime parser (service/graphql/scalars.py); and the executor's collected errors, to which
 PAGE_TRUNCATED is added once execution is done (service/graphql/pages.py).
 Each is reached through this module only, so an upgrade that
-moves one breaks here, by name, in tests/test_private_api.py (which checks each
+moves one breaks here, by name, in tests/fast_path/test_private_api.py (which checks each
 against the installed versions), before any answer changes. pyproject.toml pins
 both engines to the versions these were read from.
 """

@@ -28,10 +28,10 @@ from service.graphql.fast.input_conversion import compiled_input
 from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
 from service.graphql.types import NODE_FIELDS, Node
 from service.metrics import COUNTERS
+from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, PAGE, same_answer
 from tests.reports import A100, REGISTER, gpus, node_input
-from tests.test_direct_execution import AGENT_HEARTBEAT, PAGE, same_answer
 
-SERVICE = Path(__file__).resolve().parent.parent / "service"
+SERVICE = Path(__file__).resolve().parents[2] / "service"
 
 Counts = dict[tuple[str, str, str], int]
 

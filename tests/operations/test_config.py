@@ -9,7 +9,7 @@ import pytest
 
 from service.config import SETTINGS, SettingError, Settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_lists_every_setting_with_its_default() -> None:

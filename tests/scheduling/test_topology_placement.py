@@ -15,7 +15,7 @@ from tests.reports import (
     placement,
     shard,
 )
-from tests.test_place import place, register
+from tests.scheduling.test_place import place, register
 from tests.topology import (
     IB_A,
     IB_B,

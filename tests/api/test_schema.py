@@ -11,7 +11,7 @@ from graphql.utilities import find_breaking_changes
 
 from service.graphql.schema import schema
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO.parent / "shared" / "contract.graphql"
 
 

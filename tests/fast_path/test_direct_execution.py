@@ -35,7 +35,7 @@ from tests.reports import (
     shard,
 )
 
-OPERATIONS = Path(__file__).resolve().parent.parent / "agent" / "operations"
+OPERATIONS = Path(__file__).resolve().parents[2] / "agent" / "operations"
 AGENT_REGISTER = (OPERATIONS / "register_node.graphql").read_text()
 AGENT_HEARTBEAT = (OPERATIONS / "heartbeat.graphql").read_text()
 

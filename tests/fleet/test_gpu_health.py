@@ -11,9 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.fleet.gpu_health import CRITICAL_XIDS
 from tests.conftest import Api
 from tests.consistency import inconsistencies
+from tests.fleet.test_gpu_cordons import CLEAR, EVENTS, stored
+from tests.operations.test_metrics import scrape
 from tests.reports import H100, REGISTER, gpus, node_input
-from tests.test_gpu_cordons import CLEAR, EVENTS, stored
-from tests.test_metrics import scrape
 
 GPU = '{ node(id: "gpu-01") { bootId gpus { index healthy healthReasons } freeGpus { index } } }'
 

@@ -116,7 +116,7 @@ async def test_without_first_a_list_returns_at_most_the_maximum(
             "INSERT INTO nodes (id, hostname, mgmt_addr) "
             "SELECT 'n' || lpad(i::text, 3, '0'), 'h', '10.0.0.1' FROM generate_series(1, 60) i"
         ))  # fmt: skip
-    # The page, and an error that says so (tests/test_paging.py has the whole story).
+    # The page, and an error that says so (tests/api/test_paging.py has the whole story).
     body = await api.raw("{ nodes { id } }")
     page = body["data"]["nodes"]
     assert len(page) == 50

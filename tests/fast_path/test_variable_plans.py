@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from service.graphql.fast.variables import Declined, compile_variables
 from service.graphql.schema import schema
+from tests.fast_path.test_direct_execution import FULL_REPORT
 from tests.reports import ALLOCATE, PLACE, allocation, placement, shard
-from tests.test_direct_execution import FULL_REPORT
 
 CORE = schema._schema
-OPERATIONS = Path(__file__).resolve().parent.parent / "agent" / "operations"
+OPERATIONS = Path(__file__).resolve().parents[2] / "agent" / "operations"
 REGISTER = (OPERATIONS / "register_node.graphql").read_text()
 
 ODD_VALUES = [None, 0, -1, 2**31, 2**63, 1.0, 1.5, float("nan"), "", "7", True, [], [1], {},

@@ -13,7 +13,7 @@ from service.fleet.hardware import gpus_of
 from service.fleet.topology import describe_groups, nvlink_groups
 from tests.conftest import Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.test_scheduler_queries import hold
+from tests.scheduling.test_scheduler_queries import hold
 from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink, with_peers
 
 TOPOLOGY = """

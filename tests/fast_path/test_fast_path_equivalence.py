@@ -38,7 +38,7 @@ from service.metrics import COUNTERS
 from service.web.app import create_app
 
 OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))
-OPERATIONS_DIR = Path(__file__).resolve().parent.parent / "agent" / "operations"
+OPERATIONS_DIR = Path(__file__).resolve().parents[2] / "agent" / "operations"
 
 Both = tuple[asyncio.AbstractEventLoop, Differential]
 
@@ -165,7 +165,7 @@ def test_one_node_by_id_is_answered_alike_by_the_compiled_node_route(both: Both)
 
 
 # The dashboard's questions (service/static/dashboard.js), as it sends them.
-DASHBOARD = (Path(__file__).resolve().parent.parent / "service/static/dashboard.js").read_text()
+DASHBOARD = (Path(__file__).resolve().parents[2] / "service/static/dashboard.js").read_text()
 
 
 def _dashboard_query(name: str) -> str:

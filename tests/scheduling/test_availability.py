@@ -24,9 +24,9 @@ from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import Api
 from tests.consistency import inconsistencies
 from tests.reports import EXPLAIN, L40S, PLACE, REGISTER, gpus, node_input
-from tests.test_scheduler_queries import hold
+from tests.scheduling.test_scheduler_queries import hold
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "service" / "scheduling" / "availability.py"
 
 # What a second definition looks like, in SQL, Python or the dashboard's JS.

@@ -10,7 +10,7 @@ from graphql import parse, validate
 
 from service.graphql.schema import schema
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 EXAMPLES = re.findall(r"```graphql\n(.*?)```", README, re.S)
 
 
