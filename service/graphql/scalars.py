@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any, NewType
 
 import strawberry
-from graphql import ValueNode, value_from_ast_untyped
+from graphql import GraphQLError, ValueNode, value_from_ast_untyped
 
 from .fast.private_api import parse_strawberry_datetime
 
@@ -41,7 +41,7 @@ def _parse_datetime_literal(node: ValueNode, variables: dict[str, Any] | None = 
     # with the node (and the parser's words), so extensions.field names it.
     try:
         return parse_strawberry_datetime(value_from_ast_untyped(node, variables))
-    except Exception as error:  # the parser's own message is the answer
+    except GraphQLError as error:  # Strawberry's refusal; its message is the answer
         raise ValueError(str(error)) from None
 
 
