@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -48,7 +48,7 @@ from service.scheduling.allocations import (
     allocate,
     lock_nodes,
     shard_from_row,
-    store,
+    store_calls,
     store_statement,
 )
 from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
@@ -345,49 +345,28 @@ def _pick_several_sql(request: PlaceRequest) -> str:
     """
 
 
-# The second statement of a one-node placement, on the node the first one
-# locked: its free GPUs of the class, counted afresh (this statement started
-# after the lock, so it sees every claim committed on the node, and none can
-# commit until we do), handed out to the shards in index order, and held with
-# the pools and events in the same round trip. Fewer free than needed (a
-# claim committed between the first statement's snapshot and its lock)
-# writes nothing.
-_CLAIM = store_statement(
-    f"""
-    free AS (
-        SELECT g.idx, row_number() OVER (ORDER BY g.idx) - 1 AS k
-        FROM gpus g
-        WHERE g.node_id = CAST(:node_id AS text) AND g.gpu_class = :cls AND {gpu_free("g")}
-        ORDER BY g.idx
-        LIMIT :need
-    ), want_gpus AS (
-        SELECT CAST(:node_id AS text) AS node_id, f.idx,
-               (CAST(:names AS text[]))[f.k / :per + 1] AS shard_id
-        FROM free f
-    ), want_shards AS (
-        SELECT w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               CAST(NULL AS text) AS fabric, CAST('{{}}' AS text[]) AS hcas
-        FROM want_gpus w GROUP BY w.shard_id, w.node_id
-    ), go AS (
-        SELECT count(*) = :need AS ok FROM free
-    )"""
-)
-
-
 def _survey_sql(request: PlaceRequest) -> str:
     return _facts_sql(request) + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit"
 
 
 @lru_cache(maxsize=8)
-def _topology_claim(nvlink_shards: bool, rail_aligned: bool, domain: bool) -> TextClause:
+def _claim_statement(nvlink_shards: bool, rail_aligned: bool, domain: bool) -> TextClause:
     return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain))
 
 
 def _claim(request: PlaceRequest) -> TextClause:
-    """_CLAIM, or with topology the same claim over the node's fit order (service.scheduling.topology_fit)."""
-    if not request.needs_topology:
-        return _CLAIM
-    return _topology_claim(request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain)
+    """The claim of one or more calls of the request's shape on locked nodes (topology_fit.claim_wanted).
+
+    The second statement of a one-node placement, on the node the first one
+    locked, and the one statement of a group's claims: the nodes' free GPUs
+    of the class (in fit order, with topology), counted afresh (this
+    statement started after the locks, so it sees every claim committed on
+    the nodes, and none can commit until we do), handed out to the calls and
+    their shards, and held with the pools and events in the same round trip.
+    A call the nodes have no room for (a claim committed between the pick's
+    snapshot and its lock) writes nothing.
+    """
+    return _claim_statement(request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain)
 
 
 _SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
@@ -760,20 +739,44 @@ def same_shape(request: PlaceRequest) -> PlaceRequest | None:
     return replace(request, replica_id="")
 
 
+@dataclass
+class GroupClaims:
+    """How calls placed together were claimed (process-local; /metrics reads it).
+
+    `statements`: group claim statements run; `together`: calls they placed.
+    `apart`: calls of a group claimed by the one-call path instead, by why:
+    "stored" (its replica id holds shards: answered from them), "repeated"
+    (the same replica id earlier in the group), "no_room" (the nodes the
+    group locked had no room left for it), "conflict" (its shard ids were
+    taken meanwhile by a concurrent place of the same replica).
+    """
+
+    statements: int = 0
+    together: int = 0
+    apart: dict[str, int] = field(default_factory=dict)
+
+    def count_apart(self, reason: str) -> None:
+        self.apart[reason] = self.apart.get(reason, 0) + 1
+
+
+GROUP_CLAIMS = GroupClaims()
+
+
 async def place_several_without_waiting(
     conn: Connection, calls: Sequence[tuple[PlaceRequest, str | None]]
 ) -> list[Allocated | Rejection | None]:
-    """place_without_waiting for several calls of one shape (same_shape), one pick for all.
+    """place_without_waiting for several calls of one shape (same_shape): one pick and one claim for all.
 
     One statement locks up to one node per call (best first, SKIP LOCKED);
-    then each call's claim (_claim, the one-call path's own statement,
-    counting the node's free GPUs afresh under the lock) goes to the best
-    locked node that its count says has room, several calls to one node
-    while it has. A claim that finds its node fuller than the snapshot said
-    moves on to the next node. A call whose replica id has stored shards,
-    whose shard ids a concurrent call took, or for which the locked nodes
-    had no room left, is made by place_without_waiting (its own pick), in
-    the same transaction. Answers in the order of `calls`.
+    one claim statement (_claim) then counts those nodes' free GPUs afresh
+    under the locks and holds the calls' GPUs, the calls filling the nodes
+    in rank order as many as each has room for, as the calls made one by
+    one would (see topology_fit.claim_wanted). A call whose replica id has
+    stored shards or came earlier in the group, whose shard ids a concurrent
+    call took, or for which the locked nodes had no room left, is made by
+    place_without_waiting (its own pick), in the same transaction, after
+    the group's claim; each is counted in GROUP_CLAIMS by why. Answers in
+    the order of `calls`.
     """
     shape = same_shape(calls[0][0])
     assert shape is not None and all(same_shape(r) == shape for r, _ in calls)
@@ -788,42 +791,75 @@ async def place_several_without_waiting(
     }
     rows = list(await conn.execute(cached_text(_pick_several_sql(shape)), params))
     stored = set(rows[0].stored_ids)
-    # (node id, how many more claims its snapshot says it takes), best first.
-    # Topology is left to the claims, as in _try_one_node: the count is an
-    # upper bound then, and a claim that finds less moves on.
+    # (node id, how many claims its snapshot says it takes), best first.
+    # Topology is left to the claim, as in _try_one_node: the count is an
+    # upper bound then, and the claim takes what the node has.
     untopological = _without_topology(shape)
     room = [
-        [r.node_id, r.free // shape.gpus]
+        (r.node_id, r.free // shape.gpus)
         for r in rows
         if r.node_id is not None and judge(_facts(r), untopological).fits
     ]
+    together: list[int] = []
+    apart: dict[int, str] = {}
+    seen: set[str] = set()
+    for i, (request, _) in enumerate(calls):
+        if request.replica_id in stored:
+            apart[i] = "stored"
+        elif request.replica_id in seen:
+            apart[i] = "repeated"
+        else:
+            seen.add(request.replica_id)
+            together.append(i)
+    claimed: dict[int, Allocated | NotStored] = {}
+    if together and room:
+        claimed = await _claim_calls(conn, shape, [calls[i] for i in together], room)
+        GROUP_CLAIMS.statements += 1
     answers: list[Allocated | Rejection | None] = []
-    for request, actor in calls:
-        outcome: Allocated | Rejection | _Conflict | None = None
-        if request.replica_id not in stored:
-            outcome = await _claim_on_locked(conn, request, actor, room)
-        if outcome is None or outcome is _CONFLICT:
-            outcome = await place_without_waiting(conn, request, actor)
-        assert not isinstance(outcome, _Conflict)
-        answers.append(outcome)
+    for i, (request, actor) in enumerate(calls):
+        if i in apart:
+            GROUP_CLAIMS.count_apart(apart[i])
+        elif isinstance(claim := claimed.get(together.index(i)), Allocated):
+            GROUP_CLAIMS.together += 1
+            answers.append(claim)
+            continue
+        else:
+            # Not answered: no room left on the locked nodes; NotStored: its
+            # shard ids were taken meanwhile (the one-call path reads whose).
+            GROUP_CLAIMS.count_apart("no_room" if claim is None else "conflict")
+        answers.append(await place_without_waiting(conn, request, actor))
     return answers
 
 
-async def _claim_on_locked(
-    conn: Connection, request: PlaceRequest, actor: str | None, room: list[list[Any]]
-) -> Allocated | _Conflict | None:
-    """The call's claim on the first locked node with room (see place_several_without_waiting)."""
-    for slot in room:
-        if slot[1] <= 0:
-            continue
-        outcome = await _claim_on(conn, request, actor, slot[0])
-        if isinstance(outcome, Allocated):
-            slot[1] -= 1
-            return outcome
-        if outcome.checked:
-            return _CONFLICT  # its shard ids were taken meanwhile
-        slot[1] = 0  # fuller than the snapshot said
-    return None
+async def _claim_calls(
+    conn: Connection,
+    shape: PlaceRequest,
+    calls: Sequence[tuple[PlaceRequest, str | None]],
+    room: Sequence[tuple[str, int]],
+) -> dict[int, Allocated | NotStored]:
+    """One claim (_claim) for calls of `shape` on nodes this transaction has locked, best first.
+
+    `room`: (node id, at most how many calls it takes). Answers by the
+    call's position in `calls`; a call the nodes had no room for is absent.
+    """
+    answers = await store_calls(
+        conn,
+        _claim(shape),
+        {
+            "node_ids": [node_id for node_id, _ in room],
+            "caps": [cap for _, cap in room],
+            "replica_ids": [r.replica_id for r, _ in calls],
+            "actors": [actor for _, actor in calls],
+            "names": [name for r, _ in calls for name in shard_ids(r)],
+            "shards": shape.shards,
+            "cls": shape.gpu_class,
+            "need": shape.gpus,
+            "per": shape.gpus_per_shard,
+            **({"fabric": shape.fabric} if shape.rail_aligned else {}),
+        },
+    )
+    # The statement numbers calls from 1 (WITH ORDINALITY).
+    return {call - 1: outcome for call, outcome in answers.items()}
 
 
 class _Conflict:
@@ -965,20 +1001,8 @@ async def _claim_on(
     conn: Connection, request: PlaceRequest, actor: str | None, node_id: str
 ) -> Allocated | NotStored:
     """The claim (_claim) of every shard on one node this transaction has locked."""
-    return await store(
-        conn,
-        _claim(request),
-        {
-            "node_id": node_id,
-            "cls": request.gpu_class,
-            "need": request.gpus,
-            "per": request.gpus_per_shard,
-            "names": shard_ids(request),
-            "replica_id": request.replica_id,
-            "actor": actor,
-            **({"fabric": request.fabric} if request.rail_aligned else {}),
-        },
-    )
+    outcome = (await _claim_calls(conn, request, [(request, actor)], [(node_id, 1)])).get(0)
+    return NotStored(checked=False) if outcome is None else outcome
 
 
 async def _spread(

@@ -139,30 +139,82 @@ def facts_column(request: PlaceRequest, node: str) -> str:
 
 @lru_cache(maxsize=16)
 def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool) -> str:
-    """The CTEs a topology claim gives allocations.store_statement, for one locked node.
+    """The CTEs a claim gives allocations.store_statement: one or more calls of one shape, on locked nodes.
 
-    The first :need GPUs of the node's fit order, counted afresh under the
-    node's lock; shard k takes positions k*per and on, and, railAligned, is
-    handed exactly its GPUs' near HCAs on :fabric. Fewer than :need, or
-    (sameNvlinkDomain) a node in no single domain, writes nothing.
+    Parameters: :node_ids, the nodes this transaction has locked for the
+    calls, best first, and :caps, per node at most how many calls it takes
+    (what the pick's snapshot counted); :replica_ids and :actors, one per
+    call, in the order calls are served; :names, the calls' shard ids,
+    :shards of them per call, one call after another; :need, :per, :cls,
+    and :fabric for railAligned.
+
+    Per node, its free GPUs in claim order (the fit order, or without
+    topology their index order, which is the fit order of one group),
+    counted afresh under the lock. A node takes min(cap, GPUs // :need)
+    calls (none, sameNvlinkDomain, when its GPUs are in no single domain);
+    the calls fill the nodes in rank order, and the i-th call on a node
+    holds positions i*:need and on (shard k of it: k*:per and on) and,
+    railAligned, exactly its GPUs' near HCAs on :fabric. A call beyond the
+    nodes' room gets no rows (no go row: the statement does not answer it).
+
+    Why this is what the calls would hold made one by one, each counting
+    afresh after the ones before: a call takes the first :need positions,
+    whole shards, and the order of what is left is the rest of the order.
+    Without topology that is plain; with it, the positions taken empty the
+    smallest groups first and leave the last one touched smaller still, so
+    it stays first, with its higher indices in the same order.
+    tests/scheduling/test_group_claims.py checks it against one-by-one claims.
     """
     request = PlaceRequest("", "", 1, nvlink_shards=nvlink_shards, rail_aligned=rail_aligned)
-    order = fit_order(request, "g.node_id = CAST(:node_id AS text)")
+    nodes = "g.node_id = ANY(CAST(:node_ids AS text[]))"
+    if request.needs_topology:
+        order = fit_order(request, nodes)
+    else:
+        order = f"""
+        SELECT g.node_id, g.idx, CAST('{{}}' AS text[]) AS hcas,
+               row_number() OVER (PARTITION BY g.node_id ORDER BY g.idx) - 1 AS k
+        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_free("g")}"""
     fabric = "CAST(:fabric AS text)" if rail_aligned else "CAST(NULL AS text)"
-    domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
+    hcas = (
+        """ARRAY(SELECT DISTINCT h FROM want_gpus v, unnest(v.hcas) h
+                     WHERE v.shard_id = w.shard_id ORDER BY h)"""
+        if rail_aligned
+        else "CAST('{}' AS text[])"
+    )
+    # Integer division throughout: the parameters are cast, or asyncpg may
+    # bind them as numeric and a shard's positions stop dividing evenly.
+    takes = (
+        "least(n.cap, (SELECT count(*) FROM free f WHERE f.node_id = n.node_id)"
+        " / CAST(:need AS int))"
+    )
+    if same_domain:
+        takes = f"CASE WHEN {node_domain('n.node_id')} IS NULL THEN 0 ELSE {takes} END"
     return f"""
-    free AS (
-        SELECT o.idx, o.hcas, o.k FROM ({order}) o WHERE o.k < :need
+    nodes AS (
+        SELECT n.node_id, n.cap, n.rank
+        FROM unnest(CAST(:node_ids AS text[]), CAST(:caps AS int[]))
+            WITH ORDINALITY AS n(node_id, cap, rank)
+    ), free AS ({order}
+    ), slots AS (
+        SELECT r.node_id, r.takes,
+               CAST(sum(r.takes) OVER (ORDER BY r.rank) AS bigint) - r.takes AS before
+        FROM (SELECT n.node_id, n.rank, {takes} AS takes FROM nodes n) r
+    ), calls AS (
+        SELECT c.call, c.replica_id, c.actor, s.node_id, c.call - 1 - s.before AS pos
+        FROM unnest(CAST(:replica_ids AS text[]), CAST(:actors AS text[]))
+            WITH ORDINALITY AS c(replica_id, actor, call)
+        JOIN slots s ON c.call > s.before AND c.call <= s.before + s.takes
     ), want_gpus AS (
-        SELECT CAST(:node_id AS text) AS node_id, f.idx, f.hcas,
-               (CAST(:names AS text[]))[f.k / :per + 1] AS shard_id
-        FROM free f
+        SELECT c.call, f.node_id, f.idx, f.hcas,
+               (CAST(:names AS text[]))[(c.call - 1) * CAST(:shards AS int)
+                                        + (f.k - c.pos * CAST(:need AS int)) / CAST(:per AS int)
+                                        + 1] AS shard_id
+        FROM calls c JOIN free f ON f.node_id = c.node_id AND f.k / CAST(:need AS int) = c.pos
     ), want_shards AS (
-        SELECT w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               {fabric} AS fabric,
-               ARRAY(SELECT DISTINCT h FROM want_gpus v, unnest(v.hcas) h
-                     WHERE v.shard_id = w.shard_id ORDER BY h) AS hcas
-        FROM want_gpus w GROUP BY w.shard_id, w.node_id
+        SELECT w.call, c.replica_id, c.actor, w.shard_id, w.node_id,
+               array_agg(w.idx ORDER BY w.idx) AS gpu_indices, {fabric} AS fabric, {hcas} AS hcas
+        FROM want_gpus w JOIN calls c ON c.call = w.call
+        GROUP BY w.call, c.replica_id, c.actor, w.shard_id, w.node_id
     ), go AS (
-        SELECT count(*) = :need {domain} AS ok FROM free
+        SELECT c.call, true AS ok FROM calls c
     )"""
