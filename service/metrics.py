@@ -22,7 +22,7 @@ from sqlalchemy import text
 
 from service.database.connections import Connection
 from service.fleet.node_views import STATES
-from service.scheduling import place_batches
+from service.scheduling import place_batches, placement
 from service.scheduling.capacity import gpu_classes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -354,6 +354,31 @@ def _process(out: Exposition) -> None:
         (
             ((("reason", reason),), count)
             for reason, count in sorted(place_batches.COUNTS.alone.items())
+        ),
+    )
+    out.family(
+        "inventory_place_group_claims_total",
+        "counter",
+        "Claim statements this process ran for a group of same-shape `place` calls in a "
+        "shared transaction (service/scheduling/placement.place_several_without_waiting).",
+        [((), placement.GROUP_CLAIMS.statements)],
+    )
+    out.family(
+        "inventory_place_claimed_together_total",
+        "counter",
+        "`place` calls placed by a group's one claim statement.",
+        [((), placement.GROUP_CLAIMS.together)],
+    )
+    out.family(
+        "inventory_place_claimed_apart_total",
+        "counter",
+        "`place` calls of a group claimed by the one-call path instead, by why: stored (the "
+        "replica id holds shards), repeated (the same replica id earlier in the group), no_room "
+        "(the nodes the group locked had no room left), conflict (its shard ids were taken "
+        "meanwhile).",
+        (
+            ((("reason", reason),), count)
+            for reason, count in sorted(placement.GROUP_CLAIMS.apart.items())
         ),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()

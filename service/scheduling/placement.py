@@ -813,7 +813,7 @@ async def place_several_without_waiting(
             together.append(i)
     claimed: dict[int, Allocated | NotStored] = {}
     if together and room:
-        claimed = await _claim_calls(conn, shape, [calls[i] for i in together], room)
+        claimed = await claim_calls(conn, shape, [calls[i] for i in together], room)
         GROUP_CLAIMS.statements += 1
     answers: list[Allocated | Rejection | None] = []
     for i, (request, actor) in enumerate(calls):
@@ -831,7 +831,7 @@ async def place_several_without_waiting(
     return answers
 
 
-async def _claim_calls(
+async def claim_calls(
     conn: Connection,
     shape: PlaceRequest,
     calls: Sequence[tuple[PlaceRequest, str | None]],
@@ -1001,7 +1001,7 @@ async def _claim_on(
     conn: Connection, request: PlaceRequest, actor: str | None, node_id: str
 ) -> Allocated | NotStored:
     """The claim (_claim) of every shard on one node this transaction has locked."""
-    outcome = (await _claim_calls(conn, request, [(request, actor)], [(node_id, 1)])).get(0)
+    outcome = (await claim_calls(conn, request, [(request, actor)], [(node_id, 1)])).get(0)
     return NotStored(checked=False) if outcome is None else outcome
 
 
