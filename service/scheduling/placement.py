@@ -349,24 +349,29 @@ def _survey_sql(request: PlaceRequest) -> str:
     return _facts_sql(request) + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit"
 
 
-@lru_cache(maxsize=8)
-def _claim_statement(nvlink_shards: bool, rail_aligned: bool, domain: bool) -> TextClause:
-    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain))
+@lru_cache(maxsize=16)
+def _claim_statement(
+    nvlink_shards: bool, rail_aligned: bool, domain: bool, several: bool
+) -> TextClause:
+    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain, several))
 
 
-def _claim(request: PlaceRequest) -> TextClause:
-    """The claim of one or more calls of the request's shape on locked nodes (topology_fit.claim_wanted).
+def _claim(request: PlaceRequest, several: bool) -> TextClause:
+    """The claim of one call on a locked node, or of `several` calls of the request's shape on locked nodes.
 
-    The second statement of a one-node placement, on the node the first one
-    locked, and the one statement of a group's claims: the nodes' free GPUs
-    of the class (in fit order, with topology), counted afresh (this
-    statement started after the locks, so it sees every claim committed on
-    the nodes, and none can commit until we do), handed out to the calls and
-    their shards, and held with the pools and events in the same round trip.
-    A call the nodes have no room for (a claim committed between the pick's
-    snapshot and its lock) writes nothing.
+    topology_fit.claim_wanted: the second statement of a one-node
+    placement, on the node the first one locked, and the one statement of a
+    group's claims. The nodes' free GPUs of the class (in fit order, with
+    topology), counted afresh (this statement started after the locks, so
+    it sees every claim committed on the nodes, and none can commit until
+    we do), handed out to the calls and their shards, and held with the
+    pools and events in the same round trip. A call the nodes have no room
+    for (a claim committed between the pick's snapshot and its lock)
+    writes nothing.
     """
-    return _claim_statement(request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain)
+    return _claim_statement(
+        request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain, several
+    )
 
 
 _SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
@@ -842,22 +847,28 @@ async def claim_calls(
     `room`: (node id, at most how many calls it takes). Answers by the
     call's position in `calls`; a call the nodes had no room for is absent.
     """
-    answers = await store_calls(
-        conn,
-        _claim(shape),
-        {
+    topology = {"fabric": shape.fabric} if shape.rail_aligned else {}
+    params: dict[str, Any]
+    if len(calls) == 1 and len(room) == 1 and room[0][1] >= 1:
+        (request, actor), (node_id, _) = calls[0], room[0]
+        params = {
+            "node_id": node_id,
+            "replica_id": request.replica_id,
+            "actor": actor,
+            "names": shard_ids(request),
+        }
+    else:
+        params = {
             "node_ids": [node_id for node_id, _ in room],
             "caps": [cap for _, cap in room],
             "replica_ids": [r.replica_id for r, _ in calls],
             "actors": [actor for _, actor in calls],
             "names": [name for r, _ in calls for name in shard_ids(r)],
             "shards": shape.shards,
-            "cls": shape.gpu_class,
-            "need": shape.gpus,
-            "per": shape.gpus_per_shard,
-            **({"fabric": shape.fabric} if shape.rail_aligned else {}),
-        },
-    )
+        }
+    several = "node_ids" in params
+    params |= {"cls": shape.gpu_class, "need": shape.gpus, "per": shape.gpus_per_shard, **topology}
+    answers = await store_calls(conn, _claim(shape, several), params)
     # The statement numbers calls from 1 (WITH ORDINALITY).
     return {call - 1: outcome for call, outcome in answers.items()}
 

@@ -137,11 +137,33 @@ def facts_column(request: PlaceRequest, node: str) -> str:
         'domain', {domain})"""
 
 
-@lru_cache(maxsize=16)
-def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool) -> str:
-    """The CTEs a claim gives allocations.store_statement: one or more calls of one shape, on locked nodes.
+def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str) -> str:
+    """The order a claim takes the free GPUs of the nodes `nodes` selects: rows (node_id, idx, hcas, k).
 
-    Parameters: :node_ids, the nodes this transaction has locked for the
+    The fit order (fit_order) with topology; without, the free GPUs by
+    index, which is the fit order of one group (whole shards only changes
+    nothing there: a claim takes whole shards from the front).
+    """
+    request = PlaceRequest("", "", 1, nvlink_shards=nvlink_shards, rail_aligned=rail_aligned)
+    if request.needs_topology:
+        return fit_order(request, nodes)
+    return f"""
+        SELECT g.node_id, g.idx, CAST('{{}}' AS text[]) AS hcas,
+               row_number() OVER (PARTITION BY g.node_id ORDER BY g.idx) - 1 AS k
+        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_free("g")}"""
+
+
+@lru_cache(maxsize=16)
+def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, several: bool) -> str:
+    """The CTEs a claim gives allocations.store_statement: calls of one shape, on locked nodes.
+
+    One call on one node (`several` false): parameters :node_id,
+    :replica_id, :actor, :names (its shard ids), :need, :per, :cls, and
+    :fabric for railAligned. The call holds the first :need GPUs of the
+    node's claim order (below), or nothing when there are fewer (go is
+    false). Its call number is 1.
+
+    Several (`several`), parameters: :node_ids, the nodes this transaction has locked for the
     calls, best first, and :caps, per node at most how many calls it takes
     (what the pick's snapshot counted); :replica_ids and :actors, one per
     call, in the order calls are served; :names, the calls' shard ids,
@@ -165,15 +187,6 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool) -> 
     it stays first, with its higher indices in the same order.
     tests/scheduling/test_group_claims.py checks it against one-by-one claims.
     """
-    request = PlaceRequest("", "", 1, nvlink_shards=nvlink_shards, rail_aligned=rail_aligned)
-    nodes = "g.node_id = ANY(CAST(:node_ids AS text[]))"
-    if request.needs_topology:
-        order = fit_order(request, nodes)
-    else:
-        order = f"""
-        SELECT g.node_id, g.idx, CAST('{{}}' AS text[]) AS hcas,
-               row_number() OVER (PARTITION BY g.node_id ORDER BY g.idx) - 1 AS k
-        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_free("g")}"""
     fabric = "CAST(:fabric AS text)" if rail_aligned else "CAST(NULL AS text)"
     hcas = (
         """ARRAY(SELECT DISTINCT h FROM want_gpus v, unnest(v.hcas) h
@@ -181,6 +194,27 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool) -> 
         if rail_aligned
         else "CAST('{}' AS text[])"
     )
+    if not several:
+        # A call alone (most calls, when schedulers are few) pays for none
+        # of the slots below: 0.2 ms of PostgreSQL's CPU less per claim.
+        order = claim_order(nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)")
+        domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
+        return f"""
+    free AS (
+        SELECT o.idx, o.hcas, o.k FROM ({order}) o WHERE o.k < :need
+    ), want_gpus AS (
+        SELECT 1 AS call, CAST(:node_id AS text) AS node_id, f.idx, f.hcas,
+               (CAST(:names AS text[]))[f.k / :per + 1] AS shard_id
+        FROM free f
+    ), want_shards AS (
+        SELECT w.call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
+               w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
+               {fabric} AS fabric, {hcas} AS hcas
+        FROM want_gpus w GROUP BY w.call, w.shard_id, w.node_id
+    ), go AS (
+        SELECT 1 AS call, count(*) = :need {domain} AS ok FROM free
+    )"""
+    order = claim_order(nvlink_shards, rail_aligned, "g.node_id = ANY(CAST(:node_ids AS text[]))")
     # Integer division throughout: the parameters are cast, or asyncpg may
     # bind them as numeric and a shard's positions stop dividing evenly.
     takes = (

@@ -199,13 +199,17 @@ async def test_every_claim_statement_runs_against_the_schema(api: Api, engine: A
                     rail_aligned=rail,
                     same_nvlink_domain=domain,
                 )
-                calls = calls_of(shape, 2)
-                room = [(n, 8) for n in H100_NODES]
-                answers, _ = await rolled_back(
-                    engine, H100_NODES, partial(claim_calls, shape=shape, calls=calls, room=room)
-                )
-                # No H100 node is in an NVLink domain: sameNvlinkDomain places nothing.
-                assert len(held(answers)) == (0 if domain else 2), (nvlink, rail, domain)
+                # Two calls on every node (the group form), one on one node (alone).
+                for count, room in ((2, [(n, 8) for n in H100_NODES]), (1, [("hgx", 1)])):
+                    calls = calls_of(shape, count)
+                    answers, _ = await rolled_back(
+                        engine,
+                        H100_NODES,
+                        partial(claim_calls, shape=shape, calls=calls, room=room),
+                    )
+                    # No H100 node is in an NVLink domain: sameNvlinkDomain places nothing.
+                    placed = 0 if domain else count
+                    assert len(held(answers)) == placed, (nvlink, rail, domain, count)
 
 
 async def test_a_group_places_and_counts_what_it_could_not_claim_together(
