@@ -185,6 +185,8 @@ async def _rounds(bench: Bench, statements: dict[str, str]) -> int:
     ids = itertools.count()
     place, raw_place, allocate, raw_allocate = Figure(), Figure(), Figure(), Figure()
     place_cpu, allocate_cpu = Figure(), Figure()
+    # PostgreSQL's CPU per claim (its own processes), when the server runs here.
+    place_db = Figure()
     # place with nvlinkShards (issue 20), against `place` in the same rounds.
     nvlink_place, nvlink_cpu = Figure(), Figure()
     place_alone, place_alone_cpu = Figure(), Figure()
@@ -224,7 +226,7 @@ async def _rounds(bench: Bench, statements: dict[str, str]) -> int:
         # pooled connection, the plans PostgreSQL picks after five runs).
         await throughput([placer(c, warm=True) for c in clients], 0.3)
         wrong += await check_and_release(bench)
-        value, failed = await bench.throughput([placer(c) for c in clients], place_cpu)
+        value, failed = await bench.throughput([placer(c) for c in clients], place_cpu, place_db)
         place.add(value)
         outcomes["place failed requests"] = outcomes.get("place failed requests", 0) + failed
         await close_all(clients)
@@ -350,7 +352,7 @@ async def _rounds(bench: Bench, statements: dict[str, str]) -> int:
     add(Row(bench.size, f"place 1x {PLACE_CLASS}, 32 schedulers, calls sharing transactions",
             "claims/s", place, "each call in its own transaction (same rounds)", place_alone, "",
             note=f"service CPU {fmt(place_cpu.median)} ms/request, alone "
-                 f"{fmt(place_alone_cpu.median)} ms"))  # fmt: skip
+                 f"{fmt(place_alone_cpu.median)} ms; PostgreSQL {fmt(place_db.median)} ms/claim"))  # fmt: skip
     add(Row(bench.size, f"place 1x {PLACE_CLASS} with nvlinkShards, 32 schedulers", "claims/s",
             nvlink_place, "place without nvlinkShards (same rounds)", place, "",
             note=f"service CPU {fmt(nvlink_cpu.median)} ms/request"))  # fmt: skip
