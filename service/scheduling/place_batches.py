@@ -11,11 +11,11 @@ PostgreSQL's lock queues.
 
 What stays as it was:
 - Every placement is in exactly one transaction, and each claim in a batch
-  is the one-call path's claim statement on a node locked by this
-  transaction (placement.place_without_waiting; calls of one shape share
-  the statement that picks and locks their nodes,
-  place_several_without_waiting), without a savepoint: safe because the
-  batch never waits for a node's lock. A claim that would wait for one, or
+  is made on nodes locked by this transaction (placement.
+  place_without_waiting; calls of one shape share the statement that picks
+  and locks their nodes and the one claim statement that holds their GPUs,
+  each call's rows written whole or not at all, place_several_without_waiting),
+  without a savepoint: safe because the batch never waits for a node's lock. A claim that would wait for one, or
   plan over several nodes, or answer Unplaceable, is not made in the batch:
   it runs as place() in a transaction of its own afterwards (waiting while
   holding other callers' claims could deadlock). The one wait left is an

@@ -260,7 +260,7 @@ def _pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     This statement counts nothing: its snapshot was taken before the lock,
     and a claim on the node may have committed in between (see
     _REPLACE_REPORT in service/fleet/nodes.py). The free GPUs are counted by the
-    next statement, _CLAIM.
+    next statement, the claim (_claim).
     """
     return f"""
     WITH stored AS (
@@ -314,7 +314,7 @@ def _pick_several_sql(request: PlaceRequest) -> str:
     Returns one row per locked node (in rank order; none when nothing was
     free) and, on every row, the replica ids among :replica_ids that have
     stored shards (those calls are answered by the one-call path). Like
-    _pick_sql it counts nothing: each claim (_CLAIM) counts its node's free
+    _pick_sql it counts nothing: the claim (_claim) counts the nodes' free
     GPUs afresh under the lock, and with topology its fit order too (the
     window is drawn before the topology check, as _pick_sql draws it).
     """
@@ -925,7 +925,7 @@ async def _place_on_one_node(
     savepoints=False is for a transaction that never waits for a lock
     (place_without_waiting): a node it keeps locked until commit cannot be
     part of a deadlock, since the transaction waits for no one; a claim that
-    found its node full wrote nothing (store() takes back an incomplete
+    found its node full wrote nothing (store_calls() takes back an incomplete
     claim's rows), and an error leaves the transaction to be rolled back
     whole by its owner.
     """
