@@ -22,7 +22,7 @@ from sqlalchemy import text
 
 from service.database.connections import Connection
 from service.fleet.node_views import STATES
-from service.scheduling import place_batches, placement
+from service.scheduling import place_batches
 from service.scheduling.capacity import gpu_classes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -165,6 +165,11 @@ def registrations() -> dict[tuple[str, str], int]:
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     COUNTERS.observe_request(method, route, status, seconds)
+
+
+def _by_reason(counts: dict[str, int]) -> list[tuple[Sequence[tuple[str, str]], float]]:
+    """A counter's samples labelled by reason, in the reasons' order."""
+    return [((("reason", reason),), count) for reason, count in sorted(counts.items())]
 
 
 def _escape(value: str) -> str:
@@ -351,35 +356,23 @@ def _process(out: Exposition) -> None:
         "(they waited for a lock, spread over nodes or found no room), error (the claim raised "
         "in the batch), abandoned (placed in a batch another claim's error rolled back), commit "
         "(the batch's COMMIT failed).",
-        (
-            ((("reason", reason),), count)
-            for reason, count in sorted(place_batches.COUNTS.alone.items())
-        ),
-    )
-    out.family(
-        "inventory_place_group_claims_total",
-        "counter",
-        "Claim statements this process ran for a group of same-shape `place` calls in a "
-        "shared transaction (service/scheduling/placement.place_several_without_waiting).",
-        [((), placement.GROUP_CLAIMS.statements)],
+        _by_reason(place_batches.COUNTS.alone),
     )
     out.family(
         "inventory_place_claimed_together_total",
         "counter",
-        "`place` calls placed by a group's one claim statement.",
-        [((), placement.GROUP_CLAIMS.together)],
+        "`place` calls placed by their group's one claim statement in a shared transaction "
+        "(service/scheduling/placement.place_several_without_waiting).",
+        [((), place_batches.COUNTS.together)],
     )
     out.family(
         "inventory_place_claimed_apart_total",
         "counter",
-        "`place` calls of a group claimed by the one-call path instead, by why: stored (the "
-        "replica id holds shards), repeated (the same replica id earlier in the group), no_room "
-        "(the nodes the group locked had no room left), conflict (its shard ids were taken "
-        "meanwhile).",
-        (
-            ((("reason", reason),), count)
-            for reason, count in sorted(placement.GROUP_CLAIMS.apart.items())
-        ),
+        "`place` calls of a group claimed by the one-call path instead, in the same "
+        "transaction, by why: stored (the replica id holds shards), repeated (the same replica "
+        "id earlier in the group), no_room (the nodes the group locked had no room left), "
+        "conflict (its shard ids or a GPU were taken meanwhile).",
+        _by_reason(place_batches.COUNTS.apart),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()
     out.family(

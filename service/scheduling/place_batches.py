@@ -99,6 +99,11 @@ class BatchCounts:
     # "abandoned" (placed in a batch that another claim's error rolled
     # back), "commit" (the batch's COMMIT failed).
     alone: dict[str, int] = field(default_factory=dict)
+    # Calls of a group placed by the group's one claim statement, and the
+    # ones claimed apart (by the one-call path, in the batch), by why
+    # (placement.place_several_without_waiting).
+    together: int = 0
+    apart: dict[str, int] = field(default_factory=dict)
 
     def count_alone(self, reason: str) -> None:
         self.alone[reason] = self.alone.get(reason, 0) + 1
@@ -224,7 +229,13 @@ async def _place_group(
 ) -> list[Allocated | Rejection | None]:
     if len(group) == 1:
         return [await place_without_waiting(conn, group[0].request, group[0].actor)]
-    return await place_several_without_waiting(conn, [(c.request, c.actor) for c in group])
+    answers, why = await place_several_without_waiting(conn, [(c.request, c.actor) for c in group])
+    for reason in why:
+        if reason is None:
+            COUNTS.together += 1
+        else:
+            COUNTS.apart[reason] = COUNTS.apart.get(reason, 0) + 1
+    return answers
 
 
 class _Abandoned(Exception):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -744,32 +744,9 @@ def same_shape(request: PlaceRequest) -> PlaceRequest | None:
     return replace(request, replica_id="")
 
 
-@dataclass
-class GroupClaims:
-    """How calls placed together were claimed (process-local; /metrics reads it).
-
-    `statements`: group claim statements run; `together`: calls they placed.
-    `apart`: calls of a group claimed by the one-call path instead, by why:
-    "stored" (its replica id holds shards: answered from them), "repeated"
-    (the same replica id earlier in the group), "no_room" (the nodes the
-    group locked had no room left for it), "conflict" (its shard ids were
-    taken meanwhile by a concurrent place of the same replica).
-    """
-
-    statements: int = 0
-    together: int = 0
-    apart: dict[str, int] = field(default_factory=dict)
-
-    def count_apart(self, reason: str) -> None:
-        self.apart[reason] = self.apart.get(reason, 0) + 1
-
-
-GROUP_CLAIMS = GroupClaims()
-
-
 async def place_several_without_waiting(
     conn: Connection, calls: Sequence[tuple[PlaceRequest, str | None]]
-) -> list[Allocated | Rejection | None]:
+) -> tuple[list[Allocated | Rejection | None], list[str | None]]:
     """place_without_waiting for several calls of one shape (same_shape): one pick and one claim for all.
 
     One statement locks up to one node per call (best first, SKIP LOCKED);
@@ -819,21 +796,21 @@ async def place_several_without_waiting(
     claimed: dict[int, Allocated | NotStored] = {}
     if together and room:
         claimed = await claim_calls(conn, shape, [calls[i] for i in together], room)
-        GROUP_CLAIMS.statements += 1
     answers: list[Allocated | Rejection | None] = []
+    why: list[str | None] = []
     for i, (request, actor) in enumerate(calls):
         if i in apart:
-            GROUP_CLAIMS.count_apart(apart[i])
+            why.append(apart[i])
         elif isinstance(claim := claimed.get(together.index(i)), Allocated):
-            GROUP_CLAIMS.together += 1
             answers.append(claim)
+            why.append(None)
             continue
         else:
             # Not answered: no room left on the locked nodes; NotStored: its
-            # shard ids were taken meanwhile (the one-call path reads whose).
-            GROUP_CLAIMS.count_apart("no_room" if claim is None else "conflict")
+            # shard ids or a GPU were taken meanwhile (the one-call path reads whose).
+            why.append("no_room" if claim is None else "conflict")
         answers.append(await place_without_waiting(conn, request, actor))
-    return answers
+    return answers, why
 
 
 async def claim_calls(

@@ -32,9 +32,8 @@ from service.database.db import create_engine, dispose
 from service.database.transactions import in_transaction
 from service.metrics import render
 from service.scheduling.allocations import Allocated, NotStored, lock_nodes
-from service.scheduling.place_batches import PlaceQueue
+from service.scheduling.place_batches import COUNTS, PlaceQueue
 from service.scheduling.placement import (
-    GROUP_CLAIMS,
     Unplaceable,
     claim_calls,
     place_several_without_waiting,
@@ -212,7 +211,7 @@ async def test_every_claim_statement_runs_against_the_schema(api: Api, engine: A
                     assert len(held(answers)) == placed, (nvlink, rail, domain, count)
 
 
-async def test_a_group_places_and_counts_what_it_could_not_claim_together(
+async def test_a_group_places_every_call_and_says_why_some_were_claimed_apart(
     api: Api, engine: AsyncEngine
 ) -> None:
     await cluster(api)
@@ -220,30 +219,38 @@ async def test_a_group_places_and_counts_what_it_could_not_claim_together(
         engine,
         lambda c: place_several_without_waiting(c, [(PlaceRequest("r1", "H100-80GB", 1), None)]),
     )
-    before = dict(GROUP_CLAIMS.apart), GROUP_CLAIMS.together, GROUP_CLAIMS.statements
     shape = PlaceRequest("", "H100-80GB", 1)
     calls: Calls = [(replace(shape, replica_id=r), None) for r in ("r0", "r1", "r2", "r0", "r3")]
-    answers = await in_transaction(engine, lambda c: place_several_without_waiting(c, calls))
+    answers, why = await in_transaction(engine, lambda c: place_several_without_waiting(c, calls))
     assert all(isinstance(a, Allocated) for a in answers), answers
     # r1 is stored: answered from what is stored; the second r0 is the first one's.
-    assert answers[1] == first[0]
+    assert answers[1] == first[0][0]
     assert answers[3] == answers[0]
-    assert GROUP_CLAIMS.statements == before[2] + 1
-    assert GROUP_CLAIMS.together == before[1] + 3
-    assert GROUP_CLAIMS.apart.get("stored", 0) == before[0].get("stored", 0) + 1
-    assert GROUP_CLAIMS.apart.get("repeated", 0) == before[0].get("repeated", 0) + 1
+    assert why == [None, "stored", None, "repeated", None]
     assert await inconsistencies(engine) == []
+
+
+async def test_the_batches_count_the_calls_claimed_together_and_apart(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await cluster(api)
+    queue = PlaceQueue(engine, size=8, transactions=1)
+    first = await queue.place(PlaceRequest("r1", "H100-80GB", 1), None)
+    together, stored = COUNTS.together, COUNTS.apart.get("stored", 0)
+    answers = await asyncio.gather(
+        *(queue.place(PlaceRequest(r, "H100-80GB", 1), None) for r in ("r0", "r1", "r2"))
+    )
+    assert answers[1] == first
+    assert (COUNTS.together, COUNTS.apart["stored"]) == (together + 2, stored + 1)
     exposition = await render(None)
-    stored = GROUP_CLAIMS.apart["stored"]
-    assert f'inventory_place_claimed_apart_total{{reason="stored"}} {stored}' in exposition
-    assert f"inventory_place_claimed_together_total {GROUP_CLAIMS.together}" in exposition
+    assert f'inventory_place_claimed_apart_total{{reason="stored"}} {stored + 1}' in exposition
+    assert f"inventory_place_claimed_together_total {together + 2}" in exposition
 
 
 async def test_a_gpu_taken_meanwhile_costs_only_its_call_which_is_made_again_alone(
     api: Api, engine: AsyncEngine
 ) -> None:
     await api(REGISTER, {"input": node_input("gpu-07")})
-    conflicts = GROUP_CLAIMS.apart.get("conflict", 0)
     shape = PlaceRequest("", "H100-80GB", 1)
     calls: Calls = [(replace(shape, replica_id=f"r{i}"), None) for i in range(4)]
     async with engine.connect() as rogue:
@@ -263,13 +270,13 @@ async def test_a_gpu_taken_meanwhile_costs_only_its_call_which_is_made_again_alo
         )
         await until_blocked(engine, pid, group)
         await tx.commit()
-    answers = await group
+    answers, why = await group
 
     where = [[(s.shard_id, s.gpu_indices) for s in a.shards] for a in answers]  # type: ignore[union-attr]
     # r3 lost GPU 3 to the rogue: nothing of its first claim is left, and
     # made again alone (its own pick, in the same transaction) it took GPU 4.
     assert where == [[("r0-s0", (0,))], [("r1-s0", (1,))], [("r2-s0", (2,))], [("r3-s0", (4,))]]
-    assert GROUP_CLAIMS.apart.get("conflict", 0) == conflicts + 1
+    assert why == [None, None, None, "conflict"]
     async with engine.connect() as conn:
         events = await conn.execute(
             text("SELECT shard_id FROM events WHERE kind = 'allocated' ORDER BY id")
@@ -287,7 +294,7 @@ async def test_two_engines_placing_in_groups_never_hold_a_gpu_twice(
     for i in range(6):
         await api(REGISTER, {"input": node_input(f"gpu-{i:02d}")})
     other = create_engine(database_url, settings)
-    statements = GROUP_CLAIMS.statements
+    together = COUNTS.together
     try:
         queues = [PlaceQueue(e, size=8, transactions=2) for e in (engine, other)]
         shape = PlaceRequest("", "H100-80GB", 1)
@@ -305,5 +312,5 @@ async def test_two_engines_placing_in_groups_never_hold_a_gpu_twice(
     ]
     assert len(granted) == len(set(granted)) == 48
     assert [type(a) for a in answers].count(Unplaceable) == 32
-    assert GROUP_CLAIMS.statements > statements
+    assert COUNTS.together > together
     assert await inconsistencies(engine) == []
