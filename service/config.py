@@ -163,8 +163,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Most `place` calls one transaction holds: concurrent calls of a process share "
             "transactions and their commits (service/scheduling/place_batches.py; 1: one each)."),
     Setting("INVENTORY_PLACE_TRANSACTIONS", "place_transactions", "4", _positive_int,
-            "Most transactions a process places in at once; further `place` calls wait in "
-            "the process for the next one."),
+            "Most transactions a process places in at once; a call that finds one placing "
+            "waits in the process for the next batch, and another starts only when a full "
+            "batch waits."),
     Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),

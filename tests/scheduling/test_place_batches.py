@@ -27,6 +27,7 @@ from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.scheduling.test_allocation_races import until_blocked
 from tests.topology import bridged_pairs, no_nvlink
 
 
@@ -250,4 +251,38 @@ async def test_nvlink_calls_placed_together_each_get_one_group(
     placed = sorted(s.gpu_indices for a in answers if isinstance(a, Allocated) for s in a.shards)
     assert placed == [(2, 3), (4, 5), (6, 7)]
     assert [type(a) for a in answers].count(Unplaceable) == 1
+    assert await inconsistencies(engine) == []
+
+
+async def test_calls_arriving_while_a_batch_places_wait_for_the_next_one_until_a_full_batch_waits(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await register(api, "gpu-01", "gpu-02")
+    queue = PlaceQueue(engine, size=3, transactions=4)
+    async with engine.connect() as other:
+        # Another process placing replica r0 at this moment, uncommitted: the
+        # batch that claims r0 waits for it inside its claim statement.
+        tx = await other.begin()
+        pid = (await other.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        await other.execute(
+            text(
+                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
+                " VALUES ('r0-s0', 'r0', 'gpu-02', '{7}')"
+            )
+        )
+        first = asyncio.ensure_future(queue.place(request("r0"), None))
+        await until_blocked(engine, pid, first)
+        # Two more calls: fewer than a batch, so they wait for the running one...
+        waiting = [asyncio.ensure_future(queue.place(request(r), None)) for r in ("r1", "r2")]
+        for _ in range(3):
+            await asyncio.sleep(0)  # each call has queued (or started a transaction) by now
+        assert (queue.running, len(queue.waiting)) == (1, 2)
+        # ...and a third makes a full batch, which gets a transaction of its own.
+        waiting.append(asyncio.ensure_future(queue.place(request("r3"), None)))
+        done, _ = await asyncio.wait(waiting, timeout=10)
+        assert done == set(waiting)
+        assert queue.running == 1
+        await tx.rollback()
+    await first
+    assert await stored_replicas(engine) == ["r0", "r1", "r2", "r3"]
     assert await inconsistencies(engine) == []
