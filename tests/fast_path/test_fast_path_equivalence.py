@@ -75,6 +75,7 @@ def same(both: Both, query: str, variables: dict[str, Any] | None = None, **kw: 
 
 def test_generated_operations_are_answered_alike(both: Both) -> None:
     loop, differential = both
+    place = answered("place")
     found = explore(loop, differential, OPERATIONS)
     assert not found.differences, "\n\n".join(d.describe() for d in found.differences)
     assert found.operations >= OPERATIONS
@@ -87,6 +88,8 @@ def test_generated_operations_are_answered_alike(both: Both) -> None:
         "__typename", "operation name", "two operations", "variable of another type",
         "variable left out", "variable of the wrong JSON type",
     } <= set(found.features), found.features  # fmt: skip
+    # Placements shaped for the compiled place route (operations.COMPILED) reach it.
+    assert answered("place") - place >= OPERATIONS // 30
 
 
 def test_the_comparison_keeps_formats_and_seeded_values() -> None:
