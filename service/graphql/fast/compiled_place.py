@@ -64,7 +64,6 @@ from graphql import (
     is_abstract_type,
     is_non_null_type,
 )
-from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
 
 from service.errors import InventoryError
@@ -81,9 +80,9 @@ from .execution import (
     plain_attribute,
     plain_completer,
 )
-from .fields import field_arguments
+from .fields import ArgumentConversion
 from .outcomes import Answered, Declined, Outcome, encode
-from .private_api import core_schema, optimized_is_awaitable, scalar_registry
+from .private_api import core_schema, optimized_is_awaitable
 from .variables import Declined as LeftToGraphqlCore
 from .variables import VariablePlan, compile_variables
 
@@ -97,13 +96,12 @@ Collected = dict[str, list[FieldNode]]
 class CompiledPlace:
     def __init__(
         self,
-        schema: strawberry.Schema,
         key: str,
         field: GraphQLField,
         node: FieldNode,
         variables: VariablePlan,
         literal: dict[str, Any] | None,
-        arguments: list[StrawberryArgument],
+        convert: ArgumentConversion,
         members: dict[type, Completer],
     ) -> None:
         self._key = key
@@ -111,9 +109,7 @@ class CompiledPlace:
         self._node = node
         self._variables = variables
         self._literal = literal
-        self._arguments = arguments
-        self._scalars = scalar_registry(schema)
-        self._config = schema.config
+        self._convert = convert
         self._members = members
         self._role = role_of("Mutation", FIELD)
 
@@ -135,7 +131,7 @@ class CompiledPlace:
         if isinstance(values, Declined):
             return values
         # As Strawberry's resolver wrapper converts the field's arguments.
-        kwargs = convert_arguments(values, self._arguments, self._scalars, self._config)
+        kwargs = self._convert(values)
         try:
             check_role(self._role, FIELD, context.principal, kwargs)
         except InventoryError:
@@ -260,7 +256,7 @@ def compile_place(
     if field is None or not isinstance(union, GraphQLUnionType):
         return None
     try:
-        arguments = field_arguments(schema, "Mutation", FIELD)
+        convert = ArgumentConversion(schema, "Mutation", FIELD)
     except LookupError:
         return None
     variables = compile_variables(core_schema(schema), operation)
@@ -277,4 +273,4 @@ def compile_place(
     if members is None:
         return None
     key = root.alias.value if root.alias else FIELD
-    return CompiledPlace(schema, key, field, root, variables, literal, arguments, members)
+    return CompiledPlace(key, field, root, variables, literal, convert, members)
