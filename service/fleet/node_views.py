@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -28,7 +29,10 @@ class NodeRecord:
     id: str
     hostname: str
     mgmt_addr: str
-    labels: dict[str, str]
+    # Labels and engine versions as stored (jsonb's text), decoded on first
+    # use: most reads of a node never look at them (a heartbeat's answer, a
+    # state check), and decoding both was a third of reading a node's row.
+    labels_json: str | None
     memory_total_mb: int | None
     state: str
     state_reason: str | None
@@ -36,7 +40,7 @@ class NodeRecord:
     last_seen: datetime
     registered_at: datetime
     agent_version: str | None
-    engine_versions: dict[str, str]
+    engine_versions_json: str | None
     local_disk: Disk | None
     shared_disk: Disk | None
     knows_its_weights: bool
@@ -46,6 +50,16 @@ class NodeRecord:
     @property
     def schedulable(self) -> bool:
         return is_schedulable(self.state)
+
+    # cached_property writes the instance's __dict__ itself, which a frozen
+    # dataclass allows: the record stays immutable to its readers.
+    @cached_property
+    def labels(self) -> dict[str, str]:
+        return _mapping(self.labels_json)
+
+    @cached_property
+    def engine_versions(self) -> dict[str, str]:
+        return _mapping(self.engine_versions_json)
 
 
 @dataclass(frozen=True)
@@ -61,10 +75,11 @@ class NodeFilter:
 
 # Also what nodes.heartbeat_many and register_node return, so their replies
 # need no second read. node_from_row reads these columns by position.
+# The jsonb columns as text: NodeRecord decodes them when they are read.
 NODE_COLUMNS = """
-    n.id, n.hostname, n.mgmt_addr, n.labels, n.memory_total_mb, n.state,
+    n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
-    n.agent_version, n.engine_versions, n.local_disk_free, n.local_disk_total,
+    n.agent_version, n.engine_versions::text AS engine_versions, n.local_disk_free, n.local_disk_total,
     n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id
 """
 _NODE_WIDTH = 19
@@ -119,7 +134,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         id=node_id,
         hostname=hostname,
         mgmt_addr=mgmt_addr,
-        labels=_mapping(labels),
+        labels_json=labels,
         memory_total_mb=memory_total_mb,
         state=state,
         state_reason=reason,
@@ -127,7 +142,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         last_seen=last_seen,
         registered_at=registered_at,
         agent_version=agent_version,
-        engine_versions=_mapping(engine_versions),
+        engine_versions_json=engine_versions,
         local_disk=Disk(local_free, local_total) if local_total is not None else None,
         shared_disk=Disk(shared_free, shared_total) if shared_total is not None else None,
         knows_its_weights=knows,
