@@ -11,35 +11,51 @@ A batch's statements start after every request it carries arrived, so each
 request sees everything committed before it came in, as a statement of its
 own would. A failed batch fails every request it carried, and the next batch
 starts afresh.
+
+One connection serves batches for as long as they keep coming: taking a
+pooled connection and giving it back (asyncpg's pool runs each through a
+task with a timeout and a shielded release) cost as much client CPU as the
+heartbeat batch's statement itself, for every batch, while a busy process
+sends one batch right after another. The connection goes back to the pool
+as soon as no request is waiting, and after a batch that failed (it may be
+the connection that failed: the next batch takes a fresh one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Generic, TypeVar
 
+C = TypeVar("C")
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
+_Batch = dict[K, list[asyncio.Future[V]]]
 
-class Batches(Generic[K, V]):
-    """Answers `ask(key)` through `answer(keys)`, one batch of distinct keys at a time.
 
-    `answer` returns what it found by key; a key it leaves out gets
-    `missing(key)`, which may be an exception to raise in that caller.
+class Batches(Generic[C, K, V]):
+    """Answers `ask(key)` through `answer(connection, keys)`, one batch of distinct keys at a time.
+
+    `connect()` gives the connection the batches run on (held while batches
+    keep coming). `answer` returns what it found by key; a key it leaves out
+    gets `missing(key)`, which may be an exception to raise in that caller.
     """
 
     def __init__(
         self,
-        answer: Callable[[Sequence[K]], Awaitable[Mapping[K, V]]],
+        connect: Callable[[], AbstractAsyncContextManager[C]],
+        answer: Callable[[C, Sequence[K]], Awaitable[Mapping[K, V]]],
         missing: Callable[[K], V | BaseException],
         max_batch: int,
     ) -> None:
+        self._connect = connect
         self._answer = answer
         self._missing = missing
         self._max_batch = max_batch
-        self._waiting: dict[K, list[asyncio.Future[V]]] = {}
+        self._waiting: _Batch[K, V] = {}
         self._worker: asyncio.Task[None] | None = None
 
     async def ask(self, key: K) -> V:
@@ -52,32 +68,49 @@ class Batches(Generic[K, V]):
     async def _answer_batches(self) -> None:
         try:
             while self._waiting:
-                batch = self._take_batch()
-                try:
-                    found = await self._answer(list(batch))
-                except Exception as error:
-                    for futures in batch.values():
-                        for future in futures:
-                            if not future.done():
-                                future.set_exception(error)
-                    continue
-                for key, futures in batch.items():
-                    for future in futures:
-                        if future.done():  # its request was cancelled meanwhile
-                            continue
-                        # Made per caller: an exception raised in several tasks
-                        # would share one traceback.
-                        outcome = found[key] if key in found else self._missing(key)
-                        if isinstance(outcome, BaseException):
-                            future.set_exception(outcome)
-                        else:
-                            future.set_result(outcome)
+                async with contextlib.AsyncExitStack() as held:
+                    try:
+                        connection = await held.enter_async_context(self._connect())
+                    except Exception as error:
+                        # No connection (the pool's timeout, the database
+                        # down): the batch that would have used it fails.
+                        _fail(self._take_batch(), error)
+                        continue
+                    await self._answer_while_waiting(connection)
         finally:
             self._worker = None
 
-    def _take_batch(self) -> dict[K, list[asyncio.Future[V]]]:
+    async def _answer_while_waiting(self, connection: C) -> None:
+        """Batches on one connection until none is waiting or one fails."""
+        while self._waiting:
+            batch = self._take_batch()
+            try:
+                found = await self._answer(connection, list(batch))
+            except Exception as error:
+                _fail(batch, error)
+                return
+            for key, futures in batch.items():
+                for future in futures:
+                    if future.done():  # its request was cancelled meanwhile
+                        continue
+                    # Made per caller: an exception raised in several tasks
+                    # would share one traceback.
+                    outcome = found[key] if key in found else self._missing(key)
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+
+    def _take_batch(self) -> _Batch[K, V]:
         if len(self._waiting) <= self._max_batch:
             batch, self._waiting = self._waiting, {}
             return batch
         keys = list(self._waiting)[: self._max_batch]
         return {key: self._waiting.pop(key) for key in keys}
+
+
+def _fail(batch: _Batch[K, V], error: Exception) -> None:
+    for futures in batch.values():
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)

@@ -72,6 +72,7 @@ def wait_for_database(url: str, settings: Settings, within: float | None) -> str
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.database.migrations import upgrade
+    from service.web import heap
     from service.web.app import create_app
     from service.web.draining import DrainingServer
 
@@ -101,6 +102,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             log.warning("%s", decision.message)
         app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
+        heap.settle()
         DrainingServer.run_app(
             app, settings, host=settings.host, port=settings.port, **uvicorn_options(settings)
         )

@@ -12,6 +12,7 @@ storage.
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 from bisect import bisect_left
@@ -318,6 +319,22 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
 
 def _process(out: Exposition) -> None:
     rejections, latency, fast_path = COUNTERS.snapshot()
+    out.family(
+        "inventory_gc_frozen_objects",
+        "gauge",
+        "Objects `serve` froze once started (service/web/heap.py): the cyclic garbage "
+        "collector never walks them. 0: the heap was not settled.",
+        [((), gc.get_freeze_count())],
+    )
+    out.family(
+        "inventory_gc_collections_total",
+        "counter",
+        "Cyclic garbage collections by generation (0 the youngest) in this process.",
+        [
+            ((("generation", str(generation)),), stats["collections"])
+            for generation, stats in enumerate(gc.get_stats())
+        ],
+    )
     out.family(
         "inventory_fast_path_requests_total",
         "counter",

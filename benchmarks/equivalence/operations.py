@@ -145,12 +145,15 @@ def scalar_values() -> dict[str, st.SearchStrategy[ValueNode]]:
     }
 
 
-# Root fields a fast route answers, drawn more often (the compiled heartbeat and
-# registration, the compiled pages, and the questions schedulers ask most).
+# Root fields a fast route answers, drawn more often (the compiled heartbeat,
+# registration and place, the compiled pages, and the questions schedulers ask most).
 FAVOURED = ("nodes", "freeGpus", "node", "nodes", "freeGpus", "node") + ("heartbeat",) * 5
-FAVOURED += ("registerNode",) * 3
+FAVOURED += ("registerNode",) * 3 + ("place",) * 5
 # Root fields whose compiled route takes only leaves of Node.
 LEAVES_ONLY = (["heartbeat"], ["registerNode"])
+# Root fields shaped for a compiled route (the compiled place takes inline fragments on
+# its union's members).
+COMPILED = (*LEAVES_ONLY, ["nodes"], ["freeGpus"], ["node"], ["place"])
 
 
 def drawn_documents(schema: GraphQLSchema, sdl: str) -> st.SearchStrategy[DocumentNode]:
@@ -365,13 +368,30 @@ class _Dresser:
 
 
 def compiled_shape(
-    selection_set: SelectionSetNode, parent: GraphQLNamedType, leaves_only: bool
+    schema: GraphQLSchema,
+    selection_set: SelectionSetNode,
+    parent: GraphQLNamedType,
+    leaves_only: bool,
 ) -> SelectionSetNode:
     """The selection without what no compiled route takes: arguments below the root
     (dropped where all are optional, as Node.freeGpus without gpuClass; else the field),
-    and (for the heartbeat) anything but leaves."""
+    and (for the heartbeat) anything but leaves. Inline fragments on a union's members
+    (place's) are kept, shaped alike."""
     kept: list[SelectionNode] = []
     for selection in selection_set.selections:
+        if isinstance(selection, InlineFragmentNode) and selection.type_condition is not None:
+            on = schema.get_type(selection.type_condition.name.value)
+            if on is not None:
+                kept.append(
+                    InlineFragmentNode(
+                        type_condition=selection.type_condition,
+                        directives=(),
+                        selection_set=compiled_shape(
+                            schema, selection.selection_set, on, leaves_only
+                        ),
+                    )
+                )
+            continue
         if not isinstance(selection, FieldNode) or not isinstance(parent, GraphQLObjectType):
             continue
         definition = parent.fields.get(selection.name.value)
@@ -398,7 +418,7 @@ def compiled_shape(
                 )
             )
         elif root or not leaves_only:
-            inner = compiled_shape(selection.selection_set, named, leaves_only and not root)
+            inner = compiled_shape(schema, selection.selection_set, named, leaves_only and not root)
             if inner.selections:
                 kept.append(
                     FieldNode(
@@ -428,12 +448,15 @@ def operations(draw: st.DrawFn, schema: GraphQLSchema, sdl: str) -> Operation:
     dresser = _Dresser(schema, draw)
     selection_set = operation.selection_set
     root_fields = [s.name.value for s in selection_set.selections if isinstance(s, FieldNode)]
-    if root_fields in (*LEAVES_ONLY, ["nodes"], ["freeGpus"], ["node"]) and dresser.chance(85):
+    if root_fields in COMPILED and dresser.chance(85):
         # Shaped for the compiled routes (the agents' mutations' leaves, a page's
-        # or one node's plain fields and lists), which take only what they can answer whole.
+        # or one node's plain fields and lists, a placement's union members), which take
+        # only what they can answer whole.
         dresser.plain = True
         dresser.features.add("compiled shape")
-        selection_set = compiled_shape(selection_set, root, leaves_only=root_fields in LEAVES_ONLY)
+        selection_set = compiled_shape(
+            schema, selection_set, root, leaves_only=root_fields in LEAVES_ONLY
+        )
     if dresser.chance(75):
         selection_set = dresser.selections(selection_set, root)
     name = None

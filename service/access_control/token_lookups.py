@@ -17,7 +17,6 @@ exactly as a statement of its own would.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -25,6 +24,7 @@ from service.access_control import tokens
 from service.access_control.tokens import TokenRecord
 from service.batches import Batches
 from service.database import connections
+from service.database.connections import NativeConnection
 
 # Digests are 64 characters; a few hundred of them are one small array.
 MAX_BATCH = 500
@@ -35,8 +35,8 @@ class TokenLookups:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._batches: Batches[str, TokenRecord | None] = Batches(
-            self._read, lambda digest: None, MAX_BATCH
+        self._batches: Batches[NativeConnection, str, TokenRecord | None] = Batches(
+            lambda: connections.autocommit(engine), tokens.find_by_digests, _unknown, MAX_BATCH
         )
 
     async def find(self, secret: str) -> TokenRecord | None:
@@ -47,9 +47,9 @@ class TokenLookups:
         """
         return await self._batches.ask(tokens.digest(secret))
 
-    async def _read(self, digests: Sequence[str]) -> Mapping[str, TokenRecord]:
-        async with connections.autocommit(self._engine) as conn:
-            return await tokens.find_by_digests(conn, digests)
+
+def _unknown(digest: str) -> None:
+    return None
 
 
 _lookups: weakref.WeakKeyDictionary[AsyncEngine, TokenLookups] = weakref.WeakKeyDictionary()

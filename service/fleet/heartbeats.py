@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.batches import Batches
-from service.database.transactions import in_statement, in_transaction
+from service.database import connections
+from service.database.connections import NativeConnection
+from service.database.transactions import in_transaction
 from service.errors import NodeNotFound
 from service.fleet import nodes
 from service.fleet.node_views import NodeRecord
@@ -43,16 +45,17 @@ class HeartbeatBatcher:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._batches: Batches[str, NodeRecord] = Batches(self._write, NodeNotFound, MAX_BATCH)
+        self._batches: Batches[NativeConnection, str, NodeRecord] = Batches(
+            lambda: connections.autocommit(engine), self._write, NodeNotFound, MAX_BATCH
+        )
 
     async def beat(self, node_id: str) -> NodeRecord:
         """Record the beat; returns the node as committed, or raises NodeNotFound."""
         return await self._batches.ask(node_id)
 
-    async def _write(self, batch: Sequence[str]) -> dict[str, NodeRecord]:
-        found = await in_statement(
-            self._engine, functools.partial(nodes.heartbeat_alive, node_ids=list(batch))
-        )
+    async def _write(self, conn: NativeConnection, batch: Sequence[str]) -> dict[str, NodeRecord]:
+        # One statement outside a transaction block (as in_statement runs it).
+        found = await nodes.heartbeat_alive(conn, batch)
         # Unknown nodes and nodes coming back: their pools and "back" events
         # in one transaction with their beat.
         rest = [node_id for node_id in batch if node_id not in found]

@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy.engine import Row
@@ -25,10 +26,20 @@ STATES = ("ready", "cordoned", "draining", "unreachable", "lost")
 
 @dataclass(frozen=True)
 class NodeRecord:
+    """A node's row as read (node_from_row), and the views of it that readers use.
+
+    The columns are kept as stored; labels, engine versions and disks are
+    built on first use (cached_property writes the instance's __dict__ itself,
+    which a frozen dataclass allows: the record stays immutable to its
+    readers). Most reads of a node never look at them (a heartbeat's answer,
+    a state check), and decoding the two jsonb columns plus two Disks was two
+    thirds of reading a node's row.
+    """
+
     id: str
     hostname: str
     mgmt_addr: str
-    labels: dict[str, str]
+    labels_json: str | None  # jsonb's text
     memory_total_mb: int | None
     state: str
     state_reason: str | None
@@ -36,9 +47,11 @@ class NodeRecord:
     last_seen: datetime
     registered_at: datetime
     agent_version: str | None
-    engine_versions: dict[str, str]
-    local_disk: Disk | None
-    shared_disk: Disk | None
+    engine_versions_json: str | None  # jsonb's text
+    local_disk_free: int | None
+    local_disk_total: int | None
+    shared_disk_free: int | None
+    shared_disk_total: int | None
     knows_its_weights: bool
     # The kernel's boot id the agent last reported; None from an older agent.
     boot_id: str | None = None
@@ -46,6 +59,27 @@ class NodeRecord:
     @property
     def schedulable(self) -> bool:
         return is_schedulable(self.state)
+
+    @cached_property
+    def labels(self) -> dict[str, str]:
+        return _mapping(self.labels_json)
+
+    @cached_property
+    def engine_versions(self) -> dict[str, str]:
+        return _mapping(self.engine_versions_json)
+
+    @cached_property
+    def local_disk(self) -> Disk | None:
+        """Space on the filesystems the node fills itself; None when unknown."""
+        return _disk(self.local_disk_free, self.local_disk_total)
+
+    @cached_property
+    def shared_disk(self) -> Disk | None:
+        return _disk(self.shared_disk_free, self.shared_disk_total)
+
+
+def _disk(free: int | None, total: int | None) -> Disk | None:
+    return None if total is None else Disk(free, total)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -61,10 +95,11 @@ class NodeFilter:
 
 # Also what nodes.heartbeat_many and register_node return, so their replies
 # need no second read. node_from_row reads these columns by position.
+# The jsonb columns as text: NodeRecord decodes them when they are read.
 NODE_COLUMNS = """
-    n.id, n.hostname, n.mgmt_addr, n.labels, n.memory_total_mb, n.state,
+    n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
-    n.agent_version, n.engine_versions, n.local_disk_free, n.local_disk_total,
+    n.agent_version, n.engine_versions::text AS engine_versions, n.local_disk_free, n.local_disk_total,
     n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id
 """
 _NODE_WIDTH = 19
@@ -102,7 +137,10 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
     """A node from a row that starts with NODE_COLUMNS, in their order.
 
     By position: named access on SQLAlchemy rows was most of this function's
-    cost, which a 1,000-node page pays a thousand times.
+    cost, which a 1,000-node page pays a thousand times. The record's fields
+    are set as one dict update: the frozen dataclass's __init__ sets each of
+    its 18 fields through object.__setattr__, half of reading a node's row
+    (2.4 against 4.9 us), and a batch of heartbeats reads a row per beat.
     """
     (
         node_id, hostname, mgmt_addr, labels, memory_total_mb, state, admin_reason,
@@ -115,11 +153,12 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         reason, actor = liveness_reason, None
     else:
         reason, actor = admin_reason, admin_actor
-    return NodeRecord(
+    record: NodeRecord = object.__new__(NodeRecord)
+    record.__dict__.update(
         id=node_id,
         hostname=hostname,
         mgmt_addr=mgmt_addr,
-        labels=_mapping(labels),
+        labels_json=labels,
         memory_total_mb=memory_total_mb,
         state=state,
         state_reason=reason,
@@ -127,12 +166,15 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         last_seen=last_seen,
         registered_at=registered_at,
         agent_version=agent_version,
-        engine_versions=_mapping(engine_versions),
-        local_disk=Disk(local_free, local_total) if local_total is not None else None,
-        shared_disk=Disk(shared_free, shared_total) if shared_total is not None else None,
+        engine_versions_json=engine_versions,
+        local_disk_free=local_free,
+        local_disk_total=local_total,
+        shared_disk_free=shared_free,
+        shared_disk_total=shared_total,
         knows_its_weights=knows,
         boot_id=boot_id,
     )
+    return record
 
 
 async def get_nodes(conn: Connection, ids: Sequence[str]) -> dict[str, NodeRecord]:

@@ -7,8 +7,9 @@ import strawberry
 from service.database.connections import Connection
 from service.metrics import count_rejection
 from service.scheduling import allocations, placement
-from service.scheduling.place_batches import place_batched
+from service.scheduling.place_batches import Outcome, place_batched
 from service.scheduling.rejections import Rejection
+from service.scheduling.verdicts import PlaceRequest
 
 from .allocation_types import (
     Allocated,
@@ -19,7 +20,42 @@ from .allocation_types import (
     PlaceResult,
     Unplaceable,
 )
-from .context import Info
+from .context import Context, Info
+
+# The key of a place a fast route made and handed to the resolver
+# (Context.hand_over; service/graphql/fast/compiled_place.py).
+PLACE = "place"
+
+
+async def place_outcome(context: Context, request: PlaceRequest) -> Outcome:
+    """`place`'s domain call, the resolver's and the compiled route's: shared transactions."""
+    settings = context.settings
+    return await place_batched(
+        context.engine,
+        request,
+        context.actor,
+        size=settings.place_batch,
+        transactions=settings.place_transactions,
+    )
+
+
+def count_place(outcome: Outcome) -> None:
+    """Count a placement that did not allocate with the rejections, once it is answered."""
+    if isinstance(outcome, Rejection):
+        count_rejection(outcome.code.value)
+    elif isinstance(outcome, placement.Unplaceable):
+        # Counted with the rejections, under its own name: "no room" is
+        # the signal that the cluster needs more of a class.
+        count_rejection("UNPLACEABLE")
+
+
+def place_result(outcome: Outcome) -> Allocated | Unplaceable | AllocationRejected:
+    """The PlaceResult member a placement's outcome is answered with."""
+    if isinstance(outcome, Rejection):
+        return AllocationRejected.of(outcome)
+    if isinstance(outcome, placement.Unplaceable):
+        return Unplaceable.of(outcome)
+    return Allocated.of(outcome)
 
 
 @strawberry.type
@@ -50,24 +86,15 @@ class AllocationMutations:
         )
     )
     async def place(self, info: Info, input: PlaceInput) -> PlaceResult:
+        context = info.context
         request = input.to_request()
-        settings = info.context.settings
-        outcome = await place_batched(
-            info.context.engine,
-            request,
-            info.context.actor,
-            size=settings.place_batch,
-            transactions=settings.place_transactions,
+        # Once: the compiled route may have placed it already and handed the
+        # outcome over (service/graphql/fast/compiled_place.py).
+        outcome = await context.once(
+            (PLACE, request.replica_id), lambda: place_outcome(context, request)
         )
-        if isinstance(outcome, Rejection):
-            count_rejection(outcome.code.value)
-            return AllocationRejected.of(outcome)
-        if isinstance(outcome, placement.Unplaceable):
-            # Counted with the rejections, under its own name: "no room" is
-            # the signal that the cluster needs more of a class.
-            count_rejection("UNPLACEABLE")
-            return Unplaceable.of(outcome)
-        return Allocated.of(outcome)
+        count_place(outcome)
+        return place_result(outcome)
 
     @strawberry.mutation(
         description="Free one shard's GPUs; returns how many GPUs were freed (0 if none were held)."

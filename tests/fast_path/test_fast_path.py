@@ -356,3 +356,32 @@ def test_no_module_of_the_graphql_layer_imports_itself_in_a_circle() -> None:
 
     circles = [c for c in map(cycle_from, sorted(graph)) if c is not None]
     assert circles == []
+
+
+async def test_one_compiled_heartbeat_answers_each_state_a_node_passes_through(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    # The compiled route keeps the written form of each state it has answered
+    # (node_leaves._Leaf.written): a node cordoned, drained and uncordoned
+    # between its beats must read each time as Strawberry alone says.
+    await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-01")}})
+    beat = {
+        "query": "mutation B($id: ID!) { heartbeat(nodeId: $id) { state stateReason schedulable } }",
+        "variables": {"id": "gpu-01"},
+    }
+    seen = []
+    for change in (
+        None,
+        'mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }',
+        'mutation { drainNode(id: "gpu-01", reason: "kernel update") { id } }',
+        'mutation { uncordonNode(id: "gpu-01") { id } }',
+    ):
+        if change is not None:
+            await same_answer(both, {"query": change})
+        seen.append((await same_answer(both, beat))["data"]["heartbeat"])
+    assert seen == [
+        {"state": "READY", "stateReason": None, "schedulable": True},
+        {"state": "CORDONED", "stateReason": "burn-in", "schedulable": False},
+        {"state": "DRAINING", "stateReason": "kernel update", "schedulable": False},
+        {"state": "READY", "stateReason": None, "schedulable": True},
+    ]

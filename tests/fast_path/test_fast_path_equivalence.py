@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from benchmarks.allocation import PLACE as BENCHMARK_PLACE
 from benchmarks.database import create_database, drop_database
 from benchmarks.equivalence import explore
 from benchmarks.equivalence.differential import MAX_PAGE_SIZE, Differential, Normalizer, settings
@@ -34,8 +35,12 @@ from benchmarks.equivalence.seed import NODES
 from service.ctl.nodes import NODE as CTL_NODE
 from service.ctl.nodes import NODES as CTL_NODES
 from service.database.migrations import upgrade
+from service.graphql import allocation_mutations
+from service.graphql.allocation_types import AllocationRejected
+from service.graphql.types import Allocation
 from service.metrics import COUNTERS
 from service.web.app import create_app
+from tests.reports import PLACE as SCHEDULER_PLACE
 
 OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))
 OPERATIONS_DIR = Path(__file__).resolve().parents[2] / "agent" / "operations"
@@ -70,6 +75,7 @@ def same(both: Both, query: str, variables: dict[str, Any] | None = None, **kw: 
 
 def test_generated_operations_are_answered_alike(both: Both) -> None:
     loop, differential = both
+    place = answered("place")
     found = explore(loop, differential, OPERATIONS)
     assert not found.differences, "\n\n".join(d.describe() for d in found.differences)
     assert found.operations >= OPERATIONS
@@ -82,6 +88,8 @@ def test_generated_operations_are_answered_alike(both: Both) -> None:
         "__typename", "operation name", "two operations", "variable of another type",
         "variable left out", "variable of the wrong JSON type",
     } <= set(found.features), found.features  # fmt: skip
+    # Placements shaped for the compiled place route (operations.COMPILED) reach it.
+    assert answered("place") - place >= OPERATIONS // 30
 
 
 def test_the_comparison_keeps_formats_and_seeded_values() -> None:
@@ -234,3 +242,155 @@ def test_an_agents_report_is_answered_alike_by_the_compiled_registration(both: B
 def counted(before: dict[tuple[str, str, str], int], route: str, outcome: str, reason: str) -> int:
     key = (route, outcome, reason)
     return COUNTERS.snapshot()[2].get(key, 0) - before.get(key, 0)
+
+
+# The schedulers' place (compiled_place.py), in the documents they send: the benchmark's,
+# the tests' schedulers' (every field of every member), and the README's literal.
+PLACE_DOCUMENTS = (BENCHMARK_PLACE, SCHEDULER_PLACE)
+README_PLACE = """
+mutation {
+  place(input: {replicaId: "llama-70b-r3", gpuClass: "H100-80GB", shards: 2,
+                gpusPerShard: 2, fabric: "ib-a", minLocalDiskFree: 10000000000}) {
+    ... on Allocated { allocations { shardId nodeId gpuIndices hcas createdAt } }
+    ... on Unplaceable { message verdicts { nodeId code detail } verdictsOmitted }
+    ... on AllocationRejected { code message }
+  }
+}
+"""
+
+
+def placement(replica_id: str, gpu_class: str = "H100-80GB", **fields: Any) -> dict[str, Any]:
+    return {"input": {"replicaId": replica_id, "gpuClass": gpu_class, **fields}}
+
+
+def rejections() -> dict[str, int]:
+    return COUNTERS.snapshot()[0]
+
+
+def test_each_place_result_is_answered_alike_by_the_compiled_place_route(both: Both) -> None:
+    """Allocated, Unplaceable and AllocationRejected: the same answer, the same rows and
+    the same rejection count as Strawberry alone, answered by the compiled route."""
+    before, counted_before = COUNTERS.snapshot()[2], rejections()
+    for document in PLACE_DOCUMENTS:
+        same(both, document, placement("new-1", gpusPerShard=1))  # Allocated
+        same(both, document, placement("new-2", shards=2, gpusPerShard=2, fabric="ib-a"))
+        same(both, document, placement("r-2", gpusPerShard=2))  # r-2 again: what it holds
+        same(both, document, placement("new-3", "H200-141GB", gpusPerShard=8))  # Unplaceable
+        same(both, document, placement("new-4", "A100-40GB", gpusPerShard=1, nvlinkShards=True))
+        same(both, document, placement("new-5", gpusPerShard=0))  # AllocationRejected
+        same(both, document, placement("r-1", gpusPerShard=1))  # r-1 holds other shards
+    same(both, README_PLACE)
+    # Aliased, fragments on the union and without a condition, keys repeated and merged,
+    # a literal holding variables.
+    same(
+        both,
+        "mutation($id: ID!, $n: Int!) { p: place(input: {replicaId: $id, gpuClass: "
+        '"H100-80GB", gpusPerShard: $n}) { ... on PlaceResult { __typename } ... { '
+        "... on Allocated { allocations { nodeId } a: allocations { gpuIndices } } } "
+        "... on Allocated { allocations { shardId nodeId } __typename } "
+        "... on AllocationRejected { message code } } }",
+        {"id": "new-6", "n": 3},
+    )
+    assert counted(before, "place", "answered", "") == 2 * 7 + 2
+    assert counted(before, "graphql_core", "answered", "") == 0
+    # Each app counted each refusal once (the fast app's in its route, the reference's in
+    # its resolver: allocation_mutations.count_place).
+    counted_now = {k: n - counted_before.get(k, 0) for k, n in rejections().items()}
+    assert {k: n for k, n in counted_now.items() if n} == {
+        "UNPLACEABLE": 2 * 2 * 2, "INVALID": 2 * 2, "DUPLICATE_SHARD": 2 * 2,
+    }  # fmt: skip
+
+
+def test_a_place_the_compiled_route_does_not_take_is_graphql_cores(both: Both) -> None:
+    """Input graphql-core would coerce or refuse, a refused caller, a directive, a named
+    fragment: declined before anything is written (or never compiled), answered alike."""
+    before = COUNTERS.snapshot()[2]
+    document = SCHEDULER_PLACE
+    same(both, document, {"input": {"replicaId": 7, "gpuClass": "H100-80GB", "gpusPerShard": 1}})
+    same(both, document, placement("new-1", gpusPerShard=2**31))  # out of Int's range
+    same(both, document, placement("new-1", gpusPerShard="1"))  # a string for an Int
+    same(both, document, placement("new-1", gpusPerShard=1, zone="a"))  # an unknown field
+    same(both, document, {"input": {"replicaId": "new-1", "gpuClass": "H100-80GB"}})
+    same(both, document, {"input": None})
+    same(both, document, {})
+    assert counted(before, "place", "declined", "variables_for_graphql_core") == 7
+    same(
+        both,
+        "mutation($c: String!) { place(input: {replicaId: null, gpuClass: $c, gpusPerShard: 1})"
+        " { __typename } }",
+        {"c": "H100-80GB"},
+    )  # refused by validation: Strawberry's view words it
+    same(both, document, placement("new-1", gpusPerShard=1), role="reader")
+    same(both, document, placement("new-1", gpusPerShard=1), role="agent")
+    same(both, document, placement("new-1", gpusPerShard=1), role=None)  # before the front door
+    assert counted(before, "place", "declined", "refused") == 2
+    same(
+        both,
+        "mutation($i: PlaceInput!, $t: Boolean!) { place(input: $i) { __typename @include(if: $t)"
+        " ...R } } fragment R on Allocated { allocations { nodeId } }",
+        {**placement("new-1", gpusPerShard=1), "t": True},
+    )
+    assert counted(before, "place", "answered", "") == 0
+    # Its variables coerced by graphql-core where the plan declined them too.
+    by_graphql_core = counted(before, "graphql_core", "answered", "") + counted(
+        before, "graphql_core", "answered", "variables_coerced_by_graphql_core"
+    )
+    assert by_graphql_core == 7 + 2 + 1
+
+
+def test_a_place_declined_after_it_ran_is_not_placed_again(
+    both: Both, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A place that raised after writing, or whose answer graphql-core must word: one place
+    per app, the outcome handed to the resolver (Context.hand_over), the same answer."""
+    calls: list[str] = []
+    real = allocation_mutations.place_batched
+
+    async def counted_place(engine: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(request.replica_id)
+        return await real(engine, request, *args, **kwargs)
+
+    monkeypatch.setattr(allocation_mutations, "place_batched", counted_place)
+    before, counted_before = COUNTERS.snapshot()[2], rejections()
+    # An Int the schema's serializer refuses, in the answer of a place that allocated.
+    real_of = Allocation.of
+
+    def out_of_range(shard: Any) -> Allocation:
+        allocation = real_of(shard)
+        allocation.gpu_indices = [2**40]
+        return allocation
+
+    monkeypatch.setattr(Allocation, "of", out_of_range)
+    same(both, SCHEDULER_PLACE, placement("new-1", gpusPerShard=1))
+    assert calls == ["new-1", "new-1"]
+    assert counted(before, "place", "declined", "leaf_not_serializable") == 1
+    monkeypatch.setattr(Allocation, "of", real_of)
+
+    # Placed, then failed: masked as the reference masks it.
+    async def place_then_fail(engine: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(request.replica_id)
+        await real(engine, request, *args, **kwargs)
+        raise RuntimeError("failed after the place")
+
+    monkeypatch.setattr(allocation_mutations, "place_batched", place_then_fail)
+    calls.clear()
+    same(both, SCHEDULER_PLACE, placement("new-2", gpusPerShard=1))
+    assert calls == ["new-2", "new-2"]
+    assert counted(before, "place", "declined", "place_failed") == 1
+    assert counted(before, "graphql_core", "answered", "") == 2
+
+    # A refusal handed over is counted once per app too.
+    monkeypatch.setattr(allocation_mutations, "place_batched", counted_place)
+    monkeypatch.setattr(AllocationRejected, "of", _rejected_with_a_huge_index)
+    calls.clear()
+    same(both, SCHEDULER_PLACE, placement("new-3", gpusPerShard=0))
+    assert calls == ["new-3", "new-3"]
+    assert counted(before, "place", "declined", "leaf_not_serializable") == 2
+    assert rejections().get("INVALID", 0) - counted_before.get("INVALID", 0) == 2
+
+
+def _rejected_with_a_huge_index(rejection: Any) -> AllocationRejected:
+    return AllocationRejected(
+        code=rejection.code, message=rejection.message, node_id=None, gpu_index=2**40,
+        held_by=None,
+    )  # fmt: skip

@@ -34,7 +34,6 @@ database that is down or an id it cannot store (outcomes.compiled_read).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import strawberry
@@ -53,6 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.batches import Batches
 from service.database import connections
+from service.database.connections import NativeConnection
 from service.fleet import node_pages
 from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
@@ -85,17 +85,14 @@ class CompiledNode:
         self._role = role_of("Query", FIELD)
         self._start = b'{"data":{' + json.dumps(key).encode() + b":"
         # By engine: one per app, as the app's front door holds this route.
-        self._batches: dict[AsyncEngine, Batches[str, str | None]] = {}
+        self._batches: dict[AsyncEngine, Batches[NativeConnection, str, str | None]] = {}
 
-    def _batches_of(self, engine: AsyncEngine) -> Batches[str, str | None]:
+    def _batches_of(self, engine: AsyncEngine) -> Batches[NativeConnection, str, str | None]:
         batches = self._batches.get(engine)
         if batches is None:
-
-            async def read(node_ids: Sequence[str]) -> Mapping[str, str | None]:
-                async with connections.autocommit(engine) as conn:
-                    return await self._node.fetch(conn, node_ids)
-
-            batches = self._batches[engine] = Batches(read, _no_node, MAX_BATCH)
+            batches = self._batches[engine] = Batches(
+                lambda: connections.autocommit(engine), self._node.fetch, _no_node, MAX_BATCH
+            )
         return batches
 
     async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:

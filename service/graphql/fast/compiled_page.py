@@ -68,7 +68,6 @@ from graphql import (
     get_variable_values,
     located_error,
 )
-from strawberry.types.arguments import StrawberryArgument, convert_arguments
 
 from service.database import connections
 from service.fleet import node_pages, node_views
@@ -77,9 +76,9 @@ from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
 
 from .documents import only_root_field
-from .fields import NotAnObjectType, field_arguments, record_attributes
+from .fields import ArgumentConversion, NotAnObjectType, record_attributes
 from .outcomes import Answered, Declined, Outcome, compiled_read
-from .private_api import core_schema, scalar_registry
+from .private_api import core_schema
 
 # The root fields compiled, and the arguments CompiledPage.run passes on, by
 # their types: an argument the page does not pass on is declined, never
@@ -120,15 +119,13 @@ class _ResolverArguments:
         operation: OperationDefinitionNode,
         field: GraphQLField,
         node: FieldNode,
-        arguments: list[StrawberryArgument],
+        convert: ArgumentConversion,
     ) -> None:
         self._core = core_schema(schema)
         self._definitions = operation.variable_definitions or ()
         self._field = field
         self._node = node
-        self._arguments = arguments
-        self._scalars = scalar_registry(schema)
-        self._config = schema.config
+        self._convert = convert
 
     def __call__(self, variables: dict[str, Any]) -> dict[str, Any]:
         values = get_variable_values(self._core, self._definitions, variables)
@@ -138,7 +135,7 @@ class _ResolverArguments:
             given = get_argument_values(self._field, self._node, values)
         except GraphQLError:  # graphql-core's to word
             raise _Declined from None
-        return convert_arguments(given, self._arguments, self._scalars, self._config)
+        return self._convert(given)
 
 
 class CompiledPage:
@@ -393,8 +390,8 @@ def compile_page(
     return CompiledPage(field, root, key, page, arguments, resolver_arguments)
 
 
-def _strawberry_arguments(schema: strawberry.Schema, field: str) -> list[StrawberryArgument]:
+def _strawberry_arguments(schema: strawberry.Schema, field: str) -> ArgumentConversion:
     try:
-        return field_arguments(schema, "Query", field)
+        return ArgumentConversion(schema, "Query", field)
     except LookupError:
         raise _Declined from None

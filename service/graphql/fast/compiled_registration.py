@@ -31,7 +31,6 @@ from typing import Any
 
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
-from strawberry.types.arguments import StrawberryArgument, convert_arguments
 
 from service.errors import InventoryError
 from service.graphql.context import Context
@@ -39,10 +38,10 @@ from service.graphql.mutations import REGISTER, store_report
 from service.graphql.permissions import check_role, role_of
 
 from .documents import only_root_field
-from .fields import field_arguments
+from .fields import ArgumentConversion
 from .node_leaves import NodeLeaves, node_leaves, write_and_answer
 from .outcomes import Declined, Outcome
-from .private_api import core_schema, scalar_registry
+from .private_api import core_schema
 from .variables import Declined as LeftToGraphqlCore
 from .variables import VariablePlan, compile_variables
 
@@ -53,19 +52,16 @@ ARGUMENT = "input"
 class CompiledRegistration:
     def __init__(
         self,
-        schema: strawberry.Schema,
         key: str,
         variable: str,
         variables: VariablePlan,
-        arguments: list[StrawberryArgument],
+        convert: ArgumentConversion,
         leaves: NodeLeaves,
     ) -> None:
         self._key = key
         self._variable = variable
         self._variables = variables
-        self._arguments = arguments
-        self._scalars = scalar_registry(schema)
-        self._config = schema.config
+        self._convert = convert
         self._leaves = leaves
         self._role = role_of("Mutation", FIELD)
 
@@ -78,7 +74,7 @@ class CompiledRegistration:
         if given is None:  # absent or null: graphql-core's error to word
             return Declined("variables_for_graphql_core")
         # As Strawberry's resolver wrapper converts the field's arguments.
-        kwargs = convert_arguments({ARGUMENT: given}, self._arguments, self._scalars, self._config)
+        kwargs = self._convert({ARGUMENT: given})
         try:
             check_role(self._role, FIELD, context.principal, kwargs)
         except InventoryError:
@@ -94,10 +90,10 @@ class CompiledRegistration:
         )
 
 
-def _arguments(schema: strawberry.Schema) -> list[StrawberryArgument] | None:
-    """registerNode's arguments as Strawberry declares them."""
+def _conversion(schema: strawberry.Schema) -> ArgumentConversion | None:
+    """registerNode's arguments as Strawberry converts them."""
     try:
-        return field_arguments(schema, "Mutation", FIELD)
+        return ArgumentConversion(schema, "Mutation", FIELD)
     except LookupError:
         return None
 
@@ -115,10 +111,10 @@ def compile_registration(
     value = given[0].value
     if not isinstance(value, VariableNode):
         return None
-    arguments = _arguments(schema)
+    convert = _conversion(schema)
     plan = compile_variables(core_schema(schema), operation)
     leaves = node_leaves(schema, root.selection_set)
-    if arguments is None or plan is None or leaves is None:
+    if convert is None or plan is None or leaves is None:
         return None
     key = root.alias.value if root.alias else FIELD
-    return CompiledRegistration(schema, key, value.name.value, plan, arguments, leaves)
+    return CompiledRegistration(key, value.name.value, plan, convert, leaves)

@@ -289,7 +289,7 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         return (read, complete) if complete is not None else (None, None)
 
     def _plain_getter(self, field: GraphQLField) -> Getter | None:
-        attribute = _plain_attribute(field)
+        attribute = plain_attribute(field)
         if attribute is not None:
             return attrgetter(attribute)
         ready = _ready_function(field)
@@ -306,43 +306,58 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         return read
 
     def _completer(
-        self,
-        return_type: GraphQLOutputType,
-        field_details_list: FieldDetailsList,
-        non_null: bool = False,
+        self, return_type: GraphQLOutputType, field_details_list: FieldDetailsList
     ) -> Completer | None:
-        """How to complete a value of this type as graphql-core's complete_value would, if plain.
+        """How to complete a value of this type as graphql-core's complete_value would, if plain."""
 
-        Non-null is a flag of the completer it wraps rather than a completer of
-        its own: a call per value was the fast path's biggest cost.
-        """
-        if is_non_null_type(return_type):
-            assert isinstance(return_type, GraphQLNonNull)
-            return self._completer(return_type.of_type, field_details_list, non_null=True)
-        if is_list_type(return_type):
-            assert isinstance(return_type, GraphQLList)
-            item = self._completer(return_type.of_type, field_details_list)
-            return None if item is None else _list(item, non_null)
-        if is_leaf_type(return_type):
-            return _leaf(return_type, self.is_awaitable, non_null)
-        if is_object_type(return_type):
-            assert isinstance(return_type, GraphQLObjectType)
-            # is_type_of needs a ResolveInfo (Strawberry sets it for types with
-            # interfaces); abstract types need a type resolver: graphql-core's.
-            if return_type.is_type_of is not None:
-                return None
+        def entries(object_type: GraphQLObjectType) -> list[Entry] | None:
             sub_fields, new_defer_usages, _forbidden = self.collect_subfields(
-                return_type, field_details_list
+                object_type, field_details_list
             )
             if new_defer_usages:
                 return None
-            plan = self._plan(return_type, sub_fields)
-            if not plan.fast:
-                # A resolver inside: the field goes through graphql-core, whose
-                # completion of the object comes back to execute_fields above.
-                return None
-            return _object(plan.entries, return_type.name, self.is_awaitable, non_null)
-        return None
+            plan = self._plan(object_type, sub_fields)
+            # Not fast: a resolver inside. The field goes through graphql-core,
+            # whose completion of the object comes back to execute_fields above.
+            return plan.entries if plan.fast else None
+
+        return plain_completer(return_type, entries, self.is_awaitable)
+
+
+def plain_completer(
+    return_type: GraphQLOutputType,
+    object_entries: Callable[[GraphQLObjectType], list[Entry] | None],
+    is_awaitable: Callable[[Any], bool],
+    non_null: bool = False,
+) -> Completer | None:
+    """How to complete a value of this type as graphql-core's complete_value would, if plain.
+
+    `object_entries` plans an object type's selection (None: not plain).
+    Also the compiled place route's (compiled_place.py), whose selections are
+    collected without an execution context. Non-null is a flag of the
+    completer it wraps rather than a completer of its own: a call per value
+    was the fast path's biggest cost.
+    """
+    if is_non_null_type(return_type):
+        assert isinstance(return_type, GraphQLNonNull)
+        return plain_completer(return_type.of_type, object_entries, is_awaitable, non_null=True)
+    if is_list_type(return_type):
+        assert isinstance(return_type, GraphQLList)
+        item = plain_completer(return_type.of_type, object_entries, is_awaitable)
+        return None if item is None else _list(item, non_null)
+    if is_leaf_type(return_type):
+        return _leaf(return_type, is_awaitable, non_null)
+    if is_object_type(return_type):
+        assert isinstance(return_type, GraphQLObjectType)
+        # is_type_of needs a ResolveInfo (Strawberry sets it for types with
+        # interfaces); abstract types need a type resolver: graphql-core's.
+        if return_type.is_type_of is not None:
+            return None
+        entries = object_entries(return_type)
+        if entries is None:
+            return None
+        return object_completer(entries, return_type.name, is_awaitable, non_null)
+    return None
 
 
 def _only_collection_directives(field_details_list: FieldDetailsList) -> bool:
@@ -353,7 +368,7 @@ def _only_collection_directives(field_details_list: FieldDetailsList) -> bool:
     )
 
 
-def _plain_attribute(field: GraphQLField) -> str | None:
+def plain_attribute(field: GraphQLField) -> str | None:
     """The attribute a field's value is, when its resolver is Strawberry's default getattr."""
     definition = (field.extensions or {}).get(STRAWBERRY_DEFINITION)
     if not isinstance(definition, StrawberryField):
@@ -461,7 +476,7 @@ def _leaf(
     return complete_passing
 
 
-def _object(
+def object_completer(
     entries: list[Entry], typename: str, is_awaitable: Callable[[Any], bool], non_null: bool
 ) -> Completer:
     def complete(value: Any) -> Any:

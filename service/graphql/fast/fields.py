@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import strawberry
-from strawberry.types.arguments import StrawberryArgument
+from strawberry.types.arguments import StrawberryArgument, convert_arguments
 from strawberry.types.base import StrawberryObjectDefinition
 from strawberry.types.field import StrawberryField
 from strawberry.types.private import is_private
@@ -27,6 +27,7 @@ from strawberry.types.private import is_private
 from service.graphql.types import RECORD
 
 from .execution import READY
+from .private_api import scalar_registry
 
 
 class NotAnObjectType(LookupError):
@@ -57,6 +58,20 @@ def field_arguments(
         if _graphql_name(schema, f) == field_name:
             return list(f.arguments)
     raise LookupError(f"{type_name}.{field_name}")
+
+
+class ArgumentConversion:
+    """A field's arguments as Strawberry's resolver wrapper converts them: convert_arguments
+    with the field's own arguments, the schema's scalars and its config (for the compiled
+    routes that call a resolver's steps themselves). LookupError if there is no such field."""
+
+    def __init__(self, schema: strawberry.Schema, type_name: str, field_name: str) -> None:
+        self._arguments = field_arguments(schema, type_name, field_name)
+        self._scalars = scalar_registry(schema)
+        self._config = schema.config
+
+    def __call__(self, values: dict[str, Any]) -> dict[str, Any]:
+        return convert_arguments(values, self._arguments, self._scalars, self._config)
 
 
 def plain_fields(schema: strawberry.Schema, type_name: str) -> dict[str, StrawberryField]:

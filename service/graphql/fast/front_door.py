@@ -27,6 +27,7 @@ and graphql_core stands after it:
 | --- | --- | --- | --- |
 | heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node | the resolver's domain call and role check, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
 | registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the resolver's role check and write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
+| place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the role check, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
 | page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (node_pages.py) | the resolver's role check, page size and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
 | node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the resolver's role check and node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
@@ -69,6 +70,7 @@ from service.web.http_guards import Receive, Scope
 from .compiled_heartbeat import compile_heartbeat
 from .compiled_node import compile_node
 from .compiled_page import compile_page
+from .compiled_place import compile_place
 from .compiled_registration import compile_registration
 from .direct import DirectOperation
 from .documents import Prepared, PreparedDocuments
@@ -88,6 +90,7 @@ Compile = Callable[[strawberry.Schema, OperationDefinitionNode], CompiledRoute |
 ROUTES: Final[tuple[tuple[str, Compile], ...]] = (
     ("heartbeat", compile_heartbeat),
     ("registration", compile_registration),
+    ("place", compile_place),
     ("page", compile_page),
     ("node", compile_node),
 )
