@@ -9,15 +9,16 @@ first side commit. No sleeps decide the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncTransaction
 
 from service.config import Settings
 from service.database.connections import Connection
@@ -55,6 +56,35 @@ async def until_blocked(engine: AsyncEngine, holder: int, task: asyncio.Future[A
                 return
             await asyncio.sleep(0.01)
     raise AssertionError("the concurrent request never waited for the lock")
+
+
+@contextlib.asynccontextmanager
+async def shard_uncommitted(
+    engine: AsyncEngine, shard_id: str, node_id: str, gpu: int, *, holding: bool
+) -> AsyncIterator[tuple[int, AsyncTransaction]]:
+    """A shard another transaction has written and not committed: (its backend's pid, it).
+
+    Written as a writer that skips the node's lock would (`holding`: with its
+    GPU held too). The transaction is rolled back on leaving unless the test
+    ended it.
+    """
+    replica_id = shard_id.rsplit("-s", 1)[0]
+    async with engine.connect() as conn:
+        tx = await conn.begin()
+        pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+        await conn.execute(
+            text(
+                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
+                " VALUES (:shard_id, :replica_id, :node_id, ARRAY[CAST(:gpu AS int)])"
+            ),
+            {"shard_id": shard_id, "replica_id": replica_id, "node_id": node_id, "gpu": gpu},
+        )
+        if holding:
+            await conn.execute(
+                text("INSERT INTO allocated_gpus VALUES (:node_id, :gpu, :shard_id)"),
+                {"shard_id": shard_id, "node_id": node_id, "gpu": gpu},
+            )
+        yield pid, tx
 
 
 async def while_open(

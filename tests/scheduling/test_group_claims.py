@@ -42,7 +42,7 @@ from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api
 from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.scheduling.test_allocation_races import until_blocked
+from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
 from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink, with_peers
 
 T = TypeVar("T")
@@ -253,18 +253,9 @@ async def test_a_gpu_taken_meanwhile_costs_only_its_call_which_is_made_again_alo
     await api(REGISTER, {"input": node_input("gpu-07")})
     shape = PlaceRequest("", "H100-80GB", 1)
     calls: Calls = [(replace(shape, replica_id=f"r{i}"), None) for i in range(4)]
-    async with engine.connect() as rogue:
-        # A writer that skips the node lock holds GPU 3, uncommitted: the
-        # group's snapshot sees it free, and its insert of GPU 3 waits.
-        tx = await rogue.begin()
-        pid = (await rogue.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-        await rogue.execute(
-            text(
-                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
-                " VALUES ('rogue-s0', 'rogue', 'gpu-07', '{3}')"
-            )
-        )
-        await rogue.execute(text("INSERT INTO allocated_gpus VALUES ('gpu-07', 3, 'rogue-s0')"))
+    # A writer that skips the node lock holds GPU 3, uncommitted: the
+    # group's snapshot sees it free, and its insert of GPU 3 waits.
+    async with shard_uncommitted(engine, "rogue-s0", "gpu-07", 3, holding=True) as (pid, tx):
         group = asyncio.ensure_future(
             in_transaction(engine, lambda c: place_several_without_waiting(c, calls))
         )

@@ -27,7 +27,7 @@ from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
-from tests.scheduling.test_allocation_races import until_blocked
+from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
 from tests.topology import bridged_pairs, no_nvlink
 
 
@@ -259,17 +259,9 @@ async def test_calls_arriving_while_a_batch_places_wait_for_the_next_one_until_a
 ) -> None:
     await register(api, "gpu-01", "gpu-02")
     queue = PlaceQueue(engine, size=3, transactions=4)
-    async with engine.connect() as other:
-        # Another process placing replica r0 at this moment, uncommitted: the
-        # batch that claims r0 waits for it inside its claim statement.
-        tx = await other.begin()
-        pid = (await other.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-        await other.execute(
-            text(
-                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
-                " VALUES ('r0-s0', 'r0', 'gpu-02', '{7}')"
-            )
-        )
+    # Another process placing replica r0 at this moment, uncommitted: the
+    # batch that claims r0 waits for it inside its claim statement.
+    async with shard_uncommitted(engine, "r0-s0", "gpu-02", 7, holding=False) as (pid, tx):
         first = asyncio.ensure_future(queue.place(request("r0"), None))
         await until_blocked(engine, pid, first)
         # Two more calls: fewer than a batch, so they wait for the running one...
