@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -115,3 +116,47 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
     assert not registration.changed, "the same report again"
     assert updated == 4 * len(ids) + 1
     assert hot == updated
+
+
+async def test_an_alive_beat_commits_without_waiting_for_the_flush_and_leaves_its_connection_as_it_was(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """nodes._ALIVE_HEARTBEATS: synchronous_commit off for its own transaction only.
+
+    The batch's connection is held across batches and then goes back to the
+    pool (service/batches.py): a setting left on it would make some later
+    registration or allocation commit without waiting for the disk.
+    """
+    from service.database import connections
+    from service.fleet import nodes
+
+    await api(REGISTER, {"input": node_input("gpu-01")})
+    sql, _ = connections.compile_text(nodes._ALIVE_HEARTBEATS)
+    async with connections.autocommit(engine) as conn:
+        raw = conn.raw
+        server_default = await raw.fetchval("SHOW synchronous_commit")
+        # The setting is made by the statement itself, as it runs (the
+        # EXPLAIN's beat is rolled back).
+        explained = raw.transaction()
+        await explained.start()
+        plan = await raw.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", ["gpu-01"])
+        setting_inside = await raw.fetchval("SHOW synchronous_commit")
+        await explained.rollback()
+        scans = [
+            node for node in _plan_nodes(plan[0]["Plan"]) if node.get("CTE Name") == "no_flush_wait"
+        ]
+        assert [scan["Actual Rows"] for scan in scans] == [1]
+        assert setting_inside == "off"
+
+        before = (await api('{ node(id: "gpu-01") { lastSeen } }'))["node"]["lastSeen"]
+        found = await nodes.heartbeat_alive(conn, ["gpu-01"])
+        assert list(found) == ["gpu-01"]
+        assert await raw.fetchval("SHOW synchronous_commit") == server_default == "on"
+
+    # Committed: another connection sees the stamp.
+    after = (await api('{ node(id: "gpu-01") { lastSeen } }'))["node"]["lastSeen"]
+    assert after > before
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(n for child in plan.get("Plans", ()) for n in _plan_nodes(child))]
