@@ -116,6 +116,11 @@ def _edit(report: dict[str, Any], path: tuple[Any, ...], how: str, odd: Any) -> 
     for step in path[:-1]:
         parent = parent[step]
     last = path[-1]
+    if isinstance(parent, dict) != isinstance(last, str):
+        # An earlier edit put an object where a list was (or the reverse): an
+        # index as an object's key is no JSON a client could send, and
+        # graphql-core's suggestions for unknown fields fail on it.
+        raise TypeError(f"{path} no longer fits the edited report")
     if how == "replace":
         parent[last] = odd
     elif how == "drop" and isinstance(parent, dict):
