@@ -58,12 +58,18 @@ class Batches(Generic[C, K, V]):
         self._waiting: _Batch[K, V] = {}
         self._worker: asyncio.Task[None] | None = None
 
-    async def ask(self, key: K) -> V:
+    def ask(self, key: K) -> asyncio.Future[V]:
+        """The answer for `key`, once its batch is answered (await it).
+
+        The future itself rather than a coroutine around it: each coroutine
+        level between the request's task and this future is made, suspended
+        and resumed once per request (the heartbeat's path had three here).
+        """
         future: asyncio.Future[V] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(key, []).append(future)
         if self._worker is None:
             self._worker = asyncio.create_task(self._answer_batches())
-        return await future
+        return future
 
     async def _answer_batches(self) -> None:
         try:

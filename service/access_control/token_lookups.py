@@ -17,6 +17,7 @@ exactly as a statement of its own would.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Awaitable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -39,13 +40,13 @@ class TokenLookups:
             lambda: connections.autocommit(engine), tokens.find_by_digests, _unknown, MAX_BATCH
         )
 
-    async def find(self, secret: str) -> TokenRecord | None:
+    def find(self, secret: str) -> Awaitable[TokenRecord | None]:
         """The token with this secret, whatever its status (None: unknown).
 
         Its status is the database's verdict when the batch was read, so a
         revocation or an expiry before this request arrived is seen.
         """
-        return await self._batches.ask(tokens.digest(secret))
+        return self._batches.ask(tokens.digest(secret))
 
 
 def _unknown(digest: str) -> None:
@@ -55,9 +56,12 @@ def _unknown(digest: str) -> None:
 _lookups: weakref.WeakKeyDictionary[AsyncEngine, TokenLookups] = weakref.WeakKeyDictionary()
 
 
-async def find_token(engine: AsyncEngine, secret: str) -> TokenRecord | None:
-    """The token with this secret (any status), looked up in this process's batch for `engine`."""
+def find_token(engine: AsyncEngine, secret: str) -> Awaitable[TokenRecord | None]:
+    """The token with this secret (any status), looked up in this process's batch for `engine`.
+
+    Await it: the batch's future, not a coroutine around it (service/batches.py).
+    """
     lookups = _lookups.get(engine)
     if lookups is None:
         lookups = _lookups[engine] = TokenLookups(engine)
-    return await lookups.find(secret)
+    return lookups.find(secret)

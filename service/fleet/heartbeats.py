@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -49,9 +49,9 @@ class HeartbeatBatcher:
             lambda: connections.autocommit(engine), self._write, NodeNotFound, MAX_BATCH
         )
 
-    async def beat(self, node_id: str) -> NodeRecord:
+    def beat(self, node_id: str) -> Awaitable[NodeRecord]:
         """Record the beat; returns the node as committed, or raises NodeNotFound."""
-        return await self._batches.ask(node_id)
+        return self._batches.ask(node_id)
 
     async def _write(self, conn: NativeConnection, batch: Sequence[str]) -> dict[str, NodeRecord]:
         # One statement outside a transaction block (as in_statement runs it).
@@ -74,13 +74,16 @@ _batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.We
 _last: tuple[weakref.ref[AsyncEngine], HeartbeatBatcher] | None = None
 
 
-async def beat(engine: AsyncEngine, node_id: str) -> NodeRecord:
-    """The node's heartbeat through this process's batch for `engine`."""
+def beat(engine: AsyncEngine, node_id: str) -> Awaitable[NodeRecord]:
+    """The node's heartbeat through this process's batch for `engine` (await it).
+
+    Returns the batch's future, not a coroutine around it (service/batches.py).
+    """
     global _last
     if _last is not None and _last[0]() is engine:
-        return await _last[1].beat(node_id)
+        return _last[1].beat(node_id)
     batcher = _batchers.get(engine)
     if batcher is None:
         batcher = _batchers[engine] = HeartbeatBatcher(engine)
     _last = (weakref.ref(engine), batcher)
-    return await batcher.beat(node_id)
+    return batcher.beat(node_id)
