@@ -35,7 +35,6 @@ class TokenLookups:
     """One process's open batch of token lookups over one engine."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
         self._batches: Batches[NativeConnection, str, TokenRecord | None] = Batches(
             lambda: connections.autocommit(engine), tokens.find_by_digests, _unknown, MAX_BATCH
         )

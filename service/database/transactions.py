@@ -68,15 +68,3 @@ async def in_transaction(
             log.info("transaction lost a conflict (attempt %d): %s", attempt, sqlstate(error))
             await asyncio.sleep(random.uniform(0, 0.01 * 2**attempt))
     raise TransactionConflict(MAX_ATTEMPTS)
-
-
-async def in_statement(engine: AsyncEngine, work: Callable[[NativeConnection], Awaitable[T]]) -> T:
-    """Run work that is a single statement, with no BEGIN or COMMIT around it.
-
-    PostgreSQL makes each statement outside a transaction block its own
-    transaction, so one statement is as atomic here as in in_transaction, for
-    a third of the round trips. Only for work that is one statement and
-    records no events: nothing here announces them.
-    """
-    async with connections.autocommit(engine) as conn:
-        return await work(conn)

@@ -54,7 +54,9 @@ class HeartbeatBatcher:
         return self._batches.ask(node_id)
 
     async def _write(self, conn: NativeConnection, batch: Sequence[str]) -> dict[str, NodeRecord]:
-        # One statement outside a transaction block (as in_statement runs it).
+        # One statement outside a transaction block: PostgreSQL makes it a
+        # transaction of its own, as atomic as in_transaction for a third of
+        # the round trips. It records no events (nothing here announces any).
         found = await nodes.heartbeat_alive(conn, batch)
         # Unknown nodes and nodes coming back: their pools and "back" events
         # in one transaction with their beat.

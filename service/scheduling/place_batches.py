@@ -11,11 +11,12 @@ PostgreSQL's lock queues.
 
 What stays as it was:
 - Every placement is in exactly one transaction, and each claim in a batch
-  is made on nodes locked by this transaction (placement.
-  place_without_waiting; calls of one shape share the statement that picks
-  and locks their nodes and the one claim statement that holds their GPUs,
-  each call's rows written whole or not at all, place_several_without_waiting),
-  without a savepoint: safe because the batch never waits for a node's lock. A claim that would wait for one, or
+  is made on nodes locked by this transaction
+  (placement.place_without_waiting; calls of one shape share the statement
+  that picks and locks their nodes and the one claim statement that holds
+  their GPUs, each call's rows written whole or not at all,
+  place_several_without_waiting), without a savepoint: safe because the
+  batch never waits for a node's lock. A claim that would wait for one, or
   plan over several nodes, or answer Unplaceable, is not made in the batch:
   it runs as place() in a transaction of its own afterwards (waiting while
   holding other callers' claims could deadlock). The one wait left is an
@@ -41,9 +42,10 @@ starting a transaction for whichever call found a slot free made batches of
 about four, and waiting for full ones cost 21% less CPU a claim over HTTP
 (1.28 against 1.01 ms, service and PostgreSQL, in the same rounds; one
 transaction per process, 0.88 ms, but then a slow database would bound a
-process's rate by one batch's round trips). A call cancelled while queued is dropped before
-its claim is tried; one cancelled after may still be placed (as a request
-whose client went away after COMMIT), and a retry answers what is stored.
+process's rate by one batch's round trips). A call cancelled while queued is
+dropped before its claim is tried; one cancelled after may still be placed
+(as a request whose client went away after COMMIT), and a retry answers
+what is stored.
 """
 
 from __future__ import annotations
@@ -115,6 +117,13 @@ class BatchCounts:
 
     def count_alone(self, reason: str) -> None:
         self.alone[reason] = self.alone.get(reason, 0) + 1
+
+    def count_claim(self, apart: str | None) -> None:
+        """A group's call: placed by its claim statement (None), or claimed apart and why."""
+        if apart is None:
+            self.together += 1
+        else:
+            self.apart[apart] = self.apart.get(apart, 0) + 1
 
 
 COUNTS = BatchCounts()
@@ -241,10 +250,7 @@ async def _place_group(
         return [await place_without_waiting(conn, group[0].request, group[0].actor)]
     answers, why = await place_several_without_waiting(conn, [(c.request, c.actor) for c in group])
     for reason in why:
-        if reason is None:
-            COUNTS.together += 1
-        else:
-            COUNTS.apart[reason] = COUNTS.apart.get(reason, 0) + 1
+        COUNTS.count_claim(reason)
     return answers
 
 
