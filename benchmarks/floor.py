@@ -3,7 +3,8 @@
 A bare Starlette endpoint that reads the request's JSON body, parses it, and
 answers a fixed GraphQL-shaped body, served by uvicorn with the service's own
 options (service.cli.uvicorn_options) and driven by the same load generator
-(benchmarks/client.py, 32 keep-alive connections). One service process is
+(wrk when installed, else benchmarks/client.py: benchmarks/wrk.py says why;
+32 keep-alive connections). One service process is
 measured against it in the same run, round by round, so the ratio says how
 much of the stack's ceiling the inventory keeps:
 
@@ -19,6 +20,7 @@ much of the stack's ceiling the inventory keeps:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -34,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from benchmarks import wrk
 from benchmarks.bench import TICKS, Bench, close_all
 from benchmarks.client import Connection, cycling, request_body
 from benchmarks.cluster import node_id
@@ -103,7 +106,16 @@ class Target:
 
 
 async def _round(target: Target, bodies: list[bytes], seconds: float, record: bool = True) -> None:
-    """CONNECTIONS connections to the target for `seconds`, each cycling over its bodies."""
+    """CONNECTIONS connections to the target for `seconds`: wrk's when installed, else client.py's."""
+    if wrk.WRK is not None:
+        before = _cpu_seconds(target.pid)
+        done = await asyncio.to_thread(wrk.run, target.url, bodies, HEADERS, CONNECTIONS, seconds)
+        if record:
+            target.rate.add(done.rate)
+            target.failures += done.failures
+            if done.requests:
+                target.cpu.add((_cpu_seconds(target.pid) - before) / done.requests * 1000)
+        return
     clients = [Connection(target.url, HEADERS) for _ in range(CONNECTIONS)]
 
     workers = [cycling(c, bodies[i::CONNECTIONS] or bodies) for i, c in enumerate(clients)]
@@ -149,6 +161,11 @@ async def measure_floor(bench: Bench) -> None:
     finally:
         single.stop()
     name = f"bare Starlette floor, {CONNECTIONS} connections"
+    driver = (
+        "driven by wrk (benchmarks/wrk.py)"
+        if wrk.WRK is not None
+        else "driven by benchmarks/client.py: wrk is not installed"
+    )
     for target, label, goal in (
         (beat, "heartbeat (compiled)", 0.6),
         (look, "node(id) { id state gpus { index healthy } }", 0.3),
@@ -158,7 +175,7 @@ async def measure_floor(bench: Bench) -> None:
         note = (
             ("" if goal is None else f"target {goal}; ")
             + f"CPU per request: service {fmt(target.cpu.median)} ms, floor "
-            f"{fmt(floor.cpu.median)} ms (ratio {cpu_ratio:.2f})"
+            f"{fmt(floor.cpu.median)} ms (ratio {cpu_ratio:.2f}); {driver}"
         )
         if target.failures or floor.failures:
             note += f"; {target.failures + floor.failures} failed requests"
