@@ -44,6 +44,7 @@ from service.web.http_guards import (
     Send,
     caller,
     error_body,
+    header,
     read_body,
     replay,
     time_limit_passed,
@@ -76,11 +77,7 @@ class GraphQLEndpoint:
         self._media_types: dict[str | None, str | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, exchange: Exchange) -> None:
-        accept = None
-        for name, value in scope["headers"]:
-            if name == b"accept":
-                accept = value.decode("latin-1")
-                break
+        accept = header(scope, b"accept")
         media_type = self._media_type(accept)
         if media_type is None:
             refusal = unanswerable(scope, accept)

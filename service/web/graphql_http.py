@@ -37,7 +37,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl
 
 from service.web.exchange import Exchange
-from service.web.http_guards import Message, Scope, Send, error_body
+from service.web.http_guards import Message, Scope, Send, error_body, header
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,6 @@ class MalformedRequest(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
 
 
 def _media_ranges(accept: str) -> list[tuple[str, float]]:
@@ -326,7 +319,7 @@ def _json_type(value: object) -> str:
 
 
 def _check_content_type(scope: Scope) -> None:
-    content_type = _header(scope, b"content-type")
+    content_type = header(scope, b"content-type")
     if content_type is None:
         raise MalformedRequest(f"a POST needs Content-Type: {JSON}", 415)
     media, *params = (p.strip() for p in content_type.split(";"))

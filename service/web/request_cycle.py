@@ -38,7 +38,7 @@ from service.metrics import observe_request
 from service.web.draining import Drain
 from service.web.exchange import REQUEST_ID_HEADER, Exchange
 from service.web.graphql_endpoint import GraphQLEndpoint
-from service.web.http_guards import Receive, Scope, Send
+from service.web.http_guards import Receive, Scope, Send, header
 from service.web.logs import (
     access_log,
     new_request_id,
@@ -119,11 +119,7 @@ class RequestCycle:
 
 def _identify(scope: Scope) -> contextvars.Token[str | None]:
     """Give the request its id (the caller's X-Request-Id when sane); reset_request_id undoes it."""
-    incoming = None
-    for name, value in scope["headers"]:
-        if name == REQUEST_ID_HEADER:
-            incoming = value.decode("latin-1")
-            break
+    incoming = header(scope, REQUEST_ID_HEADER)
     request_id = incoming if incoming and sane_request_id(incoming) else new_request_id()
     state = scope.get("state")
     if state is None:

@@ -104,3 +104,38 @@ async def test_graphql_is_reached_as_starlettes_router_would(app: RequestCycle) 
     async with httpx.AsyncClient(transport=mounted, base_url="http://inventory") as client:
         response = await client.post("/inventory/graphql", json={"query": "{ __typename }"})
         assert response.json() == {"data": {"__typename": "Query"}}
+
+
+async def test_a_header_sent_twice_counts_by_its_first_value_at_every_step(
+    engine: AsyncEngine,
+) -> None:
+    # Each step reads its header from one index of the request's headers
+    # (http_guards.header); a repeated header is the first one it was sent as,
+    # for the request id, the media type checks and the token alike.
+    token = "bootstrap-token-for-this-test"
+    app = create_app(Settings(bootstrap_token=token), engine=engine)
+    headers = [
+        ("x-request-id", "first-id"),
+        ("x-request-id", "second-id"),
+        ("content-type", "application/json"),
+        ("content-type", "text/plain"),
+        ("authorization", f"Bearer {token}"),
+        ("authorization", "Bearer not-a-token"),
+    ]
+    body = b'{"query": "{ __typename }"}'
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+        answered = await client.post("/graphql", content=body, headers=headers)
+        assert answered.status_code == 200, answered.text
+        assert answered.headers["x-request-id"] == "first-id"
+        assert answered.json() == {"data": {"__typename": "Query"}}
+
+        wrong_token_first = [headers[0], headers[2], headers[5], headers[4]]
+        refused = await client.post("/graphql", content=body, headers=wrong_token_first)
+        assert refused.status_code == 401, refused.text
+
+        swapped = [headers[1], headers[0], headers[3], headers[2], headers[4]]
+        refused = await client.post("/graphql", content=body, headers=swapped)
+        assert refused.headers["x-request-id"] == "second-id"
+        assert refused.status_code == 415, refused.text
+        assert "text/plain" in refused.json()["errors"][0]["message"]

@@ -65,7 +65,7 @@ from starlette.requests import Request
 from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
 from service.metrics import count_fast_path
-from service.web.http_guards import Receive, Scope
+from service.web.http_guards import Receive, Scope, header
 
 from .compiled_heartbeat import compile_heartbeat
 from .compiled_node import compile_node
@@ -126,16 +126,12 @@ def plan_operation(
 def _is_plain_json_post(scope: Scope) -> bool:
     if scope.get("method") != "POST":
         return False
-    content_type = accept = b""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-type":
-            content_type = value
-        elif name == b"accept":
-            accept = value
+    content_type = header(scope, b"content-type") or ""
+    accept = header(scope, b"accept") or ""
     # multipart/mixed asks for incremental delivery, which only Strawberry's
     # view streams.
-    return content_type.split(b";")[0].strip().lower() == b"application/json" and (
-        b"multipart" not in accept.lower()
+    return content_type.split(";")[0].strip().lower() == "application/json" and (
+        "multipart" not in accept.lower()
     )
 
 
