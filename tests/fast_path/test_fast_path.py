@@ -372,7 +372,8 @@ async def test_one_compiled_heartbeat_answers_each_state_a_node_passes_through(
     seen = []
     for change in (
         None,
-        'mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }',
+        # A reason the answer must escape: quotes, a backslash, non-ASCII.
+        'mutation { cordonNode(id: "gpu-01", reason: "burn-in \\"r7\\" \\\\ ü") { id } }',
         'mutation { drainNode(id: "gpu-01", reason: "kernel update") { id } }',
         'mutation { uncordonNode(id: "gpu-01") { id } }',
     ):
@@ -381,7 +382,7 @@ async def test_one_compiled_heartbeat_answers_each_state_a_node_passes_through(
         seen.append((await same_answer(both, beat))["data"]["heartbeat"])
     assert seen == [
         {"state": "READY", "stateReason": None, "schedulable": True},
-        {"state": "CORDONED", "stateReason": "burn-in", "schedulable": False},
+        {"state": "CORDONED", "stateReason": 'burn-in "r7" \\ ü', "schedulable": False},
         {"state": "DRAINING", "stateReason": "kernel update", "schedulable": False},
         {"state": "READY", "stateReason": None, "schedulable": True},
     ]

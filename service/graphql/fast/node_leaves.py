@@ -37,6 +37,10 @@ from .fields import plain_fields
 from .outcomes import Answered, Declined, Outcome
 from .private_api import core_schema
 
+# What json.dumps does with a str (ensure_ascii, as outcomes.encode writes
+# answers), without its encoder's dispatch: a heartbeat writes its node's id.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
 # Values whose written form is kept per leaf: a node's state, flags, null.
 # Strings (ids, names, reasons) are not: their values are unbounded.
 _KEPT_TYPES = (Enum, bool, type(None))
@@ -65,11 +69,12 @@ class _Leaf:
             serialized = None
         # A leaf's value is a scalar: json.dumps writes it as it would
         # inside the whole answer (outcomes.encode).
-        written = (
-            None
-            if serialized is None and (value is not None or not self.nullable)
-            else json.dumps(serialized)
-        )
+        if serialized is None and (value is not None or not self.nullable):
+            written = None
+        elif type(serialized) is str:
+            written = _json_string(serialized)  # a node's id, name or reason
+        else:
+            written = json.dumps(serialized)
         if isinstance(value, _KEPT_TYPES) and len(self.written) < _MAX_KEPT:
             self.written[value] = written
         return written
@@ -80,6 +85,9 @@ class NodeLeaves:
 
     def __init__(self, leaves: list[_Leaf]) -> None:
         self._leaves = leaves
+        # The answer's opening by answer key: a compiled route answers under
+        # one key (its field's alias or name), written once, not per answer.
+        self._openings: dict[str, str] = {}
 
     def answer(self, record: NodeRecord, answer_key: str) -> bytes | None:
         """The whole answer, {"data": {answer_key: {leaf: value...}}} as outcomes.encode
@@ -89,7 +97,10 @@ class NodeLeaves:
         reads it) rather than through a Node and a nested json.dumps: this is
         the heartbeat's hot path (BENCHMARKS.md, "The heartbeat's request path").
         """
-        answer = ['{"data":{', json.dumps(answer_key), ":{"]
+        opening = self._openings.get(answer_key)
+        if opening is None:
+            opening = self._openings[answer_key] = '{"data":{' + json.dumps(answer_key) + ":{"
+        answer = [opening]
         for leaf in self._leaves:
             answer.append(leaf.prefix)
             if leaf.read is None:
