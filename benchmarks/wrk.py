@@ -35,6 +35,7 @@ _SUMMARY = re.compile(r"^llmgw: requests (\d+) duration_us (\d+) bad (\d+) error
 class WrkRound:
     rate: float  # answered requests a second
     requests: int
+    seconds: float  # how long wrk sent them
     failures: int  # not a 200, GraphQL errors, or a socket error
 
 
@@ -121,5 +122,6 @@ def run(
     return WrkRound(
         rate=(requests - bad) / (duration_us / 1e6) if duration_us else 0.0,
         requests=requests,
+        seconds=duration_us / 1e6,
         failures=bad + errors,
     )

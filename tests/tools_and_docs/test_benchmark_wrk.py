@@ -1,0 +1,45 @@
+"""The floor section's load generator (benchmarks/wrk.py): a wrong answer is a failure, not a fast request.
+
+Against the floor itself (benchmarks/floor.py), which answers 400 with a
+GraphQL error for a body without a query: wrk's rate would count those as
+answered requests, so the Lua script counts them as failures.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import wrk
+from benchmarks.floor import floor_process
+
+pytestmark = pytest.mark.skipif(wrk.WRK is None, reason="wrk is not installed (CI installs it)")
+
+
+def test_wrk_counts_wrong_answers_and_sends_every_body_as_written() -> None:
+    # A body holding "]]" (which ends a plain Lua long string) must reach the
+    # floor intact: the floor answers 200 only to a JSON object with a query.
+    good = json.dumps({"query": '{ a(x: "]] ]=]") }'}).encode()
+    bad = json.dumps({"nope": 1}).encode()
+    with floor_process() as (url, _pid):
+        only_good = wrk.run(url, [good], {}, connections=4, seconds=1)
+        half_bad = wrk.run(url, [good, bad], {}, connections=4, seconds=1)
+    assert only_good.requests > 100
+    assert only_good.failures == 0
+    assert only_good.rate > 0
+    # Every other request is the bad body: about half are failures, and the
+    # rate counts only the answered ones.
+    assert half_bad.requests > 100
+    assert 0.4 < half_bad.failures / half_bad.requests < 0.6
+    answered = half_bad.requests - half_bad.failures
+    assert half_bad.rate == pytest.approx(answered / half_bad.seconds)
+
+
+def test_a_lua_long_string_holds_any_text() -> None:
+    for text in ("plain", "]]", "]=]", "a]]b]=]c]==]"):
+        quoted = wrk._lua_string(text)
+        opening = quoted[: quoted.index("[", 1) + 1]  # [[, [=[, [==[ ...
+        closing = opening.replace("[", "]")
+        assert quoted == opening + text + closing
+        assert closing not in text
