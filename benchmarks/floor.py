@@ -102,6 +102,12 @@ class Target:
     pid: int
     rate: Figure = field(default_factory=Figure)
     cpu: Figure = field(default_factory=Figure)  # ms per request
+    # The share of the round's time its process was on a CPU. The ratio of
+    # two rates is the ratio of their CPU a request times the ratio of these:
+    # a process waiting on PostgreSQL with every connection's request in one
+    # batch idles meanwhile (BENCHMARKS.md, "why the heartbeat's process
+    # idles"); the floor never does.
+    busy: Figure = field(default_factory=Figure)
     failures: int = 0
 
 
@@ -113,8 +119,11 @@ async def _round(target: Target, bodies: list[bytes], seconds: float, record: bo
         if record:
             target.rate.add(done.rate)
             target.failures += done.failures
+            used = _cpu_seconds(target.pid) - before
             if done.requests:
-                target.cpu.add((_cpu_seconds(target.pid) - before) / done.requests * 1000)
+                target.cpu.add(used / done.requests * 1000)
+            if done.seconds:
+                target.busy.add(used / done.seconds)
         return
     clients = [Connection(target.url, HEADERS) for _ in range(CONNECTIONS)]
 
@@ -127,11 +136,14 @@ async def _round(target: Target, bodies: list[bytes], seconds: float, record: bo
         await close_all(clients)
     if not record:
         return
-    done = rate * (time.perf_counter() - start)
+    used = _cpu_seconds(target.pid) - before
+    elapsed = time.perf_counter() - start
+    done = rate * elapsed
     target.rate.add(rate)
     target.failures += failed
+    target.busy.add(used / elapsed)
     if done:
-        target.cpu.add((_cpu_seconds(target.pid) - before) / done * 1000)
+        target.cpu.add(used / done * 1000)
 
 
 async def measure_floor(bench: Bench) -> None:
@@ -175,7 +187,8 @@ async def measure_floor(bench: Bench) -> None:
         note = (
             ("" if goal is None else f"target {goal}; ")
             + f"CPU per request: service {fmt(target.cpu.median)} ms, floor "
-            f"{fmt(floor.cpu.median)} ms (ratio {cpu_ratio:.2f}); {driver}"
+            f"{fmt(floor.cpu.median)} ms (ratio {cpu_ratio:.2f}); process busy: service "
+            f"{target.busy.median:.0%}, floor {floor.busy.median:.0%}; {driver}"
         )
         if target.failures or floor.failures:
             note += f"; {target.failures + floor.failures} failed requests"

@@ -7,12 +7,14 @@ answered requests, so the Lua script counts them as failures.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from benchmarks import wrk
-from benchmarks.floor import floor_process
+from benchmarks.client import request_body
+from benchmarks.floor import HEARTBEAT, Target, _round, floor_process
 
 pytestmark = pytest.mark.skipif(wrk.WRK is None, reason="wrk is not installed (CI installs it)")
 
@@ -43,3 +45,18 @@ def test_a_lua_long_string_holds_any_text() -> None:
         closing = opening.replace("[", "]")
         assert quoted == opening + text + closing
         assert closing not in text
+
+
+def test_a_round_says_how_busy_the_process_was() -> None:
+    """The floor row's note: rate x CPU a request is the share of the round its process ran.
+
+    The floor under 32 connections is CPU-bound (it waits on nothing), so its
+    process runs most of the round; the figure is a share, not milliseconds.
+    """
+    bodies = [request_body(HEARTBEAT, {"id": f"node-{i:06d}"}) for i in range(8)]
+    with floor_process() as (url, pid):
+        target = Target(url, pid)
+        asyncio.run(_round(target, bodies, 1))
+    [busy], [rate], [cpu_ms] = target.busy.values, target.rate.values, target.cpu.values
+    assert 0.5 < busy <= 1.05
+    assert busy == pytest.approx(rate * cpu_ms / 1000, rel=0.1)
