@@ -27,8 +27,9 @@ nothing to do while PostgreSQL writes it, answers everything at once, and
 gets everything back at once, round after round. Measured with 32 such
 connections sending heartbeats: 28-32 beats a batch at the median, the
 process idle 11-15% of the time where it had the CPU to spare (BENCHMARKS.md,
-"a convoy split in two"). So a batch during which no request arrived, and
-which was not itself a split, is the sign: the next batch carries the
+"a convoy split in two"). So a batch of at least SPLIT_AT during which no
+request arrived, and which was not itself a split, is the sign (a lone
+request answered hours ago is not): the next batch carries the
 earlier half of what waits and the other half leaves as soon as it is
 answered, while the first half's answers go out and their next requests
 come in, so each batch is written while the process works on the other.
@@ -51,8 +52,9 @@ V = TypeVar("V")
 
 _Batch = dict[K, list[asyncio.Future[V]]]
 
-# Fewer waiting than this are taken whole even in a convoy: two statements
-# for a handful of requests cost more than the overlap they buy.
+# Fewer waiting than this are taken whole even in a convoy, and a quiet
+# batch smaller than this is no convoy: two statements for a handful of
+# requests cost more than the overlap they buy.
 SPLIT_AT = 8
 
 
@@ -78,8 +80,9 @@ class Batches(Generic[C, K, V]):
         self._waiting: _Batch[K, V] = {}
         self._worker: asyncio.Task[None] | None = None
         # Whether a batch is being answered, and whether a request arrived
-        # meanwhile: a convoy (see the module's docstring) is a batch that
-        # saw none and was taken whole; the next batch is then split.
+        # meanwhile: a convoy (see the module's docstring) is a batch of at
+        # least SPLIT_AT that saw none and was taken whole; the next batch
+        # is then split.
         self._out = False
         self._arrived_while_out = False
         self._convoy = False
@@ -126,7 +129,7 @@ class Batches(Generic[C, K, V]):
                 return
             finally:
                 self._out = False
-            self._convoy = not (self._arrived_while_out or split)
+            self._convoy = len(batch) >= SPLIT_AT and not (self._arrived_while_out or split)
             for key, futures in batch.items():
                 for future in futures:
                     if future.done():  # its request was cancelled meanwhile

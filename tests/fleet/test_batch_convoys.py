@@ -63,6 +63,10 @@ async def test_a_closed_loop_round_after_a_quiet_batch_is_sent_as_two_halves(
     assert await recorded.ask_together(few) == few
     assert recorded.sent[3:] == [few]
 
+    # And a quiet batch that small is no convoy: the next round goes whole.
+    assert await recorded.ask_together(keys("d", 16)) == keys("d", 16)
+    assert recorded.sent[4:] == [keys("d", 16)]
+
 
 async def test_requests_arriving_while_a_batch_is_out_keep_the_next_batch_whole(
     engine: AsyncEngine,
