@@ -125,7 +125,7 @@ class Batches(Generic[C, K, V]):
         """Batches on one connection until none is waiting or one fails."""
         while self._waiting:
             split = self._convoy and len(self._waiting) >= SPLIT_AT
-            batch = self._take_batch((len(self._waiting) + 1) // 2 if split else self._max_batch)
+            batch = self._take_batch((len(self._waiting) + 1) // 2 if split else None)
             self._out, self._arrived_while_out = True, False
             try:
                 found = await self._answer(connection, list(batch))

@@ -2,7 +2,7 @@
 
 service/batches.py: clients in a closed loop can all end up in one batch, and
 the process then idles while PostgreSQL answers it. A batch during which
-nothing arrived (and which was not itself a split) makes the next one carry
+nothing arrived (at least SPLIT_AT of them, and not itself a split) makes the next one carry
 the earlier half of what waits; the rest leaves right after it. Against the
 real database, a statement that holds each batch for a moment.
 """
