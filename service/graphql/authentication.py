@@ -14,10 +14,11 @@ import logging
 from typing import Any
 
 from starlette.requests import Request
+from starlette.types import Scope
 from starlette.websockets import WebSocket
 from strawberry.exceptions import ConnectionRejectionError
 
-from service.access_control.auth import Authenticator, Unauthenticated
+from service.access_control.auth import Authenticator, Principal, Unauthenticated
 from service.database.db_faults import is_database_unavailable
 
 from .context import Context
@@ -41,10 +42,16 @@ async def identify(context: Context, request: Request | WebSocket, auth: Authent
         context.actor = context.principal.actor
 
 
+def caller_of(scope: Scope) -> Principal | None:
+    """The Principal http_guards.caller left in an HTTP request's state (None: no token checked)."""
+    principal: Principal | None = scope.get("state", {}).get("principal")
+    return principal
+
+
 def identify_http(context: Context, request: Request, auth: Authenticator) -> None:
-    """The Principal http_guards.caller left in the request's state (None: no token checked)."""
+    """Put the caller_of the request into its context."""
     context.authenticator = auth
-    context.principal = request.scope.get("state", {}).get("principal")
+    context.principal = caller_of(request.scope)
     if context.principal is not None:
         context.actor = context.principal.actor
 

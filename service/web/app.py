@@ -28,8 +28,14 @@ from service.access_control.token_watch import TokenWatch
 from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.event_log.event_announcements import drain_announcements
-from service.graphql.authentication import accept_connection, identify, identify_http
+from service.graphql.authentication import (
+    accept_connection,
+    caller_of,
+    identify,
+    identify_http,
+)
 from service.graphql.context import Context, new_context
+from service.graphql.fast.fast_request import FastRequest
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
@@ -89,10 +95,23 @@ class InventoryGraphQL(GraphQL[Context, None]):
         return context
 
     def http_context(self, request: Request) -> Context:
-        """The context of a request the fast path answers (service/graphql/fast/front_door.py)."""
+        """The context of an HTTP request, its caller already checked (service/web/http_guards.py)."""
         context = self._new_context(request, None)
         identify_http(context, request, self.authenticator)
         return context
+
+    def fast_request(self, scope: Scope, receive: Receive) -> FastRequest:
+        """A request as the fast path's routes see it (service/graphql/fast/front_door.py).
+
+        The engine and caller its Context would have; the Context itself
+        (http_context) made only if something needs it (fast_request.py).
+        """
+        return FastRequest(
+            caller_of(scope),
+            self._engine_ref.engine,
+            self._settings,
+            lambda: self.http_context(Request(scope, receive)),
+        )
 
     async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
         request_data: GraphQLRequestData | None = kwargs.get("request_data")
@@ -209,7 +228,7 @@ def create_app(
     endpoint = GraphQLEndpoint(
         graphql_app,
         # The one switch (service/graphql/fast/switch.py): off, no front door.
-        FrontDoor(schema, graphql_app.http_context) if settings.direct_execution else None,
+        FrontDoor(schema, graphql_app.fast_request) if settings.direct_execution else None,
         graphql_app.authenticator,
         settings,
     )

@@ -21,6 +21,7 @@ from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
 
 from service.fleet import heartbeats, node_pages, node_views
+from service.graphql.context import Context
 from service.graphql.fast import execution, front_door
 from service.graphql.fast.extensions import read_extensions
 from service.graphql.fast.fields import plain_fields, record_attributes
@@ -28,6 +29,7 @@ from service.graphql.fast.input_conversion import compiled_input
 from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
 from service.graphql.types import NODE_FIELDS, Node
 from service.metrics import COUNTERS
+from service.web import app as app_module
 from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, PAGE, same_answer
 from tests.reports import A100, REGISTER, gpus, node_input
 
@@ -141,6 +143,41 @@ async def test_an_unknown_node_beats_once_and_is_told_so_as_graphql_core_words_i
         ("heartbeat", "declined", "beat_failed"): 1,
         ("graphql_core", "answered", ""): 1,
     }
+
+
+async def test_a_heartbeat_its_route_answers_makes_no_graphql_context(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route reads the caller and the engine from its FastRequest; the Context waits.
+
+    Making a Context for every beat was about a tenth of a beat's CPU under
+    load (fast_request.py). A beat the route declines after its write makes
+    one, once: graphql-core's resolver takes the write's outcome from it.
+    """
+    fast = both[0]
+    await fast.post(
+        "/graphql", json={"query": REGISTER, "variables": {"input": node_input("gpu-01")}}
+    )
+    made: list[str] = []
+    real = app_module.new_context
+
+    def counting(*args: Any, **kwargs: Any) -> Context:
+        made.append(kwargs["request_id"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(app_module, "new_context", counting)
+    before = fast_path()
+    known = await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}})
+    assert known["data"]["heartbeat"]["id"] == "gpu-01"
+    assert since(before) == {("heartbeat", "answered", ""): 1}
+    assert len(made) == 1  # the reference's, Strawberry's view
+
+    made.clear()
+    unknown = await fast.post(
+        "/graphql", json={"query": AGENT_HEARTBEAT, "variables": {"nodeId": "nope"}}
+    )
+    assert unknown.json()["errors"][0]["extensions"]["code"] == "NODE_NOT_FOUND"
+    assert made == [unknown.headers["x-request-id"]]
 
 
 async def test_a_beat_that_wrote_then_failed_is_not_beaten_again(
@@ -270,7 +307,7 @@ async def test_an_extension_the_fast_path_cannot_honour_sends_every_request_to_s
     assert extensions.not_honoured == ("Tracing",)
     assert len(extensions.rules) == len(LIMIT_RULES) + 1
 
-    door = front_door.FrontDoor(traced, lambda request: None)  # type: ignore[arg-type,return-value]
+    door = front_door.FrontDoor(traced, lambda scope, receive: None)  # type: ignore[arg-type,return-value]
     before = fast_path()
     scope = {"type": "http", "method": "POST", "headers": [(b"content-type", b"application/json")]}
     answer = await door.answer(scope, None, {"query": "{ nodes { id } }"})  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ sent as a number is graphql-core's to coerce), a caller the role check
 refuses (the resolver refuses it too, writing nothing). After the beat, the
 beat is never run again: when it failed (an unknown node), or a leaf is one
 graphql-core would refuse, its outcome is handed to the resolver through the
-request's context (Context.hand_over; mutations.py takes it with
+request's Context (FastRequest.hand_over; mutations.py takes it with
 Context.once), and graphql-core words the answer from it.
 """
 
@@ -36,11 +36,11 @@ from graphql import OperationDefinitionNode, OperationType, StringValueNode, Var
 
 from service.errors import InventoryError
 from service.fleet import heartbeats
-from service.graphql.context import Context
 from service.graphql.mutations import HEARTBEAT
 from service.graphql.permissions import check_role, role_of
 
 from .documents import only_root_field
+from .fast_request import FastRequest
 from .node_leaves import NodeLeaves, node_leaves, write_and_answer
 from .outcomes import Declined, Outcome
 
@@ -57,7 +57,7 @@ class CompiledHeartbeat:
         self._leaves = leaves
         self._role = role_of("Mutation", FIELD)
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
         node_id = self._node_id
         if self._variable is not None:
             node_id = (variables or {}).get(self._variable)
@@ -66,13 +66,13 @@ class CompiledHeartbeat:
         if type(node_id) is not str:
             return Declined("node_id_not_a_string")
         try:
-            check_role(self._role, FIELD, context.principal, {"node_id": node_id})
+            check_role(self._role, FIELD, request.principal, {"node_id": node_id})
         except InventoryError:
             return Declined("refused")
         return await write_and_answer(
-            context,
+            request,
             (HEARTBEAT, node_id),
-            lambda: heartbeats.beat(context.engine, node_id),
+            lambda: heartbeats.beat(request.engine, node_id),
             self._leaves,
             self._key,
             "beat_failed",

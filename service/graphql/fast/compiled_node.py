@@ -54,11 +54,11 @@ from service.batches import Batches
 from service.database import connections
 from service.database.connections import NativeConnection
 from service.fleet import node_pages
-from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 
 from .compiled_page import compile_selection
 from .documents import only_root_field
+from .fast_request import FastRequest
 from .outcomes import Answered, Declined, Outcome, compiled_read
 from .private_api import core_schema
 
@@ -95,7 +95,7 @@ class CompiledNode:
             )
         return batches
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
         node_id = self._node_id
         if node_id is None:
             node_id = (variables or {}).get(self._variable or "")
@@ -103,8 +103,8 @@ class CompiledNode:
                 return Declined("id_for_graphql_core")
 
         async def read() -> str | None:
-            check_role(self._role, FIELD, context.principal, {"id": node_id})
-            return await self._batches_of(context.engine).ask(node_id)
+            check_role(self._role, FIELD, request.principal, {"id": node_id})
+            return await self._batches_of(request.engine).ask(node_id)
 
         found = await compiled_read(read)
         if isinstance(found, Declined):

@@ -68,14 +68,15 @@ from graphql import (
     get_variable_values,
     located_error,
 )
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
 from service.fleet import node_pages, node_views
-from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
 
 from .documents import only_root_field
+from .fast_request import FastRequest
 from .fields import ArgumentConversion, NotAnObjectType, record_attributes
 from .outcomes import Answered, Declined, Outcome, compiled_read
 from .private_api import core_schema
@@ -181,7 +182,7 @@ class CompiledPage:
             raise _Declined
         return value
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
         try:
             if self._resolver_arguments is not None:
                 given = self._resolver_arguments(variables or {})
@@ -191,9 +192,9 @@ class CompiledPage:
             return Declined("arguments_for_graphql_core")
 
         async def read() -> node_pages.JsonPage:
-            check_role(self._role, self._field, context.principal, given)
-            request = context.page_request(given.get("first"))
-            return await self._fetch(context, given, request)
+            check_role(self._role, self._field, request.principal, given)
+            page = request.page_request(given.get("first"))
+            return await self._fetch(request.engine, given, page)
 
         answer = await compiled_read(read)
         if isinstance(answer, Declined):
@@ -206,9 +207,9 @@ class CompiledPage:
         return Answered(body + b"}")
 
     async def _fetch(
-        self, context: Context, given: Mapping[str, Any], request: PageRequest
+        self, engine: AsyncEngine, given: Mapping[str, Any], request: PageRequest
     ) -> node_pages.JsonPage:
-        async with connections.autocommit(context.engine) as conn:
+        async with connections.autocommit(engine) as conn:
             if isinstance(self._page, node_pages.FreeGpusPage):
                 min_free = given["minFree"]
                 return await self._page.fetch(

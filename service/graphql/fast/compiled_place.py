@@ -68,7 +68,6 @@ from strawberry.types.base import StrawberryObjectDefinition
 
 from service.errors import InventoryError
 from service.graphql.allocation_mutations import PLACE, count_place, place_outcome, place_result
-from service.graphql.context import Context
 from service.graphql.permissions import check_role, role_of
 
 from .documents import only_root_field
@@ -80,6 +79,7 @@ from .execution import (
     plain_attribute,
     plain_completer,
 )
+from .fast_request import FastRequest
 from .fields import ArgumentConversion
 from .outcomes import Answered, Declined, Outcome, encode
 from .private_api import core_schema, optimized_is_awaitable
@@ -126,28 +126,28 @@ class CompiledPlace:
         except GraphQLError:  # e.g. null in a non-null position: graphql-core's words
             return Declined("arguments_for_graphql_core")
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
         values = self._argument_values(variables)
         if isinstance(values, Declined):
             return values
         # As Strawberry's resolver wrapper converts the field's arguments.
         kwargs = self._convert(values)
         try:
-            check_role(self._role, FIELD, context.principal, kwargs)
+            check_role(self._role, FIELD, request.principal, kwargs)
         except InventoryError:
             return Declined("refused")
-        request = kwargs[ARGUMENT].to_request()
-        key = (PLACE, request.replica_id)
+        placement = kwargs[ARGUMENT].to_request()
+        key = (PLACE, placement.replica_id)
         try:
-            outcome = await place_outcome(context, request)
+            outcome = await place_outcome(request.context(), placement)
         except Exception as error:  # graphql-core words it (masked if unexpected)
-            context.hand_over(key, error=error)
+            request.hand_over(key, error=error)
             return Declined("place_failed")
         result = place_result(outcome)
         try:
             completed = self._members[type(result)](result)
         except DELEGATED:
-            context.hand_over(key, result=outcome)
+            request.hand_over(key, result=outcome)
             return Declined("leaf_not_serializable")
         count_place(outcome)
         return Answered(encode({"data": {self._key: completed}}))

@@ -33,11 +33,11 @@ import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
 
 from service.errors import InventoryError
-from service.graphql.context import Context
 from service.graphql.mutations import REGISTER, store_report
 from service.graphql.permissions import check_role, role_of
 
 from .documents import only_root_field
+from .fast_request import FastRequest
 from .fields import ArgumentConversion
 from .node_leaves import NodeLeaves, node_leaves, write_and_answer
 from .outcomes import Declined, Outcome
@@ -65,7 +65,7 @@ class CompiledRegistration:
         self._leaves = leaves
         self._role = role_of("Mutation", FIELD)
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome:
+    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
         try:
             coerced = self._variables.coerce(variables).coerced
         except LeftToGraphqlCore:
@@ -76,14 +76,14 @@ class CompiledRegistration:
         # As Strawberry's resolver wrapper converts the field's arguments.
         kwargs = self._convert({ARGUMENT: given})
         try:
-            check_role(self._role, FIELD, context.principal, kwargs)
+            check_role(self._role, FIELD, request.principal, kwargs)
         except InventoryError:
             return Declined("refused")
         report = kwargs[ARGUMENT].to_report()
         return await write_and_answer(
-            context,
+            request,
             (REGISTER, report.id),
-            lambda: store_report(context, report),
+            lambda: store_report(request.context(), report),
             self._leaves,
             self._key,
             "register_failed",

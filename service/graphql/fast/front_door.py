@@ -38,6 +38,11 @@ plain fields completed without graphql-core's per-field machinery
 (input_conversion.py), each declining to graphql-core's own code for any
 value it would not treat exactly as graphql-core does.
 
+A route sees the request as a FastRequest (fast_request.py): the caller,
+the engine and the settings, and the request's GraphQL Context made only
+when something needs it (graphql_core, a hand-over, a domain call that
+takes a Context), which a heartbeat does not.
+
 A route answers or declines with a reason (outcomes.py); a compiled route's
 decline passes the request to graphql_core, which always answers. Each run is
 counted after it ran: inventory_fast_path_requests_total{route, outcome,
@@ -60,9 +65,7 @@ from typing import Any, Final
 
 import strawberry
 from graphql import OperationDefinitionNode, OperationType
-from starlette.requests import Request
 
-from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
 from service.metrics import count_fast_path
 from service.web.http_guards import Receive, Scope, header
@@ -75,6 +78,7 @@ from .compiled_registration import compile_registration
 from .direct import DirectOperation
 from .documents import Prepared, PreparedDocuments
 from .extensions import read_extensions
+from .fast_request import FastRequest
 from .outcomes import Answered, CompiledRoute, Outcome, encode
 from .private_api import core_schema
 
@@ -157,10 +161,10 @@ class FrontDoor:
     def __init__(
         self,
         schema: strawberry.Schema,
-        context_for: Callable[[Request], Context],
+        request_for: Callable[[Scope, Receive], FastRequest],
     ) -> None:
         self.schema = schema
-        self.context_for = context_for
+        self.request_for = request_for
         extensions = read_extensions(schema)
         self.not_honoured = extensions.not_honoured
         if self.not_honoured:
@@ -206,29 +210,29 @@ class FrontDoor:
         if plan is None:
             operation = prepared.operation(operation_name)
             return _declined("operation_not_found" if operation is None else "subscription")
-        context = self.context_for(Request(scope, receive))
-        return await self._answer(plan, variables, context)
+        return await self._answer(plan, variables, self.request_for(scope, receive))
 
     async def _answer(
-        self, plan: Plan, variables: dict[str, Any] | None, context: Context
+        self, plan: Plan, variables: dict[str, Any] | None, request: FastRequest
     ) -> bytes:
         route = GRAPHQL_CORE
         try:
             if plan.first is not None:
                 route, compiled = plan.first
-                outcome = await compiled.run(variables, context)
+                outcome = await compiled.run(variables, request)
                 _count(route, outcome)
                 if isinstance(outcome, Answered):
                     return outcome.body
                 route = GRAPHQL_CORE
-            answered = await plan.direct.run(variables, context)
+            answered = await plan.direct.run(variables, request.context())
             _count(route, answered)
             return answered.body
         except Exception:
+            request_id = request.context().request_id
             log.exception(
                 "bug in the fast path's %s route (request %s): answered as an internal error",
                 route,
-                context.request_id,
+                request_id,
             )
             _count(route, None)
             return encode(
@@ -239,7 +243,7 @@ class FrontDoor:
                             "message": INTERNAL_ERROR,
                             "extensions": {
                                 "code": "INTERNAL_ERROR",
-                                "requestId": context.request_id,
+                                "requestId": request_id,
                             },
                         }
                     ],

@@ -30,9 +30,9 @@ from graphql import (
 )
 
 from service.fleet.node_views import NodeRecord
-from service.graphql.context import Context
 from service.graphql.types import Node
 
+from .fast_request import FastRequest
 from .fields import plain_fields
 from .outcomes import Answered, Declined, Outcome
 from .private_api import core_schema
@@ -161,7 +161,7 @@ def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> N
 
 
 async def write_and_answer(
-    context: Context,
+    request: FastRequest,
     key: Hashable,
     write: Callable[[], Awaitable[NodeRecord]],
     leaves: NodeLeaves,
@@ -177,10 +177,10 @@ async def write_and_answer(
     try:
         record = await write()
     except Exception as error:  # graphql-core words it (masked if unexpected)
-        context.hand_over(key, error=error)
+        request.hand_over(key, error=error)
         return Declined(failed)
     answer = leaves.answer(record, answer_key)
     if answer is None:
-        context.hand_over(key, result=record)
+        request.hand_over(key, result=record)
         return Declined("leaf_not_serializable")
     return Answered(answer)

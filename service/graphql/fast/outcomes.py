@@ -15,8 +15,9 @@ from typing import Any, Protocol, TypeVar
 from service.database.db_faults import is_database_unavailable
 from service.database.transactions import sqlstate
 from service.errors import InventoryError
-from service.graphql.context import Context
 from service.graphql.masking import UNSTORABLE_TEXT
+
+from .fast_request import FastRequest
 
 T = TypeVar("T")
 
@@ -69,4 +70,4 @@ def encode(body: dict[str, Any]) -> bytes:
 class CompiledRoute(Protocol):
     """A route compiled for one operation of a prepared document."""
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Outcome: ...
+    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome: ...

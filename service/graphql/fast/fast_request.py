@@ -1,0 +1,59 @@
+"""A request as a compiled route sees it: who calls, the engine, the settings; its Context on demand.
+
+Why not the GraphQL Context (service/graphql/context.py) itself: making one
+(a Starlette Request, the Context's fields, its loaders, the caller put into
+it) for every heartbeat was about a tenth of the service's CPU a beat under
+load, measured with the beat's write stubbed out (BENCHMARKS.md, "5 December:
+a compiled route's request without a Context"), and the heartbeat, node and
+page routes read only the caller and the engine. So the Context is made the
+first time something needs it: graphql_core running the operation, a route
+handing a write's outcome over to the resolver (Context.hand_over), or a
+route whose domain call takes the Context (registration, place). Made
+once: the resolver that graphql_core runs after a hand-over finds it there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.access_control.auth import Principal
+from service.config import Settings
+from service.graphql.context import Context
+from service.paging import PageRequest, page_request
+
+
+class FastRequest:
+    __slots__ = ("_context", "_make_context", "engine", "principal", "settings")
+
+    def __init__(
+        self,
+        principal: Principal | None,
+        engine: AsyncEngine,
+        settings: Settings,
+        make_context: Callable[[], Context],
+    ) -> None:
+        # The Principal the Context would carry (graphql/authentication.py: caller_of).
+        self.principal = principal
+        self.engine = engine
+        self.settings = settings
+        self._make_context = make_context
+        self._context: Context | None = None
+
+    def context(self) -> Context:
+        """The request's GraphQL Context, made on first use."""
+        if self._context is None:
+            self._context = self._make_context()
+        return self._context
+
+    def hand_over(
+        self, key: Hashable, *, result: Any = None, error: Exception | None = None
+    ) -> None:
+        """Context.hand_over on the request's Context, which graphql_core then runs with."""
+        self.context().hand_over(key, result=result, error=error)
+
+    def page_request(self, first: int | None) -> PageRequest:
+        """Context.page_request without the Context."""
+        return page_request(first, self.settings.max_page_size)
