@@ -22,7 +22,9 @@ from .fast_request import FastRequest
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass sets each field through object.__setattr__
+# (0.7 against 0.25 us), and every request the fast path answers makes one.
+@dataclass(slots=True)
 class Answered:
     body: bytes
     # How, when it is worth counting apart (the variables coerced by
@@ -30,7 +32,7 @@ class Answered:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Declined:
     reason: str
 
