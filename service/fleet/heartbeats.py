@@ -31,7 +31,7 @@ from service.database.connections import NativeConnection
 from service.database.transactions import in_transaction
 from service.errors import NodeNotFound
 from service.fleet import nodes
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_views import BeatRecord
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,15 @@ class HeartbeatBatcher:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        self._batches: Batches[NativeConnection, str, NodeRecord] = Batches(
+        self._batches: Batches[NativeConnection, str, BeatRecord] = Batches(
             lambda: connections.autocommit(engine), self._write, NodeNotFound, MAX_BATCH
         )
 
-    def beat(self, node_id: str) -> Awaitable[NodeRecord]:
-        """Record the beat; returns the node as committed, or raises NodeNotFound."""
+    def beat(self, node_id: str) -> Awaitable[BeatRecord]:
+        """Record the beat; returns the node's id and state as committed, or raises NodeNotFound."""
         return self._batches.ask(node_id)
 
-    async def _write(self, conn: NativeConnection, batch: Sequence[str]) -> dict[str, NodeRecord]:
+    async def _write(self, conn: NativeConnection, batch: Sequence[str]) -> dict[str, BeatRecord]:
         # One statement outside a transaction block: PostgreSQL makes it a
         # transaction of its own, as atomic as in_transaction for a third of
         # the round trips. It records no events (nothing here announces any).
@@ -76,7 +76,7 @@ _batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.We
 _last: tuple[weakref.ref[AsyncEngine], HeartbeatBatcher] | None = None
 
 
-def beat(engine: AsyncEngine, node_id: str) -> Awaitable[NodeRecord]:
+def beat(engine: AsyncEngine, node_id: str) -> Awaitable[BeatRecord]:
     """The node's heartbeat through this process's batch for `engine` (await it).
 
     Returns the batch's future, not a coroutine around it (service/batches.py).

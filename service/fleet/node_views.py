@@ -78,6 +78,55 @@ class NodeRecord:
         return _disk(self.shared_disk_free, self.shared_disk_total)
 
 
+@dataclass(slots=True)
+class BeatRecord:
+    """A node's id and state as its heartbeat left them: what a beat's answer needs.
+
+    Not a NodeRecord: a batch of heartbeats returns a row a beat, and reading
+    the node's other columns (its names, labels, disks, two timestamps) and
+    building a NodeRecord from them was about 4 us of the client's CPU a
+    beat in isolation, with 16 beats a statement (BENCHMARKS.md, "a beat's
+    CPU layer by layer"). Agents ask for their state only
+    (agent/operations/heartbeat.graphql); a heartbeat asking for more is
+    answered by its resolver, which reads the node.
+    """
+
+    id: str
+    state: str
+    state_reason: str | None
+    state_actor: str | None
+
+    @property
+    def schedulable(self) -> bool:
+        return is_schedulable(self.state)
+
+
+# What nodes.heartbeat_alive and heartbeat_many return; beat_from_row reads
+# them by position.
+BEAT_COLUMNS = "n.id, n.state, n.admin_reason, n.admin_actor, n.liveness_reason"
+_BEAT_WIDTH = 5
+
+
+def shown_reason(
+    state: str, admin_reason: str | None, admin_actor: str | None, liveness_reason: str | None
+) -> tuple[str | None, str | None]:
+    """The reason and actor shown with a node's state: the ones that explain it.
+
+    A liveness reason while unreachable or lost (no actor: the sweep), the
+    operator's while cordoned or draining.
+    """
+    if state in ("unreachable", "lost"):
+        return liveness_reason, None
+    return admin_reason, admin_actor
+
+
+def beat_from_row(row: Row[Any]) -> BeatRecord:
+    """A BeatRecord from a row that starts with BEAT_COLUMNS, in their order."""
+    node_id, state, admin_reason, admin_actor, liveness_reason = row[:_BEAT_WIDTH]
+    reason, actor = shown_reason(state, admin_reason, admin_actor, liveness_reason)
+    return BeatRecord(node_id, state, reason, actor)
+
+
 def _disk(free: int | None, total: int | None) -> Disk | None:
     return None if total is None else Disk(free, total)  # type: ignore[arg-type]
 
@@ -93,8 +142,7 @@ class NodeFilter:
     min_local_disk_free: int | None = None
 
 
-# Also what nodes.heartbeat_many and register_node return, so their replies
-# need no second read. node_from_row reads these columns by position.
+# Also what register_node returns, so its reply needs no second read. node_from_row reads these columns by position.
 # The jsonb columns as text: NodeRecord decodes them when they are read.
 NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
@@ -147,12 +195,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         admin_actor, liveness_reason, last_seen, registered_at, agent_version,
         engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
     ) = row[:_NODE_WIDTH]  # fmt: skip
-    # The reason shown is the one that explains the state: a liveness reason
-    # while unreachable or lost, the operator's while cordoned or draining.
-    if state in ("unreachable", "lost"):
-        reason, actor = liveness_reason, None
-    else:
-        reason, actor = admin_reason, admin_actor
+    reason, actor = shown_reason(state, admin_reason, admin_actor, liveness_reason)
     record: NodeRecord = object.__new__(NodeRecord)
     record.__dict__.update(
         id=node_id,

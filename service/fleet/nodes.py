@@ -17,7 +17,13 @@ from service.errors import InvalidInput, NodeNotFound
 from service.event_log.events import note_recorded, record_event
 from service.fleet import gpu_health
 from service.fleet.gpu_health import ReportedXid
-from service.fleet.node_views import NODE_COLUMNS, NodeRecord, node_from_row
+from service.fleet.node_views import (
+    BEAT_COLUMNS,
+    BeatRecord,
+    NodeRecord,
+    beat_from_row,
+    node_from_row,
+)
 from service.fleet.report_rows import (
     REPORTED_ROWS,
     came_back,
@@ -204,7 +210,7 @@ _HEARTBEATS = text(
     )
     UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL
     FROM old WHERE n.id = old.id
-    RETURNING {NODE_COLUMNS}, old.liveness AS old_liveness
+    RETURNING {BEAT_COLUMNS}, old.liveness AS old_liveness
     """
 )
 
@@ -238,27 +244,27 @@ _ALIVE_HEARTBEATS = text(
     )
     UPDATE nodes n SET last_seen = now()
     FROM alive, no_flush_wait WHERE n.id = alive.id
-    RETURNING {NODE_COLUMNS}
+    RETURNING {BEAT_COLUMNS}
     """
 )
 
 
-async def heartbeat_alive(conn: Connection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
+async def heartbeat_alive(conn: Connection, node_ids: Sequence[str]) -> dict[str, BeatRecord]:
     """Stamp the beats of nodes that were alive, in one statement; the others are absent.
 
     Whatever is absent (an unknown node, one coming back) goes to heartbeat_many.
     """
     rows = await conn.execute(_ALIVE_HEARTBEATS, {"ids": sorted(set(node_ids))})
     # The id from the record: a row's `.id` is a __getattr__ after a failed lookup.
-    return {node.id: node for node in map(node_from_row, rows)}
+    return {beat.id: beat for beat in map(beat_from_row, rows)}
 
 
-async def heartbeat_many(conn: Connection, node_ids: Sequence[str]) -> dict[str, NodeRecord]:
+async def heartbeat_many(conn: Connection, node_ids: Sequence[str]) -> dict[str, BeatRecord]:
     """Record that these nodes are alive, by the database's clock; bring back any that were not.
 
     The database's clock, because several service processes stamp the same
     column and the liveness sweep compares against now() on the same server.
-    Unknown ids are absent from the answer. Returns each node as it is now.
+    Unknown ids are absent from the answer. Returns each node's id and state as they are now.
     """
     rows = list(await conn.execute(_HEARTBEATS, {"ids": sorted(set(node_ids))}))
     back = [r for r in rows if r.old_liveness != "alive"]
@@ -268,7 +274,7 @@ async def heartbeat_many(conn: Connection, node_ids: Sequence[str]) -> dict[str,
             await record_event(
                 conn, "back", node_id=r.id, reason=f"heartbeat while {r.old_liveness}"
             )
-    return {r.id: node_from_row(r) for r in rows}
+    return {r.id: beat_from_row(r) for r in rows}
 
 
 async def heartbeat(conn: Connection, node_id: str) -> None:

@@ -66,11 +66,15 @@ class NodeMutations:
         # Once per request: a compiled heartbeat that declined after beating
         # hands its outcome over (service/graphql/fast/compiled_heartbeat.py).
         context = info.context
-        return Node.of(
-            await context.once(
-                (HEARTBEAT, str(node_id)), lambda: heartbeats.beat(context.engine, str(node_id))
-            )
+        beat = await context.once(
+            (HEARTBEAT, str(node_id)), lambda: heartbeats.beat(context.engine, str(node_id))
         )
+        # The beat returns the node's state only (node_views.BeatRecord):
+        # the rest of the node as it is now, read after the beat committed.
+        record: NodeRecord | None = await context.loaders.node.load(beat.id)
+        if record is None:
+            raise NodeNotFound(beat.id)
+        return Node.of(record)
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:

@@ -210,15 +210,15 @@ def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
     return {READY: read} if record is None else {READY: read, RECORD: record}
 
 
-# Each plain field of Node, by its Python name, as read from a NodeRecord: the
-# one definition Node.of builds a Node from, and the compiled heartbeat
-# (fast/compiled_heartbeat.py) reads the few fields a document selects from,
-# without building the rest (a node's labels, engine versions and disks were
-# a twentieth of a heartbeat's CPU). Node.of fails on a field left out here.
 # By value, as NodeState(value) finds it without the enum's call (a third of
 # a microsecond on every heartbeat); an unknown value is a KeyError there.
 _NODE_STATES: Final = {state.value: state for state in NodeState}
 
+# Each plain field of Node, by its Python name, as read from a NodeRecord: the
+# one definition Node.of builds a Node from, and the compiled agent mutations
+# (fast/node_leaves.py) read the few fields a document selects from, without
+# building the rest (a node's labels, engine versions and disks were a
+# twentieth of a heartbeat's CPU). Node.of fails on a field left out here.
 NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     # strawberry.ID is a NewType: the str itself, without a call.
     "id": attrgetter("id"),
@@ -239,6 +239,11 @@ NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     "registered_at": attrgetter("registered_at"),
     "boot_id": attrgetter("boot_id"),
 }
+
+# The fields of NODE_FIELDS whose readers need only what a heartbeat returns
+# (node_views.BeatRecord: id, state, state_reason, state_actor): the fields
+# the compiled heartbeat answers (fast/compiled_heartbeat.py).
+BEAT_FIELDS: Final = frozenset({"id", "state", "state_reason", "state_changed_by", "schedulable"})
 
 
 @strawberry.type

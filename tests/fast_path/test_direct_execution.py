@@ -248,6 +248,16 @@ async def test_a_tokens_role_is_enforced_the_same_way_on_both_paths(
     await same_answer(both, {"query": AGENT_HEARTBEAT, "variables": {"nodeId": "gpu-01"}})
 
 
+# Every leaf the beat itself returns (types.BEAT_FIELDS): the compiled route's.
+BEAT_LEAVES = """
+mutation Beat($id: ID!) {
+  beat: heartbeat(nodeId: $id) {
+    __typename id node: id state stateReason schedulable stateChangedBy
+  }
+}
+"""
+# Leaves of the node the beat does not return: graphql-core's, whose
+# resolver reads the rest of the node after the beat.
 LEAVES = """
 mutation Beat($id: ID!) {
   beat: heartbeat(nodeId: $id) {
@@ -262,7 +272,9 @@ mutation Beat($id: ID!) {
     ("document", "compiled"),
     [
         (AGENT_HEARTBEAT, True),
-        (LEAVES, True),
+        (BEAT_LEAVES, True),
+        (LEAVES, False),
+        ('mutation { heartbeat(nodeId: "gpu-01") { id lastSeen } }', False),
         ('mutation { heartbeat(nodeId: "gpu-01") { id state } }', True),
         ("mutation B($id: ID!) { heartbeat(nodeId: $id) { id gpus { index } } }", False),
         ("mutation B($id: ID!) { heartbeat(nodeId: $id) { id localDisk { freeBytes } } }", False),
@@ -296,10 +308,31 @@ async def test_a_compiled_heartbeat_answers_every_leaf_as_graphql_core_does(
         both, {"query": 'mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }'}
     )
 
-    beat = await same_answer(both, {"query": LEAVES, "variables": {"id": "gpu-01"}})
-    assert beat["data"]["beat"]["__typename"] == "Node"
-    assert beat["data"]["beat"]["state"] == "CORDONED"
-    assert beat["data"]["beat"]["stateReason"] == "burn-in"
+    before = COUNTERS.snapshot()[2]
+    beat = await same_answer(both, {"query": BEAT_LEAVES, "variables": {"id": "gpu-01"}})
+    assert beat["data"]["beat"] == {
+        "__typename": "Node",
+        "id": "gpu-01",
+        "node": "gpu-01",
+        "state": "CORDONED",
+        "stateReason": "burn-in",
+        "schedulable": False,
+        "stateChangedBy": None,  # no token here: no actor
+    }
+    # The rest of the node: graphql-core's resolver reads it after the beat.
+    whole = await same_answer(both, {"query": LEAVES, "variables": {"id": "gpu-01"}})
+    assert whole["data"]["beat"]["name"] == FULL_REPORT["hostname"]
+    assert whole["data"]["beat"]["stateReason"] == "burn-in"
+    after = COUNTERS.snapshot()[2]
+    assert (
+        after.get(("heartbeat", "answered", ""), 0) - before.get(("heartbeat", "answered", ""), 0)
+        == 1
+    )
+    assert (
+        after.get(("graphql_core", "answered", ""), 0)
+        - before.get(("graphql_core", "answered", ""), 0)
+        == 1
+    )
     literal = await same_answer(both, {"query": 'mutation { heartbeat(nodeId: "gpu-01") { id } }'})
     assert literal == {"data": {"heartbeat": {"id": "gpu-01"}}}
     # An ID sent as a number is graphql-core's to coerce; the answer is the same.

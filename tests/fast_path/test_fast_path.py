@@ -202,19 +202,19 @@ async def test_a_beat_whose_answer_graphql_core_must_word_is_not_beaten_again(
     both: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-01")}})
-    # A value Int cannot represent: graphql-core's error to word, after the beat.
-    # As Node.of and the compiled route read the field (types.NODE_FIELDS).
-    monkeypatch.setitem(NODE_FIELDS, "memory_total_mb", lambda record: 2**40)
+    # A value Boolean cannot represent: graphql-core's error to word, after the
+    # beat. As Node.of and the compiled route read the field (types.NODE_FIELDS).
+    monkeypatch.setitem(NODE_FIELDS, "schedulable", lambda record: "yes")
     beats = _count_beats(monkeypatch, heartbeats.beat)
     before = fast_path()
     answer = await same_answer(
         both,
         {
-            "query": "mutation B($id: ID!) { heartbeat(nodeId: $id) { id memoryTotalMb } }",
+            "query": "mutation B($id: ID!) { heartbeat(nodeId: $id) { id schedulable } }",
             "variables": {"id": "gpu-01"},
         },
     )
-    assert "32-bit" in answer["errors"][0]["message"]
+    assert "Boolean cannot represent" in answer["errors"][0]["message"]
     assert beats == ["gpu-01", "gpu-01"]  # one beat per app
     assert since(before) == {
         ("heartbeat", "declined", "leaf_not_serializable"): 1,

@@ -9,13 +9,15 @@ reduction over one mutation field, a ResolveInfo and a Strawberry Info,
 argument conversion, completion of three leaves).
 
 Which documents: a mutation with one root field, `heartbeat`, whose `nodeId`
-is a variable or a string literal, selecting only leaf fields of Node
-(scalars and enums; aliases and __typename too), without directives or
-fragments. The agent's own document (agent/operations/heartbeat.graphql) is
-one of them.
+is a variable or a string literal, selecting only the leaf fields of Node
+that the beat itself returns (types.BEAT_FIELDS: id, state, stateReason,
+stateChangedBy, schedulable; aliases and __typename too), without directives
+or fragments. The agent's own document (agent/operations/heartbeat.graphql)
+is one of them. A heartbeat asking for more (its hostname, its GPUs) is
+graphql-core's: the resolver reads the rest of the node after the beat.
 
 How it stays exact: the same domain call as the resolver, the same role
-check, each field read from the record as Node.of reads it (types.NODE_FIELDS),
+check, each field read from the beat as Node.of reads it (types.NODE_FIELDS),
 the schema's own serializers for each leaf. Whatever graphql-core would
 have to decide, it declines with a reason, and graphql-core then runs the
 document as usual. Before the beat: a node id that is not a string (an ID
@@ -38,6 +40,7 @@ from service.errors import InventoryError
 from service.fleet import heartbeats
 from service.graphql.mutations import HEARTBEAT
 from service.graphql.permissions import check_role, role_of
+from service.graphql.types import BEAT_FIELDS
 
 from .documents import only_root_field
 from .fast_request import FastRequest
@@ -97,7 +100,7 @@ def compile_heartbeat(
         node_id = value.value
     else:
         return None
-    leaves = node_leaves(schema, root.selection_set)
+    leaves = node_leaves(schema, root.selection_set, BEAT_FIELDS)
     if leaves is None:
         return None
     key = root.alias.value if root.alias else FIELD

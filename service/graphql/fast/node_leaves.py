@@ -29,7 +29,7 @@ from graphql import (
     is_leaf_type,
 )
 
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_views import BeatRecord, NodeRecord
 from service.graphql.types import Node
 
 from .fast_request import FastRequest
@@ -51,7 +51,9 @@ _MAX_KEPT = 64
 class _Leaf:
     key: str
     prefix: str  # the key as the answer writes it
-    read: Callable[[NodeRecord], Any] | None  # as Node.of reads it; None: __typename
+    # As Node.of reads it (types.NODE_FIELDS: a NodeRecord, or a BeatRecord
+    # for the BEAT_FIELDS); None: __typename.
+    read: Callable[[Any], Any] | None
     serialize: Callable[[Any], Any]
     nullable: bool
     # Written forms of the values in _KEPT_TYPES seen so far (a heartbeat's
@@ -89,7 +91,7 @@ class NodeLeaves:
         # one key (its field's alias or name), written once, not per answer.
         self._openings: dict[str, str] = {}
 
-    def answer(self, record: NodeRecord, answer_key: str) -> bytes | None:
+    def answer(self, record: NodeRecord | BeatRecord, answer_key: str) -> bytes | None:
         """The whole answer, {"data": {answer_key: {leaf: value...}}} as outcomes.encode
         writes it; None when graphql-core would refuse a leaf.
 
@@ -114,8 +116,13 @@ class NodeLeaves:
         return "".join(answer).encode()
 
 
-def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> NodeLeaves | None:
-    """The compiled selection when it selects only leaves of Node, else None."""
+def node_leaves(
+    schema: strawberry.Schema,
+    selection_set: SelectionSetNode,
+    only: frozenset[str] | None = None,
+) -> NodeLeaves | None:
+    """The compiled selection when it selects only leaves of Node (and only
+    the fields named in `only`, by their Python names, if given), else None."""
     node_type = core_schema(schema).get_type("Node")
     if not isinstance(node_type, GraphQLObjectType):
         return None
@@ -141,6 +148,8 @@ def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> N
         strawberry_field = attributes.get(name)
         if field is None or strawberry_field is None:
             return None
+        if only is not None and strawberry_field.python_name not in only:
+            return None
         read = Node.read(strawberry_field.python_name)
         if read is None:
             return None
@@ -163,7 +172,7 @@ def node_leaves(schema: strawberry.Schema, selection_set: SelectionSetNode) -> N
 async def write_and_answer(
     request: FastRequest,
     key: Hashable,
-    write: Callable[[], Awaitable[NodeRecord]],
+    write: Callable[[], Awaitable[NodeRecord]] | Callable[[], Awaitable[BeatRecord]],
     leaves: NodeLeaves,
     answer_key: str,
     failed: str,
