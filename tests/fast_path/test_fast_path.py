@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import strawberry
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
@@ -27,7 +28,7 @@ from service.graphql.fast.extensions import read_extensions
 from service.graphql.fast.fields import plain_fields, record_attributes
 from service.graphql.fast.input_conversion import compiled_input
 from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
-from service.graphql.types import NODE_FIELDS, Node
+from service.graphql.types import BEAT_FIELDS, NODE_FIELDS, Node
 from service.metrics import COUNTERS
 from service.web import app as app_module
 from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, PAGE, same_answer
@@ -313,6 +314,42 @@ async def test_an_extension_the_fast_path_cannot_honour_sends_every_request_to_s
     answer = await door.answer(scope, None, {"query": "{ nodes { id } }"})  # type: ignore[arg-type]
     assert answer is None  # Strawberry's view answers
     assert since(before) == {("front_door", "declined", "extension_not_honoured"): 1}
+
+
+@pytest.mark.parametrize("state", ["cordon", "unreachable", "ready"])
+async def test_the_fields_a_beat_answers_read_the_same_from_the_beat_as_from_the_node(
+    api: Any, engine: AsyncEngine, state: str
+) -> None:
+    """types.BEAT_FIELDS: the compiled heartbeat answers them from a BeatRecord.
+
+    Each of their readers (types.NODE_FIELDS, as Node.of reads them) gives the
+    same value from what the beat returned as from the node read after it:
+    a reader that starts to need a column the beat does not return fails here.
+    """
+    await api(REGISTER, {"input": node_input("gpu-01")})
+    if state == "cordon":
+        await api('mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }')
+    elif state == "unreachable":
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "UPDATE nodes SET liveness = 'unreachable', liveness_reason = 'no heartbeat'"
+                    " WHERE id = 'gpu-01'"
+                )
+            )
+    # An unreachable node's beat brings it back (nodes.heartbeat_many's statement).
+    beat = await heartbeats.beat(engine, "gpu-01")
+    async with engine.connect() as conn:
+        record = await node_views.get_node(conn, "gpu-01")
+    assert record is not None
+    assert NODE_FIELDS.keys() >= BEAT_FIELDS
+    for name in BEAT_FIELDS:
+        assert NODE_FIELDS[name](beat) == NODE_FIELDS[name](record), name
+    assert (beat.state, beat.state_reason) == {
+        "cordon": ("cordoned", "burn-in"),
+        "unreachable": ("ready", None),
+        "ready": ("ready", None),
+    }[state]
 
 
 async def test_a_pages_fields_are_the_records_attributes_named_by_the_strawberry_types(
