@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 import strawberry
 from graphql import (
@@ -45,6 +45,7 @@ _json_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 # Strings (ids, names, reasons) are not: their values are unbounded.
 _KEPT_TYPES = (Enum, bool, type(None))
 _MAX_KEPT = 64
+_UNSEEN = object()
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,11 @@ class _Leaf:
 
     def write(self, value: Any) -> str | None:
         """The value as the answer writes it, None when graphql-core would refuse it."""
-        if isinstance(value, _KEPT_TYPES) and value in self.written:
-            return self.written[value]
+        if isinstance(value, _KEPT_TYPES):
+            # One lookup: an Enum's hash is a Python-level call.
+            kept = self.written.get(value, _UNSEEN)
+            if kept is not _UNSEEN:
+                return cast("str | None", kept)
         try:
             serialized = None if value is None else self.serialize(value)
         except (GraphQLError, TypeError, ValueError):
