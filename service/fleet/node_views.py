@@ -142,7 +142,8 @@ class NodeFilter:
     min_local_disk_free: int | None = None
 
 
-# Also what register_node returns, so its reply needs no second read. node_from_row reads these columns by position.
+# Also what register_node returns, so its reply needs no second read.
+# node_from_row reads these columns by position.
 # The jsonb columns as text: NodeRecord decodes them when they are read.
 NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
