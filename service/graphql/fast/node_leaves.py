@@ -176,7 +176,7 @@ def node_leaves(
 async def write_and_answer(
     request: FastRequest,
     key: Hashable,
-    write: Callable[[], Awaitable[NodeRecord]] | Callable[[], Awaitable[BeatRecord]],
+    write: Callable[[], Awaitable[NodeRecord | BeatRecord]],
     leaves: NodeLeaves,
     answer_key: str,
     failed: str,
