@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import text
 
 from service.database.connections import Connection
-from service.fleet.node_views import STATES
+from service.node_states import STATES
 from service.scheduling import place_batches
 from service.scheduling.capacity import gpu_classes
 

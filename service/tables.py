@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from service.bounds import id_length_check
+from service.node_states import ADMIN_STATE_CHECK, ALIVE, LIVENESS_CHECK, STATE_SQL
 from service.scheduling.availability import gpu_usable, pool_offers
 
 metadata = MetaData(
@@ -36,9 +38,6 @@ metadata = MetaData(
     }
 )
 
-# Ids are DNS-name sized: agents default to a hostname or machine-id, and an
-# unbounded id would let one report bloat every index it lands in.
-ID_CHECK = "char_length({col}) BETWEEN 1 AND 253"
 
 nodes = Table(
     "nodes",
@@ -58,18 +57,14 @@ nodes = Table(
     Column("admin_state", Text),
     Column("admin_reason", Text),
     Column("admin_actor", Text),
-    Column("liveness", Text, nullable=False, server_default="alive"),
+    Column("liveness", Text, nullable=False, server_default=ALIVE),
     Column("liveness_reason", Text),
     # The state schedulers see, derived by the database so that every query
     # and index agrees on it: liveness problems first, then the operator.
     Column(
         "state",
         Text,
-        Computed(
-            "CASE WHEN liveness <> 'alive' THEN liveness "
-            "WHEN admin_state IS NOT NULL THEN admin_state ELSE 'ready' END",
-            persisted=True,
-        ),
+        Computed(STATE_SQL, persisted=True),
         nullable=False,
     ),
     # Sums over the node's filesystems, kept with the node so the disk filter
@@ -92,9 +87,9 @@ nodes = Table(
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint(ID_CHECK.format(col="id"), name="id_length"),
-    CheckConstraint("admin_state IN ('cordoned', 'draining')", name="admin_state"),
-    CheckConstraint("liveness IN ('alive', 'unreachable', 'lost')", name="liveness"),
+    CheckConstraint(id_length_check("id"), name="id_length"),
+    CheckConstraint(ADMIN_STATE_CHECK, name="admin_state"),
+    CheckConstraint(LIVENESS_CHECK, name="liveness"),
     CheckConstraint("memory_total_mb >= 0", name="memory"),
     CheckConstraint(
         "local_disk_free BETWEEN 0 AND local_disk_total "
@@ -203,7 +198,7 @@ fabric_attachments = Table(
     Column("rate_gbps", Integer, nullable=False),
     PrimaryKeyConstraint("node_id", "fabric"),
     CheckConstraint("rate_gbps >= 0", name="rate"),
-    CheckConstraint(ID_CHECK.format(col="fabric"), name="fabric_length"),
+    CheckConstraint(id_length_check("fabric"), name="fabric_length"),
 )
 Index("ix_fabric_attachments_fabric", fabric_attachments.c.fabric, fabric_attachments.c.node_id)
 
@@ -248,8 +243,8 @@ shards = Table(
     Column("fabric", Text),
     Column("hcas", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint(ID_CHECK.format(col="shard_id"), name="shard_id_length"),
-    CheckConstraint(ID_CHECK.format(col="replica_id"), name="replica_id_length"),
+    CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
+    CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
 )
 Index("ix_shards_replica_id", shards.c.replica_id)

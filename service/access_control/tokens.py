@@ -21,9 +21,9 @@ from typing import Literal
 from sqlalchemy import text
 from sqlalchemy.engine import Row
 
+from service.bounds import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 from service.database.connections import Connection, cached_text
 from service.errors import InvalidInput, InventoryError
-from service.fleet.reports import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 
 ROLES = ("reader", "agent", "scheduler", "operator")
 

@@ -34,6 +34,7 @@ from typing import Any
 from service.database.connections import Connection, cached_text
 from service.fleet.node_views import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
+from service.node_states import state_actor_sql, state_reason_sql
 from service.paging import PageRequest, PageTruncated, stops_short
 from service.scheduling.availability import (
     gpu_free,
@@ -85,10 +86,8 @@ NODE: Mapping[str, str] = {
     "largest_free_nvlink_group": largest_free_group_sql("n"),
     # The reason that explains the state (node_views.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
-    "state_reason": (
-        "CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason ELSE n.admin_reason END"
-    ),
-    "state_actor": "CASE WHEN n.state IN ('unreachable', 'lost') THEN NULL ELSE n.admin_actor END",
+    "state_reason": state_reason_sql("n"),
+    "state_actor": state_actor_sql("n"),
 }
 GPU: Mapping[str, str] = {
     "index": "g.idx",

@@ -19,9 +19,8 @@ from sqlalchemy.engine import Row
 from service.database.connections import Connection, cached_text
 from service.errors import InvalidInput
 from service.fleet.reports import Disk
+from service.node_states import STATES, shown_reason
 from service.scheduling.availability import is_schedulable, node_schedulable
-
-STATES = ("ready", "cordoned", "draining", "unreachable", "lost")
 
 
 @dataclass(frozen=True)
@@ -105,19 +104,6 @@ class BeatRecord:
 # them by position.
 BEAT_COLUMNS = "n.id, n.state, n.admin_reason, n.admin_actor, n.liveness_reason"
 _BEAT_WIDTH = 5
-
-
-def shown_reason(
-    state: str, admin_reason: str | None, admin_actor: str | None, liveness_reason: str | None
-) -> tuple[str | None, str | None]:
-    """The reason and actor shown with a node's state: the ones that explain it.
-
-    A liveness reason while unreachable or lost (no actor: the sweep), the
-    operator's while cordoned or draining.
-    """
-    if state in ("unreachable", "lost"):
-        return liveness_reason, None
-    return admin_reason, admin_actor
 
 
 def beat_from_row(row: Row[Any]) -> BeatRecord:

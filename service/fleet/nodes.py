@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
+from service.bounds import MAX_TEXT_LENGTH
 from service.database.connections import Connection
 from service.errors import InvalidInput, NodeNotFound
 from service.event_log.events import note_recorded, record_event
@@ -35,7 +36,7 @@ from service.fleet.report_rows import (
     write_gpus,
     write_own_rows,
 )
-from service.fleet.reports import MAX_TEXT_LENGTH, NodeReport, validate_report
+from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.availability import (
     USABLE_COLUMNS,
     gpu_usable,

@@ -11,28 +11,27 @@ import json
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
+from service.bounds import (
+    MAX_BYTES,
+    MAX_DIRECTORIES,
+    MAX_ENGINE_VERSIONS,
+    MAX_FABRICS,
+    MAX_FILESYSTEMS,
+    MAX_GPUS,
+    MAX_HCAS,
+    MAX_HEALTH_REASONS,
+    MAX_ID_LENGTH,
+    MAX_LABELS,
+    MAX_MEMORY_MB,
+    MAX_PATH_LENGTH,
+    MAX_RATE_GBPS,
+    MAX_TEXT_LENGTH,
+    MAX_WEIGHTS,
+    MAX_XIDS,
+)
 from service.errors import InvalidInput
 from service.fleet.gpu_class import derive_gpu_class
 from service.fleet.topology import check_topology
-
-# Bounds that no real node comes near; they keep one broken or hostile agent
-# from writing a report that bloats every scheduler query.
-MAX_ID_LENGTH = 253
-MAX_TEXT_LENGTH = 1024
-MAX_PATH_LENGTH = 4096
-MAX_GPUS = 64
-MAX_LABELS = 64
-MAX_FABRICS = 16
-MAX_HCAS = 64
-MAX_FILESYSTEMS = 64
-MAX_DIRECTORIES = 256
-MAX_WEIGHTS = 10_000
-MAX_ENGINE_VERSIONS = 32
-MAX_HEALTH_REASONS = 16
-MAX_XIDS = 64  # per GPU per report: an XID storm still says enough in 64
-MAX_RATE_GBPS = 100_000
-MAX_MEMORY_MB = 1 << 30  # a PiB of RAM
-MAX_BYTES = (1 << 63) - 1  # what PostgreSQL's bigint holds
 
 
 @dataclass(frozen=True)

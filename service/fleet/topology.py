@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
+from service.bounds import MAX_DOMAIN_LENGTH, MAX_NUMA_NODE
 from service.database.connections import Connection
 from service.errors import InvalidInput
 from service.scheduling.availability import gpu_free, is_free
@@ -26,9 +27,6 @@ from service.scheduling.availability import gpu_free, is_free
 if TYPE_CHECKING:
     from service.fleet.hardware import GpuRecord
     from service.fleet.reports import NodeReport
-
-MAX_DOMAIN_LENGTH = 253
-MAX_NUMA_NODE = 1 << 16
 
 
 def nvlink_groups(peers: Mapping[int, Sequence[int] | None]) -> dict[int, int | None]:

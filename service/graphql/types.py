@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from enum import Enum
 from operator import attrgetter
 from typing import Any, Final
 
@@ -17,6 +16,7 @@ from service.fleet import node_views, topology
 from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
 from service.fleet.node_views import NodeRecord
 from service.fleet.reports import Disk as DiskRecord
+from service.node_states import NodeState as NodeState
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import is_free
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
@@ -34,13 +34,8 @@ from .scalars import Bytes
 RECORD = "record-attribute"
 
 
-@strawberry.enum
-class NodeState(Enum):
-    READY = "ready"
-    CORDONED = "cordoned"
-    DRAINING = "draining"
-    UNREACHABLE = "unreachable"
-    LOST = "lost"
+# The states' one home is service/node_states.py; the schema shows its enum as is.
+strawberry.enum(NodeState)
 
 
 @strawberry.type

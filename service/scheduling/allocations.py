@@ -29,9 +29,10 @@ from typing import Any
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
+from service.bounds import MAX_GPUS_PER_SHARD, MAX_ID_LENGTH, MAX_SHARDS
 from service.database.connections import Connection, cached_text
 from service.event_log.events import note_recorded, record_event
-from service.fleet.reports import MAX_GPUS, MAX_ID_LENGTH
+from service.node_states import shown_reason, state_phrase
 from service.scheduling.availability import gpu_health_reasons, gpu_usable, is_schedulable
 from service.scheduling.gpu_pools import move_to_allocated, refresh_pools
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
@@ -115,12 +116,6 @@ async def list_allocations(
         params,
     )
     return [shard_from_row(r) for r in rows]
-
-
-# A replica is at most this many shards: far above any real tensor/pipeline
-# split, low enough that one request cannot make a statement of unbounded size.
-MAX_SHARDS = 64
-MAX_GPUS_PER_SHARD = MAX_GPUS
 
 
 @dataclass(frozen=True)
@@ -223,12 +218,6 @@ async def lock_nodes(conn: Connection, node_ids: Sequence[str]) -> dict[str, Row
     """Row-lock nodes in id order, waiting for whoever holds them; missing ids are simply absent."""
     rows = await conn.execute(_LOCK_NODES, {"ids": sorted(set(node_ids))})
     return {r.id: r for r in rows}
-
-
-def state_phrase(state: str, admin_reason: str | None, liveness_reason: str | None) -> str:
-    """'cordoned: kernel upgrade', 'unreachable': the state and, if known, why."""
-    reason = liveness_reason if state in ("unreachable", "lost") else admin_reason
-    return f"{state}: {reason}" if reason else state
 
 
 _GPUS_ASKED = text(
@@ -527,7 +516,8 @@ def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rej
                 node_id=shard.node_id,
             )
         if not is_schedulable(node.state):
-            phrase = state_phrase(node.state, node.admin_reason, node.liveness_reason)
+            reason, _ = shown_reason(node.state, node.admin_reason, None, node.liveness_reason)
+            phrase = state_phrase(node.state, reason)
             return Rejection(
                 RejectionCode.NODE_NOT_SCHEDULABLE,
                 f"node {shown(shard.node_id)} is {phrase}; it takes no new allocations",

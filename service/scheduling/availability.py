@@ -27,11 +27,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from service.node_states import NodeState
+
 # The node state in which a node takes new placement. The column `state` is
 # computed by the database from liveness and the operator's intent
 # (tables.nodes), so a node is schedulable exactly when it is alive and no
 # operator cordoned or drained it.
-SCHEDULABLE_STATE = "ready"
+SCHEDULABLE_STATE = NodeState.READY.value
 
 
 def node_schedulable(n: str = "n") -> str:

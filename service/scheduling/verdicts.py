@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from service.node_states import state_phrase
 from service.scheduling.availability import is_schedulable
 from service.scheduling.rejections import index_ranges, shown
 
@@ -142,7 +143,7 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
         return Verdict(node.node_id, code, detail)
 
     if not is_schedulable(node.state):
-        detail = f"{node.state}: {node.state_reason}" if node.state_reason else node.state
+        detail = state_phrase(node.state, node.state_reason)
         return no(VerdictCode.NOT_SCHEDULABLE, detail)
     per_shard = request.gpus_per_shard
     if node.free < per_shard:

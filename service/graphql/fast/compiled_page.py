@@ -70,6 +70,7 @@ from graphql import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import node_states
 from service.database import connections
 from service.fleet import node_pages, node_views
 from service.graphql.permissions import check_role, role_of
@@ -305,7 +306,7 @@ class _Compiler:
                 raise _Declined
             names = {_enum_value(v.value): n for n, v in named.values.items()}
             # Every state the database can hold must have its name.
-            if attribute != "state" or not set(node_views.STATES) <= set(names):
+            if attribute != "state" or not set(node_states.STATES) <= set(names):
                 raise _Declined
             return node_pages.Value(key, attribute, names=names)
         if named.name not in _LEAVES:

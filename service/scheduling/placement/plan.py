@@ -6,10 +6,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from service.fleet.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
-from service.scheduling.allocations import (
+from service.bounds import (
     MAX_GPUS_PER_SHARD,
+    MAX_ID_LENGTH,
+    MAX_PATH_LENGTH,
     MAX_SHARDS,
+    MAX_TEXT_LENGTH,
 )
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import TextClause, text
 
 from service.database.connections import Connection, cached_text
+from service.node_states import state_reason_sql
 from service.scheduling.allocations import (
     store_statement,
 )
@@ -25,8 +26,7 @@ from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, 
 def _facts_sql(request: PlaceRequest) -> str:
     return f"""
     SELECT p.node_id, p.free, n.state,
-           CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
-                ELSE n.admin_reason END AS state_reason,
+           {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights,
            (CAST(:weights AS text) IS NOT NULL AND EXISTS (
                SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
@@ -42,8 +42,7 @@ def _facts_sql(request: PlaceRequest) -> str:
 def _facts_of_ranked(request: PlaceRequest) -> str:
     return f"""
     SELECT c.node_id, c.free, n.state,
-           CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
-                ELSE n.admin_reason END AS state_reason,
+           {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = c.node_id ORDER BY fa.fabric) AS fabrics,
@@ -162,8 +161,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.holds_weights, n.state,
-               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
-                    ELSE n.admin_reason END AS state_reason,
+               {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value
         FROM ranked c JOIN nodes n ON n.id = c.node_id
@@ -215,8 +213,7 @@ def pick_several_sql(request: PlaceRequest) -> str:
     WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.holds_weights, c.tiebreak, n.state,
-               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
-                    ELSE n.admin_reason END AS state_reason,
+               {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value
         FROM ranked c JOIN nodes n ON n.id = c.node_id

@@ -1,0 +1,45 @@
+"""Bounds on what the service accepts: the one home of every size limit a report or a request must keep.
+
+Bounds that no real node or replica comes near; they keep one broken or
+hostile agent or scheduler from writing a report or a request that bloats
+every scheduler query or makes a statement of unbounded size. The checks in
+Python (service/fleet/reports.py, service/scheduling/allocations.py,
+service/scheduling/placement/plan.py, service/access_control/tokens.py) and
+the database's CHECKs (service/tables.py, id_length_check) read them here,
+so a bound cannot be raised in one and kept in the other. This module
+imports nothing from the service: every layer may read it.
+"""
+
+from __future__ import annotations
+
+# Ids are DNS-name sized: agents default to a hostname or machine-id, and an
+# unbounded id would let one report bloat every index it lands in.
+MAX_ID_LENGTH = 253
+MAX_TEXT_LENGTH = 1024
+MAX_PATH_LENGTH = 4096
+MAX_GPUS = 64
+MAX_LABELS = 64
+MAX_FABRICS = 16
+MAX_HCAS = 64
+MAX_FILESYSTEMS = 64
+MAX_DIRECTORIES = 256
+MAX_WEIGHTS = 10_000
+MAX_ENGINE_VERSIONS = 32
+MAX_HEALTH_REASONS = 16
+MAX_XIDS = 64  # per GPU per report: an XID storm still says enough in 64
+MAX_RATE_GBPS = 100_000
+MAX_MEMORY_MB = 1 << 30  # a PiB of RAM
+MAX_BYTES = (1 << 63) - 1  # what PostgreSQL's bigint holds
+# An NVLink domain name is bounded as an id is.
+MAX_DOMAIN_LENGTH = MAX_ID_LENGTH
+MAX_NUMA_NODE = 1 << 16
+
+# A replica is at most this many shards: far above any real tensor/pipeline
+# split, low enough that one request cannot make a statement of unbounded size.
+MAX_SHARDS = 64
+MAX_GPUS_PER_SHARD = MAX_GPUS
+
+
+def id_length_check(column: str) -> str:
+    """SQL CHECK: the id in `column` is 1 to MAX_ID_LENGTH characters (tables.py's id columns)."""
+    return f"char_length({column}) BETWEEN 1 AND {MAX_ID_LENGTH}"
