@@ -34,6 +34,7 @@ from service.database.connections import Connection, cached_text
 from service.event_log.events import note_recorded, record_event
 from service.node_states import shown_reason, state_phrase
 from service.scheduling.availability import gpu_health_reasons, gpu_usable, is_schedulable
+from service.scheduling.fabric_choice import choose_fabric
 from service.scheduling.gpu_pools import move_to_allocated, refresh_pools
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
 
@@ -573,19 +574,9 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
 def _fabric_rule(
     attachments: dict[str, dict[str, _Attachment]], node_ids: Sequence[str]
 ) -> str | None:
-    """The fabric a multi-node replica runs on, when its nodes share several.
-
-    The one whose slowest attachment among these nodes is fastest (a
-    collective runs at the speed of its slowest link); ties go to the name
-    that sorts first, so the same nodes always get the same fabric.
-    """
+    """The fabric a multi-node replica runs on: fabric_choice's rule over the fabrics its nodes share."""
     common = set.intersection(*(set(attachments.get(n, {})) for n in node_ids))
-    if not common:
-        return None
-    return min(
-        common,
-        key=lambda f: (-min(attachments[n][f].rate_gbps for n in node_ids), f),
-    )
+    return choose_fabric(common, lambda f: (attachments[n][f].rate_gbps for n in node_ids))
 
 
 async def _choose_fabric(

@@ -99,6 +99,12 @@ class NodeFacts:
     label_value: str | None
     # Read only when the request needs topology.
     topology: TopologyFacts | None = None
+    # The link rate (Gb/s) of each of `fabrics`, in the same order.
+    fabric_rates: tuple[int, ...] = ()
+
+    def rate_on(self, fabric: str) -> int:
+        """The node's link rate on `fabric` (one of its fabrics), in Gb/s."""
+        return self.fabric_rates[self.fabrics.index(fabric)]
 
     def room(self, request: PlaceRequest) -> int:
         """How many of the request's shards this node can take now."""

@@ -13,6 +13,7 @@ from service.bounds import (
     MAX_SHARDS,
     MAX_TEXT_LENGTH,
 )
+from service.scheduling.fabric_choice import fabric_rank
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
 
@@ -87,7 +88,9 @@ def plan_placement(
     # Spread over one fabric (and, sameNvlinkDomain, one NVLink domain).
     # Among those that can take the replica: the most shards on weight
     # holders, then the fewest nodes, then the least left over on the nodes
-    # used, then the fabric's name and the domain's.
+    # used, then the fabric as allocate() chooses one (fabric_choice: the
+    # fastest slowest link on the nodes used, then the name), then the
+    # domain's name.
     fabrics = (
         [request.fabric] if request.fabric else sorted({x for f in fitting for x in f.fabrics})
     )
@@ -95,10 +98,11 @@ def plan_placement(
     if request.same_nvlink_domain:
         domains = [*sorted({d for f in fitting if (d := _domain_of(f, request)) is not None})]
     best_plan: Plan | None = None
-    best_key: tuple[int, int, int, str, str] | None = None
+    best_key: tuple[int, int, int, tuple[int, str], str] | None = None
     for fabric, domain in ((f, d) for d in domains for f in fabrics):
         left = request.shards
         taken: list[tuple[str, int]] = []
+        rates: list[int] = []
         on_holders = leftover = 0
         members = (
             f
@@ -108,6 +112,7 @@ def plan_placement(
         for f in sorted(members, key=rank):
             k = min(f.room(request), left)
             taken.append((f.node_id, k))
+            rates.append(f.rate_on(fabric))
             left -= k
             leftover += f.free - k * per_shard
             on_holders += k if f.holds_weights else 0
@@ -115,7 +120,7 @@ def plan_placement(
                 break
         if left:
             continue
-        key = (-on_holders, len(taken), leftover, fabric, domain or "")
+        key = (-on_holders, len(taken), leftover, fabric_rank(fabric, rates), domain or "")
         if best_key is None or key < best_key:
             best_key, best_plan = key, Plan(fabric, tuple(taken), domain)
     return best_plan

@@ -23,6 +23,15 @@ from service.scheduling.topology_fit import candidate_filters, claim_wanted, fac
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, judge
 
 
+def _fabrics_sql(node_id: str, prefix: str = "") -> str:
+    """The node's fabrics by name and each one's link rate, in that order (NodeFacts.fabrics, fabric_rates)."""
+    attachments = f"FROM fabric_attachments fa WHERE fa.node_id = {node_id} ORDER BY fa.fabric"
+    return (
+        f"ARRAY(SELECT fa.fabric {attachments}) AS {prefix}fabrics,"
+        f" ARRAY(SELECT fa.rate_gbps {attachments}) AS {prefix}fabric_rates"
+    )
+
+
 def _facts_sql(request: PlaceRequest) -> str:
     return f"""
     SELECT p.node_id, p.free, n.state,
@@ -31,8 +40,7 @@ def _facts_sql(request: PlaceRequest) -> str:
            (CAST(:weights AS text) IS NOT NULL AND EXISTS (
                SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
            )) AS holds_weights,
-           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
-                 WHERE fa.node_id = p.node_id ORDER BY fa.fabric) AS fabrics,
+           {_fabrics_sql("p.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology
     FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
@@ -44,8 +52,7 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
     SELECT c.node_id, c.free, n.state,
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
-           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
-                 WHERE fa.node_id = c.node_id ORDER BY fa.fabric) AS fabrics,
+           {_fabrics_sql("c.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
     FROM ranked c JOIN nodes n ON n.id = c.node_id
@@ -184,8 +191,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            k.local_disk_total AS picked_local_disk_total,
            k.knows_its_weights AS picked_knows_its_weights,
            k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
-           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
-                 WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
+           {_fabrics_sql("k.id", "picked_")},
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
            st.created_at
     FROM (SELECT 1) AS one
@@ -227,8 +233,7 @@ def pick_several_sql(request: PlaceRequest) -> str:
            k.id AS node_id, k.free, k.holds_weights, k.state, k.state_reason,
            k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
            CAST(NULL AS json) AS topology,
-           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
-                 WHERE fa.node_id = k.id ORDER BY fa.fabric) AS fabrics
+           {_fabrics_sql("k.id")}
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
     ORDER BY k.holds_weights DESC, k.free, k.tiebreak
@@ -341,6 +346,7 @@ def facts_of(row: Any, prefix: str = "") -> NodeFacts:
         knows_its_weights=column("knows_its_weights"),
         holds_weights=column("holds_weights"),
         fabrics=tuple(column("fabrics")),
+        fabric_rates=tuple(column("fabric_rates")),
         label_value=column("label_value"),
         topology=TopologyFacts.of(column("topology")),
     )
