@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.config import Settings
 from service.database import connections, database_url
 
 APPLICATION_NAME = "llmgw-inventory"
+
+
+class PoolSettings(Protocol):
+    """The settings an engine's pools are sized by (service/config.py's Settings has them).
+
+    A protocol, not the Settings class: configuration sits above the
+    database layer (it reads database_url), so the database imports nothing
+    from it.
+    """
+
+    @property
+    def db_pool_size(self) -> int: ...
+    @property
+    def db_max_overflow(self) -> int: ...
+    @property
+    def db_timeout(self) -> float: ...
 
 
 def asyncpg_url(url: str) -> str:
@@ -50,7 +65,7 @@ def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> Asy
     return engine
 
 
-def create_engine(url: str, settings: Settings) -> AsyncEngine:
+def create_engine(url: str, settings: PoolSettings) -> AsyncEngine:
     engine = engine_for(
         url,
         connect_timeout=settings.db_timeout,

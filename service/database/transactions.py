@@ -10,6 +10,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, ExitStack
 from typing import TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
@@ -19,8 +20,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.database import connections
 from service.database.connections import NativeConnection
 from service.errors import InventoryError
-from service.event_log.event_announcements import announce
-from service.event_log.events import collecting_recorded
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +39,19 @@ class TransactionConflict(InventoryError):
         )
 
 
+# What runs around each attempt of in_transaction: entered before the
+# transaction begins, it yields what to do once the transaction has committed
+# (never when it rolled back). Higher layers install them (the event log's
+# announcements: service/event_log/events.py), so this layer imports none.
+TransactionWatcher = Callable[[AsyncEngine], AbstractContextManager[Callable[[], None]]]
+_watchers: list[TransactionWatcher] = []
+
+
+def watch_transactions(watcher: TransactionWatcher) -> None:
+    """Run `watcher` around every attempt of in_transaction, from now on."""
+    _watchers.append(watcher)
+
+
 def sqlstate(error: BaseException) -> str | None:
     # asyncpg's own errors carry it; SQLAlchemy's wrap one (orig, or its cause).
     orig = getattr(error, "orig", None)
@@ -55,12 +67,14 @@ async def in_transaction(
 ) -> T:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
-            with collecting_recorded() as recorded:
+            with ExitStack() as watched:
+                after_commit = [watched.enter_context(watch(engine)) for watch in _watchers]
                 async with connections.transaction(engine) as conn:
                     result = await work(conn)
             # Only now, after COMMIT: listeners must never hear of an event
             # that a rollback then took back.
-            announce(engine, recorded)
+            for action in after_commit:
+                action()
             return result
         except (DBAPIError, asyncpg.PostgresError) as error:
             if sqlstate(error) not in RETRYABLE_SQLSTATES:

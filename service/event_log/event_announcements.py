@@ -25,7 +25,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from service.event_log.events import EVENTS_CHANNEL
+
+# The PostgreSQL channel new events are announced on (event_stream listens).
+EVENTS_CHANNEL = "inventory_events"
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,10 +18,12 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database.connections import Connection, cached_text
-
-EVENTS_CHANNEL = "inventory_events"
+from service.database.transactions import watch_transactions
+from service.event_log.event_announcements import EVENTS_CHANNEL as EVENTS_CHANNEL
+from service.event_log.event_announcements import announce
 
 # Every kind of event the service writes: a closed set, so a client filtering
 # on a misspelt kind ("cordonned") is told so instead of silently getting
@@ -85,6 +87,19 @@ def collecting_recorded() -> Iterator[list[int]]:
         yield ids
     finally:
         _recorded.reset(token)
+
+
+@contextlib.contextmanager
+def _announced_after_commit(engine: AsyncEngine) -> Iterator[Callable[[], None]]:
+    """Collect the events an in_transaction attempt records; announce them when it has committed."""
+    with collecting_recorded() as recorded:
+        yield lambda: announce(engine, recorded)
+
+
+# Every transaction of service/database/transactions.py's in_transaction
+# announces the events it recorded, once committed: the database layer runs
+# the watcher without knowing of events.
+watch_transactions(_announced_after_commit)
 
 
 async def record_event(

@@ -314,7 +314,7 @@ def validate_report(report: NodeReport) -> None:
         paths.add(w.path)
         if w.size_bytes is not None:
             _check_range(f"{where}.sizeBytes", w.size_bytes, 0, MAX_BYTES)
-    check_topology(report)
+    check_topology(report.gpus, (hca for fabric in report.fabrics for hca in fabric.hcas))
 
 
 def gpu_class_of(gpu: GpuReport) -> str:

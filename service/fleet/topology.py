@@ -14,8 +14,8 @@ opposite: the agent looked and the GPU has no NVLink (an L40S).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from sqlalchemy import text
 
@@ -26,7 +26,21 @@ from service.scheduling.availability import gpu_free, is_free
 
 if TYPE_CHECKING:
     from service.fleet.hardware import GpuRecord
-    from service.fleet.reports import NodeReport
+
+
+class ReportedGpu(Protocol):
+    """A GPU's topology fields as a report gives them (service/fleet/reports.py's GpuReport)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def numa_node(self) -> int | None: ...
+    @property
+    def nvlink_peers(self) -> tuple[int, ...] | None: ...
+    @property
+    def nvlink_domain(self) -> str | None: ...
+    @property
+    def near_hcas(self) -> tuple[str, ...] | None: ...
 
 
 def nvlink_groups(peers: Mapping[int, Sequence[int] | None]) -> dict[int, int | None]:
@@ -51,19 +65,20 @@ def nvlink_groups(peers: Mapping[int, Sequence[int] | None]) -> dict[int, int | 
     return {index: (root(index) if index in parent else None) for index in peers}
 
 
-def check_topology(report: NodeReport) -> None:
+def check_topology(gpus: Sequence[ReportedGpu], fabric_hcas: Iterable[str]) -> None:
     """Raise InvalidInput for the first topology field that cannot describe this node.
 
     Refused, since each would store a topology the hardware cannot have and a
     scheduler would place a shard on it: a peer that is not a GPU of the node,
     a GPU listing itself, a link only one end reports, a near HCA that no
     fabric of the node lists (the shard would be handed an adapter it cannot
-    use), a negative NUMA node, an empty domain.
+    use), a negative NUMA node, an empty domain. `fabric_hcas`: every
+    adapter the node's fabrics list.
     """
-    on_node = {gpu.index for gpu in report.gpus}
-    peers_of = {gpu.index: gpu.nvlink_peers for gpu in report.gpus}
-    hcas = {hca for fabric in report.fabrics for hca in fabric.hcas}
-    for i, gpu in enumerate(report.gpus):
+    on_node = {gpu.index for gpu in gpus}
+    peers_of = {gpu.index: gpu.nvlink_peers for gpu in gpus}
+    hcas = set(fabric_hcas)
+    for i, gpu in enumerate(gpus):
         where = f"input.gpus[{i}]"
         if gpu.numa_node is not None and not 0 <= gpu.numa_node <= MAX_NUMA_NODE:
             raise InvalidInput(
