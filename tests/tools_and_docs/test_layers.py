@@ -1,12 +1,206 @@
-"""The layering the codebase promises: domain modules know nothing of HTTP or GraphQL, the agent nothing of the service."""
+"""The layering the codebase promises, checked on every module under service/ (recursively).
+
+The layers are written down here, once, lowest first: a module imports only
+from its own layer or a lower one, and no module imports itself back through
+others (a circle), whatever the layers. Only the API and web layers import
+the web and GraphQL frameworks; the agent imports nothing from the service.
+docs/contributing/layers.md explains each layer, and a test below keeps its
+table the same as LAYERS.
+
+Every import counts: at module level, inside a function, or under
+TYPE_CHECKING (a type-only import still ties the modules for a reader and for
+mypy). A new module must fall in a layer: a top-level module or package not
+listed here fails the test until it is placed.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FRAMEWORKS = ("strawberry", "starlette")
+
+# (layer, the modules and packages in it), lowest first.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "foundations",
+        (
+            "service.errors",
+            "service.bounds",
+            "service.node_states",
+            "service.paging",
+            "service.batches",
+            "service.tasks",
+        ),
+    ),
+    ("database", ("service.database",)),
+    ("configuration", ("service.config",)),
+    ("event log", ("service.event_log",)),
+    ("scheduling", ("service.scheduling",)),
+    ("schema", ("service.tables",)),
+    ("metrics", ("service.metrics",)),
+    ("fleet", ("service.fleet",)),
+    ("access", ("service.access_control", "service.readiness")),
+    ("api", ("service.graphql",)),
+    ("web", ("service.web",)),
+    ("commands", ("service.cli", "service.ctl")),
+]
+# The layers whose modules may import the web and GraphQL frameworks.
+FRAMEWORK_LAYERS = ("api", "web")
+
+# Upward imports known and being removed, each with the reason it is allowed
+# for now. An entry whose import no longer exists fails the test: delete it.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("service.graphql.fast.front_door", "service.web.http_guards"): (
+        "issue 34's second half (branch issue-34b) hands fast/ the body and the caller "
+        "instead of ASGI pieces"
+    ),
+}
+
+
+def modules_under(root: Path, package: str) -> dict[str, Path]:
+    """Every module under `root` (the directory of `package`), by dotted name."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that the module `name` (at `path`) imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    targets: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(resolve(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                # `from pkg import module` names the module; `from module import name` the module.
+                full = f"{base}.{alias.name}"
+                targets.add(full if full in known else resolve(base))
+    targets.discard(None)
+    targets.discard(name)
+    return {t for t in targets if t is not None}
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    modules = modules_under(root, package)
+    known = set(modules)
+    return {name: imports_of(name, path, known) for name, path in modules.items()}
+
+
+def layer_of(module: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS) -> int | None:
+    for index, (_, members) in enumerate(layers):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return index
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        low = layer_of(module)
+        for target in sorted(targets):
+            high = layer_of(target)
+            if low is not None and high is not None and high > low:
+                found.append((module, target))
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other round a circle (Tarjan's components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def service_graph() -> dict[str, set[str]]:
+    return import_graph(REPO / "service", "service")
+
+
+def test_every_module_of_the_service_is_in_a_layer() -> None:
+    unplaced = [m for m in service_graph() if m != "service" and layer_of(m) is None]
+    assert unplaced == [], "add these to LAYERS in tests/tools_and_docs/test_layers.py"
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    names = [name for name, _ in LAYERS]
+    found = upward_imports(service_graph())
+    stale = sorted(set(KNOWN_UPWARD) - set(found))
+    assert stale == [], "these upward imports are gone: delete them from KNOWN_UPWARD"
+    upward = [
+        f"{source} ({names[layer_of(source) or 0]}) imports {target} "
+        f"({names[layer_of(target) or 0]})"
+        for source, target in found
+        if (source, target) not in KNOWN_UPWARD
+    ]
+    assert upward == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert circles(service_graph()) == []
+
+
+def test_the_checks_see_an_upward_import_and_a_circle(tmp_path: Path) -> None:
+    # A service in miniature: errors imports the web layer, and two fleet
+    # modules import each other (one only for type checking, inside a block).
+    root = tmp_path / "service"
+    (root / "fleet").mkdir(parents=True)
+    (root / "web").mkdir()
+    for init in (root, root / "fleet", root / "web"):
+        (init / "__init__.py").write_text("")
+    (root / "errors.py").write_text("def f():\n    from service.web import app\n")
+    (root / "web" / "app.py").write_text("")
+    (root / "fleet" / "a.py").write_text("from . import b\n")
+    (root / "fleet" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from service.fleet.a import X\n"
+    )
+    graph = import_graph(root, "service")
+    assert upward_imports(graph) == [("service.errors", "service.web.app")]
+    assert circles(graph) == [["service.fleet.a", "service.fleet.b"]]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -19,10 +213,13 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_domain_modules_import_no_web_or_graphql_framework() -> None:
+def test_only_the_api_and_web_layers_import_a_web_or_graphql_framework() -> None:
+    allowed = {i for i, (name, _) in enumerate(LAYERS) if name in FRAMEWORK_LAYERS}
+    modules = modules_under(REPO / "service", "service")
     offenders = {
-        path.name: sorted(m for m in imported_modules(path) if m.split(".")[0] in FRAMEWORKS)
-        for path in sorted((REPO / "service").glob("*.py"))
+        name: sorted(m for m in imported_modules(path) if m.split(".")[0] in FRAMEWORKS)
+        for name, path in modules.items()
+        if layer_of(name) not in allowed
     }
     assert {name: mods for name, mods in offenders.items() if mods} == {}
 
@@ -35,3 +232,18 @@ def test_the_agent_imports_nothing_from_the_service() -> None:
         for path in sorted((REPO / "agent").rglob("*.py"))
     }
     assert {name: mods for name, mods in offenders.items() if mods} == {}
+
+
+def test_the_contributing_page_lists_the_same_layers() -> None:
+    # docs/contributing/layers.md's table: | n | layer | modules | ..., lowest first.
+    page = (REPO / "docs" / "contributing" / "layers.md").read_text()
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|", page, re.M)
+    listed = [
+        (name, tuple(re.findall(r"`service/([\w/]+?)(?:\.py|/)`", modules)))
+        for _, name, modules in rows
+    ]
+    expected = [
+        (name, tuple(m.removeprefix("service.").replace(".", "/") for m in members))
+        for name, members in LAYERS
+    ]
+    assert listed == expected
