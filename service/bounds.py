@@ -1,9 +1,9 @@
-"""Bounds on what the service accepts: the one home of every size limit a report or a request must keep.
+"""Bounds on what the service accepts: the one home of every size limit of a report or request.
 
 Bounds that no real node or replica comes near; they keep one broken or
 hostile agent or scheduler from writing a report or a request that bloats
 every scheduler query or makes a statement of unbounded size. The checks in
-Python (service/fleet/reports.py, service/scheduling/allocations.py,
+Python (service/fleet/reports.py, service/scheduling/allocations/requests.py,
 service/scheduling/placement/plan.py, service/access_control/tokens.py) and
 the database's CHECKs (service/tables.py, id_length_check) read them here,
 so a bound cannot be raised in one and kept in the other. This module

@@ -1,4 +1,4 @@
-"""A node's states: their names, the reason shown with each, and how a state is worded; the one home of each.
+"""A node's states: their names, the reason shown with each and their wording; one home for each.
 
 The database derives a node's `state` (STATE_SQL, the computed column of
 service/tables.py) from two columns kept apart: the node's liveness (alive,
@@ -63,7 +63,7 @@ LIVENESS_CHECK = f"liveness IN ({_sql_list(LIVENESS)})"
 
 
 def state_reason_sql(n: str = "n") -> str:
-    """SQL: the reason shown with the state of the node row `n` (of `nodes`); shown_reason's reason."""
+    """SQL: the reason shown with the state of the node row `n` (of `nodes`), as shown_reason."""
     return (
         f"CASE WHEN {n}.state IN ({_sql_list(LIVENESS_PROBLEMS)}) THEN {n}.liveness_reason"
         f" ELSE {n}.admin_reason END"
@@ -72,7 +72,8 @@ def state_reason_sql(n: str = "n") -> str:
 
 def state_actor_sql(n: str = "n") -> str:
     """SQL: who set the state of the node row `n`: the operator's actor, none for the sweep's."""
-    return f"CASE WHEN {n}.state IN ({_sql_list(LIVENESS_PROBLEMS)}) THEN NULL ELSE {n}.admin_actor END"
+    problems = _sql_list(LIVENESS_PROBLEMS)
+    return f"CASE WHEN {n}.state IN ({problems}) THEN NULL ELSE {n}.admin_actor END"
 
 
 def shown_reason(
@@ -89,5 +90,5 @@ def shown_reason(
 
 
 def state_phrase(state: str, reason: str | None) -> str:
-    """'cordoned: kernel upgrade', 'unreachable': a state and, if known, why (verdicts, refusals)."""
+    """'cordoned: kernel upgrade', 'unreachable': a state and, if known, why."""
     return f"{state}: {reason}" if reason else state

@@ -247,3 +247,17 @@ def test_the_contributing_page_lists_the_same_layers() -> None:
         for name, members in LAYERS
     ]
     assert listed == expected
+
+
+# A module past this mixes ideas: split it by idea into a package, as
+# service/scheduling/placement/ and service/scheduling/allocations/ are.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_the_service_is_over_600_lines() -> None:
+    long = {
+        name: lines
+        for name, path in modules_under(REPO / "service", "service").items()
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

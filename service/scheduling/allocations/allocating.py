@@ -1,21 +1,4 @@
-"""Who holds which GPUs: shards of replicas placed on nodes, and recording new ones.
-
-store_statement() is the one write path for holding GPUs: allocate() checks
-the GPUs it was given, place() picks free ones, and both hold them through it,
-under the same locks, in one round trip that also keeps the pools and writes
-the events.
-
-Concurrency, in one paragraph: every writer that changes a node's GPUs,
-allocations or state first takes that node's row lock (FOR NO KEY UPDATE: it
-conflicts with cordon, removal and re-registration, which update or delete
-the row, but not with the foreign-key checks of rows that merely reference
-the node). Locks are taken in node-id order, so two allocations spanning the
-same nodes queue instead of deadlocking. Under the lock, each check reads
-what is committed now (READ COMMITTED takes a fresh snapshot per statement),
-and the primary key of allocated_gpus stays the final guard: a claim that
-runs into it (a writer that skipped the lock) writes nothing, and reading
-again turns it into the rejection that explains it, never a 500.
-"""
+"""allocate(): hold the GPUs a scheduler named, once its nodes, GPUs and fabric pass under the locks."""
 
 from __future__ import annotations
 
@@ -23,187 +6,24 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import text
 from sqlalchemy.engine import Row
 
-from service.bounds import MAX_GPUS_PER_SHARD, MAX_ID_LENGTH, MAX_SHARDS
-from service.database.connections import Connection, cached_text
-from service.event_log.events import note_recorded, record_event
+from service.database.connections import Connection
 from service.node_states import shown_reason, state_phrase
+from service.scheduling.allocations.records import (
+    SHARD_COLUMNS,
+    Allocated,
+    ShardRecord,
+    shard_from_row,
+)
+from service.scheduling.allocations.requests import AllocationRequest, validate_request
+from service.scheduling.allocations.storing import NotStored, store, store_statement
 from service.scheduling.availability import gpu_health_reasons, gpu_usable, is_schedulable
 from service.scheduling.fabric_choice import choose_fabric
-from service.scheduling.gpu_pools import move_to_allocated, refresh_pools
-from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    shard_id: str
-    replica_id: str
-    node_id: str
-    gpu_indices: tuple[int, ...]
-    fabric: str | None
-    hcas: tuple[str, ...]
-    created_at: datetime
-
-
-_COLUMNS = "s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
-
-
-def shard_from_row(row: Row[Any]) -> ShardRecord:
-    return ShardRecord(
-        shard_id=row.shard_id,
-        replica_id=row.replica_id,
-        node_id=row.node_id,
-        gpu_indices=tuple(sorted(row.gpu_indices)),
-        fabric=row.fabric,
-        hcas=tuple(row.hcas),
-        created_at=row.created_at,
-    )
-
-
-async def shards_by_id(conn: Connection, shard_ids: Sequence[str]) -> dict[str, ShardRecord]:
-    rows = await conn.execute(
-        cached_text(
-            f"SELECT {_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"
-        ),
-        {"ids": list(shard_ids)},
-    )
-    return {r.shard_id: shard_from_row(r) for r in rows}
-
-
-async def shards_on_nodes(
-    conn: Connection, node_ids: Sequence[str]
-) -> dict[str, list[ShardRecord]]:
-    out: dict[str, list[ShardRecord]] = defaultdict(list)
-    rows = await conn.execute(
-        text(
-            f"SELECT {_COLUMNS} FROM shards s WHERE s.node_id = ANY(CAST(:ids AS text[]))"
-            " ORDER BY s.node_id, s.shard_id"
-        ),
-        {"ids": list(node_ids)},
-    )
-    for r in rows:
-        out[r.node_id].append(shard_from_row(r))
-    return out
-
-
-async def list_allocations(
-    conn: Connection,
-    *,
-    node_id: str | None,
-    replica_id: str | None,
-    first: int,
-    after: str | None = None,
-) -> list[ShardRecord]:
-    """A page of shards sorted by shard id; `after` is the last shard id of the previous page."""
-    where: list[str] = []
-    params: dict[str, Any] = {"first": first}
-    if node_id is not None:
-        where.append("s.node_id = :node_id")
-        params["node_id"] = node_id
-    if replica_id is not None:
-        where.append("s.replica_id = :replica_id")
-        params["replica_id"] = replica_id
-    if after is not None:
-        where.append("s.shard_id > :after")
-        params["after"] = after
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = await conn.execute(
-        cached_text(f"SELECT {_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"),
-        params,
-    )
-    return [shard_from_row(r) for r in rows]
-
-
-@dataclass(frozen=True)
-class ShardRequest:
-    shard_id: str
-    node_id: str
-    gpu_indices: tuple[int, ...]
-    # The adapters this shard is handed, when place() chose them (railAligned:
-    # exactly its GPUs' near HCAs); None: every adapter of the node on the fabric.
-    hcas: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class AllocationRequest:
-    replica_id: str
-    shards: tuple[ShardRequest, ...]
-
-
-@dataclass(frozen=True)
-class Allocated:
-    shards: tuple[ShardRecord, ...]
-
-
-def _check_id(what: str, value: str) -> Rejection | None:
-    if not value:
-        return invalid(f"{what} is empty")
-    if len(value) > MAX_ID_LENGTH:
-        return invalid(f"{what} {shown(value)!r} is longer than {MAX_ID_LENGTH} characters")
-    if "\x00" in value:
-        # PostgreSQL text cannot hold it; refuse it here rather than as a database error.
-        return invalid(f"{what} {shown(value)!r} contains a NUL character")
-    return None
-
-
-def validate_request(request: AllocationRequest) -> Rejection | None:
-    """What can be refused without reading the database: nothing is locked or written for it."""
-    problem = _check_id("replicaId", request.replica_id)
-    if problem:
-        return problem
-    if not request.shards:
-        return invalid("shards is empty: a replica needs at least one shard")
-    if len(request.shards) > MAX_SHARDS:
-        return invalid(
-            f"{len(request.shards)} shards asked for; a replica has at most {MAX_SHARDS}"
-        )
-    seen_shards: set[str] = set()
-    holder_of: dict[tuple[str, int], str] = {}
-    for shard in request.shards:
-        problem = _check_id("shardId", shard.shard_id) or _check_id(
-            f"nodeId of shard {shown(shard.shard_id)}", shard.node_id
-        )
-        if problem:
-            return problem
-        sid = shown(shard.shard_id)
-        if shard.shard_id in seen_shards:
-            return invalid(f"shard {sid} appears twice in this request")
-        seen_shards.add(shard.shard_id)
-        if not shard.gpu_indices:
-            return invalid(f"shard {sid} lists no GPUs (gpuIndices is empty)", shard.node_id)
-        if len(shard.gpu_indices) > MAX_GPUS_PER_SHARD:
-            return invalid(
-                f"shard {sid} lists {len(shard.gpu_indices)} GPUs; a shard has at most "
-                f"{MAX_GPUS_PER_SHARD}",
-                shard.node_id,
-            )
-        seen_indices: set[int] = set()
-        for index in shard.gpu_indices:
-            if index < 0:
-                return invalid(
-                    f"shard {sid} asks for GPU {index}; GPU indices start at 0",
-                    shard.node_id,
-                    index,
-                )
-            if index in seen_indices:
-                return invalid(f"shard {sid} lists GPU {index} twice", shard.node_id, index)
-            seen_indices.add(index)
-            other = holder_of.get((shard.node_id, index))
-            if other is not None:
-                return invalid(
-                    f"GPU {index} on node {shown(shard.node_id)} is asked for by both shard "
-                    f"{shown(other)} and shard {sid}",
-                    shard.node_id,
-                    index,
-                )
-            holder_of[(shard.node_id, index)] = shard.shard_id
-    return None
-
+from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
 
 _LOCK_NODES = text(
     """
@@ -257,86 +77,9 @@ _LOCK_FOR_REPLICA = text(
 
 # The shards asked for (a retry, or a clash) and the replica's other shards.
 _SHARDS_OF_REQUEST = text(
-    f"SELECT {_COLUMNS} FROM shards s"
+    f"SELECT {SHARD_COLUMNS} FROM shards s"
     " WHERE s.shard_id = ANY(CAST(:ids AS text[])) OR s.replica_id = :replica_id"
 )
-
-
-def store_statement(wanted: str) -> TextClause:
-    """One round trip that holds GPUs for one or more calls: the shards, their GPUs, the pools and the events.
-
-    `wanted` defines three CTEs, each keyed by `call` (an integer the caller
-    chooses, one per replica being placed; allocate() has one call, 0):
-    want_shards (call, replica_id, actor, shard_id, node_id, gpu_indices
-    sorted, fabric, hcas), want_gpus (call, node_id, idx, shard_id) and go
-    (one row per call: call, `ok`, whether the caller's checks, made in SQL,
-    passed; nothing of that call is written otherwise). A call without a go
-    row is not answered.
-
-    Each call stands alone: its pools and events are written only when every
-    one of its rows went in (`done`), whatever happened to the other calls of
-    the statement, and store_calls() takes back what an incomplete call
-    wrote. So several schedulers' claims can share one statement (service/
-    scheduling/place_batches.py) and each is answered as if it had been made
-    by itself.
-
-    Run it only while holding the nodes' row locks, in a statement started
-    after they were taken (see gpu_pools.move_to_allocated). A separate
-    SAVEPOINT per claim would cost two more round trips, so a shard id or GPU
-    that a concurrent commit took is not an error here: both inserts say ON
-    CONFLICT DO NOTHING (an insert that meets an uncommitted row still waits
-    for it, so the primary key of allocated_gpus stays the final guard).
-    Shard ids must differ between the calls of one statement.
-    """
-    return text(
-        f"""
-        WITH {wanted}, s AS (
-            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas)
-            SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas
-            FROM want_shards w JOIN go ON go.call = w.call AND go.ok
-            ORDER BY w.call, w.shard_id
-            ON CONFLICT (shard_id) DO NOTHING
-            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
-        ), placed AS (
-            SELECT w.call, w.actor, s.* FROM s JOIN want_shards w ON w.shard_id = s.shard_id
-        ), held AS (
-            INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
-            SELECT w.node_id, w.idx, w.shard_id
-            FROM want_gpus w JOIN s ON s.shard_id = w.shard_id
-            ORDER BY w.node_id, w.idx
-            ON CONFLICT (node_id, gpu_index) DO NOTHING
-            RETURNING node_id, gpu_index, shard_id
-        ), whole AS (
-            SELECT go.call, go.ok AS checked,
-                   go.ok
-                   AND (SELECT count(*) FROM placed p WHERE p.call = go.call)
-                       = (SELECT count(*) FROM want_shards w WHERE w.call = go.call)
-                   AND (SELECT count(*) FROM held h JOIN placed p ON p.shard_id = h.shard_id
-                        WHERE p.call = go.call)
-                       = (SELECT count(*) FROM want_gpus w WHERE w.call = go.call) AS done
-            FROM go
-        ), kept AS (
-            SELECT h.node_id, h.gpu_index
-            FROM held h JOIN placed p ON p.shard_id = h.shard_id
-            JOIN whole d ON d.call = p.call AND d.done
-        ), {move_to_allocated("kept", "true")}, logged AS (
-            -- The rows service.event_log.events.record_event writes, one per shard, in shard order.
-            INSERT INTO events (kind, node_id, replica_id, shard_id, actor, detail)
-            SELECT 'allocated', p.node_id, p.replica_id, p.shard_id, p.actor,
-                   jsonb_build_object('gpuIndices', to_jsonb(p.gpu_indices), 'fabric', p.fabric,
-                                      'hcas', to_jsonb(p.hcas))
-            FROM placed p JOIN whole d ON d.call = p.call AND d.done
-            ORDER BY p.call, p.shard_id
-            RETURNING id, shard_id
-        )
-        SELECT d.call, d.checked, d.done,
-               ARRAY(SELECT l.id FROM logged l JOIN placed q ON q.shard_id = l.shard_id
-                     WHERE q.call = d.call ORDER BY l.id) AS event_ids,
-               p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at
-        FROM whole d LEFT JOIN placed p ON p.call = d.call
-        ORDER BY d.call, p.shard_id
-        """
-    )
 
 
 # allocate()'s shards, as named by the request. With :check, the checks a
@@ -382,58 +125,6 @@ _STORE = store_statement(
         ) AS ok
     )"""
 )
-
-# What an incomplete claim wrote, taken back: the ids come from the claim's
-# own RETURNING, so only this transaction's rows go (their held GPUs with
-# them, by the foreign key's cascade).
-_UNDO = text("DELETE FROM shards WHERE shard_id = ANY(CAST(:ids AS text[]))")
-
-
-@dataclass(frozen=True)
-class NotStored:
-    """A claim that wrote nothing.
-
-    `checked` is False when the statement's own checks failed, True when a
-    concurrent commit took one of its shard ids or GPUs first: reading again
-    says whose.
-    """
-
-    checked: bool
-
-
-async def store(
-    conn: Connection, statement: TextClause, params: dict[str, Any]
-) -> Allocated | NotStored:
-    """Run a store_statement() of one call: every shard held, pools and events written, or nothing left."""
-    return (await store_calls(conn, statement, params))[0]
-
-
-async def store_calls(
-    conn: Connection, statement: TextClause, params: dict[str, Any]
-) -> dict[int, Allocated | NotStored]:
-    """Run a store_statement(): per call answered (its go row), Allocated or NotStored.
-
-    An incomplete call's rows are taken back (one statement for all such
-    calls), so a call either holds every shard, with its pools and events,
-    or nothing.
-    """
-    by_call: dict[int, list[Row[Any]]] = defaultdict(list)
-    for row in await conn.execute(statement, params):
-        by_call[row.call].append(row)
-    answers: dict[int, Allocated | NotStored] = {}
-    partial: list[str] = []
-    for call, mine in by_call.items():
-        head = mine[0]
-        if head.done:
-            note_recorded(list(head.event_ids))
-            answers[call] = Allocated(tuple(shard_from_row(r) for r in mine))
-        else:
-            partial += [r.shard_id for r in mine if r.shard_id is not None]
-            answers[call] = NotStored(bool(head.checked))
-    if partial:
-        await conn.execute(_UNDO, {"ids": partial})
-    return answers
-
 
 _SET_FABRIC = text(
     """
@@ -725,81 +416,3 @@ async def _store(
         ]
         await conn.execute(_SET_FABRIC, {"rows": json.dumps(fix)})
     return outcome
-
-
-# The nodes holding the shards to release, found and locked in one statement.
-_LOCK_SHARD_NODES = text(
-    """
-    SELECT id FROM nodes WHERE id IN (SELECT node_id FROM shards WHERE shard_id = :shard_id)
-    ORDER BY id FOR NO KEY UPDATE
-    """
-)
-_LOCK_REPLICA_NODES = text(
-    """
-    SELECT id FROM nodes WHERE id IN (SELECT node_id FROM shards WHERE replica_id = :replica_id)
-    ORDER BY id FOR NO KEY UPDATE
-    """
-)
-_RELEASE_SHARD = text(
-    """
-    DELETE FROM shards WHERE shard_id = :shard_id AND node_id = ANY(CAST(:nodes AS text[]))
-    RETURNING shard_id, replica_id, node_id, gpu_indices
-    """
-)
-_RELEASE_REPLICA = text(
-    """
-    DELETE FROM shards WHERE replica_id = :replica_id AND node_id = ANY(CAST(:nodes AS text[]))
-    RETURNING shard_id, replica_id, node_id, gpu_indices
-    """
-)
-
-
-async def _release(
-    conn: Connection,
-    lock_holders: Any,
-    delete: Any,
-    params: dict[str, Any],
-    actor: str | None,
-    reason: str | None,
-) -> int:
-    freed = 0
-    # Lock first, then delete only on the locked nodes: the recount in
-    # refresh_pools is exact only while no one else writes to the node. A
-    # shard that appeared on another node meanwhile is found by the next pass.
-    for _ in range(MAX_SHARDS + 1):
-        node_ids = [r.id for r in await conn.execute(lock_holders, params)]
-        if not node_ids:
-            break
-        released = list(await conn.execute(delete, {**params, "nodes": sorted(node_ids)}))
-        await refresh_pools(conn, node_ids)
-        for r in released:
-            freed += len(r.gpu_indices)
-            await record_event(
-                conn,
-                "released",
-                node_id=r.node_id,
-                replica_id=r.replica_id,
-                shard_id=r.shard_id,
-                actor=actor,
-                reason=reason,
-                detail={"gpuIndices": sorted(r.gpu_indices)},
-            )
-    return freed
-
-
-async def release_shard(
-    conn: Connection, shard_id: str, actor: str | None = None, reason: str | None = None
-) -> int:
-    """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error)."""
-    return await _release(
-        conn, _LOCK_SHARD_NODES, _RELEASE_SHARD, {"shard_id": shard_id}, actor, reason
-    )
-
-
-async def release_replica(
-    conn: Connection, replica_id: str, actor: str | None = None, reason: str | None = None
-) -> int:
-    """Free every shard of a replica: replicas fail whole, so they are freed whole."""
-    return await _release(
-        conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, {"replica_id": replica_id}, actor, reason
-    )

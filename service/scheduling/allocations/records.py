@@ -1,0 +1,101 @@
+"""Shards as stored: a replica's shards on nodes, how they are read back, what a claim answers."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Row
+
+from service.database.connections import Connection, cached_text
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    shard_id: str
+    replica_id: str
+    node_id: str
+    gpu_indices: tuple[int, ...]
+    fabric: str | None
+    hcas: tuple[str, ...]
+    created_at: datetime
+
+
+SHARD_COLUMNS = "s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
+
+
+def shard_from_row(row: Row[Any]) -> ShardRecord:
+    return ShardRecord(
+        shard_id=row.shard_id,
+        replica_id=row.replica_id,
+        node_id=row.node_id,
+        gpu_indices=tuple(sorted(row.gpu_indices)),
+        fabric=row.fabric,
+        hcas=tuple(row.hcas),
+        created_at=row.created_at,
+    )
+
+
+async def shards_by_id(conn: Connection, shard_ids: Sequence[str]) -> dict[str, ShardRecord]:
+    rows = await conn.execute(
+        cached_text(
+            f"SELECT {SHARD_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"
+        ),
+        {"ids": list(shard_ids)},
+    )
+    return {r.shard_id: shard_from_row(r) for r in rows}
+
+
+async def shards_on_nodes(
+    conn: Connection, node_ids: Sequence[str]
+) -> dict[str, list[ShardRecord]]:
+    out: dict[str, list[ShardRecord]] = defaultdict(list)
+    rows = await conn.execute(
+        text(
+            f"SELECT {SHARD_COLUMNS} FROM shards s WHERE s.node_id = ANY(CAST(:ids AS text[]))"
+            " ORDER BY s.node_id, s.shard_id"
+        ),
+        {"ids": list(node_ids)},
+    )
+    for r in rows:
+        out[r.node_id].append(shard_from_row(r))
+    return out
+
+
+async def list_allocations(
+    conn: Connection,
+    *,
+    node_id: str | None,
+    replica_id: str | None,
+    first: int,
+    after: str | None = None,
+) -> list[ShardRecord]:
+    """A page of shards sorted by shard id; `after` is the last shard id of the previous page."""
+    where: list[str] = []
+    params: dict[str, Any] = {"first": first}
+    if node_id is not None:
+        where.append("s.node_id = :node_id")
+        params["node_id"] = node_id
+    if replica_id is not None:
+        where.append("s.replica_id = :replica_id")
+        params["replica_id"] = replica_id
+    if after is not None:
+        where.append("s.shard_id > :after")
+        params["after"] = after
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    rows = await conn.execute(
+        cached_text(
+            f"SELECT {SHARD_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"
+        ),
+        params,
+    )
+    return [shard_from_row(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Allocated:
+    shards: tuple[ShardRecord, ...]

@@ -1,0 +1,89 @@
+"""Releasing a shard or a whole replica: its GPUs go back to the pools, with events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+
+from service.bounds import MAX_SHARDS
+from service.database.connections import Connection
+from service.event_log.events import record_event
+from service.scheduling.gpu_pools import refresh_pools
+
+# The nodes holding the shards to release, found and locked in one statement.
+_LOCK_SHARD_NODES = text(
+    """
+    SELECT id FROM nodes WHERE id IN (SELECT node_id FROM shards WHERE shard_id = :shard_id)
+    ORDER BY id FOR NO KEY UPDATE
+    """
+)
+_LOCK_REPLICA_NODES = text(
+    """
+    SELECT id FROM nodes WHERE id IN (SELECT node_id FROM shards WHERE replica_id = :replica_id)
+    ORDER BY id FOR NO KEY UPDATE
+    """
+)
+_RELEASE_SHARD = text(
+    """
+    DELETE FROM shards WHERE shard_id = :shard_id AND node_id = ANY(CAST(:nodes AS text[]))
+    RETURNING shard_id, replica_id, node_id, gpu_indices
+    """
+)
+_RELEASE_REPLICA = text(
+    """
+    DELETE FROM shards WHERE replica_id = :replica_id AND node_id = ANY(CAST(:nodes AS text[]))
+    RETURNING shard_id, replica_id, node_id, gpu_indices
+    """
+)
+
+
+async def _release(
+    conn: Connection,
+    lock_holders: Any,
+    delete: Any,
+    params: dict[str, Any],
+    actor: str | None,
+    reason: str | None,
+) -> int:
+    freed = 0
+    # Lock first, then delete only on the locked nodes: the recount in
+    # refresh_pools is exact only while no one else writes to the node. A
+    # shard that appeared on another node meanwhile is found by the next pass.
+    for _ in range(MAX_SHARDS + 1):
+        node_ids = [r.id for r in await conn.execute(lock_holders, params)]
+        if not node_ids:
+            break
+        released = list(await conn.execute(delete, {**params, "nodes": sorted(node_ids)}))
+        await refresh_pools(conn, node_ids)
+        for r in released:
+            freed += len(r.gpu_indices)
+            await record_event(
+                conn,
+                "released",
+                node_id=r.node_id,
+                replica_id=r.replica_id,
+                shard_id=r.shard_id,
+                actor=actor,
+                reason=reason,
+                detail={"gpuIndices": sorted(r.gpu_indices)},
+            )
+    return freed
+
+
+async def release_shard(
+    conn: Connection, shard_id: str, actor: str | None = None, reason: str | None = None
+) -> int:
+    """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error)."""
+    return await _release(
+        conn, _LOCK_SHARD_NODES, _RELEASE_SHARD, {"shard_id": shard_id}, actor, reason
+    )
+
+
+async def release_replica(
+    conn: Connection, replica_id: str, actor: str | None = None, reason: str | None = None
+) -> int:
+    """Free every shard of a replica: replicas fail whole, so they are freed whole."""
+    return await _release(
+        conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, {"replica_id": replica_id}, actor, reason
+    )

@@ -1,0 +1,144 @@
+"""store_statement(): the one write path that holds GPUs, and running it (store, store_calls)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.engine import Row
+
+from service.database.connections import Connection
+from service.event_log.events import note_recorded
+from service.scheduling.allocations.records import Allocated, shard_from_row
+from service.scheduling.gpu_pools import move_to_allocated
+
+
+def store_statement(wanted: str) -> TextClause:
+    """One round trip that holds GPUs for one or more calls: the shards, their GPUs, the pools and the events.
+
+    `wanted` defines three CTEs, each keyed by `call` (an integer the caller
+    chooses, one per replica being placed; allocate() has one call, 0):
+    want_shards (call, replica_id, actor, shard_id, node_id, gpu_indices
+    sorted, fabric, hcas), want_gpus (call, node_id, idx, shard_id) and go
+    (one row per call: call, `ok`, whether the caller's checks, made in SQL,
+    passed; nothing of that call is written otherwise). A call without a go
+    row is not answered.
+
+    Each call stands alone: its pools and events are written only when every
+    one of its rows went in (`done`), whatever happened to the other calls of
+    the statement, and store_calls() takes back what an incomplete call
+    wrote. So several schedulers' claims can share one statement (service/
+    scheduling/place_batches.py) and each is answered as if it had been made
+    by itself.
+
+    Run it only while holding the nodes' row locks, in a statement started
+    after they were taken (see gpu_pools.move_to_allocated). A separate
+    SAVEPOINT per claim would cost two more round trips, so a shard id or GPU
+    that a concurrent commit took is not an error here: both inserts say ON
+    CONFLICT DO NOTHING (an insert that meets an uncommitted row still waits
+    for it, so the primary key of allocated_gpus stays the final guard).
+    Shard ids must differ between the calls of one statement.
+    """
+    return text(
+        f"""
+        WITH {wanted}, s AS (
+            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas)
+            SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas
+            FROM want_shards w JOIN go ON go.call = w.call AND go.ok
+            ORDER BY w.call, w.shard_id
+            ON CONFLICT (shard_id) DO NOTHING
+            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
+        ), placed AS (
+            SELECT w.call, w.actor, s.* FROM s JOIN want_shards w ON w.shard_id = s.shard_id
+        ), held AS (
+            INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
+            SELECT w.node_id, w.idx, w.shard_id
+            FROM want_gpus w JOIN s ON s.shard_id = w.shard_id
+            ORDER BY w.node_id, w.idx
+            ON CONFLICT (node_id, gpu_index) DO NOTHING
+            RETURNING node_id, gpu_index, shard_id
+        ), whole AS (
+            SELECT go.call, go.ok AS checked,
+                   go.ok
+                   AND (SELECT count(*) FROM placed p WHERE p.call = go.call)
+                       = (SELECT count(*) FROM want_shards w WHERE w.call = go.call)
+                   AND (SELECT count(*) FROM held h JOIN placed p ON p.shard_id = h.shard_id
+                        WHERE p.call = go.call)
+                       = (SELECT count(*) FROM want_gpus w WHERE w.call = go.call) AS done
+            FROM go
+        ), kept AS (
+            SELECT h.node_id, h.gpu_index
+            FROM held h JOIN placed p ON p.shard_id = h.shard_id
+            JOIN whole d ON d.call = p.call AND d.done
+        ), {move_to_allocated("kept", "true")}, logged AS (
+            -- The rows service.event_log.events.record_event writes, one per shard, in shard order.
+            INSERT INTO events (kind, node_id, replica_id, shard_id, actor, detail)
+            SELECT 'allocated', p.node_id, p.replica_id, p.shard_id, p.actor,
+                   jsonb_build_object('gpuIndices', to_jsonb(p.gpu_indices), 'fabric', p.fabric,
+                                      'hcas', to_jsonb(p.hcas))
+            FROM placed p JOIN whole d ON d.call = p.call AND d.done
+            ORDER BY p.call, p.shard_id
+            RETURNING id, shard_id
+        )
+        SELECT d.call, d.checked, d.done,
+               ARRAY(SELECT l.id FROM logged l JOIN placed q ON q.shard_id = l.shard_id
+                     WHERE q.call = d.call ORDER BY l.id) AS event_ids,
+               p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at
+        FROM whole d LEFT JOIN placed p ON p.call = d.call
+        ORDER BY d.call, p.shard_id
+        """
+    )
+
+
+# What an incomplete claim wrote, taken back: the ids come from the claim's
+# own RETURNING, so only this transaction's rows go (their held GPUs with
+# them, by the foreign key's cascade).
+_UNDO = text("DELETE FROM shards WHERE shard_id = ANY(CAST(:ids AS text[]))")
+
+
+@dataclass(frozen=True)
+class NotStored:
+    """A claim that wrote nothing.
+
+    `checked` is False when the statement's own checks failed, True when a
+    concurrent commit took one of its shard ids or GPUs first: reading again
+    says whose.
+    """
+
+    checked: bool
+
+
+async def store(
+    conn: Connection, statement: TextClause, params: dict[str, Any]
+) -> Allocated | NotStored:
+    """Run a store_statement() of one call: every shard held, pools and events written, or nothing left."""
+    return (await store_calls(conn, statement, params))[0]
+
+
+async def store_calls(
+    conn: Connection, statement: TextClause, params: dict[str, Any]
+) -> dict[int, Allocated | NotStored]:
+    """Run a store_statement(): per call answered (its go row), Allocated or NotStored.
+
+    An incomplete call's rows are taken back (one statement for all such
+    calls), so a call either holds every shard, with its pools and events,
+    or nothing.
+    """
+    by_call: dict[int, list[Row[Any]]] = defaultdict(list)
+    for row in await conn.execute(statement, params):
+        by_call[row.call].append(row)
+    answers: dict[int, Allocated | NotStored] = {}
+    partial: list[str] = []
+    for call, mine in by_call.items():
+        head = mine[0]
+        if head.done:
+            note_recorded(list(head.event_ids))
+            answers[call] = Allocated(tuple(shard_from_row(r) for r in mine))
+        else:
+            partial += [r.shard_id for r in mine if r.shard_id is not None]
+            answers[call] = NotStored(bool(head.checked))
+    if partial:
+        await conn.execute(_UNDO, {"ids": partial})
+    return answers
