@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -88,3 +89,64 @@ def test_replicas_migrating_at_once_do_not_collide(empty_database: str) -> None:
     outcomes = [(run.wait(timeout=120), run.stderr.read() if run.stderr else b"") for run in runs]
     assert [code for code, _ in outcomes] == [0, 0, 0], outcomes
     assert schema_drift(empty_database) == []
+
+
+# What compare_metadata does not compare: CHECK constraints, computed
+# columns and index definitions (partial indexes' predicates among them), by
+# table, as PostgreSQL prints them back.
+_DEFINITIONS = """
+SELECT cl.relname AS tbl, 'check ' || c.conname AS name, pg_get_constraintdef(c.oid) AS definition
+FROM pg_constraint c JOIN pg_class cl ON cl.oid = c.conrelid
+JOIN pg_namespace n ON n.oid = cl.relnamespace
+WHERE n.nspname = 'public' AND c.contype = 'c'
+UNION ALL
+SELECT cl.relname, 'computed ' || a.attname, pg_get_expr(d.adbin, d.adrelid)
+FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+JOIN pg_class cl ON cl.oid = a.attrelid JOIN pg_namespace n ON n.oid = cl.relnamespace
+WHERE n.nspname = 'public' AND a.attgenerated <> ''
+UNION ALL
+SELECT tablename, 'index ' || indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'
+"""
+
+
+def definitions(url: str) -> dict[tuple[str, str], str]:
+    tables = {t.name for t in metadata.sorted_tables}
+
+    async def run() -> dict[tuple[str, str], str]:
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetch(_DEFINITIONS)
+        finally:
+            await conn.close()
+        return {(r["tbl"], r["name"]): r["definition"] for r in rows if r["tbl"] in tables}
+
+    return asyncio.run(run())
+
+
+def create_from_tables(url: str) -> None:
+    async def run() -> None:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        engine = create_async_engine(sync_engine_url(url))
+        async with engine.begin() as conn:
+            await conn.run_sync(metadata.create_all)
+        await engine.dispose()
+
+    asyncio.run(run())
+
+
+def test_checks_computed_columns_and_indexes_are_what_the_migrations_made(
+    server_url: str, empty_database: str
+) -> None:
+    # tables.py builds its CHECKs and its computed state from service/bounds.py
+    # and service/node_states.py: they must still say what the migrations wrote.
+    upgrade(empty_database)
+    fresh = create_database(server_url, prefix="llmgw_tables")
+    try:
+        create_from_tables(fresh)
+        migrated, described = definitions(empty_database), definitions(fresh)
+        assert ("nodes", "check ck_nodes_liveness") in migrated
+        assert ("nodes", "computed state") in migrated
+        assert described == migrated
+    finally:
+        drop_database(server_url, fresh)
