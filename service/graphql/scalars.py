@@ -8,9 +8,9 @@ from typing import Any, NewType
 import strawberry
 from graphql import GraphQLError, ValueNode, value_from_ast_untyped
 
-from .fast.private_api import parse_strawberry_datetime
+from service.bounds import MAX_BYTES
 
-MAX_BYTES = (1 << 63) - 1
+from .fast.private_api import parse_strawberry_datetime
 
 
 def _parse_bytes(value: Any) -> int:
