@@ -8,7 +8,7 @@ from typing import Any, NewType
 import strawberry
 from graphql import GraphQLError, ValueNode, value_from_ast_untyped
 
-from .fast.private_api import parse_strawberry_datetime
+from .private_api import parse_strawberry_datetime
 
 MAX_BYTES = (1 << 63) - 1
 

@@ -21,7 +21,6 @@ from strawberry.tools import merge_types
 
 from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
-from .fast.execution import PlainFieldExecutionContext
 from .gpu_mutations import GpuMutations
 from .masking import MaskUnexpected, log_expected
 from .mutations import NodeMutations
@@ -67,10 +66,6 @@ LIMIT_RULES = (
 )
 
 
-class ExecutionContext(PageTruncation, PlainFieldExecutionContext):
-    """A short list says so (pages.py); plain fields are completed fast (execution.py)."""
-
-
 class InventorySchema(strawberry.Schema):
     def process_errors(
         self, errors: list[GraphQLError], execution_context: Any | None = None
@@ -86,10 +81,10 @@ schema = InventorySchema(
     mutation=Mutation,
     subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR, datetime: DATETIME_SCALAR}),
-    # Plain fields (no resolver) completed without graphql-core's per-field
-    # machinery: most of a 1,000-node page's CPU was that (fast/execution.py);
-    # and a short list says so, on every route (pages.py).
-    execution_context_class=ExecutionContext,
+    # A short list says so, on every route (pages.py). With the fast path on,
+    # the app adds plain-field completion beneath it when it is built
+    # (service/graphql/fast/install.py); the schema itself never needs it.
+    execution_context_class=PageTruncation,
     extensions=[
         MaskUnexpected,
         CodeValidationErrors,

@@ -22,7 +22,6 @@ from service.scheduling.availability import is_free
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
 
 from .context import Context, Info
-from .fast.execution import NOT_READY, READY
 from .loaders import now_or_later, ready
 from .pages import answer, paged
 from .scalars import Bytes
@@ -32,6 +31,11 @@ from .scalars import Bytes
 # NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
 # builds itself (Node.nvlinkGroups, service/fleet/node_pages.py).
 RECORD = "record-attribute"
+# Metadata key of a resolver field answerable at once when prefetched: the
+# value is a function (source object, request context) -> the field's raw
+# value, or NOT_READY (service/graphql/fast/execution.py reads it).
+READY = "ready-when-prefetched"
+NOT_READY: Any = object()
 
 
 @strawberry.enum

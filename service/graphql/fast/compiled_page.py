@@ -72,14 +72,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
 from service.fleet import node_pages, node_views
-from service.graphql.permissions import check_role, role_of
+from service.graphql.private_api import core_schema
+from service.graphql.queries import free_gpus_arguments, nodes_arguments
 from service.paging import PageRequest
 
 from .documents import only_root_field
 from .fast_request import FastRequest
 from .fields import ArgumentConversion, NotAnObjectType, record_attributes
 from .outcomes import Answered, Declined, Outcome, compiled_read
-from .private_api import core_schema
 
 # The root fields compiled, and the arguments CompiledPage.run passes on, by
 # their types: an argument the page does not pass on is declined, never
@@ -89,6 +89,13 @@ ROOTS: Mapping[str, Mapping[str, str]] = {
     "nodes": {"filter": "NodeFilter", "first": "Int", "after": "ID"},
     "freeGpus": {"gpuClass": "String", "fabric": "String", "minFree": "Int", "first": "Int",
                  "after": "ID"},
+}  # fmt: skip
+
+# Each argument's Python name: the resolver's keyword, which the gate and
+# queries.py's argument mappings read.
+_PYTHON_NAMES: Mapping[str, str] = {
+    "filter": "filter_", "first": "first", "after": "after", "gpuClass": "gpu_class",
+    "fabric": "fabric", "minFree": "min_free",
 }  # fmt: skip
 
 # Leaves whose JSON PostgreSQL writes as the type's output coercion would: a
@@ -160,7 +167,6 @@ class CompiledPage:
         # is then computed the executor's way.
         self._resolver_arguments = resolver_arguments
         self._types = ROOTS[field]
-        self._role = role_of("Query", field)
 
     def _argument(self, name: str, variables: Mapping[str, Any]) -> Any:
         """The argument's value as the resolver would get it, or raise _Declined."""
@@ -182,19 +188,20 @@ class CompiledPage:
             raise _Declined
         return value
 
-    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
+    def arguments(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined:
         try:
             if self._resolver_arguments is not None:
-                given = self._resolver_arguments(variables or {})
-            else:
-                given = {name: self._argument(name, variables or {}) for name in self._types}
+                return self._resolver_arguments(variables or {})
+            return {
+                _PYTHON_NAMES[name]: self._argument(name, variables or {}) for name in self._types
+            }
         except _Declined:
             return Declined("arguments_for_graphql_core")
 
+    async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
         async def read() -> node_pages.JsonPage:
-            check_role(self._role, self._field, request.principal, given)
-            page = request.page_request(given.get("first"))
-            return await self._fetch(request.engine, given, page)
+            page = request.page_request(arguments.get("first"))
+            return await self._fetch(request.engine, arguments, page)
 
         answer = await compiled_read(read)
         if isinstance(answer, Declined):
@@ -211,23 +218,22 @@ class CompiledPage:
     ) -> node_pages.JsonPage:
         async with connections.autocommit(engine) as conn:
             if isinstance(self._page, node_pages.FreeGpusPage):
-                min_free = given["minFree"]
+                free = free_gpus_arguments(
+                    given.get("gpu_class"),
+                    given.get("fabric"),
+                    given.get("min_free"),
+                    given.get("after"),
+                )
                 return await self._page.fetch(
                     conn,
-                    gpu_class=given["gpuClass"],
-                    fabric=given["fabric"],
-                    min_free=1 if min_free is None else min_free,
+                    gpu_class=free.gpu_class,
+                    fabric=free.fabric,
+                    min_free=free.min_free,
                     request=request,
-                    after=given["after"],
+                    after=free.after,
                 )
-            node_filter = given.get("filter_")
-            after = given.get("after")
-            return await self._page.fetch(
-                conn,
-                node_filter.to_record() if node_filter is not None else node_views.NodeFilter(),
-                request,
-                str(after) if after is not None else None,
-            )
+            nodes = nodes_arguments(given.get("filter_"), given.get("after"))
+            return await self._page.fetch(conn, nodes.node_filter, request, nodes.after)
 
 
 def _literal(type_name: str, value: ValueNode) -> Any:

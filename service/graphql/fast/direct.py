@@ -33,10 +33,14 @@ from graphql.pyutils import AwaitableOrValue
 
 from service.graphql.context import Context
 from service.graphql.masking import mask_unexpected
+from service.graphql.private_api import (
+    core_schema,
+    executor_for_coerced_variables,
+    optimized_is_awaitable,
+)
 
 from .documents import Prepared
 from .outcomes import Answered, encode
-from .private_api import core_schema, executor_for_coerced_variables, optimized_is_awaitable
 from .variables import Declined, VariablePlan, compile_variables
 
 VARIABLES_BY_GRAPHQL_CORE = "variables_coerced_by_graphql_core"

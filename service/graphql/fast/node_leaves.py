@@ -30,12 +30,12 @@ from graphql import (
 )
 
 from service.fleet.node_views import BeatRecord, NodeRecord
+from service.graphql.private_api import core_schema
 from service.graphql.types import Node
 
 from .fast_request import FastRequest
 from .fields import plain_fields
 from .outcomes import Answered, Declined, Outcome
-from .private_api import core_schema
 
 # What json.dumps does with a str (ensure_ascii, as outcomes.encode writes
 # answers), without its encoder's dispatch: a heartbeat writes its node's id.

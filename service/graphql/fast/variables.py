@@ -41,7 +41,7 @@ from graphql import (
 )
 from graphql.pyutils import Undefined
 
-from .private_api import (
+from service.graphql.private_api import (
     VariableValues,
     VariableValueSource,
     coerce_default_value,
