@@ -214,8 +214,8 @@ def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
     return {READY: read} if record is None else {READY: read, RECORD: record}
 
 
-# By value, as NodeState(value) finds it without the enum's call (a third of
-# a microsecond on every heartbeat); an unknown value is a KeyError there.
+# By value, as NodeState(value) finds it without the enum's call on every
+# heartbeat; an unknown value is a KeyError there.
 _NODE_STATES: Final = {state.value: state for state in NodeState}
 
 # Each plain field of Node, by its Python name, as read from a NodeRecord: the

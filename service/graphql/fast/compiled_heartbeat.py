@@ -3,10 +3,10 @@
 Why: every node beats every few seconds, so a cluster sends more heartbeats
 than everything else together. With the document cached (documents.py) and
 the write batched (service/fleet/heartbeats.py), what was left of a beat's CPU was
-mostly graphql-core's executor and Strawberry's resolver wrapper: about 40%
-in py-spy with 32 concurrent beats (an incremental executor, a serial
-reduction over one mutation field, a ResolveInfo and a Strawberry Info,
-argument conversion, completion of three leaves).
+mostly graphql-core's executor and Strawberry's resolver wrapper (an
+incremental executor, a serial reduction over one mutation field, a
+ResolveInfo and a Strawberry Info, argument conversion, completion of three
+leaves), none of which a beat's answer needs.
 
 Which documents: a mutation with one root field, `heartbeat`, whose `nodeId`
 is a variable or a string literal, selecting only the leaf fields of Node
@@ -16,13 +16,13 @@ or fragments. The agent's own document (agent/operations/heartbeat.graphql)
 is one of them. A heartbeat asking for more (its hostname, its GPUs) is
 graphql-core's: the resolver reads the rest of the node after the beat.
 
-How it stays exact: the same domain call as the resolver, the same role
-check, each field read from the beat as Node.of reads it (types.NODE_FIELDS),
+How it stays exact: the same domain call as the resolver, behind the same
+gate (front_door.py: permissions.check_role), each field read from the beat as Node.of reads it (types.NODE_FIELDS),
 the schema's own serializers for each leaf. Whatever graphql-core would
 have to decide, it declines with a reason, and graphql-core then runs the
 document as usual. Before the beat: a node id that is not a string (an ID
-sent as a number is graphql-core's to coerce), a caller the role check
-refuses (the resolver refuses it too, writing nothing). After the beat, the
+sent as a number is graphql-core's to coerce), a caller the gate refuses
+(the resolver refuses it too, writing nothing). After the beat, the
 beat is never run again: when it failed (an unknown node), or a leaf is one
 graphql-core would refuse, its outcome is handed to the resolver through the
 request's Context (FastRequest.hand_over; mutations.py takes it with

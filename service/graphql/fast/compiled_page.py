@@ -1,9 +1,8 @@
 """Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/fleet/node_pages.py).
 
-Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is about
-50,000 values, and executing it field by field cost about 200 ms of service
-CPU, half PostGraphile's rate for the same page. PostgreSQL builds that JSON
-in a few milliseconds of its own CPU.
+Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is tens
+of thousands of values, and executing it field by field costs the service
+far more CPU than PostgreSQL spends building the same JSON itself.
 
 Which documents: a query with one root field, `nodes` (filter, first, after)
 or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
@@ -20,8 +19,9 @@ fragments or repeated response keys. Everything else (a field given
 arguments, hasWeights or hcasFor) runs through graphql-core as before.
 The same selections of one node by id: compiled_node.py.
 
-How it stays exact: the same role check and page rule as the resolver
-(service/paging.py: a page without `first` that stopped short answers
+How it stays exact: the gate (front_door.py: the role and page size, as
+for the resolver), the resolver's argument mapping (queries.py), the same
+page rule (service/paging.py: a page without `first` that stopped short answers
 PAGE_TRUNCATED at the field, where graphql-core would place it),
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/fast_path/test_compiled_page.py compares both ways field

@@ -1,10 +1,10 @@
 """The schedulers' place, compiled: answered without graphql-core's executor.
 
 Why: with calls sharing transactions (service/scheduling/place_batches.py)
-the service spent 0.76-0.96 ms of CPU per claim on a CPU-bound machine, and
-py-spy put about a quarter of it in graphql-core executing the mutation
-(the executor, Strawberry's resolver wrapper and extension, the union's
-type resolver and the completion of each field of the answer).
+a claim's service CPU is bounded by what runs per call, and graphql-core
+executing the mutation (the executor, Strawberry's resolver wrapper and
+extension, the union's type resolver and the completion of each field of the
+answer) is the largest part of that which the answer does not need.
 
 Which documents: a mutation with one root field, `place` (aliased or not),
 whose `input` is a variable, an object literal, or a literal holding
