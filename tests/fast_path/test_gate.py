@@ -9,6 +9,7 @@ view words it, and that a route cannot be built without a role to check.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from service.graphql.fast.outcomes import Answered, Declined, Outcome
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
 from service.web.app import create_app
+from tests.fast_path.test_fast_path import _module_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,3 +203,37 @@ def test_switched_off_the_fast_package_is_not_even_imported() -> None:
     assert _imported_with("false") == []
     # Switched on, the app installs it: the check above can fail.
     assert "service.graphql.fast.front_door" in _imported_with("true")
+
+
+def test_no_module_outside_the_fast_package_imports_it_when_loaded() -> None:
+    """The schema and the web layer load without it: app.py imports it only when switched on."""
+    service = ROOT / "service"
+    fast = service / "graphql" / "fast"
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            m for m in _module_imports(path) if m.startswith("service.graphql.fast")
+        )
+        for path in sorted(service.rglob("*.py"))
+        if fast not in path.parents
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_fast_package_reads_no_asgi_scope() -> None:
+    """It is handed the body and the caller: nothing of the web layer or Starlette."""
+    offenders = {}
+    for path in sorted((ROOT / "service" / "graphql" / "fast").glob("*.py")):
+        imported = {
+            node.module or ""
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom)
+        } | {
+            alias.name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
+        upward = sorted(m for m in imported if m.startswith(("service.web", "starlette")))
+        if upward:
+            offenders[path.name] = upward
+    assert offenders == {}
