@@ -17,8 +17,8 @@ is one of them. A heartbeat asking for more (its hostname, its GPUs) is
 graphql-core's: the resolver reads the rest of the node after the beat.
 
 How it stays exact: the same domain call as the resolver, behind the same
-gate (front_door.py), each field read from the beat as Node.of reads it (types.NODE_FIELDS),
-the schema's own serializers for each leaf. Whatever graphql-core would
+gate (front_door.py), each field read from the beat as Node.of reads it
+(types.NODE_FIELDS), the schema's own serializers for each leaf. Whatever graphql-core would
 have to decide, it declines with a reason, and graphql-core then runs the
 document as usual. Before the beat: a node id that is not a string (an ID
 sent as a number is graphql-core's to coerce), a caller the gate refuses
