@@ -39,7 +39,7 @@ def install(
     executor = schema.execution_context_class
     if not issubclass(executor, PlainFieldExecutionContext):
         schema.execution_context_class = type(
-            executor.__name__, (executor, PlainFieldExecutionContext), {}
+            f"{executor.__name__}WithPlainFields", (executor, PlainFieldExecutionContext), {}
         )
     install_input_plans(schema)
     return FrontDoor(schema, engine, settings)
