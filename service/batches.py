@@ -24,10 +24,8 @@ A convoy is split in two. Clients in a closed loop (each sends its next
 request once the last is answered: a fixed set of schedulers, a load
 generator's connections) can all end up in one batch: the process then has
 nothing to do while PostgreSQL writes it, answers everything at once, and
-gets everything back at once, round after round. Measured with 32 such
-connections sending heartbeats: 28-32 beats a batch at the median, the
-process idle 11-15% of the time where it had the CPU to spare (BENCHMARKS.md,
-"a convoy split in two"). So a batch of at least SPLIT_AT during which no
+gets everything back at once, round after round, idle while it could work.
+So a batch of at least SPLIT_AT during which no
 request arrived, and which was not itself a split, is the sign (a lone
 request answered hours ago is not): the next batch carries the
 earlier half of what waits and the other half leaves as soon as it is
@@ -38,8 +36,8 @@ batch still takes everything that waits: the split costs PostgreSQL a
 statement more, worth paying only for the idle time it removes. Where other
 processes on the same cores would have used that idle time anyway (the
 benchmark's two service processes beside PostgreSQL on two cores), the
-statement is all that is left: about -9% there, measured and accepted for
-the deployment it is for, a process on cores of its own with PostgreSQL on
+statement is all that is left: a small cost there, accepted for the
+deployment this is for, a process on cores of its own with PostgreSQL on
 another machine.
 """
 

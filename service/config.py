@@ -157,8 +157,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Serve without tokens on a non-loopback address (loudly)."),
     Setting("INVENTORY_DIRECT_EXECUTION", "direct_execution", "true", _flag,
             "The fast path (service/graphql/fast/): ordinary POST queries and mutations answered "
-            "on cached documents by compiled routes or graphql-core directly (false: every request "
-            "through Strawberry's view alone; same answers, slower)."),
+            "on cached documents by compiled routes or graphql-core directly (false: the fast path "
+            "is not even loaded and every request goes through Strawberry's view alone; same "
+            "answers, slower)."),
     Setting("INVENTORY_PLACE_BATCH", "place_batch", "8", _positive_int,
             "Most `place` calls one transaction holds: concurrent calls of a process share "
             "transactions and their commits (service/scheduling/place_batches.py; 1: one each)."),

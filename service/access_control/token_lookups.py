@@ -2,10 +2,9 @@
 
 Every request with a token of api_tokens (each agent's heartbeats above all)
 must find it there: nothing is cached, so a revoked token is refused from the
-next request on. One statement per request was half of a heartbeat's service
-CPU and a second statement of PostgreSQL's for every beat: 64 agents beating
-with their own node tokens did 4,940 beats/s where the same beats with the
-bootstrap token (compared in memory) did 10,196/s.
+next request on. One statement per request would make every beat pay a
+second round trip and a second statement of PostgreSQL's, the largest share
+of a heartbeat's cost (the figures are in the commit that introduced this).
 
 So, as for heartbeats, each process keeps one batch open (service/batches.py):
 a lookup that arrives while the previous batch is being read waits for the

@@ -73,8 +73,7 @@ def create_engine(url: str, settings: PoolSettings) -> AsyncEngine:
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_timeout,
         # No ping on checkout: SQLAlchemy's asyncpg ping is three round trips
-        # (BEGIN, a statement, ROLLBACK), measured as about 1.5 ms of CPU per
-        # request here. A connection that outlived a PostgreSQL restart fails
+        # (BEGIN, a statement, ROLLBACK) on every request. A connection that outlived a PostgreSQL restart fails
         # its first statement instead; SQLAlchemy then invalidates every
         # connection pooled before that moment, so one request per process
         # answers "database unavailable" and the next ones reconnect.

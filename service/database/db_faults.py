@@ -36,8 +36,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 
 
 # Retry-After (seconds) on a 503 for a condition that passes by itself: the
-# database unreachable (a promotion took 0.3 s in tests/operations/test_failover.py, a
-# restart about 3 s in the compose test) or a replica leaving the load
+# database unreachable while a standby is promoted
+# (tests/operations/test_failover.py) or PostgreSQL restarts
+# (tests/operations/test_compose_stack.py), or a replica leaving the load
 # balancer. A client that honours it comes back soon, not in a tight loop.
 RETRY_AFTER_SECONDS = 1
 

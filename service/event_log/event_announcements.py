@@ -2,9 +2,8 @@
 
 A NOTIFY inside a transaction makes PostgreSQL take one database-wide lock at
 commit and hold it through the commit's WAL flush, so every writing
-transaction that records an event commits one at a time: measured here, 32
-writers did about 3,600 commits/s without it and 740-1,360/s with it, which
-capped allocation and placement throughput. Announcing after commit keeps
+transaction that records an event commits one at a time, which caps
+allocation and placement throughput at one flush per commit. Announcing after commit keeps
 commits concurrent (group commit works again) and batches the ids of many
 transactions into one notification per flush.
 

@@ -52,7 +52,7 @@ def _words(name: str) -> list[str]:
 
 
 # Made once per (name, memory): a report derives it for each of its GPUs, and
-# the regular expressions were a tenth of a re-registration's Python here.
+# every re-registration would run the regular expressions again.
 @functools.lru_cache(maxsize=1024)
 def derive_gpu_class(name: str, memory_mb: int | None) -> str:
     words = _words(name)

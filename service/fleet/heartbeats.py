@@ -55,8 +55,8 @@ class HeartbeatBatcher:
 
     async def _write(self, conn: NativeConnection, batch: Sequence[str]) -> dict[str, BeatRecord]:
         # One statement outside a transaction block: PostgreSQL makes it a
-        # transaction of its own, as atomic as in_transaction for a third of
-        # the round trips. It records no events (nothing here announces any).
+        # transaction of its own, as atomic as in_transaction without the
+        # BEGIN and COMMIT round trips. It records no events (nothing here announces any).
         found = await nodes.heartbeat_alive(conn, batch)
         # Unknown nodes and nodes coming back: their pools and "back" events
         # in one transaction with their beat.

@@ -1,11 +1,10 @@
 """Pages of nodes with their details, as JSON built by PostgreSQL in one statement.
 
-Why: a 1,000-node page with its GPUs, storage and allocations is about 50,000
-values. Read as rows, every one of them is decoded by asyncpg, wrapped in a
-record, completed by the executor and encoded again as JSON: measured here
-that was about 200 ms of service CPU a page, and the page served half as many
-requests a second as PostGraphile, which has PostgreSQL build the JSON. Here
-too, for a selection made only of what this module can express, PostgreSQL
+Why: a 1,000-node page with its GPUs, storage and allocations is tens of
+thousands of values. Read as rows, every one of them is decoded by asyncpg,
+wrapped in a record, completed by the executor and encoded again as JSON,
+work PostgreSQL does far more cheaply when it builds the JSON itself (as
+PostGraphile has it do). Here too, for a selection made only of what this module can express, PostgreSQL
 builds the answer (json_build_object per object, json_agg per list, in the
 same order and with the same values the records would give) and the service
 passes the text through. A page read without `first` reads one entry past
@@ -174,8 +173,8 @@ _LISTS: Mapping[str, tuple[Mapping[str, str], str, str]] = {
 # the whole node object, read in the same statement.
 FREE_GPUS: Mapping[str, str] = {"gpu_indices": "coalesce(q.indices, '{}')"}
 # An entry's node when the selection reads only its id: the entry's own
-# node_id, not a lookup of the node row per entry (a third of the buffers a
-# 1,000-entry page read). Exact: the entry comes from a gpu_pools row, whose
+# node_id, not a lookup of the node row per entry (buffers a page need not
+# read). Exact: the entry comes from a gpu_pools row, whose
 # node_id references nodes, in the same snapshot.
 ENTRY_NODE: Mapping[str, str] = {"id": "q.node_id"}
 

@@ -83,9 +83,8 @@ class BeatRecord:
 
     Not a NodeRecord: a batch of heartbeats returns a row a beat, and reading
     the node's other columns (its names, labels, disks, two timestamps) and
-    building a NodeRecord from them was about 4 us of the client's CPU a
-    beat in isolation, with 16 beats a statement (BENCHMARKS.md, "a beat's
-    CPU layer by layer"). Agents ask for their state only
+    building a NodeRecord from them is work a beat's answer does not need,
+    paid on every beat. Agents ask for their state only
     (agent/operations/heartbeat.graphql); a heartbeat asking for more is
     answered by its resolver, which reads the node.
     """
@@ -162,8 +161,7 @@ def _mapping(value: Any) -> dict[str, str]:
         value = json.loads(value)
     if type(value) is dict:
         # register_node stores labels and engine versions as string-to-string
-        # objects only; copying each into a fresh dict was a tenth of a
-        # 100-node page's CPU.
+        # objects only, so each is returned as read, not copied per node.
         return value
     return {str(k): str(v) for k, v in (value or {}).items()}
 
@@ -174,8 +172,8 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
     By position: named access on SQLAlchemy rows was most of this function's
     cost, which a 1,000-node page pays a thousand times. The record's fields
     are set as one dict update: the frozen dataclass's __init__ sets each of
-    its 18 fields through object.__setattr__, half of reading a node's row
-    (2.4 against 4.9 us), and a batch of heartbeats reads a row per beat.
+    its fields through object.__setattr__, and a batch of heartbeats reads a
+    row per beat.
     """
     (
         node_id, hostname, mgmt_addr, labels, memory_total_mb, state, admin_reason,

@@ -227,13 +227,11 @@ _HEARTBEATS = text(
 # for this statement's own transaction: set_config's third argument; the
 # connection's setting is back to the server's when it ends). A stamp is
 # the one thing such a beat writes, and a crash loses at most the last
-# 3 x wal_writer_delay (600 ms by default) of stamps, against liveness
-# thresholds of tens of seconds; the agents keep beating anyway. PostgreSQL's
+# 3 x wal_writer_delay of stamps, far below the liveness thresholds; the agents keep beating anyway. PostgreSQL's
 # manual offers asynchronous commit for exactly such writes ("Asynchronous
 # Commit"), and a later synchronous commit flushes them too, so nothing is
-# seen out of order. Waiting for the flush was most of a batch's time here
-# (0.34 against 0.16 ms for one statement on a quiet disk, milliseconds under
-# load), while the process had no beat left to answer. A node coming back
+# seen out of order. Waiting for the flush would be most of a batch's time,
+# while the process has no beat left to answer. A node coming back
 # (heartbeat_many) records events and refreshes pools: that commit waits.
 _ALIVE_HEARTBEATS = text(
     f"""

@@ -2,7 +2,7 @@
 
 Why: agents re-send their report every few minutes, and between two reports
 usually only the disks' free space moved (or nothing did). The transactional
-registration (service/nodes.register_node) costs BEGIN, the node upsert, a
+registration (service/fleet/nodes.register_node) costs BEGIN, the node upsert, a
 second statement for the child tables, pools and events, and COMMIT: four
 round trips and about twice the raw statement's PostgreSQL CPU. A report
 that changes no GPU and finds the node alive changes no pool and no GPU, so

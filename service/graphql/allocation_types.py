@@ -13,7 +13,6 @@ from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.scheduling.placement import Explanation
 from service.scheduling.placement import Unplaceable as UnplaceableRecord
 
-from .fast.input_conversion import compiled_input
 from .inputs import KeyValueInput
 from .scalars import Bytes
 from .types import Allocation
@@ -57,7 +56,6 @@ class Allocated:
 AllocateResult = Annotated[Allocated | AllocationRejected, strawberry.union("AllocateResult")]
 
 
-@compiled_input
 @strawberry.input
 class ShardInput:
     shard_id: strawberry.ID
@@ -65,7 +63,6 @@ class ShardInput:
     gpu_indices: list[int]
 
 
-@compiled_input
 @strawberry.input
 class AllocateInput:
     replica_id: strawberry.ID
@@ -81,7 +78,6 @@ class AllocateInput:
         )
 
 
-@compiled_input
 @strawberry.input
 class PlaceInput:
     replica_id: strawberry.ID = strawberry.field(

@@ -13,19 +13,16 @@ from service.fleet.reports import (
     WeightsReport,
 )
 
-from .fast.input_conversion import compiled_input
 from .scalars import Bytes
 from .types import NodeState
 
 
-@compiled_input
 @strawberry.input
 class KeyValueInput:
     key: str
     value: str
 
 
-@compiled_input
 @strawberry.input
 class GpuInput:
     index: int
@@ -84,7 +81,6 @@ class GpuInput:
     )
 
 
-@compiled_input
 @strawberry.input
 class FabricInput:
     fabric: str
@@ -92,7 +88,6 @@ class FabricInput:
     rate_gbps: int
 
 
-@compiled_input
 @strawberry.input
 class FilesystemInput:
     id: str
@@ -104,14 +99,12 @@ class FilesystemInput:
     directories: list[str] | None = None
 
 
-@compiled_input
 @strawberry.input
 class WeightsInput:
     path: str
     size_bytes: Bytes | None = None
 
 
-@compiled_input
 @strawberry.input
 class NodeInput:
     id: strawberry.ID
@@ -188,7 +181,6 @@ class NodeInput:
         )
 
 
-@compiled_input
 @strawberry.input
 class NodeFilter:
     state: NodeState | None = None

@@ -46,7 +46,7 @@ def masked(error: GraphQLError, request_id: str | None) -> GraphQLError:
     """What the client sees of an unexpected error: a sentence and a code, never the cause.
 
     Used by MaskUnexpected on Strawberry's path and by the direct path
-    (service/graphql/direct.py), so both answer a failure in the same words.
+    (service/graphql/fast/direct.py), so both answer a failure in the same words.
     """
     original = error.original_error
     if is_database_unavailable(original):

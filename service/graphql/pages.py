@@ -25,7 +25,7 @@ from graphql.pyutils import AwaitableOrValue, Path
 
 from service.paging import Page, PageTruncated
 
-from .fast.private_api import (
+from .private_api import (
     FieldDetailsList,
     StrawberryGraphQLCoreExecutionContext,
     add_field_errors,

@@ -7,6 +7,10 @@ missing from the table is refused to everyone but operators (fail closed), and
 tests/access_control/test_auth.py fails until it gets a row.
 
 Nested fields need no check: they are reachable only through a root field.
+
+check_role is the one gate a root field passes, on every route: Strawberry's
+RequireRole calls it, and so does the fast path's front door
+(service/graphql/fast/front_door.py) before any compiled route runs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from strawberry.extensions.field_extension import (
 from strawberry.types import Info
 
 from service.access_control.auth import Forbidden, Principal, Unauthenticated, WrongNode, check_node
+from service.paging import page_request
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +87,24 @@ def _named_nodes(kwargs: dict[str, Any]) -> Iterator[str]:
 
 
 def check_role(
-    role: str, operation: str, principal: Principal | None, kwargs: dict[str, Any]
+    role: str,
+    operation: str,
+    principal: Principal | None,
+    kwargs: dict[str, Any],
+    *,
+    max_page_size: int,
+    ended: str | None = None,
 ) -> None:
-    """Raise unless `principal` may call `operation` (which needs `role`) with these arguments."""
+    """Raise unless `principal` may call `operation` (which needs `role`) with these arguments.
+
+    The gate, in this order: a connection whose token ended since it was
+    checked (`ended`, websockets), the caller's token, its role, the node an
+    agent may name, and the page size a paged field (one with `first`) may
+    ask for. `kwargs` are the field's arguments as its resolver receives them
+    (Python names, after Strawberry's conversion).
+    """
+    if ended:
+        raise Unauthenticated(f"{operation}: {ended}")
     if principal is None:
         raise Unauthenticated(f"{operation}: no token was presented on this connection")
     if not principal.may(role):
@@ -96,6 +116,8 @@ def check_role(
             raise WrongNode(operation, principal.node_id or "", "(none named)")
         for node_id in named:
             check_node(operation, principal, node_id)
+    if "first" in kwargs:  # a paged field: the resolver's own page rule (service/paging.py)
+        page_request(kwargs["first"], max_page_size)
 
 
 def role_of(type_name: str, field_name: str) -> str:
@@ -110,10 +132,16 @@ class RequireRole(FieldExtension):
         self.role = role
 
     def check(self, info: Info[Any, Any], kwargs: dict[str, Any]) -> None:
-        ended = getattr(info.context, "token_ended", None)
-        if ended:  # a websocket whose token was revoked or expired since it connected
-            raise Unauthenticated(f"{info.field_name}: {ended}")
-        check_role(self.role, info.field_name, getattr(info.context, "principal", None), kwargs)
+        context = info.context
+        check_role(
+            self.role,
+            info.field_name,
+            getattr(context, "principal", None),
+            kwargs,
+            max_page_size=context.settings.max_page_size,
+            # a websocket whose token was revoked or expired since it connected
+            ended=getattr(context, "token_ended", None),
+        )
 
     def resolve(
         self, next_: SyncExtensionResolver, source: Any, info: Info[Any, Any], **kwargs: Any

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import strawberry
@@ -16,6 +17,47 @@ from .inputs import NodeFilter
 from .loaders import selected
 from .pages import answer, paged
 from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus
+
+# freeGpus without minFree (or with null): nodes with at least one.
+MIN_FREE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FreeGpusArguments:
+    gpu_class: str | None
+    fabric: str | None
+    min_free: int
+    after: str | None
+
+
+def free_gpus_arguments(
+    gpu_class: str | None, fabric: str | None, min_free: int | None, after: str | None
+) -> FreeGpusArguments:
+    """freeGpus' arguments as capacity.free_gpus takes them.
+
+    The one mapping, for the resolver and the compiled page
+    (service/graphql/fast/compiled_page.py): a default stated twice drifts.
+    """
+    return FreeGpusArguments(
+        gpu_class,
+        fabric,
+        MIN_FREE if min_free is None else min_free,
+        str(after) if after is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodesArguments:
+    node_filter: node_views.NodeFilter
+    after: str | None
+
+
+def nodes_arguments(filter_: NodeFilter | None, after: str | None) -> NodesArguments:
+    """nodes' arguments as node_views.list_nodes takes them (and the compiled page)."""
+    return NodesArguments(
+        filter_.to_record() if filter_ is not None else node_views.NodeFilter(),
+        str(after) if after is not None else None,
+    )
 
 
 @strawberry.type
@@ -34,12 +76,10 @@ class NodeQueries:
         after: strawberry.ID | None = None,
     ) -> list[Node]:
         request = info.context.page_request(first)
-        node_filter = filter_.to_record() if filter_ is not None else node_views.NodeFilter()
+        given = nodes_arguments(filter_, after)
         loaders = info.context.loaders
         async with connections.autocommit(info.context.engine) as conn:
-            read = await node_views.list_nodes(
-                conn, node_filter, request.limit, str(after) if after is not None else None
-            )
+            read = await node_views.list_nodes(conn, given.node_filter, request.limit, given.after)
             page = paging.cut(read, request, lambda record: record.id)
             loaders.node.prime_many({record.id: record for record in page.entries})
             # The details this query selects, for the whole page at once: its
@@ -61,21 +101,22 @@ class NodeQueries:
         info: Info,
         gpu_class: str | None = None,
         fabric: str | None = None,
-        min_free: int | None = 1,
+        min_free: int | None = MIN_FREE,
         first: int | None = None,
         after: strawberry.ID | None = None,
     ) -> list[NodeFreeGpus]:
         request = info.context.page_request(first)
+        given = free_gpus_arguments(gpu_class, fabric, min_free, after)
         node = selected(info.selected_fields[0].selections).get("node")
         loaders = info.context.loaders
         async with connections.autocommit(info.context.engine) as conn:
             found = await capacity.free_gpus(
                 conn,
-                gpu_class=gpu_class,
-                fabric=fabric,
-                min_free=1 if min_free is None else min_free,
+                gpu_class=given.gpu_class,
+                fabric=given.fabric,
+                min_free=given.min_free,
                 first=request.limit,
-                after=str(after) if after is not None else None,
+                after=given.after,
             )
             page = paging.cut(found, request, lambda entry: entry.node_id)
             if node is not None:

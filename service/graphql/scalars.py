@@ -10,7 +10,7 @@ from graphql import GraphQLError, ValueNode, value_from_ast_untyped
 
 from service.bounds import MAX_BYTES
 
-from .fast.private_api import parse_strawberry_datetime
+from .private_api import parse_strawberry_datetime
 
 
 def _parse_bytes(value: Any) -> int:

@@ -21,7 +21,6 @@ from strawberry.tools import merge_types
 
 from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
-from .fast.execution import PlainFieldExecutionContext
 from .gpu_mutations import GpuMutations
 from .masking import MaskUnexpected, log_expected
 from .mutations import NodeMutations
@@ -59,16 +58,11 @@ MAX_TOKENS = 5000
 
 # The limiters' rules, made once. ValidationCache keys on the rule classes and
 # each QueryDepthLimiter or MaxAliasesLimiter makes new ones, so limiters made
-# per request made every request miss the cache (validation was a fifth of a
-# small query's CPU).
+# per request made every request miss the cache and validate again.
 LIMIT_RULES = (
     *QueryDepthLimiter(max_depth=MAX_QUERY_DEPTH).validation_rules,
     *MaxAliasesLimiter(max_alias_count=MAX_ALIASES).validation_rules,
 )
-
-
-class ExecutionContext(PageTruncation, PlainFieldExecutionContext):
-    """A short list says so (pages.py); plain fields are completed fast (execution.py)."""
 
 
 class InventorySchema(strawberry.Schema):
@@ -86,10 +80,10 @@ schema = InventorySchema(
     mutation=Mutation,
     subscription=Subscription,
     config=StrawberryConfig(scalar_map={Bytes: BYTES_SCALAR, datetime: DATETIME_SCALAR}),
-    # Plain fields (no resolver) completed without graphql-core's per-field
-    # machinery: most of a 1,000-node page's CPU was that (fast/execution.py);
-    # and a short list says so, on every route (pages.py).
-    execution_context_class=ExecutionContext,
+    # A short list says so, on every route (pages.py). With the fast path on,
+    # the app adds plain-field completion beneath it when it is built
+    # (service/graphql/fast/install.py); the schema itself never needs it.
+    execution_context_class=PageTruncation,
     extensions=[
         MaskUnexpected,
         CodeValidationErrors,

@@ -22,7 +22,6 @@ from service.scheduling.availability import is_free
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
 
 from .context import Context, Info
-from .fast.execution import NOT_READY, READY
 from .loaders import now_or_later, ready
 from .pages import answer, paged
 from .scalars import Bytes
@@ -32,6 +31,11 @@ from .scalars import Bytes
 # NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
 # builds itself (Node.nvlinkGroups, service/fleet/node_pages.py).
 RECORD = "record-attribute"
+# Metadata key of a resolver field answerable at once when prefetched: the
+# value is a function (source object, request context) -> the field's raw
+# value, or NOT_READY (service/graphql/fast/execution.py reads it).
+READY = "ready-when-prefetched"
+NOT_READY: Any = object()
 
 
 # The states' one home is service/node_states.py; the schema shows its enum as is.
@@ -205,8 +209,8 @@ def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
     return {READY: read} if record is None else {READY: read, RECORD: record}
 
 
-# By value, as NodeState(value) finds it without the enum's call (a third of
-# a microsecond on every heartbeat); an unknown value is a KeyError there.
+# By value, as NodeState(value) finds it without the enum's call on every
+# heartbeat; an unknown value is a KeyError there.
 _NODE_STATES: Final = {state.value: state for state in NodeState}
 
 # Each plain field of Node, by its Python name, as read from a NodeRecord: the

@@ -69,10 +69,11 @@ def move_to_allocated(held: str, when: str) -> str:
     of a node's GPUs, allocations, state or pools takes that lock first (and
     keeps the pools right before it commits), so the pool rows are right
     before this statement and adding to them is as right as recounting them.
-    The recount (the node's GPUs joined with its allocations and the held
-    rows, then an upsert) was about a tenth of a place's PostgreSQL CPU; with
-    the delta 32 in-process schedulers placed 10-15% more. tests/consistency.py
-    recounts every pool after the fuzzed and the faulted sequences.
+    A recount (the node's GPUs joined with its allocations and the held
+    rows, then an upsert) would read every GPU of every held node on every
+    place; the delta writes only what changed. tests/consistency.py
+    recounts every pool after the fuzzed and the faulted sequences, so a
+    delta that drifts from the recount fails there.
     """
     # `= ANY(ARRAY(...))` makes the held nodes one array, so gpu_pools is read
     # through its primary key: joined to `held` directly, the planner (which

@@ -1,10 +1,8 @@
 """Concurrent `place` calls of one process share transactions, a few at a time.
 
-Why: a claim's commit costs PostgreSQL more than its two statements' rows
-(measured at 1k nodes, one connection: 0.73 ms of PostgreSQL CPU for a place
-rolled back, 1.05 ms committed; the WAL flush is most of the difference), and
-32 schedulers in 32 transactions keep 32 backends competing for two cores and
-for the same best-fit nodes. Here the calls queue in the process; at most
+Why: a claim's commit (its WAL flush) costs PostgreSQL more than its two
+statements' rows, and N schedulers in N transactions keep N backends
+competing for the cores and for the same best-fit nodes. Here the calls queue in the process; at most
 `transactions` transactions place at once, each holding up to `size` claims,
 one after another, and commits once. Callers wait in Python, not in
 PostgreSQL's lock queues.
@@ -37,12 +35,10 @@ one at once (a lone caller waits for no one); calls that arrive while one is
 placing wait for the next batch, and another transaction starts only when a
 full batch is waiting (at most `transactions`). Why not one per free slot,
 as at first: the calls of a batch share one pick and one claim statement,
-so its cost is mostly per batch; with two processes of 16 schedulers each,
-starting a transaction for whichever call found a slot free made batches of
-about four, and waiting for full ones cost 21% less CPU a claim over HTTP
-(1.28 against 1.01 ms, service and PostgreSQL, in the same rounds; one
-transaction per process, 0.88 ms, but then a slow database would bound a
-process's rate by one batch's round trips). A call cancelled while queued is
+so its cost is mostly per batch, and starting a transaction for whichever
+call found a slot free makes small batches that pay it more often. Not one
+transaction per process either: a slow database would then bound a
+process's rate by one batch's round trips. A call cancelled while queued is
 dropped before its claim is tried; one cancelled after may still be placed
 (as a request whose client went away after COMMIT), and a retry answers
 what is stored.

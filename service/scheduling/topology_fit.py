@@ -196,7 +196,7 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, sev
     )
     if not several:
         # A call alone (most calls, when schedulers are few) pays for none
-        # of the slots below: 0.2 ms of PostgreSQL's CPU less per claim.
+        # of the slots below: the statement plans only what one call needs.
         order = claim_order(nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)")
         domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
         return f"""

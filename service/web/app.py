@@ -28,15 +28,8 @@ from service.access_control.token_watch import TokenWatch
 from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.event_log.event_announcements import drain_announcements
-from service.graphql.authentication import (
-    accept_connection,
-    caller_of,
-    identify,
-    identify_http,
-)
+from service.graphql.authentication import accept_connection, identify, identify_http
 from service.graphql.context import Context, new_context
-from service.graphql.fast.fast_request import FastRequest
-from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.draining import Drain
@@ -100,18 +93,9 @@ class InventoryGraphQL(GraphQL[Context, None]):
         identify_http(context, request, self.authenticator)
         return context
 
-    def fast_request(self, scope: Scope, receive: Receive) -> FastRequest:
-        """A request as the fast path's routes see it (service/graphql/fast/front_door.py).
-
-        The engine and caller its Context would have; the Context itself
-        (http_context) made only if something needs it (fast_request.py).
-        """
-        return FastRequest(
-            caller_of(scope),
-            self._engine_ref.engine,
-            self._settings,
-            lambda: self.http_context(Request(scope, receive)),
-        )
+    def asgi_context(self, scope: Scope, receive: Receive) -> Context:
+        """http_context of an ASGI request: what the fast path makes when it needs a Context."""
+        return self.http_context(Request(scope, receive))
 
     async def execute_single(self, *args: Any, **kwargs: Any) -> Any:
         request_data: GraphQLRequestData | None = kwargs.get("request_data")
@@ -225,12 +209,16 @@ def create_app(
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
 
     drain = Drain()  # begun by SIGTERM (web/draining.py)
+    front_door = None
+    if settings.direct_execution:
+        # The one switch (service/graphql/fast/switch.py). Imported here, so
+        # that switched off the fast package is never loaded: the schema does
+        # not need it, and its hooks are installed only now.
+        from service.graphql.fast.install import install
+
+        front_door = install(schema, lambda: ref.engine, settings)
     endpoint = GraphQLEndpoint(
-        graphql_app,
-        # The one switch (service/graphql/fast/switch.py): off, no front door.
-        FrontDoor(schema, graphql_app.fast_request) if settings.direct_execution else None,
-        graphql_app.authenticator,
-        settings,
+        graphql_app, front_door, graphql_app.authenticator, settings, graphql_app.asgi_context
     )
     routes: list[Any] = [
         # RequestCycle calls the endpoint itself for GET, HEAD and POST; the

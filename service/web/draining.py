@@ -1,8 +1,8 @@
 """SIGTERM: leave the load balancer first, then stop, so that no request in flight fails.
 
-Measured through nginx in front of two replicas: a replica that simply
-stopped (uvicorn's default: close the listener and every idle keep-alive
-connection at once) stalled requests for up to 38.7 s, and lost requests: a
+Through nginx in front of two replicas, a replica that simply stops
+(uvicorn's default: close the listener and every idle keep-alive connection
+at once) stalls requests until nginx's connect timeout, and loses requests: a
 POST that nginx has written to a connection the replica then closes or resets
 cannot be retried safely (it may have run), so nginx answers 502. A
 connection can be lost that way in three places, and each is closed here:
@@ -163,8 +163,8 @@ class DrainingServer(uvicorn.Server):
 
         Closing a listening socket resets every connection the kernel had
         accepted for it but the process had not yet: a request written into one
-        is lost, and a proxy must not resend a POST (measured: about one
-        request in 3,000 through nginx at a replica's stop). So uvloop's
+        is lost, and a proxy must not resend a POST (nginx answers it 502;
+        tests/operations/test_compose_stack.py counts none). So uvloop's
         listener is closed first while a duplicate of its descriptor keeps the
         socket open; the queue is then emptied through the duplicate and each
         connection handed to uvicorn like any other, until accept() finds the

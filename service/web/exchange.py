@@ -7,8 +7,8 @@ the process drains (web/draining.py), and the end of the request's time limit
 once the answer has started (a streamed subscription may run for hours).
 
 These were four middlewares, each wrapping `send` for one of them, plus
-Starlette's own two: py-spy put 29% of a heartbeat's CPU in those six nested
-wrappers on the way out, each copying the start message. Code that holds the
+Starlette's own two: six nested wrappers on the way out, each copying the
+start message, were a large share of a heartbeat's CPU. Code that holds the
 whole answer (the fast path, the guards' refusals) calls `answer`, which
 builds the response's start once and hands both messages to uvicorn.
 """

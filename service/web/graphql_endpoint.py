@@ -22,10 +22,12 @@ all: its answer goes out whole through the request's Exchange (exchange.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from service.access_control.auth import Authenticator
 from service.config import Settings
-from service.graphql.fast.front_door import FrontDoor
+from service.graphql.context import Context
 from service.web.exchange import Exchange
 from service.web.graphql_http import (
     MalformedRequest,
@@ -51,6 +53,9 @@ from service.web.http_guards import (
 )
 from service.web.time_limits import TimeLimits
 
+if TYPE_CHECKING:  # imported only when switched on (service/web/app.py)
+    from service.graphql.fast.front_door import FrontDoor
+
 log = logging.getLogger(__name__)
 
 # Accept headers seen, and the media type each one answers in: clients send
@@ -68,9 +73,12 @@ class GraphQLEndpoint:
         front_door: FrontDoor | None,
         authenticator: Authenticator,
         settings: Settings,
+        context_for: Callable[[Scope, Receive], Context],
     ) -> None:
         self.view = view
         self.front_door = front_door
+        # The request's GraphQL Context, for the front door to make if it needs one.
+        self.context_for = context_for
         self.authenticator = authenticator
         self.limits = TimeLimits(settings.request_timeout)
         self.max_bytes = settings.max_body_bytes
@@ -103,7 +111,7 @@ class GraphQLEndpoint:
             body = await read_body(scope, receive, self.max_bytes)
             if body is None:  # the client went away
                 return
-            await caller(scope, self.authenticator)
+            principal = await caller(scope, self.authenticator)
         except Refused as refused:
             await self._refused(exchange, media_type, refused)
             return
@@ -113,7 +121,12 @@ class GraphQLEndpoint:
             await refuse(exchange, media_type, refusal)
             return
         if self.front_door is not None:
-            answer = await self.front_door.answer(scope, receive, request)
+            answer = await self.front_door.answer(
+                request,
+                plain_json_post(scope),
+                principal,
+                lambda: self.context_for(scope, receive),
+            )
             if answer is not None:
                 await answer_json(exchange, media_type, 200, answer)
                 return
@@ -134,3 +147,18 @@ class GraphQLEndpoint:
         if len(self._media_types) < _MEDIA_TYPES_KEPT:
             self._media_types[accept] = media_type
         return media_type
+
+
+def plain_json_post(scope: Scope) -> bool:
+    """A POST of application/json that asks for no stream: the only requests the front door answers.
+
+    multipart/mixed in Accept asks for incremental delivery, which only
+    Strawberry's view streams.
+    """
+    if scope.get("method") != "POST":
+        return False
+    content_type = header(scope, b"content-type") or ""
+    accept = header(scope, b"accept") or ""
+    return content_type.split(";")[0].strip().lower() == "application/json" and (
+        "multipart" not in accept.lower()
+    )

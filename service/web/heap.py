@@ -5,11 +5,9 @@ graphql-core's types), SQLAlchemy's and the modules': a hundred thousand and
 more long-lived objects. CPython's cyclic collector walks all of them in
 every full collection, and one was triggered every few thousand requests
 by the objects in flight being promoted; with the default threshold of 700,
-the objects of 32 concurrent requests alone started a young collection
-about once per batch of heartbeats. Measured in process (32 concurrent
-heartbeats, the ASGI app called directly; BENCHMARKS.md "the heartbeat's
-batch, its commit and the collector"): 7-13 us of a heartbeat's 50-63 us
-went to the collector.
+the objects of a few dozen concurrent requests alone started a young
+collection about once per batch of heartbeats, a large share of a
+heartbeat's own CPU (BENCHMARKS.md has the figures).
 
 So, once the process is set up: everything alive is collected once and
 frozen (gc.freeze: never walked again; none of it is garbage), and a young

@@ -30,8 +30,8 @@ def current_request_id() -> str | None:
 
 def new_request_id() -> str:
     # 64 random bits as 16 hex digits, as uuid4().hex[:16] gave, without a
-    # UUID object and a getrandom() call per request (2% of a heartbeat's
-    # CPU). The random module reseeds itself in a forked child.
+    # UUID object and a getrandom() system call per request. The random
+    # module reseeds itself in a forked child.
     return f"{random.getrandbits(64):016x}"
 
 

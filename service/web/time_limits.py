@@ -1,8 +1,7 @@
 """Requests' time limits, kept by one watchdog instead of a timer per request.
 
 `asyncio.timeout` arms a timer for every request (on uvloop, a libuv timer
-started and stopped: about 4 us, a thirtieth of a heartbeat's CPU) for a
-limit that almost never fires. Every GraphQL request has the same limit
+started and stopped) for a limit that almost never fires. Every GraphQL request has the same limit
 (INVENTORY_REQUEST_TIMEOUT), so the requests in flight reach their deadlines
 in the order they began: one watchdog, armed while any request runs, fires
 every `tick` (a tenth of the limit, at most a second) and cancels the

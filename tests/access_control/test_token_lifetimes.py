@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import Api
 from tests.reports import REGISTER, node_input
+from tests.waiting import PATIENCE, until
 
 CREATE = """
 mutation Create($role: Role!, $expiresAt: DateTime) {
@@ -33,6 +34,16 @@ mutation Create($role: Role!, $expiresAt: DateTime) {
 TOKENS = "query($all: Boolean!) { tokens(includeRevoked: $all) { id status expiresAt revokedAt } }"
 REVOKE = "mutation($id: ID!) { revokeToken(id: $id) { id status } }"
 NODES = "{ nodes { id } }"
+
+
+async def status_becomes(operator: Api, token_id: str, status: str) -> None:
+    """Wait until the token list shows the token in that status (the database's clock decides)."""
+
+    async def shown() -> bool:
+        listed = (await operator(TOKENS, {"all": True}))["tokens"]
+        return any(t["id"] == token_id and t["status"] == status for t in listed)
+
+    await until(shown, f"token {token_id} to be listed {status}")
 
 
 def bearer(secret: str) -> dict[str, str]:
@@ -68,7 +79,7 @@ async def test_a_token_past_its_expiry_is_refused_with_401_token_expired(
     reader = Api(client, headers=bearer(short["secret"]))
     assert await reader(NODES) == {"nodes": []}
 
-    await asyncio.sleep(1.6)
+    await status_becomes(operator, short["token"]["id"], "EXPIRED")
     # Many at once: lookups that share one batched statement each see the expiry.
     replies = await asyncio.gather(
         *(client.post("/graphql", json={"query": NODES}, headers=reader.headers) for _ in range(20))
@@ -88,7 +99,7 @@ async def test_the_list_tells_expired_tokens_from_revoked_ones(
     expiring = await create(operator, expires_in=0.5)
     revoked = await create(operator, expires_in=0.5)
     await operator(REVOKE, {"id": revoked["token"]["id"]})
-    await asyncio.sleep(0.6)
+    await status_becomes(operator, expiring["token"]["id"], "EXPIRED")
 
     listed = {t["id"]: t["status"] for t in (await operator(TOKENS, {"all": False}))["tokens"]}
     # Expired tokens are listed (an operator replaces them), revoked ones only when asked.
@@ -162,6 +173,19 @@ async def ending(socket: Any, within: float) -> tuple[float, list[dict[str, Any]
                 return time.monotonic() - started, frames
 
 
+async def next_event(socket: Any) -> dict[str, Any]:
+    """The next event a subscription streams (pings answered); fails at the deadline."""
+    async with asyncio.timeout(PATIENCE):
+        while True:
+            frame = json.loads(await socket.recv())
+            if frame["type"] == "ping":
+                await socket.send(json.dumps({"type": "pong"}))
+                continue
+            assert frame["type"] == "next", frame
+            event: dict[str, Any] = frame["payload"]["data"]["events"]
+            return event
+
+
 def ending_error(frames: list[dict[str, Any]]) -> dict[str, Any]:
     for frame in frames:
         if frame["type"] == "next" and frame["payload"].get("errors"):
@@ -190,7 +214,16 @@ async def test_revoking_a_token_ends_its_subscriptions_in_every_process(
     on_b = await open_subscription(b.url, doomed.secret)
     untouched = await open_subscription(b.url, kept)
     try:
-        await asyncio.sleep(0.3)  # the subscriptions are registered
+        # Each subscription is running once it streams an event: one from a
+        # registration, which both processes announce.
+        async with httpx.AsyncClient(timeout=10) as http:
+            await http.post(
+                a.url,
+                json={"query": REGISTER, "variables": {"input": node_input("gpu-00")}},
+                headers=bearer(operator),
+            )
+        for socket in (on_a, on_b, untouched):
+            assert (await next_event(socket))["kind"] == "registered"
         async with httpx.AsyncClient(timeout=10) as http:
             revoked = await http.post(
                 a.url,
@@ -226,9 +259,7 @@ async def test_revoking_a_token_ends_its_subscriptions_in_every_process(
                 json={"query": REGISTER, "variables": {"input": node_input("gpu-01")}},
                 headers=bearer(operator),
             )
-        frame = json.loads(await asyncio.wait_for(untouched.recv(), 5))
-        assert frame["type"] == "next", frame
-        assert frame["payload"]["data"]["events"]["kind"] == "registered"
+        assert (await next_event(untouched))["kind"] == "registered"
     finally:
         for socket in (on_a, on_b, untouched):
             await socket.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.access_control import tokens
 from service.access_control.tokens import TokenNotFound
 from service.errors import InvalidInput
+from tests.waiting import until_sync
 
 
 async def test_the_secret_is_shown_once_and_only_its_digest_is_stored(engine: AsyncEngine) -> None:
@@ -201,9 +201,13 @@ def test_ctl_makes_tokens_that_expire_and_lists_them_by_status(
                        "--description", "leaked")  # fmt: skip
     leaked = re.findall(r"tok_[0-9a-f]+", out)[0]
     ctl(capsys, url, *as_operator, "tokens", "revoke", leaked)
-    time.sleep(1.1)
-    code, out, _ = ctl(capsys, url, *as_operator, "tokens", "list", "--all")
-    assert code == 0
+
+    def listed_once_expired() -> str:
+        code, out, _ = ctl(capsys, url, *as_operator, "tokens", "list", "--all")
+        assert code == 0
+        return out if re.search(rf"^{brief}\s+\S+\s+expired", out, re.MULTILINE) else ""
+
+    out = until_sync(listed_once_expired, f"{brief} to be listed expired")
     header, *rows = out.splitlines()
     assert header.split()[:4] == ["ID", "ROLE", "STATUS", "NODE"]
     status = {row.split()[0]: row.split()[2] for row in rows}

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from service.web.time_limits import TimeLimits
+from tests.waiting import until
 
 
 async def test_a_request_past_its_limit_is_stopped_within_one_tick() -> None:
@@ -31,8 +32,12 @@ async def test_requests_that_finish_in_time_are_left_alone_and_the_watchdog_stop
 
     assert await asyncio.gather(*(quick() for _ in range(20))) == ["answered"] * 20
     assert limits.running == {}
-    await asyncio.sleep(limits.tick * 2)
-    assert limits._watchdog is None  # nothing left armed on an idle process
+
+    async def watchdog_stopped() -> bool:
+        return limits._watchdog is None
+
+    # Nothing left armed on an idle process.
+    await until(watchdog_stopped, "the idle watchdog to stop")
 
 
 async def test_a_limit_ended_when_its_answer_started_no_longer_fires() -> None:
@@ -51,7 +56,11 @@ async def test_a_cancel_from_elsewhere_stays_a_cancel() -> None:
             await asyncio.sleep(5)
 
     task = asyncio.create_task(request())
-    await asyncio.sleep(0.01)
+
+    async def begun() -> bool:
+        return bool(limits.running)
+
+    await until(begun, "the request's limit to begin")
     task.cancel()  # a server's shutdown, say
     with pytest.raises(asyncio.CancelledError):
         await task

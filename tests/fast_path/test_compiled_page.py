@@ -24,7 +24,7 @@ from benchmarks.questions import PAGE as BENCH_PAGE
 from service.ctl.nodes import NODE as CTL_NODE
 from service.database import connections
 from service.fleet import node_pages
-from service.graphql.fast.private_api import core_schema
+from service.graphql.private_api import core_schema
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
 from service.scheduling.gpu_pools import refresh_pools

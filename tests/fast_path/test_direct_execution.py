@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control import tokens
+from service.config import Settings
 from service.graphql.fast.compiled_heartbeat import compile_heartbeat
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
@@ -293,7 +294,7 @@ mutation Beat($id: ID!) {
     ],
 )
 def test_which_heartbeat_documents_are_compiled(document: str, compiled: bool) -> None:
-    prepared = FrontDoor(schema, None).documents.get(document)  # type: ignore[arg-type]
+    prepared = FrontDoor(schema, None, Settings()).documents.get(document)  # type: ignore[arg-type]
     assert prepared is not None, "the document must be valid"
     operation = prepared.operation(None)
     assert operation is not None

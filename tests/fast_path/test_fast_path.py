@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
 
+from service.config import Settings
 from service.fleet import heartbeats, node_pages, node_views
 from service.graphql.context import Context
 from service.graphql.fast import execution, front_door
@@ -97,7 +98,6 @@ async def test_switched_on_plain_fields_are_completed_by_the_fast_path(
 def test_switched_off_input_objects_are_built_by_strawberrys_own_conversion(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.config import Settings
     from service.graphql.context import new_context
 
     @compiled_input
@@ -308,10 +308,9 @@ async def test_an_extension_the_fast_path_cannot_honour_sends_every_request_to_s
     assert extensions.not_honoured == ("Tracing",)
     assert len(extensions.rules) == len(LIMIT_RULES) + 1
 
-    door = front_door.FrontDoor(traced, lambda scope, receive: None)  # type: ignore[arg-type,return-value]
+    door = front_door.FrontDoor(traced, lambda: None, Settings())  # type: ignore[arg-type,return-value]
     before = fast_path()
-    scope = {"type": "http", "method": "POST", "headers": [(b"content-type", b"application/json")]}
-    answer = await door.answer(scope, None, {"query": "{ nodes { id } }"})  # type: ignore[arg-type]
+    answer = await door.answer({"query": "{ nodes { id } }"}, True, None, lambda: None)  # type: ignore[arg-type,return-value]
     assert answer is None  # Strawberry's view answers
     assert since(before) == {("front_door", "declined", "extension_not_honoured"): 1}
 

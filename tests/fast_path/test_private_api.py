@@ -1,6 +1,6 @@
 """The private parts of graphql-core and Strawberry the fast path uses still mean what they meant.
 
-service/graphql/fast/private_api.py is the only module that reaches them;
+service/graphql/private_api.py is the only module that reaches them;
 each test here fails, by name, on an engine upgrade that moves or changes
 one, before any answer of the service changes.
 """
@@ -17,7 +17,7 @@ from graphql.pyutils import Path
 from strawberry.relay.types import GlobalID
 from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 
-from service.graphql.fast import private_api
+from service.graphql import private_api
 from service.graphql.fast.execution import PlainFieldExecutionContext
 from service.graphql.fast.variables import compile_variables
 from service.graphql.inputs import NodeInput

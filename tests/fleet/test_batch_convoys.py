@@ -4,7 +4,8 @@ service/batches.py: clients in a closed loop can all end up in one batch, and
 the process then idles while PostgreSQL answers it. A batch during which
 nothing arrived (at least SPLIT_AT of them, and not itself a split) makes the next one carry
 the earlier half of what waits; the rest leaves right after it. Against the
-real database, a statement that holds each batch for a moment.
+real database; a batch is held out (its answer waits on an event) for as long
+as a test needs requests to arrive meanwhile, never for a guessed time.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.batches import SPLIT_AT, Batches
 from service.database import connections
 from service.database.connections import NativeConnection, cached_text
+from tests.waiting import until
 
-ECHO = cached_text("SELECT k FROM unnest(CAST(:keys AS text[])) AS k, pg_sleep(0.05)")
+ECHO = cached_text("SELECT k FROM unnest(CAST(:keys AS text[])) AS k")
 
 
 class Recorded:
@@ -26,12 +28,16 @@ class Recorded:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.sent: list[list[str]] = []
+        # Set: each batch stays out until it is released.
+        self.hold: asyncio.Event | None = None
         self.batches: Batches[NativeConnection, str, str] = Batches(
             lambda: connections.autocommit(engine), self._answer, LookupError, max_batch=500
         )
 
     async def _answer(self, conn: NativeConnection, keys: Sequence[str]) -> dict[str, str]:
         self.sent.append(list(keys))
+        if self.hold is not None:
+            await self.hold.wait()
         rows = await conn.execute(ECHO, {"keys": list(keys)})
         return {row[0]: row[0] for row in rows}
 
@@ -72,14 +78,21 @@ async def test_requests_arriving_while_a_batch_is_out_keep_the_next_batch_whole(
     engine: AsyncEngine,
 ) -> None:
     recorded = Recorded(engine)
+    recorded.hold = asyncio.Event()
+    first = [recorded.batches.ask(k) for k in keys("a", 16)]
 
-    async def while_out() -> list[str]:
-        await asyncio.sleep(0.02)  # the first batch is in PostgreSQL (pg_sleep 0.05)
-        return await recorded.ask_together(keys("late", 16))
+    async def first_batch_out() -> bool:
+        return len(recorded.sent) == 1
 
-    first, late = await asyncio.gather(recorded.ask_together(keys("a", 16)), while_out())
+    await until(first_batch_out, "the first batch to be out")
+    late = [recorded.batches.ask(k) for k in keys("late", 16)]  # while it is out
+    recorded.hold.set()
+    recorded.hold = None
 
-    assert (first, late) == (keys("a", 16), keys("late", 16))
+    assert (await asyncio.gather(*first), await asyncio.gather(*late)) == (
+        keys("a", 16),
+        keys("late", 16),
+    )
     # The late 16 arrived while the first batch was out: one batch, whole.
     assert recorded.sent == [keys("a", 16), keys("late", 16)]
 

@@ -310,6 +310,11 @@ class Traffic:
                         self.upstreams.append((started, response.headers.get("x-upstream", "")))
                 time.sleep(0.01)
 
+    def answered_since(self, since: float) -> int:
+        """Requests started at or after `since` that got an answer (failed ones included)."""
+        with self.lock:
+            return sum(1 for t, _ in self.upstreams if t >= since)
+
     def served_by(self, since: float) -> set[str]:
         with self.lock:
             addresses = {a.split(",")[-1].strip() for t, a in self.upstreams if t >= since}
@@ -319,6 +324,9 @@ class Traffic:
 # CI runs the stop/start story once; LLMGW_COMPOSE_ROUNDS=8 repeats it on the
 # same stack to measure (README, "The deployment test").
 ROUNDS = int(os.environ.get("LLMGW_COMPOSE_ROUNDS", "1"))
+# Requests in each stretch of traffic a story watches (with one replica
+# stopped, after the restart): a count, so a slow machine watches as many.
+STRETCH = 200
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
@@ -331,13 +339,15 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
     workers = [threading.Thread(target=traffic.worker, args=(stack.url, i, stop)) for i in range(4)]
     for w in workers:
         w.start()
+    both = {"inventory-1", "inventory-2"}
     try:
-        time.sleep(3)
-        assert traffic.served_by(0) == {"inventory-1", "inventory-2"}
+        # Traffic under way through both replicas before one stops.
+        wait_for("both replicas to serve", 60, lambda: traffic.served_by(0) == both)
         stopping = time.monotonic()
         stack.compose("stop", "inventory-1")
         stopped = time.monotonic()
-        time.sleep(4)
+        # A stretch of traffic with one replica: counted in requests, not seconds.
+        wait_for("traffic while stopped", 60, lambda: traffic.answered_since(stopped) >= STRETCH)
         assert traffic.served_by(stopped) == {"inventory-2"}
         starting = time.monotonic()
         stack.compose("start", "inventory-1")
@@ -346,7 +356,8 @@ def test_a_replica_stopped_and_started_under_traffic_fails_no_request_and_stalls
         wait_for(
             "inventory-1 to serve again", 60, lambda: "inventory-1" in traffic.served_by(restarted)
         )
-        time.sleep(3)
+        back = time.monotonic()
+        wait_for("traffic after the start", 60, lambda: traffic.answered_since(back) >= STRETCH)
     finally:
         stop.set()
         for w in workers:
@@ -414,8 +425,13 @@ def test_postgres_restarted_under_writes_answers_within_30s_and_loses_nothing(
 
     thread = threading.Thread(target=writer)
     thread.start()
+
+    def acked_count() -> int:
+        with lock:
+            return len(acked)
+
     try:
-        time.sleep(2)
+        wait_for("writes to be under way", 60, lambda: acked_count() >= 20)
         began = time.monotonic()
         stack.compose("restart", "postgres", timeout=120)
         restarted = time.monotonic()
@@ -424,7 +440,8 @@ def test_postgres_restarted_under_writes_answers_within_30s_and_loses_nothing(
         )
         with lock:
             back_after = next(t for t in resumed if t > restarted) - began
-        time.sleep(2)
+        settled = acked_count()
+        wait_for("more writes after the restart", 60, lambda: acked_count() >= settled + 20)
     finally:
         stop.set()
         thread.join(timeout=60)

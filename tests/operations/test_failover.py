@@ -30,6 +30,7 @@ from websockets.sync.client import connect as ws_connect
 from tests.conftest import LiveService, free_port
 from tests.pg_cluster import StandbyPair
 from tests.reports import REGISTER, node_input
+from tests.waiting import until_sync
 
 WRITE_EVERY = 0.05
 FOLLOW_WITHIN = 30.0
@@ -112,10 +113,12 @@ def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged
         )
 
         writer.start()
-        time.sleep(2)
-        with writes.lock:
-            before = len(writes.acked)
-        assert before >= 10, f"only {before} writes acknowledged before the failover"
+
+        def acked() -> int:
+            with writes.lock:
+                return len(writes.acked)
+
+        until_sync(lambda: acked() >= 10, "10 writes acknowledged before the failover")
 
         died = time.monotonic()
         pair.primary.stop("immediate")
@@ -130,7 +133,9 @@ def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged
                 first_after = next((t for t, _ in writes.acked if t > promoted), None)
             time.sleep(0.02)
         assert first_after is not None, f"no write succeeded within {FOLLOW_WITHIN:g} s"
-        time.sleep(1)
+        # A stretch of writes on the promoted primary, counted, not timed.
+        settled = acked()
+        until_sync(lambda: acked() >= settled + 10, "10 more writes after the failover")
     finally:
         stop.set()
         writer.join(timeout=30)

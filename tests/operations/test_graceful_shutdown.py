@@ -24,6 +24,7 @@ from websockets.sync.client import connect as ws_connect
 
 from tests.conftest import LiveService, free_port
 from tests.reports import REGISTER, node_input
+from tests.waiting import until_sync
 
 DRAIN = 1.5
 
@@ -78,13 +79,19 @@ def test_sigterm_drains_then_stops_dropping_no_request_and_tells_subscribers_to_
     for c in clients:
         c.start()
     try:
-        time.sleep(0.5)
+        # Traffic under way: a few requests answered already.
+        until_sync(lambda: len(answered) >= len(clients), "the clients' first answers")
         assert service.process is not None
         service.process.send_signal(signal.SIGTERM)
         term = time.monotonic()
-        time.sleep(DRAIN / 3)
-        ready = httpx.get(f"{base}/readyz", timeout=5)
-        assert ready.status_code == 503 and ready.json()["reason"] == "shutting down"
+
+        def draining() -> httpx.Response | None:
+            ready = httpx.get(f"{base}/readyz", timeout=5)
+            return ready if ready.status_code == 503 else None
+
+        # Within the drain the process is still there and says why it is not ready.
+        ready = until_sync(draining, "/readyz to answer 503", within=DRAIN)
+        assert ready.json()["reason"] == "shutting down"
         # The subscriber is closed with 1012 once the drain is over, not before.
         code = None
         try:

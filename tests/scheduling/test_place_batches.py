@@ -29,6 +29,7 @@ from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
 from tests.topology import bridged_pairs, no_nvlink
+from tests.waiting import until
 
 
 async def register(api: Api, *node_ids: str) -> None:
@@ -266,9 +267,11 @@ async def test_calls_arriving_while_a_batch_places_wait_for_the_next_one_until_a
         await until_blocked(engine, pid, first)
         # Two more calls: fewer than a batch, so they wait for the running one...
         waiting = [asyncio.ensure_future(queue.place(request(r), None)) for r in ("r1", "r2")]
-        for _ in range(3):
-            await asyncio.sleep(0)  # each call has queued (or started a transaction) by now
-        assert (queue.running, len(queue.waiting)) == (1, 2)
+
+        async def queued() -> bool:
+            return (queue.running, len(queue.waiting)) == (1, 2)
+
+        await until(queued, "r1 and r2 to wait behind the running batch")
         # ...and a third makes a full batch, which gets a transaction of its own.
         waiting.append(asyncio.ensure_future(queue.place(request("r3"), None)))
         done, _ = await asyncio.wait(waiting, timeout=10)

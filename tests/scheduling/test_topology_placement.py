@@ -256,7 +256,7 @@ mutation Cordon($node: ID!, $index: Int!) {
 async def test_a_cordoned_gpu_breaks_its_group_for_placement_and_the_largest_free_group(
     api: Api,
 ) -> None:
-    # Free is service/availability's: a cordoned GPU is not free in a group either.
+    # Free is service/scheduling/availability.py's: a cordoned GPU is not free in a group either.
     await register(api, "pairs", gpus=bridged_pairs(4))
     for index in (1, 3):
         await api(CORDON_GPU, {"node": "pairs", "index": index})

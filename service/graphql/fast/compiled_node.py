@@ -1,14 +1,13 @@
 """One node by id, compiled: PostgreSQL builds the object's JSON (service/fleet/node_pages.py).
 
 Why: `node(id)` is the dashboard's and `ctl node`'s look at one node, and a
-scheduler's. Through graphql-core it cost about 0.8-1.2 ms of service CPU
-(the executor, Strawberry's resolvers, and two statements one after the
-other: the node through its loader, then its GPUs through theirs), against
-about 0.06 ms for a bare endpoint. Here PostgreSQL builds the object's JSON
-text, passed through; and looks that arrive together are read in one
-statement (service/batches.py, as heartbeats are written): with one
-statement and one pool checkout per look, the round trip was still about
-half of the route's CPU.
+scheduler's. Through graphql-core it costs the executor, Strawberry's
+resolvers, and two statements one after the other (the node through its
+loader, then its GPUs through theirs), many times a bare endpoint's cost.
+Here PostgreSQL builds the object's JSON text, passed through; and looks
+that arrive together are read in one statement (service/batches.py, as
+heartbeats are written): one statement and one pool checkout per look
+would make the round trip most of the route's cost.
 
 Which documents: a query with one root field, `node`, whose `id` is a
 string literal or the one variable (ID!, no default), selecting what the
@@ -17,7 +16,7 @@ timestamps, disks, detail lists, nvlinkGroups...; aliases and __typename;
 no directives, fragments or repeated keys). Everything else goes to
 graphql-core.
 
-How it stays exact: the resolver's role check, and the node the resolver's
+How it stays exact: the gate (front_door.py), and the node the resolver's
 loader reads (node_views.get_nodes: by id, the object or null) built by the
 same statement builder as a page (node_pages.OneNode, the page's own
 expressions per attribute; tests/fast_path/test_compiled_page.py compares both ways).
@@ -54,20 +53,19 @@ from service.batches import Batches
 from service.database import connections
 from service.database.connections import NativeConnection
 from service.fleet import node_pages
-from service.graphql.permissions import check_role, role_of
+from service.graphql.private_api import core_schema
 
 from .compiled_page import compile_selection
 from .documents import only_root_field
 from .fast_request import FastRequest
 from .outcomes import Answered, Declined, Outcome, compiled_read
-from .private_api import core_schema
 
 FIELD = "node"
 
 
-# At most this many ids per statement. Measured with 32 concurrent looks
-# (benchmarks/floor.py): 0.17 ms of CPU a look against 0.31 with a statement
-# and a pool checkout apiece. A lone look is read at once.
+# At most this many ids per statement, so one statement stays small. Looks
+# that arrive together share a statement and a pool checkout
+# (benchmarks/floor.py measures it); a lone look is read at once.
 MAX_BATCH = 100
 
 
@@ -82,7 +80,6 @@ class CompiledNode:
         self._node_id = node_id
         self._variable = variable
         self._node = node
-        self._role = role_of("Query", FIELD)
         self._start = b'{"data":{' + json.dumps(key).encode() + b":"
         # By engine: one per app, as the app's front door holds this route.
         self._batches: dict[AsyncEngine, Batches[NativeConnection, str, str | None]] = {}
@@ -95,15 +92,18 @@ class CompiledNode:
             )
         return batches
 
-    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
+    def arguments(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined:
         node_id = self._node_id
         if node_id is None:
             node_id = (variables or {}).get(self._variable or "")
             if type(node_id) is not str:
                 return Declined("id_for_graphql_core")
+        return {"id": node_id}
+
+    async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
+        node_id: str = arguments["id"]
 
         async def read() -> str | None:
-            check_role(self._role, FIELD, request.principal, {"id": node_id})
             return await self._batches_of(request.engine).ask(node_id)
 
         found = await compiled_read(read)

@@ -1,9 +1,8 @@
 """Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/fleet/node_pages.py).
 
-Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is about
-50,000 values, and executing it field by field cost about 200 ms of service
-CPU, half PostGraphile's rate for the same page. PostgreSQL builds that JSON
-in a few milliseconds of its own CPU.
+Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is tens
+of thousands of values, and executing it field by field costs the service
+far more CPU than PostgreSQL spends building the same JSON itself.
 
 Which documents: a query with one root field, `nodes` (filter, first, after)
 or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
@@ -20,8 +19,9 @@ fragments or repeated response keys. Everything else (a field given
 arguments, hasWeights or hcasFor) runs through graphql-core as before.
 The same selections of one node by id: compiled_node.py.
 
-How it stays exact: the same role check and page rule as the resolver
-(service/paging.py: a page without `first` that stopped short answers
+How it stays exact: the gate (front_door.py: the role and page size, as
+for the resolver), the resolver's argument mapping (queries.py), the same
+page rule (service/paging.py: a page without `first` that stopped short answers
 PAGE_TRUNCATED at the field, where graphql-core would place it),
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/fast_path/test_compiled_page.py compares both ways field
@@ -73,14 +73,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import node_states
 from service.database import connections
 from service.fleet import node_pages, node_views
-from service.graphql.permissions import check_role, role_of
+from service.graphql.private_api import core_schema
+from service.graphql.queries import free_gpus_arguments, nodes_arguments
 from service.paging import PageRequest
 
 from .documents import only_root_field
 from .fast_request import FastRequest
 from .fields import ArgumentConversion, NotAnObjectType, record_attributes
 from .outcomes import Answered, Declined, Outcome, compiled_read
-from .private_api import core_schema
 
 # The root fields compiled, and the arguments CompiledPage.run passes on, by
 # their types: an argument the page does not pass on is declined, never
@@ -90,6 +90,13 @@ ROOTS: Mapping[str, Mapping[str, str]] = {
     "nodes": {"filter": "NodeFilter", "first": "Int", "after": "ID"},
     "freeGpus": {"gpuClass": "String", "fabric": "String", "minFree": "Int", "first": "Int",
                  "after": "ID"},
+}  # fmt: skip
+
+# Each argument's Python name: the resolver's keyword, which the gate and
+# queries.py's argument mappings read.
+_PYTHON_NAMES: Mapping[str, str] = {
+    "filter": "filter_", "first": "first", "after": "after", "gpuClass": "gpu_class",
+    "fabric": "fabric", "minFree": "min_free",
 }  # fmt: skip
 
 # Leaves whose JSON PostgreSQL writes as the type's output coercion would: a
@@ -161,7 +168,6 @@ class CompiledPage:
         # is then computed the executor's way.
         self._resolver_arguments = resolver_arguments
         self._types = ROOTS[field]
-        self._role = role_of("Query", field)
 
     def _argument(self, name: str, variables: Mapping[str, Any]) -> Any:
         """The argument's value as the resolver would get it, or raise _Declined."""
@@ -183,19 +189,20 @@ class CompiledPage:
             raise _Declined
         return value
 
-    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
+    def arguments(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined:
         try:
             if self._resolver_arguments is not None:
-                given = self._resolver_arguments(variables or {})
-            else:
-                given = {name: self._argument(name, variables or {}) for name in self._types}
+                return self._resolver_arguments(variables or {})
+            return {
+                _PYTHON_NAMES[name]: self._argument(name, variables or {}) for name in self._types
+            }
         except _Declined:
             return Declined("arguments_for_graphql_core")
 
+    async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
         async def read() -> node_pages.JsonPage:
-            check_role(self._role, self._field, request.principal, given)
-            page = request.page_request(given.get("first"))
-            return await self._fetch(request.engine, given, page)
+            page = request.page_request(arguments.get("first"))
+            return await self._fetch(request.engine, arguments, page)
 
         answer = await compiled_read(read)
         if isinstance(answer, Declined):
@@ -212,23 +219,22 @@ class CompiledPage:
     ) -> node_pages.JsonPage:
         async with connections.autocommit(engine) as conn:
             if isinstance(self._page, node_pages.FreeGpusPage):
-                min_free = given["minFree"]
+                free = free_gpus_arguments(
+                    given.get("gpu_class"),
+                    given.get("fabric"),
+                    given.get("min_free"),
+                    given.get("after"),
+                )
                 return await self._page.fetch(
                     conn,
-                    gpu_class=given["gpuClass"],
-                    fabric=given["fabric"],
-                    min_free=1 if min_free is None else min_free,
+                    gpu_class=free.gpu_class,
+                    fabric=free.fabric,
+                    min_free=free.min_free,
                     request=request,
-                    after=given["after"],
+                    after=free.after,
                 )
-            node_filter = given.get("filter_")
-            after = given.get("after")
-            return await self._page.fetch(
-                conn,
-                node_filter.to_record() if node_filter is not None else node_views.NodeFilter(),
-                request,
-                str(after) if after is not None else None,
-            )
+            nodes = nodes_arguments(given.get("filter_"), given.get("after"))
+            return await self._page.fetch(conn, nodes.node_filter, request, nodes.after)
 
 
 def _literal(type_name: str, value: ValueNode) -> Any:

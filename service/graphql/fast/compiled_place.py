@@ -1,10 +1,10 @@
 """The schedulers' place, compiled: answered without graphql-core's executor.
 
 Why: with calls sharing transactions (service/scheduling/place_batches.py)
-the service spent 0.76-0.96 ms of CPU per claim on a CPU-bound machine, and
-py-spy put about a quarter of it in graphql-core executing the mutation
-(the executor, Strawberry's resolver wrapper and extension, the union's
-type resolver and the completion of each field of the answer).
+a claim's service CPU is bounded by what runs per call, and graphql-core
+executing the mutation (the executor, Strawberry's resolver wrapper and
+extension, the union's type resolver and the completion of each field of the
+answer) is the largest part of that which the answer does not need.
 
 Which documents: a mutation with one root field, `place` (aliased or not),
 whose `input` is a variable, an object literal, or a literal holding
@@ -66,9 +66,8 @@ from graphql import (
 )
 from strawberry.types.base import StrawberryObjectDefinition
 
-from service.errors import InventoryError
 from service.graphql.allocation_mutations import PLACE, count_place, place_outcome, place_result
-from service.graphql.permissions import check_role, role_of
+from service.graphql.private_api import core_schema, optimized_is_awaitable
 
 from .documents import only_root_field
 from .execution import (
@@ -82,7 +81,6 @@ from .execution import (
 from .fast_request import FastRequest
 from .fields import ArgumentConversion
 from .outcomes import Answered, Declined, Outcome, encode
-from .private_api import core_schema, optimized_is_awaitable
 from .variables import Declined as LeftToGraphqlCore
 from .variables import VariablePlan, compile_variables
 
@@ -111,7 +109,6 @@ class CompiledPlace:
         self._literal = literal
         self._convert = convert
         self._members = members
-        self._role = role_of("Mutation", FIELD)
 
     def _argument_values(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined:
         """The field's arguments as graphql-core's executor coerces them, or a decline."""
@@ -126,17 +123,15 @@ class CompiledPlace:
         except GraphQLError:  # e.g. null in a non-null position: graphql-core's words
             return Declined("arguments_for_graphql_core")
 
-    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
+    def arguments(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined:
         values = self._argument_values(variables)
         if isinstance(values, Declined):
             return values
         # As Strawberry's resolver wrapper converts the field's arguments.
-        kwargs = self._convert(values)
-        try:
-            check_role(self._role, FIELD, request.principal, kwargs)
-        except InventoryError:
-            return Declined("refused")
-        placement = kwargs[ARGUMENT].to_request()
+        return self._convert(values)
+
+    async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
+        placement = arguments[ARGUMENT].to_request()
         key = (PLACE, placement.replica_id)
         try:
             outcome = await place_outcome(request.context(), placement)

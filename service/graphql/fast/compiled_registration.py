@@ -32,16 +32,14 @@ from typing import Any
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
 
-from service.errors import InventoryError
 from service.graphql.mutations import REGISTER, store_report
-from service.graphql.permissions import check_role, role_of
+from service.graphql.private_api import core_schema
 
 from .documents import only_root_field
 from .fast_request import FastRequest
 from .fields import ArgumentConversion
 from .node_leaves import NodeLeaves, node_leaves, write_and_answer
 from .outcomes import Declined, Outcome
-from .private_api import core_schema
 from .variables import Declined as LeftToGraphqlCore
 from .variables import VariablePlan, compile_variables
 
@@ -63,9 +61,8 @@ class CompiledRegistration:
         self._variables = variables
         self._convert = convert
         self._leaves = leaves
-        self._role = role_of("Mutation", FIELD)
 
-    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome:
+    def arguments(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined:
         try:
             coerced = self._variables.coerce(variables).coerced
         except LeftToGraphqlCore:
@@ -74,12 +71,10 @@ class CompiledRegistration:
         if given is None:  # absent or null: graphql-core's error to word
             return Declined("variables_for_graphql_core")
         # As Strawberry's resolver wrapper converts the field's arguments.
-        kwargs = self._convert({ARGUMENT: given})
-        try:
-            check_role(self._role, FIELD, request.principal, kwargs)
-        except InventoryError:
-            return Declined("refused")
-        report = kwargs[ARGUMENT].to_report()
+        return self._convert({ARGUMENT: given})
+
+    async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
+        report = arguments[ARGUMENT].to_report()
         return await write_and_answer(
             request,
             (REGISTER, report.id),

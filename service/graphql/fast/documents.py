@@ -31,7 +31,7 @@ from graphql import (
     specified_rules,
 )
 
-from .private_api import validate_document
+from service.graphql.private_api import validate_document
 
 # Agents' documents are a few hundred bytes; a page query a few kilobytes.
 MAX_CACHED_LENGTH: Final = 16_384

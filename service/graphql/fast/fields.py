@@ -24,10 +24,8 @@ from strawberry.types.base import StrawberryObjectDefinition
 from strawberry.types.field import StrawberryField
 from strawberry.types.private import is_private
 
-from service.graphql.types import RECORD
-
-from .execution import READY
-from .private_api import scalar_registry
+from service.graphql.private_api import scalar_registry
+from service.graphql.types import READY, RECORD
 
 
 class NotAnObjectType(LookupError):

@@ -1,10 +1,12 @@
 """The fast path's front door: which route answers a GraphQL request, decided from one table.
 
 The GraphQL endpoint (service/web/graphql_endpoint.py) asks it after the
-guards (time limit, body size, token check) and the request's checks, so the
-body is already read and parsed and the caller's Principal is in the scope's
-state. Strawberry's view (the reference) stands behind it: whatever the front
-door or a route declines is replayed to the view unchanged.
+guards (time limit, body size, token check) and the request's checks, and
+hands it what those found: the parsed body, whether the request is a plain
+JSON POST, the caller's Principal and a way to make the request's GraphQL
+Context. The front door reads no ASGI scope. Strawberry's view (the
+reference) stands behind it: whatever the front door or a route declines is
+replayed to the view unchanged.
 
 The front door itself declines (route `front_door`, Strawberry's view
 answers), with these reasons:
@@ -20,16 +22,27 @@ answers), with these reasons:
 
 Every other request is a prepared document's query or mutation (documents.py:
 parsed and validated once, by the schema's own rules and limits). Its
-operation's route is the first of ROUTES that compiles it, once per document,
-and graphql_core stands after it:
+operation's route is the first of ROUTES that declares the operation's root
+field and compiles it, once per document, and graphql_core stands after it.
+
+The gate: before any compiled route runs, the front door passes the root
+field's arguments (the route's `arguments`, as the resolver would receive
+them) through permissions.check_role, the function Strawberry's RequireRole
+calls: the token, the role (from permissions.ROOT_FIELD_ROLES, for the root
+field the route declares), the node an agent may name, the page size. A
+caller it refuses is declined (reason `refused`) and graphql_core words the
+refusal as the resolver would. A route cannot opt out: it runs only through
+the front door, only after the gate, and the front door refuses to be built
+with a route that declares no root field or one without a role
+(UndeclaredRole).
 
 | route | covers | why it is exact | declines (then graphql_core answers) |
 | --- | --- | --- | --- |
-| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (types.BEAT_FIELDS) | the resolver's domain call and role check, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
-| registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the resolver's role check and write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
-| place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the role check, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
-| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (node_pages.py) | the resolver's role check, page size and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
-| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the resolver's role check and node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, text_not_storable |
+| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (types.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
+| registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the gate, the resolver's write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
+| place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the gate, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
+| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
+| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
@@ -54,21 +67,30 @@ as masking.py answers any bug; it is never retried by another route, which
 could write a second time.
 
 The switch (switch.py): with INVENTORY_DIRECT_EXECUTION=false the app has no
-front door and every request is Strawberry's view's alone.
+front door, the fast package is not even imported (install.py is the one
+way in, called when the app is built) and every request is Strawberry's
+view's alone.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import strawberry
 from graphql import OperationDefinitionNode, OperationType
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.access_control.auth import Principal
+from service.config import Settings
+from service.errors import InventoryError
+from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
+from service.graphql.permissions import ROOT_FIELD_ROLES, check_role
+from service.graphql.private_api import core_schema
 from service.metrics import count_fast_path
-from service.web.http_guards import Receive, Scope, header
 
 from .compiled_heartbeat import compile_heartbeat
 from .compiled_node import compile_node
@@ -76,11 +98,10 @@ from .compiled_page import compile_page
 from .compiled_place import compile_place
 from .compiled_registration import compile_registration
 from .direct import DirectOperation
-from .documents import Prepared, PreparedDocuments
+from .documents import Prepared, PreparedDocuments, only_root_field
 from .extensions import read_extensions
 from .fast_request import FastRequest
-from .outcomes import Answered, CompiledRoute, Outcome, encode
-from .private_api import core_schema
+from .outcomes import Answered, CompiledRoute, Declined, Outcome, encode
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +110,74 @@ GRAPHQL_CORE: Final = "graphql_core"
 
 Compile = Callable[[strawberry.Schema, OperationDefinitionNode], CompiledRoute | None]
 
-# The one table: route name -> what compiles an operation for it (None: not
-# this route's shape), in the order they are tried. graphql_core follows.
-ROUTES: Final[tuple[tuple[str, Compile], ...]] = (
-    ("heartbeat", compile_heartbeat),
-    ("registration", compile_registration),
-    ("place", compile_place),
-    ("page", compile_page),
-    ("node", compile_node),
+_ROOT_TYPES: Final = {
+    OperationType.QUERY: "Query",
+    OperationType.MUTATION: "Mutation",
+    OperationType.SUBSCRIPTION: "Subscription",
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """A compiled route: its name (a metrics label), the root fields it may answer, its compiler.
+
+    `fields` ("Type.field") is the route's role declaration: the gate takes
+    each field's role from permissions.ROOT_FIELD_ROLES, and the route is
+    never tried for an operation whose root field it does not declare.
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    compile: Compile
+
+
+# The one table: the routes in the order they are tried. graphql_core follows.
+ROUTES: Final[tuple[Route, ...]] = (
+    Route("heartbeat", ("Mutation.heartbeat",), compile_heartbeat),
+    Route("registration", ("Mutation.registerNode",), compile_registration),
+    Route("place", ("Mutation.place",), compile_place),
+    Route("page", ("Query.nodes", "Query.freeGpus"), compile_page),
+    Route("node", ("Query.node",), compile_node),
 )
 
 _KNOWN_KEYS = frozenset({"query", "variables", "operationName"})
+
+
+class UndeclaredRole(Exception):
+    """A route that does not say which root fields it answers, or names one without a role."""
+
+
+def declared_roles(routes: Sequence[Route]) -> dict[str, dict[str, str]]:
+    """Route name -> "Type.field" -> role, each from ROOT_FIELD_ROLES; UndeclaredRole if missing.
+
+    A field missing from the table would be gated as UNLISTED_ROLE by
+    Strawberry's view; a compiled route is not built on such a fallback.
+    """
+    declared: dict[str, dict[str, str]] = {}
+    for route in routes:
+        if not route.fields:
+            raise UndeclaredRole(f"route {route.name!r} declares no root field")
+        roles = declared[route.name] = {}
+        for field in route.fields:
+            type_name, _, name = field.partition(".")
+            role = ROOT_FIELD_ROLES.get(type_name, {}).get(name)
+            if role is None:
+                raise UndeclaredRole(
+                    f"route {route.name!r} declares {field}, which has no role in "
+                    "service/graphql/permissions.py ROOT_FIELD_ROLES"
+                )
+            roles[field] = role
+    return declared
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    """A compiled route with what the gate checks before it runs."""
+
+    name: str
+    route: CompiledRoute
+    field: str  # the GraphQL name of the root field
+    role: str
 
 
 class Plan:
@@ -107,7 +185,7 @@ class Plan:
 
     __slots__ = ("direct", "first")
 
-    def __init__(self, first: tuple[str, CompiledRoute] | None, direct: DirectOperation) -> None:
+    def __init__(self, first: Gated | None, direct: DirectOperation) -> None:
         self.first = first
         self.direct = direct
 
@@ -117,26 +195,22 @@ def plan_operation(
     prepared: Prepared,
     operation: OperationDefinitionNode,
     operation_name: str | None,
+    routes: Sequence[Route],
+    roles: dict[str, dict[str, str]],
 ) -> Plan:
     first = None
-    for name, compile_route in ROUTES:
-        compiled = compile_route(schema, operation)
-        if compiled is not None:
-            first = (name, compiled)
-            break
+    root = only_root_field(operation, operation.operation)
+    if root is not None:
+        field = f"{_ROOT_TYPES[operation.operation]}.{root.name.value}"
+        for route in routes:
+            role = roles[route.name].get(field)
+            if role is None:
+                continue
+            compiled = route.compile(schema, operation)
+            if compiled is not None:
+                first = Gated(route.name, compiled, root.name.value, role)
+                break
     return Plan(first, DirectOperation(schema, prepared, operation, operation_name))
-
-
-def _is_plain_json_post(scope: Scope) -> bool:
-    if scope.get("method") != "POST":
-        return False
-    content_type = header(scope, b"content-type") or ""
-    accept = header(scope, b"accept") or ""
-    # multipart/mixed asks for incremental delivery, which only Strawberry's
-    # view streams.
-    return content_type.split(";")[0].strip().lower() == "application/json" and (
-        "multipart" not in accept.lower()
-    )
 
 
 def _ordinary(request: object) -> tuple[str, str | None, dict[str, Any] | None] | None:
@@ -161,10 +235,15 @@ class FrontDoor:
     def __init__(
         self,
         schema: strawberry.Schema,
-        request_for: Callable[[Scope, Receive], FastRequest],
+        engine: Callable[[], AsyncEngine],
+        settings: Settings,
+        routes: Sequence[Route] | None = None,
     ) -> None:
         self.schema = schema
-        self.request_for = request_for
+        self.engine = engine
+        self.settings = settings
+        self.routes = ROUTES if routes is None else tuple(routes)
+        self.roles = declared_roles(self.routes)
         extensions = read_extensions(schema)
         self.not_honoured = extensions.not_honoured
         if self.not_honoured:
@@ -184,20 +263,33 @@ class FrontDoor:
             prepared.plans[operation_name] = (
                 None
                 if operation is None or operation.operation == OperationType.SUBSCRIPTION
-                else plan_operation(self.schema, prepared, operation, operation_name)
+                else plan_operation(
+                    self.schema, prepared, operation, operation_name, self.routes, self.roles
+                )
             )
         plan: Plan | None = prepared.plans[operation_name]
         return plan
 
-    async def answer(self, scope: Scope, receive: Receive, request: object) -> bytes | None:
+    async def answer(
+        self,
+        request: object,
+        plain_json_post: bool,
+        principal: Principal | None,
+        make_context: Callable[[], Context],
+    ) -> bytes | None:
         """The answer's body (status 200, JSON), or None: declined and counted, for Strawberry's view.
 
         `request` is the body as service/web/graphql_http.check_request parsed
-        and checked it (None for a GET).
+        and checked it (None for a GET); `plain_json_post`: a POST of
+        application/json that asks for no stream (multipart/mixed asks for
+        incremental delivery, which only Strawberry's view streams);
+        `principal`: the caller the endpoint's token check found;
+        `make_context`: the request's GraphQL Context, made when something
+        needs it (fast_request.py).
         """
         if self.not_honoured:
             return _declined("extension_not_honoured")
-        if not _is_plain_json_post(scope):
+        if not plain_json_post:
             return _declined("not_a_json_post")
         ordinary = _ordinary(request)
         if ordinary is None:
@@ -210,7 +302,33 @@ class FrontDoor:
         if plan is None:
             operation = prepared.operation(operation_name)
             return _declined("operation_not_found" if operation is None else "subscription")
-        return await self._answer(plan, variables, self.request_for(scope, receive))
+        fast = FastRequest(principal, self.engine(), self.settings, make_context)
+        return await self._answer(plan, variables, fast)
+
+    def _gate(self, gated: Gated, arguments: dict[str, Any], request: FastRequest) -> bool:
+        """Whether the caller passes the gate Strawberry's view would put it through."""
+        try:
+            check_role(
+                gated.role,
+                gated.field,
+                request.principal,
+                arguments,
+                max_page_size=self.settings.max_page_size,
+            )
+        except InventoryError:
+            return False
+        return True
+
+    async def _run(
+        self, gated: Gated, variables: dict[str, Any] | None, request: FastRequest
+    ) -> Outcome:
+        """A compiled route's outcome: its arguments, the gate, then the route itself."""
+        arguments = gated.route.arguments(variables)
+        if isinstance(arguments, Declined):
+            return arguments
+        if not self._gate(gated, arguments, request):
+            return Declined("refused")
+        return await gated.route.run(arguments, request)
 
     async def _answer(
         self, plan: Plan, variables: dict[str, Any] | None, request: FastRequest
@@ -218,8 +336,8 @@ class FrontDoor:
         route = GRAPHQL_CORE
         try:
             if plan.first is not None:
-                route, compiled = plan.first
-                outcome = await compiled.run(variables, request)
+                route = plan.first.name
+                outcome = await self._run(plan.first, variables, request)
                 _count(route, outcome)
                 if isinstance(outcome, Answered):
                     return outcome.body

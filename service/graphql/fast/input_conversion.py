@@ -4,13 +4,15 @@ Why: Strawberry turns graphql-core's coerced input value into its input
 classes field by field, resolving each field's type again for every value it
 converts (strawberry.types.arguments.convert_argument: type checks, name
 conversion, generic resolution). A registerNode report of 8 GPUs and two
-filesystems is about 165 such calls, measured as the largest single share of
-a registration's CPU here (1.7 s of 6.7 s in cProfile over 300 reports). The
+filesystems is over a hundred such calls, repeated for every report. The
 same conversion planned once per type is, per object, a few dict lookups and
 the class's constructor.
 
-It is installed through Strawberry's own hook for input types that build
-their value themselves (StrawberryObjectDefinition.from_input), and keeps
+It is installed (install_input_plans, when the app is built with the fast
+path on: install.py) through Strawberry's own hook for input types that
+build their value themselves (StrawberryObjectDefinition.from_input), on
+every input type of the schema that does not use that hook already; the
+schema's modules do not know about it. It keeps
 convert_argument's rules for the types it plans: null and UNSET pass through,
 lists are copied, leaves (scalars, enums) are taken as graphql-core parsed
 them, nested inputs are built by their own plan, fields the client omitted
@@ -25,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING
 from typing import Any, TypeVar
 
+import strawberry
+from graphql import GraphQLInputObjectType
 from strawberry.types.arguments import InputContext
 from strawberry.types.base import (
     StrawberryList,
@@ -36,11 +40,11 @@ from strawberry.types.base import (
 )
 from strawberry.types.unset import UNSET
 
-from . import switch
-
 # convert_argument's own test for a leaf (private in Strawberry): the plan
 # must decide exactly as it does (tests/fast_path/test_input_conversion.py).
-from .private_api import is_strawberry_leaf
+from service.graphql.private_api import core_schema, is_strawberry_leaf
+
+from . import switch
 
 T = TypeVar("T")
 Convert = Callable[[Any, InputContext], Any]
@@ -146,3 +150,21 @@ def compiled_input(cls: type[T]) -> type[T]:
 
     definition.from_input = from_input
     return cls
+
+
+def install_input_plans(schema: strawberry.Schema) -> None:
+    """A compiled plan for each input type of the schema that builds its values Strawberry's way.
+
+    Idempotent: a type whose from_input is set (by an earlier install, or by
+    Strawberry for a type with its own way) is left as it is.
+    """
+    for name, type_ in core_schema(schema).type_map.items():
+        if not isinstance(type_, GraphQLInputObjectType):
+            continue
+        definition = schema.get_type_by_name(name)
+        if (
+            isinstance(definition, StrawberryObjectDefinition)
+            and definition.is_input
+            and definition.from_input is None
+        ):
+            compiled_input(definition.origin)

@@ -30,12 +30,12 @@ from graphql import (
 )
 
 from service.fleet.node_views import BeatRecord, NodeRecord
+from service.graphql.private_api import core_schema
 from service.graphql.types import Node
 
 from .fast_request import FastRequest
 from .fields import plain_fields
 from .outcomes import Answered, Declined, Outcome
-from .private_api import core_schema
 
 # What json.dumps does with a str (ensure_ascii, as outcomes.encode writes
 # answers), without its encoder's dispatch: a heartbeat writes its node's id.
@@ -58,8 +58,8 @@ class _Leaf:
     serialize: Callable[[Any], Any]
     nullable: bool
     # Written forms of the values in _KEPT_TYPES seen so far (a heartbeat's
-    # state is one of five): serializing and json.dumps were a tenth of the
-    # compiled heartbeat's own CPU. None: graphql-core refuses the value.
+    # state is one of five): each is serialized and dumped once, not per
+    # beat. None: graphql-core refuses the value.
     written: dict[Any, str | None] = dataclasses.field(default_factory=dict)
 
     def write(self, value: Any) -> str | None:
@@ -101,7 +101,7 @@ class NodeLeaves:
 
         Written from the record field by field (types.NODE_FIELDS, as Node.of
         reads it) rather than through a Node and a nested json.dumps: this is
-        the heartbeat's hot path (BENCHMARKS.md, "The heartbeat's request path").
+        the heartbeat's hot path (benchmarks/floor.py measures it).
         """
         opening = self._openings.get(answer_key)
         if opening is None:

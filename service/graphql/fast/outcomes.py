@@ -22,8 +22,8 @@ from .fast_request import FastRequest
 T = TypeVar("T")
 
 
-# Not frozen: a frozen dataclass sets each field through object.__setattr__
-# (0.7 against 0.25 us), and every request the fast path answers makes one.
+# Not frozen: a frozen dataclass sets each field through object.__setattr__,
+# and every request the fast path answers makes one.
 @dataclass(slots=True)
 class Answered:
     body: bytes
@@ -48,9 +48,9 @@ async def compiled_read(read: Callable[[], Awaitable[T]]) -> T | Declined:
     """A compiled read's value, or a decline for what graphql-core must word; a bug raises.
 
     Declined, graphql-core runs the read again and answers as it would
-    (reading twice writes nothing): a caller the role check refuses or a page
-    size out of range (an InventoryError: the resolver's words), the database
-    down, a text it cannot store (a NUL in an id: masking.py's words).
+    (reading twice writes nothing): an InventoryError (the resolver's words),
+    the database down, a text it cannot store (a NUL in an id: masking.py's
+    words).
     """
     try:
         return await read()
@@ -70,6 +70,15 @@ def encode(body: dict[str, Any]) -> bytes:
 
 
 class CompiledRoute(Protocol):
-    """A route compiled for one operation of a prepared document."""
+    """A route compiled for one operation of a prepared document.
 
-    async def run(self, variables: dict[str, Any] | None, request: FastRequest) -> Outcome: ...
+    The front door runs it in two steps with the gate between them
+    (front_door.py): `arguments` are the root field's arguments as its
+    resolver would receive them (Python names, Strawberry's conversion), which
+    the gate checks; `run` answers with them. A route has no step of its own
+    before the gate, so none can skip it.
+    """
+
+    def arguments(self, variables: dict[str, Any] | None) -> dict[str, Any] | Declined: ...
+
+    async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome: ...

@@ -1,10 +1,14 @@
 """The one switch: INVENTORY_DIRECT_EXECUTION (Settings.direct_execution).
 
-Off, no fast route runs: the app has no front door (service/web/app.py), the
-execution context completes every field the stock way (execution.py) and
-input objects are built by Strawberry's own conversion (input_conversion.py).
-Every request is then answered by Strawberry alone, the reference the fast
-path is compared with.
+Off, the app neither imports nor installs the fast path (service/web/app.py,
+install.py): no front door, the schema's own execution context, Strawberry's
+own input conversion. Every request is then answered by Strawberry alone,
+the reference the fast path is compared with.
+
+The hooks install.py puts on the schema stay for the process, so each one
+also asks the request's settings here: an app built switched off in a
+process where another was built switched on (the tests' reference app) is
+still Strawberry's alone.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Why: graphql-core coerces a request's variables by walking the value against
 its type generically, after a second walk that guards against values nested
-too deeply; for a registerNode report (8 GPUs, 2 filesystems, labels) that
-was about 120-170 us of CPU a report here, a tenth of a registration.
-Compiled per type once, the same coercion is a few dict lookups per object.
+too deeply, for every registerNode report (8 GPUs, 2 filesystems, labels)
+again. Compiled per type once, the same coercion is a few dict lookups per object.
 
 Exact or delegate: the plan answers only values it coerces exactly as
 graphql-core's coerce_input_value would (a str for String and ID, a bool, an
@@ -41,7 +40,7 @@ from graphql import (
 )
 from graphql.pyutils import Undefined
 
-from .private_api import (
+from service.graphql.private_api import (
     VariableValues,
     VariableValueSource,
     coerce_default_value,

@@ -112,10 +112,9 @@ _STORE = store_statement(
                 -- A probe of pk_allocated_gpus per GPU asked for. Written as
                 -- `OR EXISTS (...)`, the planner (which guesses 100 rows for
                 -- jsonb_to_recordset) hashed the whole of allocated_gpus
-                -- instead: a sequential scan per allocation, 4.4 ms of
-                -- PostgreSQL's CPU at 10k nodes, which held allocate to a
-                -- tenth of the raw baseline. LIMIT keeps the lateral from
-                -- being turned into such a join.
+                -- instead: a sequential scan per allocation, growing with
+                -- the cluster. LIMIT keeps the lateral from being turned
+                -- into such a join.
                 LEFT JOIN LATERAL (
                     SELECT true AS taken FROM allocated_gpus a
                     WHERE a.node_id = w.node_id AND a.gpu_index = w.idx

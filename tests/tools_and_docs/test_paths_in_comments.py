@@ -1,0 +1,133 @@
+"""Every repository path a comment, docstring or document names exists.
+
+A comment that sends the reader to a file for the rule is worse than none
+once that file has moved: the reader trusts it and reads the wrong file, or
+nothing. This scans the comments and docstrings of the Python code (service/,
+agent/, benchmarks/, tests/) and the Markdown documents (the repository's
+root and docs/) for repo-relative paths, and fails naming the file and line
+of each one that does not exist, so whoever moved the file fixes the
+references in the same change.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Where code with comments lives, and the top folders a path may start with.
+CODE = ("service", "agent", "benchmarks", "tests")
+TOP = ("service", "agent", "benchmarks", "tests", "docs", "deploy", "alembic", ".ci")
+
+PATH = re.compile(
+    r"(?<![\w./-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[A-Za-z0-9_./*<>{}$-]*"
+    r"[A-Za-z0-9_/*>}])"
+)
+# What a path written as a pattern or placeholder contains: not one file.
+NOT_ONE_FILE = re.compile(r"[<>*{}$]|\.\.\.")
+
+
+def _docstrings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(first line, text) of each module, class and function docstring."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                yield body[0].lineno, body[0].value.value
+
+
+def _comments(source: str) -> Iterator[tuple[int, str]]:
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+
+
+def texts_of(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, text) of each comment and docstring of a Python file, each line of a document."""
+    source = path.read_text()
+    if path.suffix != ".py":
+        yield from enumerate(source.splitlines(), start=1)
+        return
+    yield from _comments(source)
+    for first, text in _docstrings(ast.parse(source)):
+        for offset, line in enumerate(text.splitlines()):
+            yield first + offset, line
+
+
+def named_paths(text: str) -> Iterator[str]:
+    for match in PATH.finditer(text):
+        named = match.group(1).rstrip(".")
+        # A URL's path (https://host/docs/...) is not the repository's.
+        before = text[: match.start()]
+        if NOT_ONE_FILE.search(named) or re.search(r"://\S*$", before):
+            continue
+        yield named
+
+
+def exists(named: str) -> bool:
+    """A file or folder; or a module written without .py, or with an attribute
+    (service/web/http_guards.caller: the function caller of that module)."""
+    if (ROOT / named).exists() or (ROOT / f"{named}.py").exists():
+        return True
+    folder, _, last = named.rpartition("/")
+    module = last.split(".")[0]
+    return bool(module) and (ROOT / folder / f"{module}.py").exists()
+
+
+def scanned_files() -> list[Path]:
+    files = [p for top in CODE for p in sorted((ROOT / top).rglob("*.py"))]
+    files += sorted(ROOT.glob("*.md"))
+    if (ROOT / "docs").is_dir():
+        files += sorted((ROOT / "docs").rglob("*.md"))
+    return [p for p in files if ".venv" not in p.parts and "node_modules" not in p.parts]
+
+
+def missing_paths() -> list[str]:
+    missing = []
+    for path in scanned_files():
+        for line, text in texts_of(path):
+            for named in named_paths(text):
+                if not exists(named):
+                    missing.append(f"{path.relative_to(ROOT)}:{line}: {named}")
+    return missing
+
+
+def test_every_path_a_comment_or_document_names_exists() -> None:
+    missing = missing_paths()
+    assert not missing, "paths named in comments, docstrings or documents that do not exist:\n" + (
+        "\n".join(missing)
+    )
+
+
+def test_the_scan_finds_paths_in_comments_docstrings_and_documents(tmp_path: Path) -> None:
+    """The scan itself: what it reads as a path, and what it leaves alone."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""See service/graphql/schema.py and tests/<dir or file>."""\n'
+        "# the rule: service/no/such.py, in service/static/dashboard.*\n"
+        'URL = "tests/not/a/comment.py"  # https://example.org/docs/x.md\n'
+    )
+    assert [(line, list(named_paths(text))) for line, text in texts_of(module)] == [
+        (2, ["service/no/such.py"]),
+        (3, []),
+        (1, ["service/graphql/schema.py"]),
+    ]
+    document = tmp_path / "d.md"
+    document.write_text(
+        "Run `benchmarks/floor.py` (its floor_round: benchmarks/floor.floor_round).\n"
+    )
+    assert [list(named_paths(text)) for _, text in texts_of(document)] == [
+        ["benchmarks/floor.py", "benchmarks/floor.floor_round"]
+    ]
+    assert exists("benchmarks/floor.floor_round") and exists("service/scheduling")
+    assert not exists("service/nodes.register_node")  # moved to service/fleet/nodes.py
