@@ -72,7 +72,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import node_states
 from service.database import connections
-from service.fleet import node_pages, node_views
+from service.fleet import node_pages
 from service.graphql.private_api import core_schema
 from service.graphql.queries import free_gpus_arguments, nodes_arguments
 from service.paging import PageRequest
