@@ -28,6 +28,7 @@ from service.fleet.report_rows import (
     REPORTED_ROWS,
     came_back,
     hardware_rows,
+    new_life,
     node_parameters,
     rebooted,
     rows_json,
@@ -205,10 +206,11 @@ async def register_node(
 _HEARTBEATS = text(
     f"""
     WITH old AS (
-        SELECT id, liveness FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
+        SELECT id, liveness, boot_id FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
         ORDER BY id FOR NO KEY UPDATE
     )
-    UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL
+    UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL,
+        incarnation = n.incarnation + CASE WHEN {new_life("old", "NULL")} THEN 1 ELSE 0 END
     FROM old WHERE n.id = old.id
     RETURNING {BEAT_COLUMNS}, old.liveness AS old_liveness
     """
