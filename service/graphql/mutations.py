@@ -48,6 +48,15 @@ async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
     return record
 
 
+async def _beat_answer(info: Info, beat: BeatRecord) -> Node:
+    # The beat returns the node's state only (node_views.BeatRecord):
+    # the rest of the node as it is now, read after the beat committed.
+    record: NodeRecord | None = await info.context.loaders.node.load(beat.id)
+    if record is None:
+        raise NodeNotFound(beat.id)
+    return Node.of(record)
+
+
 @strawberry.type
 class NodeMutations:
     @strawberry.mutation(
@@ -110,7 +119,7 @@ class NodeMutations:
             # answer are one transaction (service/fleet/fencing.py).
             beat, answer = await fencing.contact_heartbeat(context.engine, str(node_id), contact)
             context.shards_to_stop[beat.id] = answer.shards_to_stop
-            return await self._answer(info, beat)
+            return await _beat_answer(info, beat)
         # Batched with this process's concurrent heartbeats: one transaction
         # for many (service/fleet/heartbeats.py); the reply waits for its commit.
         # Once per request: a compiled heartbeat that declined after beating
@@ -118,16 +127,7 @@ class NodeMutations:
         beat = await context.once(
             (HEARTBEAT, str(node_id)), lambda: heartbeats.beat(context.engine, str(node_id))
         )
-        return await self._answer(info, beat)
-
-    @staticmethod
-    async def _answer(info: Info, beat: BeatRecord) -> Node:
-        # The beat returns the node's state only (node_views.BeatRecord):
-        # the rest of the node as it is now, read after the beat committed.
-        record: NodeRecord | None = await info.context.loaders.node.load(beat.id)
-        if record is None:
-            raise NodeNotFound(beat.id)
-        return Node.of(record)
+        return await _beat_answer(info, beat)
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
