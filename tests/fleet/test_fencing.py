@@ -180,7 +180,7 @@ async def test_released_and_superseded_shards_are_named_with_their_reason(api: A
             REPORT,
             {
                 "input": node_input("gpu-01"),
-                "running": running + [{"shardId": "rb/0x", "fence": 1}],
+                "running": [*running, {"shardId": "rb/0x", "fence": 1}],
             },
         )
     )["registerNode"]
