@@ -8,6 +8,7 @@ from service.database.connections import Connection
 from service.fleet import fencing
 
 from .context import Info
+from .fast.input_conversion import compiled_input
 
 strawberry.enum(
     fencing.StopReason,
