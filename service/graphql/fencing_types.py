@@ -21,6 +21,7 @@ strawberry.enum(
 )
 
 
+@compiled_input
 @strawberry.input(
     description="A shard an engine on this node runs, with the fence it was started with."
 )
