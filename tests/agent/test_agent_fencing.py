@@ -49,6 +49,16 @@ class ServingStack:
         document = {"shards": [{"shardId": s, "fence": f} for s, f in shards]}
         self.file.write_text(json.dumps(document))
 
+    def failing(self, fail: bool) -> None:
+        flag = Path(str(self.stop_log) + ".fail")
+        if fail:
+            flag.touch()
+        else:
+            flag.unlink()
+
+    def hanging(self) -> None:
+        Path(str(self.stop_log) + ".hang").touch()
+
     def stopped(self) -> list[str]:
         return self.stop_log.read_text().splitlines() if self.stop_log.exists() else []
 
@@ -100,7 +110,7 @@ async def test_a_failed_stop_is_reported_and_retried_until_it_succeeds(
 ) -> None:
     service = FakeService()
     stack.runs(("stale", 3))
-    Path(str(stack.stop_log) + ".fail").touch()
+    stack.failing(True)
     agent = agent_for(service, fenced_config(stack))
     await agent.step(node_report(), 0.0)
     await agent.step(node_report(), 10.0)
@@ -109,7 +119,7 @@ async def test_a_failed_stop_is_reported_and_retried_until_it_succeeds(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("exit status 1: engine did not answer" in m for m in errors)
 
-    Path(str(stack.stop_log) + ".fail").unlink()
+    stack.failing(False)
     await agent.step(node_report(), 20.0)
     await agent.step(node_report(), 30.0)
     # Succeeded on the third run; not run again though still listed.
@@ -121,7 +131,7 @@ async def test_a_stop_command_that_hangs_is_killed_and_reported(
 ) -> None:
     service = FakeService()
     stack.runs(("stale", 3))
-    Path(str(stack.stop_log) + ".hang").touch()
+    stack.hanging()
     agent = agent_for(service, fenced_config(stack, stop_timeout=0.5))
     await agent.step(node_report(), 0.0)
     assert agent.stop_commands is not None and agent.stop_commands.failures == 1
