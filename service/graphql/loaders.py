@@ -24,7 +24,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 from service.database import connections
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
-from service.scheduling import allocations, generations
+from service.scheduling import allocations
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -102,10 +102,6 @@ class Loaders:
     @functools.cached_property
     def shards_on_node(self) -> DataLoader[Any, Any]:
         return self._make(allocations.shards_on_nodes, list)
-
-    @functools.cached_property
-    def shard_fencing(self) -> DataLoader[Any, Any]:
-        return self._make(generations.fencing_of, _none)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

@@ -20,7 +20,6 @@ from service.fleet.reports import Disk as DiskRecord
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import is_free
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
-from service.scheduling.generations import ShardFencing, ShardGone
 
 from .context import Context, Info
 from .fast.execution import NOT_READY, READY
@@ -85,33 +84,25 @@ class Allocation:
         description="This shard's adapters on that fabric: it is handed only these."
     )
 
-    @strawberry.field(
+    fence: int = strawberry.field(
         description=(
             "The fencing token this shard's engine is started with: from one sequence, so a "
             "later placement on the same GPU always carries a larger one."
         )
     )
-    async def fence(self, info: Info) -> int:
-        return (await _fencing(info, str(self.shard_id))).fence
-
-    @strawberry.field(
+    generation: int = strawberry.field(
         description=(
             "The replica's generation: it moves up with every change of the replica's shards. "
             "releaseReplica(generation:) naming another one is refused with code CONFLICT."
         )
     )
-    async def generation(self, info: Info) -> int:
-        return (await _fencing(info, str(self.shard_id))).generation
-
-    @strawberry.field(
+    held_since: datetime | None = strawberry.field(
         description=(
             "Since when this shard is held for its LOST node (INVENTORY_LOST_POLICY=hold): its "
             "GPUs stay allocated until the node confirms it or an operator frees it. Null "
             "otherwise."
         )
     )
-    async def held_since(self, info: Info) -> datetime | None:
-        return (await _fencing(info, str(self.shard_id))).held_since
 
     @classmethod
     def of(cls, shard: ShardRecord) -> Allocation:
@@ -123,14 +114,10 @@ class Allocation:
             created_at=shard.created_at,
             fabric=shard.fabric,
             hcas=list(shard.hcas),
+            fence=shard.fence,
+            generation=shard.generation,
+            held_since=shard.held_since,
         )
-
-
-async def _fencing(info: Info, shard_id: str) -> ShardFencing:
-    fencing: ShardFencing | None = await info.context.loaders.shard_fencing.load(shard_id)
-    if fencing is None:
-        raise ShardGone(shard_id)
-    return fencing
 
 
 @strawberry.type

@@ -37,6 +37,7 @@ from service.scheduling.generations import (
     GenerationConflict,
     bump_generations,
     current_generation,
+    replica_generation,
 )
 from service.scheduling.gpu_pools import move_to_allocated, refresh_pools
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, invalid, shown
@@ -51,9 +52,23 @@ class ShardRecord:
     fabric: str | None
     hcas: tuple[str, ...]
     created_at: datetime
+    # The fencing token its engine is started with, its replica's generation
+    # (service/scheduling/generations.py), and since when it is held for a
+    # LOST node (service/fleet/fencing.py; None: not held).
+    fence: int
+    generation: int
+    held_since: datetime | None
 
 
-_COLUMNS = "s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
+def shard_columns(s: str) -> str:
+    """SQL: the columns shard_from_row reads, from the shards row `s`."""
+    return (
+        f"{s}.shard_id, {s}.replica_id, {s}.node_id, {s}.gpu_indices, {s}.fabric, {s}.hcas,"
+        f" {s}.created_at, {s}.fence, {replica_generation(s)} AS generation, {s}.held_since"
+    )
+
+
+_COLUMNS = shard_columns("s")
 
 
 def shard_from_row(row: Row[Any]) -> ShardRecord:
@@ -65,6 +80,9 @@ def shard_from_row(row: Row[Any]) -> ShardRecord:
         fabric=row.fabric,
         hcas=tuple(row.hcas),
         created_at=row.created_at,
+        fence=row.fence,
+        generation=row.generation,
+        held_since=row.held_since,
     )
 
 
@@ -315,7 +333,8 @@ def store_statement(wanted: str) -> TextClause:
             FROM want_shards w JOIN go ON go.call = w.call AND go.ok
             ORDER BY w.call, w.shard_id
             ON CONFLICT (shard_id) DO NOTHING
-            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
+            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence,
+                      held_since
         ), placed AS (
             SELECT w.call, w.actor, s.* FROM s JOIN want_shards w ON w.shard_id = s.shard_id
         ), held AS (
@@ -351,7 +370,12 @@ def store_statement(wanted: str) -> TextClause:
         SELECT d.call, d.checked, d.done,
                ARRAY(SELECT l.id FROM logged l JOIN placed q ON q.shard_id = l.shard_id
                      WHERE q.call = d.call ORDER BY l.id) AS event_ids,
-               p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at
+               p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at,
+               p.fence, p.held_since,
+               -- The replica's generation: its newest fence, this call's (the
+               -- sequence makes it larger than any earlier value of the replica;
+               -- this statement's own rows are invisible to a read of shards).
+               max(p.fence) OVER (PARTITION BY d.call) AS generation
         FROM whole d LEFT JOIN placed p ON p.call = d.call
         ORDER BY d.call, p.shard_id
         """

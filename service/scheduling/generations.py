@@ -20,12 +20,10 @@ generation that is not the current one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy import text
 
-from service.database.connections import Connection, cached_text
+from service.database.connections import Connection
 from service.errors import InventoryError
 
 # SQL: the generation of the replica of shard alias `s` (one definition).
@@ -60,36 +58,6 @@ class GenerationConflict(InventoryError):
             "generation": self.named,
             "currentGeneration": self.current,
         }
-
-
-class ShardGone(InventoryError):
-    """A shard was released between its answer and the read of its fence."""
-
-    code = "SHARD_RELEASED"
-
-    def __init__(self, shard_id: str) -> None:
-        super().__init__(f"shard {shard_id!r} was released meanwhile; read allocations again")
-
-
-@dataclass(frozen=True)
-class ShardFencing:
-    fence: int
-    generation: int
-    held_since: datetime | None
-
-
-_FENCING = cached_text(
-    f"""
-    SELECT s.shard_id, s.fence, {replica_generation("s")} AS generation, s.held_since
-    FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))
-    """
-)
-
-
-async def fencing_of(conn: Connection, shard_ids: Sequence[str]) -> dict[str, ShardFencing]:
-    """Each stored shard's fence, its replica's generation and whether it is held; missing ids are absent."""
-    rows = await conn.execute(_FENCING, {"ids": list(shard_ids)})
-    return {r.shard_id: ShardFencing(r.fence, r.generation, r.held_since) for r in rows}
 
 
 _GENERATION = text(

@@ -14,6 +14,7 @@ from sqlalchemy import TextClause, text
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.allocations import (
+    shard_columns,
     store_statement,
 )
 from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
@@ -156,8 +157,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     """
     return f"""
     WITH stored AS (
-        SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas,
-               s.created_at
+        SELECT {shard_columns("s")}
         FROM shards s WHERE s.replica_id = :replica_id
     ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
@@ -189,7 +189,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            ARRAY(SELECT fa.fabric FROM fabric_attachments fa
                  WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
-           st.created_at
+           st.created_at, st.fence, st.generation, st.held_since
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
     LEFT JOIN stored st ON true
@@ -288,8 +288,8 @@ FREE_INDICES = text(
 )
 
 REPLICA = text(
-    "SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
-    " FROM shards s WHERE s.replica_id = :replica_id ORDER BY s.shard_id"
+    f"SELECT {shard_columns('s')} FROM shards s WHERE s.replica_id = :replica_id"
+    " ORDER BY s.shard_id"
 )
 
 
