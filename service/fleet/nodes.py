@@ -43,6 +43,7 @@ from service.scheduling.availability import (
     node_schedulable,
     pool_counts,
 )
+from service.scheduling.generations import bump_generations
 from service.scheduling.gpu_pools import POOL_UPSERT, refresh_pools
 
 
@@ -336,11 +337,23 @@ async def uncordon_node(conn: Connection, node_id: str, actor: str | None) -> No
 
 
 _REMOVE = text("DELETE FROM nodes WHERE id = :id RETURNING id")
+# The replicas that keep shards elsewhere when this node's go.
+_SPLIT_REPLICAS = text(
+    """
+    SELECT DISTINCT replica_id FROM shards
+    WHERE replica_id IN (SELECT replica_id FROM shards WHERE node_id = :id) AND node_id <> :id
+    """
+)
 
 
 async def remove_node(conn: Connection, node_id: str, actor: str | None) -> bool:
-    """Forget the node; its GPUs, reports and allocations go with it (foreign keys cascade)."""
+    """Forget the node; its GPUs, reports and allocations go with it (foreign keys cascade).
+
+    A replica that keeps shards on other nodes changed: its generation moves up.
+    """
+    split = list((await conn.execute(_SPLIT_REPLICAS, {"id": node_id})).scalars())
     removed = (await conn.execute(_REMOVE, {"id": node_id})).one_or_none() is not None
+    await bump_generations(conn, split)
     if removed:
         await record_event(conn, "removed", node_id=node_id, actor=actor)
     return removed

@@ -312,3 +312,15 @@ async def test_release_naming_an_old_generation_is_a_conflict_with_the_current_o
     # Placed again under the same id: above every generation it had before.
     again = await allocate(api, "r", shard("r/a", "gpu-01", 0))
     assert again[0]["generation"] > now
+
+
+async def test_removing_a_node_under_a_replica_moves_its_generation(api: Api) -> None:
+    for node_id in ("gpu-01", "gpu-02"):
+        await api(REGISTER, {"input": node_input(node_id, fabrics=IB_A)})
+    placed = await allocate(api, "r", shard("r/a", "gpu-01", 0), shard("r/b", "gpu-02", 0))
+    seen = placed[0]["generation"]
+    await api('mutation { removeNode(id: "gpu-01") }')
+    (left,) = (await api(ALLOCATIONS))["allocations"]
+    assert left["shardId"] == "r/b" and left["generation"] > seen
+    error = await api.fails(RELEASE, {"id": "r", "generation": seen})
+    assert error["extensions"]["currentGeneration"] == left["generation"]
