@@ -164,6 +164,9 @@ class ShardRequest:
 class AllocationRequest:
     replica_id: str
     shards: tuple[ShardRequest, ...]
+    # The replica's generation the caller last saw, when it adds shards to
+    # it: refused with GENERATION_CONFLICT when the replica changed since.
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -550,6 +553,28 @@ def _duplicate(request: AllocationRequest, found: dict[str, ShardRecord]) -> Rej
     )
 
 
+async def _check_generation(
+    conn: Connection, request: AllocationRequest
+) -> Rejection | Allocated | None:
+    """None when the generation named is the replica's current one (read under its nodes' locks).
+
+    A retry of a request that was stored (its generation moved with it) is
+    answered what is stored, as any retry is.
+    """
+    current = await current_generation(conn, request.replica_id)
+    if current == request.generation:
+        return None
+    found, _ = await _shards_of_request(conn, request)
+    if found:
+        return _duplicate(request, found)
+    now = "holds no shards" if current is None else f"is at generation {current}"
+    return Rejection(
+        RejectionCode.GENERATION_CONFLICT,
+        f"replica {shown(request.replica_id)} {now}, not {request.generation}: it changed "
+        "since it was read (a release, a loss); read it again",
+    )
+
+
 def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rejection | None:
     for shard in request.shards:
         node = locked.get(shard.node_id)
@@ -694,6 +719,10 @@ async def allocate(
     asked_nodes = {s.node_id for s in request.shards}
     params = {"ids": sorted(asked_nodes), "replica_id": request.replica_id}
     locked = {r.id: r for r in await conn.execute(_LOCK_FOR_REPLICA, params)}
+    if request.generation is not None:
+        conflict = await _check_generation(conn, request)
+        if conflict is not None:
+            return conflict
     if len(asked_nodes) == 1 and set(locked) == asked_nodes and not _check_nodes(request, locked):
         # The common case, every shard on one ready node and no other node
         # in the replica: no fabric to choose, and the checks are made in the

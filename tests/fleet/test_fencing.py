@@ -324,3 +324,29 @@ async def test_removing_a_node_under_a_replica_moves_its_generation(api: Api) ->
     assert left["shardId"] == "r/b" and left["generation"] > seen
     error = await api.fails(RELEASE, {"id": "r", "generation": seen})
     assert error["extensions"]["currentGeneration"] == left["generation"]
+
+
+async def test_adding_shards_naming_an_old_generation_is_refused(
+    api: Api, engine: AsyncEngine
+) -> None:
+    await api(REGISTER, {"input": node_input("gpu-01")})
+    (first,) = await allocate(api, "r", shard("r/a", "gpu-01", 0))
+    grow = allocation("r", shard("r/b", "gpu-01", 1))
+    grow["input"]["generation"] = first["generation"]
+    grown = (await api(ALLOCATE, grow))["allocate"]
+    assert grown["__typename"] == "Allocated"
+    # A retry of the same request is answered what is stored, not refused.
+    assert (await api(ALLOCATE, grow))["allocate"]["__typename"] == "Allocated"
+
+    stale = allocation("r", shard("r/c", "gpu-01", 2))
+    stale["input"]["generation"] = first["generation"]
+    refused = (await api(ALLOCATE, stale))["allocate"]
+    assert refused["code"] == "GENERATION_CONFLICT"
+    assert "is at generation" in refused["message"]
+    assert sorted(a["shardId"] for a in (await api(ALLOCATIONS))["allocations"]) == ["r/a", "r/b"]
+
+    await lose(engine, "gpu-01")
+    gone = allocation("r", shard("r/d", "gpu-01", 3))
+    gone["input"]["generation"] = first["generation"]
+    refused = (await api(ALLOCATE, gone))["allocate"]
+    assert refused["code"] == "GENERATION_CONFLICT" and "holds no shards" in refused["message"]
