@@ -138,6 +138,8 @@ async def test_a_new_replica_on_the_freed_gpus_of_the_returned_node_is_untouched
     # The node answers a plain heartbeat (its agent restarted without its
     # engines' list), a scheduler places a new replica on the same GPUs.
     await api('mutation { heartbeat(nodeId: "gpu-01") { id } }')
+    # Back from LOST through the batched heartbeat: a new life all the same.
+    assert (await api(NODE, {"id": "gpu-01"}))["node"]["incarnation"] == 2
     new = (await allocate(api, "new", shard("new/a", "gpu-01", 0, 1, 2, 3)))[0]
     assert new["fence"] > old["fence"]
 
@@ -255,6 +257,10 @@ async def test_a_future_incarnation_is_refused_recorded_and_changes_nothing(
 
     report_error = await api.fails(REPORT, {"input": node_input("gpu-01"), "incarnation": 2})
     assert report_error["extensions"]["field"] == "incarnation"
+
+    # Back from UNREACHABLE is not a new life: nothing was freed meanwhile.
+    back = await beat(api, "gpu-01", incarnation=1, running=[])
+    assert (back["state"], back["incarnation"]) == ("READY", 1)
 
 
 async def test_bad_fences_are_refused_naming_the_field(api: Api, engine: AsyncEngine) -> None:
