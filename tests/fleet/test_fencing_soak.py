@@ -76,6 +76,9 @@ class SimulatedNode:
     partitioned_until: float = 0.0
     incarnation: int | None = None
     beats: int = 0
+    # When this node is partitioned past LOST_AFTER whatever the dice say,
+    # so every run has at least one loss with engines running.
+    forced_partition_at: float | None = None
 
     def reachable(self) -> bool:
         return time.monotonic() >= self.partitioned_until
@@ -126,6 +129,11 @@ class Cluster:
     async def agent(self, node: SimulatedNode, until: float, done: asyncio.Event) -> None:
         """Beats until `done`; partitioned at random before `until` only."""
         while not done.is_set():
+            forced = node.forced_partition_at
+            if forced is not None and time.monotonic() >= forced:
+                node.forced_partition_at = None
+                node.partitioned_until = time.monotonic() + float(ENV["INVENTORY_LOST_AFTER"]) + 2
+                self.counts("partitions")
             if node.reachable():
                 if time.monotonic() < until and self.rng.random() < 0.06:
                     # Partitioned: sometimes past LOST_AFTER, sometimes not.
@@ -167,7 +175,10 @@ class Cluster:
             node.engines[shard["shardId"]] = Engine(
                 shard["shardId"], shard["fence"], tuple(shard["gpuIndices"])
             )
-            serve_for = self.rng.uniform(0.1, 3.0)
+            # Most replicas serve briefly, some past LOST_AFTER: those are
+            # the ones a partition catches running.
+            short = self.rng.random() < 0.7
+            serve_for = self.rng.uniform(0.1, 3.0) if short else self.rng.uniform(3.0, 8.0)
             if time.monotonic() + serve_for > until:
                 # A long-lived replica: still serving when the run ends.
                 self.counts("replicas left serving at the end")
@@ -207,6 +218,7 @@ async def test_every_running_engine_is_held_or_told_to_stop(
             body = await cluster.call(REGISTER, {"input": node_input(node_id)})
             assert not body.get("errors"), body
         until = time.monotonic() + SECONDS
+        cluster.nodes[NODES[0]].forced_partition_at = time.monotonic() + SECONDS / 3
         done = asyncio.Event()
         agents = [
             asyncio.create_task(cluster.agent(n, until, done)) for n in cluster.nodes.values()
@@ -235,14 +247,13 @@ async def test_every_running_engine_is_held_or_told_to_stop(
                 )
             )
         }
-        lost = (
-            await conn.execute(text("SELECT count(*) FROM events WHERE kind = 'lost'"))
-        ).scalar_one()
-        held_events = (
-            await conn.execute(
-                text("SELECT count(*) FROM events WHERE kind = 'replica_held_while_lost'")
+        kinds: dict[str, int] = {
+            r.kind: r.n
+            for r in await conn.execute(
+                text("SELECT kind, count(*) AS n FROM events GROUP BY kind")
             )
-        ).scalar_one()
+        }
+    lost = kinds.get("lost", 0)
 
     engines = 0
     run: set[tuple[str, int]] = set()
@@ -259,12 +270,21 @@ async def test_every_running_engine_is_held_or_told_to_stop(
     counts = cluster.counts.c
     print(
         f"\nsoak ({policy}, {SECONDS:g} s, {SCHEDULERS} schedulers, {len(NODES)} nodes, 2 "
-        f"processes): nodes lost {lost}, shards held while lost {held_events}, engines still "
-        f"running {engines}, GPUs held {len(held)}"
+        f"processes): engines still running {engines}, GPUs held {len(held)}; events: "
+        + ", ".join(
+            f"{kind} {kinds.get(kind, 0)}"
+            for kind in (
+                "lost",
+                "back",
+                "replica_held_while_lost",
+                "replica_reconciled",
+                "replica_freed_after_loss",
+            )
+        )
     )
     for name, n in sorted(counts.items()):
         print(f"  {name}: {n}")
-    assert counts["placed"] > 0 and counts["partitions"] > 0
+    assert counts["placed"] > 0 and counts["partitions"] > 0 and lost > 0
     # And the other way: no GPU stays held for a shard that no engine runs
     # (each was released, freed after a loss, or reconciled away).
     assert set(held) == run
