@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from agent.running_shards import RunningShard, ShardToStop
+
 
 def load_operation(name: str) -> str:
     """The text of agent/operations/<name>.graphql."""
@@ -47,6 +49,25 @@ class NodeStatus:
     id: str
     state: str
     state_reason: str | None
+    # Only in the answers to the fenced operations (running_shards configured).
+    incarnation: int | None = None
+    shards_to_stop: tuple[ShardToStop, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fencing:
+    """What a fenced heartbeat or report adds: the incarnation last seen, what the engines run."""
+
+    incarnation: int | None
+    running: tuple[RunningShard, ...] | None
+
+    def variables(self) -> dict[str, Any]:
+        return {
+            "incarnation": self.incarnation,
+            "runningShards": None
+            if self.running is None
+            else [shard.as_input() for shard in self.running],
+        }
 
 
 class InventoryClient:
@@ -62,16 +83,28 @@ class InventoryClient:
         self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
         self._register = load_operation("register_node")
         self._heartbeat = load_operation("heartbeat")
+        self._register_fenced = load_operation("register_node_fenced")
+        self._heartbeat_fenced = load_operation("heartbeat_fenced")
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def register_node(self, node_input: dict[str, Any]) -> NodeStatus:
-        data = await self._execute(self._register, {"input": node_input})
+    async def register_node(
+        self, node_input: dict[str, Any], fencing: Fencing | None = None
+    ) -> NodeStatus:
+        if fencing is None:
+            data = await self._execute(self._register, {"input": node_input})
+        else:
+            variables = {"input": node_input, **fencing.variables()}
+            data = await self._execute(self._register_fenced, variables)
         return _status(data["registerNode"])
 
-    async def heartbeat(self, node_id: str) -> NodeStatus:
-        data = await self._execute(self._heartbeat, {"nodeId": node_id})
+    async def heartbeat(self, node_id: str, fencing: Fencing | None = None) -> NodeStatus:
+        if fencing is None:
+            data = await self._execute(self._heartbeat, {"nodeId": node_id})
+        else:
+            variables = {"nodeId": node_id, **fencing.variables()}
+            data = await self._execute(self._heartbeat_fenced, variables)
         return _status(data["heartbeat"])
 
     async def _execute(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
@@ -122,4 +155,15 @@ def _error(error: Any) -> ServiceError:
 def _status(node: Any) -> NodeStatus:
     if not isinstance(node, dict):
         raise ServiceUnavailable("the service answered without the node")
-    return NodeStatus(str(node.get("id")), str(node.get("state")), node.get("stateReason"))
+    incarnation = node.get("incarnation")
+    stops = tuple(
+        ShardToStop(str(s["shardId"]), int(s["fence"]), str(s["reason"]))
+        for s in node.get("shardsToStop") or ()
+    )
+    return NodeStatus(
+        str(node.get("id")),
+        str(node.get("state")),
+        node.get("stateReason"),
+        incarnation if isinstance(incarnation, int) else None,
+        stops,
+    )

@@ -8,6 +8,7 @@ failure nobody looks for.
 """
 
 import os
+import shlex
 import socket
 import tomllib
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 
 from agent.gpu_file import GpuFile, GpuFileError, read_gpu_file
 from agent.identity import default_mgmt_addr, read_machine_id
+from agent.running_shards import is_loopback_url
 
 DEFAULT_CONFIG_PATH = "/etc/llmgw/agent.toml"
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8080/graphql"
@@ -67,6 +69,14 @@ class AgentConfig:
     max_backoff: float = 60.0
     request_timeout: float = 10.0
     root: str = "/"
+    # Where the serving stack writes the shards its engines run: an absolute
+    # file path or a loopback http:// URL (agent/running_shards.py). None: the
+    # agent says nothing about them (and is told nothing to stop).
+    running_shards: str | None = None
+    # Run once per shard the inventory says to stop; {shard_id} and {fence}
+    # in its arguments are replaced. None: stops are logged only.
+    stop_command: tuple[str, ...] | None = None
+    stop_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,28 @@ def _fabrics(s: _Setting) -> tuple[FabricConfig, ...]:
     return tuple(fabrics)
 
 
+def _running_shards(s: _Setting) -> str:
+    where = _text(s)
+    if where.startswith("/"):
+        return os.path.normpath(where)
+    if is_loopback_url(where):
+        return where
+    s.fail(
+        "must be an absolute file path or an http:// URL on a loopback address "
+        "(the serving stack on this node writes it)"
+    )
+
+
+def _stop_command(s: _Setting) -> tuple[str, ...]:
+    # A variable's text is split as a shell would; the file's is a TOML list.
+    argv = tuple(shlex.split(s.env_text)) if s.env_text is not None else _names(s)
+    if not argv:
+        s.fail('must name a program, e.g. ["/usr/local/bin/stop-shard", "{shard_id}", "{fence}"]')
+    if not any("{shard_id}" in arg for arg in argv):
+        s.fail("must pass {shard_id} to the program: which shard to stop")
+    return argv
+
+
 _PARSERS: dict[str, Callable[[_Setting], object]] = {
     "service_url": _url,
     "token": _text,
@@ -240,6 +272,9 @@ _PARSERS: dict[str, Callable[[_Setting], object]] = {
     "max_backoff": _seconds,
     "request_timeout": _seconds,
     "root": _absolute_path,
+    "running_shards": _running_shards,
+    "stop_command": _stop_command,
+    "stop_timeout": _seconds,
 }
 
 KEYS = tuple(_PARSERS)
@@ -316,6 +351,11 @@ def load_config(
                 f"set node_id in the config file or {ENV_PREFIX}NODE_ID"
             )
         values["node_id"] = machine_id
+    if "stop_command" in settings and "running_shards" not in settings:
+        settings["stop_command"].fail(
+            "needs running_shards: the inventory names shards to stop only among those the "
+            "agent says its engines run"
+        )
     values.setdefault("hostname", socket.gethostname())
     if "mgmt_addr" not in values:
         values["mgmt_addr"] = default_mgmt_addr(str(values.get("service_url", DEFAULT_SERVICE_URL)))

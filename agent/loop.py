@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.backoff import Backoff
 from agent.client import (
+    Fencing,
     InventoryClient,
     NodeNotFound,
     NodeStatus,
@@ -25,6 +26,7 @@ from agent.client import (
 )
 from agent.config import AgentConfig
 from agent.report import Report
+from agent.running_shards import RunningShard, RunningShardsSource, StopCommands, log_stops
 from agent.threads import in_daemon_thread
 from agent.xids import XidInbox, with_xids
 
@@ -79,6 +81,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
         xids: XidInbox | None = None,
+        running_source: RunningShardsSource | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -103,6 +106,21 @@ class Agent:
         # a full report at once.
         self._xids = xids
         self._xid_arrived: asyncio.Event | None = None
+        # Fencing (agent/running_shards.py): the incarnation last seen, what
+        # the engines run, and the command that stops what must stop.
+        if running_source is None and config.running_shards is not None:
+            running_source = RunningShardsSource(config.running_shards, config.request_timeout)
+        self._running_source = running_source
+        self.incarnation: int | None = None
+        self.stop_commands = (
+            StopCommands(config.stop_command, config.stop_timeout)
+            if config.stop_command is not None
+            else None
+        )
+        # Running shards the service refused (BAD_INPUT naming runningShards):
+        # not sent again while the source says exactly the same, so a broken
+        # serving stack cannot stop the node's heartbeats.
+        self._refused_running: tuple[RunningShard, ...] | None = None
 
     async def survey(self) -> Report | None:
         """The node as it is now; None if discovery itself broke (a bug, logged)."""
@@ -196,11 +214,16 @@ class Agent:
         if action == "wait":
             return min(self.config.heartbeat_interval, self._retry_register_at - now)
         xids = self._xids.take() if action == "register" and self._xids is not None else {}
+        fencing = await self._fencing()
         try:
             if action == "register":
                 node_input = with_xids(report.node_input, xids) if xids else report.node_input
                 try:
-                    status = await self.client.register_node(node_input)
+                    status = (
+                        await self.client.register_node(node_input)
+                        if fencing is None
+                        else await self.client.register_node(node_input, fencing)
+                    )
                 except BaseException:
                     # Not stored: the XIDs go with the next report that is.
                     if self._xids is not None:
@@ -212,17 +235,23 @@ class Agent:
                 self._rejected_digest = None
                 self._rejections.reset()
                 log.debug("report sent for node %s", status.id)
-            else:
+            elif fencing is None:
                 status = await self.client.heartbeat(self.config.node_id)
+            else:
+                status = await self.client.heartbeat(self.config.node_id, fencing)
         except NodeNotFound:
             # The service lost the node (a fresh database) or an operator removed
             # it: the agent is the only one who can put it back.
             self.outage.recovered()
             log.info("the service does not know node %s: registering again", self.config.node_id)
             self.registered = False
+            # A new node to the service: no earlier life to compare with.
+            self.incarnation = None
             return 0.0
         except ReportRejected as e:
             self.outage.recovered()
+            if fencing is not None and self._fencing_refused(e, fencing):
+                return 0.0
             if report.digest != self._rejected_digest:
                 log.error(
                     "the service rejected this node's report: %s (field %s, value %r); "
@@ -240,7 +269,59 @@ class Agent:
         self.outage.recovered()
         self._retry.reset()
         self._note(status)
+        if fencing is not None:
+            await self._after_fenced(status)
         return self.config.heartbeat_interval
+
+    async def _fencing(self) -> Fencing | None:
+        """The fenced operation's variables, or None when running_shards is not configured."""
+        if self._running_source is None:
+            return None
+        running = await self._running_source.read()
+        if running is not None and running == self._refused_running:
+            running = None
+        return Fencing(self.incarnation, running)
+
+    def _fencing_refused(self, error: ReportRejected, fencing: Fencing) -> bool:
+        """A refusal of what fencing added (not of the report): drop it and go on at once."""
+        field = error.field or ""
+        if field == "incarnation":
+            # The service's record is the truth (restored from a backup, or
+            # this agent is the impostor the service just logged).
+            log.error(
+                "the service refused incarnation %s for node %s: %s; forgetting it",
+                fencing.incarnation,
+                self.config.node_id,
+                error,
+            )
+            self.incarnation = None
+            return True
+        if field.startswith("runningShards"):
+            log.error(
+                "the service refused the running shards the serving stack reports: %s "
+                "(field %s); not sent again until they change",
+                error,
+                field,
+            )
+            self._refused_running = fencing.running
+            return True
+        return False
+
+    async def _after_fenced(self, status: NodeStatus) -> None:
+        if status.incarnation is not None:
+            if self.incarnation is not None and status.incarnation != self.incarnation:
+                log.warning(
+                    "node %s is at incarnation %d (was %d): it came back from LOST or rebooted",
+                    status.id,
+                    status.incarnation,
+                    self.incarnation,
+                )
+            self.incarnation = status.incarnation
+        if not status.shards_to_stop:
+            return
+        log_stops(status.shards_to_stop, status.id)
+        if self.stop_commands is not None:
+            await self.stop_commands.stop(status.shards_to_stop)
 
     def _note(self, status: NodeStatus) -> None:
         state = (status.state, status.state_reason)

@@ -24,6 +24,10 @@ MAX_HCAS = 64
 MAX_FILESYSTEMS = 64
 MAX_DIRECTORIES = 256
 MAX_WEIGHTS = 10_000
+# Running shards an agent reports in one heartbeat (service/fleet/fencing.py):
+# a node runs at most a shard per GPU, stale engines may add a few; far above
+# that, low enough that one request cannot make a statement of unbounded size.
+MAX_RUNNING_SHARDS = 256
 MAX_ENGINE_VERSIONS = 32
 MAX_HEALTH_REASONS = 16
 MAX_XIDS = 64  # per GPU per report: an XID storm still says enough in 64

@@ -102,6 +102,16 @@ def _log_format(name: str, raw: str) -> str:
     return fmt
 
 
+LOST_POLICIES = ("free", "hold")
+
+
+def _lost_policy(name: str, raw: str) -> str:
+    policy = raw.strip().lower()
+    if policy not in LOST_POLICIES:
+        raise SettingError(f"{name}={raw!r}: expected free or hold")
+    return policy
+
+
 def default_data_dir() -> Path:
     # Under /var/lib for root: the embedded server runs as an unprivileged
     # user that must traverse the parents, which a private home folder denies.
@@ -147,6 +157,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Seconds without a heartbeat before a node is UNREACHABLE."),
     Setting("INVENTORY_LOST_AFTER", "lost_after", "300", _positive_float,
             "Seconds without a heartbeat before a node is LOST and its replicas are released."),
+    Setting("INVENTORY_LOST_POLICY", "lost_policy", "free", _lost_policy,
+            "What LOST does to a node's replicas: free (released whole, their GPUs offered again) "
+            "or hold (kept, not offered, until the node returns and confirms the shards it still "
+            "runs, or an operator frees them: docs/operations/fencing.md)."),
     Setting("INVENTORY_SWEEP_INTERVAL", "sweep_interval", "5", _positive_float,
             "Seconds between liveness sweeps."),
     Setting("INVENTORY_EVENT_RETENTION", "event_retention", "604800", _positive_float,
@@ -188,6 +202,7 @@ class Settings:
     shutdown_drain: float = 2.0
     unreachable_after: float = 30.0
     lost_after: float = 300.0
+    lost_policy: str = "free"
     sweep_interval: float = 5.0
     event_retention: float = 604800.0
     bootstrap_token: str | None = None

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    Sequence,
     Table,
     Text,
     func,
@@ -84,6 +85,10 @@ nodes = Table(
     # The kernel's boot id the agent last reported: a new one means the node
     # rebooted and its GPUs were reset (clears sticky reasons).
     Column("boot_id", Text),
+    # Which life of the node this is: one more each time it comes back from
+    # LOST and each time it reports a new boot id. An agent sends the one it
+    # last saw; a shard placed in an earlier life may no longer run.
+    Column("incarnation", Integer, nullable=False, server_default=text("1")),
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -91,6 +96,7 @@ nodes = Table(
     CheckConstraint(ADMIN_STATE_CHECK, name="admin_state"),
     CheckConstraint(LIVENESS_CHECK, name="liveness"),
     CheckConstraint("memory_total_mb >= 0", name="memory"),
+    CheckConstraint("incarnation >= 1", name="incarnation"),
     CheckConstraint(
         "local_disk_free BETWEEN 0 AND local_disk_total "
         "AND shared_disk_free BETWEEN 0 AND shared_disk_total",
@@ -228,6 +234,12 @@ weights = Table(
 )
 Index("ix_weights_path", weights.c.path, weights.c.node_id)
 
+# Every fence and every replica generation comes from this one sequence, so
+# each is larger than any issued before it, whatever the GPU or replica: an
+# engine started with a fence is told to stop once its GPU holds a later one.
+# An integer (GraphQL's Int is 32-bit), far beyond any cluster's placements.
+shard_fence = Sequence("shard_fence", metadata=metadata, data_type=Integer)
+
 # A shard of a replica placed on one node. Removing the node removes its
 # shards: an allocation on a node that no longer exists would hold nothing.
 shards = Table(
@@ -243,6 +255,22 @@ shards = Table(
     Column("fabric", Text),
     Column("hcas", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The fencing token its engine is started with (service/fleet/fencing.py).
+    Column(
+        "fence",
+        Integer,
+        nullable=False,
+        unique=True,
+        server_default=text("nextval('shard_fence'::regclass)"),
+    ),
+    # Set when the replica changed after this shard was stored (a shard of it
+    # released); the replica's generation is the largest of its shards'
+    # coalesce(generation, fence) (service/scheduling/generations.py).
+    Column("generation", Integer),
+    # Since when this shard is held for a LOST node (INVENTORY_LOST_POLICY=hold):
+    # its GPUs stay allocated, nothing is placed on them, until the node
+    # returns and confirms it or an operator frees it.
+    Column("held_since", DateTime(timezone=True)),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),

@@ -17,9 +17,9 @@ PAGE = 500
 GPU_CLASSES = "{ gpuClasses { gpuClass total free allocated unhealthy unschedulable } }"
 
 ALLOCATIONS = """
-query Allocations($nodeId: ID, $replicaId: ID, $first: Int, $after: ID) {
-  allocations(nodeId: $nodeId, replicaId: $replicaId, first: $first, after: $after) {
-    shardId replicaId nodeId gpuIndices fabric hcas createdAt
+query Allocations($nodeId: ID, $replicaId: ID, $first: Int, $after: ID, $held: Boolean!) {
+  allocations(nodeId: $nodeId, replicaId: $replicaId, first: $first, after: $after, held: $held) {
+    shardId replicaId nodeId gpuIndices fabric hcas createdAt fence generation heldSince
   }
 }
 """
@@ -58,7 +58,13 @@ def allocations(args: argparse.Namespace, client: Client) -> int:
     while True:
         page = client.execute(
             ALLOCATIONS,
-            {"nodeId": args.node, "replicaId": args.replica, "first": PAGE, "after": after},
+            {
+                "nodeId": args.node,
+                "replicaId": args.replica,
+                "first": PAGE,
+                "after": after,
+                "held": args.stale,
+            },
         )["allocations"]
         found.extend(page)
         if len(page) < PAGE:
@@ -68,11 +74,12 @@ def allocations(args: argparse.Namespace, client: Client) -> int:
         print_json(found)
         return 0
     if not found:
-        print("no allocations")
+        print("no stale allocations" if args.stale else "no allocations")
         return 0
+    headers = ["SHARD", "REPLICA", "NODE", "GPUS", "FABRIC", "HCAS", "CREATED", "FENCE", "GEN"]
     print(
         table(
-            ["SHARD", "REPLICA", "NODE", "GPUS", "FABRIC", "HCAS", "CREATED"],
+            [*headers, "HELD SINCE"] if args.stale else headers,
             [
                 [
                     a["shardId"],
@@ -82,6 +89,9 @@ def allocations(args: argparse.Namespace, client: Client) -> int:
                     a.get("fabric") or DASH,
                     ",".join(a.get("hcas") or []) or DASH,
                     age(a.get("createdAt")),
+                    str(a["fence"]),
+                    str(a["generation"]),
+                    *([age(a.get("heldSince"))] if args.stale else []),
                 ]
                 for a in found
             ],
@@ -102,5 +112,13 @@ def register(commands: Any) -> None:
     held = commands.add_parser("allocations", help="shards of replicas and the GPUs they hold")
     held.add_argument("--node", help="only shards on this node")
     held.add_argument("--replica", help="only this replica's shards")
+    held.add_argument(
+        "--stale",
+        action="store_true",
+        help=(
+            "only shards held for a LOST node (INVENTORY_LOST_POLICY=hold): their GPUs stay "
+            "allocated until the node confirms them or `freeHeldShards` frees them"
+        ),
+    )
     add_output_option(held)
     held.set_defaults(handler=allocations)

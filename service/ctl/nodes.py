@@ -26,7 +26,7 @@ PAGE = 500
 NODES = """
 query Nodes($first: Int, $after: ID) {
   nodes(first: $first, after: $after) {
-    id state stateReason lastSeen
+    id state stateReason lastSeen incarnation
     localDisk { freeBytes totalBytes }
     fabrics { fabric }
     gpus { index gpuClass cordonReason stickyReasons }
@@ -40,6 +40,7 @@ NODE = """
 query Node($id: ID!) {
   node(id: $id) {
     id hostname mgmtAddr state stateReason stateChangedBy lastSeen registeredAt memoryTotalMb
+    incarnation
     agentVersion labels { key value } engineVersions { key value }
     localDisk { freeBytes totalBytes } sharedDisk { freeBytes totalBytes }
     fabrics { fabric hcas rateGbps }
@@ -102,12 +103,14 @@ def nodes_table(nodes: list[dict[str, Any]]) -> str:
             ",".join(f["fabric"] for f in n.get("fabrics") or []) or DASH,
             free_of_total(n.get("localDisk")),
             age(n.get("lastSeen")),
+            str(n.get("incarnation", DASH)),
             nvlink_text(n),
         ]
         for n in nodes
     ]
     headers = ["NODE", "STATE", "GPUS FREE/TOTAL", "GPUS MARKED", "FABRICS", "LOCAL DISK"]
-    return table([*headers, "LAST SEEN", "NVLINK"], rows)
+    # INCARNATION: one more each time the node came back from LOST or rebooted.
+    return table([*headers, "LAST SEEN", "INCARNATION", "NVLINK"], rows)
 
 
 def nvlink_text(node: dict[str, Any]) -> str:
@@ -138,6 +141,7 @@ def node_details(node: dict[str, Any]) -> str:
         f"state:       {state_text(node)}"
         + (f" by {node['stateChangedBy']}" if node.get("stateChangedBy") else ""),
         f"last seen:   {age(node.get('lastSeen'))}",
+        f"incarnation: {node.get('incarnation', DASH)}",
         f"memory:      {node['memoryTotalMb']} MiB"
         if node.get("memoryTotalMb") is not None
         else f"memory:      {DASH}",

@@ -49,6 +49,11 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "gpu_xid",
         "gpu_health_cleared",
         "gpu_failed_under_allocation",
+        # service/fleet/fencing.py
+        "replica_held_while_lost",
+        "replica_reconciled",
+        "replica_freed_after_loss",
+        "future_incarnation",
     }
 )
 

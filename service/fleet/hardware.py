@@ -15,6 +15,7 @@ from sqlalchemy import text
 from service.database.connections import Connection, cached_text
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import gpu_health_reasons, gpu_healthy
+from service.scheduling.generations import replica_generation
 
 
 # GPUs and filesystems are read by the thousand for a page (8,000 GPUs in a
@@ -81,7 +82,8 @@ _GPUS = text(
     SELECT g.node_id, g.idx, g.uuid, g.pci_bus_id, g.name, g.gpu_class, g.memory_mb,
            {gpu_healthy("g")}, {gpu_health_reasons("g")}, a.shard_id, s.replica_id,
            s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons,
-           g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas
+           g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas,
+           s.fence, {replica_generation("s")} AS generation, s.held_since
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -99,7 +101,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
     for (
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
         replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
-        group, domain, near,
+        group, domain, near, fence, generation, held_since,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -113,6 +115,9 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
                     fabric=fabric,
                     hcas=tuple(hcas),
                     created_at=created_at,
+                    fence=fence,
+                    generation=generation,
+                    held_since=held_since,
                 )
         # Positionally, in GpuRecord's field order.
         gpu = GpuRecord(

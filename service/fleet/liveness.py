@@ -37,6 +37,7 @@ from service.database.connections import Connection
 from service.database.db_faults import is_database_unavailable
 from service.database.transactions import in_transaction
 from service.event_log.events import prune_events, record_event
+from service.fleet.fencing import hold_shards_on
 from service.scheduling.allocations import release_replica
 from service.scheduling.gpu_pools import refresh_pools
 
@@ -137,6 +138,7 @@ async def sweep(
     lost_after: float,
     event_retention: float | None = None,
     observing_since: datetime | None = None,
+    lost_policy: str = "free",
 ) -> SweepResult:
     """One round of the sweep, inside the caller's transaction (never commits).
 
@@ -178,8 +180,15 @@ async def sweep(
     for node_id in sorted(lost):
         await record_event(conn, "lost", node_id=node_id, actor=ACTOR, reason=lost_reason)
     # After the "lost" events, so a node's history reads in causal order. The
-    # released replicas' nodes are refreshed by release_replica.
-    released = await release_replicas_on(conn, lost) if lost else []
+    # released replicas' nodes are refreshed by release_replica. Under the
+    # hold policy nothing is released: the lost nodes' shards keep their GPUs
+    # until the node confirms them or an operator frees them
+    # (service/fleet/fencing.py).
+    released: list[ReleasedReplica] = []
+    if lost and lost_policy == "hold":
+        await hold_shards_on(conn, lost, ACTOR)
+    elif lost:
+        released = await release_replicas_on(conn, lost)
 
     pruned = await prune_events(conn, event_retention) if event_retention is not None else 0
     if unreachable or lost:
@@ -218,7 +227,7 @@ async def release_replicas_on(conn: Connection, node_ids: Sequence[str]) -> list
             f"node {', '.join(cause)} lost: its replica {row.replica_id} is released whole, "
             "shards on healthy nodes included"
         )
-        if await release_replica(conn, row.replica_id, actor=ACTOR, reason=reason):
+        if await release_replica(conn, row.replica_id, actor=ACTOR, reason=reason, after_loss=True):
             released.append(
                 ReleasedReplica(row.replica_id, tuple(row.shard_ids), tuple(row.node_ids))
             )
@@ -232,6 +241,7 @@ async def run_sweeper(
     lost_after: float,
     interval: float,
     event_retention: float | None = None,
+    lost_policy: str = "free",
 ) -> None:
     """Sweep every `interval` seconds until cancelled; a failed round is logged and retried.
 
@@ -255,6 +265,7 @@ async def run_sweeper(
                     lost_after,
                     event_retention,
                     observing_since=watch.since(now),
+                    lost_policy=lost_policy,
                 )
                 return now
 

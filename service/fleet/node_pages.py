@@ -42,6 +42,7 @@ from service.scheduling.availability import (
     node_schedulable,
 )
 from service.scheduling.capacity import free_gpus_query
+from service.scheduling.generations import replica_generation
 
 
 def timestamp(column: str) -> str:
@@ -77,6 +78,7 @@ NODE: Mapping[str, str] = {
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
     "boot_id": "n.boot_id",
+    "incarnation": "n.incarnation",
     "last_seen": timestamp("n.last_seen"),
     "registered_at": timestamp("n.registered_at"),
     # Node.nvlinkGroups and Node.largestFreeNvlinkGroup, from topology's
@@ -114,6 +116,9 @@ SHARD: Mapping[str, str] = {
     "fabric": "s.fabric",
     "hcas": "s.hcas",
     "created_at": timestamp("s.created_at"),
+    "fence": "s.fence",
+    "generation": replica_generation("s"),
+    "held_since": timestamp("s.held_since"),
 }
 FILESYSTEM: Mapping[str, str] = {
     "id": "f.fs_id",

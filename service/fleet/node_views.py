@@ -54,6 +54,8 @@ class NodeRecord:
     knows_its_weights: bool
     # The kernel's boot id the agent last reported; None from an older agent.
     boot_id: str | None = None
+    # Which life of the node this is (service/fleet/fencing.py).
+    incarnation: int = 1
 
     @property
     def schedulable(self) -> bool:
@@ -134,9 +136,9 @@ NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
     n.agent_version, n.engine_versions::text AS engine_versions, n.local_disk_free, n.local_disk_total,
-    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id
+    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id, n.incarnation
 """
-_NODE_WIDTH = 19
+_NODE_WIDTH = 20
 
 
 def by_key(mapping: dict[str, str]) -> list[tuple[str, str]]:
@@ -179,6 +181,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         node_id, hostname, mgmt_addr, labels, memory_total_mb, state, admin_reason,
         admin_actor, liveness_reason, last_seen, registered_at, agent_version,
         engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
+        incarnation,
     ) = row[:_NODE_WIDTH]  # fmt: skip
     reason, actor = shown_reason(state, admin_reason, admin_actor, liveness_reason)
     record: NodeRecord = object.__new__(NodeRecord)
@@ -201,6 +204,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         shared_disk_total=shared_total,
         knows_its_weights=knows,
         boot_id=boot_id,
+        incarnation=incarnation,
     )
     return record
 

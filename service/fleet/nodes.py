@@ -29,6 +29,7 @@ from service.fleet.report_rows import (
     REPORTED_ROWS,
     came_back,
     hardware_rows,
+    new_life,
     node_parameters,
     rebooted,
     rows_json,
@@ -43,6 +44,7 @@ from service.scheduling.availability import (
     node_schedulable,
     pool_counts,
 )
+from service.scheduling.generations import bump_generations
 from service.scheduling.gpu_pools import POOL_UPSERT, refresh_pools
 
 
@@ -206,10 +208,11 @@ async def register_node(
 _HEARTBEATS = text(
     f"""
     WITH old AS (
-        SELECT id, liveness FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
+        SELECT id, liveness, boot_id FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
         ORDER BY id FOR NO KEY UPDATE
     )
-    UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL
+    UPDATE nodes n SET last_seen = now(), liveness = 'alive', liveness_reason = NULL,
+        incarnation = n.incarnation + CASE WHEN {new_life("old", "NULL")} THEN 1 ELSE 0 END
     FROM old WHERE n.id = old.id
     RETURNING {BEAT_COLUMNS}, old.liveness AS old_liveness
     """
@@ -333,11 +336,23 @@ async def uncordon_node(conn: Connection, node_id: str, actor: str | None) -> No
 
 
 _REMOVE = text("DELETE FROM nodes WHERE id = :id RETURNING id")
+# The replicas that keep shards elsewhere when this node's go.
+_SPLIT_REPLICAS = text(
+    """
+    SELECT DISTINCT replica_id FROM shards
+    WHERE replica_id IN (SELECT replica_id FROM shards WHERE node_id = :id) AND node_id <> :id
+    """
+)
 
 
 async def remove_node(conn: Connection, node_id: str, actor: str | None) -> bool:
-    """Forget the node; its GPUs, reports and allocations go with it (foreign keys cascade)."""
+    """Forget the node; its GPUs, reports and allocations go with it (foreign keys cascade).
+
+    A replica that keeps shards on other nodes changed: its generation moves up.
+    """
+    split = list((await conn.execute(_SPLIT_REPLICAS, {"id": node_id})).scalars())
     removed = (await conn.execute(_REMOVE, {"id": node_id})).one_or_none() is not None
+    await bump_generations(conn, split)
     if removed:
         await record_event(conn, "removed", node_id=node_id, actor=actor)
     return removed

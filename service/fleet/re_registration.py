@@ -24,6 +24,9 @@ takes the transactional path, which handles every case:
 
 Reports carrying XIDs never try (reason `xids`): their events, sticky
 reasons and pools are gpu_health.after_report's.
+Reports carrying the agent's incarnation or running shards never come here
+(reason `fencing`): their checks and reconciliation share the report's
+transaction (service/fleet/fencing.py).
 
 The same report again, when this process stored that digest last, is
 lighter still: one guarded UPDATE of the node row (_SAME_AGAIN), no child

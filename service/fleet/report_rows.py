@@ -55,6 +55,16 @@ def rebooted(old: str, boot_id: str) -> str:
     return f"({old}.boot_id IS NOT NULL AND {boot_id} IS NOT NULL AND {old}.boot_id <> {boot_id})"
 
 
+def new_life(old: str, boot_id: str) -> str:
+    """SQL: the node row `old` starts a new incarnation with this contact.
+
+    Back from LOST (its replicas were freed or held meanwhile), or a new boot
+    id (its engines died with the reboot). UNREACHABLE is not a new life:
+    nothing was freed while it lasted.
+    """
+    return f"({old}.liveness = 'lost' OR {rebooted(old, boot_id)})"
+
+
 def upsert_node(source: str) -> str:
     """SQL: the node row's upsert from the report's parameters, one row per row of `source`.
 
@@ -91,6 +101,8 @@ def upsert_node(source: str) -> str:
             report_digest = excluded.report_digest,
             -- An agent that does not say keeps the last boot id it said.
             boot_id = coalesce(excluded.boot_id, n.boot_id),
+            incarnation = n.incarnation
+                + CASE WHEN {new_life("n", "excluded.boot_id")} THEN 1 ELSE 0 END,
             reported_at = CASE WHEN n.report_digest IS DISTINCT FROM excluded.report_digest
                                THEN now() ELSE n.reported_at END,
             liveness = 'alive',

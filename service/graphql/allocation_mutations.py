@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import strawberry
 
 from service.database.connections import Connection
@@ -108,8 +110,24 @@ class AllocationMutations:
     @strawberry.mutation(
         description="Free every shard of a replica: replicas fail whole. Returns GPUs freed."
     )
-    async def release_replica(self, info: Info, replica_id: strawberry.ID) -> int:
+    async def release_replica(
+        self,
+        info: Info,
+        replica_id: strawberry.ID,
+        generation: Annotated[
+            int | None,
+            strawberry.argument(
+                description=(
+                    "Release only if this is the replica's current generation "
+                    "(Allocation.generation); otherwise code CONFLICT with currentGeneration, "
+                    "nothing freed. A replica that holds no shard frees 0 whatever is named."
+                )
+            ),
+        ] = None,
+    ) -> int:
         async def work(conn: Connection) -> int:
-            return await allocations.release_replica(conn, str(replica_id), info.context.actor)
+            return await allocations.release_replica(
+                conn, str(replica_id), info.context.actor, generation=generation
+            )
 
         return await info.context.write(work)

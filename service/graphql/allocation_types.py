@@ -67,6 +67,14 @@ class ShardInput:
 class AllocateInput:
     replica_id: strawberry.ID
     shards: list[ShardInput]
+    generation: int | None = strawberry.field(
+        default=None,
+        description=(
+            "When adding shards to an existing replica: its generation as last read "
+            "(Allocation.generation). A replica that changed since is refused with "
+            "GENERATION_CONFLICT, nothing written."
+        ),
+    )
 
     def to_request(self) -> AllocationRequest:
         return AllocationRequest(
@@ -75,6 +83,7 @@ class AllocateInput:
                 ShardRequest(str(s.shard_id), str(s.node_id), tuple(s.gpu_indices))
                 for s in self.shards
             ),
+            generation=self.generation,
         )
 
 

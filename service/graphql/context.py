@@ -46,6 +46,9 @@ class Context:
     # its open subscriptions (`streams`) are ended with that error.
     token_ended: str | None = None
     streams: set[Subscription] = field(default_factory=set)
+    # What a heartbeat or report that sent runningShards is told to stop, by
+    # node id, for Node.shardsToStop (service/fleet/fencing.py).
+    shards_to_stop: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def end_token(self, status: str) -> None:
         from service.access_control.auth import Unauthenticated

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import strawberry
 
 from service import metrics
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import heartbeats, node_views, nodes, re_registration
-from service.fleet.node_views import NodeRecord
+from service.fleet import fencing, heartbeats, node_views, nodes, re_registration
+from service.fleet.node_views import BeatRecord, NodeRecord
 from service.fleet.reports import NodeReport
 
 from .context import Context, Info
+from .fencing_types import (
+    INCARNATION_DESCRIPTION,
+    RUNNING_SHARDS_DESCRIPTION,
+    RunningShardInput,
+    contact_of,
+)
 from .inputs import NodeInput
 from .types import Node
 
@@ -40,14 +48,46 @@ async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
     return record
 
 
+async def _beat_answer(info: Info, beat: BeatRecord) -> Node:
+    # The beat returns the node's state only (node_views.BeatRecord):
+    # the rest of the node as it is now, read after the beat committed.
+    record: NodeRecord | None = await info.context.loaders.node.load(beat.id)
+    if record is None:
+        raise NodeNotFound(beat.id)
+    return Node.of(record)
+
+
 @strawberry.type
 class NodeMutations:
     @strawberry.mutation(
         description="Agent: create or replace a node's report. An operator's cordon or drain survives it."
     )
-    async def register_node(self, info: Info, input: NodeInput) -> Node:
+    async def register_node(
+        self,
+        info: Info,
+        input: NodeInput,
+        incarnation: Annotated[
+            int | None, strawberry.argument(description=INCARNATION_DESCRIPTION)
+        ] = None,
+        running_shards: Annotated[
+            list[RunningShardInput] | None,
+            strawberry.argument(description=RUNNING_SHARDS_DESCRIPTION),
+        ] = None,
+    ) -> Node:
         report = input.to_report()
         context = info.context
+        contact = contact_of(incarnation, running_shards)
+        if contact.says_anything:
+            # Checks, report, reconciliation and answer in one transaction
+            # (service/fleet/fencing.py); the compiled route never takes a
+            # document with these arguments.
+            registration, answer = await fencing.contact_report(
+                context.engine, report, contact, context.actor
+            )
+            metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
+            metrics.count_registration(re_registration.TRANSACTION, "fencing")
+            context.shards_to_stop[report.id] = answer.shards_to_stop
+            return Node.of(registration.node)
         # Once per request: a compiled registerNode that declined after
         # storing hands its outcome over (service/graphql/fast/compiled_registration.py).
         return Node.of(
@@ -60,21 +100,34 @@ class NodeMutations:
             "unknown node (code NODE_NOT_FOUND) so the agent re-registers."
         )
     )
-    async def heartbeat(self, info: Info, node_id: strawberry.ID) -> Node:
+    async def heartbeat(
+        self,
+        info: Info,
+        node_id: strawberry.ID,
+        incarnation: Annotated[
+            int | None, strawberry.argument(description=INCARNATION_DESCRIPTION)
+        ] = None,
+        running_shards: Annotated[
+            list[RunningShardInput] | None,
+            strawberry.argument(description=RUNNING_SHARDS_DESCRIPTION),
+        ] = None,
+    ) -> Node:
+        context = info.context
+        contact = contact_of(incarnation, running_shards)
+        if contact.says_anything:
+            # Not batched: the checks, the beat, the reconciliation and the
+            # answer are one transaction (service/fleet/fencing.py).
+            beat, answer = await fencing.contact_heartbeat(context.engine, str(node_id), contact)
+            context.shards_to_stop[beat.id] = answer.shards_to_stop
+            return await _beat_answer(info, beat)
         # Batched with this process's concurrent heartbeats: one transaction
         # for many (service/fleet/heartbeats.py); the reply waits for its commit.
         # Once per request: a compiled heartbeat that declined after beating
         # hands its outcome over (service/graphql/fast/compiled_heartbeat.py).
-        context = info.context
         beat = await context.once(
             (HEARTBEAT, str(node_id)), lambda: heartbeats.beat(context.engine, str(node_id))
         )
-        # The beat returns the node's state only (node_views.BeatRecord):
-        # the rest of the node as it is now, read after the beat committed.
-        record: NodeRecord | None = await context.loaders.node.load(beat.id)
-        if record is None:
-            raise NodeNotFound(beat.id)
-        return Node.of(record)
+        return await _beat_answer(info, beat)
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:

@@ -61,6 +61,7 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "place": "scheduler",
         "releaseShard": "scheduler",
         "releaseReplica": "scheduler",
+        "freeHeldShards": "operator",
         "createToken": "operator",
         "revokeToken": "operator",
     },

@@ -148,6 +148,15 @@ class NodeQueries:
         replica_id: strawberry.ID | None = None,
         first: int | None = None,
         after: strawberry.ID | None = None,
+        held: Annotated[
+            bool,
+            strawberry.argument(
+                description=(
+                    "Only shards held for a LOST node (INVENTORY_LOST_POLICY=hold): stale until "
+                    "the node confirms them or an operator frees them."
+                )
+            ),
+        ] = False,
     ) -> list[Allocation]:
         request = info.context.page_request(first)
         async with connections.autocommit(info.context.engine) as conn:
@@ -157,5 +166,6 @@ class NodeQueries:
                 replica_id=str(replica_id) if replica_id is not None else None,
                 first=request.limit,
                 after=str(after) if after is not None else None,
+                held=held,
             )
         return answer(paging.cut(shards, request, lambda s: s.shard_id), Allocation.of)

@@ -21,6 +21,7 @@ from strawberry.tools import merge_types
 
 from .allocation_mutations import AllocationMutations
 from .event_queries import EventQueries
+from .fencing_types import FencingMutations
 from .gpu_mutations import GpuMutations
 from .masking import MaskUnexpected, log_expected
 from .mutations import NodeMutations
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 Query = merge_types("Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries))
 Mutation = merge_types(
-    "Mutation", (NodeMutations, TokenMutations, AllocationMutations, GpuMutations)
+    "Mutation",
+    (NodeMutations, TokenMutations, AllocationMutations, GpuMutations, FencingMutations),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))
 

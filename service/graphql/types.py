@@ -22,6 +22,7 @@ from service.scheduling.availability import is_free
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
 
 from .context import Context, Info
+from .fencing_types import ShardToStop
 from .loaders import now_or_later, ready
 from .pages import answer, paged
 from .scalars import Bytes
@@ -82,6 +83,26 @@ class Allocation:
         description="This shard's adapters on that fabric: it is handed only these."
     )
 
+    fence: int = strawberry.field(
+        description=(
+            "The fencing token this shard's engine is started with: from one sequence, so a "
+            "later placement on the same GPU always carries a larger one."
+        )
+    )
+    generation: int = strawberry.field(
+        description=(
+            "The replica's generation: it moves up with every change of the replica's shards. "
+            "releaseReplica(generation:) naming another one is refused with code CONFLICT."
+        )
+    )
+    held_since: datetime | None = strawberry.field(
+        description=(
+            "Since when this shard is held for its LOST node (INVENTORY_LOST_POLICY=hold): its "
+            "GPUs stay allocated until the node confirms it or an operator frees it. Null "
+            "otherwise."
+        )
+    )
+
     @classmethod
     def of(cls, shard: ShardRecord) -> Allocation:
         return cls(
@@ -92,6 +113,9 @@ class Allocation:
             created_at=shard.created_at,
             fabric=shard.fabric,
             hcas=list(shard.hcas),
+            fence=shard.fence,
+            generation=shard.generation,
+            held_since=shard.held_since,
         )
 
 
@@ -237,6 +261,7 @@ NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     "state_changed_by": attrgetter("state_actor"),
     "registered_at": attrgetter("registered_at"),
     "boot_id": attrgetter("boot_id"),
+    "incarnation": attrgetter("incarnation"),
 }
 
 # The fields of NODE_FIELDS whose readers need only what a heartbeat returns
@@ -280,6 +305,25 @@ class Node:
     )
     registered_at: datetime
     boot_id: str | None = None
+
+    @strawberry.field(
+        description=(
+            "What this node's engines must stop: of the runningShards the heartbeat or "
+            "registerNode of this request sent, those the inventory does not hold for this node "
+            "with that fence. Empty when none were sent."
+        )
+    )
+    def shards_to_stop(self, info: Info) -> list[ShardToStop]:
+        return [ShardToStop.of(s) for s in info.context.shards_to_stop.get(str(self.id), ())]
+
+    incarnation: int = strawberry.field(
+        default=1,
+        description=(
+            "Which life of the node this is: one more each time it comes back from LOST or "
+            "reports a new bootId. Its agent sends the one it last saw with each heartbeat "
+            "and report."
+        ),
+    )
 
     @classmethod
     def of(cls, node: NodeRecord) -> Node:

@@ -22,6 +22,9 @@ class RejectionCode(Enum):
     FABRIC_MISMATCH = "FABRIC_MISMATCH"
     DUPLICATE_SHARD = "DUPLICATE_SHARD"
     INVALID = "INVALID"
+    # The request named a generation of the replica that is not its current
+    # one (service/scheduling/generations.py).
+    GENERATION_CONFLICT = "GENERATION_CONFLICT"
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class Background:
                     lost_after=settings.lost_after,
                     interval=settings.sweep_interval,
                     event_retention=settings.event_retention,
+                    lost_policy=settings.lost_policy,
                 ),
                 name="liveness-sweep",
             )

@@ -25,6 +25,12 @@ class FakeService:
         self.rejecting: tuple[str, object] | None = None  # (field, value) of BAD_INPUT
         self.hang = False
         self.hanging = asyncio.Event()  # set once a request is hanging
+        # Fencing, as the real service answers it (docs/operations/fencing.md):
+        # the shards held per node as (shard id, fence), each node's
+        # incarnation, and what each fenced request sent.
+        self.held: dict[str, set[tuple[str, int]]] = {}
+        self.incarnations: dict[str, int] = {}
+        self.fenced: list[dict[str, Any]] = []
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -53,14 +59,37 @@ class FakeService:
                 return _error("BAD_INPUT", f"{field}: must be at least 0", field=field, value=value)
             node = variables["input"]
             self.nodes[node["id"]] = node
-            return _node("registerNode", node["id"])
+            return self._answer("registerNode", node["id"], variables)
         if "heartbeat(" in query:
             self.calls.append((self.clock(), "heartbeat"))
             node_id = variables["nodeId"]
             if node_id not in self.nodes:
                 return _error("NODE_NOT_FOUND", f"no node {node_id!r}")
-            return _node("heartbeat", node_id)
+            return self._answer("heartbeat", node_id, variables)
         return _error("GRAPHQL_VALIDATION_FAILED", "unknown operation")
+
+    def _answer(self, field: str, node_id: str, variables: dict[str, Any]) -> httpx.Response:
+        if "runningShards" not in variables:
+            return _node(field, node_id)
+        self.fenced.append(variables)
+        incarnation = self.incarnations.setdefault(node_id, 1)
+        claimed = variables.get("incarnation")
+        if claimed is not None and claimed > incarnation:
+            return _error("BAD_INPUT", "future incarnation", field="incarnation", value=claimed)
+        held = self.held.get(node_id, set())
+        stops = [
+            {"shardId": r["shardId"], "fence": r["fence"], "reason": "RELEASED"}
+            for r in variables["runningShards"] or ()
+            if (r["shardId"], r["fence"]) not in held
+        ]
+        node = {
+            "id": node_id,
+            "state": "READY",
+            "stateReason": None,
+            "incarnation": incarnation,
+            "shardsToStop": stops,
+        }
+        return httpx.Response(200, json={"data": {field: node}})
 
 
 def _node(field: str, node_id: str) -> httpx.Response:

@@ -66,6 +66,9 @@ def test_the_documented_file_loads_with_every_key_bound(tmp_path: Path, token_fi
         max_backoff=60,
         request_timeout=5,
         root="/",
+        running_shards="/run/llmgw/running-shards.json",
+        stop_command=("/usr/local/bin/stop-shard", "{shard_id}", "{fence}"),
+        stop_timeout=30,
     )
 
 
@@ -108,6 +111,9 @@ def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
         "LLMGW_AGENT_MAX_BACKOFF": "120",
         "LLMGW_AGENT_REQUEST_TIMEOUT": "3",
         "LLMGW_AGENT_ROOT": str(root),
+        "LLMGW_AGENT_RUNNING_SHARDS": "http://127.0.0.1:9101/running-shards",
+        "LLMGW_AGENT_STOP_COMMAND": "/usr/local/bin/stop-shard {shard_id} {fence}",
+        "LLMGW_AGENT_STOP_TIMEOUT": "20",
         "PATH": "/usr/bin",  # not the agent's: ignored
     }
     assert {v for v in env if v.startswith("LLMGW_AGENT_")} == set(ENV_VARS) - {
@@ -132,6 +138,9 @@ def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
         max_backoff=120,
         request_timeout=3,
         root=str(root),
+        running_shards="http://127.0.0.1:9101/running-shards",
+        stop_command=("/usr/local/bin/stop-shard", "{shard_id}", "{fence}"),
+        stop_timeout=20,
     )
 
 

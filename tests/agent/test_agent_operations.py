@@ -31,8 +31,9 @@ def schema() -> GraphQLSchema:
     return load_service_schema()
 
 
-def test_the_agent_ships_its_two_operations() -> None:
-    assert OPERATIONS == ["heartbeat", "register_node"]
+def test_the_agent_ships_its_operations() -> None:
+    # The fenced two are sent instead when running_shards is configured.
+    assert OPERATIONS == ["heartbeat", "heartbeat_fenced", "register_node", "register_node_fenced"]
 
 
 @pytest.mark.parametrize("name", OPERATIONS)

@@ -138,6 +138,7 @@ def test_the_nodes_table_shows_a_dash_where_disk_is_unknown(
         "DISK",
         "LAST",
         "SEEN",
+        "INCARNATION",
         "NVLINK",
     ]
     # The node's NVLink groups and the widest shard it can take; unknown says so.

@@ -23,6 +23,7 @@ from service.scheduling.allocations.requests import AllocationRequest, validate_
 from service.scheduling.allocations.storing import NotStored, store, store_statement
 from service.scheduling.availability import gpu_health_reasons, gpu_usable, is_schedulable
 from service.scheduling.fabric_choice import choose_fabric
+from service.scheduling.generations import current_generation
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
 
 _LOCK_NODES = text(
@@ -197,6 +198,28 @@ def _duplicate(request: AllocationRequest, found: dict[str, ShardRecord]) -> Rej
     )
 
 
+async def _check_generation(
+    conn: Connection, request: AllocationRequest
+) -> Rejection | Allocated | None:
+    """None when the generation named is the replica's current one (read under its nodes' locks).
+
+    A retry of a request that was stored (its generation moved with it) is
+    answered what is stored, as any retry is.
+    """
+    current = await current_generation(conn, request.replica_id)
+    if current == request.generation:
+        return None
+    found, _ = await _shards_of_request(conn, request)
+    if found:
+        return _duplicate(request, found)
+    now = "holds no shards" if current is None else f"is at generation {current}"
+    return Rejection(
+        RejectionCode.GENERATION_CONFLICT,
+        f"replica {shown(request.replica_id)} {now}, not {request.generation}: it changed "
+        "since it was read (a release, a loss); read it again",
+    )
+
+
 def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rejection | None:
     for shard in request.shards:
         node = locked.get(shard.node_id)
@@ -332,6 +355,10 @@ async def allocate(
     asked_nodes = {s.node_id for s in request.shards}
     params = {"ids": sorted(asked_nodes), "replica_id": request.replica_id}
     locked = {r.id: r for r in await conn.execute(_LOCK_FOR_REPLICA, params)}
+    if request.generation is not None:
+        conflict = await _check_generation(conn, request)
+        if conflict is not None:
+            return conflict
     if len(asked_nodes) == 1 and set(locked) == asked_nodes and not _check_nodes(request, locked):
         # The common case, every shard on one ready node and no other node
         # in the replica: no fabric to choose, and the checks are made in the

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection, cached_text
+from service.scheduling.generations import replica_generation
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,23 @@ class ShardRecord:
     fabric: str | None
     hcas: tuple[str, ...]
     created_at: datetime
+    # The fencing token its engine is started with, its replica's generation
+    # (service/scheduling/generations.py), and since when it is held for a
+    # LOST node (service/fleet/fencing.py; None: not held).
+    fence: int
+    generation: int
+    held_since: datetime | None
 
 
-SHARD_COLUMNS = "s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
+def shard_columns(s: str) -> str:
+    """SQL: the columns shard_from_row reads, from the shards row `s`."""
+    return (
+        f"{s}.shard_id, {s}.replica_id, {s}.node_id, {s}.gpu_indices, {s}.fabric, {s}.hcas,"
+        f" {s}.created_at, {s}.fence, {replica_generation(s)} AS generation, {s}.held_since"
+    )
+
+
+SHARD_COLUMNS = shard_columns("s")
 
 
 def shard_from_row(row: Row[Any]) -> ShardRecord:
@@ -37,6 +52,9 @@ def shard_from_row(row: Row[Any]) -> ShardRecord:
         fabric=row.fabric,
         hcas=tuple(row.hcas),
         created_at=row.created_at,
+        fence=row.fence,
+        generation=row.generation,
+        held_since=row.held_since,
     )
 
 
@@ -73,9 +91,13 @@ async def list_allocations(
     replica_id: str | None,
     first: int,
     after: str | None = None,
+    held: bool = False,
 ) -> list[ShardRecord]:
-    """A page of shards sorted by shard id; `after` is the last shard id of the previous page."""
-    where: list[str] = []
+    """A page of shards sorted by shard id; `after` is the last shard id of the previous page.
+
+    `held`: only shards held for a LOST node (service/fleet/fencing.py).
+    """
+    where: list[str] = ["s.held_since IS NOT NULL"] if held else []
     params: dict[str, Any] = {"first": first}
     if node_id is not None:
         where.append("s.node_id = :node_id")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.engine import Row
 
 from service.bounds import MAX_SHARDS
 from service.database.connections import Connection
 from service.event_log.events import record_event
+from service.scheduling.generations import GenerationConflict, bump_generations, current_generation
 from service.scheduling.gpu_pools import refresh_pools
 
 # The nodes holding the shards to release, found and locked in one statement.
@@ -27,13 +29,13 @@ _LOCK_REPLICA_NODES = text(
 _RELEASE_SHARD = text(
     """
     DELETE FROM shards WHERE shard_id = :shard_id AND node_id = ANY(CAST(:nodes AS text[]))
-    RETURNING shard_id, replica_id, node_id, gpu_indices
+    RETURNING shard_id, replica_id, node_id, gpu_indices, fence
     """
 )
 _RELEASE_REPLICA = text(
     """
     DELETE FROM shards WHERE replica_id = :replica_id AND node_id = ANY(CAST(:nodes AS text[]))
-    RETURNING shard_id, replica_id, node_id, gpu_indices
+    RETURNING shard_id, replica_id, node_id, gpu_indices, fence
     """
 )
 
@@ -45,19 +47,38 @@ async def _release(
     params: dict[str, Any],
     actor: str | None,
     reason: str | None,
-) -> int:
-    freed = 0
+    *,
+    after_loss: bool = False,
+    generation: tuple[str, int] | None = None,
+) -> list[Row[Any]]:
+    """The released shards' rows (shard_id, replica_id, node_id, gpu_indices, fence).
+
+    `generation`: (replica id, generation) the caller named; checked under the
+    nodes' locks, before anything is deleted (GenerationConflict otherwise).
+    `after_loss`: the release is the consequence of a node lost (the liveness
+    sweep, or a held shard freed): its events say so, and an engine that
+    still runs the shard is told FREED_WHILE_LOST (service/fleet/fencing.py).
+    """
+    released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
     # refresh_pools is exact only while no one else writes to the node. A
     # shard that appeared on another node meanwhile is found by the next pass.
     for _ in range(MAX_SHARDS + 1):
         node_ids = [r.id for r in await conn.execute(lock_holders, params)]
+        if generation is not None:
+            replica_id, named = generation
+            current = await current_generation(conn, replica_id)
+            if current is not None and current != named:
+                raise GenerationConflict(replica_id, named, current)
+            generation = None
         if not node_ids:
             break
         released = list(await conn.execute(delete, {**params, "nodes": sorted(node_ids)}))
         await refresh_pools(conn, node_ids)
         for r in released:
-            freed += len(r.gpu_indices)
+            detail: dict[str, Any] = {"gpuIndices": sorted(r.gpu_indices), "fence": r.fence}
+            if after_loss:
+                detail["afterLoss"] = True
             await record_event(
                 conn,
                 "released",
@@ -66,24 +87,49 @@ async def _release(
                 shard_id=r.shard_id,
                 actor=actor,
                 reason=reason,
-                detail={"gpuIndices": sorted(r.gpu_indices)},
+                detail=detail,
             )
-    return freed
+        released_rows += released
+    return released_rows
 
 
 async def release_shard(
     conn: Connection, shard_id: str, actor: str | None = None, reason: str | None = None
 ) -> int:
-    """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error)."""
-    return await _release(
+    """Free one shard's GPUs; how many were freed (0 when it was not allocated: not an error).
+
+    The replica's other shards stay, and its generation moves up.
+    """
+    released = await _release(
         conn, _LOCK_SHARD_NODES, _RELEASE_SHARD, {"shard_id": shard_id}, actor, reason
     )
+    await bump_generations(conn, [r.replica_id for r in released])
+    return sum(len(r.gpu_indices) for r in released)
 
 
 async def release_replica(
-    conn: Connection, replica_id: str, actor: str | None = None, reason: str | None = None
+    conn: Connection,
+    replica_id: str,
+    actor: str | None = None,
+    reason: str | None = None,
+    *,
+    generation: int | None = None,
+    after_loss: bool = False,
 ) -> int:
-    """Free every shard of a replica: replicas fail whole, so they are freed whole."""
-    return await _release(
-        conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, {"replica_id": replica_id}, actor, reason
+    """Free every shard of a replica: replicas fail whole, so they are freed whole.
+
+    With `generation`, only when it is the replica's current one
+    (GenerationConflict otherwise, nothing freed); a replica that holds no
+    shard frees nothing whatever generation is named (a retried release).
+    """
+    released = await _release(
+        conn,
+        _LOCK_REPLICA_NODES,
+        _RELEASE_REPLICA,
+        {"replica_id": replica_id},
+        actor,
+        reason,
+        after_loss=after_loss,
+        generation=None if generation is None else (replica_id, generation),
     )
+    return sum(len(r.gpu_indices) for r in released)

@@ -22,6 +22,9 @@ class ShardRequest:
 class AllocationRequest:
     replica_id: str
     shards: tuple[ShardRequest, ...]
+    # The replica's generation the caller last saw, when it adds shards to
+    # it: refused with GENERATION_CONFLICT when the replica changed since.
+    generation: int | None = None
 
 
 def _check_id(what: str, value: str) -> Rejection | None:

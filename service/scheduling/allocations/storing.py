@@ -49,7 +49,8 @@ def store_statement(wanted: str) -> TextClause:
             FROM want_shards w JOIN go ON go.call = w.call AND go.ok
             ORDER BY w.call, w.shard_id
             ON CONFLICT (shard_id) DO NOTHING
-            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at
+            RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence,
+                      held_since
         ), placed AS (
             SELECT w.call, w.actor, s.* FROM s JOIN want_shards w ON w.shard_id = s.shard_id
         ), held AS (
@@ -85,7 +86,12 @@ def store_statement(wanted: str) -> TextClause:
         SELECT d.call, d.checked, d.done,
                ARRAY(SELECT l.id FROM logged l JOIN placed q ON q.shard_id = l.shard_id
                      WHERE q.call = d.call ORDER BY l.id) AS event_ids,
-               p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at
+               p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at,
+               p.fence, p.held_since,
+               -- The replica's generation: its newest fence, this call's (the
+               -- sequence makes it larger than any earlier value of the replica;
+               -- this statement's own rows are invisible to a read of shards).
+               max(p.fence) OVER (PARTITION BY d.call) AS generation
         FROM whole d LEFT JOIN placed p ON p.call = d.call
         ORDER BY d.call, p.shard_id
         """

@@ -15,6 +15,7 @@ from sqlalchemy import TextClause, text
 from service.database.connections import Connection, cached_text
 from service.node_states import state_reason_sql
 from service.scheduling.allocations import (
+    shard_columns,
     store_statement,
 )
 from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
@@ -162,8 +163,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     """
     return f"""
     WITH stored AS (
-        SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas,
-               s.created_at
+        SELECT {shard_columns("s")}
         FROM shards s WHERE s.replica_id = :replica_id
     ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
@@ -193,7 +193,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
            {_fabrics_sql("k.id", "picked_")},
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
-           st.created_at
+           st.created_at, st.fence, st.generation, st.held_since
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
     LEFT JOIN stored st ON true
@@ -290,8 +290,8 @@ FREE_INDICES = text(
 )
 
 REPLICA = text(
-    "SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
-    " FROM shards s WHERE s.replica_id = :replica_id ORDER BY s.shard_id"
+    f"SELECT {shard_columns('s')} FROM shards s WHERE s.replica_id = :replica_id"
+    " ORDER BY s.shard_id"
 )
 
 
