@@ -186,8 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     assets_cmd.set_defaults(run=fetch_assets)
 
     from service.ctl import add_ctl_parser
+    from service.demo_cluster import add_parser as add_demo_parser
 
     add_ctl_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 
