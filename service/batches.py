@@ -26,7 +26,7 @@ generator's connections) can all end up in one batch: the process then has
 nothing to do while PostgreSQL writes it, answers everything at once, and
 gets everything back at once, round after round. Measured with 32 such
 connections sending heartbeats: 28-32 beats a batch at the median, the
-process idle 11-15% of the time where it had the CPU to spare (BENCHMARKS.md,
+process idle 11-15% of the time where it had the CPU to spare (docs/history/benchmarks-journal.md,
 "a convoy split in two"). So a batch of at least SPLIT_AT during which no
 request arrived, and which was not itself a split, is the sign (a lone
 request answered hours ago is not): the next batch carries the

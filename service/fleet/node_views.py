@@ -85,7 +85,7 @@ class BeatRecord:
     Not a NodeRecord: a batch of heartbeats returns a row a beat, and reading
     the node's other columns (its names, labels, disks, two timestamps) and
     building a NodeRecord from them was about 4 us of the client's CPU a
-    beat in isolation, with 16 beats a statement (BENCHMARKS.md, "a beat's
+    beat in isolation, with 16 beats a statement (docs/history/benchmarks-journal.md, "a beat's
     CPU layer by layer"). Agents ask for their state only
     (agent/operations/heartbeat.graphql); a heartbeat asking for more is
     answered by its resolver, which reads the node.

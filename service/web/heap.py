@@ -7,7 +7,7 @@ every full collection, and one was triggered every few thousand requests
 by the objects in flight being promoted; with the default threshold of 700,
 the objects of 32 concurrent requests alone started a young collection
 about once per batch of heartbeats. Measured in process (32 concurrent
-heartbeats, the ASGI app called directly; BENCHMARKS.md "the heartbeat's
+heartbeats, the ASGI app called directly; docs/history/benchmarks-journal.md "the heartbeat's
 batch, its commit and the collector"): 7-13 us of a heartbeat's 50-63 us
 went to the collector.
 

@@ -3,7 +3,7 @@
 Why not the GraphQL Context (service/graphql/context.py) itself: making one
 (a Starlette Request, the Context's fields, its loaders, the caller put into
 it) for every heartbeat was about a tenth of the service's CPU a beat under
-load, measured with the beat's write stubbed out (BENCHMARKS.md, "a beat's
+load, measured with the beat's write stubbed out (docs/history/benchmarks-journal.md, "a beat's
 CPU layer by layer"), and the heartbeat, node and page routes read only the
 caller, the engine and the settings. So the Context is made the
 first time something needs it: graphql_core running the operation, a route

@@ -101,7 +101,7 @@ class NodeLeaves:
 
         Written from the record field by field (types.NODE_FIELDS, as Node.of
         reads it) rather than through a Node and a nested json.dumps: this is
-        the heartbeat's hot path (BENCHMARKS.md, "The heartbeat's request path").
+        the heartbeat's hot path (docs/history/benchmarks-journal.md, "The heartbeat's request path").
         """
         opening = self._openings.get(answer_key)
         if opening is None:
