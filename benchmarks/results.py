@@ -132,7 +132,7 @@ def _per_size(name: str, row: Row) -> Verdict:
     if name.startswith("full page"):
         return Verdict(name, _judged(row.ratio >= 1), f"x{row.ratio:.2f}")
     goal = 0.6 if name.startswith("heartbeat") else 0.3
-    return Verdict(name, _judged(row.ratio >= goal), f"x{row.ratio:.2f} of the floor's rate")
+    return Verdict(name, _judged(row.ratio >= goal), f"x{row.ratio:.3f} of the floor's rate")
 
 
 def verdicts(rows: list[Row]) -> list[Verdict]:

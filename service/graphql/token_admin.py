@@ -17,7 +17,7 @@ from .context import Info
 from .pages import answer, paged
 
 
-@strawberry.enum(description="What a token may do; see the README's Security section.")
+@strawberry.enum(description="What a token may do; see docs/security/roles.md.")
 class Role(Enum):
     READER = "reader"
     AGENT = "agent"

@@ -12,7 +12,7 @@ import yaml
 from fake_inventory_service import FakeService
 from fake_nvml import FakeNvml, h200
 from fake_root import FakeDisks, make_node
-from service_schema import agent_section
+from service_schema import agent_docs
 
 from agent.cli import main
 from agent.client import InventoryClient
@@ -23,7 +23,6 @@ from agent.report import Host, build_report
 from agent.weights import WeightsScanner
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
 WARNING = "GPUs come from {path} (gpu_source), not from the NVIDIA driver"
 
 TWO_GPUS = [
@@ -159,7 +158,7 @@ def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors(
 
 
 def test_the_documented_example_file_loads(tmp_path: Path) -> None:
-    (example,) = re.findall(r"```json\n(.*?)```", agent_section(README.read_text()), re.S)
+    example, with_fabrics = re.findall(r"```json\n(.*?)```", agent_docs("gpu-file.md"), re.S)
     config = load_config(
         None,
         {
@@ -169,6 +168,20 @@ def test_the_documented_example_file_loads(tmp_path: Path) -> None:
     )
     assert isinstance(config.gpu_source, GpuFile)
     assert [(g.index, g.healthy) for g in config.gpu_source.gpus] == [(0, True), (1, False)]
+    assert config.gpu_source.fabrics is None
+
+    (tmp_path / "lab").mkdir()
+    config = load_config(
+        None,
+        {
+            "LLMGW_AGENT_NODE_ID": "lab-1",
+            "LLMGW_AGENT_GPU_SOURCE": str(gpu_file(tmp_path / "lab", with_fabrics)),
+        },
+    )
+    assert isinstance(config.gpu_source, GpuFile) and config.gpu_source.fabrics is not None
+    assert [(f.fabric, f.hcas, f.rate_gbps) for f in config.gpu_source.fabrics] == [
+        ("ib-a", ("mlx5_0", "mlx5_1"), 400)
+    ]
 
 
 def entry(**fields: object) -> dict[str, object]:
