@@ -19,7 +19,6 @@ from agent.gpu_file import GpuFile
 from agent.gpus import Gpu
 
 
-
 def documented_config() -> str:
     (toml,) = re.findall(r"```toml\n(.*?)```", agent_docs("configuration.md"), re.S)
     return toml
