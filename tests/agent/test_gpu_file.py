@@ -127,7 +127,7 @@ def compose_agent() -> dict[str, Any]:
     return agent
 
 
-def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors(
+def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors_on_ib_a(
     node: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     agent = compose_agent()
@@ -145,7 +145,13 @@ def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors(
     assert main(["--dry-run"], env=env, host=host, transport=refuse) == 0
     out, err = capsys.readouterr()
 
-    gpus = json.loads(out)["gpus"]
+    report = json.loads(out)
+    gpus = report["gpus"]
+    # A rail adapter per GPU on fabric ib-a: the demo's fabric questions have answers.
+    assert report["fabrics"] == [
+        {"fabric": "ib-a", "hcas": [f"mlx5_{i}" for i in range(8)], "rateGbps": 400}
+    ]
+    assert [g["nearHcas"] for g in gpus] == [[f"mlx5_{i}"] for i in range(8)]
     assert [(g["index"], g["name"], g["memoryMb"]) for g in gpus] == [
         (i, "NVIDIA H100 80GB HBM3", 81559) for i in range(8)
     ]
