@@ -7,6 +7,7 @@ through: `python3 dev.py test -k allocate`, `python3 dev.py serve --port 9000`.
 
 The console scripts the README shows run the same way from a checkout:
   python3 dev.py ctl ...           is  llmgw-inventory ctl ...
+  python3 dev.py demo ...          is  llmgw-inventory demo ...
   python3 dev.py migrate ...       is  llmgw-inventory migrate ...
   python3 dev.py fetch-assets ...  is  llmgw-inventory fetch-assets ...
   python3 dev.py agent ...         is  llmgw-agent ...
@@ -48,6 +49,7 @@ COMMANDS = {
     "migrate": ["llmgw-inventory", "migrate"],
     "fetch-assets": ["llmgw-inventory", "fetch-assets"],
     "ctl": ["llmgw-inventory", "ctl"],
+    "demo": ["llmgw-inventory", "demo"],
     "agent": ["llmgw-agent"],
     "test": ["python", "-m", "pytest"],
 }
@@ -65,7 +67,7 @@ def main(argv: list[str]) -> int:
     args = [str(BIN / program), *fixed, *rest]
     if command in ("serve", "test"):
         os.chdir(ROOT)
-    # ctl and agent stay where they were called: `--config ./agent.toml` is the caller's path.
+    # ctl, demo and agent stay where they were called: `--config ./agent.toml` is the caller's path.
     os.execv(args[0], args)
 
 

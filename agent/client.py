@@ -80,6 +80,12 @@ class InventoryClient:
     ) -> None:
         self.url = url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # What a refusal says the agent sent: with no token, the fix is to make one.
+        self._sent = (
+            "sent no token: set token or token_file"
+            if not token
+            else "sent the token from token or token_file: check it is this node's and not revoked"
+        )
         self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
         self._register = load_operation("register_node")
         self._heartbeat = load_operation("heartbeat")
@@ -114,16 +120,16 @@ class InventoryClient:
             )
         except httpx.HTTPError as e:
             raise ServiceUnavailable(f"cannot reach {self.url}: {e!r}") from e
-        if response.status_code in (401, 403):
-            raise ServiceError(
-                "UNAUTHENTICATED",
-                f"the service refused the agent's token (HTTP {response.status_code}): "
-                "check token or token_file",
-            )
         try:
             body = response.json()
         except ValueError:
             body = None
+        if response.status_code in (401, 403):
+            raise ServiceError(
+                "UNAUTHENTICATED",
+                f"the service refused the agent (HTTP {response.status_code}"
+                f"{_first_message(body)}); the agent {self._sent}",
+            )
         if not isinstance(body, dict):
             raise ServiceUnavailable(
                 f"{self.url} answered HTTP {response.status_code} without a GraphQL response"
@@ -137,6 +143,16 @@ class InventoryClient:
                 f"{self.url} answered HTTP {response.status_code} without data"
             )
         return data
+
+
+def _first_message(body: object) -> str:
+    """': <the service's first error message>', or nothing when it gave none."""
+    errors = body.get("errors") if isinstance(body, dict) else None
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        message = errors[0].get("message")
+        if isinstance(message, str) and message:
+            return f": {message.splitlines()[0]}"
+    return ""
 
 
 def _error(error: Any) -> ServiceError:

@@ -336,6 +336,12 @@ def load_config(
 
     if "token" in settings and "token_file" in settings:
         settings["token"].fail("set token or token_file, not both")
+    source = values.get("gpu_source")
+    if isinstance(source, GpuFile) and source.fabrics is not None and "fabrics" in settings:
+        # Two lists of adapters for one node: which one the operator meant is a guess.
+        settings["fabrics"].fail(
+            f"the GPU file {source.path} declares fabrics too: declare them in one place"
+        )
     if "token_file" in settings:
         token_file = settings.pop("token_file")
         values.pop("token_file")

@@ -6,13 +6,18 @@ fabrics that share no cable would look like one and a replica would be split
 across them.
 """
 
+from __future__ import annotations
+
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent.config import FabricConfig
 from agent.rootfs import host_path
+
+if TYPE_CHECKING:  # agent.config reads the GPU file, which holds FabricAttachments
+    from agent.config import FabricConfig
 
 
 @dataclass(frozen=True)

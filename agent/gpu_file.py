@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
+from agent.fabrics import FabricAttachment
 from agent.gpus import HEALTH_REASONS, Gpu
 
 # Every field a GPU entry may have; anything else is a mistake, not an extra.
@@ -33,6 +34,10 @@ FIELDS = (
     "nvlink_domain",
 )
 REQUIRED = ("index", "name")
+# A file that is an object holds the GPUs and, optionally, the fabrics the
+# node is cabled to, so a demo or a lab reports rails without InfiniBand.
+FILE_FIELDS = ("gpus", "fabrics")
+FABRIC_FIELDS = ("name", "hcas", "rate_gbps")
 
 
 T = TypeVar("T")
@@ -52,6 +57,9 @@ class GpuFile:
     # them once, in its first report after start-up (agent/xids.py), as if
     # it had heard them, to rehearse the service's handling in a lab.
     xids: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # The fabrics the file declares, reported as they are instead of read from
+    # /sys/class/infiniband; None when the file declares none (a list of GPUs).
+    fabrics: tuple[FabricAttachment, ...] | None = None
 
     def warning(self) -> str:
         return (
@@ -160,12 +168,12 @@ def _optional(
     return None if value is None else parse(f"{where}.{key}", value)
 
 
-def _check_peers(gpus: tuple[Gpu, ...]) -> None:
+def _check_peers(gpus: tuple[Gpu, ...], prefix: str) -> None:
     """Peers as the service will check them: GPUs of the file, not itself, listed by both ends."""
     peers_of = {gpu.index: gpu.nvlink_peers for gpu in gpus}
     for i, gpu in enumerate(gpus):
         for peer in gpu.nvlink_peers or ():
-            where = f"[{i}].nvlink_peers"
+            where = f"{prefix}[{i}].nvlink_peers"
             if peer == gpu.index or peer not in peers_of:
                 _fail(where, peer, "must name another GPU of this file")
             theirs = peers_of[peer]
@@ -173,23 +181,99 @@ def _check_peers(gpus: tuple[Gpu, ...]) -> None:
                 _fail(where, peer, f"GPU {peer} does not list GPU {gpu.index} back")
 
 
+def _fabric(where: str, entry: object) -> FabricAttachment:
+    if not isinstance(entry, dict):
+        _fail(where, entry, "must be an object with name, hcas and rate_gbps")
+    for key in entry:
+        if key not in FABRIC_FIELDS:
+            _fail(f"{where}.{key}", entry[key], f"unknown field; known: {', '.join(FABRIC_FIELDS)}")
+    for key in FABRIC_FIELDS:
+        if key not in entry:
+            _fail(where, entry, f"{key} is required")
+    name = _text(f"{where}.name", entry["name"])
+    hcas = _names(f"{where}.hcas", entry["hcas"])
+    if not hcas:
+        _fail(f"{where}.hcas", entry["hcas"], "must list at least one adapter")
+    rate = _whole(f"{where}.rate_gbps", entry["rate_gbps"], 1)
+    return FabricAttachment(name, hcas, rate)
+
+
+def _fabrics(value: object) -> tuple[FabricAttachment, ...]:
+    if not isinstance(value, list):
+        _fail("fabrics", value, "must be a list of fabric objects")
+    fabrics = tuple(_fabric(f"fabrics[{i}]", entry) for i, entry in enumerate(value))
+    names: set[str] = set()
+    adapters: set[str] = set()
+    for i, fabric in enumerate(fabrics):
+        if fabric.fabric in names:
+            _fail(f"fabrics[{i}].name", fabric.fabric, "names another fabric too")
+        names.add(fabric.fabric)
+        for j, hca in enumerate(fabric.hcas):
+            if hca in adapters:
+                _fail(f"fabrics[{i}].hcas[{j}]", hca, "is cabled to another fabric too")
+            adapters.add(hca)
+    return tuple(sorted(fabrics, key=lambda f: f.fabric))
+
+
+def _check_near_hcas(gpus: tuple[Gpu, ...], fabrics: tuple[FabricAttachment, ...]) -> None:
+    """With fabrics in the file, a near HCA must be one of their adapters, as the service checks."""
+    adapters = {hca for fabric in fabrics for hca in fabric.hcas}
+    for i, gpu in enumerate(gpus):
+        for j, hca in enumerate(gpu.near_hcas or ()):
+            if hca not in adapters:
+                _fail(f"gpus[{i}].near_hcas[{j}]", hca, "is no adapter of the file's fabrics")
+
+
 def parse_gpus(text: str) -> tuple[Gpu, ...]:
     """The GPUs in a file's text: a JSON list of objects. Raises GpuFileError."""
     return _parse(text)[0]
 
 
-def _parse(text: str) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
+def parse_gpu_file(path: str, text: str) -> GpuFile:
+    """The whole file: a list of GPUs, or {"gpus": [...], "fabrics": [...]}. Raises GpuFileError."""
+    gpus, xids, fabrics = _parse(text)
+    return GpuFile(path, gpus, xids, fabrics)
+
+
+def _parse(
+    text: str,
+) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]], tuple[FabricAttachment, ...] | None]:
     try:
-        listed = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise GpuFileError(f"not valid JSON: {e}") from e
+    fabrics: tuple[FabricAttachment, ...] | None = None
+    prefix = ""
+    if isinstance(document, dict):
+        for key in document:
+            if key not in FILE_FIELDS:
+                _fail(key, document[key], f"unknown field; known: {', '.join(FILE_FIELDS)}")
+        if "gpus" not in document:
+            raise GpuFileError("an object file needs gpus: the list of GPU objects")
+        listed = document["gpus"]
+        prefix = "gpus"
+        if "fabrics" in document:
+            fabrics = _fabrics(document["fabrics"])
+    else:
+        listed = document
     if not isinstance(listed, list):
-        raise GpuFileError("must be a JSON list of GPU objects")
-    gpus = tuple(_gpu(f"[{i}]", entry) for i, entry in enumerate(listed))
+        raise GpuFileError(
+            "must be a JSON list of GPU objects, or an object with gpus (and fabrics)"
+        )
+    gpus, xids = _parse_gpus(listed, prefix)
+    if fabrics is not None:
+        _check_near_hcas(gpus, fabrics)
+    return gpus, xids, fabrics
+
+
+def _parse_gpus(
+    listed: list[object], prefix: str
+) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
+    gpus = tuple(_gpu(f"{prefix}[{i}]", entry) for i, entry in enumerate(listed))
     xids = {
-        gpu.index: _xids(f"[{i}].xids", entry["xids"])
+        gpu.index: _xids(f"{prefix}[{i}].xids", entry["xids"])
         for i, (gpu, entry) in enumerate(zip(gpus, listed, strict=True))
-        if "xids" in entry
+        if isinstance(entry, dict) and "xids" in entry
     }
     xids = {index: heard for index, heard in xids.items() if heard}
     for unique in ("index", "uuid", "pci_bus_id"):
@@ -197,9 +281,9 @@ def _parse(text: str) -> tuple[tuple[Gpu, ...], dict[int, tuple[int, ...]]]:
         for i, gpu in enumerate(gpus):
             value = getattr(gpu, unique)
             if value is not None and value in seen:
-                _fail(f"[{i}].{unique}", value, "names another GPU too")
+                _fail(f"{prefix}[{i}].{unique}", value, "names another GPU too")
             seen.add(value)
-    _check_peers(gpus)
+    _check_peers(gpus, prefix)
     return gpus, xids
 
 
@@ -212,5 +296,4 @@ def read_gpu_file(path: str) -> GpuFile:
         raise GpuFileError(f"cannot read the GPU file: {e.strerror}") from e
     except UnicodeDecodeError as e:
         raise GpuFileError(f"not UTF-8 text: {e.reason}") from e
-    gpus, xids = _parse(text)
-    return GpuFile(path, gpus, xids)
+    return parse_gpu_file(path, text)

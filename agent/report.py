@@ -137,7 +137,11 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
         gpus = list(config.gpu_source.gpus)
     else:
         gpus = discover_gpus(host.nvml, root, config.engine_processes, warn)
-    fabrics = discover_fabrics(root, config.fabrics, warn)
+    if isinstance(config.gpu_source, GpuFile) and config.gpu_source.fabrics is not None:
+        # A demo or lab node: the file declares the adapters and their rate.
+        fabrics = list(config.gpu_source.fabrics)
+    else:
+        fabrics = discover_fabrics(root, config.fabrics, warn)
     if not isinstance(config.gpu_source, GpuFile):
         # Near HCAs are looked for among the adapters reported below only.
         hcas = [hca for a in fabrics for hca in a.hcas]

@@ -1,4 +1,4 @@
-"""The performance suite: `python -m benchmarks` (see BENCHMARKS.md for the figures).
+"""The performance suite: `python -m benchmarks` (BENCHMARKS.md has the current figures).
 
 Benchmarks, not tests: nothing here asserts a speed. Each figure is measured
 against a baseline taken in the same run, so the ratios mean something on a

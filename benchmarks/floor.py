@@ -105,7 +105,7 @@ class Target:
     # The share of the round's time its process was on a CPU. The ratio of
     # two rates is the ratio of their CPU a request times the ratio of these:
     # a process waiting on PostgreSQL with every connection's request in one
-    # batch idles meanwhile (BENCHMARKS.md, "why the heartbeat's process
+    # batch idles meanwhile (docs/history/benchmarks-journal.md, "why the heartbeat's process
     # idles"); the floor never does.
     busy: Figure = field(default_factory=Figure)
     failures: int = 0

@@ -76,10 +76,8 @@ class Results:
                 f"| {r.size:,} | {r.name} | {spread(r.value)} {r.unit} | {r.baseline_name or '-'} "
                 f"| {spread(r.baseline)} | {ratio} | {r.statements or '-'} | {r.note} |"
             )
-        verdicts = targets(self.rows)
-        if verdicts:
-            out.extend(["", "Targets (issue 7):", ""])
-            out.extend(f"- {v}" for v in verdicts)
+        out.extend(["", "Targets:", ""])
+        out.extend(f"- {line}" for line in targets(self.rows))
         if self.notes:
             out.append("")
             out.extend(f"- {n}" for n in self.notes)
@@ -90,69 +88,157 @@ def _find(rows: list[Row], size: int, prefix: str) -> Row | None:
     return next((r for r in rows if r.size == size and r.name.startswith(prefix)), None)
 
 
-def targets(rows: list[Row]) -> list[str]:
-    """Issue 7's targets, each with the figures it was judged on (skipped when not measured)."""
-    out: list[str] = []
+MET, NOT_MET, NOT_MEASURED = "met", "NOT met", "not measured"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target, judged on this run's figures (or not measured in it, and why)."""
+
+    target: str
+    status: str
+    figures: str
+
+    def line(self) -> str:
+        return f"{self.target}: {self.status} ({self.figures})"
+
+
+def _judged(ok: bool) -> str:
+    return MET if ok else NOT_MET
+
+
+# Targets judged per cluster size: (name, the row it reads, the test, how the figure reads).
+PER_SIZE = (
+    ("registration >= 0.5x raw asyncpg", "registerNode, changed", "registration"),
+    ("heartbeats >= 5,000/s", "heartbeat, 64 agents", "heartbeats"),
+    ("heartbeats >= 5,000/s, agents' own tokens", "heartbeat with", "heartbeats"),
+    ("place >= 1,500 claims/s", "place 1x H100-80GB, ", "allocation"),
+    ("freeGpus after unchanged churn <= 1.2x before", "freeGpus p50 after", "churn"),
+    ("full page req/s >= PostGraphile 5", "nodes(first 1000) full page req/s", "peer"),
+    ("heartbeat >= 0.6x the bare Starlette floor, 1 process", "heartbeat (compiled)", "floor"),
+    ("node(id) >= 0.3x the bare Starlette floor, 1 process", "node(id) { id state", "floor"),
+)
+
+
+def _per_size(name: str, row: Row) -> Verdict:
+    if name.startswith("registration"):
+        return Verdict(name, _judged(row.ratio >= 0.5), f"x{row.ratio:.2f}")
+    if name.startswith("heartbeats"):
+        return Verdict(name, _judged(row.value.median >= 5000), f"{fmt(row.value.median)}/s")
+    if name.startswith("place"):
+        return Verdict(name, _judged(row.value.median >= 1500), f"{fmt(row.value.median)}/s")
+    if name.startswith("freeGpus after"):
+        return Verdict(name, _judged(row.ratio <= 1.2), f"x{row.ratio:.2f}")
+    if name.startswith("full page"):
+        return Verdict(name, _judged(row.ratio >= 1), f"x{row.ratio:.2f}")
+    goal = 0.6 if name.startswith("heartbeat") else 0.3
+    return Verdict(name, _judged(row.ratio >= goal), f"x{row.ratio:.3f} of the floor's rate")
+
+
+def verdicts(rows: list[Row]) -> list[Verdict]:
+    """Every target, each with the figures it was judged on, or "not measured" and why."""
+    out: list[Verdict] = []
     sizes = sorted({r.size for r in rows})
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
-
     free = "freeGpus(H100-80GB, minFree 4, first 50) p50"
+
+    name = "freeGpus p50 at 10k nodes <= 0.5x the naive aggregate"
     at10k = _find(rows, 10_000, f"{free} vs the naive aggregate")
     if at10k is not None and at10k.baseline is not None:
         ok = at10k.value.median <= 0.5 * at10k.baseline.median
-        out.append(
-            f"freeGpus p50 at 10k nodes <= 0.5x the naive aggregate: {verdict(ok)} "
-            f"({fmt(at10k.value.median)} ms vs {fmt(at10k.baseline.median)} ms, x{at10k.ratio:.2f})"
+        figures = (
+            f"{fmt(at10k.value.median)} ms vs {fmt(at10k.baseline.median)} ms, x{at10k.ratio:.2f}"
         )
+        out.append(Verdict(name, _judged(ok), figures))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+    name = "freeGpus p50 at 100k nodes <= 2x at 1k"
     small, large = _find(rows, 1_000, free), _find(rows, 100_000, free)
     if small is not None and large is not None:
         ok = large.value.median <= 2 * small.value.median
-        out.append(
-            f"freeGpus p50 at 100k <= 2x at 1k: {verdict(ok)} ({fmt(large.value.median)} ms vs "
-            f"{fmt(small.value.median)} ms)"
-        )
-    for size in sizes:
-        reg = _find(rows, size, "registerNode, changed")
-        if reg is not None:
-            out.append(
-                f"{size:,} nodes: registration >= 0.5x raw asyncpg: {verdict(reg.ratio >= 0.5)} "
-                f"(x{reg.ratio:.2f})"
+        figures = f"{fmt(large.value.median)} ms vs {fmt(small.value.median)} ms"
+        out.append(Verdict(name, _judged(ok), figures))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes 1000,100000"))
+    name = "place with nvlinkShards >= 0.8x place without, 10k nodes (issue 20)"
+    nvlink = _find(rows, 10_000, "place 1x H100-80GB with nvlinkShards")
+    if nvlink is not None:
+        out.append(Verdict(name, _judged(nvlink.ratio >= 0.8), f"x{nvlink.ratio:.2f}"))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
+    for name, prefix, section in PER_SIZE:
+        judged = False
+        for size in sizes:
+            row = _find(rows, size, prefix) or next(
+                (r for r in rows if r.size == size and prefix in r.name), None
             )
-        for name, tokens in (("heartbeat, 64 agents", ""),
-                             ("heartbeat with", ", agents' own tokens")):  # fmt: skip
-            beat = _find(rows, size, name)
-            if beat is not None:
-                out.append(
-                    f"{size:,} nodes: heartbeats >= 5,000/s{tokens}: "
-                    f"{verdict(beat.value.median >= 5000)} ({fmt(beat.value.median)}/s)"
-                )
-        nvlink = _find(rows, size, "place 1x H100-80GB with nvlinkShards")
-        if nvlink is not None and size == 10_000:
-            out.append(
-                f"{size:,} nodes: place with nvlinkShards >= 0.8x place without (issue 20): "
-                f"{verdict(nvlink.ratio >= 0.8)} (x{nvlink.ratio:.2f})"
-            )
-        place = _find(rows, size, "place 1x H100-80GB, ")
-        if place is not None:
-            out.append(
-                f"{size:,} nodes: place >= 1,500 claims/s: "
-                f"{verdict(place.value.median >= 1500)} ({fmt(place.value.median)}/s)"
-            )
-        churn = _find(rows, size, "freeGpus p50 after")
-        if churn is not None:
-            out.append(
-                f"{size:,} nodes: freeGpus after unchanged churn <= 1.2x before: "
-                f"{verdict(churn.ratio <= 1.2)} (x{churn.ratio:.2f})"
-            )
-        peer = next(
-            (r for r in rows if r.size == size and "req/s" in r.name and "PostGraphile" in r.name),
-            None,
-        )
-        if peer is not None:
-            out.append(
-                f"{size:,} nodes: full page req/s >= PostGraphile 5: {verdict(peer.ratio >= 1)} "
-                f"(x{peer.ratio:.2f})"
-            )
+            if row is not None:
+                verdict = _per_size(name, row)
+                out.append(Verdict(f"{size:,} nodes: {name}", verdict.status, verdict.figures))
+                judged = True
+        if not judged:
+            out.append(Verdict(name, NOT_MEASURED, f"the {section} section did not run"))
     return out
+
+
+def targets(rows: list[Row]) -> list[str]:
+    """Every target as one line: met, NOT met, or not measured in this run."""
+    return [v.line() for v in verdicts(rows)]
+
+
+RESULTS_START = "<!-- results:start"
+RESULTS_END = "<!-- results:end -->"
+
+
+class ResultsPageError(Exception):
+    """The results page cannot take the table; the message names the file and what is missing."""
+
+
+def check_results_page(text: str, path: str) -> None:
+    """Refuse a page without the markers before a run, not after it."""
+    start, end = text.find(RESULTS_START), text.find(RESULTS_END)
+    if start == -1 or end == -1 or end < start:
+        raise ResultsPageError(
+            f"{path} has no '{RESULTS_START} ... -->' and '{RESULTS_END}' lines around its "
+            "current results: the table is written between them"
+        )
+
+
+def results_section(results: Results, *, command: str, commit: str, machine: str, when: str) -> str:
+    """The current results: the run, every target and its status, every figure."""
+    lines = [
+        f"{RESULTS_START}: written by `{command}`; edit the text around it, not this -->",
+        "",
+        f"**Commit** `{commit}`, **date** {when}, **machine** {machine}.",
+        "",
+        "| target | status | figures |",
+        "| --- | --- | --- |",
+    ]
+    lines.extend(f"| {v.target} | {v.status} | {v.figures} |" for v in verdicts(results.rows))
+    lines.extend(["", "Every figure, median (min-max) of the run's rounds:", ""])
+    lines.extend(
+        [
+            "| nodes | figure | service | baseline | ratio | note |",
+            "| ---: | --- | --- | --- | ---: | --- |",
+        ]
+    )
+    for r in results.rows:
+        ratio = "-" if math.isnan(r.ratio) else f"{r.ratio:.2f}x"
+        baseline = f"{r.baseline_name}: {spread(r.baseline)}" if r.baseline else "-"
+        note = r.note.replace("|", "/") or "-"
+        lines.append(
+            f"| {r.size:,} | {r.name} | {spread(r.value)} {r.unit} | {baseline} | {ratio} | {note} |"
+        )
+    if results.notes:
+        lines.append("")
+        lines.extend(f"- {n}" for n in results.notes)
+    lines.extend(["", RESULTS_END])
+    return "\n".join(lines)
+
+
+def write_results_page(text: str, section: str, path: str) -> str:
+    """The page with its current results replaced by `section`; the rest kept as written."""
+    check_results_page(text, path)
+    start = text.index(RESULTS_START)
+    end = text.index(RESULTS_END) + len(RESULTS_END)
+    return text[:start] + section + text[end:]

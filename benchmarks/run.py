@@ -28,7 +28,13 @@ from benchmarks.database import (
     postmaster_pid,
     server_version,
 )
-from benchmarks.results import Results
+from benchmarks.results import (
+    Results,
+    ResultsPageError,
+    check_results_page,
+    results_section,
+    write_results_page,
+)
 from benchmarks.services import services
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +57,18 @@ def machine() -> str:
         f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}"
     )
+
+
+def commit() -> str:
+    """The checkout's commit, marked -dirty when tracked files differ from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{head}-dirty" if git("status", "--porcelain", "--untracked-files=no") else head
 
 
 def load_average() -> str:
@@ -153,7 +171,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--markdown", default="/tmp/llmgw-benchmarks.md", help="where to write the table"
     )
+    parser.add_argument(
+        "--write-results",
+        metavar="PAGE",
+        help="replace the current results in PAGE (BENCHMARKS.md): the commit, machine, date, "
+        "every target with its status, every figure",
+    )
     args = parser.parse_args(argv)
+    if args.write_results:
+        try:
+            check_results_page(Path(args.write_results).read_text(), args.write_results)
+        except OSError as error:
+            parser.error(f"--write-results {args.write_results}: {error.strerror}")
+        except ResultsPageError as error:
+            parser.error(f"--write-results: {error}")
     quick = args.quick
     args.sizes = [int(s) for s in (args.sizes or ("1000" if quick else "1000,10000")).split(",")]
     args.rounds = args.rounds or (2 if quick else 3)
@@ -167,6 +198,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    # Read before the run: the figures are of the code as it was when they started.
+    measured_commit = commit()
     results = Results()
     started = time.perf_counter()
     results.note(f"machine: {machine()}; load average at start {load_average()}")
@@ -186,6 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     Path(args.markdown).write_text(f"Command: `{command}`\n\n{table}")
     print(f"written to {args.markdown}")
+    if args.write_results:
+        page = Path(args.write_results)
+        section = results_section(
+            results,
+            command=command,
+            commit=measured_commit,
+            machine=f"{machine()}, shared with other work (load averages in the notes)",
+            when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        )
+        page.write_text(write_results_page(page.read_text(), section, str(page)))
+        print(f"current results written into {page}")
     if wrong:
         print(f"{wrong} wrong results (see above)", file=sys.stderr)
         return 1

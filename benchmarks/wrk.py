@@ -7,7 +7,7 @@ request, which it takes from the core PostgreSQL runs on; the floor, which
 has no database, does not pay for that, the heartbeat does (its batch waits
 on PostgreSQL while the client holds the core). wrk, written in C, spends a
 fraction of that. The issue that set the floor's targets names both ("wrk or
-your own, 32 connections"); BENCHMARKS.md gives the figures of both.
+your own, 32 connections"); docs/history/benchmarks-journal.md gives the figures of both.
 
 One thread, `connections` keep-alive connections, each request the next of
 `bodies` in turn. A Lua script counts every answer that is not a 200 or that

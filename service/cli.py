@@ -70,6 +70,31 @@ def wait_for_database(url: str, settings: Settings, within: float | None) -> str
     return None
 
 
+def next_steps(settings: Settings, *, tokens_in_force: bool, assets_missing: bool) -> list[str]:
+    """What an operator does next, printed when `serve` starts: where to go, what is missing,
+    and what the first token changes (it locks out every caller that sends none)."""
+    base = f"http://{settings.host}:{settings.port}"
+    steps = [f"next: the dashboard is {base}/ and GraphiQL {base}/graphql"]
+    if assets_missing:
+        steps.append(
+            "next: GraphiQL's scripts are not here, so it loads them from a CDN (offline it "
+            "stays at 'Loading...'): run `llmgw-inventory fetch-assets` "
+            "(in a checkout: `python3 dev.py fetch-assets`)"
+        )
+    steps.append(
+        "next: no nodes yet? `llmgw-inventory demo` (in a checkout: `python3 dev.py demo`) "
+        "registers a demo cluster and keeps it alive"
+    )
+    if not tokens_in_force:
+        steps.append(
+            "next: no tokens yet, so every caller on loopback is an operator. "
+            "`llmgw-inventory ctl tokens create --role operator` makes the first token; from "
+            "then on every caller without one (running agents, ctl, the dashboard) is refused "
+            "with HTTP 401, so give each its own token"
+        )
+    return steps
+
+
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.database.migrations import upgrade
     from service.web import heap
@@ -92,9 +117,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         upgrade(url)
         from service.access_control.bind_policy import bind_decision, tokens_in_force
 
-        decision = bind_decision(
-            settings.host, tokens_in_force(url, settings), args.insecure or settings.insecure
-        )
+        in_force = tokens_in_force(url, settings)
+        decision = bind_decision(settings.host, in_force, args.insecure or settings.insecure)
         if not decision.start:
             print(f"llmgw-inventory: {decision.message}", file=sys.stderr)
             return 2
@@ -102,6 +126,15 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             log.warning("%s", decision.message)
         app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
+        from service.web.assets import VENDOR_DIR, missing_or_altered, pinned_assets
+
+        assets_missing = bool(missing_or_altered(VENDOR_DIR, pinned_assets()))
+        for line in next_steps(
+            settings,
+            tokens_in_force=in_force,
+            assets_missing=assets_missing,
+        ):
+            log.info("%s", line)
         heap.settle()
         DrainingServer.run_app(
             app, settings, host=settings.host, port=settings.port, **uvicorn_options(settings)
@@ -186,8 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     assets_cmd.set_defaults(run=fetch_assets)
 
     from service.ctl import add_ctl_parser
+    from service.demo_cluster import add_parser as add_demo_parser
 
     add_ctl_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 

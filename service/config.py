@@ -1,8 +1,8 @@
 """Settings, read once from the environment.
 
 Every setting is an environment variable prefixed INVENTORY_ (DATABASE_URL
-aside, because every PostgreSQL tool already reads that name). The README's
-configuration table lists the same names and defaults as SETTINGS below; a
+aside, because every PostgreSQL tool already reads that name). docs/operations/configuration.md's
+table lists the same names and defaults as SETTINGS below; a
 test keeps the two in step.
 """
 

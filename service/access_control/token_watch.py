@@ -36,7 +36,7 @@ from service.tasks import stop_task
 log = logging.getLogger(__name__)
 
 # A revoked token's subscriptions end within this plus one statement (the
-# README promises 2 seconds).
+# docs/security/roles.md promises 2 seconds).
 RECHECK_INTERVAL = 1.0
 
 OnEnd = Callable[[Status], None]

@@ -61,6 +61,18 @@ class NewToken:
 
     token: TokenRecord
     secret: str
+    # No token existed before this one: from now on every caller needs one.
+    first: bool = False
+
+
+# What creating the first token changes, said where it is created (createToken's
+# `warning`, `ctl tokens create`): the running agents, ctl and dashboards that
+# sent no token stop working at once.
+FIRST_TOKEN_WARNING = (
+    "this is the first token: tokens are now in force, so every caller without one "
+    "(running agents, ctl, the dashboard, GraphiQL) is refused with HTTP 401 from its "
+    "next request; give each an agent, reader, scheduler or operator token"
+)
 
 
 class TokenNotFound(InventoryError):
@@ -139,6 +151,7 @@ async def create_token(
     database's clock, the clock that later decides the token expired.
     """
     check_token_request(role, node_id, description, expires_at)
+    first = not await any_tokens(conn)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
     row = (
@@ -169,7 +182,7 @@ async def create_token(
             expires_at.isoformat(),
             f"already past (the service's clock says {now.isoformat(timespec='seconds')})",
         )
-    return NewToken(token=_record(row), secret=secret)
+    return NewToken(token=_record(row), secret=secret, first=first)
 
 
 async def revoke_token(conn: Connection, token_id: str) -> TokenRecord:

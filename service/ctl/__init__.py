@@ -43,7 +43,15 @@ from service.ctl.client import DEFAULT_URL, Client, CtlError
 # argparse's subparsers action; private in typeshed, public in practice.
 Commands = Any
 
-__all__ = ["DEFAULT_URL", "Client", "Commands", "CtlError", "add_ctl_parser"]
+__all__ = [
+    "DEFAULT_URL",
+    "Client",
+    "Commands",
+    "CtlError",
+    "add_connection_options",
+    "add_ctl_parser",
+    "connect",
+]
 
 
 def _subcommand_modules() -> list[Any]:
@@ -64,7 +72,7 @@ def add_ctl_parser(subparsers: Commands) -> argparse.ArgumentParser:
         help="operate the cluster through a running service (GraphQL over HTTP)",
         description="Operate the cluster through a running service's GraphQL API.",
     )
-    _add_connection_options(ctl, default=None)
+    add_connection_options(ctl, default=None)
     commands = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
     for module in _subcommand_modules():
         module.register(commands)
@@ -72,12 +80,13 @@ def add_ctl_parser(subparsers: Commands) -> argparse.ArgumentParser:
     # flags to the command they just ran. Below `ctl` the options default to
     # SUPPRESS, so a subcommand that does not repeat them keeps ctl's value.
     for parser in _parsers_below(ctl):
-        _add_connection_options(parser, default=argparse.SUPPRESS)
+        add_connection_options(parser, default=argparse.SUPPRESS)
     ctl.set_defaults(run=run_ctl)
     return ctl
 
 
-def _add_connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
+def add_connection_options(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """--url, --token and --timeout, as ctl and `llmgw-inventory demo` take them."""
     group = parser.add_argument_group("connection (accepted before or after the command)")
     group.add_argument(
         "--url",
@@ -106,15 +115,20 @@ def _parsers_below(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPar
     return found
 
 
+def connect(args: argparse.Namespace) -> Client:
+    """A client for --url or INVENTORY_URL, with --token or INVENTORY_TOKEN."""
+    url = args.url or os.environ.get("INVENTORY_URL") or DEFAULT_URL
+    token = args.token or os.environ.get("INVENTORY_TOKEN") or None
+    return Client(url, token=token, timeout=args.timeout)
+
+
 def run_ctl(args: argparse.Namespace, settings: object = None) -> int:
     """Run the chosen handler; an expected failure is one line on stderr and exit 1."""
     # httpx logs every request at INFO: on an operator's terminal that is
     # noise around the one line that matters.
     for chatty in ("httpx", "httpcore", "websockets"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    url = args.url or os.environ.get("INVENTORY_URL") or DEFAULT_URL
-    token = args.token or os.environ.get("INVENTORY_TOKEN") or None
-    client = Client(url, token=token, timeout=args.timeout)
+    client = connect(args)
     try:
         code: int = args.handler(args, client)
         return code

@@ -7,6 +7,7 @@ can take it with `| tail -n 1`; it is never shown again.
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ CREATE = """
 mutation CreateToken($role: Role!, $nodeId: ID, $description: String, $expiresAt: DateTime) {
   createToken(role: $role, nodeId: $nodeId, description: $description, expiresAt: $expiresAt) {
     secret
+    warning
     token { id role nodeId description createdAt expiresAt }
   }
 }
@@ -60,6 +62,9 @@ def create_token(args: argparse.Namespace, client: Client) -> int:
     bound = f" for node {token['nodeId']}" if token.get("nodeId") else ""
     until = f", expires {_utc(token['expiresAt'])}" if token.get("expiresAt") else ""
     print(f"created {token['role'].lower()} token {token['id']}{bound}{until}")
+    if data.get("warning"):
+        # On stderr: the secret stays the last line of stdout for `| tail -n 1`.
+        print(f"warning: {data['warning']}", file=sys.stderr)
     print("the secret below is shown once; send it as 'Authorization: Bearer <secret>'")
     print(data["secret"])
     return 0

@@ -109,7 +109,7 @@ class PlaceInput:
         default=None, description="A node whose local disk is unknown is not excluded."
     )
     label: KeyValueInput | None = None
-    # Topology (contract-topology.graphql); see README "Topology-aware placement".
+    # Topology (contract-topology.graphql); see docs/scheduler/topology.md.
     nvlink_shards: bool | None = strawberry.field(
         default=False,
         description=(

@@ -9,7 +9,7 @@ import strawberry
 
 from service import paging
 from service.access_control import tokens
-from service.access_control.tokens import NewToken, TokenRecord
+from service.access_control.tokens import FIRST_TOKEN_WARNING, NewToken, TokenRecord
 from service.database import connections
 from service.database.connections import Connection
 
@@ -17,7 +17,7 @@ from .context import Info
 from .pages import answer, paged
 
 
-@strawberry.enum(description="What a token may do; see the README's Security section.")
+@strawberry.enum(description="What a token may do; see docs/security/roles.md.")
 class Role(Enum):
     READER = "reader"
     AGENT = "agent"
@@ -72,10 +72,19 @@ class CreatedToken:
     secret: str = strawberry.field(
         description="Send as 'Authorization: Bearer <secret>'. Shown this once; not stored."
     )
+    warning: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Set when this token put tokens in force (the first token, with no "
+            "INVENTORY_BOOTSTRAP_TOKEN): every caller without a token, running agents, ctl "
+            "and the dashboard included, is refused from its next request."
+        ),
+    )
 
     @classmethod
-    def of(cls, new: NewToken) -> CreatedToken:
-        return cls(token=ApiToken.of(new.token), secret=new.secret)
+    def of(cls, new: NewToken, *, tokens_were_in_force: bool) -> CreatedToken:
+        warning = FIRST_TOKEN_WARNING if new.first and not tokens_were_in_force else None
+        return cls(token=ApiToken.of(new.token), secret=new.secret, warning=warning)
 
 
 @strawberry.type
@@ -135,7 +144,9 @@ class TokenMutations:
         if info.context.authenticator is not None:
             # Enforce tokens on this process from the next request on.
             info.context.authenticator.forget()
-        return CreatedToken.of(created)
+        # A bootstrap token already put tokens in force: the first stored one changes nothing.
+        bootstrap = bool(info.context.settings.bootstrap_token)
+        return CreatedToken.of(created, tokens_were_in_force=bootstrap)
 
     @strawberry.mutation(
         description=(

@@ -17,7 +17,7 @@ const STATES = ["READY", "CORDONED", "DRAINING", "UNREACHABLE", "LOST"];
 const NODES_QUERY = `query DashboardNodes($after: ID) {
   nodes(after: $after) {
     id hostname state schedulable stateReason stateChangedBy lastSeen
-    gpus { index gpuClass cordonReason stickyReasons }
+    gpus { index gpuClass healthy healthReasons cordonReason stickyReasons }
     freeGpus { gpuClass }
     fabrics { fabric }
     localDisk { freeBytes totalBytes }
@@ -53,6 +53,8 @@ const view = {
   selectedNode: null, // its answer to NODE_QUERY
   skewMs: 0, // server clock minus browser clock
   mode: "loading",
+  // Why the page is not live (polling, or still connecting), shown in the badge.
+  whyNotLive: "reading the cluster",
   error: null,
 };
 
@@ -65,6 +67,16 @@ function token() {
 }
 
 class GraphQLError extends Error {}
+
+// The service's refusal names GraphiQL's Headers pane; on this page the token
+// goes into its own Token field, so the hint says that instead.
+function refusal(errors) {
+  const refused = errors.find((e) => e.extensions && e.extensions.code === "UNAUTHENTICATED");
+  if (!refused) return null;
+  document.getElementById("token-form").classList.add("needs-token");
+  if (!token()) return "this service requires a token: paste one into the Token field above and press Use";
+  return `the token in the Token field was refused (${refused.message}): paste another and press Use`;
+}
 
 // The answer's data, or a GraphQLError for any error in it, except that a
 // list which stopped short (PAGE_TRUNCATED, with the cursor that continues)
@@ -93,8 +105,9 @@ async function graphql(query, variables, truncated) {
     return true;
   });
   if (errors.length) {
-    throw new GraphQLError(errors.map((e) => e.message).join("; "));
+    throw new GraphQLError(refusal(errors) || errors.map((e) => e.message).join("; "));
   }
+  document.getElementById("token-form").classList.remove("needs-token");
   if (!response.ok) throw new GraphQLError(`${response.status} ${response.statusText}`);
   return body.data;
 }
@@ -177,21 +190,37 @@ function namedKind(type) {
   return type ? type.kind : null;
 }
 
+// The subscription to follow ({query}), or why there is none ({why}): the page then polls.
 async function eventsSubscription() {
   let data;
   try {
     data = await graphql(SUBSCRIPTIONS_QUERY);
-  } catch (_) {
-    return null; // introspection refused or failing: poll
+  } catch (error) {
+    return { why: `the schema could not be read (${error.message})` };
   }
   const type = data.__schema.subscriptionType;
   const field = type && type.fields.find((f) => f.name === "events");
-  if (!field) return null;
-  if (field.args.some((a) => a.type.kind === "NON_NULL")) return null; // needs arguments we do not know
+  if (!field) return { why: "this service offers no events subscription" };
+  if (field.args.some((a) => a.type.kind === "NON_NULL")) {
+    return { why: "the events subscription needs arguments this page does not know" };
+  }
   const kind = namedKind(field.type);
   const selection = kind === "SCALAR" || kind === "ENUM" ? "" : " { __typename }";
-  return `subscription DashboardEvents { events${selection} }`;
+  return { query: `subscription DashboardEvents { events${selection} }` };
 }
+
+// Why a websocket closed, in words an operator can act on.
+function closedBecause(event, said) {
+  if (said) return `the subscription was refused: ${said}`;
+  if (event.code === 4403) return "the subscription's token was refused (code 4403): check the Token field";
+  if (event.code === 1012) return "the service restarted (code 1012)";
+  if (event.code === 1006) return "the websocket was cut or never opened (a proxy that does not pass websockets?)";
+  return `the websocket closed (code ${event.code}${event.reason ? `: ${event.reason}` : ""})`;
+}
+
+// A websocket that neither opens nor closes (a proxy holding the upgrade) must not
+// leave the page saying "connecting" for ever.
+const CONNECT_TIMEOUT_MS = 10000;
 
 let socket = null;
 let retryMs = 1000;
@@ -201,6 +230,16 @@ function connectLive(query) {
   const url = new URL(GRAPHQL);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   socket = new WebSocket(url, "graphql-transport-ws");
+  const opening = socket;
+  let said = null;
+  let acknowledged = false;
+  setMode("connecting", "opening the events subscription");
+  setTimeout(() => {
+    if (socket === opening && !acknowledged) {
+      said = `no answer on the websocket within ${CONNECT_TIMEOUT_MS / 1000}s`;
+      opening.close();
+    }
+  }, CONNECT_TIMEOUT_MS);
   socket.onopen = () => {
     const payload = token() ? { Authorization: `Bearer ${token()}` } : {};
     socket.send(JSON.stringify({ type: "connection_init", payload }));
@@ -208,6 +247,7 @@ function connectLive(query) {
   socket.onmessage = (message) => {
     const msg = JSON.parse(message.data);
     if (msg.type === "connection_ack") {
+      acknowledged = true;
       socket.send(JSON.stringify({ id: "events", type: "subscribe", payload: { query } }));
       retryMs = 1000;
       setMode("live");
@@ -221,21 +261,24 @@ function connectLive(query) {
     } else if (msg.type === "ping") {
       socket.send(JSON.stringify({ type: "pong" }));
     } else if (msg.type === "error" || msg.type === "complete") {
+      const errors = Array.isArray(msg.payload) ? msg.payload : [];
+      said = errors.map((e) => e.message).join("; ") || (msg.type === "complete" ? "the service ended it" : "an error");
       socket.close();
     }
   };
-  socket.onclose = () => {
+  socket.onclose = (event) => {
     socket = null;
     // Poll while the subscription is down; try it again with backoff.
-    setMode("polling");
+    setMode("polling", `${closedBecause(event, said)}; retrying in ${Math.round(retryMs / 1000)}s`);
     schedule(POLL_MS);
     setTimeout(() => connectLive(query), retryMs);
     retryMs = Math.min(retryMs * 2, 30000);
   };
 }
 
-function setMode(mode) {
+function setMode(mode, whyNotLive) {
   view.mode = mode;
+  view.whyNotLive = mode === "live" ? null : whyNotLive || view.whyNotLive;
   renderStatus();
 }
 
@@ -317,8 +360,13 @@ function renderStatus() {
     // Every branch sets the text: a stale error must not outlive the answer that fixed it.
     status.className = `status ${view.mode}`;
     status.textContent =
-      view.mode === "live" ? "live" : view.mode === "polling" ? `polling every ${POLL_MS / 1000}s` : "connecting…";
+      view.mode === "live"
+        ? "live"
+        : view.mode === "polling"
+          ? `polling every ${POLL_MS / 1000}s: ${view.whyNotLive}`
+          : `connecting: ${view.whyNotLive}…`;
   }
+  status.title = status.textContent;
 }
 
 function renderSummary() {
@@ -390,19 +438,23 @@ function nvlinkCell(node) {
   );
 }
 
-// Cordoned GPUs and GPUs whose health waits for a reset, marked under the counts.
+// Unhealthy GPUs, cordoned ones and those whose health waits for a reset, marked
+// under the counts: the GPUs the summary counts as unhealthy, found by node.
 function gpuMarks(gpus) {
   return gpus
-    .filter((g) => g.cordonReason || g.stickyReasons.length)
-    .map((g) =>
-      el(
+    .filter((g) => g.cordonReason || g.stickyReasons.length || !g.healthy)
+    .map((g) => {
+      const passing = g.healthReasons.filter((r) => !g.stickyReasons.includes(r));
+      const kinds = [!g.healthy && "unhealthy", g.cordonReason && "cordoned", g.stickyReasons.length && "sticky"];
+      return el(
         "div",
-        { class: "gpu-mark", "data-gpu-index": g.index },
+        { class: ["gpu-mark", ...kinds.filter(Boolean)].join(" "), "data-gpu-index": g.index },
         `GPU ${g.index} `,
+        ...passing.map((r) => el("span", { class: "unhealthy", title: "unhealthy: reported by the node's agent" }, r)),
+        ...g.stickyReasons.map((r) => el("span", { class: "sticky", title: "unhealthy until the GPU is reset" }, r)),
         ...(g.cordonReason ? [el("span", { class: "cordoned", title: g.cordonReason }, "cordoned")] : []),
-        ...g.stickyReasons.map((r) => el("span", { class: "sticky", title: "kept until the GPU is reset" }, r)),
-      ),
-    );
+      );
+    });
 }
 
 function renderNodeView() {
@@ -523,11 +575,12 @@ async function start() {
 }
 
 async function goLive() {
+  setMode("connecting", "looking for the events subscription");
   const subscription = await eventsSubscription();
-  if (subscription) {
-    connectLive(subscription);
+  if (subscription.query) {
+    connectLive(subscription.query);
   } else {
-    setMode("polling");
+    setMode("polling", subscription.why);
     schedule(POLL_MS);
   }
 }

@@ -7,7 +7,7 @@ every full collection, and one was triggered every few thousand requests
 by the objects in flight being promoted; with the default threshold of 700,
 the objects of a few dozen concurrent requests alone started a young
 collection about once per batch of heartbeats, a large share of a
-heartbeat's own CPU (BENCHMARKS.md has the figures).
+heartbeat's own CPU (docs/history/benchmarks-journal.md has the figures).
 
 So, once the process is set up: everything alive is collected once and
 frozen (gc.freeze: never walked again; none of it is garbage), and a young

@@ -118,19 +118,24 @@ def test_ctl_creates_the_first_token_then_needs_one(
     live_service: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = live_service.url
-    code, out, _ = ctl(capsys, url, "tokens", "create", "--role", "operator", "--description", "me")
+    code, out, err = ctl(
+        capsys, url, "tokens", "create", "--role", "operator", "--description", "me"
+    )
     assert code == 0
     operator = out.splitlines()[-1]
     assert operator.startswith("llmgw_")
+    # The first token locks out every tokenless caller: said on stderr, the secret still last.
+    assert err == f"warning: {tokens.FIRST_TOKEN_WARNING}\n"
 
     # The service is closed now: the same command without a token is refused in one line.
     code, _, err = ctl(capsys, url, "tokens", "list")
     assert code == 1 and len(err.splitlines()) == 1 and "requires a token" in err
 
-    code, out, _ = ctl(
+    code, out, err = ctl(
         capsys, url, "--token", operator, "tokens", "create", "--role", "agent", "--node", "gpu-07"
     )
     assert code == 0 and "for node gpu-07" in out
+    assert err == ""
     agent = out.splitlines()[-1]
     heartbeat = httpx.post(
         url,
@@ -154,6 +159,33 @@ def test_ctl_creates_the_first_token_then_needs_one(
     refused = httpx.post(url, json={"query": "{ nodes { id } }"}, headers={
         "Authorization": f"Bearer {agent}"})  # fmt: skip
     assert refused.status_code == 401
+
+
+CREATE = """mutation { createToken(role: OPERATOR, description: "me") { secret warning } }"""
+
+
+def test_the_first_token_warns_in_its_answer_and_later_ones_do_not(live_service: Any) -> None:
+    first = httpx.post(live_service.url, json={"query": CREATE}).json()["data"]["createToken"]
+    assert first["warning"] == tokens.FIRST_TOKEN_WARNING
+    assert "every caller without one" in first["warning"] and "401" in first["warning"]
+    second = httpx.post(
+        live_service.url,
+        json={"query": CREATE},
+        headers={"Authorization": f"Bearer {first['secret']}"},
+    ).json()["data"]["createToken"]
+    assert second["warning"] is None
+
+
+def test_with_a_bootstrap_token_the_first_stored_token_changes_nothing(
+    live_service_factory: Any, engine: AsyncEngine
+) -> None:
+    service = live_service_factory({"INVENTORY_BOOTSTRAP_TOKEN": "boot-s3cret-0123456789"})
+    made = httpx.post(
+        service.url,
+        json={"query": CREATE},
+        headers={"Authorization": "Bearer boot-s3cret-0123456789"},
+    ).json()["data"]["createToken"]
+    assert made["secret"].startswith("llmgw_") and made["warning"] is None
 
 
 def test_ctl_refuses_an_agent_token_without_a_node_naming_the_flag(

@@ -24,8 +24,6 @@ def load_service_schema() -> GraphQLSchema:
     pytest.fail(f"no schema to check the agent against: looked for {[str(p) for p in SCHEMAS]}")
 
 
-def agent_section(readme: str) -> str:
-    """The README's agent section: the blocks a node's operator copies."""
-    start = readme.index("## The node agent")
-    end = readme.find("\n## ", start + 1)
-    return readme[start : end if end != -1 else None]
+def agent_docs(page: str) -> str:
+    """A page of the agent's documentation (docs/agent/): the blocks a node's operator copies."""
+    return (REPO / "docs" / "agent" / page).read_text()

@@ -84,6 +84,29 @@ async def test_a_service_that_cannot_answer_is_told_apart_from_one_that_refuses(
     await client.aclose()
 
 
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [
+        (None, "the agent sent no token: set token or token_file"),
+        ("s3cret", "the agent sent the token from token or token_file: check it is this node's"),
+    ],
+)
+async def test_a_refusal_says_what_the_agent_sent(token: str | None, said: str) -> None:
+    # A fresh deployment's first token locks out a tokenless agent: the log
+    # must say it sent none, not that its (absent) token was refused.
+    def refuse(request: httpx.Request) -> httpx.Response:
+        error = {"message": "a token is required", "extensions": {"code": "UNAUTHENTICATED"}}
+        return httpx.Response(401, json={"errors": [error]})
+
+    client = InventoryClient(URL, token, 5, transport=httpx.MockTransport(refuse))
+    with pytest.raises(ServiceError) as raised:
+        await client.heartbeat("gpu-07")
+    assert str(raised.value).startswith(
+        f"the service refused the agent (HTTP 401: a token is required); {said}"
+    ), str(raised.value)
+    await client.aclose()
+
+
 async def test_any_other_graphql_error_carries_its_code() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         error = {"message": "Cannot query field 'heartbeat'", "extensions": {"code": "X"}}

@@ -1,10 +1,10 @@
-"""The configuration an operator writes, as the README's agent section shows it."""
+"""The configuration an operator writes, as docs/agent/configuration.md shows it."""
 
 import re
 from pathlib import Path
 
 import pytest
-from service_schema import agent_section
+from service_schema import agent_docs
 
 from agent.config import (
     DEFAULT_ENGINE_PROCESSES,
@@ -18,11 +18,9 @@ from agent.config import (
 from agent.gpu_file import GpuFile
 from agent.gpus import Gpu
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
 
 def documented_config() -> str:
-    (toml,) = re.findall(r"```toml\n(.*?)```", agent_section(README.read_text()), re.S)
+    (toml,) = re.findall(r"```toml\n(.*?)```", agent_docs("configuration.md"), re.S)
     return toml
 
 
@@ -73,7 +71,7 @@ def test_the_documented_file_loads_with_every_key_bound(tmp_path: Path, token_fi
 
 
 def test_every_key_and_variable_is_documented() -> None:
-    docs = agent_section(README.read_text())
+    docs = agent_docs("configuration.md")
     example = documented_config()
     undocumented = [k for k in KEYS if f"| `{k}` |" not in docs]
     unexplained = [v for v in ENV_VARS if f"`{v}`" not in docs]

@@ -1,4 +1,4 @@
-"""The README's agent section shows what the agent really does: its unit file and its dry-run output."""
+"""The agent's docs (docs/agent/) show what the agent really does: its unit file and its dry run."""
 
 import json
 import re
@@ -6,12 +6,12 @@ from pathlib import Path
 
 from graphql import OperationDefinitionNode, parse
 from graphql.execution.values import get_variable_values
-from service_schema import agent_section, load_service_schema
+from service_schema import agent_docs, load_service_schema
 
 from agent.client import load_operation
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = agent_section((REPO / "README.md").read_text())
+DOCS = agent_docs("install.md") + agent_docs("systemd.md")
 
 
 def directives(unit: str) -> list[str]:

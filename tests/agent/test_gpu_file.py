@@ -12,7 +12,7 @@ import yaml
 from fake_inventory_service import FakeService
 from fake_nvml import FakeNvml, h200
 from fake_root import FakeDisks, make_node
-from service_schema import agent_section
+from service_schema import agent_docs
 
 from agent.cli import main
 from agent.client import InventoryClient
@@ -23,7 +23,6 @@ from agent.report import Host, build_report
 from agent.weights import WeightsScanner
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
 WARNING = "GPUs come from {path} (gpu_source), not from the NVIDIA driver"
 
 TWO_GPUS = [
@@ -128,7 +127,7 @@ def compose_agent() -> dict[str, Any]:
     return agent
 
 
-def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors(
+def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors_on_ib_a(
     node: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     agent = compose_agent()
@@ -146,7 +145,13 @@ def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors(
     assert main(["--dry-run"], env=env, host=host, transport=refuse) == 0
     out, err = capsys.readouterr()
 
-    gpus = json.loads(out)["gpus"]
+    report = json.loads(out)
+    gpus = report["gpus"]
+    # A rail adapter per GPU on fabric ib-a: the demo's fabric questions have answers.
+    assert report["fabrics"] == [
+        {"fabric": "ib-a", "hcas": [f"mlx5_{i}" for i in range(8)], "rateGbps": 400}
+    ]
+    assert [g["nearHcas"] for g in gpus] == [[f"mlx5_{i}"] for i in range(8)]
     assert [(g["index"], g["name"], g["memoryMb"]) for g in gpus] == [
         (i, "NVIDIA H100 80GB HBM3", 81559) for i in range(8)
     ]
@@ -159,7 +164,7 @@ def test_the_compose_demo_agent_reports_eight_h100s_one_with_ecc_errors(
 
 
 def test_the_documented_example_file_loads(tmp_path: Path) -> None:
-    (example,) = re.findall(r"```json\n(.*?)```", agent_section(README.read_text()), re.S)
+    example, with_fabrics = re.findall(r"```json\n(.*?)```", agent_docs("gpu-file.md"), re.S)
     config = load_config(
         None,
         {
@@ -169,15 +174,63 @@ def test_the_documented_example_file_loads(tmp_path: Path) -> None:
     )
     assert isinstance(config.gpu_source, GpuFile)
     assert [(g.index, g.healthy) for g in config.gpu_source.gpus] == [(0, True), (1, False)]
+    assert config.gpu_source.fabrics is None
+
+    (tmp_path / "lab").mkdir()
+    config = load_config(
+        None,
+        {
+            "LLMGW_AGENT_NODE_ID": "lab-1",
+            "LLMGW_AGENT_GPU_SOURCE": str(gpu_file(tmp_path / "lab", with_fabrics)),
+        },
+    )
+    assert isinstance(config.gpu_source, GpuFile) and config.gpu_source.fabrics is not None
+    assert [(f.fabric, f.hcas, f.rate_gbps) for f in config.gpu_source.fabrics] == [
+        ("ib-a", ("mlx5_0", "mlx5_1"), 400)
+    ]
 
 
 def entry(**fields: object) -> dict[str, object]:
     return {"index": 0, "name": "NVIDIA H100 80GB HBM3", **fields}
 
 
+FABRIC_A = {"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rate_gbps": 400}
+
 BAD_FILES: list[tuple[object, str]] = [
     ("", "not valid JSON: Expecting value: line 1 column 1"),
-    ({"gpus": [entry()]}, "must be a JSON list of GPU objects"),
+    ({"gpu": [entry()]}, "gpu = [{'index': 0, 'name': 'NVIDIA H100 80GB HBM3'}]: unknown field"),
+    ({"fabrics": []}, "an object file needs gpus"),
+    ({"gpus": {"index": 0}}, "must be a JSON list of GPU objects, or an object with gpus"),
+    ({"gpus": [entry(index=-1)]}, "gpus[0].index = -1: must be a whole number"),
+    ({"gpus": [entry()], "fabrics": {"ib-a": []}}, "fabrics = {'ib-a': []}: must be a list"),
+    (
+        {"gpus": [entry()], "fabrics": [{"name": "ib-a", "hcas": ["mlx5_0"]}]},
+        "rate_gbps is required",
+    ),
+    (
+        {"gpus": [entry()], "fabrics": [{"name": "ib-a", "hcas": [], "rate_gbps": 400}]},
+        "fabrics[0].hcas = []: must list at least one adapter",
+    ),
+    (
+        {"gpus": [entry()], "fabrics": [{"name": "ib-a", "hcas": ["mlx5_0"], "rate_gbps": "NDR"}]},
+        "fabrics[0].rate_gbps = 'NDR': must be a whole number of at least 1",
+    ),
+    (
+        {"gpus": [entry()], "fabrics": [{"name": "ib-a", "hcas": ["m"], "rate_gbps": 1, "gid": 0}]},
+        "fabrics[0].gid = 0: unknown field; known: name, hcas, rate_gbps",
+    ),
+    (
+        {"gpus": [entry()], "fabrics": [FABRIC_A, {**FABRIC_A, "hcas": ["mlx5_9"]}]},
+        "fabrics[1].name = 'ib-a': names another fabric too",
+    ),
+    (
+        {"gpus": [entry()], "fabrics": [FABRIC_A, {**FABRIC_A, "name": "ib-b"}]},
+        "fabrics[1].hcas[0] = 'mlx5_0': is cabled to another fabric too",
+    ),
+    (
+        {"gpus": [entry(near_hcas=["mlx5_7"])], "fabrics": [FABRIC_A]},
+        "gpus[0].near_hcas[0] = 'mlx5_7': is no adapter of the file's fabrics",
+    ),
     (["NVIDIA H100"], "[0] = 'NVIDIA H100': must be an object with index and name"),
     ([{"name": "NVIDIA H100"}], "[0] = {'name': 'NVIDIA H100'}: index is required"),
     ([{"index": 0}], "[0] = {'index': 0}: name is required"),
@@ -237,6 +290,44 @@ def test_a_gpu_file_fakes_a_topology(tmp_path: Path, node: Path) -> None:
         {"nvlinkPeers": [1], "numaNode": 0, "nearHcas": ["mlx5_0"], "nvlinkDomain": "c/1"},
         {"nvlinkPeers": [0], "numaNode": 1, "nearHcas": [], "nvlinkDomain": None},
     ]
+
+
+def test_a_gpu_file_declares_the_fabrics_a_demo_node_is_cabled_to(
+    tmp_path: Path, node: Path
+) -> None:
+    # No /sys/class/infiniband under the fake root: the rails come from the file alone.
+    document = {
+        "gpus": [entry(near_hcas=["mlx5_0"]), entry(index=1, near_hcas=["mlx5_2"])],
+        "fabrics": [
+            {"name": "ib-b", "hcas": ["mlx5_2"], "rate_gbps": 200},
+            FABRIC_A,
+        ],
+    }
+    env = {
+        "LLMGW_AGENT_NODE_ID": "lab-1",
+        "LLMGW_AGENT_ROOT": str(node),
+        "LLMGW_AGENT_GPU_SOURCE": str(gpu_file(tmp_path, document)),
+    }
+    config = load_config(None, env)
+    host, _ = host_with_a_driver(node)
+    report = build_report(config, host, WeightsScanner(str(node)))
+    assert report.node_input["fabrics"] == [
+        {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400},
+        {"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 200},
+    ]
+    assert [g["nearHcas"] for g in report.node_input["gpus"]] == [["mlx5_0"], ["mlx5_2"]]
+    assert not [w for w in report.warnings if "infiniband" in w]
+
+
+def test_fabrics_in_the_gpu_file_and_in_the_config_stop_the_agent(tmp_path: Path) -> None:
+    path = gpu_file(tmp_path, {"gpus": [entry()], "fabrics": [FABRIC_A]})
+    env = {
+        "LLMGW_AGENT_NODE_ID": "lab-1",
+        "LLMGW_AGENT_GPU_SOURCE": str(path),
+        "LLMGW_AGENT_FABRICS": "ib-a=mlx5_0",
+    }
+    with pytest.raises(ConfigError, match=f"the GPU file {path} declares fabrics too"):
+        load_config(None, env)
 
 
 @pytest.mark.parametrize(("content", "problem"), BAD_FILES)

@@ -1,6 +1,6 @@
 """A bounded API: every oversized or abusive request gets a clear error, never a hang or a 500.
 
-Limits and their defaults are in the README's Security section.
+Limits and their defaults are in docs/security/limits.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Settings come from the environment; the README documents each one with its default."""
+"""Settings come from the environment; docs/operations/configuration.md documents each with its default."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 
 from service.config import SETTINGS, SettingError, Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations" / "configuration.md"
 
 
-def test_readme_lists_every_setting_with_its_default() -> None:
-    text = README.read_text()
+def test_the_docs_list_every_setting_with_its_default() -> None:
+    text = DOCS.read_text()
     table = text[text.index("<!-- settings:start -->") : text.index("<!-- settings:end -->")]
     documented = dict(re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", table, flags=re.M))
     for setting in SETTINGS:
-        assert setting.env in documented, f"{setting.env} is missing from the README"
+        assert setting.env in documented, f"{setting.env} is missing from {DOCS.name}"
         shown = documented[setting.env].strip()
         assert shown == (f"`{setting.default}`" if setting.default else "(unset)"), setting.env
 

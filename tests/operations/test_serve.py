@@ -116,3 +116,40 @@ def test_a_dead_holders_pid_does_not_block_the_next_stop(tmp_path: Path) -> None
     handles.write_text(json.dumps([os.getpid(), dead.pid]))
     prune_dead_handles(tmp_path)
     assert json.loads(handles.read_text()) == [os.getpid()]
+
+
+def test_serve_says_what_to_do_next_on_a_fresh_deployment(
+    database_url: str, engine: object, tmp_path: Path
+) -> None:
+    # A fresh database (the engine fixture empties it): no tokens yet.
+    log = tmp_path / "serve.log"
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url, "INVENTORY_SHUTDOWN_DRAIN": "0"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+            env=env, cwd=REPO, stderr=out,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while "no tokens yet" not in log.read_text() and time.monotonic() < deadline:
+                assert process.poll() is None, log.read_text()
+                time.sleep(0.1)
+        finally:
+            process.kill()
+            process.wait()
+    said = log.read_text()
+    assert f"next: the dashboard is http://127.0.0.1:{port}/ and GraphiQL" in said
+    assert "`llmgw-inventory ctl tokens create --role operator` makes the first token" in said
+    assert "every caller without one (running agents, ctl, the dashboard) is refused" in said
+
+
+def test_next_steps_name_fetch_assets_only_when_missing_and_tokens_only_before_the_first() -> None:
+    from service.cli import next_steps
+    from service.config import Settings
+
+    fresh = "\n".join(next_steps(Settings(), tokens_in_force=False, assets_missing=True))
+    assert "`llmgw-inventory fetch-assets`" in fresh and "makes the first token" in fresh
+    running = "\n".join(next_steps(Settings(), tokens_in_force=True, assets_missing=False))
+    assert "fetch-assets" not in running and "first token" not in running
+    assert "http://127.0.0.1:8080/graphql" in running

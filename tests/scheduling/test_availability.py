@@ -55,6 +55,9 @@ NOT_DEFINITIONS = {
         "service/ctl/nodes.py",
         '"ok" if gpu["healthy"] else',
     ): "shows a GPU's health, decides nothing",
+    ("service/static/dashboard.js", 'const kinds = [!g.healthy && "unhealthy"'): (
+        "marks a GPU the service answered unhealthy, decides nothing"
+    ),
     ("service/fleet/reports.py", "if gpu.healthy and gpu.health_reasons:"): (
         "refuses a report that contradicts itself, decides no GPU's health"
     ),

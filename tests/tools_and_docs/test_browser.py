@@ -269,6 +269,7 @@ async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recen
     sick = gpus(L40S, 4)
     sick[2] = {**sick[2], "xids": [79]}
     sick[1] = {**sick[1], "xids": [31]}
+    sick[0] = {**sick[0], "healthy": False, "healthReasons": ["ecc_uncorrected"]}
     register(service, "gpu-01", gpus=sick, bootId="boot-a")
     register(service, "gpu-02", gpus=gpus(L40S, 4))
     call(
@@ -286,9 +287,10 @@ async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recen
         await page.wait_for(
             "document.querySelectorAll('#nodes tbody tr').length === 2", "two node rows"
         )
-        assert await page.evaluate(MARKS) == ["GPU 2 xid_79", "GPU 3 cordoned"]
+        marks = ["GPU 0 ecc_uncorrected", "GPU 2 xid_79", "GPU 3 cordoned"]
+        assert await page.evaluate(MARKS) == marks
         rows = await page.evaluate(ROWS)
-        assert rows["gpu-01"]["gpus"].startswith("2 / 4 L40S-48GB")
+        assert rows["gpu-01"]["gpus"].startswith("1 / 4 L40S-48GB")
         assert rows["gpu-02"]["gpus"] == "4 / 4 L40S-48GB"
 
         # The operator opens the node.
@@ -303,7 +305,7 @@ async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recen
 
         assert shown["title"] == "gpu-01"
         assert [g[:5] for g in shown["gpus"]] == [
-            ["0", "L40S-48GB", "ok", "—", "—"],
+            ["0", "L40S-48GB", "ecc_uncorrected", "—", "—"],
             ["1", "L40S-48GB", "ok", "—", "—"],
             ["2", "L40S-48GB", "xid_79", "xid_79", "—"],
             ["3", "L40S-48GB", "ok", "—", "fan noise"],
@@ -313,6 +315,66 @@ async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recen
         assert "fallen off the bus" in shown["xids"][0][2]
         assert shown["xids"][1][2] == "the application's (the GPU stays healthy)"
         assert await page.evaluate("location.hash") == "#node=gpu-01"
+        assert_nothing_came_from_outside(page, service)
+        assert page.errors == []
+        assert_only_refused_before_the_token(page)
+
+
+DEMO_MARKS = """
+Object.fromEntries([...document.querySelectorAll('#nodes tbody tr')].map(tr => [
+  tr.dataset.nodeId,
+  [...tr.querySelectorAll('.gpu-mark')].map(d => [d.className, d.innerText.trim()])]))
+"""
+
+
+async def test_the_dashboard_on_the_demo_cluster_marks_the_xid_gpu_and_the_cordoned_node(
+    service: LiveService,
+) -> None:
+    from service.cli import main as inventory
+
+    assert inventory(["demo", "--once", "--url", service.url, "--token", TOKEN]) == 0
+
+    async with chromium() as page:
+        await page.goto(service.url.removesuffix("graphql"))
+        # Refused without a token: the hint names this page's own Token field.
+        hint = await page.wait_for(
+            "(() => { const s = document.getElementById('status');"
+            " return s.classList.contains('error') && s.innerText; })()",
+            "the page to say it needs a token",
+        )
+        assert "paste one into the Token field" in hint and "Headers" not in hint
+        await page.evaluate(
+            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#nodes tbody tr').length === 5", "the demo's five nodes"
+        )
+        await page.wait_for(
+            "document.getElementById('status').innerText === 'live'", "the events subscription"
+        )
+        rows = await page.evaluate(ROWS)
+        marks = await page.evaluate(DEMO_MARKS)
+        await page.screenshot(SCREENSHOTS / "dashboard-demo.png")
+
+        assert rows["hgx-04"]["state"] == "CORDONED"
+        assert rows["hgx-04"]["reason"].startswith("PSU swap")
+        assert rows["hgx-03"]["gpus"].startswith("7 / 8 H100-80GB")
+        # The GPU the summary counts as unhealthy is found on its node: XID 79, sticky.
+        assert marks["hgx-03"] == [["gpu-mark unhealthy sticky", "GPU 5 xid_79"]]
+        assert {node: m for node, m in marks.items() if m} == {"hgx-03": marks["hgx-03"]}
+        assert (rows["hgx-01"]["fabrics"], rows["hgx-03"]["fabrics"]) == ("ib-a", "ib-b")
+        assert (await page.evaluate(SUMMARY))["H100-80GB"] == [32, 23, 0, 1, 8]
+
+        # The live badge says why it is not live, then goes live again by itself.
+        await page.evaluate("socket.close(4000, 'closed by the test')")
+        why = await page.wait_for(
+            "(() => { const t = document.getElementById('status').innerText;"
+            " return t.startsWith('polling') && t; })()",
+            "the badge to say it polls and why",
+        )
+        assert "the websocket closed (code 4000: closed by the test); retrying in" in why, why
+        await page.wait_for("document.getElementById('status').innerText === 'live'", "live again")
         assert_nothing_came_from_outside(page, service)
         assert page.errors == []
         assert_only_refused_before_the_token(page)

@@ -1,9 +1,10 @@
-"""The README's commands work as a newcomer types them: in a checkout, through dev.py.
+"""The commands the README and docs/ show work as a newcomer types them: in a checkout, through dev.py.
 
-The console scripts live in .venv/bin, so the README's `llmgw-inventory ctl ...`
+The console scripts live in .venv/bin, so the docs' `llmgw-inventory ctl ...`
 and `llmgw-agent ...` are typed as `python3 dev.py ctl ...` and
-`python3 dev.py agent ...`; every `ctl` line the README shows parses; and its
-links to files in the repository lead somewhere.
+`python3 dev.py agent ...`; every `ctl` line the README and docs/ show parses;
+and the README's links to files in the repository lead somewhere (the docs'
+links are checked by `mkdocs build --strict`, test_docs_site.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tests.reports import REGISTER, node_input
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
+DOCS = "\n".join(page.read_text() for page in sorted((REPO / "docs").rglob("*.md")))
 STAMP = REPO / ".venv" / ".installed-pyproject"
 
 needs_dev_venv = pytest.mark.skipif(
@@ -71,7 +73,7 @@ def test_dev_py_agent_is_the_agent_and_its_dry_run_needs_no_token(tmp_path: Path
 
 def _ctl_lines() -> list[str]:
     lines = []
-    for block in re.findall(r"```(?:sh|console)\n(.*?)```", README, re.S):
+    for block in re.findall(r"```(?:sh|console)\n(.*?)```", README + DOCS, re.S):
         for line in block.splitlines():
             line = line.removeprefix("$ ")
             if line.startswith("llmgw-inventory ctl "):
