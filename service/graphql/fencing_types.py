@@ -8,7 +8,6 @@ from service.database.connections import Connection
 from service.fleet import fencing
 
 from .context import Info
-from .fast.input_conversion import compiled_input
 
 strawberry.enum(
     fencing.StopReason,
@@ -21,7 +20,6 @@ strawberry.enum(
 )
 
 
-@compiled_input
 @strawberry.input(
     description="A shard an engine on this node runs, with the fence it was started with."
 )

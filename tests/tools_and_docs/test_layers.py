@@ -45,7 +45,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("access", ("service.access_control", "service.readiness")),
     ("api", ("service.graphql",)),
     ("web", ("service.web",)),
-    ("commands", ("service.cli", "service.ctl")),
+    (
+        "commands",
+        ("service.cli", "service.ctl", "service.demo_cluster", "service.schema_reference"),
+    ),
 ]
 # The layers whose modules may import the web and GraphQL frameworks.
 FRAMEWORK_LAYERS = ("api", "web")
