@@ -51,64 +51,74 @@ def free_gpus_query(
 
     Also the source of node_pages.FreeGpusPage, so both ways answer the same nodes.
 
-    Why it is shaped so (a client paging through the whole answer at 10,000
-    nodes reads it in a few pages of a thousand; issue 18 asks that to cost no
-    more than one plain aggregate over every GPU):
+    A page costs what the page holds, whatever the planner believes about
+    the tables (issue 30: on a cluster just registered, before any ANALYZE,
+    a page that joined the GPUs and allocations of its nodes ran into the
+    request's time limit). So the statement reads gpu_pools alone: each
+    pool row carries its free GPUs' indices (free_indices, kept by the writes
+    that keep the counts: service/scheduling/gpu_pools.py), and there is no
+    join for the planner to get wrong.
     - With a class, a node has one pool row of it (the key is node, class),
-      so the page is a walk of ix_gpu_pools_free in node order from `after`
-      that stops at `first` rows: no grouping, no sort of the rest of the list.
-    - The page's usable GPUs (ix_gpus_usable, index-only) and its
-      allocations are each read by one index scan over the page's node ids
-      as one sorted array (`= ANY(ARRAY(...))`: PostgreSQL 17+ walks the leaf
-      pages once instead of descending per node), merged on (node, index)
-      and grouped per node. Per node, a LATERAL that looked up the GPUs'
-      table rows and probed allocated_gpus once per GPU cost about four
-      times the PostgreSQL CPU. The free test is availability.gpu_free_given,
-      the same rule with the holder joined.
-    Both indexes come with migration 0008.
+      so the page is a walk of ix_gpu_pools_free (class, node id, including
+      free and free_indices) in node order from `after` that stops at
+      `first` rows: no grouping, no sort of the rest of the list.
+    - Without a class, a node's pools are summed. The walk goes node by
+      node (a recursive step finds the next node with an offering pool,
+      from the primary key, and LIMIT 1 makes that an index probe in any
+      statistics state), so it too stops at the page's end, where a GROUP
+      BY over every pool would be hashed whole when the planner guesses few
+      groups.
+    Either walk passes over nodes that offer fewer than minFree (or are not
+    on the fabric) and reads nothing else.
     """
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
     params: dict[str, Any] = {"min_free": min_free, "first": first}
-    where = [pool_offers("p")]
-    if gpu_class is not None:
-        where.append("p.gpu_class = :cls")
-        params["cls"] = gpu_class
+    on_fabric = (
+        "EXISTS (SELECT 1 FROM fabric_attachments fa"
+        " WHERE fa.node_id = {p}.node_id AND fa.fabric = :fabric)"
+    )
     if fabric is not None:
-        where.append(
-            "EXISTS (SELECT 1 FROM fabric_attachments fa"
-            " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
-        )
         params["fabric"] = fabric
-    if after is not None:
-        where.append("p.node_id > :after")
-        params["after"] = after
     if gpu_class is not None:
-        where.append("p.free >= :min_free")
-        page = f"""
-            SELECT p.node_id FROM gpu_pools p WHERE {" AND ".join(where)}
-            ORDER BY p.node_id LIMIT :first"""
-    else:
-        page = f"""
-            SELECT p.node_id FROM gpu_pools p WHERE {" AND ".join(where)}
-            GROUP BY p.node_id HAVING sum(p.free) >= :min_free
-            ORDER BY p.node_id LIMIT :first"""
-    gpu_class_match = "AND g.gpu_class = :cls" if gpu_class is not None else ""
-    # In the WHERE, so the planner makes the LEFT JOIN an anti join and reads
-    # the GPUs from ix_gpus_usable (whose predicate gpu_free_given implies).
-    free = gpu_free_given("g", "a.gpu_index IS NOT NULL")
+        params["cls"] = gpu_class
+        where = [pool_offers("p"), "p.gpu_class = :cls", "p.free >= :min_free"]
+        if fabric is not None:
+            where.append(on_fabric.format(p="p"))
+        if after is not None:
+            where.append("p.node_id > :after")
+            params["after"] = after
+        sql = f"""
+            SELECT p.node_id, p.free_indices AS indices FROM gpu_pools p
+            WHERE {" AND ".join(where)}
+            ORDER BY p.node_id LIMIT :first
+        """
+        return sql, params
+    # The next node after `w` with a pool that offers GPUs.
+    step = f"""(SELECT p.node_id FROM gpu_pools p WHERE {pool_offers("p")} AND p.node_id > {{w}}
+                ORDER BY p.node_id LIMIT 1)"""
+    params["after"] = after if after is not None else ""
+    on_it = f" AND {on_fabric.format(p='w')}" if fabric is not None else ""
+    # The walk yields nodes in ascending order and the LIMIT stops it; the
+    # ORDER BY sorts only the page (over the whole walk it would run it to
+    # the end).
     sql = f"""
-        WITH page AS MATERIALIZED ({page}
+        WITH RECURSIVE walk(node_id) AS (
+            SELECT {step.format(w="CAST(:after AS text)")}
+            UNION ALL
+            SELECT {step.format(w="w.node_id")} FROM walk w WHERE w.node_id IS NOT NULL
         )
-        SELECT page.node_id, free.indices
-        FROM page LEFT JOIN (
-            SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
-            FROM gpus g
-            LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
-                AND a.node_id = ANY(ARRAY(SELECT node_id FROM page))
-            WHERE g.node_id = ANY(ARRAY(SELECT node_id FROM page)) {gpu_class_match} AND {free}
-            GROUP BY g.node_id
-        ) free ON free.node_id = page.node_id
+        SELECT page.node_id, page.indices FROM (
+            SELECT w.node_id, offered.indices
+            FROM walk w CROSS JOIN LATERAL (
+                SELECT array_agg(i ORDER BY i) AS indices
+                FROM gpu_pools q, unnest(q.free_indices) i
+                WHERE q.node_id = w.node_id AND {pool_offers("q")}
+                HAVING count(*) >= :min_free
+            ) offered
+            WHERE w.node_id IS NOT NULL{on_it}
+            LIMIT :first
+        ) page
         ORDER BY page.node_id
     """
     return sql, params
