@@ -13,8 +13,9 @@ from typing import Any
 from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
+from service.database.key_probes import key_row_exists
 from service.errors import InvalidInput
-from service.scheduling.availability import gpu_free_given, pool_offers
+from service.scheduling.availability import pool_offers
 
 
 @dataclass(frozen=True)
@@ -74,17 +75,18 @@ def free_gpus_query(
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
     params: dict[str, Any] = {"min_free": min_free, "first": first}
-    on_fabric = (
-        "EXISTS (SELECT 1 FROM fabric_attachments fa"
-        " WHERE fa.node_id = {p}.node_id AND fa.fabric = :fabric)"
-    )
+
+    def on_fabric(node_id: str) -> str:
+        # Probed per walked node by its key (service/database/key_probes.py).
+        return key_row_exists("fabric_attachments", {"node_id": node_id, "fabric": ":fabric"})
+
     if fabric is not None:
         params["fabric"] = fabric
     if gpu_class is not None:
         params["cls"] = gpu_class
         where = [pool_offers("p"), "p.gpu_class = :cls", "p.free >= :min_free"]
         if fabric is not None:
-            where.append(on_fabric.format(p="p"))
+            where.append(on_fabric("p.node_id"))
         if after is not None:
             where.append("p.node_id > :after")
             params["after"] = after
@@ -98,7 +100,7 @@ def free_gpus_query(
     step = f"""(SELECT p.node_id FROM gpu_pools p WHERE {pool_offers("p")} AND p.node_id > {{w}}
                 ORDER BY p.node_id LIMIT 1)"""
     params["after"] = after if after is not None else ""
-    on_it = f" AND {on_fabric.format(p='w')}" if fabric is not None else ""
+    on_it = f" AND {on_fabric('w.node_id')}" if fabric is not None else ""
     # The walk yields nodes in ascending order and the LIMIT stops it; the
     # ORDER BY sorts only the page (over the whole walk it would run it to
     # the end).

@@ -122,6 +122,12 @@ READS = (
         " schedulable: true, gpuClass: \"H100-80GB\", fabric: \"ib-a\"}) { id gpus { index } } }",
         {"after": MIDDLE},
     ),
+    Read(
+        "nodes by label, weights and disk",
+        "query($after: ID) { nodes(first: 10, after: $after, filter: {label: {key: \"zone\","
+        " value: \"a\"}, hasWeights: \"/models/x\", minLocalDiskFree: 0}) { id } }",
+        {"after": MIDDLE},
+    ),
     Read("ctl nodes", NODES, {"first": PAGE}),
     Read("ctl allocations", ALLOCATIONS, {"first": PAGE}),
     Read("ctl events", EVENTS, {"first": PAGE}),
@@ -184,7 +190,12 @@ class Cluster:
         entries = gpus(model)
         if i % 97 == 0:
             entries[2] = {**entries[2], "healthy": False, "healthReasons": ["ecc"]}
-        return node_input(node_id(i), gpus=entries, fabrics=IB if i % 2 == 0 else [])
+        return node_input(
+            node_id(i),
+            gpus=entries,
+            fabrics=IB if i % 2 == 0 else [],
+            labels=[{"key": "zone", "value": "a"}],
+        )
 
     async def allocate(self, holds: Sequence[tuple[int, list[int]]]) -> None:
         fields = []
