@@ -147,8 +147,8 @@ gpus = Table(
     CheckConstraint("nvlink_group >= 0 AND nvlink_group <= idx", name="nvlink_group"),
 )
 # The GPUs that may take work, by node, with their class (migration 0008):
-# freeGpus reads a page's free GPUs from it index-only, a thousand nodes'
-# worth in one scan (capacity.free_gpus_query), without the wide table rows.
+# a node's free GPUs (Node.freeGpus, availability.gpu_free) are read from it
+# index-only, without the wide table rows.
 Index(
     "ix_gpus_usable",
     gpus.c.node_id,
@@ -180,13 +180,15 @@ gpu_pools = Table(
     CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
-# `free` and `free_indices` included, so a page is this index alone, index-only
-# once vacuum has marked the pages visible (migrations 0008 and 0009).
+# `free` included, so testing minFree needs no table row (migration 0008).
+# Not free_indices: as wide as that, the index looked dearer to the planner
+# than walking the primary key, which also visits every pool with nothing
+# free (tests/scheduling/test_page_costs.py); the page's rows are read for it.
 Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
-    postgresql_include=["free", "free_indices"],
+    postgresql_include=["free"],
     postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that

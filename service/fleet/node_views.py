@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection, cached_text
-from service.database.key_probes import key_row_exists
+from service.database.plan_shapes import key_row_exists
 from service.errors import InvalidInput
 from service.fleet.reports import Disk
 from service.scheduling.availability import is_schedulable, node_schedulable
@@ -245,7 +245,7 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
         schedulable = node_schedulable("n")
         where.append(schedulable if f.schedulable else f"NOT {schedulable}")
     # Related rows are probed by their key, so a page walks nodes in id
-    # order and stops (service/database/key_probes.py).
+    # order and stops (service/database/plan_shapes.py).
     if f.fabric is not None:
         where.append(key_row_exists("fabric_attachments", {"node_id": "n.id", "fabric": ":fabric"}))
         params["fabric"] = f.fabric

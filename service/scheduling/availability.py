@@ -111,8 +111,7 @@ def gpu_free_given(g: str, held: str) -> str:
     of allocated_gpus `a`: "a.gpu_index IS NOT NULL"). Why a second form: over
     one node's GPUs, a join of its allocations reads them with one index
     descent (a merge join on the GPU index), where gpu_free's probe looks each
-    GPU up on its own; the page of freeGpus (capacity.free_gpus_query) does
-    that for a thousand nodes per page.
+    GPU up on its own; pool_counts counts a node's GPUs so.
     """
     return f"({gpu_usable(g)} AND NOT ({held}))"
 

@@ -1,8 +1,9 @@
 """The scheduler's questions about capacity: free GPUs, per-class totals, fabrics.
 
-All read gpu_pools, the per-node per-class counts that every write keeps
-current, so each answer is one indexed statement whose cost follows the size
-of the answer rather than of the cluster.
+All read gpu_pools, the per-node per-class counts (and free GPU indices)
+that every write keeps current. freeGpus' pages cost what the page holds in
+any statistics state (free_gpus_query); gpuClasses and fabrics answer about
+the whole cluster in one pass over one narrow table.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
-from service.database.key_probes import key_row_exists
+from service.database.plan_shapes import key_row_exists, ordered_walk
 from service.errors import InvalidInput
 from service.scheduling.availability import pool_offers
 
@@ -64,11 +65,9 @@ def free_gpus_query(
       free and free_indices) in node order from `after` that stops at
       `first` rows: no grouping, no sort of the rest of the list.
     - Without a class, a node's pools are summed. The walk goes node by
-      node (a recursive step finds the next node with an offering pool,
-      from the primary key, and LIMIT 1 makes that an index probe in any
-      statistics state), so it too stops at the page's end, where a GROUP
-      BY over every pool would be hashed whole when the planner guesses few
-      groups.
+      node (plan_shapes.ordered_walk over the primary key), so it too stops
+      at the page's end, where a GROUP BY over every pool would be hashed
+      whole when the planner guesses few groups.
     Either walk passes over nodes that offer fewer than minFree (or are not
     on the fabric) and reads nothing else.
     """
@@ -77,7 +76,7 @@ def free_gpus_query(
     params: dict[str, Any] = {"min_free": min_free, "first": first}
 
     def on_fabric(node_id: str) -> str:
-        # Probed per walked node by its key (service/database/key_probes.py).
+        # Probed per walked node by its key (service/database/plan_shapes.py).
         return key_row_exists("fabric_attachments", {"node_id": node_id, "fabric": ":fabric"})
 
     if fabric is not None:
@@ -96,20 +95,15 @@ def free_gpus_query(
             ORDER BY p.node_id LIMIT :first
         """
         return sql, params
-    # The next node after `w` with a pool that offers GPUs.
-    step = f"""(SELECT p.node_id FROM gpu_pools p WHERE {pool_offers("p")} AND p.node_id > {{w}}
-                ORDER BY p.node_id LIMIT 1)"""
     params["after"] = after if after is not None else ""
+    # Nodes with a pool that offers GPUs, in order, from the primary key
+    # (service/database/plan_shapes.py).
+    walk = ordered_walk("walk", "gpu_pools", "node_id", pool_offers("t"), "CAST(:after AS text)")
     on_it = f" AND {on_fabric('w.node_id')}" if fabric is not None else ""
-    # The walk yields nodes in ascending order and the LIMIT stops it; the
-    # ORDER BY sorts only the page (over the whole walk it would run it to
-    # the end).
+    # The LIMIT stops the walk; the ORDER BY sorts only the page (over the
+    # walk it would run it to the end).
     sql = f"""
-        WITH RECURSIVE walk(node_id) AS (
-            SELECT {step.format(w="CAST(:after AS text)")}
-            UNION ALL
-            SELECT {step.format(w="w.node_id")} FROM walk w WHERE w.node_id IS NOT NULL
-        )
+        WITH RECURSIVE {walk}
         SELECT page.node_id, page.indices FROM (
             SELECT w.node_id, offered.indices
             FROM walk w CROSS JOIN LATERAL (
@@ -143,7 +137,11 @@ async def free_gpus(
     return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
 
 
-_CLASSES = text(
+# Whole-cluster answers: one pass over one narrow table (gpu_pools, one row
+# per node and class; fabric_attachments), the only plan there is, so no
+# statistics make it worse; the answer sums or lists every node, so the pass
+# is its cost (tests/scheduling/test_page_costs.py bounds it by the table).
+CLASS_SUMMARY = text(
     """
     SELECT gpu_class,
            sum(total) AS total,
@@ -157,7 +155,7 @@ _CLASSES = text(
 
 
 async def gpu_classes(conn: Connection) -> list[GpuClassSummary]:
-    rows = await conn.execute(_CLASSES)
+    rows = await conn.execute(CLASS_SUMMARY)
     return [
         GpuClassSummary(
             gpu_class=r.gpu_class,
@@ -171,7 +169,7 @@ async def gpu_classes(conn: Connection) -> list[GpuClassSummary]:
     ]
 
 
-_FABRICS = text(
+FABRIC_MEMBERS = text(
     """
     SELECT fabric, array_agg(node_id ORDER BY node_id) AS node_ids
     FROM fabric_attachments GROUP BY fabric ORDER BY fabric
@@ -180,5 +178,5 @@ _FABRICS = text(
 
 
 async def fabrics(conn: Connection) -> list[FabricMembers]:
-    rows = await conn.execute(_FABRICS)
+    rows = await conn.execute(FABRIC_MEMBERS)
     return [FabricMembers(r.fabric, tuple(r.node_ids)) for r in rows]
