@@ -146,6 +146,15 @@ def targets(rows: list[Row]) -> list[str]:
                 f"{size:,} nodes: freeGpus after unchanged churn <= 1.2x before: "
                 f"{verdict(churn.ratio <= 1.2)} (x{churn.ratio:.2f})"
             )
+        for row in rows:
+            if row.size != size or not row.name.startswith("real cluster, "):
+                continue
+            # Issue 30: the whole answer at most 1x the naive SQL, first 50 at most 0.5x.
+            bound = 1.0 if "whole answer" in row.name else 0.5
+            out.append(
+                f"{size:,} nodes: {row.name.removesuffix(' p50')} <= {bound}x the naive SQL: "
+                f"{verdict(row.ratio <= bound)} (x{row.ratio:.2f})"
+            )
         peer = next(
             (r for r in rows if r.size == size and "req/s" in r.name and "PostGraphile" in r.name),
             None,
