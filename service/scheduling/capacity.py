@@ -62,8 +62,11 @@ def free_gpus_query(
     join for the planner to get wrong.
     - With a class, a node has one pool row of it (the key is node, class),
       so the page is a walk of ix_gpu_pools_free (class, node id, including
-      free and free_indices) in node order from `after` that stops at
-      `first` rows: no grouping, no sort of the rest of the list.
+      free) in node order from `after` that stops at `first` rows, each
+      row read for its free_indices: no grouping, no sort of the rest of
+      the list. Its rivals look dearer in every statistics state
+      tests/scheduling/test_page_costs.py sets up: the primary key holds
+      every pool (the full ones too) and ix_gpu_pools_fit needs a sort.
     - Without a class, a node's pools are summed. The walk goes node by
       node (plan_shapes.ordered_walk over the primary key), so it too stops
       at the page's end, where a GROUP BY over every pool would be hashed
