@@ -182,7 +182,8 @@ async def measure_real_cluster(
 ) -> int:
     """Every layout at `size` nodes on a database of its own; returns the wrong answers."""
     wrong = 0
-    layouts = list(LAYOUTS)[:1] if args.quick else list(LAYOUTS)
+    count = args.real_cluster_layouts or (1 if args.quick else len(LAYOUTS))
+    layouts = list(LAYOUTS)[:count]
     for layout in layouts:
         print(f"[{size}] real cluster: {layout}", flush=True)
         url = await create_database(server_url)

@@ -166,6 +166,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--peer-timeout", type=float, default=240, help="seconds to wait for PostGraphile"
     )
     parser.add_argument(
+        "--real-cluster-layouts",
+        type=int,
+        help="how many of real_cluster.LAYOUTS to load (default: 1 with --quick, else all)",
+    )
+    parser.add_argument(
         "--markdown", default="/tmp/llmgw-benchmarks.md", help="where to write the table"
     )
     args = parser.parse_args(argv)
