@@ -180,15 +180,13 @@ gpu_pools = Table(
     CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
-# `free` included, so testing minFree needs no table row (migration 0008).
-# Not free_indices: as wide as that, the index looked dearer to the planner
-# than walking the primary key, which also visits every pool with nothing
-# free (tests/scheduling/test_page_costs.py); the page's rows are read for it.
+# `free` and `free_indices` included, so a page is this index alone,
+# index-only once vacuum has marked the pages visible (migrations 0008, 0009).
 Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
-    postgresql_include=["free"],
+    postgresql_include=["free", "free_indices"],
     postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that

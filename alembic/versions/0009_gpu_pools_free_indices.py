@@ -19,8 +19,9 @@ and nothing else, so there is no join left for the planner to get wrong.
   (written out here as it stands at this revision), then NOT NULL with no
   default, so a writer that forgets it fails instead of offering nothing.
 - Check free_indices: its length is `free`, so the two can never disagree.
-- No index changes: ix_gpu_pools_free (class, node id, including free) is
-  still the walk; the page's rows are read for their free_indices.
+- ix_gpu_pools_free includes free_indices, so the walk is index-only once
+  vacuum has marked the pages visible. No write costs more: a change of
+  free_indices changes `free`, already a key of ix_gpu_pools_fit.
 """
 
 from collections.abc import Sequence
@@ -34,6 +35,9 @@ revision: str = "0009"
 down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# availability.pool_offers("") as it stands at this revision.
+OFFERS = sa.text("schedulable AND free > 0")
 
 # availability.gpu_free_given over gpus g and allocated_gpus a, as it stands
 # at this revision.
@@ -54,6 +58,17 @@ _BACKFILL = """
 """
 
 
+def _pools_free_index(include: list[str]) -> None:
+    op.create_index(
+        "ix_gpu_pools_free",
+        "gpu_pools",
+        ["gpu_class", "node_id"],
+        unique=False,
+        postgresql_include=include,
+        postgresql_where=OFFERS,
+    )
+
+
 def upgrade() -> None:
     op.add_column(
         "gpu_pools",
@@ -69,8 +84,12 @@ def upgrade() -> None:
     op.create_check_constraint(
         op.f("ck_gpu_pools_free_indices"), "gpu_pools", "cardinality(free_indices) = free"
     )
+    op.drop_index("ix_gpu_pools_free", table_name="gpu_pools", postgresql_where=OFFERS)
+    _pools_free_index(["free", "free_indices"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_gpu_pools_free", table_name="gpu_pools", postgresql_where=OFFERS)
+    _pools_free_index(["free"])
     op.drop_constraint(op.f("ck_gpu_pools_free_indices"), "gpu_pools", type_="check")
     op.drop_column("gpu_pools", "free_indices")

@@ -6,7 +6,7 @@ after ANALYZE (issue 30). Where PostgreSQL has a choice of plans, it picks
 by row estimates, and the estimates are what is missing or wrong in the
 first case: it sorted every pool of a class to keep a hundred, rescanned a
 fabric's members for every pool walked, hashed every shard for one node's
-GPUs. So the statements that build pages take the choice away with the three
+GPUs. So the statements that build pages take the choice away with the
 shapes here, rather than with planner settings (enable_*), which would bend
 every other plan of the statement too. This module is their one home;
 tests/scheduling/test_page_costs.py checks every page in both states.
@@ -21,6 +21,13 @@ tests/scheduling/test_page_costs.py checks every page in both states.
   subquery on the key it stays a subplan run per walked row, one primary-key
   descent each. (PostgreSQL pulls EXISTS and IN up into joins, and may hash
   an EXISTS it keeps; it does neither to a scalar subquery.)
+- leading_key_is: a page in index order under an equality on the index's
+  leading column (a class's pools in node order). Written as `=`, the
+  planner may take the order from any index that has the other column
+  first (the primary key (node, class)) and filter the rest, which walks
+  every pool of every class, the full ones too; written as `= ANY` of a
+  one-element array with the column first in the ORDER BY, the order is
+  only the leading-column index's, and the rival is a sort.
 - key_row: a related row whose columns the page shows (a verdict's node
   and pool), joined LATERAL behind OFFSET 0, which PostgreSQL does not
   flatten into the outer join: a primary-key descent per row. Only for a
@@ -54,6 +61,11 @@ def ordered_walk(name: str, table: str, column: str, where: str, start: str) -> 
         f"{name}({column}) AS (SELECT {step(start)} UNION ALL"
         f" SELECT {step(f'{name}.{column}')} FROM {name} WHERE {name}.{column} IS NOT NULL)"
     )
+
+
+def leading_key_is(column: str, value: str, cast: str = "text") -> str:
+    """SQL: `column` equals `value`, for a statement that also orders by `column` first."""
+    return f"{column} = ANY(ARRAY[CAST({value} AS {cast})])"
 
 
 def key_row_exists(table: str, key: Mapping[str, str]) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
-from service.database.plan_shapes import key_row_exists, ordered_walk
+from service.database.plan_shapes import key_row_exists, leading_key_is, ordered_walk
 from service.errors import InvalidInput
 from service.scheduling.availability import pool_offers
 
@@ -62,11 +62,11 @@ def free_gpus_query(
     join for the planner to get wrong.
     - With a class, a node has one pool row of it (the key is node, class),
       so the page is a walk of ix_gpu_pools_free (class, node id, including
-      free) in node order from `after` that stops at `first` rows, each
-      row read for its free_indices: no grouping, no sort of the rest of
-      the list. Its rivals look dearer in every statistics state
-      tests/scheduling/test_page_costs.py sets up: the primary key holds
-      every pool (the full ones too) and ix_gpu_pools_fit needs a sort.
+      free and free_indices) in node order from `after` that stops at
+      `first` rows: no grouping, no sort of the rest of the list. The class
+      is tested with plan_shapes.leading_key_is, so the primary key (node,
+      class), which would walk every pool of every class and the full
+      ones, cannot give the order.
     - Without a class, a node's pools are summed. The walk goes node by
       node (plan_shapes.ordered_walk over the primary key), so it too stops
       at the page's end, where a GROUP BY over every pool would be hashed
@@ -86,7 +86,10 @@ def free_gpus_query(
         params["fabric"] = fabric
     if gpu_class is not None:
         params["cls"] = gpu_class
-        where = [pool_offers("p"), "p.gpu_class = :cls", "p.free >= :min_free"]
+        # In (class, node) order, which only ix_gpu_pools_free gives
+        # (service/database/plan_shapes.py).
+        class_is = leading_key_is("p.gpu_class", ":cls")
+        where = [pool_offers("p"), class_is, "p.free >= :min_free"]
         if fabric is not None:
             where.append(on_fabric("p.node_id"))
         if after is not None:
@@ -95,7 +98,7 @@ def free_gpus_query(
         sql = f"""
             SELECT p.node_id, p.free_indices AS indices FROM gpu_pools p
             WHERE {" AND ".join(where)}
-            ORDER BY p.node_id LIMIT :first
+            ORDER BY p.gpu_class, p.node_id LIMIT :first
         """
         return sql, params
     params["after"] = after if after is not None else ""
