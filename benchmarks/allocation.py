@@ -27,6 +27,7 @@ import asyncpg
 
 from benchmarks.bench import Bench, close_all, services_cpu
 from benchmarks.client import Connection, request_body
+from benchmarks.cluster import RECOUNT_POOLS
 from benchmarks.measure import Exhausted, Figure, throughput
 from benchmarks.results import Row, fmt
 from benchmarks.services import HEADERS, Service
@@ -71,20 +72,7 @@ WHERE p.allocated <> (SELECT count(*) FROM allocated_gpus a JOIN gpus g
                       WHERE a.node_id = p.node_id AND g.gpu_class = p.gpu_class)
 """
 RELEASE = "DELETE FROM shards WHERE replica_id LIKE 'bench-%'"
-RECOUNT = """
-INSERT INTO gpu_pools AS p (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
-SELECT g.node_id, g.gpu_class, count(*),
-       count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL), count(a.gpu_index),
-       count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL), bool_and(n.state = 'ready')
-FROM gpus g JOIN nodes n ON n.id = g.node_id
-LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
-GROUP BY g.node_id, g.gpu_class
-ON CONFLICT (node_id, gpu_class) DO UPDATE SET total = excluded.total,
-    unhealthy = excluded.unhealthy, allocated = excluded.allocated, free = excluded.free,
-    schedulable = excluded.schedulable
-WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable) IS DISTINCT FROM
-      (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free, excluded.schedulable)
-"""
+RECOUNT = RECOUNT_POOLS
 
 FREE_SLOTS = """
 SELECT g.node_id, g.idx FROM gpus g JOIN nodes n ON n.id = g.node_id

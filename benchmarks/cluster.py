@@ -27,6 +27,8 @@ from service.fleet.reports import (
     sum_disks,
 )
 from service.fleet.topology import nvlink_groups
+from service.scheduling.availability import node_schedulable, pool_counts
+from service.scheduling.gpu_pools import POOL_UPSERT
 
 TB = 10**12
 GB = 10**9
@@ -171,6 +173,23 @@ def cordoned(i: int) -> bool:
     return i % 20 == 11
 
 
+# Every node's pools recounted as refresh_pools recounts them (availability's
+# partition, free GPU indices included), in one statement.
+RECOUNT_POOLS = f"""
+INSERT INTO gpu_pools AS p (
+    node_id, gpu_class, total, unhealthy, allocated, free, free_indices, schedulable)
+SELECT c.node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free, c.free_indices,
+       {node_schedulable("n")}
+FROM (
+    SELECT g.node_id, g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
+    FROM gpus g
+    LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+    GROUP BY g.node_id, g.gpu_class
+) c JOIN nodes n ON n.id = c.node_id
+{POOL_UPSERT}
+"""
+
+
 async def load(conn: asyncpg.Connection, count: int) -> None:
     """COPY `count` nodes, their hardware and some allocations; then pools, then ANALYZE."""
     nodes, gpus, fabrics, filesystems, weights, shards, held = [], [], [], [], [], [], []
@@ -252,18 +271,5 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
         "allocated_gpus", records=held, columns=["node_id", "gpu_index", "shard_id"]
     )
     # The same counts service.scheduling.gpu_pools.refresh_pools keeps, for every node at once.
-    await conn.execute(
-        """
-        INSERT INTO gpu_pools (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
-        SELECT g.node_id, g.gpu_class, count(*),
-               count(*) FILTER (WHERE NOT g.healthy AND a.gpu_index IS NULL),
-               count(a.gpu_index),
-               count(*) FILTER (WHERE g.healthy AND a.gpu_index IS NULL),
-               bool_and(n.state = 'ready')
-        FROM gpus g
-        JOIN nodes n ON n.id = g.node_id
-        LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
-        GROUP BY g.node_id, g.gpu_class
-        """
-    )
+    await conn.execute(RECOUNT_POOLS)
     await conn.execute("VACUUM ANALYZE")

@@ -40,7 +40,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor",
+    "peer", "floor", "real_cluster",
 )  # fmt: skip
 
 
@@ -80,7 +80,17 @@ def load_average() -> str:
 
 async def run_size(server_url: str, size: int, args: argparse.Namespace, results: Results) -> int:
     """Measure one cluster size; returns the number of wrong results."""
-    from benchmarks import allocation, churn, floor, layers, peer, questions, statements, writes
+    from benchmarks import (
+        allocation,
+        churn,
+        floor,
+        layers,
+        peer,
+        questions,
+        real_cluster,
+        statements,
+        writes,
+    )
 
     wrong = 0
     url = await create_database(server_url)
@@ -146,6 +156,11 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "floor" in sections:
                 print(f"[{size}] one process against the bare Starlette floor", flush=True)
                 await floor.measure_floor(bench)
+            if "real_cluster" in sections:
+                # Databases of its own, loaded through the API (issue 30).
+                wrong += await real_cluster.measure_real_cluster(
+                    server_url, size, args, results, 200 if args.quick else questions.PAGE_SIZE
+                )
             if "peer" in sections and size == min(args.sizes):
                 print(f"[{size}] PostGraphile peer", flush=True)
                 await peer.measure_peer(bench, args.peer_timeout)
@@ -167,6 +182,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip", help="comma-separated sections to leave out")
     parser.add_argument(
         "--peer-timeout", type=float, default=240, help="seconds to wait for PostGraphile"
+    )
+    parser.add_argument(
+        "--real-cluster-layouts",
+        type=int,
+        help="how many of real_cluster.LAYOUTS to load (default: 1 with --quick, else all)",
     )
     parser.add_argument(
         "--markdown", default="/tmp/llmgw-benchmarks.md", help="where to write the table"

@@ -149,7 +149,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("INVENTORY_MAX_BODY_BYTES", "max_body_bytes", "1048576", _positive_int,
             "Largest GraphQL request body accepted; larger ones get HTTP 413."),
     Setting("INVENTORY_REQUEST_TIMEOUT", "request_timeout", "30", _positive_float,
-            "Seconds a GraphQL request may run before it is stopped with an error."),
+            "Seconds a GraphQL request may run before it is stopped with an error; each "
+            "statement of the service gets a PostgreSQL statement_timeout of 0.9 times it."),
     Setting("INVENTORY_SHUTDOWN_DRAIN", "shutdown_drain", "2", _non_negative_float,
             "Seconds a process keeps serving after SIGTERM with /readyz 503, before it stops "
             "accepting and ends its connections (0: stop at once)."),
@@ -185,6 +186,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),
 )  # fmt: skip
+
+
+# The part of a request's time limit one statement may take. A request that
+# runs out is cancelled in Python within a tenth of its limit after it
+# (service/web/time_limits.py), and that cancels its statement; this is the
+# server's own stop for when that cancel does not arrive.
+STATEMENT_SHARE_OF_REQUEST = 0.9
 
 
 @dataclass(frozen=True)
@@ -228,6 +236,19 @@ class Settings:
                 f"INVENTORY_UNREACHABLE_AFTER={settings.unreachable_after:g}"
             )
         return settings
+
+    @property
+    def statement_timeout(self) -> float:
+        """Seconds PostgreSQL lets one of the service's statements run (its statement_timeout).
+
+        Below request_timeout, so a statement that runs away is stopped in
+        PostgreSQL even when its request's cancellation never reaches the
+        server (the process stalled or died, the cancel request was lost): a
+        request stopped by its time limit leaves no backend burning a core
+        for a client that has gone. Every statement of the service's pools
+        carries it (service/database/db.py); migrations do not.
+        """
+        return self.request_timeout * STATEMENT_SHARE_OF_REQUEST
 
     def replace(self, **changes: Any) -> Settings:
         current = {f.name: getattr(self, f.name) for f in fields(self)}

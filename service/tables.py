@@ -148,8 +148,8 @@ gpus = Table(
     CheckConstraint("nvlink_group >= 0 AND nvlink_group <= idx", name="nvlink_group"),
 )
 # The GPUs that may take work, by node, with their class (migration 0008):
-# freeGpus reads a page's free GPUs from it index-only, a thousand nodes'
-# worth in one scan (capacity.free_gpus_query), without the wide table rows.
+# a node's free GPUs (Node.freeGpus, availability.gpu_free) are read from it
+# index-only, without the wide table rows.
 Index(
     "ix_gpus_usable",
     gpus.c.node_id,
@@ -172,17 +172,22 @@ gpu_pools = Table(
     Column("unhealthy", Integer, nullable=False),
     Column("allocated", Integer, nullable=False),
     Column("free", Integer, nullable=False),
+    # The free GPUs' indices, ascending (availability.pool_counts): what a
+    # page of freeGpus answers per node, kept by the writes that keep `free`.
+    Column("free_indices", ARRAY(Integer), nullable=False),
     Column("schedulable", Boolean, nullable=False),
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
+    CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
-# `free` included, so testing minFree needs no table row (migration 0008).
+# `free` and `free_indices` included, so a page is this index alone,
+# index-only once vacuum has marked the pages visible (migrations 0008, 0009).
 Index(
     "ix_gpu_pools_free",
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
-    postgresql_include=["free"],
+    postgresql_include=["free", "free_indices"],
     postgresql_where=text(pool_offers("")),
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that

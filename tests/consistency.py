@@ -8,6 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database.connections import Connection
+from service.scheduling.availability import gpu_free
 from service.scheduling.gpu_pools import refresh_pools
 
 _POOLS = text("SELECT * FROM gpu_pools ORDER BY node_id, gpu_class")
@@ -22,6 +23,24 @@ async def inconsistencies(engine: AsyncEngine) -> list[str]:
     problems: list[str] = []
     async with engine.connect() as conn:
         await conn.begin()
+        # Each pool's free_indices (what freeGpus answers) are exactly its
+        # GPUs that availability calls free, in order: checked GPU by GPU,
+        # not through the recount's own aggregate.
+        drifted = (
+            await conn.execute(
+                text(
+                    f"""
+                    SELECT p.node_id || '/' || p.gpu_class FROM gpu_pools p
+                    WHERE p.free_indices IS DISTINCT FROM ARRAY(
+                        SELECT g.idx FROM gpus g
+                        WHERE g.node_id = p.node_id AND g.gpu_class = p.gpu_class
+                          AND {gpu_free("g")}
+                        ORDER BY g.idx)
+                    """
+                )
+            )
+        ).scalars()
+        problems.extend(f"pool {d} lists other free GPUs than it has" for d in drifted)
         # gpu_pools is what recounting every node's GPUs and allocations gives.
         stored = await _pools(conn)
         node_ids = list((await conn.execute(text("SELECT id FROM nodes"))).scalars())

@@ -18,7 +18,7 @@ import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import asyncpg  # type: ignore[import-untyped]
@@ -216,6 +216,10 @@ class NativeConnection:
 class PoolSpec:
     max_size: int
     timeout: float
+    # What each connection starts with (db.session_settings).
+    server_settings: Mapping[str, str] = field(
+        default_factory=lambda: {"application_name": "llmgw-inventory"}
+    )
 
 
 class _Pool:
@@ -250,7 +254,7 @@ class _Pool:
                         # or SETs on these connections, and a transaction left
                         # open by a failure is rolled back by asyncpg itself.
                         reset=_no_reset,
-                        server_settings={"application_name": "llmgw-inventory"},
+                        server_settings=dict(self.spec.server_settings),
                     )
         return self._pool
 

@@ -26,6 +26,8 @@ class PoolSettings(Protocol):
     def db_max_overflow(self) -> int: ...
     @property
     def db_timeout(self) -> float: ...
+    @property
+    def statement_timeout(self) -> float | None: ...
 
 
 def asyncpg_url(url: str) -> str:
@@ -43,7 +45,13 @@ def libpq_url(url: str) -> str:
     return database_url.parse(url).dsn
 
 
-def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> AsyncEngine:
+def engine_for(
+    url: str,
+    *,
+    connect_timeout: float = 5.0,
+    statement_timeout: float | None = None,
+    **options: Any,
+) -> AsyncEngine:
     """A SQLAlchemy engine whose connections asyncpg opens from the libpq URL, one host or several.
 
     SQLAlchemy never parses the URL (it rejects `h1:5432,h2:5432`):
@@ -52,12 +60,11 @@ def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> Asy
     connect. The engine's own `url` only names the user and database.
     """
     database = database_url.parse(url)
+    server_settings = session_settings(statement_timeout)
 
     async def connect() -> Any:
         return await database_url.connect(
-            database.dsn,
-            timeout=connect_timeout,
-            server_settings={"application_name": APPLICATION_NAME},
+            database.dsn, timeout=connect_timeout, server_settings=server_settings
         )
 
     shown = URL.create("postgresql+asyncpg", username=database.user, database=database.database)
@@ -65,10 +72,23 @@ def engine_for(url: str, *, connect_timeout: float = 5.0, **options: Any) -> Asy
     return engine
 
 
+def session_settings(statement_timeout: float | None) -> dict[str, str]:
+    """The settings each of the service's connections starts with.
+
+    statement_timeout (Settings.statement_timeout) in milliseconds, at least
+    one: PostgreSQL reads 0 as "no limit".
+    """
+    found = {"application_name": APPLICATION_NAME}
+    if statement_timeout is not None:
+        found["statement_timeout"] = str(max(1, round(statement_timeout * 1000)))
+    return found
+
+
 def create_engine(url: str, settings: PoolSettings) -> AsyncEngine:
     engine = engine_for(
         url,
         connect_timeout=settings.db_timeout,
+        statement_timeout=settings.statement_timeout,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         pool_timeout=settings.db_timeout,
@@ -84,7 +104,9 @@ def create_engine(url: str, settings: PoolSettings) -> AsyncEngine:
     connections.attach(
         engine,
         connections.PoolSpec(
-            max_size=settings.db_pool_size + settings.db_max_overflow, timeout=settings.db_timeout
+            max_size=settings.db_pool_size + settings.db_max_overflow,
+            timeout=settings.db_timeout,
+            server_settings=session_settings(settings.statement_timeout),
         ),
         dsn=libpq_url(url),
     )

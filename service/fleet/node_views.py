@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection, cached_text
+from service.database.plan_shapes import key_row_exists
 from service.errors import InvalidInput
 from service.fleet.reports import Disk
 from service.node_states import STATES, shown_reason
@@ -231,26 +232,21 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
     if f.schedulable is not None:
         schedulable = node_schedulable("n")
         where.append(schedulable if f.schedulable else f"NOT {schedulable}")
+    # Related rows are probed by their key, so a page walks nodes in id
+    # order and stops (service/database/plan_shapes.py).
     if f.fabric is not None:
-        where.append(
-            "EXISTS (SELECT 1 FROM fabric_attachments fa"
-            " WHERE fa.node_id = n.id AND fa.fabric = :fabric)"
-        )
+        where.append(key_row_exists("fabric_attachments", {"node_id": "n.id", "fabric": ":fabric"}))
         params["fabric"] = f.fabric
     if f.gpu_class is not None:
-        where.append(
-            "EXISTS (SELECT 1 FROM gpu_pools gp WHERE gp.node_id = n.id AND gp.gpu_class = :cls)"
-        )
+        where.append(key_row_exists("gpu_pools", {"node_id": "n.id", "gpu_class": ":cls"}))
         params["cls"] = f.gpu_class
     if f.label is not None:
         where.append("n.labels @> CAST(:label AS jsonb)")
         params["label"] = json.dumps({f.label[0]: f.label[1]})
     if f.has_weights is not None:
         # A node that reported no weights was not asked to look: keep it.
-        where.append(
-            "(NOT n.knows_its_weights OR EXISTS (SELECT 1 FROM weights w"
-            " WHERE w.node_id = n.id AND w.path = :weights))"
-        )
+        holds = key_row_exists("weights", {"node_id": "n.id", "path": ":weights"})
+        where.append(f"(NOT n.knows_its_weights OR {holds})")
         params["weights"] = f.has_weights
     if f.min_local_disk_free is not None:
         if f.min_local_disk_free < 0:

@@ -125,8 +125,8 @@ _REPLACE_REPORT = text(
           AND NOT EXISTS (SELECT 1 FROM counts c WHERE c.gpu_class = p.gpu_class)
     ), pools_up AS (
         INSERT INTO gpu_pools AS p (
-            node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
-        SELECT :node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free,
+            node_id, gpu_class, total, unhealthy, allocated, free, free_indices, schedulable)
+        SELECT :node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free, c.free_indices,
                {node_schedulable("n")}
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class

@@ -113,8 +113,7 @@ def gpu_free_given(g: str, held: str) -> str:
     of allocated_gpus `a`: "a.gpu_index IS NOT NULL"). Why a second form: over
     one node's GPUs, a join of its allocations reads them with one index
     descent (a merge join on the GPU index), where gpu_free's probe looks each
-    GPU up on its own; the page of freeGpus (capacity.free_gpus_query) does
-    that for a thousand nodes per page.
+    GPU up on its own; pool_counts counts a node's GPUs so.
     """
     return f"({gpu_usable(g)} AND NOT ({held}))"
 
@@ -148,13 +147,21 @@ def pool_counts(g: str, held: str) -> str:
     total = free + allocated + unhealthy, where a held GPU counts as
     allocated even if it has since become unusable (its holder must be told,
     but it is not spare capacity either way).
+
+    free_indices lists the free GPUs' indices, ascending: its length is
+    `free` (a check constraint of gpu_pools holds it so), and a page of
+    freeGpus reads it from the pool row instead of the GPUs and their
+    allocations (service/scheduling/capacity.py).
     """
     usable = gpu_usable(g)
+    free = gpu_free_given(g, held)
     return (
         "count(*) AS total, "
         f"count(*) FILTER (WHERE NOT {usable} AND NOT ({held})) AS unhealthy, "
         f"count(*) FILTER (WHERE {held}) AS allocated, "
-        f"count(*) FILTER (WHERE {gpu_free_given(g, held)}) AS free"
+        f"count(*) FILTER (WHERE {free}) AS free, "
+        f"coalesce(array_agg({g}.idx ORDER BY {g}.idx) FILTER (WHERE {free}),"
+        " CAST('{}' AS integer[])) AS free_indices"
     )
 
 

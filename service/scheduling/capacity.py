@@ -1,8 +1,9 @@
 """The scheduler's questions about capacity: free GPUs, per-class totals, fabrics.
 
-All read gpu_pools, the per-node per-class counts that every write keeps
-current, so each answer is one indexed statement whose cost follows the size
-of the answer rather than of the cluster.
+All read gpu_pools, the per-node per-class counts (and free GPU indices)
+that every write keeps current. freeGpus' pages cost what the page holds in
+any statistics state (free_gpus_query); gpuClasses and fabrics answer about
+the whole cluster in one pass over one narrow table.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
+from service.database.plan_shapes import key_row_exists, leading_key_is, ordered_walk
 from service.errors import InvalidInput
-from service.scheduling.availability import gpu_free_given, pool_offers
+from service.scheduling.availability import pool_offers
 
 
 @dataclass(frozen=True)
@@ -51,64 +53,74 @@ def free_gpus_query(
 
     Also the source of node_pages.FreeGpusPage, so both ways answer the same nodes.
 
-    Why it is shaped so (a client paging through the whole answer at 10,000
-    nodes reads it in a few pages of a thousand; issue 18 asks that to cost no
-    more than one plain aggregate over every GPU):
+    A page costs what the page holds, whatever the planner believes about
+    the tables (issue 30: on a cluster just registered, before any ANALYZE,
+    a page that joined the GPUs and allocations of its nodes ran into the
+    request's time limit). So the statement reads gpu_pools alone: each
+    pool row carries its free GPUs' indices (free_indices, kept by the writes
+    that keep the counts: service/scheduling/gpu_pools.py), and there is no
+    join for the planner to get wrong.
     - With a class, a node has one pool row of it (the key is node, class),
-      so the page is a walk of ix_gpu_pools_free in node order from `after`
-      that stops at `first` rows: no grouping, no sort of the rest of the list.
-    - The page's usable GPUs (ix_gpus_usable, index-only) and its
-      allocations are each read by one index scan over the page's node ids
-      as one sorted array (`= ANY(ARRAY(...))`: PostgreSQL 17+ walks the leaf
-      pages once instead of descending per node), merged on (node, index)
-      and grouped per node. Per node, a LATERAL that looked up the GPUs'
-      table rows and probed allocated_gpus once per GPU cost about four
-      times the PostgreSQL CPU. The free test is availability.gpu_free_given,
-      the same rule with the holder joined.
-    Both indexes come with migration 0008.
+      so the page is a walk of ix_gpu_pools_free (class, node id, including
+      free and free_indices) in node order from `after` that stops at
+      `first` rows: no grouping, no sort of the rest of the list. The class
+      is tested with plan_shapes.leading_key_is, so the primary key (node,
+      class), which would walk every pool of every class and the full
+      ones, cannot give the order.
+    - Without a class, a node's pools are summed. The walk goes node by
+      node (plan_shapes.ordered_walk over the primary key), so it too stops
+      at the page's end, where a GROUP BY over every pool would be hashed
+      whole when the planner guesses few groups.
+    Either walk passes over nodes that offer fewer than minFree (or are not
+    on the fabric) and reads nothing else.
     """
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
     params: dict[str, Any] = {"min_free": min_free, "first": first}
-    where = [pool_offers("p")]
-    if gpu_class is not None:
-        where.append("p.gpu_class = :cls")
-        params["cls"] = gpu_class
+
+    def on_fabric(node_id: str) -> str:
+        # Probed per walked node by its key (service/database/plan_shapes.py).
+        return key_row_exists("fabric_attachments", {"node_id": node_id, "fabric": ":fabric"})
+
     if fabric is not None:
-        where.append(
-            "EXISTS (SELECT 1 FROM fabric_attachments fa"
-            " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
-        )
         params["fabric"] = fabric
-    if after is not None:
-        where.append("p.node_id > :after")
-        params["after"] = after
     if gpu_class is not None:
-        where.append("p.free >= :min_free")
-        page = f"""
-            SELECT p.node_id FROM gpu_pools p WHERE {" AND ".join(where)}
-            ORDER BY p.node_id LIMIT :first"""
-    else:
-        page = f"""
-            SELECT p.node_id FROM gpu_pools p WHERE {" AND ".join(where)}
-            GROUP BY p.node_id HAVING sum(p.free) >= :min_free
-            ORDER BY p.node_id LIMIT :first"""
-    gpu_class_match = "AND g.gpu_class = :cls" if gpu_class is not None else ""
-    # In the WHERE, so the planner makes the LEFT JOIN an anti join and reads
-    # the GPUs from ix_gpus_usable (whose predicate gpu_free_given implies).
-    free = gpu_free_given("g", "a.gpu_index IS NOT NULL")
+        params["cls"] = gpu_class
+        # In (class, node) order, which only ix_gpu_pools_free gives
+        # (service/database/plan_shapes.py).
+        class_is = leading_key_is("p.gpu_class", ":cls")
+        where = [pool_offers("p"), class_is, "p.free >= :min_free"]
+        if fabric is not None:
+            where.append(on_fabric("p.node_id"))
+        if after is not None:
+            where.append("p.node_id > :after")
+            params["after"] = after
+        sql = f"""
+            SELECT p.node_id, p.free_indices AS indices FROM gpu_pools p
+            WHERE {" AND ".join(where)}
+            ORDER BY p.gpu_class, p.node_id LIMIT :first
+        """
+        return sql, params
+    params["after"] = after if after is not None else ""
+    # Nodes with a pool that offers GPUs, in order, from the primary key
+    # (service/database/plan_shapes.py).
+    walk = ordered_walk("walk", "gpu_pools", "node_id", pool_offers("t"), "CAST(:after AS text)")
+    on_it = f" AND {on_fabric('w.node_id')}" if fabric is not None else ""
+    # The LIMIT stops the walk; the ORDER BY sorts only the page (over the
+    # walk it would run it to the end).
     sql = f"""
-        WITH page AS MATERIALIZED ({page}
-        )
-        SELECT page.node_id, free.indices
-        FROM page LEFT JOIN (
-            SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
-            FROM gpus g
-            LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
-                AND a.node_id = ANY(ARRAY(SELECT node_id FROM page))
-            WHERE g.node_id = ANY(ARRAY(SELECT node_id FROM page)) {gpu_class_match} AND {free}
-            GROUP BY g.node_id
-        ) free ON free.node_id = page.node_id
+        WITH RECURSIVE {walk}
+        SELECT page.node_id, page.indices FROM (
+            SELECT w.node_id, offered.indices
+            FROM walk w CROSS JOIN LATERAL (
+                SELECT array_agg(i ORDER BY i) AS indices
+                FROM gpu_pools q, unnest(q.free_indices) i
+                WHERE q.node_id = w.node_id AND {pool_offers("q")}
+                HAVING count(*) >= :min_free
+            ) offered
+            WHERE w.node_id IS NOT NULL{on_it}
+            LIMIT :first
+        ) page
         ORDER BY page.node_id
     """
     return sql, params
@@ -131,7 +143,11 @@ async def free_gpus(
     return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
 
 
-_CLASSES = text(
+# Whole-cluster answers: one pass over one narrow table (gpu_pools, one row
+# per node and class; fabric_attachments), the only plan there is, so no
+# statistics make it worse; the answer sums or lists every node, so the pass
+# is its cost (tests/scheduling/test_page_costs.py bounds it by the table).
+CLASS_SUMMARY = text(
     """
     SELECT gpu_class,
            sum(total) AS total,
@@ -145,7 +161,7 @@ _CLASSES = text(
 
 
 async def gpu_classes(conn: Connection) -> list[GpuClassSummary]:
-    rows = await conn.execute(_CLASSES)
+    rows = await conn.execute(CLASS_SUMMARY)
     return [
         GpuClassSummary(
             gpu_class=r.gpu_class,
@@ -159,7 +175,7 @@ async def gpu_classes(conn: Connection) -> list[GpuClassSummary]:
     ]
 
 
-_FABRICS = text(
+FABRIC_MEMBERS = text(
     """
     SELECT fabric, array_agg(node_id ORDER BY node_id) AS node_ids
     FROM fabric_attachments GROUP BY fabric ORDER BY fabric
@@ -168,5 +184,5 @@ _FABRICS = text(
 
 
 async def fabrics(conn: Connection) -> list[FabricMembers]:
-    rows = await conn.execute(_FABRICS)
+    rows = await conn.execute(FABRIC_MEMBERS)
     return [FabricMembers(r.fabric, tuple(r.node_ids)) for r in rows]

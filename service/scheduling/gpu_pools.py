@@ -21,11 +21,11 @@ from service.scheduling.availability import node_schedulable, pool_counts
 POOL_UPSERT = """ON CONFLICT (node_id, gpu_class) DO UPDATE
         SET total = excluded.total, unhealthy = excluded.unhealthy,
             allocated = excluded.allocated, free = excluded.free,
-            schedulable = excluded.schedulable
-        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.schedulable)
+            free_indices = excluded.free_indices, schedulable = excluded.schedulable
+        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.free_indices, p.schedulable)
               IS DISTINCT FROM
               (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
-               excluded.schedulable)"""
+               excluded.free_indices, excluded.schedulable)"""
 
 
 # The counts are availability.pool_counts' partition, and schedulable is
@@ -45,8 +45,9 @@ _REFRESH = text(
               SELECT 1 FROM counts c WHERE c.node_id = p.node_id AND c.gpu_class = p.gpu_class
           )
     )
-    INSERT INTO gpu_pools AS p (node_id, gpu_class, total, unhealthy, allocated, free, schedulable)
-    SELECT c.node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free,
+    INSERT INTO gpu_pools AS p (
+        node_id, gpu_class, total, unhealthy, allocated, free, free_indices, schedulable)
+    SELECT c.node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free, c.free_indices,
            {node_schedulable("n")}
     FROM counts c JOIN nodes n ON n.id = c.node_id
     ORDER BY c.node_id, c.gpu_class
@@ -78,10 +79,15 @@ def move_to_allocated(held: str, when: str) -> str:
     # `= ANY(ARRAY(...))` makes the held nodes one array, so gpu_pools is read
     # through its primary key: joined to `held` directly, the planner (which
     # guesses 100 rows for a statement's input) hashed all of gpu_pools.
+    # The held indices leave free_indices with the count, so the pool row
+    # stays what a recount (availability.pool_counts) would write.
     return f"""
     pools_moved AS (
-        UPDATE gpu_pools p SET allocated = p.allocated + m.n, free = p.free - m.n
-        FROM (SELECT h.node_id, g.gpu_class, count(*) AS n
+        UPDATE gpu_pools p SET allocated = p.allocated + m.n, free = p.free - m.n,
+            free_indices = ARRAY(SELECT i FROM unnest(p.free_indices) i
+                                 WHERE i <> ALL(m.indices) ORDER BY i)
+        FROM (SELECT h.node_id, g.gpu_class, count(*) AS n,
+                     array_agg(h.gpu_index) AS indices
               FROM {held} h JOIN gpus g ON g.node_id = h.node_id AND g.idx = h.gpu_index
               GROUP BY h.node_id, g.gpu_class) m
         WHERE p.node_id = ANY(ARRAY(SELECT node_id FROM {held}))

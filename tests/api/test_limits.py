@@ -10,6 +10,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import httpx
 import pytest
 import strawberry
@@ -18,6 +19,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
+from service.database import connections
+from service.database.db import create_engine, dispose
 from service.graphql.masking import MaskUnexpected
 from service.graphql.schema import MAX_ALIASES, MAX_QUERY_DEPTH, MAX_TOKENS, schema
 from service.web.app import create_app
@@ -193,6 +196,41 @@ async def test_a_body_trickled_in_slowly_is_stopped_by_the_time_limit(
     assert first_error(response)["extensions"]["code"] == "REQUEST_TIMEOUT"
 
 
+async def until_no_backend_waits_for_a_lock(conn: Any) -> None:
+    """Return once no other backend of this database waits for a lock; fail after 10 s."""
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' AND state = 'active'"
+    )
+    for _ in range(100):
+        if (await conn.execute(waiting)).scalar_one() == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("a backend still runs the stopped request's statement")
+
+
+async def test_the_service_statements_stop_in_postgresql_before_the_request_limit(
+    database_url: str, settings: Settings
+) -> None:
+    """Each statement carries a statement_timeout below the request's limit.
+
+    Even where nothing in Python cancels it (here no request wraps the
+    statement at all), PostgreSQL stops it, on both of the engine's pools.
+    """
+    limited = settings.replace(request_timeout=0.5)
+    engine = create_engine(database_url, limited)
+    try:
+        async with engine.connect() as conn:
+            shown = (await conn.execute(text("SHOW statement_timeout"))).scalar_one()
+            assert shown == "450ms"
+            assert limited.statement_timeout < limited.request_timeout
+        async with connections.autocommit(engine) as native:
+            with pytest.raises(asyncpg.QueryCanceledError, match="statement timeout"):
+                await native.execute(text("SELECT pg_sleep(5)"))
+    finally:
+        await dispose(engine)
+
+
 async def test_a_request_stuck_behind_a_lock_is_stopped_and_leaves_nothing(
     strict: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
@@ -206,6 +244,11 @@ async def test_a_request_stuck_behind_a_lock_is_stopped_and_leaves_nothing(
         # Others keep being answered meanwhile.
         assert await api("{ nodes { id } }") == {"nodes": [{"id": "gpu-07"}]}
         response = await cordon
+        # Issue 30: stopped in PostgreSQL too, while the lock is still held:
+        # no backend is left waiting to run the cordon for a gone request.
+        # (This engine's statement_timeout is the default 27 s: what stops
+        # it here is the request's own cancellation reaching the server.)
+        await until_no_backend_waits_for_a_lock(holder)
         await holder.rollback()
     assert response.status_code == 503
     error = first_error(response)

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import TextClause, text
 
 from service.database.connections import Connection, cached_text
+from service.database.plan_shapes import key_row, ordered_walk
 from service.node_states import state_reason_sql
 from service.scheduling.allocations import (
     shard_columns,
@@ -33,7 +34,8 @@ def _fabrics_sql(node_id: str, prefix: str = "") -> str:
     )
 
 
-def _facts_sql(request: PlaceRequest) -> str:
+def _facts_sql(request: PlaceRequest, source: str) -> str:
+    """The facts judge() reads of each pool `p` (with its node `n`) that `source` gives."""
     return f"""
     SELECT p.node_id, p.free, n.state,
            {state_reason_sql("n")} AS state_reason,
@@ -44,11 +46,13 @@ def _facts_sql(request: PlaceRequest) -> str:
            {_fabrics_sql("p.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology
-    FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
+    {source}
 """
 
 
 def _facts_of_ranked(request: PlaceRequest) -> str:
+    # Each ranked node's row by its key (service/database/plan_shapes.py): a
+    # window of sixteen joined to nodes had every node hashed.
     return f"""
     SELECT c.node_id, c.free, n.state,
            {state_reason_sql("n")} AS state_reason,
@@ -56,7 +60,7 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
            {_fabrics_sql("c.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
-    FROM ranked c JOIN nodes n ON n.id = c.node_id
+    FROM ranked c {key_row("nodes", "n", {"id": "c.node_id"})}
     ORDER BY c.holds_weights DESC, c.free, c.tiebreak
 """
 
@@ -241,7 +245,23 @@ def pick_several_sql(request: PlaceRequest) -> str:
 
 
 def survey_sql(request: PlaceRequest) -> str:
-    return _facts_sql(request) + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit"
+    """The first :limit nodes of the class by id, with their facts (explainPlacement's verdicts).
+
+    Walked in node order on the primary key, a descent per node, and each
+    node's pool and row looked up by key (service/database/plan_shapes.py):
+    as a join, before ANALYZE the planner guessed a handful of pools, sorted
+    every pool of the class and looked each one's node up, for a page of a
+    hundred.
+    """
+    walk = ordered_walk("walk", "gpu_pools", "node_id", "t.gpu_class = :cls", "''")
+    pool = key_row("gpu_pools", "p", {"node_id": "page.node_id", "gpu_class": ":cls"})
+    node = key_row("nodes", "n", {"id": "page.node_id"})
+    page = "(SELECT w.node_id FROM walk w WHERE w.node_id IS NOT NULL LIMIT :limit) page"
+    return (
+        f"WITH RECURSIVE {walk} "
+        + _facts_sql(request, f"FROM {page} {pool} {node}")
+        + " ORDER BY p.node_id"
+    )
 
 
 @lru_cache(maxsize=16)

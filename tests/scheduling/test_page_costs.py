@@ -1,0 +1,401 @@
+"""Issue 30: every scheduler-facing read costs what its page holds, whatever the planner knows.
+
+A cluster comes up: its nodes register through registerNode, schedulers
+allocate, and they ask at once, before any table is analyzed.
+The same statements must then cost what they cost after ANALYZE: a plan
+that reads the cluster for a page (a nested loop that rescans the page's
+GPUs per node, a hash of every pool) is a cliff that a bigger cluster turns
+into a timeout. So each read a scheduler, the dashboard or ctl sends is made
+through the API on a database just created and loaded through the API, and
+every statement it ran is explained (EXPLAIN (ANALYZE, BUFFERS)) with its
+own parameters, as the planner plans it then (a custom plan) and as it plans
+it for any parameters (the generic plan a prepared statement switches to).
+The rows its scans visit and the buffers it touches must stay within a
+constant times the page: counts that do not depend on the machine's speed.
+Then again with some tables analyzed and after ANALYZE (STATES), in three
+allocation layouts (none, every fifth node half allocated, the first nodes
+all allocated).
+
+The cluster is small enough to load in seconds and large enough that a
+statement reading every node, pool or GPU exceeds the bound several times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+import httpx
+import pytest
+
+from service.config import Settings
+from service.ctl.capacity import ALLOCATIONS, GPU_CLASSES
+from service.ctl.events import EVENTS
+from service.ctl.nodes import NODES
+from service.database import connections
+from service.database.connections import compile_text
+from service.database.db import create_engine, dispose, libpq_url
+from service.database.migrations import upgrade
+from service.scheduling.capacity import CLASS_SUMMARY, FABRIC_MEMBERS
+from service.scheduling.placement.explanation import MAX_VERDICTS
+from service.scheduling.placement.statements import SURVEY_COUNT
+from service.web.app import create_app
+from tests.conftest import create_database, drop_database
+from tests.reports import A100, H100, gpus, node_input
+
+NODES_IN_CLUSTER = 1500
+PAGE = 10
+# What one entry of a page may cost: rows its statements visit and buffers
+# they touch. A node with its details (eight GPUs, their holders, fabrics,
+# free GPUs, NVLink groups) costs a few dozen rows; a flat entry (a pool,
+# a shard, an event, a verdict) a few. Plus a fixed part per statement
+# (index descents, a few-page table hashed once). A statement that reads
+# every node (1,500 rows), pool (1,500) or GPU (12,000) of the cluster for a
+# page of ten exceeds it.
+NODE_ENTRY = (80, 120)
+FLAT_ENTRY = (10, 20)
+FIXED = 150
+
+IB = [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
+REGISTER_BATCH = 50
+DASHBOARD = Path(__file__).parents[2] / "service" / "static" / "dashboard.js"
+
+
+def node_id(i: int) -> str:
+    return f"n-{i:05d}"
+
+
+def dashboard_query(name: str) -> str:
+    """A query the dashboard sends, as dashboard.js spells it."""
+    found = re.search(rf"const {name} = `([^`]*)`", DASHBOARD.read_text())
+    assert found, name
+    return found.group(1)
+
+
+@dataclass(frozen=True)
+class Read:
+    """A read as its client sends it; `entries` is the size of the page it shows."""
+
+    name: str
+    query: str
+    variables: dict[str, Any]
+    entries: int = PAGE
+    entry: tuple[int, int] = FLAT_ENTRY  # (rows, buffers) per entry
+
+
+MIDDLE = node_id(NODES_IN_CLUSTER // 2)
+FREE_BY_CLASS = (
+    'query($after: ID) { freeGpus(gpuClass: "H100-80GB", minFree: 4, first: 10, after: $after)'
+    " { node { id } gpuIndices } }"
+)
+PLACE_INPUT = {"replicaId": "r-explain", "gpuClass": "H100-80GB", "gpusPerShard": 4, "shards": 2}
+
+READS = (
+    Read("freeGpus by class", FREE_BY_CLASS, {}),
+    Read("freeGpus by class from the middle", FREE_BY_CLASS, {"after": MIDDLE}),
+    Read(
+        "freeGpus on a fabric",
+        '{ freeGpus(gpuClass: "H100-80GB", fabric: "ib-a", minFree: 4, first: 10)'
+        " { node { id state } gpuIndices } }",
+        {},
+    ),
+    Read(
+        "freeGpus of any class",
+        "query($after: ID) { freeGpus(minFree: 4, first: 10, after: $after)"
+        " { node { id } gpuIndices } }",
+        {"after": MIDDLE},
+    ),
+    Read(
+        "nodes with their free GPUs",
+        "{ nodes(first: 10) { id freeGpus { index } } }",
+        {},
+        entry=NODE_ENTRY,
+    ),
+    Read(
+        "nodes with filters",
+        "query($after: ID) { nodes(first: 10, after: $after, filter: {state: READY,"
+        ' schedulable: true, gpuClass: "H100-80GB", fabric: "ib-a",'
+        ' hasWeights: "/models/x", minLocalDiskFree: 0}) { id gpus { index } } }',
+        {"after": MIDDLE},
+        entry=NODE_ENTRY,
+    ),
+    Read("ctl nodes", NODES, {"first": PAGE}, entry=NODE_ENTRY),
+    Read("ctl allocations", ALLOCATIONS, {"first": PAGE}),
+    Read("ctl events", EVENTS, {"first": PAGE}),
+    Read("allocations of a node", ALLOCATIONS, {"nodeId": node_id(5), "first": PAGE}),
+    Read("events of a node", EVENTS, {"nodeId": node_id(5), "first": PAGE}),
+    # Without `first`, the largest page (max_page_size, PAGE here).
+    Read("dashboard nodes", dashboard_query("NODES_QUERY"), {}, entry=NODE_ENTRY),
+    # One node's view: its eight GPUs and their holders.
+    Read(
+        "dashboard node",
+        dashboard_query("NODE_QUERY"),
+        {"id": node_id(5)},
+        entries=8,
+        entry=NODE_ENTRY,
+    ),
+    Read("dashboard xids", dashboard_query("XIDS_QUERY"), {"id": MIDDLE}),
+    Read(
+        "explainPlacement",
+        "query($input: PlaceInput!) { explainPlacement(input: $input)"
+        " { placeable plan { nodeId gpuCount } verdicts { nodeId code } verdictsOmitted } }",
+        {"input": PLACE_INPUT},
+        entries=MAX_VERDICTS,
+    ),
+    # gpuClasses and fabrics: answers about the whole cluster (WHOLE_CLUSTER).
+    Read("ctl gpu classes", GPU_CLASSES, {}),
+    Read("dashboard summary", dashboard_query("SUMMARY_QUERY"), {}),
+)
+
+# Statements whose answer sums or lists every node: bounded by one pass over
+# the one narrow table they read (service/scheduling/capacity.py), not by a page.
+# (As the service sends them: compile_text's numbered parameters.)
+WHOLE_CLUSTER = {
+    compile_text(CLASS_SUMMARY)[0]: "gpu_pools",
+    compile_text(FABRIC_MEMBERS)[0]: "fabric_attachments",
+    # explainPlacement's count of the class's nodes, for verdictsOmitted.
+    compile_text(SURVEY_COUNT)[0]: "gpu_pools",
+}
+# A table this small is read whole by a plan that costs no more than index
+# descents would (shards and events on a cluster with few allocations): its
+# rows do not count, its buffers do.
+SMALL_TABLE_PAGES = 10
+
+
+@dataclass(frozen=True)
+class Cost:
+    statement: str
+    plan: str  # "custom" or "generic"
+    rows: int
+    buffers: int
+    tables: frozenset[str]
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def rows_visited(plan: dict[str, Any], small: frozenset[str]) -> int:
+    """Rows the plan's scans produced or filtered away and its joins compared, over all loops.
+
+    Scans of the `small` tables aside (SMALL_TABLE_PAGES).
+    """
+    total = 0.0
+    for node in _nodes(plan):
+        per_loop = node.get("Rows Removed by Join Filter", 0)
+        relation = node.get("Relation Name")
+        if relation is not None and relation not in small:
+            per_loop += (
+                node.get("Actual Rows", 0)
+                + node.get("Rows Removed by Filter", 0)
+                + node.get("Rows Removed by Index Recheck", 0)
+            )
+        total += per_loop * node.get("Actual Loops", 1)
+    return round(total)
+
+
+def buffers(plan: dict[str, Any]) -> int:
+    """Shared buffers hit or read by the whole plan (a node's counts include its children's)."""
+    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
+
+
+async def explain(raw: Any, statement: str, args: Sequence[Any]) -> list[Cost]:
+    """The statement as planned for these values, and as planned for any (generic)."""
+    costs = []
+    for mode in ("custom", "generic"):
+        await raw.execute(f"SET plan_cache_mode = force_{mode}_plan")
+        prepared = await raw.prepare(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}")
+        result = await prepared.fetchval(*args)
+        plan = (json.loads(result) if isinstance(result, str) else result)[0]["Plan"]
+        tables = frozenset(n["Relation Name"] for n in _nodes(plan) if "Relation Name" in n)
+        small = frozenset(
+            await raw.fetchval(
+                "SELECT coalesce(array_agg(t), '{}') FROM unnest(CAST($1 AS text[])) t"
+                " WHERE pg_relation_size(t) < $2 * current_setting('block_size')::int",
+                sorted(tables),
+                SMALL_TABLE_PAGES,
+            )
+        )
+        costs.append(Cost(statement, mode, rows_visited(plan, small), buffers(plan), tables))
+    await raw.execute("RESET plan_cache_mode")
+    return costs
+
+
+class Cluster:
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def send(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
+        response = await self.client.post("/graphql", json={"query": query, "variables": variables})
+        body: dict[str, Any] = response.json()
+        assert body.get("data") is not None, body
+        return body
+
+    async def register(self, ids: Sequence[int]) -> None:
+        """Register nodes as agents do: registerNode, many to a request."""
+        signature = ", ".join(f"$i{k}: NodeInput!" for k in range(len(ids)))
+        fields = " ".join(f"r{k}: registerNode(input: $i{k}) {{ id }}" for k in range(len(ids)))
+        variables = {f"i{k}": self.report(i) for k, i in enumerate(ids)}
+        body = await self.send(f"mutation({signature}) {{ {fields} }}", variables)
+        assert not body.get("errors"), body
+
+    @staticmethod
+    def report(i: int) -> dict[str, Any]:
+        # Every tenth node is an A100 node, one in 97 has a sick GPU, every
+        # other one is on the fabric.
+        model = A100 if i % 10 == 9 else H100
+        entries = gpus(model)
+        if i % 97 == 0:
+            entries[2] = {**entries[2], "healthy": False, "healthReasons": ["ecc"]}
+        return node_input(node_id(i), gpus=entries, fabrics=IB if i % 2 == 0 else [])
+
+    async def allocate(self, holds: Sequence[tuple[int, list[int]]]) -> None:
+        """Allocate as schedulers do: allocate, many to a request."""
+        fields = []
+        variables: dict[str, Any] = {}
+        for k, (i, indices) in enumerate(holds):
+            shard = {"shardId": f"s-{i}", "nodeId": node_id(i), "gpuIndices": indices}
+            variables[f"a{k}"] = {"replicaId": f"r-{i}", "shards": [shard]}
+            fields.append(f"a{k}: allocate(input: $a{k}) {{ __typename }}")
+        signature = ", ".join(f"$a{k}: AllocateInput!" for k in range(len(holds)))
+        body = await self.send(f"mutation({signature}) {{ {' '.join(fields)} }}", variables)
+        assert {v["__typename"] for v in body["data"].values()} == {"Allocated"}, body
+
+    async def costs(self, raw: Any, read: Read) -> list[Cost]:
+        """Every statement `read` ran through the API, explained."""
+        ran: list[tuple[str, tuple[Any, ...]]] = []
+
+        def observe(sql: str, args: Sequence[Any]) -> None:
+            if sql not in ("BEGIN", "SAVEPOINT", "COMMIT", "ROLLBACK"):
+                ran.append((sql, tuple(args)))
+
+        connections.statement_observers.append(observe)
+        try:
+            await self.send(read.query, read.variables)
+        finally:
+            connections.statement_observers.remove(observe)
+        assert ran, read.name
+        found = []
+        for sql, args in ran:
+            found.extend(await explain(raw, sql, args))
+        return found
+
+
+def _first_nodes_held(i: int) -> list[int]:
+    # The first third of the nodes fully held (their healthy H100s).
+    return list(range(8)) if i < NODES_IN_CLUSTER // 3 and i % 97 and i % 10 != 9 else []
+
+
+LAYOUTS: dict[str, Callable[[int], list[int]]] = {
+    "none": lambda i: [],
+    "every fifth node half allocated": lambda i: [4, 5, 6, 7] if i % 5 == 0 else [],
+    "the first nodes all allocated": _first_nodes_held,
+}
+
+
+async def load(cluster: Cluster, layout: str) -> None:
+    ids = list(range(NODES_IN_CLUSTER))
+    batches = [ids[k : k + REGISTER_BATCH] for k in range(0, len(ids), REGISTER_BATCH)]
+    for k in range(0, len(batches), 4):
+        await asyncio.gather(*(cluster.register(b) for b in batches[k : k + 4]))
+    holds = [(i, LAYOUTS[layout](i)) for i in ids]
+    held = [(i, h) for i, h in holds if h]
+    for k in range(0, len(held), REGISTER_BATCH):
+        await cluster.allocate(held[k : k + REGISTER_BATCH])
+
+
+@pytest.fixture
+def fresh_database(server_url: str) -> Iterator[str]:
+    """A database just created and migrated: no statistics, as a new cluster's."""
+    url = create_database(server_url, prefix="llmgw_pages")
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        drop_database(server_url, url)
+
+
+@pytest.fixture
+async def cluster(fresh_database: str) -> AsyncIterator[tuple[Cluster, str]]:
+    settings = Settings(max_page_size=PAGE)
+    engine = create_engine(fresh_database, settings)
+    app = create_app(settings, engine=engine)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+            yield Cluster(client), libpq_url(fresh_database)
+    finally:
+        await dispose(engine)
+
+
+async def table_rows(raw: Any, table: str) -> int:
+    count: int = await raw.fetchval(f"SELECT count(*) FROM {table}")
+    return count
+
+
+async def over_bound(raw: Any, read: Read, costs: Sequence[Cost]) -> list[str]:
+    """What in `costs` reads more than `read`'s page allows, described."""
+    found = []
+    for c in costs:
+        table = WHOLE_CLUSTER.get(c.statement)
+        if table is not None:
+            # One pass over its one table.
+            rows_bound = await table_rows(raw, table) + FIXED
+            buffers_bound = rows_bound
+            ok = c.tables == {table} and c.rows <= rows_bound
+        else:
+            rows_bound = read.entry[0] * read.entries + FIXED
+            buffers_bound = read.entry[1] * read.entries + FIXED
+            ok = c.rows <= rows_bound and c.buffers <= buffers_bound
+        if not ok:
+            found.append(
+                f"{read.name} ({c.plan} plan): {c.rows} rows, {c.buffers} buffers of"
+                f" {sorted(c.tables)} (bound {rows_bound}, {buffers_bound}):"
+                f" {' '.join(c.statement.split())[:400]}"
+            )
+    return found
+
+
+# The statistics a cluster may have when a scheduler asks: none (just
+# registered), some (autovacuum analyzes a table once enough of it changed:
+# the big ones first), all. Autovacuum is off for the test's tables, so each
+# state is the one named, not whatever autovacuum did meanwhile.
+STATES = {
+    "before ANALYZE": "",
+    "with only nodes and gpus analyzed": "ANALYZE nodes, gpus",
+    "after ANALYZE": "ANALYZE",
+}
+TABLES = (
+    "nodes", "gpus", "gpu_pools", "allocated_gpus", "shards", "fabric_attachments", "filesystems",
+    "weights", "events",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+async def test_every_scheduler_read_costs_its_page_before_and_after_analyze(
+    cluster: tuple[Cluster, str], layout: str
+) -> None:
+    api, dsn = cluster
+    raw = await asyncpg.connect(dsn)
+    try:
+        for table in TABLES:
+            await raw.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        await load(api, layout)
+        found: list[str] = []
+        for state, analyze in STATES.items():
+            if analyze:
+                await raw.execute(analyze)
+            for read in READS:
+                costs = await api.costs(raw, read)
+                found.extend(f"{state}: {o}" for o in await over_bound(raw, read, costs))
+        assert not found, "\n".join(found)
+    finally:
+        await raw.close()
