@@ -1,7 +1,7 @@
 """Incarnations, fences and held shards: a node that comes back never revives a stale replica
 
 Revision ID: 0012
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-05 08:40:00
 
 Issue 32. A node partitioned past INVENTORY_LOST_AFTER still runs its engines
