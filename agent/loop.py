@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from typing import Any
 
 from agent.backoff import Backoff
@@ -24,7 +25,7 @@ from agent.client import (
     ServiceUnavailable,
 )
 from agent.config import AgentConfig
-from agent.report import Report
+from agent.report import Report, utc_now
 from agent.threads import in_daemon_thread
 from agent.xids import XidInbox, with_xids
 
@@ -79,8 +80,11 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
         xids: XidInbox | None = None,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.config = config
+        # What sentAt reads: the service measures this clock against its own.
+        self._wall_clock = wall_clock
         self.client = client
         self._survey_now = survey
         self._sleep = sleep
@@ -126,7 +130,7 @@ class Agent:
             raise RuntimeError("discovery failed; see the log")
         xids = self._xids.take() if self._xids is not None else {}
         try:
-            status = await self.client.register_node(with_xids(report.node_input, xids))
+            status = await self.client.register_node(self._sent(with_xids(report.node_input, xids)))
         except BaseException:
             if self._xids is not None:
                 self._xids.give_back(xids)
@@ -200,7 +204,7 @@ class Agent:
             if action == "register":
                 node_input = with_xids(report.node_input, xids) if xids else report.node_input
                 try:
-                    status = await self.client.register_node(node_input)
+                    status = await self.client.register_node(self._sent(node_input))
                 except BaseException:
                     # Not stored: the XIDs go with the next report that is.
                     if self._xids is not None:
@@ -241,6 +245,10 @@ class Agent:
         self._retry.reset()
         self._note(status)
         return self.config.heartbeat_interval
+
+    def _sent(self, node_input: dict[str, Any]) -> dict[str, Any]:
+        """The report as it leaves: with sentAt, so the service can tell a wrong clock."""
+        return {**node_input, "sentAt": self._wall_clock().isoformat()}
 
     def _note(self, status: NodeStatus) -> None:
         state = (status.state, status.state_reason)

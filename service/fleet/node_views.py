@@ -55,6 +55,12 @@ class NodeRecord:
     knows_its_weights: bool
     # The kernel's boot id the agent last reported; None from an older agent.
     boot_id: str | None = None
+    # When the agent observed each fact block, on the service's clock, and
+    # why its times were corrected (service/fleet/observed_at.py).
+    gpus_observed_at: datetime | None = None
+    fabrics_observed_at: datetime | None = None
+    storage_observed_at: datetime | None = None
+    observed_at_correction: str | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -149,9 +155,10 @@ NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
     n.agent_version, n.engine_versions::text AS engine_versions, n.local_disk_free, n.local_disk_total,
-    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id
+    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id, n.gpus_observed_at,
+    n.fabrics_observed_at, n.storage_observed_at, n.observed_at_correction
 """
-_NODE_WIDTH = 19
+_NODE_WIDTH = 23
 
 
 def by_key(mapping: dict[str, str]) -> list[tuple[str, str]]:
@@ -195,6 +202,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         node_id, hostname, mgmt_addr, labels, memory_total_mb, state, admin_reason,
         admin_actor, liveness_reason, last_seen, registered_at, agent_version,
         engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
+        gpus_observed_at, fabrics_observed_at, storage_observed_at, observed_at_correction,
     ) = row[:_NODE_WIDTH]  # fmt: skip
     reason, actor = shown_reason(state, admin_reason, admin_actor, liveness_reason)
     record: NodeRecord = object.__new__(NodeRecord)
@@ -217,6 +225,10 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         shared_disk_total=shared_total,
         knows_its_weights=knows,
         boot_id=boot_id,
+        gpus_observed_at=gpus_observed_at,
+        fabrics_observed_at=fabrics_observed_at,
+        storage_observed_at=storage_observed_at,
+        observed_at_correction=observed_at_correction,
     )
     return record
 

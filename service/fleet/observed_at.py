@@ -79,8 +79,9 @@ class AgentClock:
             raise InvalidInput(
                 field,
                 observed_at.isoformat(),
-                f"is {ahead.total_seconds():.1f} s after the service received it (allowed "
-                f"skew {self.skew.total_seconds():g} s): a fact cannot be observed in the future",
+                # No measured figure in the words: the same request gets the same answer.
+                f"later than the service received it by more than the allowed skew "
+                f"({self.skew.total_seconds():g} s): a fact cannot be observed in the future",
             )
         return min(settled, self.received_at)
 

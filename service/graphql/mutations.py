@@ -46,8 +46,8 @@ class NodeMutations:
         description="Agent: create or replace a node's report. An operator's cordon or drain survives it."
     )
     async def register_node(self, info: Info, input: NodeInput) -> Node:
-        report = input.to_report()
         context = info.context
+        report = input.to_report(context.settings.clock_skew)
         # Once per request: a compiled registerNode that declined after
         # storing hands its outcome over (service/graphql/fast/compiled_registration.py).
         return Node.of(

@@ -79,7 +79,7 @@ class CompiledRegistration:
             check_role(self._role, FIELD, request.principal, kwargs)
         except InventoryError:
             return Declined("refused")
-        report = kwargs[ARGUMENT].to_report()
+        report = kwargs[ARGUMENT].to_report(request.context().settings.clock_skew)
         return await write_and_answer(
             request,
             (REGISTER, report.id),
