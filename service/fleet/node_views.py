@@ -20,6 +20,7 @@ from service.database.connections import Connection, cached_text
 from service.errors import InvalidInput
 from service.fleet.reports import Disk
 from service.scheduling.availability import is_schedulable, node_schedulable
+from service.scheduling.freshness import check_max_age, gpu_facts_fresh
 
 STATES = ("ready", "cordoned", "draining", "unreachable", "lost")
 
@@ -146,6 +147,8 @@ class NodeFilter:
     label: tuple[str, str] | None = None
     has_weights: str | None = None
     min_local_disk_free: int | None = None
+    # Seconds: only nodes whose GPU facts are at most this old (service/scheduling/freshness.py).
+    max_age: int | None = None
 
 
 # Also what register_node returns, so its reply needs no second read.
@@ -276,6 +279,10 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
             " WHERE w.node_id = n.id AND w.path = :weights))"
         )
         params["weights"] = f.has_weights
+    if f.max_age is not None:
+        check_max_age(f.max_age)
+        where.append(gpu_facts_fresh("n"))
+        params["max_age"] = f.max_age
     if f.min_local_disk_free is not None:
         if f.min_local_disk_free < 0:
             raise InvalidInput("filter.minLocalDiskFree", f.min_local_disk_free, "must be >= 0")

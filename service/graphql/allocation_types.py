@@ -123,6 +123,13 @@ class PlaceInput:
             "handed exactly those HCAs. Needs fabric."
         ),
     )
+    max_age: int | None = strawberry.field(
+        default=None,
+        description=(
+            "Seconds: only nodes whose GPU facts (Node.gpusObservedAt) are at most this old; the "
+            "others get the verdict FACTS_STALE. Negative: refused."
+        ),
+    )
 
     def to_request(self) -> verdicts.PlaceRequest:
         return verdicts.PlaceRequest(
@@ -138,6 +145,7 @@ class PlaceInput:
             nvlink_shards=bool(self.nvlink_shards),
             same_nvlink_domain=bool(self.same_nvlink_domain),
             rail_aligned=bool(self.rail_aligned),
+            max_age=self.max_age,
         )
 
 

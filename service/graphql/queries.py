@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import strawberry
@@ -16,6 +17,11 @@ from .inputs import NodeFilter
 from .loaders import selected
 from .pages import answer, paged
 from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus
+
+MAX_AGE = (
+    "Seconds: only nodes whose GPU facts (Node.gpusObservedAt) are at most this old. "
+    "Negative: BAD_INPUT."
+)
 
 
 @strawberry.type
@@ -32,9 +38,12 @@ class NodeQueries:
         filter_: Annotated[NodeFilter | None, strawberry.argument(name="filter")] = None,
         first: int | None = None,
         after: strawberry.ID | None = None,
+        max_age: Annotated[int | None, strawberry.argument(description=MAX_AGE)] = None,
     ) -> list[Node]:
         request = info.context.page_request(first)
         node_filter = filter_.to_record() if filter_ is not None else node_views.NodeFilter()
+        if max_age is not None:
+            node_filter = dataclasses.replace(node_filter, max_age=max_age)
         loaders = info.context.loaders
         async with connections.autocommit(info.context.engine) as conn:
             read = await node_views.list_nodes(
@@ -64,6 +73,7 @@ class NodeQueries:
         min_free: int | None = 1,
         first: int | None = None,
         after: strawberry.ID | None = None,
+        max_age: Annotated[int | None, strawberry.argument(description=MAX_AGE)] = None,
     ) -> list[NodeFreeGpus]:
         request = info.context.page_request(first)
         node = selected(info.selected_fields[0].selections).get("node")
@@ -76,6 +86,7 @@ class NodeQueries:
                 min_free=1 if min_free is None else min_free,
                 first=request.limit,
                 after=str(after) if after is not None else None,
+                max_age=max_age,
             )
             page = paging.cut(found, request, lambda entry: entry.node_id)
             if node is not None:

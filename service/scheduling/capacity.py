@@ -15,6 +15,7 @@ from sqlalchemy import text
 from service.database.connections import Connection, cached_text
 from service.errors import InvalidInput
 from service.scheduling.availability import gpu_free_given, pool_offers
+from service.scheduling.freshness import check_max_age, gpu_facts_fresh
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ def free_gpus_query(
     min_free: int,
     first: int,
     after: str | None = None,
+    max_age: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """free_gpus' statement and parameters: rows (node_id, indices) in node order.
 
@@ -83,6 +85,12 @@ def free_gpus_query(
     if after is not None:
         where.append("p.node_id > :after")
         params["after"] = after
+    if max_age is not None:
+        # Freshness (service/scheduling/freshness.py): one primary-key probe per pool row.
+        check_max_age(max_age)
+        fresh = gpu_facts_fresh("n")
+        where.append(f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = p.node_id AND {fresh})")
+        params["max_age"] = max_age
     if gpu_class is not None:
         where.append("p.free >= :min_free")
         page = f"""
@@ -122,10 +130,19 @@ async def free_gpus(
     min_free: int,
     first: int,
     after: str | None = None,
+    max_age: int | None = None,
 ) -> list[NodeFreeGpus]:
-    """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free."""
+    """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free.
+
+    `max_age`: only nodes whose GPU facts are at most that many seconds old (freshness).
+    """
     sql, params = free_gpus_query(
-        gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=first, after=after
+        gpu_class=gpu_class,
+        fabric=fabric,
+        min_free=min_free,
+        first=first,
+        after=after,
+        max_age=max_age,
     )
     rows = await conn.execute(cached_text(sql), params)
     return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
