@@ -216,11 +216,11 @@ async def test_the_shortcuts_count_what_the_planner_does_replica_by_replica(
             {**request_params(request), "limit": NO_LIMIT},
         )
         facts = [facts_of(r) for r in rows]
-    counting = fits.FitCount(facts, request)
+    counting = fits.FitCount.of_nodes(facts, request)
     counting.count(random.Random(1))
     assert counting.replicas == fits.count_by_plans(facts, request, random.Random(2))
     # And with the node on two fabrics gone, by the per-group count.
     single = [f for f in facts if f.node_id != "dual-0"]
-    counting = fits.FitCount(single, request)
+    counting = fits.FitCount.of_nodes(single, request)
     counting.count(random.Random(1))
     assert counting.replicas == fits.count_by_plans(single, request, random.Random(2))

@@ -34,20 +34,18 @@ smallest NVLink group that holds it (best fit, as the claim takes it).
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from service.database.connections import Connection, cached_text
+from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement.plan import plan_placement, validate_place
-from service.scheduling.placement.statements import (
-    NO_LIMIT,
-    facts_of,
-    request_params,
-    survey_sql,
-)
+from service.scheduling.placement.statements import facts_of, request_params
 from service.scheduling.rejections import Rejection
+from service.scheduling.topology_fit import facts_column
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
 
 # fit names no replica; place's checks of the shape want some id.
@@ -101,14 +99,94 @@ def after(f: NodeFacts, request: PlaceRequest, shards: int) -> NodeFacts:
     return replace(f, free=f.free - gpus, topology=topology)
 
 
+def survey_groups_sql(request: PlaceRequest) -> str:
+    """Every node of the class, grouped by the facts judge() reads for this request.
+
+    explainPlacement's survey (statements.survey_sql), with two changes that
+    keep it one pass over the class's pools at any size: a fact the request
+    does not ask about is not read (its column is the constant judge ignores
+    then), and nodes whose facts judge() cannot tell apart come back as one
+    row with their ids (members, sorted) and a representative's facts. Within
+    a group a number judge() compares is carried as the group's extreme on
+    the side of its comparison (the least disk free, the oldest GPU facts),
+    so the representative fails or passes each check as every member does.
+    """
+    wants_fabrics = request.fabric is not None or request.shards > 1
+    fabrics = (
+        "ARRAY(SELECT fa.fabric FROM fabric_attachments fa"
+        " WHERE fa.node_id = p.node_id ORDER BY fa.fabric)"
+        if wants_fabrics
+        else "CAST('{}' AS text[])"
+    )
+    holds = (
+        "EXISTS (SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights)"
+        if request.weights is not None
+        else "false"
+    )
+    knows = "n.knows_its_weights" if request.weights is not None else "false"
+    label_ok = (
+        "(n.labels ->> CAST(:label_key AS text)) IS NOT DISTINCT FROM CAST(:label_value AS text)"
+        if request.label is not None
+        else "true"
+    )
+    label = "n.labels ->> CAST(:label_key AS text)" if request.label is not None else "NULL"
+    disk_ok = (
+        "(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)"
+        if request.min_local_disk_free is not None
+        else "true"
+    )
+    fresh, age = (
+        (gpu_facts_fresh("n"), gpu_facts_age("n"))
+        if request.max_age is not None
+        else ("true", "CAST(NULL AS float8)")
+    )
+    return f"""
+    SELECT min(f.node_id) AS node_id, f.state, min(f.state_reason) AS state_reason, f.free,
+           min(f.local_disk_free) AS local_disk_free, min(f.local_disk_total) AS local_disk_total,
+           f.knows_its_weights, f.holds_weights, f.fabrics, min(f.label_value) AS label_value,
+           f.topology, max(f.gpus_facts_age) AS gpus_facts_age,
+           array_agg(f.node_id ORDER BY f.node_id) AS members
+    FROM (
+        SELECT p.node_id, p.free, n.state,
+               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                    ELSE n.admin_reason END AS state_reason,
+               n.local_disk_free, n.local_disk_total, {disk_ok} AS disk_ok,
+               {knows} AS knows_its_weights, {holds} AS holds_weights, {fabrics} AS fabrics,
+               {label} AS label_value, {label_ok} AS label_ok,
+               CAST({facts_column(request, "p.node_id")} AS jsonb) AS topology,
+               {age} AS gpus_facts_age, {fresh} AS fresh
+        FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
+        WHERE p.gpu_class = :cls
+    ) f
+    GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.fabrics,
+             f.label_ok, f.topology, f.fresh
+    """
+
+
+class _Group:
+    """Nodes judge() cannot tell apart for the request: one set of facts, several ids."""
+
+    def __init__(self, facts: NodeFacts, members: Sequence[str]) -> None:
+        self.facts = facts
+        self.members = members
+        # Shards each member takes (the whole-replica count is the same for each).
+        self.taken = 0
+
+
 class FitCount:
     """The facts of a class's nodes as the counted replicas leave them."""
 
-    def __init__(self, facts: Iterable[NodeFacts], request: PlaceRequest) -> None:
+    def __init__(self, groups: Iterable[_Group], request: PlaceRequest) -> None:
         self.request = request
-        self.facts = {f.node_id: f for f in facts}
+        self.groups = list(groups)
+        # Nodes the spread phase took apart from their groups, and their shards.
+        self.facts: dict[str, NodeFacts] = {}
         self.taken: Counter[str] = Counter()
         self.replicas = 0
+
+    @classmethod
+    def of_nodes(cls, facts: Iterable[NodeFacts], request: PlaceRequest) -> FitCount:
+        return cls((_Group(f, [f.node_id]) for f in facts), request)
 
     def _take(self, node_id: str, shards: int) -> None:
         self.facts[node_id] = after(self.facts[node_id], self.request, shards)
@@ -119,11 +197,26 @@ class FitCount:
 
     def _take_whole(self) -> None:
         shards = self.request.shards
-        for f in self.fitting():
-            whole = f.room(self.request) // shards
+        for group in self.groups:
+            if not judge(group.facts, self.request).fits:
+                continue
+            whole = group.facts.room(self.request) // shards
             if whole:
-                self._take(f.node_id, whole * shards)
-                self.replicas += whole
+                group.facts = after(group.facts, self.request, whole * shards)
+                group.taken += whole * shards
+                self.replicas += whole * len(group.members)
+
+    def _take_apart(self) -> None:
+        """The members of groups that can still take a shard, one by one: a spread tells them apart."""
+        kept = []
+        for group in self.groups:
+            if not judge(group.facts, self.request).fits:
+                kept.append(group)
+                continue
+            for node_id in group.members:
+                self.facts[node_id] = replace(group.facts, node_id=node_id)
+                self.taken[node_id] = group.taken
+        self.groups = kept
 
     def _spread_groups(self, fitting: Sequence[NodeFacts]) -> list[list[NodeFacts]] | None:
         """The nodes a spread draws from, by (fabric, domain); None when a node is in two."""
@@ -171,6 +264,7 @@ class FitCount:
         self._take_whole()
         if self.request.shards == 1:
             return
+        self._take_apart()
         groups = self._spread_groups(self.fitting())
         if groups is None:
             self._spread_by_plans(rng)
@@ -179,13 +273,22 @@ class FitCount:
 
     def limited_by(self) -> tuple[tuple[VerdictCode, int], ...]:
         codes = Counter(judge(f, self.request).code for f in self.facts.values())
+        for group in self.groups:
+            codes[judge(group.facts, self.request).code] += len(group.members)
         codes.pop(VerdictCode.FITS, None)
         return tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0].value)))
+
+    def used(self) -> Iterator[tuple[str, int]]:
+        """(node id, shards it takes) for every node that takes some, by id."""
+        whole = [[(node_id, g.taken) for node_id in g.members] for g in self.groups if g.taken]
+        apart = sorted((node_id, k) for node_id, k in self.taken.items() if k)
+        return heapq.merge(*whole, apart)
 
 
 def count_by_plans(facts: Iterable[NodeFacts], request: PlaceRequest, rng: random.Random) -> int:
     """The replicas plan_placement places one by one on these facts: what fit's shortcuts must equal."""
-    counting = FitCount(facts, request)
+    counting = FitCount((), request)
+    counting.facts = {f.node_id: f for f in facts}
     counting._spread_by_plans(rng)
     return counting.replicas
 
@@ -201,22 +304,31 @@ async def fit(
     """How many more replicas of the request's shape fit now; `exclude`: nodes counted as gone.
 
     One statement: the facts of every node of the class, as explainPlacement
-    reads them. A shape place would refuse is the same Rejection.
+    reads them, grouped (survey_groups_sql). A shape place would refuse is
+    the same Rejection.
     """
     request = shape_of(request)
     problem = validate_place(request)
     if problem is not None:
         return problem
-    rows = await conn.execute(
-        cached_text(survey_sql(request)), {**request_params(request), "limit": NO_LIMIT}
-    )
+    rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
     gone = set(exclude)
-    counting = FitCount((f for f in map(facts_of, rows) if f.node_id not in gone), request)
+    groups = []
+    for row in rows:
+        members = [m for m in row.members if m not in gone] if gone else row.members
+        if members:
+            groups.append(_Group(replace(facts_of(row), node_id=members[0]), members))
+    counting = FitCount(groups, request)
     counting.count(rng or random.Random())
-    used = sorted(counting.taken.items())
+    nodes: list[FitNode] = []
+    used = 0
+    for node_id, shards in counting.used():
+        if used < first:
+            nodes.append(FitNode(node_id, shards))
+        used += 1
     return Fit(
         replicas=counting.replicas,
-        nodes=tuple(FitNode(node_id, shards) for node_id, shards in used[:first]),
-        nodes_omitted=max(0, len(used) - first),
+        nodes=tuple(nodes),
+        nodes_omitted=used - len(nodes),
         limited_by=counting.limited_by(),
     )
