@@ -127,3 +127,19 @@ def test_the_staleness_rule_has_one_home() -> None:
         if SECOND_DEFINITION.search(line)
     ]
     assert not found
+
+
+FIT = """
+query Fit($shape: PlaceInput!) { fit(shape: $shape) { replicas limitedBy { code nodes } } }
+"""
+
+
+async def test_fit_counts_only_fresh_nodes_and_says_the_rest_are_stale(
+    api: Api, cluster: None
+) -> None:
+    shape = place("any", maxAge=60)["input"]
+    counted = (await api(FIT, {"shape": shape}))["fit"]
+    assert counted["replicas"] == 1
+    assert {"code": "FACTS_STALE", "nodes": 1} in counted["limitedBy"]
+    anyway = (await api(FIT, {"shape": place("any")["input"]}))["fit"]
+    assert anyway["replicas"] == 2
