@@ -37,10 +37,11 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from service.database.connections import Connection, cached_text
+from service.scheduling.availability import SCHEDULABLE_STATE
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement.plan import plan_placement, validate_place
 from service.scheduling.placement.statements import facts_of, request_params
@@ -106,7 +107,7 @@ def survey_groups_sql(request: PlaceRequest) -> str:
     keep it one pass over the class's pools at any size: a fact the request
     does not ask about is not read (its column is the constant judge ignores
     then), and nodes whose facts judge() cannot tell apart come back as one
-    row with their ids (members, sorted) and a representative's facts. Within
+    row with their ids (members) and a representative's facts. Within
     a group a number judge() compares is carried as the group's extreme on
     the side of its comparison (the least disk free, the oldest GPU facts),
     so the representative fails or passes each check as every member does.
@@ -140,22 +141,43 @@ def survey_groups_sql(request: PlaceRequest) -> str:
         if request.max_age is not None
         else ("true", "CAST(NULL AS float8)")
     )
+    # The node's row only for what the request asks of it. Its state alone
+    # comes from the pool row, whose `schedulable` every write keeps equal to
+    # availability.node_schedulable (gpu_pools.py); only the nodes that do not
+    # take placement are looked up, for the state judge() names.
+    reads_node = request.weights is not None or request.label is not None
+    reads_node = reads_node or request.min_local_disk_free is not None
+    reads_node = reads_node or request.max_age is not None
+    if reads_node:
+        state, source = "n.state", "gpu_pools p JOIN nodes n ON n.id = p.node_id"
+    else:
+        state = (
+            f"CASE WHEN p.schedulable THEN '{SCHEDULABLE_STATE}'"
+            " ELSE (SELECT n.state FROM nodes n WHERE n.id = p.node_id) END"
+        )
+        source = "gpu_pools p"
+    disk = (
+        "n.local_disk_free, n.local_disk_total"
+        if request.min_local_disk_free is not None
+        else "CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total"
+    )
+    # The members unordered: an ordered aggregate made PostgreSQL sort every
+    # row of the class, most of the statement's time; FitCount.used picks the
+    # first ids of the groups it lists.
     return f"""
-    SELECT min(f.node_id) AS node_id, f.state, min(f.state_reason) AS state_reason, f.free,
+    SELECT min(f.node_id) AS node_id, f.state, CAST(NULL AS text) AS state_reason, f.free,
            min(f.local_disk_free) AS local_disk_free, min(f.local_disk_total) AS local_disk_total,
            f.knows_its_weights, f.holds_weights, f.fabrics, min(f.label_value) AS label_value,
            f.topology, max(f.gpus_facts_age) AS gpus_facts_age,
-           array_agg(f.node_id ORDER BY f.node_id) AS members
+           array_agg(f.node_id) AS members
     FROM (
-        SELECT p.node_id, p.free, n.state,
-               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
-                    ELSE n.admin_reason END AS state_reason,
-               n.local_disk_free, n.local_disk_total, {disk_ok} AS disk_ok,
+        SELECT p.node_id, p.free, {state} AS state,
+               {disk}, {disk_ok} AS disk_ok,
                {knows} AS knows_its_weights, {holds} AS holds_weights, {fabrics} AS fabrics,
                {label} AS label_value, {label_ok} AS label_ok,
                CAST({facts_column(request, "p.node_id")} AS jsonb) AS topology,
                {age} AS gpus_facts_age, {fresh} AS fresh
-        FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
+        FROM {source}
         WHERE p.gpu_class = :cls
     ) f
     GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.fabrics,
@@ -213,7 +235,7 @@ class FitCount:
             if not judge(group.facts, self.request).fits:
                 kept.append(group)
                 continue
-            for node_id in group.members:
+            for node_id in sorted(group.members):
                 self.facts[node_id] = replace(group.facts, node_id=node_id)
                 self.taken[node_id] = group.taken
         self.groups = kept
@@ -278,11 +300,17 @@ class FitCount:
         codes.pop(VerdictCode.FITS, None)
         return tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0].value)))
 
-    def used(self) -> Iterator[tuple[str, int]]:
-        """(node id, shards it takes) for every node that takes some, by id."""
-        whole = [[(node_id, g.taken) for node_id in g.members] for g in self.groups if g.taken]
-        apart = sorted((node_id, k) for node_id, k in self.taken.items() if k)
-        return heapq.merge(*whole, apart)
+    def used(self, first: int) -> tuple[list[tuple[str, int]], int]:
+        """The first `first` nodes by id that take shards, with their shards; and how many do."""
+        candidates: list[tuple[str, int]] = []
+        total = 0
+        for group in self.groups:
+            if group.taken:
+                total += len(group.members)
+                smallest = heapq.nsmallest(first, group.members)
+                candidates.extend((node_id, group.taken) for node_id in smallest)
+        apart = [(node_id, k) for node_id, k in self.taken.items() if k]
+        return heapq.nsmallest(first, candidates + apart), total + len(apart)
 
 
 def count_by_plans(facts: Iterable[NodeFacts], request: PlaceRequest, rng: random.Random) -> int:
@@ -317,18 +345,13 @@ async def fit(
     for row in rows:
         members = [m for m in row.members if m not in gone] if gone else row.members
         if members:
-            groups.append(_Group(replace(facts_of(row), node_id=members[0]), members))
+            groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
     counting = FitCount(groups, request)
     counting.count(rng or random.Random())
-    nodes: list[FitNode] = []
-    used = 0
-    for node_id, shards in counting.used():
-        if used < first:
-            nodes.append(FitNode(node_id, shards))
-        used += 1
+    used, total = counting.used(first)
     return Fit(
         replicas=counting.replicas,
-        nodes=tuple(nodes),
-        nodes_omitted=used - len(nodes),
+        nodes=tuple(FitNode(node_id, shards) for node_id, shards in used),
+        nodes_omitted=total - len(used),
         limited_by=counting.limited_by(),
     )
