@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from typing import Any
 
 from agent.backoff import Backoff
@@ -25,7 +26,7 @@ from agent.client import (
     ServiceUnavailable,
 )
 from agent.config import AgentConfig
-from agent.report import Report
+from agent.report import Report, utc_now
 from agent.running_shards import RunningShard, RunningShardsSource, StopCommands, log_stops
 from agent.threads import in_daemon_thread
 from agent.xids import XidInbox, with_xids
@@ -82,8 +83,11 @@ class Agent:
         rand: Callable[[], float] = random.random,
         xids: XidInbox | None = None,
         running_source: RunningShardsSource | None = None,
+        wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.config = config
+        # What sentAt reads: the service measures this clock against its own.
+        self._wall_clock = wall_clock
         self.client = client
         self._survey_now = survey
         self._sleep = sleep
@@ -144,7 +148,7 @@ class Agent:
             raise RuntimeError("discovery failed; see the log")
         xids = self._xids.take() if self._xids is not None else {}
         try:
-            status = await self.client.register_node(with_xids(report.node_input, xids))
+            status = await self.client.register_node(self._sent(with_xids(report.node_input, xids)))
         except BaseException:
             if self._xids is not None:
                 self._xids.give_back(xids)
@@ -220,9 +224,9 @@ class Agent:
                 node_input = with_xids(report.node_input, xids) if xids else report.node_input
                 try:
                     status = (
-                        await self.client.register_node(node_input)
+                        await self.client.register_node(self._sent(node_input))
                         if fencing is None
-                        else await self.client.register_node(node_input, fencing)
+                        else await self.client.register_node(self._sent(node_input), fencing)
                     )
                 except BaseException:
                     # Not stored: the XIDs go with the next report that is.
@@ -322,6 +326,10 @@ class Agent:
         log_stops(status.shards_to_stop, status.id)
         if self.stop_commands is not None:
             await self.stop_commands.stop(status.shards_to_stop)
+
+    def _sent(self, node_input: dict[str, Any]) -> dict[str, Any]:
+        """The report as it leaves: with sentAt, so the service can tell a wrong clock."""
+        return {**node_input, "sentAt": self._wall_clock().isoformat()}
 
     def _note(self, status: NodeStatus) -> None:
         state = (status.state, status.state_reason)

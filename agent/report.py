@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib.metadata import version
 from typing import Any
 
@@ -28,6 +29,14 @@ from agent.topology import discover_topology
 from agent.weights import WeightsScanner
 
 FREE_SPACE_STEP = 1 << 30
+# When each block was observed (the agent's clock): not content. The same
+# hardware seen a minute later is the same report, and goes out with the
+# periodic full report, which carries the newer times.
+OBSERVED_AT = ("gpusObservedAt", "fabricsObservedAt", "storageObservedAt")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class Host:
     statvfs: Callable[[str], SpaceFigures] = os.statvfs
     stat: Callable[[str], DeviceFigures] = os.stat
     version_of: Callable[[str], str] = version
+    # The wall clock observedAt times are read from.
+    clock: Callable[[], datetime] = utc_now
 
     @classmethod
     def this_machine(cls) -> "Host":
@@ -54,8 +65,10 @@ class Report:
 
     @property
     def digest(self) -> str:
-        """A hash of everything in the report except free space, which `changed_since` weighs."""
+        """A hash of everything in the report but free space (`changed_since` weighs it) and times."""
         steady = json.loads(json.dumps(self.node_input))
+        for key in OBSERVED_AT:
+            steady.pop(key, None)
         for fs in steady.get("storage", []):
             fs.pop("freeBytes", None)
         text = json.dumps(steady, sort_keys=True, separators=(",", ":"))
@@ -131,6 +144,9 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
     else:
         report["memoryTotalMb"] = memory
 
+    # Read before discovery starts: the facts found are at least this recent,
+    # never stamped later than they were seen.
+    hardware_seen = host.clock().isoformat()
     if isinstance(config.gpu_source, GpuFile):
         # NVML is not asked at all: the file replaces the driver, not adds to it.
         warn(config.gpu_source.warning())
@@ -147,13 +163,16 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
         hcas = [hca for a in fabrics for hca in a.hcas]
         gpus = discover_topology(host.nvml, root, gpus, hcas, warn)
     report["gpus"] = [_gpu_input(gpu, config.gpu_class) for gpu in gpus]
+    report["gpusObservedAt"] = hardware_seen
 
     report["fabrics"] = [
         {"fabric": a.fabric, "hcas": list(a.hcas), "rateGbps": a.rate_gbps} for a in fabrics
     ]
+    report["fabricsObservedAt"] = hardware_seen
 
     present = present_model_dirs(root, config.model_dirs, warn)
     if present:
+        storage_seen = host.clock().isoformat()
         filesystems = discover_storage(
             root, present, config.shared_fs_types, warn, statvfs=host.statvfs, stat=host.stat
         )
@@ -170,6 +189,7 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
                 }
                 for fs in filesystems
             ]
+            report["storageObservedAt"] = storage_seen
         # Only directories that exist were looked in: with none of them
         # there, the node could not look, which is "unknown", not "none".
         report["weights"] = [

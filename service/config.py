@@ -182,6 +182,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Most transactions a process places in at once; a call that finds one placing "
             "waits in the process for the next batch, and another starts only when a full "
             "batch waits."),
+    Setting("INVENTORY_CLOCK_SKEW", "clock_skew", "5", _non_negative_float,
+            "Seconds an agent's clock may differ from the service's: past it, a report's "
+            "observedAt times are shifted by the difference its sentAt shows (and the node says "
+            "so), and an observedAt later than its receipt by more is refused "
+            "(service/fleet/observed_at.py)."),
     Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),
@@ -218,6 +223,7 @@ class Settings:
     direct_execution: bool = True
     place_batch: int = 8
     place_transactions: int = 4
+    clock_skew: float = 5.0
     log_level: str = "INFO"
     log_format: str = "text"
 

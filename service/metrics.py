@@ -164,6 +164,25 @@ def registrations() -> dict[tuple[str, str], int]:
         return dict(_REGISTRATIONS)
 
 
+# Reports whose observedAt times were shifted because the agent's clock was off
+# by more than INVENTORY_CLOCK_SKEW (service/fleet/observed_at.py), by node.
+# Apart from _Counters: one idea, one lock.
+_CLOCK_CORRECTIONS: dict[str, int] = defaultdict(int)
+_CLOCK_CORRECTIONS_LOCK = threading.Lock()
+
+
+def count_clock_correction(node_id: str) -> None:
+    """Count one stored report whose times were corrected; process-local."""
+    with _CLOCK_CORRECTIONS_LOCK:
+        _CLOCK_CORRECTIONS[node_id] += 1
+
+
+def clock_corrections() -> dict[str, int]:
+    """node id -> reports of that node stored with corrected times by this process."""
+    with _CLOCK_CORRECTIONS_LOCK:
+        return dict(_CLOCK_CORRECTIONS)
+
+
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
     COUNTERS.observe_request(method, route, status, seconds)
 
@@ -425,6 +444,14 @@ def _process(out: Exposition) -> None:
             ((("path", path), ("reason", reason)), count)
             for (path, reason), count in sorted(registrations().items())
         ),
+    )
+    out.family(
+        "inventory_report_clock_corrections_total",
+        "counter",
+        "Node reports stored by this process whose observedAt times were shifted: the agent's "
+        "clock differed from the service's by more than INVENTORY_CLOCK_SKEW "
+        "(Node.observedAtCorrection says by how much).",
+        (((("node", node),), count) for node, count in sorted(clock_corrections().items())),
     )
     out.histogram(
         "inventory_http_request_duration_seconds",

@@ -92,6 +92,18 @@ nodes = Table(
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("reported_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # When the agent observed each fact block, on the service's clock
+    # (service/fleet/observed_at.py): what maxAge compares, since last_seen
+    # moves with heartbeats that say nothing about the hardware.
+    Column("gpus_observed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column(
+        "fabrics_observed_at", DateTime(timezone=True), nullable=False, server_default=func.now()
+    ),
+    Column(
+        "storage_observed_at", DateTime(timezone=True), nullable=False, server_default=func.now()
+    ),
+    # Why the last report's times were not taken as the agent sent them; NULL: they were.
+    Column("observed_at_correction", Text),
     CheckConstraint(id_length_check("id"), name="id_length"),
     CheckConstraint(ADMIN_STATE_CHECK, name="admin_state"),
     CheckConstraint(LIVENESS_CHECK, name="liveness"),

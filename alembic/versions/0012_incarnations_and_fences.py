@@ -1,7 +1,7 @@
 """Incarnations, fences and held shards: a node that comes back never revives a stale replica
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-12-05 08:40:00
 
 Issue 32. A node partitioned past INVENTORY_LOST_AFTER still runs its engines
@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0009"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -148,7 +148,7 @@ def scalar_values() -> dict[str, st.SearchStrategy[ValueNode]]:
 # Root fields a fast route answers, drawn more often (the compiled heartbeat,
 # registration and place, the compiled pages, and the questions schedulers ask most).
 FAVOURED = ("nodes", "freeGpus", "node", "nodes", "freeGpus", "node") + ("heartbeat",) * 5
-FAVOURED += ("registerNode",) * 3 + ("place",) * 5
+FAVOURED += ("registerNode",) * 3 + ("place",) * 7
 # Root fields whose compiled route takes only leaves of Node.
 LEAVES_ONLY = (["heartbeat"], ["registerNode"])
 # Root fields shaped for a compiled route (the compiled place takes inline fragments on

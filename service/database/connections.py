@@ -335,3 +335,19 @@ async def autocommit(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
     pool = await native.get()
     async with pool.acquire(timeout=native.spec.timeout) as raw:
         yield NativeConnection(raw)
+
+
+@asynccontextmanager
+async def read_only(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
+    """One READ ONLY transaction on a pooled connection: PostgreSQL refuses any write in it.
+
+    For answers that must change nothing (fit, a what-if), whatever a
+    statement they share with the writers might do.
+    """
+    native = _pool_of(engine)
+    pool = await native.get()
+    async with pool.acquire(timeout=native.spec.timeout) as raw:
+        if statement_observers:
+            _observe("BEGIN READ ONLY")
+        async with raw.transaction(readonly=True):
+            yield NativeConnection(raw)

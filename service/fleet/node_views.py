@@ -22,6 +22,7 @@ from service.errors import InvalidInput
 from service.fleet.reports import Disk
 from service.node_states import STATES, shown_reason
 from service.scheduling.availability import is_schedulable, node_schedulable
+from service.scheduling.freshness import check_max_age, gpu_facts_fresh
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ class NodeRecord:
     boot_id: str | None = None
     # Which life of the node this is (service/fleet/fencing.py).
     incarnation: int = 1
+    # When the agent observed each fact block, on the service's clock, and
+    # why its times were corrected (service/fleet/observed_at.py).
+    gpus_observed_at: datetime | None = None
+    fabrics_observed_at: datetime | None = None
+    storage_observed_at: datetime | None = None
+    observed_at_correction: str | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -128,6 +135,8 @@ class NodeFilter:
     label: tuple[str, str] | None = None
     has_weights: str | None = None
     min_local_disk_free: int | None = None
+    # Seconds: only nodes whose GPU facts are at most this old (service/scheduling/freshness.py).
+    max_age: int | None = None
 
 
 # Also what register_node returns, so its reply needs no second read.
@@ -137,9 +146,10 @@ NODE_COLUMNS = """
     n.id, n.hostname, n.mgmt_addr, n.labels::text AS labels, n.memory_total_mb, n.state,
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
     n.agent_version, n.engine_versions::text AS engine_versions, n.local_disk_free, n.local_disk_total,
-    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id, n.incarnation
+    n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id, n.incarnation,
+    n.gpus_observed_at, n.fabrics_observed_at, n.storage_observed_at, n.observed_at_correction
 """
-_NODE_WIDTH = 20
+_NODE_WIDTH = 24
 
 
 def by_key(mapping: dict[str, str]) -> list[tuple[str, str]]:
@@ -183,6 +193,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         admin_actor, liveness_reason, last_seen, registered_at, agent_version,
         engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
         incarnation,
+        gpus_observed_at, fabrics_observed_at, storage_observed_at, observed_at_correction,
     ) = row[:_NODE_WIDTH]  # fmt: skip
     reason, actor = shown_reason(state, admin_reason, admin_actor, liveness_reason)
     record: NodeRecord = object.__new__(NodeRecord)
@@ -206,6 +217,10 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         knows_its_weights=knows,
         boot_id=boot_id,
         incarnation=incarnation,
+        gpus_observed_at=gpus_observed_at,
+        fabrics_observed_at=fabrics_observed_at,
+        storage_observed_at=storage_observed_at,
+        observed_at_correction=observed_at_correction,
     )
     return record
 
@@ -248,6 +263,10 @@ def _filter_sql(f: NodeFilter, params: dict[str, Any]) -> list[str]:
         holds = key_row_exists("weights", {"node_id": "n.id", "path": ":weights"})
         where.append(f"(NOT n.knows_its_weights OR {holds})")
         params["weights"] = f.has_weights
+    if f.max_age is not None:
+        check_max_age(f.max_age)
+        where.append(gpu_facts_fresh("n"))
+        params["max_age"] = f.max_age
     if f.min_local_disk_free is not None:
         if f.min_local_disk_free < 0:
             raise InvalidInput("filter.minLocalDiskFree", f.min_local_disk_free, "must be >= 0")

@@ -57,6 +57,7 @@ same_as_last_stored, or path transaction with the reason it was needed.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Final
 
@@ -75,6 +76,7 @@ from service.fleet.node_views import NODE_COLUMNS, node_from_row
 from service.fleet.report_rows import (
     REPORTED_ROWS,
     came_back,
+    fact_time_parameters,
     gpus_differ,
     hardware_rows,
     node_parameters,
@@ -83,6 +85,8 @@ from service.fleet.report_rows import (
     write_own_rows,
 )
 from service.fleet.reports import NodeReport, validate_report
+
+log = logging.getLogger(__name__)
 
 ONE_STATEMENT: Final = "one_statement"
 TRANSACTION: Final = "transaction"
@@ -138,7 +142,11 @@ _ONE_STATEMENT = text(
 # guard).
 _SAME_AGAIN = text(
     f"""
-    UPDATE nodes n SET last_seen = now(), boot_id = coalesce(CAST(:boot_id AS text), n.boot_id)
+    UPDATE nodes n SET last_seen = now(), boot_id = coalesce(CAST(:boot_id AS text), n.boot_id),
+        gpus_observed_at = CAST(:gpus_observed_at AS timestamptz),
+        fabrics_observed_at = CAST(:fabrics_observed_at AS timestamptz),
+        storage_observed_at = CAST(:storage_observed_at AS timestamptz),
+        observed_at_correction = CAST(:observed_at_correction AS text)
     WHERE n.id = :id AND n.report_digest = CAST(:digest AS text) AND NOT {came_back("n")}
       AND NOT {rebooted("n", "CAST(:boot_id AS text)")}
     RETURNING {NODE_COLUMNS}
@@ -183,7 +191,12 @@ async def re_register(
     validate_report(report)
     digest = report.digest()
     if _LAST_STORED.get(report.id) == digest:
-        params = {"id": report.id, "digest": digest, "boot_id": report.boot_id}
+        params = {
+            "id": report.id,
+            "digest": digest,
+            "boot_id": report.boot_id,
+            **fact_time_parameters(report),
+        }
         same = (await conn.execute(_SAME_AGAIN, params)).one_or_none()
         if same is not None:
             registration = nodes.Registration(report.id, False, False, node_from_row(same))
@@ -213,6 +226,18 @@ async def register(
     engine: AsyncEngine, report: NodeReport, actor: str | None = None
 ) -> nodes.Registration:
     """Store an agent's report: in one statement when re_register can, else in one transaction."""
+    registration = await _store(engine, report, actor)
+    correction = registration.node.observed_at_correction
+    if correction is not None:
+        # Stored, and said: in the log, the counter and the node's own field.
+        log.warning("node %s: %s", report.id, correction)
+        metrics.count_clock_correction(report.id)
+    return registration
+
+
+async def _store(
+    engine: AsyncEngine, report: NodeReport, actor: str | None = None
+) -> nodes.Registration:
     reason = "xids"
     if not any(g.xids for g in report.gpus):
         try:

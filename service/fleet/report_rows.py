@@ -76,7 +76,8 @@ def upsert_node(source: str) -> str:
         INSERT INTO nodes AS n (
             id, hostname, mgmt_addr, labels, memory_total_mb, agent_version, engine_versions,
             local_disk_free, local_disk_total, shared_disk_free, shared_disk_total,
-            knows_its_weights, report_digest, boot_id
+            knows_its_weights, report_digest, boot_id, gpus_observed_at, fabrics_observed_at,
+            storage_observed_at, observed_at_correction
         )
         SELECT CAST(:id AS text), CAST(:hostname AS text), CAST(:mgmt_addr AS text),
                CAST(:labels AS jsonb), CAST(:memory_total_mb AS integer),
@@ -84,7 +85,10 @@ def upsert_node(source: str) -> str:
                CAST(:local_free AS bigint), CAST(:local_total AS bigint),
                CAST(:shared_free AS bigint), CAST(:shared_total AS bigint),
                CAST(:knows_its_weights AS boolean), CAST(:digest AS text),
-               CAST(:boot_id AS text)
+               CAST(:boot_id AS text), CAST(:gpus_observed_at AS timestamptz),
+               CAST(:fabrics_observed_at AS timestamptz),
+               CAST(:storage_observed_at AS timestamptz),
+               CAST(:observed_at_correction AS text)
         FROM {source}
         ON CONFLICT (id) DO UPDATE SET
             hostname = excluded.hostname,
@@ -103,6 +107,10 @@ def upsert_node(source: str) -> str:
             boot_id = coalesce(excluded.boot_id, n.boot_id),
             incarnation = n.incarnation
                 + CASE WHEN {new_life("n", "excluded.boot_id")} THEN 1 ELSE 0 END,
+            gpus_observed_at = excluded.gpus_observed_at,
+            fabrics_observed_at = excluded.fabrics_observed_at,
+            storage_observed_at = excluded.storage_observed_at,
+            observed_at_correction = excluded.observed_at_correction,
             reported_at = CASE WHEN n.report_digest IS DISTINCT FROM excluded.report_digest
                                THEN now() ELSE n.reported_at END,
             liveness = 'alive',
@@ -212,6 +220,18 @@ def node_parameters(report: NodeReport, digest: str) -> dict[str, Any]:
         "knows_its_weights": bool(report.weights),
         "digest": digest,
         "boot_id": report.boot_id,
+        **fact_time_parameters(report),
+    }
+
+
+def fact_time_parameters(report: NodeReport) -> dict[str, Any]:
+    """The node row's observedAt columns (tables.nodes), for upsert_node and a re-sent report."""
+    times = report.fact_times()
+    return {
+        "gpus_observed_at": times.gpus,
+        "fabrics_observed_at": times.fabrics,
+        "storage_observed_at": times.storage,
+        "observed_at_correction": times.correction,
     }
 
 

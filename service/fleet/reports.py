@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
+from datetime import datetime
 from typing import Any
 
 from service.bounds import (
@@ -30,6 +31,7 @@ from service.bounds import (
     MAX_XIDS,
 )
 from service.errors import InvalidInput
+from service.fleet import observed_at
 from service.fleet.gpu_class import derive_gpu_class
 from service.fleet.topology import check_topology
 
@@ -92,11 +94,39 @@ class NodeReport:
     engine_versions: tuple[tuple[str, str], ...] = ()
     # /proc/sys/kernel/random/boot_id: a new one says the node's GPUs were reset.
     boot_id: str | None = None
+    # When the agent sent the report and observed each block, by its clock;
+    # when the service received it, by the service's, and the skew allowed
+    # between the two (service/fleet/observed_at.py).
+    sent_at: datetime | None = None
+    gpus_observed_at: datetime | None = None
+    fabrics_observed_at: datetime | None = None
+    storage_observed_at: datetime | None = None
+    received_at: datetime = field(default_factory=observed_at.now, compare=False)
+    clock_skew: float = observed_at.DEFAULT_SKEW
 
     def digest(self) -> str:
         """Identifies the report's content, to skip rewriting a node that did not change."""
         canonical = json.dumps(_plain(self), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def fact_times(self) -> FactTimes:
+        """When each block was observed, on the service's clock; raises InvalidInput (observed_at)."""
+        clock = observed_at.agent_clock(self.sent_at, self.received_at, self.clock_skew)
+        return FactTimes(
+            gpus=clock.settle("input.gpusObservedAt", self.gpus_observed_at),
+            fabrics=clock.settle("input.fabricsObservedAt", self.fabrics_observed_at),
+            storage=clock.settle("input.storageObservedAt", self.storage_observed_at),
+            correction=clock.correction,
+        )
+
+
+@dataclass(frozen=True)
+class FactTimes:
+    gpus: datetime
+    fabrics: datetime
+    storage: datetime
+    # Why the agent's times were shifted (observed_at.AgentClock.correction); None: they were not.
+    correction: str | None
 
 
 def _plain(value: Any) -> Any:
@@ -128,7 +158,20 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 # (service/fleet/gpu_health.py handles them whatever the digest says), and the boot
 # id is written with the node's row on every report. Left out, they do not
 # make an otherwise unchanged report rewrite the node's hardware.
-_NOT_CONTENT = frozenset({"xids", "boot_id"})
+# Times (when the facts were observed, sent, received) are not content either:
+# the same hardware observed a minute later is the same hardware.
+_NOT_CONTENT = frozenset(
+    {
+        "xids",
+        "boot_id",
+        "sent_at",
+        "gpus_observed_at",
+        "fabrics_observed_at",
+        "storage_observed_at",
+        "received_at",
+        "clock_skew",
+    }
+)
 _LEAVES = frozenset({str, int, bool, float, type(None)})
 
 
@@ -237,6 +280,7 @@ def validate_report(report: NodeReport) -> None:
     _check_pairs("input.engineVersions", report.engine_versions, MAX_ENGINE_VERSIONS)
     if report.boot_id is not None:
         _check_id("input.bootId", report.boot_id)
+    report.fact_times()
 
     _check_count("input.gpus", report.gpus, MAX_GPUS)
     indices: set[int] = set()

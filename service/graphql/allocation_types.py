@@ -12,6 +12,7 @@ from service.scheduling.allocations import Allocated as AllocatedRecord
 from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.scheduling.placement import Explanation
 from service.scheduling.placement import Unplaceable as UnplaceableRecord
+from service.scheduling.placement.fit import Fit as FitRecord
 
 from .inputs import KeyValueInput
 from .scalars import Bytes
@@ -128,6 +129,13 @@ class PlaceInput:
             "handed exactly those HCAs. Needs fabric."
         ),
     )
+    max_age: int | None = strawberry.field(
+        default=None,
+        description=(
+            "Seconds: only nodes whose GPU facts (Node.gpusObservedAt) are at most this old; the "
+            "others get the verdict FACTS_STALE. Negative: refused."
+        ),
+    )
 
     def to_request(self) -> verdicts.PlaceRequest:
         return verdicts.PlaceRequest(
@@ -143,6 +151,7 @@ class PlaceInput:
             nvlink_shards=bool(self.nvlink_shards),
             same_nvlink_domain=bool(self.same_nvlink_domain),
             rail_aligned=bool(self.rail_aligned),
+            max_age=self.max_age,
         )
 
 
@@ -224,6 +233,63 @@ class PlacementExplanation:
             plan=planned,
             verdicts=[PlacementVerdict.of(v) for v in e.verdicts],
             verdicts_omitted=e.omitted,
+        )
+
+
+@strawberry.type(description="How many nodes fail one check.")
+class VerdictCount:
+    code: verdicts.VerdictCode
+    nodes: int
+
+
+@strawberry.type(description="A node the counted replicas would use.")
+class FitNode:
+    node_id: strawberry.ID
+    shards: int = strawberry.field(description="Shards of the counted replicas it would take.")
+    gpus: int
+
+
+@strawberry.type(
+    description=(
+        "How many more replicas of a shape fit now, by place's own planner; nothing is "
+        "held or written."
+    )
+)
+class Fit:
+    replicas: int = strawberry.field(
+        description=(
+            "Replicas of the shape that place, called one by one now, would place; one more "
+            "would be Unplaceable."
+        )
+    )
+    nodes: list[FitNode] = strawberry.field(
+        description=(
+            "Where they would go, by node id, at most `first`. Among equally good nodes place "
+            "picks at random, so it may use others of the same rank; the count is the same."
+        )
+    )
+    nodes_omitted: int = strawberry.field(description="Nodes left out of `nodes` by `first`.")
+    limited_by: list[VerdictCount] = strawberry.field(
+        description=(
+            "Per check, the nodes of the class that fail it once those replicas are placed "
+            "(FITS left out), most nodes first: what stops one more."
+        )
+    )
+
+    @classmethod
+    def of(cls, f: FitRecord, gpus_per_shard: int) -> Fit:
+        return cls(
+            replicas=f.replicas,
+            nodes=[
+                FitNode(
+                    node_id=strawberry.ID(n.node_id),
+                    shards=n.shards,
+                    gpus=n.shards * gpus_per_shard,
+                )
+                for n in f.nodes
+            ],
+            nodes_omitted=f.nodes_omitted,
+            limited_by=[VerdictCount(code=code, nodes=count) for code, count in f.limited_by],
         )
 
 

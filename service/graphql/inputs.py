@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import strawberry
 
 from service.fleet.node_views import NodeFilter as NodeFilterRecord
@@ -130,8 +132,29 @@ class NodeInput:
             "rebooted, so its GPUs were reset."
         ),
     )
+    sent_at: datetime | None = strawberry.field(
+        default=None,
+        description=(
+            "When the agent sent this report, by its clock. Differing from the service's receive "
+            "time by more than INVENTORY_CLOCK_SKEW, it shifts every observedAt by the difference "
+            "(Node.observedAtCorrection says so)."
+        ),
+    )
+    gpus_observed_at: datetime | None = strawberry.field(
+        default=None,
+        description=(
+            "When the agent observed the GPUs, by its clock (corrected by sentAt). Later than "
+            "the service's receive time by more than the skew: BAD_INPUT. Null: the receive time."
+        ),
+    )
+    fabrics_observed_at: datetime | None = strawberry.field(
+        default=None, description="When the agent observed the fabrics; as gpusObservedAt."
+    )
+    storage_observed_at: datetime | None = strawberry.field(
+        default=None, description="When the agent observed storage; as gpusObservedAt."
+    )
 
-    def to_report(self) -> NodeReport:
+    def to_report(self, clock_skew: float) -> NodeReport:
         return NodeReport(
             id=str(self.id),
             hostname=self.hostname,
@@ -178,6 +201,11 @@ class NodeInput:
             agent_version=self.agent_version,
             engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),
             boot_id=None if self.boot_id is None else str(self.boot_id),
+            sent_at=self.sent_at,
+            gpus_observed_at=self.gpus_observed_at,
+            fabrics_observed_at=self.fabrics_observed_at,
+            storage_observed_at=self.storage_observed_at,
+            clock_skew=clock_skew,
         )
 
 

@@ -74,8 +74,8 @@ class NodeMutations:
             strawberry.argument(description=RUNNING_SHARDS_DESCRIPTION),
         ] = None,
     ) -> Node:
-        report = input.to_report()
         context = info.context
+        report = input.to_report(context.settings.clock_skew)
         contact = contact_of(incarnation, running_shards)
         if contact.says_anything:
             # Checks, report, reconciliation and answer in one transaction

@@ -45,6 +45,8 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "allocations": "reader",
         "events": "reader",
         "explainPlacement": "scheduler",
+        # A what-if of place, as explainPlacement is.
+        "fit": "scheduler",
         "tokens": "operator",
     },
     "Mutation": {

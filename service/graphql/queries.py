@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -60,6 +61,12 @@ def nodes_arguments(filter_: NodeFilter | None, after: str | None) -> NodesArgum
     )
 
 
+MAX_AGE = (
+    "Seconds: only nodes whose GPU facts (Node.gpusObservedAt) are at most this old. "
+    "Negative: BAD_INPUT."
+)
+
+
 @strawberry.type
 class NodeQueries:
     @strawberry.field
@@ -74,9 +81,14 @@ class NodeQueries:
         filter_: Annotated[NodeFilter | None, strawberry.argument(name="filter")] = None,
         first: int | None = None,
         after: strawberry.ID | None = None,
+        max_age: Annotated[int | None, strawberry.argument(description=MAX_AGE)] = None,
     ) -> list[Node]:
         request = info.context.page_request(first)
         given = nodes_arguments(filter_, after)
+        if max_age is not None:
+            given = dataclasses.replace(
+                given, node_filter=dataclasses.replace(given.node_filter, max_age=max_age)
+            )
         loaders = info.context.loaders
         async with connections.autocommit(info.context.engine) as conn:
             read = await node_views.list_nodes(conn, given.node_filter, request.limit, given.after)
@@ -104,6 +116,7 @@ class NodeQueries:
         min_free: int | None = MIN_FREE,
         first: int | None = None,
         after: strawberry.ID | None = None,
+        max_age: Annotated[int | None, strawberry.argument(description=MAX_AGE)] = None,
     ) -> list[NodeFreeGpus]:
         request = info.context.page_request(first)
         given = free_gpus_arguments(gpu_class, fabric, min_free, after)
@@ -117,6 +130,7 @@ class NodeQueries:
                 min_free=given.min_free,
                 first=request.limit,
                 after=given.after,
+                max_age=max_age,
             )
             page = paging.cut(found, request, lambda entry: entry.node_id)
             if node is not None:

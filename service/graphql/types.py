@@ -262,6 +262,10 @@ NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     "registered_at": attrgetter("registered_at"),
     "boot_id": attrgetter("boot_id"),
     "incarnation": attrgetter("incarnation"),
+    "gpus_observed_at": attrgetter("gpus_observed_at"),
+    "fabrics_observed_at": attrgetter("fabrics_observed_at"),
+    "storage_observed_at": attrgetter("storage_observed_at"),
+    "observed_at_correction": attrgetter("observed_at_correction"),
 }
 
 # The fields of NODE_FIELDS whose readers need only what a heartbeat returns
@@ -305,6 +309,28 @@ class Node:
     )
     registered_at: datetime
     boot_id: str | None = None
+    gpus_observed_at: datetime | None = strawberry.field(
+        default=None,
+        description=(
+            "When the agent last observed the GPUs, on the service's clock "
+            "(see observedAtCorrection): what maxAge compares."
+        ),
+    )
+    fabrics_observed_at: datetime | None = strawberry.field(
+        default=None,
+        description="When the agent last observed the fabrics, on the service's clock.",
+    )
+    storage_observed_at: datetime | None = strawberry.field(
+        default=None, description="When the agent last observed storage, on the service's clock."
+    )
+    observed_at_correction: str | None = strawberry.field(
+        default=None,
+        description=(
+            "Why the last report's observedAt times were not taken as sent: the agent's clock "
+            "differed from the service's by more than INVENTORY_CLOCK_SKEW (its sentAt shows by "
+            "how much), and the times were shifted by that. Null: taken as sent."
+        ),
+    )
 
     @strawberry.field(
         description=(

@@ -17,6 +17,7 @@ from service.database.connections import Connection, cached_text
 from service.database.plan_shapes import key_row_exists, leading_key_is, ordered_walk
 from service.errors import InvalidInput
 from service.scheduling.availability import pool_offers
+from service.scheduling.freshness import check_max_age, gpu_facts_fresh
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def free_gpus_query(
     min_free: int,
     first: int,
     after: str | None = None,
+    max_age: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """free_gpus' statement and parameters: rows (node_id, indices) in node order.
 
@@ -84,6 +86,14 @@ def free_gpus_query(
 
     if fabric is not None:
         params["fabric"] = fabric
+
+    def fresh(node_id: str) -> str:
+        # Freshness (service/scheduling/freshness.py): one primary-key probe per walked node.
+        return f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = {node_id} AND {gpu_facts_fresh('n')})"
+
+    if max_age is not None:
+        check_max_age(max_age)
+        params["max_age"] = max_age
     if gpu_class is not None:
         params["cls"] = gpu_class
         # In (class, node) order, which only ix_gpu_pools_free gives
@@ -92,6 +102,8 @@ def free_gpus_query(
         where = [pool_offers("p"), class_is, "p.free >= :min_free"]
         if fabric is not None:
             where.append(on_fabric("p.node_id"))
+        if max_age is not None:
+            where.append(fresh("p.node_id"))
         if after is not None:
             where.append("p.node_id > :after")
             params["after"] = after
@@ -106,6 +118,8 @@ def free_gpus_query(
     # (service/database/plan_shapes.py).
     walk = ordered_walk("walk", "gpu_pools", "node_id", pool_offers("t"), "CAST(:after AS text)")
     on_it = f" AND {on_fabric('w.node_id')}" if fabric is not None else ""
+    if max_age is not None:
+        on_it += f" AND {fresh('w.node_id')}"
     # The LIMIT stops the walk; the ORDER BY sorts only the page (over the
     # walk it would run it to the end).
     sql = f"""
@@ -134,10 +148,19 @@ async def free_gpus(
     min_free: int,
     first: int,
     after: str | None = None,
+    max_age: int | None = None,
 ) -> list[NodeFreeGpus]:
-    """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free."""
+    """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free.
+
+    `max_age`: only nodes whose GPU facts are at most that many seconds old (freshness).
+    """
     sql, params = free_gpus_query(
-        gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=first, after=after
+        gpu_class=gpu_class,
+        fabric=fabric,
+        min_free=min_free,
+        first=first,
+        after=after,
+        max_age=max_age,
     )
     rows = await conn.execute(cached_text(sql), params)
     return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]

@@ -12,6 +12,7 @@ from typing import Any
 
 from service.node_states import state_phrase
 from service.scheduling.availability import is_schedulable
+from service.scheduling.freshness import is_fresh, stale_detail
 from service.scheduling.rejections import index_ranges, shown
 
 
@@ -28,6 +29,8 @@ class VerdictCode(Enum):
     TOPOLOGY_UNKNOWN = "TOPOLOGY_UNKNOWN"
     NOT_IN_NVLINK_DOMAIN = "NOT_IN_NVLINK_DOMAIN"
     NO_RAIL_ALIGNED_HCA = "NO_RAIL_ALIGNED_HCA"
+    # Freshness (service.scheduling.freshness): GPU facts older than maxAge.
+    FACTS_STALE = "FACTS_STALE"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class PlaceRequest:
     nvlink_shards: bool = False
     same_nvlink_domain: bool = False
     rail_aligned: bool = False
+    # Seconds: only nodes whose GPU facts are at most this old (None: any age).
+    max_age: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -99,6 +104,8 @@ class NodeFacts:
     label_value: str | None
     # Read only when the request needs topology.
     topology: TopologyFacts | None = None
+    # Seconds since the node's GPUs were observed (freshness.gpu_facts_age).
+    gpus_facts_age: float | None = None
     # The link rate (Gb/s) of each of `fabrics`, in the same order.
     fabric_rates: tuple[int, ...] = ()
 
@@ -141,8 +148,9 @@ def format_bytes(count: int) -> str:
 def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     """The first check the node fails, in a fixed order, or FITS.
 
-    Order: state, GPUs, fabric, label, local disk, weights: the hard facts
-    about the machine first, the things an operator can change later.
+    Order: state, freshness, GPUs, fabric, label, local disk, weights: the
+    hard facts about the machine first (counting GPUs from facts too old to
+    trust says nothing), the things an operator can change later.
     """
 
     def no(code: VerdictCode, detail: str) -> Verdict:
@@ -151,6 +159,11 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     if not is_schedulable(node.state):
         detail = state_phrase(node.state, node.state_reason)
         return no(VerdictCode.NOT_SCHEDULABLE, detail)
+    if not is_fresh(node.gpus_facts_age, request.max_age):
+        assert request.max_age is not None
+        return no(
+            VerdictCode.FACTS_STALE, stale_detail(node.gpus_facts_age or 0.0, request.max_age)
+        )
     per_shard = request.gpus_per_shard
     if node.free < per_shard:
         return no(

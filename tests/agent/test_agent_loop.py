@@ -7,6 +7,7 @@ so an hour-long outage takes milliseconds and nothing depends on the machine's s
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import pytest
 from fake_inventory_service import FakeService
@@ -16,6 +17,8 @@ from agent.client import InventoryClient
 from agent.config import AgentConfig
 from agent.loop import Agent, run_until_stopped
 from agent.report import Report
+
+SENT_AT = datetime(2026, 12, 5, 8, 30, tzinfo=UTC)
 
 CONFIG = AgentConfig(
     node_id="gpu-07",
@@ -114,11 +117,25 @@ async def run(
         "http://inventory.test/graphql", None, 5, transport=service.transport()
     )
     # rand=1.0: the longest delay each time, so the schedule is exact.
-    agent = Agent(config, client, node.survey, sleep=time.sleep, clock=time, rand=lambda: 1.0)
+    agent = Agent(
+        config,
+        client,
+        node.survey,
+        sleep=time.sleep,
+        clock=time,
+        rand=lambda: 1.0,
+        wall_clock=lambda: SENT_AT,
+    )
     with pytest.raises(ScenarioOver):
         await agent.run()
     await client.aclose()
     return service, node
+
+
+def as_sent(report: Report) -> dict[str, object]:
+    """The report as it leaves the agent: with its clock's sentAt, which the service
+    measures the agent's clock with (service/fleet/observed_at.py)."""
+    return {**report.node_input, "sentAt": SENT_AT.isoformat()}
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -134,7 +151,9 @@ async def test_the_node_registers_at_start_then_heartbeats_every_interval() -> N
         (30, "heartbeat"),
         (40, "heartbeat"),
     ]
-    assert service.nodes["gpu-07"] == node_report().node_input
+    # As surveyed, with the agent's clock when it left: the service measures
+    # the agent's clock with it (service/fleet/observed_at.py).
+    assert service.nodes["gpu-07"] == as_sent(node_report())
 
 
 async def test_a_changed_report_is_sent_once_after_the_next_scan() -> None:
@@ -171,7 +190,7 @@ async def test_a_service_that_forgot_the_node_gets_it_back_at_once(
 
     assert service.kinds(since=30) == ["heartbeat", "register", "heartbeat"]
     assert service.calls[-3:] == [(30, "heartbeat"), (30, "register"), (40, "heartbeat")]
-    assert service.nodes["gpu-07"] == node_report().node_input
+    assert service.nodes["gpu-07"] == as_sent(node_report())
     assert "the service does not know node gpu-07: registering again" in messages(
         caplog, logging.INFO
     )
@@ -198,7 +217,7 @@ async def test_an_outage_is_retried_with_capped_backoff_and_logged_once(
     assert f"after {len(delays)} failed attempts" in back
     # Back up with nothing: the full report, overdue by then, goes first.
     assert service.kinds(since=1205)[:2] == ["register", "heartbeat"]
-    assert service.nodes["gpu-07"] == node_report().node_input
+    assert service.nodes["gpu-07"] == as_sent(node_report())
 
 
 async def test_an_outage_that_changes_nature_is_logged_again(

@@ -1,5 +1,7 @@
 """The report the agent sends: NodeInput, with "unknown" left out rather than zeroed."""
 
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +11,7 @@ from fake_root import GIB, TIB, FakeDisks, add_model, make_node
 
 from agent import __version__
 from agent.config import AgentConfig, FabricConfig
-from agent.report import Host, Report, build_report
+from agent.report import Host, Report, build_report, utc_now
 from agent.weights import WeightsScanner
 
 
@@ -21,7 +23,9 @@ def node(tmp_path: Path) -> Path:
     return node
 
 
-def report_of(node: Path, nvml: Any = None, **settings: Any) -> Report:
+def report_of(
+    node: Path, nvml: Any = None, clock: Callable[[], datetime] = utc_now, **settings: Any
+) -> Report:
     config = AgentConfig(
         node_id="gpu-07", hostname="gpu-07.dc1", mgmt_addr="10.0.0.7", root=str(node), **settings
     )
@@ -40,6 +44,7 @@ def report_of(node: Path, nvml: Any = None, **settings: Any) -> Report:
         statvfs=disks.statvfs,
         stat=disks.stat,
         version_of=version_of,
+        clock=clock,
     )
     return build_report(config, host, WeightsScanner(str(node)))
 
@@ -166,3 +171,17 @@ def test_a_report_changes_with_what_matters_and_not_with_log_churn(node: Path) -
     faulted.gpus[6].ecc_uncorrected = 1
     assert report_of(node, faulted, **dirs).changed_since(sent)
     assert report_of(node, **dirs).changed_since(None)
+
+
+def test_each_block_says_when_it_was_observed_and_a_later_look_is_no_change(node: Path) -> None:
+    ticks = iter(datetime(2026, 12, 5, 9, 0, s, tzinfo=UTC) for s in range(60))
+    dirs = {"model_dirs": ("/data/models",)}
+    sent = report_of(node, clock=lambda: next(ticks), **dirs).node_input
+    # Read before each block's discovery: never later than the facts were seen.
+    assert sent["gpusObservedAt"] == sent["fabricsObservedAt"] == "2026-12-05T09:00:00+00:00"
+    assert sent["storageObservedAt"] == "2026-12-05T09:00:01+00:00"
+
+    first = report_of(node, **dirs)
+    later = report_of(node, clock=lambda: utc_now() + timedelta(minutes=1), **dirs)
+    assert later.node_input["gpusObservedAt"] != first.node_input["gpusObservedAt"]
+    assert not later.changed_since(first), "the same hardware seen later is the same report"

@@ -150,6 +150,25 @@ def test_a_nodes_free_gpus_are_answered_alike_by_the_compiled_page(both: Both) -
     assert answered == 2
 
 
+def test_max_age_pages_go_to_graphql_core_and_read_alike(both: Both) -> None:
+    """maxAge (service/scheduling/freshness.py) is not an argument the compiled page passes
+    on: the page declines it and graphql-core answers, as the reference does."""
+    before = answered("page")
+    for max_age in (0, 3600):
+        same(
+            both,
+            "query($a: Int) { freeGpus(maxAge: $a, first: 50) { gpuIndices node { id } } }",
+            {"a": max_age},
+        )
+        same(
+            both,
+            "query($a: Int) { nodes(maxAge: $a, first: 50) { id gpusObservedAt } }",
+            {"a": max_age},
+        )
+    same(both, "{ freeGpus(maxAge: -1) { gpuIndices } }")
+    assert answered("page") == before
+
+
 def answered(route: str) -> int:
     count: int = COUNTERS.snapshot()[2].get((route, "answered", ""), 0)
     return count

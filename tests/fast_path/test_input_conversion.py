@@ -83,7 +83,7 @@ def test_a_node_report_converts_alike(
 ) -> None:
     compiled, strawberrys = convert_both(NodeInput, report, monkeypatch)
     assert compiled == strawberrys
-    assert compiled.to_report() == strawberrys.to_report()
+    assert compiled.to_report(5.0) == strawberrys.to_report(5.0)
     # Lists are the converter's own, not graphql-core's shared defaults.
     assert compiled.gpus is not strawberrys.gpus
 

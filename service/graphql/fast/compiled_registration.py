@@ -74,7 +74,7 @@ class CompiledRegistration:
         return self._convert({ARGUMENT: given})
 
     async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
-        report = arguments[ARGUMENT].to_report()
+        report = arguments[ARGUMENT].to_report(request.settings.clock_skew)
         return await write_and_answer(
             request,
             (REGISTER, report.id),

@@ -63,6 +63,8 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
         return invalid(f"minLocalDiskFree={request.min_local_disk_free} is negative")
     if request.label is not None and not request.label[0]:
         return invalid("label has an empty key")
+    if request.max_age is not None and request.max_age < 0:
+        return invalid(f"maxAge={request.max_age}: an age in seconds is 0 or more")
     if request.rail_aligned and request.fabric is None:
         return invalid("railAligned needs fabric: the HCAs a shard is handed are on one fabric")
     return None

@@ -20,6 +20,7 @@ from service.scheduling.allocations import (
     store_statement,
 )
 from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
+from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement.plan import Plan, plan_placement
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, judge
@@ -40,6 +41,7 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
     SELECT p.node_id, p.free, n.state,
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+           {gpu_facts_age("n")} AS gpus_facts_age,
            (CAST(:weights AS text) IS NOT NULL AND EXISTS (
                SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
            )) AS holds_weights,
@@ -57,6 +59,7 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
     SELECT c.node_id, c.free, n.state,
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
+           {gpu_facts_age("n")} AS gpus_facts_age,
            {_fabrics_sql("c.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
@@ -104,6 +107,8 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     if request.min_local_disk_free is not None:
         # Unknown disk is not a full disk.
         node_checks.append("(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)")
+    if request.max_age is not None:
+        node_checks.append(gpu_facts_fresh("n"))
 
     def node_row(checks: list[str]) -> list[str]:
         # One primary-key probe per row read, only when a node column is asked about.
@@ -174,7 +179,8 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
         SELECT n.id, c.free, c.holds_weights, n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-               n.labels ->> CAST(:label_key AS text) AS label_value
+               n.labels ->> CAST(:label_key AS text) AS label_value,
+               {gpu_facts_age("n")} AS gpus_facts_age
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
@@ -195,6 +201,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            k.local_disk_total AS picked_local_disk_total,
            k.knows_its_weights AS picked_knows_its_weights,
            k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
+           k.gpus_facts_age AS picked_gpus_facts_age,
            {_fabrics_sql("k.id", "picked_")},
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
            st.created_at, st.fence, st.generation, st.held_since
@@ -225,7 +232,8 @@ def pick_several_sql(request: PlaceRequest) -> str:
         SELECT n.id, c.free, c.holds_weights, c.tiebreak, n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-               n.labels ->> CAST(:label_key AS text) AS label_value
+               n.labels ->> CAST(:label_key AS text) AS label_value,
+               {gpu_facts_age("n")} AS gpus_facts_age
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         WHERE {node_schedulable("n")}
         ORDER BY c.holds_weights DESC, c.free, c.tiebreak
@@ -236,7 +244,7 @@ def pick_several_sql(request: PlaceRequest) -> str:
                  WHERE s.replica_id = ANY(CAST(:replica_ids AS text[]))) AS stored_ids,
            k.id AS node_id, k.free, k.holds_weights, k.state, k.state_reason,
            k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
-           CAST(NULL AS json) AS topology,
+           CAST(NULL AS json) AS topology, k.gpus_facts_age,
            {_fabrics_sql("k.id")}
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
@@ -347,6 +355,7 @@ def request_params(request: PlaceRequest) -> dict[str, Any]:
         "fabric": request.fabric,
         "min_disk": request.min_local_disk_free,
         "per": request.gpus_per_shard,
+        "max_age": request.max_age,
     }
 
 
@@ -369,6 +378,7 @@ def facts_of(row: Any, prefix: str = "") -> NodeFacts:
         fabric_rates=tuple(column("fabric_rates")),
         label_value=column("label_value"),
         topology=TopologyFacts.of(column("topology")),
+        gpus_facts_age=column("gpus_facts_age"),
     )
 
 

@@ -1,0 +1,101 @@
+"""`ctl fit`: how many more replicas of a shape fit now, and what stops one more (the `fit` query)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from service.ctl.client import Client
+from service.ctl.output import add_output_option, print_json, table
+
+# Where `ctl --help` lists it (after gpus and allocations).
+HELP_ORDER = 25
+
+# Nodes listed in the table; --output json has up to the service's page size.
+SHOWN_NODES = 20
+
+FIT = """
+query Fit($shape: PlaceInput!, $exclude: [ID!], $first: Int) {
+  fit(shape: $shape, excludeNodes: $exclude, first: $first) {
+    replicas nodes { nodeId shards gpus } nodesOmitted limitedBy { code nodes }
+  }
+}
+"""
+
+
+def shape_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The PlaceInput the flags describe; fit names no replica, so any id place accepts."""
+    shape: dict[str, Any] = {
+        "replicaId": "ctl-fit",
+        "gpuClass": args.gpu_class,
+        "shards": args.shards,
+        "gpusPerShard": args.gpus_per_shard,
+        "nvlinkShards": args.nvlink_shards,
+        "sameNvlinkDomain": args.same_nvlink_domain,
+        "railAligned": args.rail_aligned,
+    }
+    optional = {"fabric": args.fabric, "weights": args.weights, "maxAge": args.max_age}
+    shape.update({key: value for key, value in optional.items() if value is not None})
+    return shape
+
+
+def fit(args: argparse.Namespace, client: Client) -> int:
+    variables = {
+        "shape": shape_of(args),
+        "exclude": args.exclude or None,
+        "first": None if args.output == "json" else SHOWN_NODES,
+    }
+    found = client.execute(FIT, variables)["fit"]
+    if args.output == "json":
+        print_json(found)
+        return 0
+    shards = "1 shard" if args.shards == 1 else f"{args.shards} shards"
+    after = f" after draining {', '.join(args.exclude)}" if args.exclude else ""
+    print(
+        f"{found['replicas']} more replicas of {shards} of {args.gpus_per_shard} "
+        f"{args.gpu_class} fit now{after}"
+    )
+    if found["nodes"]:
+        print()
+        rows = [[n["nodeId"], str(n["shards"]), str(n["gpus"])] for n in found["nodes"]]
+        print(table(["NODE", "SHARDS", "GPUS"], rows))
+        if found["nodesOmitted"]:
+            print(f"... and {found['nodesOmitted']} more nodes (--output json lists them)")
+    if found["limitedBy"]:
+        print()
+        print("what stops one more (nodes of the class, by first failed check):")
+        print(table(["CHECK", "NODES"], [[c["code"], str(c["nodes"])] for c in found["limitedBy"]]))
+    return 0
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "fit", help="how many more replicas of a shape fit now, and what stops one more"
+    )
+    parser.add_argument(
+        "--class", dest="gpu_class", required=True, help="GPU class, e.g. H100-80GB"
+    )
+    parser.add_argument("--shards", type=int, default=1, help="shards per replica (default 1)")
+    parser.add_argument("--gpus-per-shard", type=int, required=True)
+    parser.add_argument("--fabric", help="only nodes on this fabric")
+    parser.add_argument("--weights", metavar="PATH", help="a weights path the nodes must hold")
+    parser.add_argument(
+        "--nvlink-shards", action="store_true", help="each shard in one NVLink group"
+    )
+    parser.add_argument(
+        "--same-nvlink-domain", action="store_true", help="every shard in one NVLink domain"
+    )
+    parser.add_argument(
+        "--rail-aligned", action="store_true", help="rail-aligned HCAs on --fabric for each GPU"
+    )
+    parser.add_argument(
+        "--max-age", type=int, metavar="SECONDS", help="only nodes whose GPU facts are this fresh"
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        metavar="NODE",
+        help="count this node as gone (after draining it); repeatable",
+    )
+    add_output_option(parser)
+    parser.set_defaults(handler=fit)

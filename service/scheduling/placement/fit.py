@@ -1,0 +1,357 @@
+"""fit: how many more replicas of one shape fit now, by place()'s own planner, writing nothing.
+
+The autoscaler's question before it scales. The answer must be exact against
+place: placing `replicas` of the shape one by one right after succeeds, and
+one more is Unplaceable. So nothing here decides where a shard may go: the
+nodes are read by the statement explainPlacement reads (survey_sql, every
+node of the class), each is judged by verdicts.judge (the check place
+re-runs on every candidate), and the replicas are planned by
+plan.plan_placement, each plan applied to the facts before the next, as
+place's own calls would leave the nodes.
+
+Two counts are taken without calling plan_placement once per replica, each
+because the planner provably gives the same number:
+
+- Whole replicas (every shard on one node): plan_placement's first branch
+  takes any node with room for all the shards, and a node's room is the only
+  thing that decides how many it takes, whichever order the planner picks
+  them in: floor(room / shards) each (FitCount._take_whole).
+- Spread replicas, when every node with room left is on one fabric (and,
+  sameNvlinkDomain, one NVLink domain): the planner fills a replica's shards
+  from one such group, taking min(room, shards left) per node, so each group
+  holds floor(its room / shards) whatever the order (FitCount._spread_by_group).
+  When the groups overlap (a node on two fabrics), the planner's choice of
+  fabric matters, and plan_placement is called for every replica.
+
+tests/scheduling/test_fit.py checks the counts against plan_placement called
+replica by replica and against place itself.
+
+Topology: a shard placed on a node takes `gpusPerShard` of its usable GPUs
+(the fit order's whole shards: topology_fit), so its room drops by one shard
+and its free GPUs by gpusPerShard; with nvlinkShards the shard comes from the
+smallest NVLink group that holds it (best fit, as the claim takes it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from service.database.connections import Connection, cached_text
+from service.scheduling.availability import SCHEDULABLE_STATE
+from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
+from service.scheduling.placement.plan import plan_placement, validate_place
+from service.scheduling.placement.statements import facts_of, request_params
+from service.scheduling.rejections import Rejection
+from service.scheduling.topology_fit import facts_column
+from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
+
+# fit names no replica; place's checks of the shape want some id.
+SHAPE_ID = "fit"
+
+
+@dataclass(frozen=True)
+class FitNode:
+    node_id: str
+    # Shards of the counted replicas this node would take.
+    shards: int
+
+
+@dataclass(frozen=True)
+class Fit:
+    replicas: int
+    # By node id, at most `first` of them.
+    nodes: tuple[FitNode, ...]
+    nodes_omitted: int
+    # Per verdict, how many nodes of the class fail it once the counted
+    # replicas are placed (FITS left out); most nodes first.
+    limited_by: tuple[tuple[VerdictCode, int], ...]
+
+
+def shape_of(request: PlaceRequest) -> PlaceRequest:
+    """The request as fit checks it: a shape, under a stand-in replica id."""
+    return replace(request, replica_id=request.replica_id or SHAPE_ID)
+
+
+def _groups_after(groups: tuple[int, ...], per: int, shards: int) -> tuple[int, ...]:
+    """Free GPUs per NVLink group after `shards` shards, each from the smallest group that holds it."""
+    left = sorted(groups)
+    for _ in range(shards):
+        for i, size in enumerate(left):
+            if size >= per:
+                left[i] = size - per
+                break
+        left.sort()
+    return tuple(sorted(left, reverse=True))
+
+
+def after(f: NodeFacts, request: PlaceRequest, shards: int) -> NodeFacts:
+    """The node's facts once it holds `shards` more shards of the request."""
+    gpus = shards * request.gpus_per_shard
+    topology = f.topology
+    if topology is not None:
+        groups = topology.groups
+        if request.nvlink_shards:
+            groups = _groups_after(groups, request.gpus_per_shard, shards)
+        topology = replace(topology, usable=topology.usable - gpus, groups=groups)
+    return replace(f, free=f.free - gpus, topology=topology)
+
+
+def survey_groups_sql(request: PlaceRequest) -> str:
+    """Every node of the class, grouped by the facts judge() reads for this request.
+
+    explainPlacement's survey (statements.survey_sql), with two changes that
+    keep it one pass over the class's pools at any size: a fact the request
+    does not ask about is not read (its column is the constant judge ignores
+    then), and nodes whose facts judge() cannot tell apart come back as one
+    row with their ids (members) and a representative's facts. Within
+    a group a number judge() compares is carried as the group's extreme on
+    the side of its comparison (the least disk free, the oldest GPU facts),
+    so the representative fails or passes each check as every member does.
+    """
+    wants_fabrics = request.fabric is not None or request.shards > 1
+    fabrics = (
+        "ARRAY(SELECT fa.fabric FROM fabric_attachments fa"
+        " WHERE fa.node_id = p.node_id ORDER BY fa.fabric)"
+        if wants_fabrics
+        else "CAST('{}' AS text[])"
+    )
+    holds = (
+        "EXISTS (SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights)"
+        if request.weights is not None
+        else "false"
+    )
+    knows = "n.knows_its_weights" if request.weights is not None else "false"
+    label_ok = (
+        "(n.labels ->> CAST(:label_key AS text)) IS NOT DISTINCT FROM CAST(:label_value AS text)"
+        if request.label is not None
+        else "true"
+    )
+    label = "n.labels ->> CAST(:label_key AS text)" if request.label is not None else "NULL"
+    disk_ok = (
+        "(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)"
+        if request.min_local_disk_free is not None
+        else "true"
+    )
+    fresh, age = (
+        (gpu_facts_fresh("n"), gpu_facts_age("n"))
+        if request.max_age is not None
+        else ("true", "CAST(NULL AS float8)")
+    )
+    # The node's row only for what the request asks of it. Its state alone
+    # comes from the pool row, whose `schedulable` every write keeps equal to
+    # availability.node_schedulable (gpu_pools.py); only the nodes that do not
+    # take placement are looked up, for the state judge() names.
+    reads_node = request.weights is not None or request.label is not None
+    reads_node = reads_node or request.min_local_disk_free is not None
+    reads_node = reads_node or request.max_age is not None
+    if reads_node:
+        state, source = "n.state", "gpu_pools p JOIN nodes n ON n.id = p.node_id"
+    else:
+        state = (
+            f"CASE WHEN p.schedulable THEN '{SCHEDULABLE_STATE}'"
+            " ELSE (SELECT n.state FROM nodes n WHERE n.id = p.node_id) END"
+        )
+        source = "gpu_pools p"
+    disk = (
+        "n.local_disk_free, n.local_disk_total"
+        if request.min_local_disk_free is not None
+        else "CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total"
+    )
+    # The members unordered: an ordered aggregate made PostgreSQL sort every
+    # row of the class, most of the statement's time; FitCount.used picks the
+    # first ids of the groups it lists.
+    return f"""
+    SELECT min(f.node_id) AS node_id, f.state, CAST(NULL AS text) AS state_reason, f.free,
+           min(f.local_disk_free) AS local_disk_free, min(f.local_disk_total) AS local_disk_total,
+           f.knows_its_weights, f.holds_weights, f.fabrics, min(f.label_value) AS label_value,
+           f.topology, max(f.gpus_facts_age) AS gpus_facts_age,
+           array_agg(f.node_id) AS members
+    FROM (
+        SELECT p.node_id, p.free, {state} AS state,
+               {disk}, {disk_ok} AS disk_ok,
+               {knows} AS knows_its_weights, {holds} AS holds_weights, {fabrics} AS fabrics,
+               {label} AS label_value, {label_ok} AS label_ok,
+               CAST({facts_column(request, "p.node_id")} AS jsonb) AS topology,
+               {age} AS gpus_facts_age, {fresh} AS fresh
+        FROM {source}
+        WHERE p.gpu_class = :cls
+    ) f
+    GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.fabrics,
+             f.label_ok, f.topology, f.fresh
+    """
+
+
+class _Group:
+    """Nodes judge() cannot tell apart for the request: one set of facts, several ids."""
+
+    def __init__(self, facts: NodeFacts, members: Sequence[str]) -> None:
+        self.facts = facts
+        self.members = members
+        # Shards each member takes (the whole-replica count is the same for each).
+        self.taken = 0
+
+
+class FitCount:
+    """The facts of a class's nodes as the counted replicas leave them."""
+
+    def __init__(self, groups: Iterable[_Group], request: PlaceRequest) -> None:
+        self.request = request
+        self.groups = list(groups)
+        # Nodes the spread phase took apart from their groups, and their shards.
+        self.facts: dict[str, NodeFacts] = {}
+        self.taken: Counter[str] = Counter()
+        self.replicas = 0
+
+    @classmethod
+    def of_nodes(cls, facts: Iterable[NodeFacts], request: PlaceRequest) -> FitCount:
+        return cls((_Group(f, [f.node_id]) for f in facts), request)
+
+    def _take(self, node_id: str, shards: int) -> None:
+        self.facts[node_id] = after(self.facts[node_id], self.request, shards)
+        self.taken[node_id] += shards
+
+    def fitting(self) -> list[NodeFacts]:
+        return [f for f in self.facts.values() if judge(f, self.request).fits]
+
+    def _take_whole(self) -> None:
+        shards = self.request.shards
+        for group in self.groups:
+            if not judge(group.facts, self.request).fits:
+                continue
+            whole = group.facts.room(self.request) // shards
+            if whole:
+                group.facts = after(group.facts, self.request, whole * shards)
+                group.taken += whole * shards
+                self.replicas += whole * len(group.members)
+
+    def _take_apart(self) -> None:
+        """The members of groups that can still take a shard, one by one: a spread tells them apart."""
+        kept = []
+        for group in self.groups:
+            if not judge(group.facts, self.request).fits:
+                kept.append(group)
+                continue
+            for node_id in sorted(group.members):
+                self.facts[node_id] = replace(group.facts, node_id=node_id)
+                self.taken[node_id] = group.taken
+        self.groups = kept
+
+    def _spread_groups(self, fitting: Sequence[NodeFacts]) -> list[list[NodeFacts]] | None:
+        """The nodes a spread draws from, by (fabric, domain); None when a node is in two."""
+        request = self.request
+        groups: dict[tuple[str, str | None], list[NodeFacts]] = {}
+        for f in fitting:
+            fabrics = [x for x in f.fabrics if request.fabric is None or x == request.fabric]
+            domain = f.topology.domain if request.same_nvlink_domain and f.topology else None
+            if not fabrics or (request.same_nvlink_domain and domain is None):
+                continue  # in no group: the planner never spreads onto it
+            if len(fabrics) > 1:
+                return None
+            groups.setdefault((fabrics[0], domain), []).append(f)
+        return [groups[key] for key in sorted(groups, key=lambda k: (k[0], k[1] or ""))]
+
+    def _spread_by_group(self, groups: list[list[NodeFacts]], rng: random.Random) -> None:
+        shards = self.request.shards
+        wants_weights = self.request.weights is not None
+        for members in groups:
+            room = sum(f.room(self.request) for f in members)
+            count = room // shards
+            # Shards go to the group's nodes in the planner's rank order.
+            left = count * shards
+            ranked = sorted(
+                members, key=lambda f: (wants_weights and not f.holds_weights, f.free, rng.random())
+            )
+            for f in ranked:
+                if not left:
+                    break
+                k = min(f.room(self.request), left)
+                self._take(f.node_id, k)
+                left -= k
+            self.replicas += count
+
+    def _spread_by_plans(self, rng: random.Random) -> None:
+        while True:
+            plan = plan_placement(self.fitting(), self.request, rng)
+            if plan is None:
+                return
+            for node_id, k in plan.nodes:
+                self._take(node_id, k)
+            self.replicas += 1
+
+    def count(self, rng: random.Random) -> None:
+        self._take_whole()
+        if self.request.shards == 1:
+            return
+        self._take_apart()
+        groups = self._spread_groups(self.fitting())
+        if groups is None:
+            self._spread_by_plans(rng)
+        else:
+            self._spread_by_group(groups, rng)
+
+    def limited_by(self) -> tuple[tuple[VerdictCode, int], ...]:
+        codes = Counter(judge(f, self.request).code for f in self.facts.values())
+        for group in self.groups:
+            codes[judge(group.facts, self.request).code] += len(group.members)
+        codes.pop(VerdictCode.FITS, None)
+        return tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0].value)))
+
+    def used(self, first: int) -> tuple[list[tuple[str, int]], int]:
+        """The first `first` nodes by id that take shards, with their shards; and how many do."""
+        candidates: list[tuple[str, int]] = []
+        total = 0
+        for group in self.groups:
+            if group.taken:
+                total += len(group.members)
+                smallest = heapq.nsmallest(first, group.members)
+                candidates.extend((node_id, group.taken) for node_id in smallest)
+        apart = [(node_id, k) for node_id, k in self.taken.items() if k]
+        return heapq.nsmallest(first, candidates + apart), total + len(apart)
+
+
+def count_by_plans(facts: Iterable[NodeFacts], request: PlaceRequest, rng: random.Random) -> int:
+    """The replicas plan_placement places one by one on these facts: what fit's shortcuts must equal."""
+    counting = FitCount((), request)
+    counting.facts = {f.node_id: f for f in facts}
+    counting._spread_by_plans(rng)
+    return counting.replicas
+
+
+async def fit(
+    conn: Connection,
+    request: PlaceRequest,
+    *,
+    exclude: Iterable[str] = (),
+    first: int,
+    rng: random.Random | None = None,
+) -> Fit | Rejection:
+    """How many more replicas of the request's shape fit now; `exclude`: nodes counted as gone.
+
+    One statement: the facts of every node of the class, as explainPlacement
+    reads them, grouped (survey_groups_sql). A shape place would refuse is
+    the same Rejection.
+    """
+    request = shape_of(request)
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
+    gone = set(exclude)
+    groups = []
+    for row in rows:
+        members = [m for m in row.members if m not in gone] if gone else row.members
+        if members:
+            groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
+    counting = FitCount(groups, request)
+    counting.count(rng or random.Random())
+    used, total = counting.used(first)
+    return Fit(
+        replicas=counting.replicas,
+        nodes=tuple(FitNode(node_id, shards) for node_id, shards in used),
+        nodes_omitted=total - len(used),
+        limited_by=counting.limited_by(),
+    )
