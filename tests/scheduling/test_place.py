@@ -14,6 +14,7 @@ from service.event_log.events import collecting_recorded
 from service.fleet.liveness import sweep
 from service.scheduling import placement as placement_module
 from service.scheduling.allocations import Allocated
+from service.scheduling.placement import statements as placement_statements
 from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api, StatementCounter
 from tests.reports import (
@@ -343,7 +344,7 @@ async def test_a_multi_node_plan_looks_past_its_window_before_saying_no_room(
 ) -> None:
     # The two best-packing nodes sit on different fabrics; only the roomier
     # pair on ib-c can hold 3 shards of 4.
-    monkeypatch.setattr(placement_module, "SPREAD_WINDOW", 2)
+    monkeypatch.setattr(placement_statements, "SPREAD_WINDOW", 2)
     ib_c = {"fabric": "ib-c", "hcas": ["mlx5_9"], "rateGbps": 400}
     await register(api, "n1", fabrics=[IB_A])
     await register(api, "n2", fabrics=[IB_B])

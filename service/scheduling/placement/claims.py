@@ -1,0 +1,509 @@
+"""place() and its transactions: lock the best free node (or a plan's nodes) and hold its GPUs.
+
+Why it is correct under concurrency is told in the package's docstring
+(service/scheduling/placement/__init__.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.database.connections import Connection, cached_text
+from service.database.transactions import TransactionConflict
+from service.scheduling.allocations import (
+    Allocated,
+    AllocationRequest,
+    NotStored,
+    ShardRecord,
+    ShardRequest,
+    allocate,
+    lock_nodes,
+    shard_from_row,
+    store_calls,
+)
+from service.scheduling.placement.explanation import Unplaceable, unplaceable
+from service.scheduling.placement.plan import (
+    Plan,
+    same_shape,
+    shard_ids,
+    validate_place,
+    without_topology,
+)
+from service.scheduling.placement.statements import (
+    FREE_INDICES,
+    LOCK_OR_SKIP,
+    REPLICA,
+    WINDOW,
+    candidates,
+    claim_statement,
+    facts_of,
+    pick_several_sql,
+    pick_sql,
+    request_params,
+    scan_size,
+    spread_plan,
+)
+from service.scheduling.rejections import Rejection, RejectionCode, shown
+from service.scheduling.topology_fit import fit_order
+from service.scheduling.verdicts import PlaceRequest, judge
+
+# Each round either places, finds no room on committed data, or waited for
+# another transaction to finish with a busy node; this bounds a pathological run.
+MAX_ROUNDS = 64
+
+
+async def _same_replica(conn: Connection, request: PlaceRequest) -> Allocated | Rejection | None:
+    stored = [
+        shard_from_row(r) for r in await conn.execute(REPLICA, {"replica_id": request.replica_id})
+    ]
+    return _answer_stored(request, stored)
+
+
+def _answer_stored(
+    request: PlaceRequest, stored: Sequence[ShardRecord]
+) -> Allocated | Rejection | None:
+    """A retried place answers what is stored; a different replica under that id is refused."""
+    if not stored:
+        return None
+    if [s.shard_id for s in stored] == sorted(shard_ids(request)) and all(
+        len(s.gpu_indices) == request.gpus_per_shard for s in stored
+    ):
+        return Allocated(tuple(stored))
+    return Rejection(
+        RejectionCode.DUPLICATE_SHARD,
+        f"replica {shown(request.replica_id)} already holds {len(stored)} shard(s) of another "
+        "shape; release it first or use a new replica id",
+        node_id=stored[0].node_id,
+        held_by=stored[0].shard_id,
+    )
+
+
+class _Busy:
+    def __init__(self, node_ids: set[str]) -> None:
+        self.node_ids = node_ids
+
+
+async def _try(
+    conn: Connection, request: PlaceRequest, plan: Plan, actor: str | None
+) -> Allocated | _Busy | None:
+    """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale."""
+    node_ids = sorted({node_id for node_id, _ in plan.nodes})
+    savepoint = await conn.begin_nested()
+    try:
+        got = {r.id for r in await conn.execute(LOCK_OR_SKIP, {"ids": node_ids})}
+        if len(got) < len(node_ids):
+            # Rolling back the savepoint lets go of the nodes we did get.
+            await savepoint.rollback()
+            return _Busy(set(node_ids) - got)
+        free, near = await _usable_gpus(conn, request, plan, node_ids)
+        names = iter(shard_ids(request))
+        shards: list[ShardRequest] = []
+        per = request.gpus_per_shard
+        for node_id, count in plan.nodes:
+            indices = free.get(node_id, [])
+            if len(indices) < count * per:
+                await savepoint.rollback()
+                return None
+            for k in range(count):
+                chosen = tuple(indices[k * per : (k + 1) * per])
+                # railAligned: the shard is handed exactly its GPUs' near HCAs.
+                hcas = (
+                    tuple(sorted({h for i in chosen for h in near[(node_id, i)]}))
+                    if request.rail_aligned
+                    else None
+                )
+                shards.append(ShardRequest(next(names), node_id, chosen, hcas))
+        result = await allocate(
+            conn, AllocationRequest(request.replica_id, tuple(shards)), actor, fabric=plan.fabric
+        )
+        if isinstance(result, Rejection):
+            await savepoint.rollback()
+            return None
+        await savepoint.commit()
+        return result
+    except BaseException:
+        if savepoint.is_active:
+            await savepoint.rollback()
+        raise
+
+
+async def _usable_gpus(
+    conn: Connection, request: PlaceRequest, plan: Plan, node_ids: list[str]
+) -> tuple[dict[str, list[int]], dict[tuple[str, int], list[str]]]:
+    """Per locked node, the GPUs the plan may take, in the order shards take them.
+
+    Without topology, the free GPUs by index. With it, the fit order of
+    service.scheduling.topology_fit (whole groups, best fit first), and each GPU's near
+    HCAs on the fabric.
+    """
+    if not request.needs_topology:
+        rows = await conn.execute(FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
+        return {r.node_id: list(r.indices) for r in rows}, {}
+    order = fit_order(
+        request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=plan.domain is not None
+    )
+    params = {
+        "ids": node_ids,
+        "cls": request.gpu_class,
+        "per": request.gpus_per_shard,
+        "fabric": plan.fabric,
+        "domain": plan.domain,
+    }
+    free: dict[str, list[int]] = {}
+    near: dict[tuple[str, int], list[str]] = {}
+    for r in await conn.execute(cached_text(f"{order} ORDER BY 1, 4"), params):
+        free.setdefault(r.node_id, []).append(r.idx)
+        near[(r.node_id, r.idx)] = list(r.hcas)
+    return free, near
+
+
+async def _wait_for(conn: Connection, node_ids: set[str]) -> None:
+    """Wait until whoever holds these nodes has committed or rolled back, then let go of them.
+
+    Nothing else is held at this point (every attempt's savepoint was rolled
+    back), so waiting cannot deadlock.
+    """
+    savepoint = await conn.begin_nested()
+    try:
+        await lock_nodes(conn, sorted(node_ids))
+    finally:
+        await savepoint.rollback()
+
+
+async def place(
+    conn: Connection,
+    request: PlaceRequest,
+    actor: str | None = None,
+    rng: random.Random | None = None,
+) -> Allocated | Unplaceable | Rejection:
+    """Pick GPUs for the replica and hold them, in the caller's transaction.
+
+    Answers Allocated (also for a retry of a place that already succeeded),
+    Unplaceable with per-node verdicts when there is no room on committed
+    data, or a Rejection for bad input or a replica id already in use.
+    """
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    rng = rng or random.Random()
+    for _ in range(MAX_ROUNDS):
+        busy: set[str] = set()
+        # Every round starts with the one-node look, which checks the replica
+        # id first: a concurrent place of the same replica may have committed
+        # while this one waited.
+        outcome = await _place_on_one_node(conn, request, actor, busy)
+        if outcome is None and request.shards > 1:
+            outcome = await _spread(conn, request, actor, rng, busy)
+        if isinstance(outcome, Allocated | Rejection):
+            return outcome
+        if outcome is _CONFLICT:
+            continue
+        if not busy:
+            # The replica may have been placed by a concurrent retry between
+            # the check above and the candidates read: that is not "no room".
+            again = await _same_replica(conn, request)
+            if again is not None:
+                return again
+            if request.shards > 1:
+                facts, _ = await spread_plan(conn, request, rng)
+            else:
+                facts = await candidates(conn, request)
+            return await unplaceable(conn, request, facts)
+        await _wait_for(conn, busy)
+    raise TransactionConflict(MAX_ROUNDS)
+
+
+async def place_without_waiting(
+    conn: Connection, request: PlaceRequest, actor: str | None = None
+) -> Allocated | Rejection | None:
+    """place()'s one-node look, in the caller's transaction, never waiting for another's lock.
+
+    For a transaction that holds claims of other callers
+    (service/scheduling/place_batches.py): it may lock nodes but must not
+    wait for a lock while holding them, so whatever place() would wait or
+    plan further for (every node of the window held by others, no room on
+    one node, a conflict) is None, and the caller runs place() in a
+    transaction of its own. Answers Allocated, or a Rejection (bad input, or
+    the replica id holding other shards) exactly as place() would.
+
+    Without savepoints (two round trips fewer per claim): a node locked and
+    then found full stays locked until the batch commits, which is safe
+    because this never waits (see _place_on_one_node). An exception leaves
+    the transaction unusable: the caller must roll it back whole.
+    """
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    outcome = await _place_on_one_node(conn, request, actor, set(), savepoints=False)
+    if isinstance(outcome, Allocated | Rejection):
+        return outcome
+    return None
+
+
+async def place_several_without_waiting(
+    conn: Connection, calls: Sequence[tuple[PlaceRequest, str | None]]
+) -> tuple[list[Allocated | Rejection | None], list[str | None]]:
+    """place_without_waiting for several calls of one shape (same_shape): one pick and one claim for all.
+
+    One statement locks up to one node per call (best first, SKIP LOCKED);
+    one claim statement (claim_statement) then counts those nodes' free GPUs afresh
+    under the locks and holds the calls' GPUs, the calls filling the nodes
+    in rank order as many as each has room for, as the calls made one by
+    one would (see topology_fit.claim_wanted). A call whose replica id has
+    stored shards or came earlier in the group, whose shard ids a concurrent
+    call took, or for which the locked nodes had no room left, is made by
+    place_without_waiting (its own pick), in the same transaction, after
+    the group's claim; each is counted in GROUP_CLAIMS by why. Answers in
+    the order of `calls`.
+    """
+    shape = same_shape(calls[0][0])
+    assert shape is not None and all(same_shape(r) == shape for r, _ in calls)
+    params = {
+        **request_params(shape),
+        "need": shape.gpus,
+        "limit": WINDOW,
+        "scan": scan_size(shape, WINDOW, drawn_first=shape.needs_topology),
+        "skip": [],
+        "k": len(calls),
+        "replica_ids": [r.replica_id for r, _ in calls],
+    }
+    rows = list(await conn.execute(cached_text(pick_several_sql(shape)), params))
+    stored = set(rows[0].stored_ids)
+    # (node id, how many claims its snapshot says it takes), best first.
+    # Topology is left to the claim, as in _try_one_node: the count is an
+    # upper bound then, and the claim takes what the node has.
+    untopological = without_topology(shape)
+    room = [
+        (r.node_id, r.free // shape.gpus)
+        for r in rows
+        if r.node_id is not None and judge(facts_of(r), untopological).fits
+    ]
+    together: list[int] = []
+    apart: dict[int, str] = {}
+    seen: set[str] = set()
+    for i, (request, _) in enumerate(calls):
+        if request.replica_id in stored:
+            apart[i] = "stored"
+        elif request.replica_id in seen:
+            apart[i] = "repeated"
+        else:
+            seen.add(request.replica_id)
+            together.append(i)
+    claimed: dict[int, Allocated | NotStored] = {}
+    if together and room:
+        claimed = await claim_calls(conn, shape, [calls[i] for i in together], room)
+    answers: list[Allocated | Rejection | None] = []
+    why: list[str | None] = []
+    for i, (request, actor) in enumerate(calls):
+        if i in apart:
+            why.append(apart[i])
+        elif isinstance(claim := claimed.get(together.index(i)), Allocated):
+            answers.append(claim)
+            why.append(None)
+            continue
+        else:
+            # Not answered: no room left on the locked nodes; NotStored: its
+            # shard ids or a GPU were taken meanwhile (the one-call path reads whose).
+            why.append("no_room" if claim is None else "conflict")
+        answers.append(await place_without_waiting(conn, request, actor))
+    return answers, why
+
+
+async def claim_calls(
+    conn: Connection,
+    shape: PlaceRequest,
+    calls: Sequence[tuple[PlaceRequest, str | None]],
+    room: Sequence[tuple[str, int]],
+) -> dict[int, Allocated | NotStored]:
+    """One claim (claim_statement) for calls of `shape` on nodes this transaction has locked, best first.
+
+    `room`: (node id, at most how many calls it takes). Answers by the
+    call's position in `calls`; a call the nodes had no room for is absent.
+    """
+    topology = {"fabric": shape.fabric} if shape.rail_aligned else {}
+    params: dict[str, Any]
+    if len(calls) == 1 and len(room) == 1 and room[0][1] >= 1:
+        (request, actor), (node_id, _) = calls[0], room[0]
+        params = {
+            "node_id": node_id,
+            "replica_id": request.replica_id,
+            "actor": actor,
+            "names": shard_ids(request),
+        }
+    else:
+        params = {
+            "node_ids": [node_id for node_id, _ in room],
+            "caps": [cap for _, cap in room],
+            "replica_ids": [r.replica_id for r, _ in calls],
+            "actors": [actor for _, actor in calls],
+            "names": [name for r, _ in calls for name in shard_ids(r)],
+            "shards": shape.shards,
+        }
+    several = "node_ids" in params
+    params |= {"cls": shape.gpu_class, "need": shape.gpus, "per": shape.gpus_per_shard, **topology}
+    answers = await store_calls(conn, claim_statement(shape, several), params)
+    # The statement numbers calls from 1 (WITH ORDINALITY).
+    return {call - 1: outcome for call, outcome in answers.items()}
+
+
+class _Conflict:
+    """Someone committed first (this replica's shards, or GPUs the plan counted on): start over."""
+
+
+_CONFLICT = _Conflict()
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Nothing was picked: the window, best first; every node in it was held by someone else.
+
+    Empty when no node had room.
+    """
+
+    node_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _NoUse:
+    """The node the try locked had no room for the replica after all."""
+
+    node_id: str
+
+
+async def _place_on_one_node(
+    conn: Connection,
+    request: PlaceRequest,
+    actor: str | None,
+    busy: set[str],
+    *,
+    savepoints: bool = True,
+) -> Allocated | Rejection | _Conflict | None:
+    """The common case: every shard on one node. Two statements per try, in a savepoint.
+
+    None when no node has room on committed data, apart from the nodes added
+    to `busy` (held by other transactions right now). A Rejection or an
+    Allocated may also be the answer stored for this replica id.
+
+    The savepoint (two more round trips) stays, also on the first try. A try
+    can lock a node and then find it full (a claim on it committed between
+    pick_sql's snapshot and its lock) or lose its shard ids to a concurrent
+    retry; only rolling back to a savepoint taken before the lock lets go of
+    that node. Kept until commit instead, it would be held while place()
+    waits for busy nodes (see _wait_for), and two schedulers each keeping a
+    node the other waits for deadlock. Tried without the savepoint: in one of
+    four bursts of 48 concurrent places on room for 24 GPUs, 23 transactions
+    were deadlock victims (a second each before PostgreSQL broke the cycle),
+    where the savepoint makes waiting deadlock-free.
+
+    savepoints=False is for a transaction that never waits for a lock
+    (place_without_waiting): a node it keeps locked until commit cannot be
+    part of a deadlock, since the transaction waits for no one; a claim that
+    found its node full wrote nothing (store_calls() takes back an incomplete
+    claim's rows), and an error leaves the transaction to be rolled back
+    whole by its owner.
+    """
+    full: set[str] = set()
+    drawn_first = request.needs_topology
+    while True:
+        if not savepoints:
+            outcome = await _try_one_node(conn, request, actor, busy | full, drawn_first)
+        else:
+            outcome = await _try_in_savepoint(conn, request, actor, busy | full, drawn_first)
+        if isinstance(outcome, _Window):
+            if not outcome.node_ids:
+                if drawn_first:
+                    # Drawn before the topology check: look at every node.
+                    drawn_first = False
+                    continue
+                return None
+            busy.update(outcome.node_ids)
+            continue
+        if isinstance(outcome, _NoUse):
+            full.add(outcome.node_id)
+            continue
+        return outcome
+
+
+async def _try_in_savepoint(
+    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str], drawn_first: bool
+) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
+    savepoint = await conn.begin_nested()
+    try:
+        outcome = await _try_one_node(conn, request, actor, skip, drawn_first)
+    except BaseException:
+        if savepoint.is_active:
+            await savepoint.rollback()
+        raise
+    if isinstance(outcome, Allocated):
+        await savepoint.commit()
+    else:
+        # Lets go of a node found full, or cordoned since the snapshot.
+        await savepoint.rollback()
+    return outcome
+
+
+async def _try_one_node(
+    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str], drawn_first: bool
+) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
+    params = {
+        **request_params(request),
+        "replica_id": request.replica_id,
+        "need": request.gpus,
+        "limit": WINDOW,
+        "scan": scan_size(request, WINDOW, drawn_first),
+        "skip": sorted(skip),
+    }
+    rows = list(await conn.execute(cached_text(pick_sql(request, drawn_first)), params))
+    head = rows[0]
+    if head.shard_id is not None:
+        answer = _answer_stored(request, [shard_from_row(r) for r in rows])
+        assert answer is not None
+        return answer
+    if head.picked_node_id is None:
+        return _Window(tuple(head.window_ids or ()))
+    facts = facts_of(head, prefix="picked_")
+    # judge() re-checks the row, so the SQL filters and the verdicts cannot
+    # drift apart into a placement the verdicts would call unfit. Topology
+    # is left to the claim, which counts the node's fit order (and its
+    # domain) under the lock and holds nothing when it falls short.
+    if not judge(facts, without_topology(request)).fits:
+        return _NoUse(head.picked_node_id)
+    outcome = await _claim_on(conn, request, actor, head.picked_node_id)
+    if isinstance(outcome, Allocated):
+        return outcome
+    if not outcome.checked:
+        return _NoUse(head.picked_node_id)
+    return _CONFLICT
+
+
+async def _claim_on(
+    conn: Connection, request: PlaceRequest, actor: str | None, node_id: str
+) -> Allocated | NotStored:
+    """The claim (claim_statement) of every shard on one node this transaction has locked."""
+    outcome = (await claim_calls(conn, request, [(request, actor)], [(node_id, 1)])).get(0)
+    return NotStored(checked=False) if outcome is None else outcome
+
+
+async def _spread(
+    conn: Connection,
+    request: PlaceRequest,
+    actor: str | None,
+    rng: random.Random,
+    busy: set[str],
+) -> Allocated | _Conflict | None:
+    """Shards over several nodes of one fabric; None when they do not fit (see `busy`)."""
+    while True:
+        _, plan = await spread_plan(conn, request, rng, skip=busy)
+        if plan is None:
+            return None
+        outcome = await _try(conn, request, plan, actor)
+        if isinstance(outcome, Allocated):
+            return outcome
+        if outcome is None:
+            # What we read changed before we locked (or the replica id was
+            # taken meanwhile): start the round over, which checks both.
+            return _CONFLICT
+        busy |= outcome.node_ids

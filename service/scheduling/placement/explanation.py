@@ -1,0 +1,124 @@
+"""Why a replica does not fit, and what place() would answer now: the verdicts and their messages."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.database.connections import Connection, cached_text
+from service.scheduling.placement.plan import Plan, plan_placement, shard_ids, validate_place
+from service.scheduling.placement.statements import (
+    CLASSES,
+    SURVEY_COUNT,
+    candidates,
+    facts_of,
+    request_params,
+    spread_plan,
+    survey_sql,
+)
+from service.scheduling.rejections import Rejection, shown
+from service.scheduling.verdicts import NodeFacts, PlaceRequest, Verdict, judge
+
+# Verdicts are listed for at most this many nodes (by id); the answer says
+# how many more were considered, so it stays readable on a 10,000-node cluster.
+MAX_VERDICTS = 100
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    message: str
+    verdicts: tuple[Verdict, ...]
+    omitted: int
+
+
+@dataclass(frozen=True)
+class Explanation:
+    placeable: bool
+    message: str
+    verdicts: tuple[Verdict, ...]
+    omitted: int
+    plan: Plan | None
+    shard_ids: tuple[str, ...]
+
+
+async def _verdicts(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:
+    rows = await conn.execute(
+        cached_text(survey_sql(request)), {**request_params(request), "limit": MAX_VERDICTS}
+    )
+    verdicts = tuple(judge(facts_of(r), request) for r in rows)
+    total = (await conn.execute(SURVEY_COUNT, {"cls": request.gpu_class})).scalar_one()
+    return verdicts, max(0, int(total) - len(verdicts))
+
+
+def _shape(request: PlaceRequest) -> str:
+    shards = "1 shard" if request.shards == 1 else f"{request.shards} shards"
+    return f"{shards} of {request.gpus_per_shard} {request.gpu_class}"
+
+
+async def _why_not(
+    conn: Connection,
+    request: PlaceRequest,
+    facts: Sequence[NodeFacts],
+    considered: int,
+) -> str:
+    if considered == 0:
+        classes = [r.gpu_class for r in await conn.execute(CLASSES)]
+        known = f"; classes here: {', '.join(classes)}" if classes else "; no GPUs are registered"
+        return f"no node has {shown(request.gpu_class)} GPUs{known}"
+    fitting = [f for f in facts if judge(f, request).fits]
+    nodes = "node" if considered == 1 else "nodes"
+    if request.shards == 1 or not fitting:
+        return (
+            f"no node has room for a shard of {request.gpus_per_shard} {request.gpu_class} "
+            f"that meets every constraint ({considered} {nodes} with {request.gpu_class} considered)"
+        )
+    by_fabric = {
+        fabric: sum(f.room(request) for f in fitting if fabric in f.fabrics)
+        for fabric in sorted({x for f in fitting for x in f.fabrics})
+        if request.fabric is None or fabric == request.fabric
+    }
+    if by_fabric:
+        fabric, most = min(by_fabric.items(), key=lambda item: (-item[1], item[0]))
+        best = f"at most {most} fit on fabric {fabric}"
+    else:
+        best = "the nodes with room share no fabric"
+    return (
+        f"{_shape(request)} fit on no single node, and no fabric has room for all of them: {best}"
+    )
+
+
+async def unplaceable(
+    conn: Connection,
+    request: PlaceRequest,
+    facts: Sequence[NodeFacts],
+) -> Unplaceable:
+    verdicts, omitted = await _verdicts(conn, request)
+    message = await _why_not(conn, request, facts, len(verdicts) + omitted)
+    if omitted:
+        message += f" (verdicts for the first {len(verdicts)} nodes by id; {omitted} more)"
+    return Unplaceable(message, verdicts, omitted)
+
+
+async def explain(
+    conn: Connection, request: PlaceRequest, rng: random.Random | None = None
+) -> Explanation | Rejection:
+    """What place() would answer now, without locking or writing anything."""
+    problem = validate_place(request)
+    if problem is not None:
+        return problem
+    rng = rng or random.Random()
+    facts = await candidates(conn, request)
+    plan = plan_placement(facts, request, rng)
+    if plan is None and request.shards > 1:
+        facts, plan = await spread_plan(conn, request, rng)
+    if plan is None:
+        why = await unplaceable(conn, request, facts)
+        return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
+    verdicts, omitted = await _verdicts(conn, request)
+    where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in plan.nodes)
+    on = f" on fabric {plan.fabric}" if plan.fabric else ""
+    if plan.domain is not None:
+        on += f" in NVLink domain {plan.domain}"
+    message = f"would place {_shape(request)} on {where}{on}"
+    return Explanation(True, message, verdicts, omitted, plan, tuple(shard_ids(request)))

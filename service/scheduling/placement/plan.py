@@ -1,0 +1,138 @@
+"""The plan: where a replica's shards would go on nodes already read, and the checks of a request (no database)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from service.fleet.reports import MAX_ID_LENGTH, MAX_PATH_LENGTH, MAX_TEXT_LENGTH
+from service.scheduling.allocations import (
+    MAX_GPUS_PER_SHARD,
+    MAX_SHARDS,
+)
+from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
+
+SHARD_SUFFIX = "-s{}"
+MAX_REPLICA_ID_LENGTH = MAX_ID_LENGTH - len(SHARD_SUFFIX.format(MAX_SHARDS))
+
+
+@dataclass(frozen=True)
+class Plan:
+    fabric: str | None
+    # (node id, number of shards on it), in the order shards are numbered.
+    nodes: tuple[tuple[str, int], ...]
+    # sameNvlinkDomain: the NVLink domain every shard is in.
+    domain: str | None = None
+
+
+def shard_ids(request: PlaceRequest) -> list[str]:
+    return [request.replica_id + SHARD_SUFFIX.format(i) for i in range(request.shards)]
+
+
+def validate_place(request: PlaceRequest) -> Rejection | None:
+    texts = [request.replica_id, request.gpu_class, request.fabric, request.weights]
+    texts += list(request.label or ())
+    if any(t is not None and "\x00" in t for t in texts):
+        # PostgreSQL text cannot hold it; refuse it here rather than as a database error.
+        return invalid("a text field contains a NUL character")
+    if not request.replica_id:
+        return invalid("replicaId is empty")
+    if len(request.replica_id) > MAX_REPLICA_ID_LENGTH:
+        return invalid(
+            f"replicaId {shown(request.replica_id)!r} is longer than {MAX_REPLICA_ID_LENGTH} "
+            "characters (its shard ids add a suffix)"
+        )
+    if not request.gpu_class or len(request.gpu_class) > MAX_TEXT_LENGTH:
+        return invalid(f"gpuClass {shown(request.gpu_class)!r} is not a GPU class")
+    if not 1 <= request.shards <= MAX_SHARDS:
+        return invalid(f"shards={request.shards}: a replica has 1 to {MAX_SHARDS} shards")
+    if not 1 <= request.gpus_per_shard <= MAX_GPUS_PER_SHARD:
+        return invalid(
+            f"gpusPerShard={request.gpus_per_shard}: a shard has 1 to {MAX_GPUS_PER_SHARD} GPUs"
+        )
+    if request.fabric is not None and not 1 <= len(request.fabric) <= MAX_ID_LENGTH:
+        return invalid(f"fabric {shown(request.fabric)!r} is not a fabric name")
+    if request.weights is not None and not 1 <= len(request.weights) <= MAX_PATH_LENGTH:
+        return invalid(f"weights {shown(request.weights)!r} is not a path")
+    if request.min_local_disk_free is not None and request.min_local_disk_free < 0:
+        return invalid(f"minLocalDiskFree={request.min_local_disk_free} is negative")
+    if request.label is not None and not request.label[0]:
+        return invalid("label has an empty key")
+    if request.rail_aligned and request.fabric is None:
+        return invalid("railAligned needs fabric: the HCAs a shard is handed are on one fabric")
+    return None
+
+
+def plan_placement(
+    facts: Sequence[NodeFacts], request: PlaceRequest, rng: random.Random
+) -> Plan | None:
+    """Where the shards would go on these nodes, or None when they do not fit."""
+    fitting = [f for f in facts if judge(f, request).fits]
+    wants_weights = request.weights is not None
+    per_shard = request.gpus_per_shard
+
+    def rank(f: NodeFacts) -> tuple[bool, int, float]:
+        return (wants_weights and not f.holds_weights, f.free, rng.random())
+
+    whole = [f for f in fitting if f.room(request) >= request.shards]
+    if whole:
+        best = min(whole, key=rank)
+        return Plan(None, ((best.node_id, request.shards),), _domain_of(best, request))
+    if request.shards == 1:
+        return None
+    # Spread over one fabric (and, sameNvlinkDomain, one NVLink domain).
+    # Among those that can take the replica: the most shards on weight
+    # holders, then the fewest nodes, then the least left over on the nodes
+    # used, then the fabric's name and the domain's.
+    fabrics = (
+        [request.fabric] if request.fabric else sorted({x for f in fitting for x in f.fabrics})
+    )
+    domains: list[str | None] = [None]
+    if request.same_nvlink_domain:
+        domains = [*sorted({d for f in fitting if (d := _domain_of(f, request)) is not None})]
+    best_plan: Plan | None = None
+    best_key: tuple[int, int, int, str, str] | None = None
+    for fabric, domain in ((f, d) for d in domains for f in fabrics):
+        left = request.shards
+        taken: list[tuple[str, int]] = []
+        on_holders = leftover = 0
+        members = (
+            f
+            for f in fitting
+            if fabric in f.fabrics and (domain is None or _domain_of(f, request) == domain)
+        )
+        for f in sorted(members, key=rank):
+            k = min(f.room(request), left)
+            taken.append((f.node_id, k))
+            left -= k
+            leftover += f.free - k * per_shard
+            on_holders += k if f.holds_weights else 0
+            if left == 0:
+                break
+        if left:
+            continue
+        key = (-on_holders, len(taken), leftover, fabric, domain or "")
+        if best_key is None or key < best_key:
+            best_key, best_plan = key, Plan(fabric, tuple(taken), domain)
+    return best_plan
+
+
+def _domain_of(f: NodeFacts, request: PlaceRequest) -> str | None:
+    return f.topology.domain if request.same_nvlink_domain and f.topology else None
+
+
+def same_shape(request: PlaceRequest) -> PlaceRequest | None:
+    """What calls placed together by place_several_without_waiting share: all but the replica id.
+
+    None for a request that goes one by one: invalid input.
+    """
+    if validate_place(request) is not None:
+        return None
+    return replace(request, replica_id="")
+
+
+def without_topology(request: PlaceRequest) -> PlaceRequest:
+    """The request as judge() checks a picked node: its topology is the claim's to check."""
+    return replace(request, nvlink_shards=False, same_nvlink_domain=False, rail_aligned=False)

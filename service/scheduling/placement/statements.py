@@ -1,0 +1,387 @@
+"""The SQL place() and explain() send: the candidate windows, the picks that lock, the claim, the survey.
+
+Also the reads that run the candidate windows (candidates, spread_plan),
+which both place() and explain() plan from.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import TextClause, text
+
+from service.database.connections import Connection, cached_text
+from service.scheduling.allocations import (
+    store_statement,
+)
+from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
+from service.scheduling.placement.plan import Plan, plan_placement
+from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
+from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, judge
+
+
+def _facts_sql(request: PlaceRequest) -> str:
+    return f"""
+    SELECT p.node_id, p.free, n.state,
+           CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                ELSE n.admin_reason END AS state_reason,
+           n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+           (CAST(:weights AS text) IS NOT NULL AND EXISTS (
+               SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
+           )) AS holds_weights,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = p.node_id ORDER BY fa.fabric) AS fabrics,
+           n.labels ->> CAST(:label_key AS text) AS label_value,
+           {facts_column(request, "p.node_id")} AS topology
+    FROM gpu_pools p JOIN nodes n ON n.id = p.node_id
+"""
+
+
+def _facts_of_ranked(request: PlaceRequest) -> str:
+    return f"""
+    SELECT c.node_id, c.free, n.state,
+           CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                ELSE n.admin_reason END AS state_reason,
+           n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = c.node_id ORDER BY fa.fabric) AS fabrics,
+           n.labels ->> CAST(:label_key AS text) AS label_value,
+           {facts_column(request, "c.node_id")} AS topology
+    FROM ranked c JOIN nodes n ON n.id = c.node_id
+    ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+"""
+
+
+def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
+    """The window: only nodes that pass every check, best first, at most :limit of them.
+
+    Best: weight holders, then the fewest free GPUs (packing), then random
+    among equals so concurrent callers spread out instead of queueing on one
+    node. The best fit is read from ix_gpu_pools_fit (class, free, node id) in
+    index order and stops after :scan rows that pass, so the cost follows the
+    window, not the cluster; the random order is taken among those rows.
+    Holders are found through the weights index. A node's own row is joined
+    only for the constraints asked for and for the rows returned. judge()
+    re-checks each row, so these filters and the verdicts cannot drift apart.
+
+    Topology (service.scheduling.topology_fit) costs a look at a node's GPUs per node
+    it checks. `drawn_first`: the window is drawn from the best :scan nodes
+    as if there were no topology, and the check runs on them in the window's
+    order until :limit pass, usually :limit checks instead of :scan. A
+    window that comes back empty then proves nothing (the :scan nodes may
+    all have failed the check), so the caller asks again without it.
+    """
+    topology = candidate_filters(request)
+    where = [
+        "p.gpu_class = :cls",
+        pool_offers("p"),
+        "p.free >= :need",
+        "p.node_id <> ALL(CAST(:skip AS text[]))",
+        # Topology last: evaluated only on rows that pass the cheap checks.
+        *([] if drawn_first else topology),
+    ]
+    if request.fabric is not None:
+        where.append(
+            "EXISTS (SELECT 1 FROM fabric_attachments fa"
+            " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
+        )
+    node_checks = []
+    if request.label is not None:
+        node_checks.append("n.labels ->> CAST(:label_key AS text) = :label_value")
+    if request.min_local_disk_free is not None:
+        # Unknown disk is not a full disk.
+        node_checks.append("(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)")
+
+    def node_row(checks: list[str]) -> list[str]:
+        # One primary-key probe per row read, only when a node column is asked about.
+        if not checks:
+            return []
+        return [f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = p.node_id AND {' AND '.join(checks)})"]
+
+    branches = []
+    other_checks = list(node_checks)
+    if request.weights is not None:
+        holders = " AND ".join(where + node_row(node_checks))
+        branches.append(
+            f"""
+            SELECT h.node_id, h.free, true AS holds_weights FROM (
+                SELECT p.node_id, p.free
+                FROM weights w JOIN gpu_pools p ON p.node_id = w.node_id
+                WHERE w.path = :weights AND {holders}
+                ORDER BY p.free, p.node_id LIMIT :scan) h"""
+        )
+        # The others: nodes that were not asked to look (and so hold no
+        # weights at all), which constrain nothing. A node that looked and
+        # lacks these weights is out.
+        other_checks.append("NOT n.knows_its_weights")
+    rest = " AND ".join(where + node_row(other_checks))
+    branches.append(
+        f"""
+        SELECT o.node_id, o.free, false AS holds_weights FROM (
+            SELECT p.node_id, p.free FROM gpu_pools p
+            WHERE {rest}
+            ORDER BY p.free, p.node_id LIMIT :scan) o"""
+    )
+    ranked = f"""
+        SELECT b.node_id, b.free, b.holds_weights, random() AS tiebreak
+        FROM ({" UNION ALL ".join(branches)}) b
+        ORDER BY b.holds_weights DESC, b.free, tiebreak"""
+    if drawn_first and topology:
+        # OFFSET 0 keeps the check above the sort, where LIMIT stops it.
+        checks = " AND ".join(candidate_filters(request, "d.node_id"))
+        return f"SELECT d.* FROM ({ranked} OFFSET 0) d WHERE {checks} LIMIT :limit"
+    return ranked + " LIMIT :limit"
+
+
+def _candidates_sql(request: PlaceRequest) -> str:
+    return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
+
+
+def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
+    """The first statement of a one-node placement: its window, and its best free node locked.
+
+    Also returns the replica's stored shards, so a retry is answered from
+    the same statement; then nothing is locked. The best-ranked node of the
+    window that no one else holds is locked (SKIP LOCKED with LIMIT 1 locks
+    one row, trying them in rank order) and the others are left alone. The
+    window comes back whole, so that when every node in it was held by
+    someone else the caller knows which ones to wait for.
+
+    This statement counts nothing: its snapshot was taken before the lock,
+    and a claim on the node may have committed in between (see
+    _REPLACE_REPORT in service/fleet/nodes.py). The free GPUs are counted by the
+    next statement, the claim (claim_statement).
+    """
+    return f"""
+    WITH stored AS (
+        SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas,
+               s.created_at
+        FROM shards s WHERE s.replica_id = :replica_id
+    ), ranked AS ({_ranked_sql(request, drawn_first)}
+    ), picked AS MATERIALIZED (
+        SELECT n.id, c.free, c.holds_weights, n.state,
+               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                    ELSE n.admin_reason END AS state_reason,
+               n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+               n.labels ->> CAST(:label_key AS text) AS label_value
+        FROM ranked c JOIN nodes n ON n.id = c.node_id
+        -- Re-checked on the row as locked: a node cordoned since the
+        -- snapshot is passed over (and stays locked until commit).
+        WHERE {node_schedulable("n")} AND NOT EXISTS (SELECT 1 FROM stored)
+        ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+        LIMIT 1
+        FOR NO KEY UPDATE OF n SKIP LOCKED
+    )
+    -- The window is read whole only when nothing was picked: picked's LIMIT 1
+    -- reads ranked a row at a time, so a topology check (see _ranked_sql)
+    -- usually runs on one node.
+    SELECT CASE WHEN k.id IS NULL THEN
+               (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
+                FROM ranked c) END AS window_ids,
+           k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
+           k.state AS picked_state, k.state_reason AS picked_state_reason,
+           k.local_disk_free AS picked_local_disk_free,
+           k.local_disk_total AS picked_local_disk_total,
+           k.knows_its_weights AS picked_knows_its_weights,
+           k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = k.id ORDER BY fa.fabric) AS picked_fabrics,
+           st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
+           st.created_at
+    FROM (SELECT 1) AS one
+    LEFT JOIN picked k ON true
+    LEFT JOIN stored st ON true
+    ORDER BY st.shard_id
+    """
+
+
+def pick_several_sql(request: PlaceRequest) -> str:
+    """pick_sql for several calls of one shape at once: up to :k of the window's best free nodes locked.
+
+    For a batch of calls that differ only in replica id
+    (service/scheduling/place_batches.py): one statement locks the nodes
+    their claims go to, best first, SKIP LOCKED as pick_sql does, instead of
+    one per call. Returns one row per locked node (in rank order; none when
+    nothing was free) and, on every row, the replica ids among :replica_ids
+    that have stored shards (those calls are answered by the one-call path).
+    Like pick_sql it counts nothing: the claim (claim_statement) counts the
+    nodes' free GPUs afresh under the lock, and with topology its fit order
+    too (the window is drawn before the topology check, as pick_sql draws
+    it).
+    """
+    return f"""
+    WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
+    ), picked AS MATERIALIZED (
+        SELECT n.id, c.free, c.holds_weights, c.tiebreak, n.state,
+               CASE WHEN n.state IN ('unreachable', 'lost') THEN n.liveness_reason
+                    ELSE n.admin_reason END AS state_reason,
+               n.local_disk_free, n.local_disk_total, n.knows_its_weights,
+               n.labels ->> CAST(:label_key AS text) AS label_value
+        FROM ranked c JOIN nodes n ON n.id = c.node_id
+        WHERE {node_schedulable("n")}
+        ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+        LIMIT :k
+        FOR NO KEY UPDATE OF n SKIP LOCKED
+    )
+    SELECT ARRAY(SELECT DISTINCT s.replica_id FROM shards s
+                 WHERE s.replica_id = ANY(CAST(:replica_ids AS text[]))) AS stored_ids,
+           k.id AS node_id, k.free, k.holds_weights, k.state, k.state_reason,
+           k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
+           CAST(NULL AS json) AS topology,
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa
+                 WHERE fa.node_id = k.id ORDER BY fa.fabric) AS fabrics
+    FROM (SELECT 1) AS one
+    LEFT JOIN picked k ON true
+    ORDER BY k.holds_weights DESC, k.free, k.tiebreak
+    """
+
+
+def survey_sql(request: PlaceRequest) -> str:
+    return _facts_sql(request) + " WHERE p.gpu_class = :cls ORDER BY p.node_id LIMIT :limit"
+
+
+@lru_cache(maxsize=16)
+def _cached_claim(
+    nvlink_shards: bool, rail_aligned: bool, domain: bool, several: bool
+) -> TextClause:
+    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain, several))
+
+
+def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
+    """The claim of one call on a locked node, or of `several` calls of the request's shape on locked nodes.
+
+    topology_fit.claim_wanted: the second statement of a one-node
+    placement, on the node the first one locked, and the one statement of a
+    group's claims. The nodes' free GPUs of the class (in fit order, with
+    topology), counted afresh (this statement started after the locks, so
+    it sees every claim committed on the nodes, and none can commit until
+    we do), handed out to the calls and their shards, and held with the
+    pools and events in the same round trip. A call the nodes have no room
+    for (a claim committed between the pick's snapshot and its lock)
+    writes nothing.
+    """
+    return _cached_claim(
+        request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain, several
+    )
+
+
+SURVEY_COUNT = text("SELECT count(*) FROM gpu_pools WHERE gpu_class = :cls")
+CLASSES = text("SELECT DISTINCT gpu_class FROM gpu_pools ORDER BY gpu_class LIMIT 20")
+
+LOCK_OR_SKIP = text(
+    """
+    SELECT id FROM nodes WHERE id = ANY(CAST(:ids AS text[]))
+    ORDER BY id
+    FOR NO KEY UPDATE SKIP LOCKED
+    """
+)
+
+FREE_INDICES = text(
+    f"""
+    SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
+    FROM gpus g
+    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND {gpu_free("g")}
+    GROUP BY g.node_id
+    """
+)
+
+REPLICA = text(
+    "SELECT s.shard_id, s.replica_id, s.node_id, s.gpu_indices, s.fabric, s.hcas, s.created_at"
+    " FROM shards s WHERE s.replica_id = :replica_id ORDER BY s.shard_id"
+)
+
+
+# How many of the best candidates one statement returns for a one-node
+# placement: enough that a crowd of concurrent callers finds an unlocked one.
+WINDOW = 16
+# A multi-node placement plans over the best nodes with room for a shard; only
+# when those cannot hold it does it read every candidate, so that "no room"
+# is never said because of the window.
+SPREAD_WINDOW = 512
+NO_LIMIT = 1_000_000
+
+
+def scan_size(request: PlaceRequest, limit: int, drawn_first: bool = False) -> int:
+    """How many of the best nodes a window of `limit` is drawn from.
+
+    A one-node window is drawn at random from the best few times its size,
+    so that concurrent callers spread out. With topology checked on every
+    node read (service.scheduling.topology_fit.candidate_filters), from the best
+    `limit` only; drawn before the check (see _ranked_sql), as usual.
+    """
+    if limit != WINDOW or (request.needs_topology and not drawn_first):
+        return limit
+    return limit * 4
+
+
+def request_params(request: PlaceRequest) -> dict[str, Any]:
+    return {
+        "cls": request.gpu_class,
+        "weights": request.weights,
+        "label_key": request.label[0] if request.label else None,
+        "label_value": request.label[1] if request.label else None,
+        "fabric": request.fabric,
+        "min_disk": request.min_local_disk_free,
+        "per": request.gpus_per_shard,
+    }
+
+
+def facts_of(row: Any, prefix: str = "") -> NodeFacts:
+    """A candidate's facts from a row; `prefix` names them in a row that holds other columns too."""
+
+    def column(name: str) -> Any:
+        return getattr(row, prefix + name)
+
+    return NodeFacts(
+        node_id=column("node_id"),
+        state=column("state"),
+        state_reason=column("state_reason"),
+        free=column("free"),
+        local_disk_free=column("local_disk_free"),
+        local_disk_total=column("local_disk_total"),
+        knows_its_weights=column("knows_its_weights"),
+        holds_weights=column("holds_weights"),
+        fabrics=tuple(column("fabrics")),
+        label_value=column("label_value"),
+        topology=TopologyFacts.of(column("topology")),
+    )
+
+
+async def _fetch(
+    conn: Connection, request: PlaceRequest, need: int, limit: int, skip: set[str]
+) -> tuple[list[NodeFacts], bool]:
+    """(the nodes that pass every check, best first; whether the limit cut the list)."""
+    scan = scan_size(request, limit)
+    params = {
+        **request_params(request),
+        "need": need,
+        "limit": limit,
+        "scan": scan,
+        "skip": sorted(skip),
+    }
+    rows = list(await conn.execute(cached_text(_candidates_sql(request)), params))
+    facts = [f for f in (facts_of(r) for r in rows) if judge(f, request).fits]
+    return facts, len(rows) >= limit
+
+
+async def candidates(
+    conn: Connection, request: PlaceRequest, skip: set[str] | None = None
+) -> list[NodeFacts]:
+    """A window of the best nodes that can take the whole replica; nodes in `skip` left out."""
+    facts, _ = await _fetch(conn, request, request.gpus, WINDOW, skip or set())
+    return facts
+
+
+async def spread_plan(
+    conn: Connection, request: PlaceRequest, rng: random.Random, skip: set[str] | None = None
+) -> tuple[list[NodeFacts], Plan | None]:
+    """A plan over nodes with room for one shard each, and the nodes it was made from."""
+    facts: list[NodeFacts] = []
+    for limit in (SPREAD_WINDOW, NO_LIMIT):
+        facts, cut = await _fetch(conn, request, request.gpus_per_shard, limit, skip or set())
+        plan = plan_placement(facts, request, rng)
+        if plan is not None or not cut:
+            return facts, plan
+    return facts, None
