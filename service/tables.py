@@ -228,8 +228,19 @@ weights = Table(
     Column("node_id", Text, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
     Column("path", Text, nullable=False),
     Column("size_bytes", BigInteger),
+    # What the agent saw (service/fleet/weights_lifecycle.py); NULL state:
+    # the agent did not say (present, state unknown).
+    Column("revision", Text),
+    Column("state", Text),
+    Column("total_bytes", BigInteger),
+    Column("digest", Text),
+    Column("observed_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("node_id", "path"),
     CheckConstraint("size_bytes >= 0", name="size"),
+    CheckConstraint("state IN ('downloading', 'ready', 'evicting', 'failed')", name="state"),
+    CheckConstraint(
+        "total_bytes >= 0 AND (size_bytes IS NULL OR size_bytes <= total_bytes)", name="total"
+    ),
 )
 Index("ix_weights_path", weights.c.path, weights.c.node_id)
 
@@ -248,6 +259,9 @@ shards = Table(
     Column("fabric", Text),
     Column("hcas", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The weights path the replica was placed with: the shard pins those
+    # weights on its node while it lives (service/fleet/weights_lifecycle.pinned_by).
+    Column("weights", Text),
     CheckConstraint(ID_CHECK.format(col="shard_id"), name="shard_id_length"),
     CheckConstraint(ID_CHECK.format(col="replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
