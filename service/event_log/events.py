@@ -46,6 +46,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "gpu_xid",
         "gpu_health_cleared",
         "gpu_failed_under_allocation",
+        "weights_lost_under_replica",
     }
 )
 

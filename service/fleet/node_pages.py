@@ -34,6 +34,7 @@ from typing import Any
 from service.database.connections import Connection, cached_text
 from service.fleet.node_views import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
+from service.fleet.weights_lifecycle import pinned_by
 from service.paging import PageRequest, PageTruncated, stops_short
 from service.scheduling.availability import (
     gpu_free,
@@ -134,6 +135,13 @@ FABRIC: Mapping[str, str] = {
 WEIGHTS: Mapping[str, str] = {
     "path": "w.path",
     "size_bytes": "w.size_bytes",
+    "revision": "w.revision",
+    # The GraphQL enum's name (WeightsState), as the record's member serializes.
+    "state": "upper(w.state)",
+    "total_bytes": "w.total_bytes",
+    "digest": "w.digest",
+    "observed_at": timestamp("w.observed_at"),
+    "pinned_by": pinned_by("w"),
 }
 # A node's disks (NodeRecord.local_disk / shared_disk): null when unknown.
 DISKS: Mapping[str, tuple[str, str]] = {

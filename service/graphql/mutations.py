@@ -7,9 +7,9 @@ import strawberry
 from service import metrics
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import heartbeats, node_views, nodes, re_registration
+from service.fleet import heartbeats, node_views, nodes, observed_at, re_registration
 from service.fleet.node_views import NodeRecord
-from service.fleet.reports import NodeReport
+from service.fleet.reports import NodeReport, settle_observed_at
 
 from .context import Context, Info
 from .inputs import NodeInput
@@ -27,6 +27,10 @@ async def store_report(context: Context, report: NodeReport) -> NodeRecord:
     One statement or one transaction (service/fleet/re_registration.py); the XIDs
     it carried are counted once it committed.
     """
+    # Its observedAt times on the service's clock (service/fleet/observed_at.py),
+    # judged at receipt.
+    clock = observed_at.agent_clock(None, observed_at.now(), context.settings.clock_skew)
+    report = settle_observed_at(report, clock)
     registration = await re_registration.register(context.engine, report, context.actor)
     metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
     # The row as the upsert returned it: one round trip fewer.

@@ -41,6 +41,7 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "events": "reader",
         "explainPlacement": "scheduler",
         "tokens": "operator",
+        "weightsEvictable": "reader",
     },
     "Mutation": {
         "registerNode": "agent",

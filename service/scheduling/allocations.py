@@ -137,6 +137,9 @@ class ShardRequest:
 class AllocationRequest:
     replica_id: str
     shards: tuple[ShardRequest, ...]
+    # The weights path the replica was placed with (place's `weights`): its
+    # shards pin it on their nodes (service/fleet/weights_lifecycle.pinned_by).
+    weights: str | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,7 @@ def store_statement(wanted: str) -> TextClause:
     `wanted` defines three CTEs, each keyed by `call` (an integer the caller
     chooses, one per replica being placed; allocate() has one call, 0):
     want_shards (call, replica_id, actor, shard_id, node_id, gpu_indices
-    sorted, fabric, hcas), want_gpus (call, node_id, idx, shard_id) and go
+    sorted, fabric, hcas, weights: the path the shard pins, or NULL), want_gpus (call, node_id, idx, shard_id) and go
     (one row per call: call, `ok`, whether the caller's checks, made in SQL,
     passed; nothing of that call is written otherwise). A call without a go
     row is not answered.
@@ -301,8 +304,8 @@ def store_statement(wanted: str) -> TextClause:
     return text(
         f"""
         WITH {wanted}, s AS (
-            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas)
-            SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas
+            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas, weights)
+            SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas, w.weights
             FROM want_shards w JOIN go ON go.call = w.call AND go.ok
             ORDER BY w.call, w.shard_id
             ON CONFLICT (shard_id) DO NOTHING
@@ -360,7 +363,7 @@ _STORE = store_statement(
     f"""
     want_shards AS (
         SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               r.*
+               r.*, CAST(:weights AS text) AS weights
         FROM jsonb_to_recordset(CAST(:shards AS jsonb))
             AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
     ), want_gpus AS (
@@ -732,6 +735,7 @@ async def _store(
             "shards": json.dumps(shards),
             "gpus": json.dumps(gpus),
             "check": check,
+            "weights": request.weights,
         },
     )
     # A replica that grew onto a second node now needs a fabric for its
