@@ -35,9 +35,6 @@ STATES: Final = {state.value: state for state in WeightsState}
 # sha256:<64 lowercase hex>: the one digest form the API accepts.
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
-# The states in which a path is (or is becoming) on the node's disk.
-_HELD = ("ready", "downloading")
-
 
 def weights_ready(alias: str) -> str:
     """SQL: the weights row `alias` is READY."""
@@ -80,11 +77,6 @@ def unpinned(alias: str) -> str:
         "NOT EXISTS (SELECT 1 FROM shards s"
         f" WHERE s.node_id = {alias}.node_id AND s.weights = {alias}.path)"
     )
-
-
-def gone_from_use(state: str | None) -> bool:
-    """A state that means the path is leaving the disk (EVICTING): a pin on it is lost."""
-    return state is not None and state not in _HELD and state != WeightsState.FAILED.value
 
 
 def readiness_phrase(path: str, state: str | None, size: int | None, total: int | None) -> str:
