@@ -103,6 +103,9 @@ class Agent:
         # a full report at once.
         self._xids = xids
         self._xid_arrived: asyncio.Event | None = None
+        # Weights path -> replica ids pinning it, as the service last said:
+        # whatever deletes weights on this node must keep these.
+        self.pinned: dict[str, tuple[str, ...]] = {}
 
     async def survey(self) -> Report | None:
         """The node as it is now; None if discovery itself broke (a bug, logged)."""
@@ -212,6 +215,8 @@ class Agent:
                 self._rejected_digest = None
                 self._rejections.reset()
                 log.debug("report sent for node %s", status.id)
+                if report.node_input.get("weights"):
+                    await self._learn_pins()
             else:
                 status = await self.client.heartbeat(self.config.node_id)
         except NodeNotFound:
@@ -241,6 +246,19 @@ class Agent:
         self._retry.reset()
         self._note(status)
         return self.config.heartbeat_interval
+
+    async def _learn_pins(self) -> None:
+        """Ask which weights replicas pin; a failure keeps the last answer (pins only inform)."""
+        try:
+            pinned = await self.client.weights_pins(self.config.node_id)
+        except (ServiceUnavailable, ServiceError) as e:
+            log.debug("could not read the weights' pins (%s); keeping the last answer", e)
+            return
+        for path in sorted(pinned.keys() - self.pinned.keys()):
+            log.info("weights %s are pinned by %s: keep them", path, ", ".join(pinned[path]))
+        for path in sorted(self.pinned.keys() - pinned.keys()):
+            log.info("weights %s are no longer pinned", path)
+        self.pinned = pinned
 
     def _note(self, status: NodeStatus) -> None:
         state = (status.state, status.state_reason)

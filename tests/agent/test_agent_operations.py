@@ -31,8 +31,8 @@ def schema() -> GraphQLSchema:
     return load_service_schema()
 
 
-def test_the_agent_ships_its_two_operations() -> None:
-    assert OPERATIONS == ["heartbeat", "register_node"]
+def test_the_agent_ships_its_three_operations() -> None:
+    assert OPERATIONS == ["heartbeat", "register_node", "weights_pins"]
 
 
 @pytest.mark.parametrize("name", OPERATIONS)
