@@ -1,6 +1,7 @@
 """Each model folder's state from the markers on disk (agent/weights_state.py), on a fake root."""
 
 import os
+import subprocess
 from pathlib import Path
 
 from fake_root import GIB, add_model
@@ -134,3 +135,15 @@ def test_unchanged_weights_seen_again_add_nothing_to_a_heartbeat() -> None:
     assert not later.changed_since(first)  # the loop sends a heartbeat, not the report
     moved = Report({"id": "gpu-01", "weights": [{"path": "/m", "sizeBytes": 1}]})
     assert moved.changed_since(first)
+
+
+def test_the_marker_command_in_the_docs_writes_the_digest_the_agent_checks(tmp_path: Path) -> None:
+    # docs/scheduler/weights.md tells download tools to write .complete with this command.
+    folder = add_model(tmp_path, "/m", {"config.json": 10, "a.safetensors": 3000, "sub/t.json": 5})
+    command = (
+        "find -L . -type f ! -name .complete ! -name .evicting ! -name .downloading "
+        "-printf '%P\\t%s\\n' | LC_ALL=C sort | sha256sum | sed 's/^/sha256:/; s/ .*//' "
+        "> .complete"
+    )
+    subprocess.run(["bash", "-c", command], cwd=folder, check=True)
+    assert (folder / ".complete").read_text().strip() == manifest_digest(str(folder)).digest
