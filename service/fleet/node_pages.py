@@ -136,8 +136,8 @@ WEIGHTS: Mapping[str, str] = {
     "path": "w.path",
     "size_bytes": "w.size_bytes",
     "revision": "w.revision",
-    # The GraphQL enum's name (WeightsState), as the record's member serializes.
-    "state": "upper(w.state)",
+    # The stored value; the compiled page writes the enum's name (as node state).
+    "state": "w.state",
     "total_bytes": "w.total_bytes",
     "digest": "w.digest",
     "observed_at": timestamp("w.observed_at"),

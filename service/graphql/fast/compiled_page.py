@@ -39,7 +39,7 @@ as usual: a read, so running it again writes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import strawberry
@@ -71,7 +71,7 @@ from graphql import (
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from service.fleet import node_pages, node_views
+from service.fleet import node_pages, node_views, weights_lifecycle
 from service.graphql.permissions import check_role, role_of
 from service.paging import PageRequest
 
@@ -96,6 +96,13 @@ ROOTS: Mapping[str, Mapping[str, str]] = {
 # integer), a boolean, a timestamp as the DateTime scalar writes it
 # (node_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
 _LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes", "DateTime"})
+
+# The enums a page writes from a stored `state` column, with every value
+# that column can hold: a node's state and a weights row's.
+_STORED_STATES: Mapping[str, Collection[str]] = {
+    "NodeState": node_views.STATES,
+    "WeightsState": weights_lifecycle.STATES.keys(),
+}
 
 _NOT_GIVEN: Any = object()
 
@@ -305,7 +312,8 @@ class _Compiler:
                 raise _Declined
             names = {_enum_value(v.value): n for n, v in named.values.items()}
             # Every state the database can hold must have its name.
-            if attribute != "state" or not set(node_views.STATES) <= set(names):
+            stored = _STORED_STATES.get(named.name)
+            if attribute != "state" or stored is None or not set(stored) <= set(names):
                 raise _Declined
             return node_pages.Value(key, attribute, names=names)
         if named.name not in _LEAVES:
