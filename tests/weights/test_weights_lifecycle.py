@@ -6,6 +6,7 @@ eviction tool use it.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.scheduling import place_batches
 from tests.conftest import Api
 from tests.reports import ALLOCATE, EXPLAIN, GB, PLACE, REGISTER, allocation, node_input, placement
 
@@ -292,3 +294,21 @@ async def test_weights_ready_without_weights_is_refused(api: Api) -> None:
     refused = await place(api, "r", gpusPerShard=1, weightsReady=True)
     assert refused["__typename"] == "AllocationRejected"
     assert "weightsReady needs weights" in refused["message"]
+
+
+async def test_concurrent_places_sharing_a_transaction_pin_each_replica(api: Api) -> None:
+    # Calls of one shape are claimed together (service/scheduling/place_batches.py):
+    # each replica's shards still name the weights they pin.
+    for i in range(4):
+        await report(api, f"gpu-0{i}", weights())
+    together = place_batches.COUNTS.together
+    placed = await asyncio.gather(
+        *(place(api, f"r{i}", gpusPerShard=2, weights=LLAMA) for i in range(16))
+    )
+    assert all(p["__typename"] == "Allocated" for p in placed)
+    assert place_batches.COUNTS.together > together  # the group claim was exercised
+    pinned = []
+    for i in range(4):
+        [entry] = await shown(api, f"gpu-0{i}")
+        pinned += entry["pinnedBy"]
+    assert sorted(pinned) == sorted(f"r{i}" for i in range(16))
