@@ -153,6 +153,13 @@ async def test_observed_at_in_the_future_beyond_the_skew_is_refused(api: Api) ->
     assert error["extensions"]["code"] == "BAD_INPUT"
     assert error["extensions"]["field"] == "input.weights[0].observedAt"
     assert error["extensions"]["value"] == ahead
+    # A time without an offset names no instant.
+    error = await api.fails(
+        REGISTER,
+        {"input": node_input("gpu-01", weights=[weights(observedAt="2026-12-05T08:00:00")])},
+    )
+    assert error["extensions"]["code"] == "BAD_INPUT"
+    assert error["extensions"]["field"] == "input.weights[0].observedAt"
     assert (await api('{ node(id: "gpu-01") { id } }'))["node"] is None
 
 
