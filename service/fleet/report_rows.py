@@ -25,14 +25,14 @@ from service.fleet.weights_lifecycle import pinned_by
 # The gpus columns a report writes (the service's own, cordon and sticky
 # reasons, are not among them: a report never overwrites them). A GPU whose
 # stored columns equal its reported ones did not change.
-# The weights columns that say what the weights are; observed_at says when
-# they were seen so, and is written only with a change of these.
-WEIGHTS_CONTENT = ("size_bytes", "revision", "state", "total_bytes", "digest")
-
 GPU_REPORT_COLUMNS = (
     "uuid", "pci_bus_id", "name", "gpu_class", "memory_mb", "healthy", "health_reasons",
     "numa_node", "nvlink_peers", "nvlink_group", "nvlink_domain", "near_hcas",
 )  # fmt: skip
+
+# The weights columns that say what the weights are; observed_at says when
+# they were seen so, and is written only with a change of these.
+WEIGHTS_CONTENT = ("size_bytes", "revision", "state", "total_bytes", "digest")
 
 
 def _row(alias: str, columns: Sequence[str]) -> str:
