@@ -1,4 +1,4 @@
-"""The agent's side of the GraphQL contract: two mutations over httpx.
+"""The agent's side of the GraphQL contract: two mutations and the pins query over httpx.
 
 The operations are kept as .graphql documents beside this module, and a test
 validates each against the service's exported schema, so the agent and the
@@ -91,6 +91,7 @@ class InventoryClient:
         self._heartbeat = load_operation("heartbeat")
         self._register_fenced = load_operation("register_node_fenced")
         self._heartbeat_fenced = load_operation("heartbeat_fenced")
+        self._pins = load_operation("weights_pins")
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -112,6 +113,18 @@ class InventoryClient:
             variables = {"nodeId": node_id, **fencing.variables()}
             data = await self._execute(self._heartbeat_fenced, variables)
         return _status(data["heartbeat"])
+
+    async def weights_pins(self, node_id: str) -> dict[str, tuple[str, ...]]:
+        """Weights path -> the replica ids pinning it on this node (pinned paths only)."""
+        data = await self._execute(self._pins, {"nodeId": node_id})
+        node = data.get("node")
+        if not isinstance(node, dict):
+            return {}
+        return {
+            str(w["path"]): tuple(str(r) for r in w.get("pinnedBy") or ())
+            for w in node.get("weights") or ()
+            if isinstance(w, dict) and w.get("pinnedBy")
+        }
 
     async def _execute(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         try:

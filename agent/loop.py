@@ -125,6 +125,9 @@ class Agent:
         # not sent again while the source says exactly the same, so a broken
         # serving stack cannot stop the node's heartbeats.
         self._refused_running: tuple[RunningShard, ...] | None = None
+        # Weights path -> replica ids pinning it, as the service last said:
+        # whatever deletes weights on this node must keep these.
+        self.pinned: dict[str, tuple[str, ...]] = {}
 
     async def survey(self) -> Report | None:
         """The node as it is now; None if discovery itself broke (a bug, logged)."""
@@ -239,6 +242,8 @@ class Agent:
                 self._rejected_digest = None
                 self._rejections.reset()
                 log.debug("report sent for node %s", status.id)
+                if report.node_input.get("weights"):
+                    await self._learn_pins()
             elif fencing is None:
                 status = await self.client.heartbeat(self.config.node_id)
             else:
@@ -330,6 +335,19 @@ class Agent:
     def _sent(self, node_input: dict[str, Any]) -> dict[str, Any]:
         """The report as it leaves: with sentAt, so the service can tell a wrong clock."""
         return {**node_input, "sentAt": self._wall_clock().isoformat()}
+
+    async def _learn_pins(self) -> None:
+        """Ask which weights replicas pin; a failure keeps the last answer (pins only inform)."""
+        try:
+            pinned = await self.client.weights_pins(self.config.node_id)
+        except (ServiceUnavailable, ServiceError) as e:
+            log.debug("could not read the weights' pins (%s); keeping the last answer", e)
+            return
+        for path in sorted(pinned.keys() - self.pinned.keys()):
+            log.info("weights %s are pinned by %s: keep them", path, ", ".join(pinned[path]))
+        for path in sorted(self.pinned.keys() - pinned.keys()):
+            log.info("weights %s are no longer pinned", path)
+        self.pinned = pinned
 
     def _note(self, status: NodeStatus) -> None:
         state = (status.state, status.state_reason)

@@ -24,9 +24,11 @@ from agent.gpu_file import GpuFile
 from agent.gpus import Gpu, discover_gpus, load_nvml
 from agent.identity import BOOT_ID, read_boot_id
 from agent.memory import read_meminfo
+from agent.rootfs import host_path
 from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
 from agent.topology import discover_topology
-from agent.weights import WeightsScanner
+from agent.weights import Weights, WeightsScanner
+from agent.weights_state import WeightsStatus
 
 FREE_SPACE_STEP = 1 << 30
 # When each block was observed (the agent's clock): not content. The same
@@ -71,6 +73,10 @@ class Report:
             steady.pop(key, None)
         for fs in steady.get("storage", []):
             fs.pop("freeBytes", None)
+        # When weights were seen is not what they are: unchanged weights seen
+        # again add nothing (the next full report carries the new time).
+        for w in steady.get("weights", []):
+            w.pop("observedAt", None)
         text = json.dumps(steady, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -93,6 +99,21 @@ class Report:
             abs(free - before.get(fs_id, free)) >= FREE_SPACE_STEP
             for fs_id, free in self.free_bytes().items()
         )
+
+
+def _weights_input(w: Weights, status: WeightsStatus, observed_at: str) -> dict[str, Any]:
+    """A WeightsInput: what is not known is left out, which the service reads as unknown."""
+    entry: dict[str, Any] = {"path": w.path, "sizeBytes": w.size_bytes}
+    for key, value in (
+        ("state", status.state),
+        ("revision", status.revision),
+        ("totalBytes", status.total_bytes),
+        ("digest", status.digest),
+    ):
+        if value is not None:
+            entry[key] = value
+    entry["observedAt"] = observed_at
+    return entry
 
 
 def _gpu_input(gpu: Gpu, gpu_class: str | None) -> dict[str, Any]:
@@ -192,8 +213,14 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
             report["storageObservedAt"] = storage_seen
         # Only directories that exist were looked in: with none of them
         # there, the node could not look, which is "unknown", not "none".
+        found = weights.scan(present, warn)
+        statuses = weights.judge.judge_all(
+            [(w.path, str(host_path(root, w.path)), w.size_bytes) for w in found], warn
+        )
+        observed_at = datetime.now(UTC).isoformat()
         report["weights"] = [
-            {"path": w.path, "sizeBytes": w.size_bytes} for w in weights.scan(present, warn)
+            _weights_input(w, status, observed_at)
+            for w, status in zip(found, statuses, strict=True)
         ]
 
     report["agentVersion"] = __version__

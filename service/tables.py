@@ -246,8 +246,19 @@ weights = Table(
     Column("node_id", Text, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
     Column("path", Text, nullable=False),
     Column("size_bytes", BigInteger),
+    # What the agent saw (service/scheduling/weights_lifecycle.py); NULL state:
+    # the agent did not say (present, state unknown).
+    Column("revision", Text),
+    Column("state", Text),
+    Column("total_bytes", BigInteger),
+    Column("digest", Text),
+    Column("observed_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("node_id", "path"),
     CheckConstraint("size_bytes >= 0", name="size"),
+    CheckConstraint("state IN ('downloading', 'ready', 'evicting', 'failed')", name="state"),
+    CheckConstraint(
+        "total_bytes >= 0 AND (size_bytes IS NULL OR size_bytes <= total_bytes)", name="total"
+    ),
 )
 Index("ix_weights_path", weights.c.path, weights.c.node_id)
 
@@ -288,6 +299,9 @@ shards = Table(
     # its GPUs stay allocated, nothing is placed on them, until the node
     # returns and confirms it or an operator frees it.
     Column("held_since", DateTime(timezone=True)),
+    # The weights path the replica was placed with: the shard pins those
+    # weights on its node while it lives (service/scheduling/weights_lifecycle.pinned_by).
+    Column("weights", Text),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),

@@ -1,7 +1,7 @@
 """When each reported fact block was observed: GPUs, fabrics, storage
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-05 08:45:00
 
 Schedulers ask for facts no older than some age (maxAge on freeGpus, nodes and
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

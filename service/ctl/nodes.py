@@ -49,7 +49,7 @@ query Node($id: ID!) {
       allocation { shardId replicaId }
     }
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
-    weights { path sizeBytes }
+    weights { path state sizeBytes totalBytes pinnedBy }
     knowsItsWeights
     nvlinkGroups largestFreeNvlinkGroup
   }
@@ -203,8 +203,16 @@ def node_details(node: dict[str, Any]) -> str:
     if weights:
         lines.append(
             table(
-                ["WEIGHTS", "SIZE"],
-                [[w["path"], human_bytes(w.get("sizeBytes"))] for w in weights],
+                ["WEIGHTS", "STATE", "SIZE", "PINNED BY"],
+                [
+                    [
+                        w["path"],
+                        (w.get("state") or "unknown").lower(),
+                        human_bytes(w.get("sizeBytes")),
+                        ",".join(w.get("pinnedBy") or []) or DASH,
+                    ]
+                    for w in weights
+                ],
             )
         )
     elif node.get("knowsItsWeights"):

@@ -54,6 +54,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "replica_reconciled",
         "replica_freed_after_loss",
         "future_incarnation",
+        "weights_lost_under_replica",
     }
 )
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import gpu_health_reasons, gpu_healthy
 from service.scheduling.generations import replica_generation
+from service.scheduling.weights_lifecycle import STATES, WeightsState, pinned_by, unpinned
 
 
 # GPUs and filesystems are read by the thousand for a page (8,000 GPUs in a
@@ -75,6 +78,13 @@ class WeightsRecord:
     node_id: str
     path: str
     size_bytes: int | None
+    revision: str | None = None
+    state: WeightsState | None = None
+    total_bytes: int | None = None
+    digest: str | None = None
+    observed_at: datetime | None = None
+    # Replica ids, sorted (weights_lifecycle.pinned_by).
+    pinned_by: tuple[str, ...] = ()
 
 
 _GPUS = text(
@@ -170,11 +180,39 @@ async def weights_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, lis
     out: dict[str, list[WeightsRecord]] = defaultdict(list)
     rows = await conn.execute(
         cached_text(
-            "SELECT node_id, path, size_bytes FROM weights"
-            " WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, path"
+            "SELECT w.node_id, w.path, w.size_bytes, w.revision, w.state, w.total_bytes,"
+            f" w.digest, w.observed_at, {pinned_by('w')} AS pinned_by FROM weights w"
+            " WHERE w.node_id = ANY(CAST(:ids AS text[])) ORDER BY w.node_id, w.path"
         ),
         {"ids": list(node_ids)},
     )
     for r in rows:
-        out[r.node_id].append(WeightsRecord(r.node_id, r.path, r.size_bytes))
+        out[r.node_id].append(weights_from_row(r))
     return out
+
+
+def weights_from_row(r: Row[Any]) -> WeightsRecord:
+    return WeightsRecord(
+        r.node_id,
+        r.path,
+        r.size_bytes,
+        r.revision,
+        None if r.state is None else STATES[r.state],
+        r.total_bytes,
+        r.digest,
+        r.observed_at,
+        tuple(r.pinned_by),
+    )
+
+
+# The node's weights that nothing pins: what an eviction tool may delete.
+_EVICTABLE = text(
+    "SELECT w.node_id, w.path, w.size_bytes, w.revision, w.state, w.total_bytes, w.digest,"
+    " w.observed_at, CAST('{}' AS text[]) AS pinned_by FROM weights w"
+    f" WHERE w.node_id = :node_id AND {unpinned('w')} ORDER BY w.path"
+)
+
+
+async def weights_evictable(conn: Connection, node_id: str) -> list[WeightsRecord]:
+    """The node's weights no replica pins, by path (empty for an unknown node)."""
+    return [weights_from_row(r) for r in await conn.execute(_EVICTABLE, {"node_id": node_id})]

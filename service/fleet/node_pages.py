@@ -43,6 +43,7 @@ from service.scheduling.availability import (
 )
 from service.scheduling.capacity import free_gpus_query
 from service.scheduling.generations import replica_generation
+from service.scheduling.weights_lifecycle import pinned_by
 
 
 def timestamp(column: str) -> str:
@@ -137,6 +138,13 @@ FABRIC: Mapping[str, str] = {
 WEIGHTS: Mapping[str, str] = {
     "path": "w.path",
     "size_bytes": "w.size_bytes",
+    "revision": "w.revision",
+    # The stored value; the compiled page writes the enum's name (as node state).
+    "state": "w.state",
+    "total_bytes": "w.total_bytes",
+    "digest": "w.digest",
+    "observed_at": timestamp("w.observed_at"),
+    "pinned_by": pinned_by("w"),
 }
 # A node's disks (NodeRecord.local_disk / shared_disk): null when unknown.
 DISKS: Mapping[str, tuple[str, str]] = {

@@ -155,7 +155,7 @@ _REPLACE_REPORT = text(
         ORDER BY g.idx
         RETURNING id
     )
-    SELECT id FROM recorded UNION ALL SELECT id FROM failed
+    SELECT id FROM recorded UNION ALL SELECT id FROM failed UNION ALL SELECT id FROM w_lost
     """
 )
 

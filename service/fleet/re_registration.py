@@ -126,7 +126,8 @@ _ONE_STATEMENT = text(
         SELECT 'report_changed', :id, :actor FROM decision WHERE verdict = 'changed'
         RETURNING id
     )
-    SELECT u.*, v.verdict, (SELECT id FROM recorded) AS event_id
+    SELECT u.*, v.verdict,
+           ARRAY(SELECT id FROM recorded UNION ALL SELECT id FROM w_lost ORDER BY 1) AS event_ids
     FROM decision v LEFT JOIN upserted u ON true
     """
 )
@@ -214,8 +215,8 @@ async def re_register(
     ).one()
     if row.verdict not in WRITTEN:
         return NotInOneStatement(row.verdict)
-    if row.event_id is not None:
-        note_recorded([row.event_id])
+    if row.event_ids:
+        note_recorded(list(row.event_ids))
     _remember(report.id, digest)
     changed = row.verdict == "changed"
     registration = nodes.Registration(report.id, False, changed, node_from_row(row))

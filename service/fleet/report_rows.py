@@ -20,6 +20,7 @@ from typing import Any
 from service.fleet.node_views import NODE_COLUMNS
 from service.fleet.reports import NodeReport, gpu_class_of, sum_disks
 from service.fleet.topology import nvlink_groups
+from service.scheduling.weights_lifecycle import pinned_by
 
 # The gpus columns a report writes (the service's own, cordon and sticky
 # reasons, are not among them: a report never overwrites them). A GPU whose
@@ -28,6 +29,10 @@ GPU_REPORT_COLUMNS = (
     "uuid", "pci_bus_id", "name", "gpu_class", "memory_mb", "healthy", "health_reasons",
     "numa_node", "nvlink_peers", "nvlink_group", "nvlink_domain", "near_hcas",
 )  # fmt: skip
+
+# The weights columns that say what the weights are; observed_at says when
+# they were seen so, and is written only with a change of these.
+WEIGHTS_CONTENT = ("size_bytes", "revision", "state", "total_bytes", "digest")
 
 
 def _row(alias: str, columns: Sequence[str]) -> str:
@@ -134,8 +139,9 @@ REPORTED_ROWS = """
             fs_id text, mount_point text, fs_type text, shared boolean, free_bytes bigint,
             total_bytes bigint, directories text[])
     ), w_in AS (
-        SELECT * FROM jsonb_to_recordset(CAST(:weights AS jsonb))
-            AS r(path text, size_bytes bigint)
+        SELECT * FROM jsonb_to_recordset(CAST(:weights AS jsonb)) AS r(
+            path text, size_bytes bigint, revision text, state text, total_bytes bigint,
+            digest text, observed_at timestamptz)
     )"""
 
 
@@ -190,11 +196,34 @@ def write_own_rows(when: str) -> str:
         DELETE FROM weights w WHERE {when} AND w.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM w_in i WHERE i.path = w.path)
     ), w_up AS (
-        INSERT INTO weights AS w (node_id, path, size_bytes)
-        SELECT :node_id, path, size_bytes FROM w_in
+        -- observed_at is written with what changed, never alone: weights
+        -- seen again as they were are not rewritten (reports.py, _NOT_CONTENT).
+        INSERT INTO weights AS w (
+            node_id, path, size_bytes, revision, state, total_bytes, digest, observed_at)
+        SELECT :node_id, path, size_bytes, revision, state, total_bytes, digest,
+               coalesce(observed_at, now())
+        FROM w_in
         WHERE {when} ORDER BY path
-        ON CONFLICT (node_id, path) DO UPDATE SET size_bytes = excluded.size_bytes
-        WHERE w.size_bytes IS DISTINCT FROM excluded.size_bytes
+        ON CONFLICT (node_id, path) DO UPDATE SET
+            size_bytes = excluded.size_bytes, revision = excluded.revision,
+            state = excluded.state, total_bytes = excluded.total_bytes,
+            digest = excluded.digest, observed_at = excluded.observed_at
+        WHERE {_row("w", WEIGHTS_CONTENT)} IS DISTINCT FROM {_row("excluded", WEIGHTS_CONTENT)}
+    ), w_lost AS (
+        -- Pinned weights the report says are being evicted or are gone: each
+        -- pinning replica is told; its allocation stays (as with a GPU that
+        -- fails under it). `w` is the stored row, as before this statement.
+        INSERT INTO events (kind, node_id, replica_id, actor, reason, detail)
+        SELECT 'weights_lost_under_replica', :node_id, p.replica_id, :actor,
+               w.path || CASE WHEN i.path IS NULL THEN ' is gone' ELSE ' is EVICTING' END,
+               jsonb_build_object('path', w.path)
+        FROM weights w
+        LEFT JOIN w_in i ON i.path = w.path
+        CROSS JOIN LATERAL unnest({pinned_by("w")}) AS p(replica_id)
+        WHERE {when} AND w.node_id = :node_id
+          AND (i.path IS NULL OR (i.state = 'evicting' AND w.state IS DISTINCT FROM 'evicting'))
+        ORDER BY w.path, p.replica_id
+        RETURNING id
     )"""
 
 
@@ -272,7 +301,18 @@ def hardware_rows(report: NodeReport) -> dict[str, str]:
         }
         for fs in report.storage
     ]
-    weights = [{"path": w.path, "size_bytes": w.size_bytes} for w in report.weights]
+    weights = [
+        {
+            "path": w.path,
+            "size_bytes": w.size_bytes,
+            "revision": w.revision,
+            "state": w.state,
+            "total_bytes": w.total_bytes,
+            "digest": w.digest,
+            "observed_at": None if w.observed_at is None else w.observed_at.isoformat(),
+        }
+        for w in report.weights
+    ]
     return {
         "gpus": rows_json(gpus),
         "fabrics": rows_json(fabrics),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -33,7 +33,9 @@ from service.bounds import (
 from service.errors import InvalidInput
 from service.fleet import observed_at
 from service.fleet.gpu_class import derive_gpu_class
+from service.fleet.observed_at import AgentClock
 from service.fleet.topology import check_topology
+from service.scheduling.weights_lifecycle import DIGEST, STATES
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,19 @@ class FilesystemReport:
 @dataclass(frozen=True)
 class WeightsReport:
     path: str
+    # Bytes present on disk.
     size_bytes: int | None = None
+    revision: str | None = None
+    # A WeightsState value ("ready", ...); None: the agent did not say
+    # (present, state unknown).
+    state: str | None = None
+    # Bytes when complete.
+    total_bytes: int | None = None
+    # sha256:<64 hex>
+    digest: str | None = None
+    # When the agent saw the weights so: on the service's clock once settled
+    # (settle_observed_at); not content, see _NOT_CONTENT.
+    observed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,10 @@ _NOT_CONTENT = frozenset(
         "storage_observed_at",
         "received_at",
         "clock_skew",
+        # When weights were seen is not what they are: weights seen again
+        # unchanged add nothing (their stored observedAt is when the agent
+        # saw them as they are).
+        "observed_at",
     }
 )
 _LEAVES = frozenset({str, int, bool, float, type(None)})
@@ -267,6 +285,43 @@ def _check_health_agrees(where: str, gpu: GpuReport) -> None:
         )
 
 
+def _check_weights(where: str, w: WeightsReport) -> None:
+    """One weights entry: an absolute path, a known state, sizes that add up, a sha256 digest."""
+    if not w.path.startswith("/"):
+        raise InvalidInput(f"{where}.path", w.path, "must be an absolute path")
+    if w.size_bytes is not None:
+        _check_range(f"{where}.sizeBytes", w.size_bytes, 0, MAX_BYTES)
+    if w.total_bytes is not None:
+        _check_range(f"{where}.totalBytes", w.total_bytes, 0, MAX_BYTES)
+        if w.size_bytes is not None and w.size_bytes > w.total_bytes:
+            raise InvalidInput(
+                f"{where}.sizeBytes", w.size_bytes, f"exceeds totalBytes={w.total_bytes}"
+            )
+    if w.state is not None and w.state not in STATES:
+        raise InvalidInput(
+            f"{where}.state", w.state, f"must be one of {', '.join(s.upper() for s in STATES)}"
+        )
+    if w.revision is not None:
+        _check_id(f"{where}.revision", w.revision)
+    if w.digest is not None and not DIGEST.fullmatch(w.digest):
+        raise InvalidInput(f"{where}.digest", w.digest, "must be sha256:<64 lowercase hex digits>")
+
+
+def settle_observed_at(report: NodeReport, clock: AgentClock) -> NodeReport:
+    """The report with each weights entry's observedAt on the service's clock (observed_at.py's rule).
+
+    Raises InvalidInput (naming `input.weights[i].observedAt`) for a time in
+    the future beyond the skew; nothing is stored then.
+    """
+    if not report.weights:
+        return report
+    weights = tuple(
+        replace(w, observed_at=clock.settle(f"input.weights[{i}].observedAt", w.observed_at))
+        for i, w in enumerate(report.weights)
+    )
+    return replace(report, weights=weights)
+
+
 def validate_report(report: NodeReport) -> None:
     """Raise InvalidInput for the first unusable field; a report is stored whole or not at all."""
     _check_id("input.id", report.id)
@@ -356,8 +411,7 @@ def validate_report(report: NodeReport) -> None:
         if w.path in paths:
             raise InvalidInput(f"{where}.path", w.path, "appears twice in this report")
         paths.add(w.path)
-        if w.size_bytes is not None:
-            _check_range(f"{where}.sizeBytes", w.size_bytes, 0, MAX_BYTES)
+        _check_weights(where, w)
     check_topology(report.gpus, (hca for fabric in report.fabrics for hca in fabric.hcas))
 
 

@@ -102,8 +102,16 @@ class PlaceInput:
     weights: str | None = strawberry.field(
         default=None,
         description=(
-            "A weights path the nodes must hold; nodes that hold it are preferred, nodes that "
-            "were not asked to look are not excluded."
+            "A weights path the nodes must hold; nodes that hold it are preferred (READY, then "
+            "present without a state, then DOWNLOADING), nodes that were not asked to look are "
+            "not excluded. The replica's shards pin it on their nodes until released."
+        ),
+    )
+    weights_ready: bool | None = strawberry.field(
+        default=False,
+        description=(
+            "Only nodes whose copy of `weights` is READY (verdict WEIGHTS_NOT_READY otherwise). "
+            "Needs weights."
         ),
     )
     min_local_disk_free: Bytes | None = strawberry.field(
@@ -152,6 +160,7 @@ class PlaceInput:
             same_nvlink_domain=bool(self.same_nvlink_domain),
             rail_aligned=bool(self.rail_aligned),
             max_age=self.max_age,
+            weights_ready=bool(self.weights_ready),
         )
 
 

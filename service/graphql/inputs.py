@@ -14,6 +14,7 @@ from service.fleet.reports import (
     NodeReport,
     WeightsReport,
 )
+from service.scheduling.weights_lifecycle import WeightsState
 
 from .scalars import Bytes
 from .types import NodeState
@@ -103,8 +104,23 @@ class FilesystemInput:
 
 @strawberry.input
 class WeightsInput:
-    path: str
-    size_bytes: Bytes | None = None
+    path: str = strawberry.field(description="Absolute path of the weights directory.")
+    size_bytes: Bytes | None = strawberry.field(default=None, description="Bytes present.")
+    revision: str | None = None
+    state: WeightsState | None = strawberry.field(
+        default=None, description="Null: present, state unknown (an agent that does not say)."
+    )
+    total_bytes: Bytes | None = strawberry.field(
+        default=None, description="Bytes when complete; sizeBytes may not exceed it."
+    )
+    digest: str | None = strawberry.field(default=None, description="sha256:<64 hex>.")
+    observed_at: datetime | None = strawberry.field(
+        default=None,
+        description=(
+            "When the agent saw the weights so (its clock, with a UTC offset). Later than the "
+            "service's receive time by more than INVENTORY_CLOCK_SKEW: BAD_INPUT."
+        ),
+    )
 
 
 @strawberry.input
@@ -196,7 +212,16 @@ class NodeInput:
                 for fs in self.storage or ()
             ),
             weights=tuple(
-                WeightsReport(path=w.path, size_bytes=w.size_bytes) for w in self.weights or ()
+                WeightsReport(
+                    path=w.path,
+                    size_bytes=w.size_bytes,
+                    revision=w.revision,
+                    state=None if w.state is None else w.state.value,
+                    total_bytes=w.total_bytes,
+                    digest=w.digest,
+                    observed_at=w.observed_at,
+                )
+                for w in self.weights or ()
             ),
             agent_version=self.agent_version,
             engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),

@@ -9,9 +9,9 @@ import strawberry
 from service import metrics
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import fencing, heartbeats, node_views, nodes, re_registration
+from service.fleet import fencing, heartbeats, node_views, nodes, observed_at, re_registration
 from service.fleet.node_views import BeatRecord, NodeRecord
-from service.fleet.reports import NodeReport
+from service.fleet.reports import NodeReport, settle_observed_at
 
 from .context import Context, Info
 from .fencing_types import (
@@ -35,10 +35,16 @@ async def store_report(context: Context, report: NodeReport) -> NodeRecord:
     One statement or one transaction (service/fleet/re_registration.py); the XIDs
     it carried are counted once it committed.
     """
-    registration = await re_registration.register(context.engine, report, context.actor)
+    registration = await re_registration.register(context.engine, settled(report), context.actor)
     metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
     # The row as the upsert returned it: one round trip fewer.
     return registration.node
+
+
+def settled(report: NodeReport) -> NodeReport:
+    """The report with its weights' observedAt times on the service's clock (observed_at.py)."""
+    clock = observed_at.agent_clock(report.sent_at, report.received_at, report.clock_skew)
+    return settle_observed_at(report, clock)
 
 
 async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
@@ -82,7 +88,7 @@ class NodeMutations:
             # (service/fleet/fencing.py); the compiled route never takes a
             # document with these arguments.
             registration, answer = await fencing.contact_report(
-                context.engine, report, contact, context.actor
+                context.engine, settled(report), contact, context.actor
             )
             metrics.count_xids((x.gpu_class, x.xid) for x in registration.xids)
             metrics.count_registration(re_registration.TRANSACTION, "fencing")

@@ -48,6 +48,7 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         # A what-if of place, as explainPlacement is.
         "fit": "scheduler",
         "tokens": "operator",
+        "weightsEvictable": "reader",
     },
     "Mutation": {
         "registerNode": "agent",

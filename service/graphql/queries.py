@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import strawberry
 
 from service import paging
 from service.database import connections
-from service.fleet import node_views
+from service.fleet import hardware, node_views
 from service.scheduling import allocations, capacity
 
 from .context import Info
 from .inputs import NodeFilter
 from .loaders import selected
 from .pages import answer, paged
-from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus
+from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus, Weights
 
 # freeGpus without minFree (or with null): nodes with at least one.
 MIN_FREE = 1
@@ -147,6 +147,18 @@ class NodeQueries:
         async with connections.autocommit(info.context.engine) as conn:
             found = await capacity.fabrics(conn)
         return [Fabric(name=f.name, node_ids=f.node_ids) for f in found]
+
+    @strawberry.field(
+        graphql_type=list[Weights],
+        description=(
+            "For an eviction tool: the node's weights that no replica pins, sorted by path "
+            "(empty for an unknown node). Pinned weights (Node.weights.pinnedBy) must stay."
+        ),
+    )
+    async def weights_evictable(self, info: Info, node_id: strawberry.ID) -> Any:
+        async with connections.autocommit(info.context.engine) as conn:
+            # The records themselves: Weights is served by them (SERVED_BY_RECORDS).
+            return await hardware.weights_evictable(conn, str(node_id))
 
     @strawberry.field
     async def gpu_classes(self, info: Info) -> list[GpuClassSummary]:

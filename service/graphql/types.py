@@ -20,6 +20,7 @@ from service.node_states import NodeState as NodeState
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import is_free
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
+from service.scheduling.weights_lifecycle import WeightsState
 
 from .context import Context, Info
 from .fencing_types import ShardToStop
@@ -206,12 +207,39 @@ class Filesystem:
     )
 
 
+# The domain's enum, registered as the GraphQL enum of the same name (its
+# member names are the GraphQL values).
+strawberry.enum(
+    WeightsState,
+    description=(
+        "Where weights on a node stand, as its agent saw them (docs/scheduler/weights.md): "
+        "DOWNLOADING (incomplete or still growing), READY (complete and verified), EVICTING "
+        "(being deleted), FAILED (complete but its digest does not match)."
+    ),
+)
+
+
 @strawberry.type
 class Weights:
     """Served by service.fleet.hardware.WeightsRecord itself (see SERVED_BY_RECORDS)."""
 
     path: str
-    size_bytes: Bytes | None
+    size_bytes: Bytes | None = strawberry.field(description="Bytes present.")
+    revision: str | None
+    state: WeightsState | None = strawberry.field(
+        description="Null: the agent did not say (present, state unknown)."
+    )
+    total_bytes: Bytes | None = strawberry.field(description="Bytes when complete.")
+    digest: str | None
+    observed_at: datetime | None = strawberry.field(
+        description="When the agent saw the weights as they are (on the service's clock)."
+    )
+    pinned_by: list[str] = strawberry.field(
+        description=(
+            "Replica ids placed with these weights that have a shard on this node: the weights "
+            "must stay until they are released."
+        )
+    )
 
 
 def _as_loaded(records: list[Any]) -> list[Any]:

@@ -209,7 +209,7 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, sev
     ), want_shards AS (
         SELECT w.call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
                w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               {fabric} AS fabric, {hcas} AS hcas
+               {fabric} AS fabric, {hcas} AS hcas, CAST(:weights AS text) AS weights
         FROM want_gpus w GROUP BY w.call, w.shard_id, w.node_id
     ), go AS (
         SELECT 1 AS call, count(*) = :need {domain} AS ok FROM free
@@ -246,7 +246,8 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, sev
         FROM calls c JOIN free f ON f.node_id = c.node_id AND f.k / CAST(:need AS int) = c.pos
     ), want_shards AS (
         SELECT w.call, c.replica_id, c.actor, w.shard_id, w.node_id,
-               array_agg(w.idx ORDER BY w.idx) AS gpu_indices, {fabric} AS fabric, {hcas} AS hcas
+               array_agg(w.idx ORDER BY w.idx) AS gpu_indices, {fabric} AS fabric, {hcas} AS hcas,
+               CAST(:weights AS text) AS weights
         FROM want_gpus w JOIN calls c ON c.call = w.call
         GROUP BY w.call, c.replica_id, c.actor, w.shard_id, w.node_id
     ), go AS (

@@ -14,6 +14,7 @@ from service.node_states import state_phrase
 from service.scheduling.availability import is_schedulable
 from service.scheduling.freshness import is_fresh, stale_detail
 from service.scheduling.rejections import index_ranges, shown
+from service.scheduling.weights_lifecycle import is_ready, rank, readiness_phrase
 
 
 class VerdictCode(Enum):
@@ -31,6 +32,8 @@ class VerdictCode(Enum):
     NO_RAIL_ALIGNED_HCA = "NO_RAIL_ALIGNED_HCA"
     # Freshness (service.scheduling.freshness): GPU facts older than maxAge.
     FACTS_STALE = "FACTS_STALE"
+    # weightsReady: the node's copy of the weights is not READY (service/scheduling/weights_lifecycle.py).
+    WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class PlaceRequest:
     rail_aligned: bool = False
     # Seconds: only nodes whose GPU facts are at most this old (None: any age).
     max_age: int | None = None
+    # Only nodes whose copy of `weights` is READY.
+    weights_ready: bool = False
 
     @property
     def gpus(self) -> int:
@@ -89,6 +94,21 @@ class TopologyFacts:
 
 
 @dataclass(frozen=True)
+class WeightsCopy:
+    """A node's weights row for the requested path, as placement reads it (placement/weights.py)."""
+
+    state: str | None
+    size_bytes: int | None
+    total_bytes: int | None
+
+    @classmethod
+    def of(cls, value: Any) -> WeightsCopy | None:
+        if value is None:
+            return None
+        return cls(state=value["state"], size_bytes=value["size"], total_bytes=value["total"])
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """What placement needs to know about one node and one GPU class, read in one statement."""
 
@@ -112,6 +132,15 @@ class NodeFacts:
     def rate_on(self, fabric: str) -> int:
         """The node's link rate on `fabric` (one of its fabrics), in Gb/s."""
         return self.fabric_rates[self.fabrics.index(fabric)]
+
+    # The node's copy of the requested weights; None when it has none.
+    weights_copy: WeightsCopy | None = None
+
+    @property
+    def weights_rank(self) -> int:
+        """weights_lifecycle.rank of the node's copy: lower is preferred."""
+        copy = self.weights_copy
+        return rank(copy is not None, None if copy is None else copy.state)
 
     def room(self, request: PlaceRequest) -> int:
         """How many of the request's shards this node can take now."""
@@ -190,12 +219,27 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     # A node that was not asked to look for weights constrains nothing.
     if request.weights is not None and node.knows_its_weights and not node.holds_weights:
         return no(VerdictCode.NO_WEIGHTS, f"does not hold {shown(request.weights, 200)}")
+    if request.weights is not None and request.weights_ready:
+        copy = node.weights_copy
+        if copy is None:
+            return no(
+                VerdictCode.WEIGHTS_NOT_READY,
+                f"{shown(request.weights, 200)} is not reported on this node",
+            )
+        if not is_ready(copy.state):
+            phrase = readiness_phrase(
+                shown(request.weights, 200), copy.state, copy.size_bytes, copy.total_bytes
+            )
+            return no(VerdictCode.WEIGHTS_NOT_READY, phrase)
     if request.needs_topology:
         misfit = _topology_misfit(node, request)
         if misfit is not None:
             return no(*misfit)
     room = node.room(request)
-    holds = ", holds the weights" if request.weights is not None and node.holds_weights else ""
+    holds = ""
+    if request.weights is not None and node.holds_weights:
+        state = node.weights_copy.state if node.weights_copy is not None else None
+        holds = ", holds the weights" + (f" ({state.upper()})" if state else "")
     plural = "" if room == 1 else "s"
     return no(
         VerdictCode.FITS,

@@ -33,6 +33,7 @@ const NODE_QUERY = `query DashboardNode($id: ID!) {
   node(id: $id) {
     id state
     gpus { index gpuClass healthy healthReasons stickyReasons cordonReason allocation { shardId replicaId } }
+    weights { path state sizeBytes totalBytes pinnedBy }
   }
 }`;
 const XIDS_QUERY = `query DashboardXids($id: ID!, $since: DateTime, $after: ID) {
@@ -478,6 +479,7 @@ function renderNodeView() {
       ),
     ),
   );
+  renderNodeWeights(node ? node.weights : []);
   const xids = view.selectedNode ? [...view.selectedNode.events].reverse() : [];
   document.querySelector("#node-xids tbody").replaceChildren(
     ...xids.map((e) =>
@@ -492,6 +494,28 @@ function renderNodeView() {
     ),
   );
   document.getElementById("node-xids-none").hidden = xids.length > 0;
+}
+
+// The node's weights: where each download stands and which replicas pin it
+// (docs/scheduler/weights.md).
+function renderNodeWeights(weights) {
+  document.querySelector("#node-weights tbody").replaceChildren(
+    ...weights.map((w) => {
+      const partial = w.totalBytes && w.sizeBytes !== null && w.sizeBytes !== w.totalBytes;
+      const size = partial
+        ? `${formatBytes(w.sizeBytes)} of ${formatBytes(w.totalBytes)} (${Math.floor((100 * w.sizeBytes) / w.totalBytes)}%)`
+        : formatBytes(w.sizeBytes ?? w.totalBytes);
+      return el(
+        "tr",
+        { "data-path": w.path },
+        el("td", {}, w.path),
+        el("td", { class: `weights-${(w.state || "unknown").toLowerCase()}` }, (w.state || "unknown").toLowerCase()),
+        el("td", { class: "num" }, size),
+        el("td", {}, w.pinnedBy.join(", ") || "—"),
+      );
+    }),
+  );
+  document.getElementById("node-weights-none").hidden = weights.length > 0;
 }
 
 function render() {

@@ -1,6 +1,6 @@
 """The inventory service as the agent sees it over HTTP, for httpx.MockTransport.
 
-It answers the two mutations the way the contract says the real service does,
+It answers the two mutations and the pins query the way the contract says the real service does,
 and can be taken down, made to forget its nodes (a restart on an empty
 database), to refuse reports, or to hang.
 """
@@ -31,6 +31,8 @@ class FakeService:
         self.held: dict[str, set[tuple[str, int]]] = {}
         self.incarnations: dict[str, int] = {}
         self.fenced: list[dict[str, Any]] = []
+        # Weights path -> replica ids pinning it, as weights_pins answers.
+        self.pins: dict[str, list[str]] = {}
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -66,6 +68,15 @@ class FakeService:
             if node_id not in self.nodes:
                 return _error("NODE_NOT_FOUND", f"no node {node_id!r}")
             return self._answer("heartbeat", node_id, variables)
+        if "WeightsPins" in query:
+            node = self.nodes.get(variables["nodeId"])
+            if node is None:
+                return httpx.Response(200, json={"data": {"node": None}})
+            weights = [
+                {"path": w["path"], "pinnedBy": self.pins.get(w["path"], [])}
+                for w in node.get("weights") or ()
+            ]
+            return httpx.Response(200, json={"data": {"node": {"weights": weights}}})
         return _error("GRAPHQL_VALIDATION_FAILED", "unknown operation")
 
     def _answer(self, field: str, node_id: str, variables: dict[str, Any]) -> httpx.Response:

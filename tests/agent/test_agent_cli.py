@@ -70,6 +70,8 @@ def test_the_dry_run_prints_the_registration_as_json_and_sends_nothing(
     assert [g["name"] for g in sent["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
     assert sent["fabrics"] == [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
     assert [fs["mountPoint"] for fs in sent["storage"]] == ["/data"]
+    # When the agent saw them, by its clock in UTC: compared apart.
+    assert all(w.pop("observedAt").endswith("+00:00") for w in sent["weights"])
     assert sent["weights"] == [{"path": "/data/models/llama-8b", "sizeBytes": 16 * GIB + 100}]
     # What it could not see goes to stderr, keeping stdout pure JSON.
     assert err.splitlines() == [

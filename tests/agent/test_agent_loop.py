@@ -313,3 +313,25 @@ def test_backoff_doubles_with_jitter_up_to_its_cap_and_starts_over_after_success
 def test_a_week_long_outage_does_not_overflow_the_backoff() -> None:
     backoff = Backoff(first=1, cap=60, rand=lambda: 1.0)
     assert [backoff.next() for _ in range(10_000)][-1] == 60
+
+
+async def test_the_agent_learns_which_weights_are_pinned_after_each_report(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmgw.agent")
+    time, node = FakeTime(until=650), Node()
+    with_weights = dict(node.report.node_input)
+    with_weights["weights"] = [{"path": "/data/models/llama", "sizeBytes": 1, "state": "READY"}]
+    node.report = Report(with_weights)
+    service = FakeService(clock=time)
+    service.pins = {"/data/models/llama": ["chat"]}
+    time.at(350, lambda: setattr(service, "pins", {}))
+    await run(time, service, node)
+    # Reports at 0, 300 and 600: pinned after the first, released before the third.
+    assert [m for m in messages(caplog, logging.INFO) if m.startswith("weights ")] == [
+        "weights /data/models/llama are pinned by chat: keep them",
+        "weights /data/models/llama are no longer pinned",
+    ]
+    # Heartbeats carry nothing about weights: only reports are followed by the question.
+    asked = [r for r in service.requests if b"WeightsPins" in r.content]
+    assert len(asked) == 3

@@ -32,8 +32,15 @@ def schema() -> GraphQLSchema:
 
 
 def test_the_agent_ships_its_operations() -> None:
-    # The fenced two are sent instead when running_shards is configured.
-    assert OPERATIONS == ["heartbeat", "heartbeat_fenced", "register_node", "register_node_fenced"]
+    # The fenced two are sent instead when running_shards is configured;
+    # weights_pins after a report that carries weights.
+    assert OPERATIONS == [
+        "heartbeat",
+        "heartbeat_fenced",
+        "register_node",
+        "register_node_fenced",
+        "weights_pins",
+    ]
 
 
 @pytest.mark.parametrize("name", OPERATIONS)

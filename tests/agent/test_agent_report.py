@@ -93,6 +93,8 @@ def test_a_full_report_uses_the_contracts_names(node: Path) -> None:
             "directories": ["/mnt/filer/models"],
         },
     ]
+    # When the agent saw them, by its clock in UTC: compared apart.
+    assert all(w.pop("observedAt").endswith("+00:00") for w in sent["weights"])
     assert sent["weights"] == [{"path": "/data/models/llama-8b", "sizeBytes": 16 * GIB + 100}]
     assert sent["bootId"] == "0f6b1e52-8d52-4a53-9e33-6f0c4a7d5b21"
     assert sent["agentVersion"] == __version__

@@ -76,7 +76,11 @@ async def test_deep_nesting_is_refused(api: Api) -> None:
 # --- page sizes -------------------------------------------------------------------------
 
 # Lists bounded by something other than the cluster's size.
-NOT_GROWING = {"fabrics": "one entry per fabric", "gpuClasses": "one entry per GPU class"}
+NOT_GROWING = {
+    "fabrics": "one entry per fabric",
+    "gpuClasses": "one entry per GPU class",
+    "weightsEvictable": "one node's weights: at most reports.MAX_WEIGHTS",
+}
 
 
 def test_every_root_list_that_grows_with_the_cluster_is_paged() -> None:

@@ -47,7 +47,7 @@ query Page($first: Int, $after: ID) {
     storage { id mountPoint fsType shared freeBytes totalBytes directories }
     allocations { __typename shardId replicaId nodeId gpuIndices fabric hcas createdAt }
     fabrics { fabric hcas rateGbps }
-    weights { path sizeBytes }
+    weights { path sizeBytes revision state totalBytes digest observedAt pinnedBy }
   }
 }
 """
@@ -114,7 +114,9 @@ async def a_varied_cluster(api: Any, engine: AsyncEngine) -> None:
              "freeBytes": 500 * GB, "totalBytes": 2000 * GB,
              "directories": ["/data/models", "/data/cache"]},
         ],
-        weights=[{"path": "/data/models/llama-3-70b", "sizeBytes": 140 * GB},
+        weights=[{"path": "/data/models/llama-3-70b", "sizeBytes": 140 * GB,
+                  "state": "DOWNLOADING", "totalBytes": 150 * GB, "revision": "main",
+                  "digest": "sha256:" + "0f" * 32},
                  {"path": "/data/models/a \"quoted\" näme"}],
         agentVersion="1.4.0",
         # Keys Python and a collation would sort differently: by code point here.
@@ -156,6 +158,11 @@ async def a_varied_cluster(api: Any, engine: AsyncEngine) -> None:
     assert two["allocate"]["__typename"] == "Allocated"
     one = await api(ALLOCATE, allocation("r2", shard("r2-s0", "gpu-03", 5)))
     assert one["allocate"]["__typename"] == "Allocated"
+    async with engine.begin() as conn:
+        # r1 pins the weights, as a place with `weights` would (Weights.pinnedBy).
+        await conn.execute(
+            text("UPDATE shards SET weights = '/data/models/llama-3-70b' WHERE replica_id = 'r1'")
+        )
     await api('mutation { cordonNode(id: "gpu-03", reason: "burn-in") { id } }')
 
 

@@ -61,6 +61,12 @@ NOT_DEFINITIONS = {
     ("service/fleet/reports.py", "if gpu.healthy and gpu.health_reasons:"): (
         "refuses a report that contradicts itself, decides no GPU's health"
     ),
+    ("service/scheduling/weights_lifecycle.py", "return f\"({alias}.state = 'ready')\""): (
+        "a weights row's READY state (weights' one home), not a node's"
+    ),
+    ("service/scheduling/weights_lifecycle.py", "WHEN {alias}.state = 'ready' THEN 0"): (
+        "a weights row's rank by its state (weights' one home), not a node's"
+    ),
 }
 
 

@@ -39,7 +39,7 @@ as usual: a read, so running it again writes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import strawberry
@@ -76,6 +76,7 @@ from service.fleet import node_pages
 from service.graphql.private_api import core_schema
 from service.graphql.queries import free_gpus_arguments, nodes_arguments
 from service.paging import PageRequest
+from service.scheduling import weights_lifecycle
 
 from .documents import only_root_field
 from .fast_request import FastRequest
@@ -104,6 +105,13 @@ _PYTHON_NAMES: Mapping[str, str] = {
 # integer), a boolean, a timestamp as the DateTime scalar writes it
 # (node_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
 _LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes", "DateTime"})
+
+# The enums a page writes from a stored `state` column, with every value
+# that column can hold: a node's state and a weights row's.
+_STORED_STATES: Mapping[str, Collection[str]] = {
+    "NodeState": node_states.STATES,
+    "WeightsState": weights_lifecycle.STATES.keys(),
+}
 
 _NOT_GIVEN: Any = object()
 
@@ -312,7 +320,8 @@ class _Compiler:
                 raise _Declined
             names = {_enum_value(v.value): n for n, v in named.values.items()}
             # Every state the database can hold must have its name.
-            if attribute != "state" or not set(node_states.STATES) <= set(names):
+            stored = _STORED_STATES.get(named.name)
+            if attribute != "state" or stored is None or not set(stored) <= set(names):
                 raise _Declined
             return node_pages.Value(key, attribute, names=names)
         if named.name not in _LEAVES:

@@ -94,7 +94,7 @@ _STORE = store_statement(
     f"""
     want_shards AS (
         SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               r.*
+               r.*, CAST(:weights AS text) AS weights
         FROM jsonb_to_recordset(CAST(:shards AS jsonb))
             AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
     ), want_gpus AS (
@@ -430,6 +430,7 @@ async def _store(
             "shards": json.dumps(shards),
             "gpus": json.dumps(gpus),
             "check": check,
+            "weights": request.weights,
         },
     )
     # A replica that grew onto a second node now needs a fabric for its

@@ -25,6 +25,9 @@ class AllocationRequest:
     # The replica's generation the caller last saw, when it adds shards to
     # it: refused with GENERATION_CONFLICT when the replica changed since.
     generation: int | None = None
+    # The weights path the replica was placed with (place's `weights`): its
+    # shards pin it on their nodes (service/scheduling/weights_lifecycle.pinned_by).
+    weights: str | None = None
 
 
 def _check_id(what: str, value: str) -> Rejection | None:

@@ -117,7 +117,10 @@ async def _try(
                 )
                 shards.append(ShardRequest(next(names), node_id, chosen, hcas))
         result = await allocate(
-            conn, AllocationRequest(request.replica_id, tuple(shards)), actor, fabric=plan.fabric
+            conn,
+            AllocationRequest(request.replica_id, tuple(shards), weights=request.weights),
+            actor,
+            fabric=plan.fabric,
         )
         if isinstance(result, Rejection):
             await savepoint.rollback()
@@ -343,7 +346,14 @@ async def claim_calls(
             "shards": shape.shards,
         }
     several = "node_ids" in params
-    params |= {"cls": shape.gpu_class, "need": shape.gpus, "per": shape.gpus_per_shard, **topology}
+    params |= {
+        "cls": shape.gpu_class,
+        "need": shape.gpus,
+        "per": shape.gpus_per_shard,
+        # The shards pin the weights they were placed with.
+        "weights": shape.weights,
+        **topology,
+    }
     answers = await store_calls(conn, claim_statement(shape, several), params)
     # The statement numbers calls from 1 (WITH ORDINALITY).
     return {call - 1: outcome for call, outcome in answers.items()}

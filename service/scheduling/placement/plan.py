@@ -67,6 +67,8 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
         return invalid(f"maxAge={request.max_age}: an age in seconds is 0 or more")
     if request.rail_aligned and request.fabric is None:
         return invalid("railAligned needs fabric: the HCAs a shard is handed are on one fabric")
+    if request.weights_ready and request.weights is None:
+        return invalid("weightsReady needs weights: the path whose copy must be READY")
     return None
 
 
@@ -78,8 +80,10 @@ def plan_placement(
     wants_weights = request.weights is not None
     per_shard = request.gpus_per_shard
 
-    def rank(f: NodeFacts) -> tuple[bool, int, float]:
-        return (wants_weights and not f.holds_weights, f.free, rng.random())
+    def rank(f: NodeFacts) -> tuple[int, int, float]:
+        # Lower weights rank first (READY, present, DOWNLOADING, the rest):
+        # the order of the SQL windows (placement/weights.py).
+        return (f.weights_rank if wants_weights else 0, f.free, rng.random())
 
     whole = [f for f in fitting if f.room(request) >= request.shards]
     if whole:

@@ -21,9 +21,10 @@ from service.scheduling.allocations import (
 )
 from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
+from service.scheduling.placement import weights
 from service.scheduling.placement.plan import Plan, plan_placement
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, judge
+from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, WeightsCopy, judge
 
 
 def _fabrics_sql(node_id: str, prefix: str = "") -> str:
@@ -44,7 +45,7 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
            {gpu_facts_age("n")} AS gpus_facts_age,
            (CAST(:weights AS text) IS NOT NULL AND EXISTS (
                SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
-           )) AS holds_weights,
+           )) AS holds_weights, {weights.copy_of("p.node_id")} AS weights_copy,
            {_fabrics_sql("p.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology
@@ -59,12 +60,12 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
     SELECT c.node_id, c.free, n.state,
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
-           {gpu_facts_age("n")} AS gpus_facts_age,
+           c.weights_copy, {gpu_facts_age("n")} AS gpus_facts_age,
            {_fabrics_sql("c.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
     FROM ranked c {key_row("nodes", "n", {"id": "c.node_id"})}
-    ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+    ORDER BY c.weights_rank, c.free, c.tiebreak
 """
 
 
@@ -122,10 +123,11 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
         holders = " AND ".join(where + node_row(node_checks))
         branches.append(
             f"""
-            SELECT h.node_id, h.free, true AS holds_weights FROM (
-                SELECT p.node_id, p.free
+            SELECT h.node_id, h.free, true AS holds_weights, h.weights_rank, h.weights_copy
+            FROM (
+                SELECT p.node_id, p.free, {weights.copy_columns("w")}
                 FROM weights w JOIN gpu_pools p ON p.node_id = w.node_id
-                WHERE w.path = :weights AND {holders}
+                WHERE w.path = :weights AND {weights.holder_filter(request)} AND {holders}
                 ORDER BY p.free, p.node_id LIMIT :scan) h"""
         )
         # The others: nodes that were not asked to look (and so hold no
@@ -133,17 +135,19 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
         # lacks these weights is out.
         other_checks.append("NOT n.knows_its_weights")
     rest = " AND ".join(where + node_row(other_checks))
-    branches.append(
-        f"""
-        SELECT o.node_id, o.free, false AS holds_weights FROM (
+    if request.weights is None or weights.others_allowed(request):
+        branches.append(
+            f"""
+        SELECT o.node_id, o.free, false AS holds_weights, {weights.NO_COPY} FROM (
             SELECT p.node_id, p.free FROM gpu_pools p
             WHERE {rest}
             ORDER BY p.free, p.node_id LIMIT :scan) o"""
-    )
+        )
     ranked = f"""
-        SELECT b.node_id, b.free, b.holds_weights, random() AS tiebreak
+        SELECT b.node_id, b.free, b.holds_weights, b.weights_rank, b.weights_copy,
+               random() AS tiebreak
         FROM ({" UNION ALL ".join(branches)}) b
-        ORDER BY b.holds_weights DESC, b.free, tiebreak"""
+        ORDER BY b.weights_rank, b.free, tiebreak"""
     if drawn_first and topology:
         # OFFSET 0 keeps the check above the sort, where LIMIT stops it.
         checks = " AND ".join(candidate_filters(request, "d.node_id"))
@@ -176,7 +180,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
         FROM shards s WHERE s.replica_id = :replica_id
     ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
-        SELECT n.id, c.free, c.holds_weights, n.state,
+        SELECT n.id, c.free, c.holds_weights, c.weights_rank, c.weights_copy, n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value,
@@ -185,7 +189,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
         WHERE {node_schedulable("n")} AND NOT EXISTS (SELECT 1 FROM stored)
-        ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+        ORDER BY c.weights_rank, c.free, c.tiebreak
         LIMIT 1
         FOR NO KEY UPDATE OF n SKIP LOCKED
     )
@@ -193,9 +197,10 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     -- reads ranked a row at a time, so a topology check (see _ranked_sql)
     -- usually runs on one node.
     SELECT CASE WHEN k.id IS NULL THEN
-               (SELECT array_agg(c.node_id ORDER BY c.holds_weights DESC, c.free, c.tiebreak)
+               (SELECT array_agg(c.node_id ORDER BY c.weights_rank, c.free, c.tiebreak)
                 FROM ranked c) END AS window_ids,
            k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
+           k.weights_copy AS picked_weights_copy,
            k.state AS picked_state, k.state_reason AS picked_state_reason,
            k.local_disk_free AS picked_local_disk_free,
            k.local_disk_total AS picked_local_disk_total,
@@ -229,26 +234,27 @@ def pick_several_sql(request: PlaceRequest) -> str:
     return f"""
     WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
     ), picked AS MATERIALIZED (
-        SELECT n.id, c.free, c.holds_weights, c.tiebreak, n.state,
+        SELECT n.id, c.free, c.holds_weights, c.weights_rank, c.weights_copy, c.tiebreak,
+               n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value,
                {gpu_facts_age("n")} AS gpus_facts_age
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         WHERE {node_schedulable("n")}
-        ORDER BY c.holds_weights DESC, c.free, c.tiebreak
+        ORDER BY c.weights_rank, c.free, c.tiebreak
         LIMIT :k
         FOR NO KEY UPDATE OF n SKIP LOCKED
     )
     SELECT ARRAY(SELECT DISTINCT s.replica_id FROM shards s
                  WHERE s.replica_id = ANY(CAST(:replica_ids AS text[]))) AS stored_ids,
-           k.id AS node_id, k.free, k.holds_weights, k.state, k.state_reason,
+           k.id AS node_id, k.free, k.holds_weights, k.weights_copy, k.state, k.state_reason,
            k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
            CAST(NULL AS json) AS topology, k.gpus_facts_age,
            {_fabrics_sql("k.id")}
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
-    ORDER BY k.holds_weights DESC, k.free, k.tiebreak
+    ORDER BY k.weights_rank, k.free, k.tiebreak
     """
 
 
@@ -374,6 +380,7 @@ def facts_of(row: Any, prefix: str = "") -> NodeFacts:
         local_disk_total=column("local_disk_total"),
         knows_its_weights=column("knows_its_weights"),
         holds_weights=column("holds_weights"),
+        weights_copy=WeightsCopy.of(column("weights_copy")),
         fabrics=tuple(column("fabrics")),
         fabric_rates=tuple(column("fabric_rates")),
         label_value=column("label_value"),

@@ -1,0 +1,55 @@
+"""The dashboard's node view shows where each weights download stands and who pins it."""
+
+from __future__ import annotations
+
+import json
+
+from tests.chromium import chromium
+from tests.conftest import LiveService
+from tests.reports import GB, PLACE, placement
+from tests.tools_and_docs.test_browser import (
+    SCREENSHOTS,
+    TOKEN,
+    call,
+    pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
+    register,
+    service,  # noqa: F401  (the fixture)
+)
+
+WEIGHTS_VIEW = """
+[...document.querySelectorAll('#node-weights tbody tr')].map(tr =>
+  [...tr.children].map(td => td.innerText.trim()))
+"""
+
+
+async def test_the_node_view_lists_weights_with_state_progress_and_pins(
+    service: LiveService,  # noqa: F811
+) -> None:
+    register(
+        service,
+        "gpu-01",
+        weights=[
+            {"path": "/models/llama-70b", "state": "READY", "sizeBytes": 140 * GB,
+             "totalBytes": 140 * GB},
+            {"path": "/models/qwen", "state": "DOWNLOADING", "sizeBytes": 41 * GB,
+             "totalBytes": 100 * GB},
+        ],
+    )  # fmt: skip
+    placed = call(service, PLACE, placement("chat", gpusPerShard=8, weights="/models/llama-70b"))
+    assert placed["place"]["__typename"] == "Allocated"
+
+    async with chromium() as page:
+        await page.goto(service.url.removesuffix("graphql") + "#node=gpu-01")
+        await page.evaluate(
+            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+            "document.getElementById('token-form').requestSubmit()"
+        )
+        await page.wait_for(
+            "document.querySelectorAll('#node-weights tbody tr').length === 2", "the node's weights"
+        )
+        await page.screenshot(SCREENSHOTS / "dashboard-node-weights.png")
+        assert await page.evaluate(WEIGHTS_VIEW) == [
+            ["/models/llama-70b", "ready", "140 GB", "chat"],
+            ["/models/qwen", "downloading", "41.0 GB of 100 GB (41%)", "—"],
+        ]
+        assert page.errors == []
