@@ -43,8 +43,9 @@ from dataclasses import dataclass, replace
 from service.database.connections import Connection, cached_text
 from service.scheduling.availability import SCHEDULABLE_STATE
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
+from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
-from service.scheduling.placement.statements import facts_of, request_params
+from service.scheduling.placement.statements import fabrics_sql, facts_of, request_params
 from service.scheduling.rejections import Rejection
 from service.scheduling.topology_fit import facts_column
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
@@ -114,10 +115,9 @@ def survey_groups_sql(request: PlaceRequest) -> str:
     """
     wants_fabrics = request.fabric is not None or request.shards > 1
     fabrics = (
-        "ARRAY(SELECT fa.fabric FROM fabric_attachments fa"
-        " WHERE fa.node_id = p.node_id ORDER BY fa.fabric)"
+        fabrics_sql("p.node_id")
         if wants_fabrics
-        else "CAST('{}' AS text[])"
+        else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
     holds = (
         "EXISTS (SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights)"
@@ -125,6 +125,12 @@ def survey_groups_sql(request: PlaceRequest) -> str:
         else "false"
     )
     knows = "n.knows_its_weights" if request.weights is not None else "false"
+    # The node's copy of the weights, as place ranks and judges it (placement/weights.py).
+    copy = (
+        f"CAST({weights.copy_of('p.node_id')} AS jsonb)"
+        if request.weights is not None
+        else "CAST(NULL AS jsonb)"
+    )
     label_ok = (
         "(n.labels ->> CAST(:label_key AS text)) IS NOT DISTINCT FROM CAST(:label_value AS text)"
         if request.label is not None
@@ -167,20 +173,23 @@ def survey_groups_sql(request: PlaceRequest) -> str:
     return f"""
     SELECT min(f.node_id) AS node_id, f.state, CAST(NULL AS text) AS state_reason, f.free,
            min(f.local_disk_free) AS local_disk_free, min(f.local_disk_total) AS local_disk_total,
-           f.knows_its_weights, f.holds_weights, f.fabrics, min(f.label_value) AS label_value,
+           f.knows_its_weights, f.holds_weights, f.weights_copy, f.fabrics,
+           f.fabric_rates, min(f.label_value) AS label_value,
            f.topology, max(f.gpus_facts_age) AS gpus_facts_age,
            array_agg(f.node_id) AS members
     FROM (
         SELECT p.node_id, p.free, {state} AS state,
                {disk}, {disk_ok} AS disk_ok,
-               {knows} AS knows_its_weights, {holds} AS holds_weights, {fabrics} AS fabrics,
+               {knows} AS knows_its_weights, {holds} AS holds_weights, {copy} AS weights_copy,
+               {fabrics},
                {label} AS label_value, {label_ok} AS label_ok,
                CAST({facts_column(request, "p.node_id")} AS jsonb) AS topology,
                {age} AS gpus_facts_age, {fresh} AS fresh
         FROM {source}
         WHERE p.gpu_class = :cls
     ) f
-    GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.fabrics,
+    GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.weights_copy,
+             f.fabrics, f.fabric_rates,
              f.label_ok, f.topology, f.fresh
     """
 
@@ -263,7 +272,8 @@ class FitCount:
             # Shards go to the group's nodes in the planner's rank order.
             left = count * shards
             ranked = sorted(
-                members, key=lambda f: (wants_weights and not f.holds_weights, f.free, rng.random())
+                members,
+                key=lambda f: (f.weights_rank if wants_weights else 0, f.free, rng.random()),
             )
             for f in ranked:
                 if not left:

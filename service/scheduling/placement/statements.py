@@ -27,7 +27,7 @@ from service.scheduling.topology_fit import candidate_filters, claim_wanted, fac
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, WeightsCopy, judge
 
 
-def _fabrics_sql(node_id: str, prefix: str = "") -> str:
+def fabrics_sql(node_id: str, prefix: str = "") -> str:
     """The node's fabrics by name and each one's link rate, in that order (NodeFacts.fabrics, fabric_rates)."""
     attachments = f"FROM fabric_attachments fa WHERE fa.node_id = {node_id} ORDER BY fa.fabric"
     return (
@@ -46,7 +46,7 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
            (CAST(:weights AS text) IS NOT NULL AND EXISTS (
                SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
            )) AS holds_weights, {weights.copy_of("p.node_id")} AS weights_copy,
-           {_fabrics_sql("p.node_id")},
+           {fabrics_sql("p.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology
     {source}
@@ -61,7 +61,7 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
            c.weights_copy, {gpu_facts_age("n")} AS gpus_facts_age,
-           {_fabrics_sql("c.node_id")},
+           {fabrics_sql("c.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
     FROM ranked c {key_row("nodes", "n", {"id": "c.node_id"})}
@@ -207,7 +207,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            k.knows_its_weights AS picked_knows_its_weights,
            k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
            k.gpus_facts_age AS picked_gpus_facts_age,
-           {_fabrics_sql("k.id", "picked_")},
+           {fabrics_sql("k.id", "picked_")},
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
            st.created_at, st.fence, st.generation, st.held_since
     FROM (SELECT 1) AS one
@@ -251,7 +251,7 @@ def pick_several_sql(request: PlaceRequest) -> str:
            k.id AS node_id, k.free, k.holds_weights, k.weights_copy, k.state, k.state_reason,
            k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
            CAST(NULL AS json) AS topology, k.gpus_facts_age,
-           {_fabrics_sql("k.id")}
+           {fabrics_sql("k.id")}
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
     ORDER BY k.weights_rank, k.free, k.tiebreak
