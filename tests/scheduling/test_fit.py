@@ -224,3 +224,48 @@ async def test_the_shortcuts_count_what_the_planner_does_replica_by_replica(
     counting = fits.FitCount.of_nodes(single, request)
     counting.count(random.Random(1))
     assert counting.replicas == fits.count_by_plans(single, request, random.Random(2))
+
+
+LLAMA = "/models/llama-70b"
+GB = 1 << 30
+# Copies of the weights on the cluster's boards: a finished one, a download
+# under way, and one present with its state unreported (an older agent).
+COPIES: dict[str, dict[str, Any]] = {
+    "board-0": {"path": LLAMA, "state": "READY", "sizeBytes": 140 * GB, "totalBytes": 140 * GB},
+    "board-1": {
+        "path": LLAMA,
+        "state": "DOWNLOADING",
+        "sizeBytes": 57 * GB,
+        "totalBytes": 140 * GB,
+    },
+    "dual-0": {"path": LLAMA, "sizeBytes": 140 * GB},
+}
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"gpusPerShard": 4, "weights": LLAMA, "weightsReady": True},
+        {"gpusPerShard": 4, "weights": LLAMA},
+        {"shards": 2, "gpusPerShard": 4, "weights": LLAMA, "weightsReady": True},
+    ],
+    ids=["ready-only", "ready-preferred", "two-shards-ready-only"],
+)
+async def test_fit_is_exact_against_place_with_weights(
+    api: Api, cluster: None, shape: dict[str, Any]
+) -> None:
+    for node_id, copy in COPIES.items():
+        entries, fabrics = CLUSTER[node_id]
+        report = node_input(node_id, gpus=entries, fabrics=fabrics, weights=[copy])
+        await api(REGISTER, {"input": report})
+    counted = await fit(api, shape)
+    n = counted["replicas"]
+    assert n > 0
+    for i in range(n):
+        placed = await place(api, f"w{i}", shape)
+        assert placed["__typename"] == "Allocated", (i, n, placed)
+    one_more = await place(api, "one-more", shape)
+    assert one_more["__typename"] == "Unplaceable", (n, one_more)
+    if shape.get("weightsReady"):
+        limited = {c["code"] for c in counted["limitedBy"]}
+        assert "WEIGHTS_NOT_READY" in limited
