@@ -128,7 +128,9 @@ READS = (
     Read("ctl nodes", NODES, {"first": PAGE}, entry=NODE_ENTRY),
     Read("ctl allocations", ALLOCATIONS, {"first": PAGE, "held": False}),
     Read("ctl events", EVENTS, {"first": PAGE}),
-    Read("allocations of a node", ALLOCATIONS, {"nodeId": node_id(5), "first": PAGE, "held": False}),
+    Read(
+        "allocations of a node", ALLOCATIONS, {"nodeId": node_id(5), "first": PAGE, "held": False}
+    ),
     Read("events of a node", EVENTS, {"nodeId": node_id(5), "first": PAGE}),
     # Without `first`, the largest page (max_page_size, PAGE here).
     Read("dashboard nodes", dashboard_query("NODES_QUERY"), {}, entry=NODE_ENTRY),
