@@ -47,6 +47,10 @@ _DATETIME = re.compile(
 _TOKEN_ID = re.compile(r"tok_[0-9a-f]{12}")
 _SECRET = re.compile(r"llmgw_[A-Za-z0-9_-]{20,}")
 _DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+# A clock correction's seconds are measured against the receive time
+# (service/fleet/observed_at.py, AgentClock.correction): two runs of the same
+# report differ in them by design, by a fraction of a second.
+_MEASURED_SECONDS = re.compile(r"(?<=agent clock )[\d.]+ s|(?<=shifted by )[+-][\d.]+ s")
 
 
 # Fewer than the seeded nodes: an unpaged list then stops short and says so
@@ -88,11 +92,25 @@ class Difference:
             f"reference ({self.reference.status}): {json.dumps(self.reference.body, sort_keys=True)}",
         ]
         if self.what == "stored rows":
-            lines += [
-                f"fast path left: {json.dumps(self.fast_state, sort_keys=True)[:4000]}",
-                f"reference left: {json.dumps(self.reference_state, sort_keys=True)[:4000]}",
-            ]
+            lines += _differing_rows(self.fast_state or {}, self.reference_state or {})
         return "\n".join(lines)
+
+
+def _differing_rows(fast: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """Only the tables and rows the two runs left differently: a whole state is too long to read."""
+    lines: list[str] = []
+    for table in sorted(set(fast) | set(reference)):
+        mine, theirs = fast.get(table), reference.get(table)
+        if mine == theirs:
+            continue
+        if not (isinstance(mine, list) and isinstance(theirs, list)):
+            lines.append(f"{table}: fast path {mine!r}, reference {theirs!r}")
+            continue
+        ours = [json.dumps(r, sort_keys=True) for r in mine]
+        others = [json.dumps(r, sort_keys=True) for r in theirs]
+        lines += [f"{table}, fast path only: {r}" for r in ours if r not in others][:5]
+        lines += [f"{table}, reference only: {r}" for r in others if r not in ours][:5]
+    return lines
 
 
 class Normalizer:
@@ -120,6 +138,7 @@ class Normalizer:
             lambda m: m.group(0) if m.group(0) in self.seeded_tokens else "<new token>", value
         )
         value = _SECRET.sub("<secret>", value)
+        value = _MEASURED_SECONDS.sub("<measured> s", value)
         return _DIGEST.sub(
             lambda m: m.group(0) if m.group(0) in self.seeded_digests else "<digest>", value
         )
