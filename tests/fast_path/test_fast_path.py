@@ -32,8 +32,10 @@ from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
 from service.graphql.types import BEAT_FIELDS, NODE_FIELDS, Node
 from service.metrics import COUNTERS
 from service.web import app as app_module
-from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, PAGE, same_answer
-from tests.reports import A100, REGISTER, gpus, node_input
+from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, OPERATIONS, PAGE, same_answer
+from tests.reports import A100, PLACE, REGISTER, gpus, node_input
+
+AGENT_HEARTBEAT_PINS = (OPERATIONS / "heartbeat_pins.graphql").read_text()
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 
@@ -459,3 +461,55 @@ async def test_one_compiled_heartbeat_answers_each_state_a_node_passes_through(
         {"state": "DRAINING", "stateReason": "kernel update", "schedulable": False},
         {"state": "READY", "stateReason": None, "schedulable": True},
     ]
+
+
+async def test_a_heartbeat_asking_for_its_weights_pins_is_answered_by_the_compiled_route(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    """An agent with model_dirs asks for the pins in every beat (heartbeat_pins.graphql).
+
+    Those beats stay on the compiled route, and read exactly what Strawberry's
+    resolver reads: a replica placed after the node's last report pins its
+    weights in the very next beat's answer, and its release unpins them.
+    """
+    fast = both[0]
+    weights = [
+        {"path": "/models/llama", "sizeBytes": 10, "state": "READY"},
+        {"path": "/models/mistral", "sizeBytes": 10, "state": "DOWNLOADING", "totalBytes": 20},
+    ]
+    report = {"input": node_input("gpu-01", weights=weights)}
+    await same_answer(both, {"query": REGISTER, "variables": report})
+    beat = {"query": AGENT_HEARTBEAT_PINS, "variables": {"nodeId": "gpu-01"}}
+
+    def pins(answer: Any) -> dict[str, list[str]]:
+        return {w["path"]: w["pinnedBy"] for w in answer["data"]["heartbeat"]["weights"]}
+
+    before = fast_path()
+    assert pins(await same_answer(both, beat)) == {"/models/llama": [], "/models/mistral": []}
+    placed = {
+        "input": {
+            "replicaId": "chat",
+            "gpuClass": "H100-80GB",
+            "gpusPerShard": 2,
+            "weights": "/models/llama",
+        }
+    }
+    answer = (await fast.post("/graphql", json={"query": PLACE, "variables": placed})).json()
+    assert (answer["data"] or {}).get("place", {}).get("__typename") == "Allocated", answer
+    assert pins(await same_answer(both, beat)) == {"/models/llama": ["chat"], "/models/mistral": []}
+    release = 'mutation { releaseReplica(replicaId: "chat") }'
+    assert (await fast.post("/graphql", json={"query": release})).json() == {
+        "data": {"releaseReplica": 2}
+    }
+    assert pins(await same_answer(both, beat)) == {"/models/llama": [], "/models/mistral": []}
+    assert since(before)[("heartbeat", "answered", "")] == 3
+
+    # The leaves after the weights, or the weights under an alias: graphql-core's.
+    for query in (
+        'mutation { heartbeat(nodeId: "gpu-01") { weights { path pinnedBy } id } }',
+        'mutation { heartbeat(nodeId: "gpu-01") { id w: weights { pinnedBy } } }',
+        'mutation { heartbeat(nodeId: "gpu-01") { id weights { path sizeBytes } } }',
+    ):
+        before = fast_path()
+        await same_answer(both, {"query": query})
+        assert ("heartbeat", "answered", "") not in since(before)
