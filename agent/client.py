@@ -1,4 +1,4 @@
-"""The agent's side of the GraphQL contract: two mutations and the pins query over httpx.
+"""The agent's side of the GraphQL contract: its two mutations over httpx.
 
 The operations are kept as .graphql documents beside this module, and a test
 validates each against the service's exported schema, so the agent and the
@@ -52,6 +52,9 @@ class NodeStatus:
     # Only in the answers to the fenced operations (running_shards configured).
     incarnation: int | None = None
     shards_to_stop: tuple[ShardToStop, ...] = ()
+    # Weights path -> the replica ids pinning it on this node (pinned paths
+    # only); None when the answer was not asked for them (no model_dirs).
+    pins: dict[str, tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,44 +90,44 @@ class InventoryClient:
             else "sent the token from token or token_file: check it is this node's and not revoked"
         )
         self._http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
-        self._register = load_operation("register_node")
-        self._heartbeat = load_operation("heartbeat")
+        # Without pins (no model_dirs) and without fencing the plain documents:
+        # the service answers them on its compiled routes.
+        self._register = {
+            False: load_operation("register_node"),
+            True: load_operation("register_node_pins"),
+        }
+        self._heartbeat = {
+            False: load_operation("heartbeat"),
+            True: load_operation("heartbeat_pins"),
+        }
+        # The fenced ones always ask for the pins (an empty list without weights).
         self._register_fenced = load_operation("register_node_fenced")
         self._heartbeat_fenced = load_operation("heartbeat_fenced")
-        self._pins = load_operation("weights_pins")
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
     async def register_node(
-        self, node_input: dict[str, Any], fencing: Fencing | None = None
+        self, node_input: dict[str, Any], fencing: Fencing | None = None, pins: bool = False
     ) -> NodeStatus:
+        """Send the report; `pins`: ask which weights replicas pin (NodeStatus.pins)."""
         if fencing is None:
-            data = await self._execute(self._register, {"input": node_input})
+            data = await self._execute(self._register[pins], {"input": node_input})
         else:
             variables = {"input": node_input, **fencing.variables()}
             data = await self._execute(self._register_fenced, variables)
         return _status(data["registerNode"])
 
-    async def heartbeat(self, node_id: str, fencing: Fencing | None = None) -> NodeStatus:
+    async def heartbeat(
+        self, node_id: str, fencing: Fencing | None = None, pins: bool = False
+    ) -> NodeStatus:
+        """I am alive; `pins` as register_node's."""
         if fencing is None:
-            data = await self._execute(self._heartbeat, {"nodeId": node_id})
+            data = await self._execute(self._heartbeat[pins], {"nodeId": node_id})
         else:
             variables = {"nodeId": node_id, **fencing.variables()}
             data = await self._execute(self._heartbeat_fenced, variables)
         return _status(data["heartbeat"])
-
-    async def weights_pins(self, node_id: str) -> dict[str, tuple[str, ...]]:
-        """Weights path -> the replica ids pinning it on this node (pinned paths only)."""
-        data = await self._execute(self._pins, {"nodeId": node_id})
-        node = data.get("node")
-        if not isinstance(node, dict):
-            return {}
-        return {
-            str(w["path"]): tuple(str(r) for r in w.get("pinnedBy") or ())
-            for w in node.get("weights") or ()
-            if isinstance(w, dict) and w.get("pinnedBy")
-        }
 
     async def _execute(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -189,10 +192,21 @@ def _status(node: Any) -> NodeStatus:
         ShardToStop(str(s["shardId"]), int(s["fence"]), str(s["reason"]))
         for s in node.get("shardsToStop") or ()
     )
+    weights = node.get("weights")
+    pins = (
+        None
+        if not isinstance(weights, list)
+        else {
+            str(w["path"]): tuple(str(r) for r in w.get("pinnedBy") or ())
+            for w in weights
+            if isinstance(w, dict) and w.get("pinnedBy")
+        }
+    )
     return NodeStatus(
         str(node.get("id")),
         str(node.get("state")),
         node.get("stateReason"),
         incarnation if isinstance(incarnation, int) else None,
         stops,
+        pins,
     )

@@ -125,8 +125,10 @@ class Agent:
         # not sent again while the source says exactly the same, so a broken
         # serving stack cannot stop the node's heartbeats.
         self._refused_running: tuple[RunningShard, ...] | None = None
-        # Weights path -> replica ids pinning it, as the service last said:
+        # Weights path -> replica ids pinning it, as the service's last answer
+        # said (each heartbeat's and report's, when model_dirs is configured):
         # whatever deletes weights on this node must keep these.
+        self._watches_weights = bool(config.model_dirs)
         self.pinned: dict[str, tuple[str, ...]] = {}
 
     async def survey(self) -> Report | None:
@@ -226,10 +228,8 @@ class Agent:
             if action == "register":
                 node_input = with_xids(report.node_input, xids) if xids else report.node_input
                 try:
-                    status = (
-                        await self.client.register_node(self._sent(node_input))
-                        if fencing is None
-                        else await self.client.register_node(self._sent(node_input), fencing)
+                    status = await self.client.register_node(
+                        self._sent(node_input), fencing, self._watches_weights
                     )
                 except BaseException:
                     # Not stored: the XIDs go with the next report that is.
@@ -242,12 +242,10 @@ class Agent:
                 self._rejected_digest = None
                 self._rejections.reset()
                 log.debug("report sent for node %s", status.id)
-                if report.node_input.get("weights"):
-                    await self._learn_pins()
-            elif fencing is None:
-                status = await self.client.heartbeat(self.config.node_id)
             else:
-                status = await self.client.heartbeat(self.config.node_id, fencing)
+                status = await self.client.heartbeat(
+                    self.config.node_id, fencing, self._watches_weights
+                )
         except NodeNotFound:
             # The service lost the node (a fresh database) or an operator removed
             # it: the agent is the only one who can put it back.
@@ -278,6 +276,8 @@ class Agent:
         self.outage.recovered()
         self._retry.reset()
         self._note(status)
+        if status.pins is not None:
+            self._note_pins(status.pins)
         if fencing is not None:
             await self._after_fenced(status)
         return self.config.heartbeat_interval
@@ -336,13 +336,8 @@ class Agent:
         """The report as it leaves: with sentAt, so the service can tell a wrong clock."""
         return {**node_input, "sentAt": self._wall_clock().isoformat()}
 
-    async def _learn_pins(self) -> None:
-        """Ask which weights replicas pin; a failure keeps the last answer (pins only inform)."""
-        try:
-            pinned = await self.client.weights_pins(self.config.node_id)
-        except (ServiceUnavailable, ServiceError) as e:
-            log.debug("could not read the weights' pins (%s); keeping the last answer", e)
-            return
+    def _note_pins(self, pinned: dict[str, tuple[str, ...]]) -> None:
+        """Keep the pins the service's answer named, and log what changed."""
         for path in sorted(pinned.keys() - self.pinned.keys()):
             log.info("weights %s are pinned by %s: keep them", path, ", ".join(pinned[path]))
         for path in sorted(self.pinned.keys() - pinned.keys()):

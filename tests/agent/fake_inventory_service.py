@@ -1,6 +1,7 @@
 """The inventory service as the agent sees it over HTTP, for httpx.MockTransport.
 
-It answers the two mutations and the pins query the way the contract says the real service does,
+It answers the two mutations (with the pins on the node's weights when asked) the way the
+contract says the real service does,
 and can be taken down, made to forget its nodes (a restart on an empty
 database), to refuse reports, or to hang.
 """
@@ -31,7 +32,7 @@ class FakeService:
         self.held: dict[str, set[tuple[str, int]]] = {}
         self.incarnations: dict[str, int] = {}
         self.fenced: list[dict[str, Any]] = []
-        # Weights path -> replica ids pinning it, as weights_pins answers.
+        # Weights path -> replica ids pinning it, as Node.weights.pinnedBy answers.
         self.pins: dict[str, list[str]] = {}
 
     def transport(self) -> httpx.MockTransport:
@@ -61,27 +62,23 @@ class FakeService:
                 return _error("BAD_INPUT", f"{field}: must be at least 0", field=field, value=value)
             node = variables["input"]
             self.nodes[node["id"]] = node
-            return self._answer("registerNode", node["id"], variables)
+            return self._answer("registerNode", node["id"], variables, query)
         if "heartbeat(" in query:
             self.calls.append((self.clock(), "heartbeat"))
             node_id = variables["nodeId"]
             if node_id not in self.nodes:
                 return _error("NODE_NOT_FOUND", f"no node {node_id!r}")
-            return self._answer("heartbeat", node_id, variables)
-        if "WeightsPins" in query:
-            node = self.nodes.get(variables["nodeId"])
-            if node is None:
-                return httpx.Response(200, json={"data": {"node": None}})
-            weights = [
-                {"path": w["path"], "pinnedBy": self.pins.get(w["path"], [])}
-                for w in node.get("weights") or ()
-            ]
-            return httpx.Response(200, json={"data": {"node": {"weights": weights}}})
+            return self._answer("heartbeat", node_id, variables, query)
         return _error("GRAPHQL_VALIDATION_FAILED", "unknown operation")
 
-    def _answer(self, field: str, node_id: str, variables: dict[str, Any]) -> httpx.Response:
+    def _answer(
+        self, field: str, node_id: str, variables: dict[str, Any], query: str
+    ) -> httpx.Response:
         if "runningShards" not in variables:
-            return _node(field, node_id)
+            answer = {"id": node_id, "state": "READY", "stateReason": None}
+            return httpx.Response(
+                200, json={"data": {field: self._weights(answer, node_id, query)}}
+            )
         self.fenced.append(variables)
         incarnation = self.incarnations.setdefault(node_id, 1)
         claimed = variables.get("incarnation")
@@ -100,13 +97,15 @@ class FakeService:
             "incarnation": incarnation,
             "shardsToStop": stops,
         }
-        return httpx.Response(200, json={"data": {field: node}})
+        return httpx.Response(200, json={"data": {field: self._weights(node, node_id, query)}})
 
-
-def _node(field: str, node_id: str) -> httpx.Response:
-    return httpx.Response(
-        200, json={"data": {field: {"id": node_id, "state": "READY", "stateReason": None}}}
-    )
+    def _weights(self, answer: dict[str, Any], node_id: str, query: str) -> dict[str, Any]:
+        """The answer with Node.weights { path pinnedBy } when the query asks for them."""
+        if "pinnedBy" not in query:
+            return answer
+        reported = self.nodes[node_id].get("weights") or ()
+        weights = [{"path": w["path"], "pinnedBy": self.pins.get(w["path"], [])} for w in reported]
+        return {**answer, "weights": weights}
 
 
 def _error(code: str, message: str, **extensions: Any) -> httpx.Response:

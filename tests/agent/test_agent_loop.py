@@ -7,6 +7,7 @@ so an hour-long outage takes milliseconds and nothing depends on the machine's s
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -315,23 +316,32 @@ def test_a_week_long_outage_does_not_overflow_the_backoff() -> None:
     assert [backoff.next() for _ in range(10_000)][-1] == 60
 
 
-async def test_the_agent_learns_which_weights_are_pinned_after_each_report(
+async def test_the_agent_learns_which_weights_are_pinned_from_every_answer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="llmgw.agent")
-    time, node = FakeTime(until=650), Node()
+    time, node = FakeTime(until=100), Node()
     with_weights = dict(node.report.node_input)
     with_weights["weights"] = [{"path": "/data/models/llama", "sizeBytes": 1, "state": "READY"}]
     node.report = Report(with_weights)
     service = FakeService(clock=time)
-    service.pins = {"/data/models/llama": ["chat"]}
-    time.at(350, lambda: setattr(service, "pins", {}))
-    await run(time, service, node)
-    # Reports at 0, 300 and 600: pinned after the first, released before the third.
+    # Placed at 25 and released at 55, both between reports (at 0 and 300):
+    # only the heartbeats' answers can tell the node.
+    time.at(25, lambda: setattr(service, "pins", {"/data/models/llama": ["chat"]}))
+    time.at(55, lambda: setattr(service, "pins", {}))
+    watching = replace(CONFIG, model_dirs=("/data/models",))
+    await run(time, service, node, watching)
+    assert service.kinds() == ["register"] + ["heartbeat"] * 9
     assert [m for m in messages(caplog, logging.INFO) if m.startswith("weights ")] == [
         "weights /data/models/llama are pinned by chat: keep them",
         "weights /data/models/llama are no longer pinned",
     ]
-    # Heartbeats carry nothing about weights: only reports are followed by the question.
-    asked = [r for r in service.requests if b"WeightsPins" in r.content]
-    assert len(asked) == 3
+    # Every exchange asked for the pins, and nothing else did.
+    assert all(b"pinnedBy" in r.content for r in service.requests)
+
+
+async def test_an_agent_without_model_dirs_does_not_ask_for_pins() -> None:
+    # Its heartbeats stay leaf-only: the service's compiled route answers them.
+    service, _ = await run(FakeTime(until=35))
+    assert service.kinds() == ["register", "heartbeat", "heartbeat", "heartbeat"]
+    assert not any(b"pinnedBy" in r.content for r in service.requests)

@@ -32,14 +32,15 @@ def schema() -> GraphQLSchema:
 
 
 def test_the_agent_ships_its_operations() -> None:
-    # The fenced two are sent instead when running_shards is configured;
-    # weights_pins after a report that carries weights.
+    # The fenced two are sent instead when running_shards is configured; the
+    # _pins two when model_dirs is (the answer names the weights' pins).
     assert OPERATIONS == [
         "heartbeat",
         "heartbeat_fenced",
+        "heartbeat_pins",
         "register_node",
         "register_node_fenced",
-        "weights_pins",
+        "register_node_pins",
     ]
 
 
