@@ -3,7 +3,8 @@
 Four HGX H100 nodes (eight H100-80GB each, one NVSwitch board: every GPU
 reaches the other seven over NVLink; one rail adapter per GPU, near it on the
 same PCIe switch) on two InfiniBand fabrics, ib-a and ib-b; one L40S node
-(PCIe, no NVLink, no InfiniBand); model weights on some local disks; one GPU
+(PCIe, no NVLink, no InfiniBand); model weights on some local disks (READY
+on most, one copy still DOWNLOADING); one GPU
 that raised XID 79 (fallen off the bus: sticky until a reset); one node
 cordoned for a PSU swap. It is what a new user's first queries, placements
 and dashboard need, with names the README's walkthrough uses.
@@ -52,13 +53,35 @@ mutation DemoHeartbeat($nodeId: ID!) {
 
 
 @dataclass(frozen=True)
+class DemoWeights:
+    path: str
+    total_bytes: int
+    state: str = "READY"
+    # Bytes on disk; the whole copy unless still downloading.
+    present_bytes: int | None = None
+
+    def as_input(self) -> dict[str, Any]:
+        present = self.total_bytes if self.present_bytes is None else self.present_bytes
+        return {
+            "path": self.path,
+            "sizeBytes": present,
+            "totalBytes": self.total_bytes,
+            "state": self.state,
+        }
+
+
+LLAMA_70B = DemoWeights("/models/llama-3-70b", 141 * GB)
+LLAMA_8B = DemoWeights("/models/llama-3-8b", 16 * GB)
+
+
+@dataclass(frozen=True)
 class DemoNode:
     id: str
     rack: str
     gpu: tuple[str, int]
     gpu_count: int
     fabric: str | None
-    weights: tuple[tuple[str, int], ...] = ()
+    weights: tuple[DemoWeights, ...] = ()
     # GPU index -> XIDs it raised (reported once, at registration).
     xids: tuple[tuple[int, int], ...] = ()
     nvswitch: bool = True
@@ -74,16 +97,18 @@ NODES: tuple[DemoNode, ...] = (
         H100,
         8,
         "ib-a",
-        weights=(("/models/llama-3-70b", 141 * GB), ("/models/llama-3-8b", 16 * GB)),
+        weights=(LLAMA_70B, LLAMA_8B),
     ),
-    DemoNode("hgx-02", "r1", H100, 8, "ib-a", weights=(("/models/llama-3-70b", 141 * GB),)),
+    DemoNode("hgx-02", "r1", H100, 8, "ib-a", weights=(LLAMA_70B,)),
     DemoNode(
         "hgx-03",
         "r2",
         H100,
         8,
         "ib-b",
-        weights=(("/models/llama-3-70b", 141 * GB),),
+        # Still downloading: place prefers the READY copies, and
+        # weightsReady: true refuses this one (WEIGHTS_NOT_READY).
+        weights=(DemoWeights(LLAMA_70B.path, LLAMA_70B.total_bytes, "DOWNLOADING", 58 * GB),),
         xids=((5, 79),),
     ),
     DemoNode("hgx-04", "r2", H100, 8, "ib-b", cordon="PSU swap"),
@@ -93,7 +118,7 @@ NODES: tuple[DemoNode, ...] = (
         L40S,
         4,
         None,
-        weights=(("/models/llama-3-8b", 16 * GB),),
+        weights=(LLAMA_8B,),
         nvswitch=False,
         memory_mb=515_626,
         disk_total=7 * TB,
@@ -127,7 +152,7 @@ def node_input(node: DemoNode) -> dict[str, Any]:
         if index in xids:
             gpu["xids"] = [xids[index]]
         gpus.append(gpu)
-    weights_bytes = sum(size for _, size in node.weights)
+    weights_bytes = sum(w.as_input()["sizeBytes"] for w in node.weights)
     return {
         "id": node.id,
         "hostname": f"{node.id}.demo",
@@ -149,7 +174,7 @@ def node_input(node: DemoNode) -> dict[str, Any]:
                 "directories": ["/models"],
             }
         ],
-        "weights": [{"path": path, "sizeBytes": size} for path, size in node.weights],
+        "weights": [w.as_input() for w in node.weights],
         "agentVersion": "demo",
         "engineVersions": [{"key": "vllm", "value": "0.11.0"}],
         # Fixed: a new boot id would clear the XID's sticky reason, as a reboot does.

@@ -52,7 +52,8 @@ def fit(args: argparse.Namespace, client: Client) -> int:
     shards = "1 shard" if args.shards == 1 else f"{args.shards} shards"
     after = f" after draining {', '.join(args.exclude)}" if args.exclude else ""
     print(
-        f"{found['replicas']} more replicas of {shards} of {args.gpus_per_shard} "
+        f"{found['replicas']} more {'replica' if found['replicas'] == 1 else 'replicas'} "
+        f"of {shards} of {args.gpus_per_shard} "
         f"{args.gpu_class} fit now{after}"
     )
     if found["nodes"]:

@@ -31,7 +31,7 @@ def test_an_operator_asks_how_many_tp8_replicas_fit_before_and_after_a_drain(
 
     code, out, _ = ctl(capsys, *url, "fit", *shape, "--nvlink-shards", "--exclude", "gpu-01")
     assert out.splitlines()[0] == (
-        "1 more replicas of 1 shard of 8 H100-80GB fit now after draining gpu-01"
+        "1 more replica of 1 shard of 8 H100-80GB fit now after draining gpu-01"
     )
 
     code, out, _ = ctl(capsys, *url, "fit", *shape, "--shards", "2", "--output", "json")

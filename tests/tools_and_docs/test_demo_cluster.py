@@ -14,7 +14,7 @@ from service.demo_cluster import NODES, keep_alive
 NODES_QUERY = """
 { nodes { id state stateReason nvlinkGroups
           fabrics { fabric hcas rateGbps }
-          weights { path }
+          weights { path state sizeBytes totalBytes }
           gpus { index gpuClass healthy stickyReasons nearHcas } } }
 """
 
@@ -64,8 +64,18 @@ def test_demo_once_registers_the_cluster_the_walkthrough_needs(
     # The XID's reason is sticky: the GPU is unhealthy until a reset.
     marked = [(g["index"], g["stickyReasons"]) for g in nodes["hgx-03"]["gpus"] if not g["healthy"]]
     assert marked == [(5, ["xid_79"])]
-    holding = [i for i, n in nodes.items() if {"path": "/models/llama-3-70b"} in n["weights"]]
-    assert holding == ["hgx-01", "hgx-02", "hgx-03"]
+    # The 70B model is READY on both ib-a nodes and still downloading on hgx-03.
+    copies = {
+        i: (w["state"], w["sizeBytes"], w["totalBytes"])
+        for i, n in nodes.items()
+        for w in n["weights"]
+        if w["path"] == "/models/llama-3-70b"
+    }
+    assert copies == {
+        "hgx-01": ("READY", 141_000_000_000, 141_000_000_000),
+        "hgx-02": ("READY", 141_000_000_000, 141_000_000_000),
+        "hgx-03": ("DOWNLOADING", 58_000_000_000, 141_000_000_000),
+    }
 
 
 def test_the_demo_keeps_its_nodes_alive_and_brings_back_a_removed_one(live_service: Any) -> None:
