@@ -12,7 +12,6 @@ from service.ctl.output import DASH, add_output_option, age, print_json, table
 # Where `ctl --help` lists these (after nodes).
 HELP_ORDER = 20
 
-PAGE = 500
 
 GPU_CLASSES = "{ gpuClasses { gpuClass total free allocated unhealthy unschedulable } }"
 
@@ -53,23 +52,12 @@ def gpus(args: argparse.Namespace, client: Client) -> int:
 
 
 def allocations(args: argparse.Namespace, client: Client) -> int:
-    found: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:
-        page = client.execute(
-            ALLOCATIONS,
-            {
-                "nodeId": args.node,
-                "replicaId": args.replica,
-                "first": PAGE,
-                "after": after,
-                "held": args.stale,
-            },
-        )["allocations"]
-        found.extend(page)
-        if len(page) < PAGE:
-            break
-        after = page[-1]["shardId"]
+    found = client.every(
+        ALLOCATIONS,
+        "allocations",
+        "shardId",
+        {"nodeId": args.node, "replicaId": args.replica, "held": args.stale},
+    )
     if args.output == "json":
         print_json(found)
         return 0

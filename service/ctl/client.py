@@ -42,6 +42,11 @@ def flag_error(error: CtlError, flags: dict[str, str]) -> CtlError:
     return CtlError(f"{flag} {shown}: {problem}", flag)
 
 
+# Entries asked per page when ctl reads a whole list (Client.every): the
+# service's own cap on a page is larger (INVENTORY_MAX_PAGE_SIZE, 1000 by default).
+PAGE = 500
+
+
 class Client:
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0) -> None:
         self.url = url
@@ -86,6 +91,21 @@ class Client:
             raise CtlError(f"the service at {self.url} answered HTTP {response.status_code}")
         data: dict[str, Any] = body["data"]
         return data
+
+    def every(
+        self, query: str, field: str, cursor: str, variables: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every entry of a paged list, page by page: the service caps a page (PAGE asked
+        each time), and the query takes $first and $after; `cursor` is the entry's key
+        that the next page starts after."""
+        found: list[dict[str, Any]] = []
+        after: Any = None
+        while True:
+            page = self.execute(query, {**(variables or {}), "first": PAGE, "after": after})[field]
+            found.extend(page)
+            if len(page) < PAGE:
+                return found
+            after = page[-1][cursor]
 
     def mutate(
         self, field: str, arguments: dict[str, tuple[str, Any]], selection: str

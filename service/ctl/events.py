@@ -29,7 +29,6 @@ from service.ctl.times import since as parse_since
 # Where `ctl --help` lists these (after nodes).
 HELP_ORDER = 30
 
-PAGE = 500
 
 EVENTS = """
 query Events($nodeId: ID, $replicaId: ID, $kinds: [String!], $since: DateTime,
@@ -78,17 +77,8 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def history(args: argparse.Namespace, client: Client) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    after: str | None = None
     since = args.since.isoformat() if args.since is not None else None
-    while True:
-        page = client.execute(
-            EVENTS, {**_filters(args), "since": since, "first": PAGE, "after": after}
-        )["events"]
-        found.extend(page)
-        if len(page) < PAGE:
-            return found
-        after = page[-1]["id"]
+    return client.every(EVENTS, "events", "id", {**_filters(args), "since": since})
 
 
 def show_events(args: argparse.Namespace, client: Client) -> int:

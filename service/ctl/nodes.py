@@ -21,7 +21,6 @@ from service.ctl.output import (
 # Where `ctl --help` lists these (the operator's first question).
 HELP_ORDER = 10
 
-PAGE = 500
 
 NODES = """
 query Nodes($first: Int, $after: ID) {
@@ -60,15 +59,8 @@ VERB_RESULT = "id state stateReason"
 
 
 def fetch_nodes(client: Client) -> list[dict[str, Any]]:
-    """Every node, page by page (the service caps a page)."""
-    nodes: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:
-        page = client.execute(NODES, {"first": PAGE, "after": after})["nodes"]
-        nodes.extend(page)
-        if len(page) < PAGE:
-            return nodes
-        after = page[-1]["id"]
+    """Every node."""
+    return client.every(NODES, "nodes", "id")
 
 
 def state_text(node: dict[str, Any]) -> str:

@@ -16,7 +16,6 @@ from service.ctl.client import Client, CtlError, flag_error
 from service.ctl.output import DASH, add_output_option, age, print_json, table
 
 ROLES = ("reader", "agent", "scheduler", "operator")
-PAGE = 500
 
 CREATE = """
 mutation CreateToken($role: Role!, $nodeId: ID, $description: String, $expiresAt: DateTime) {
@@ -71,14 +70,8 @@ def create_token(args: argparse.Namespace, client: Client) -> int:
 
 
 def list_tokens(args: argparse.Namespace, client: Client) -> int:
-    found: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:  # page by page: one agent token per node makes this list long
-        page = client.execute(LIST, {"includeRevoked": args.all, "first": PAGE, "after": after})
-        found.extend(page["tokens"])
-        if len(page["tokens"]) < PAGE:
-            break
-        after = page["tokens"][-1]["id"]
+    # Page by page: one agent token per node makes this list long.
+    found = client.every(LIST, "tokens", "id", {"includeRevoked": args.all})
     if args.output == "json":
         print_json(found)
         return 0

@@ -14,7 +14,6 @@ from service.ctl.output import DASH, add_output_option, human_bytes, print_json,
 
 HELP_ORDER = 25
 
-PAGE = 500
 
 WEIGHTS = """
 query Weights($first: Int, $after: ID) {
@@ -33,15 +32,8 @@ query Evictable($nodeId: ID!) {
 
 
 def _fetch(client: Client) -> list[dict[str, Any]]:
-    """Every node with its weights, page by page (the service caps a page)."""
-    nodes: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:
-        page = client.execute(WEIGHTS, {"first": PAGE, "after": after})["nodes"]
-        nodes.extend(page)
-        if len(page) < PAGE:
-            return nodes
-        after = page[-1]["id"]
+    """Every node with its weights."""
+    return client.every(WEIGHTS, "nodes", "id")
 
 
 def size_text(w: dict[str, Any]) -> str:

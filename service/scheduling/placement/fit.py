@@ -119,11 +119,7 @@ def survey_groups_sql(request: PlaceRequest) -> str:
         if wants_fabrics
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
-    holds = (
-        "EXISTS (SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights)"
-        if request.weights is not None
-        else "false"
-    )
+    holds = weights.holds("p.node_id") if request.weights is not None else "false"
     knows = "n.knows_its_weights" if request.weights is not None else "false"
     # The node's copy of the weights, as place ranks and judges it (placement/weights.py).
     copy = (

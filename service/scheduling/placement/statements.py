@@ -43,9 +43,8 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights,
            {gpu_facts_age("n")} AS gpus_facts_age,
-           (CAST(:weights AS text) IS NOT NULL AND EXISTS (
-               SELECT 1 FROM weights w WHERE w.node_id = p.node_id AND w.path = :weights
-           )) AS holds_weights, {weights.copy_of("p.node_id")} AS weights_copy,
+           {weights.holds("p.node_id")} AS holds_weights,
+           {weights.copy_of("p.node_id")} AS weights_copy,
            {fabrics_sql("p.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology

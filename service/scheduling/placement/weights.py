@@ -30,6 +30,14 @@ def copy_columns(alias: str) -> str:
     )
 
 
+def holds(node: str) -> str:
+    """SQL: whether node id `node` reported a copy of :weights (any state; false without :weights)."""
+    return (
+        "(CAST(:weights AS text) IS NOT NULL AND EXISTS ("
+        f"SELECT 1 FROM weights w WHERE w.node_id = {node} AND w.path = :weights))"
+    )
+
+
 def copy_of(node: str) -> str:
     """SQL: the weights_copy column of node id `node` for :weights (NULL without a row)."""
     return (
