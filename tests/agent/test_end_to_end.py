@@ -22,6 +22,7 @@ from agent.loop import Agent, run_until_stopped
 from agent.report import Host, build_report
 from agent.weights import WeightsScanner
 from agent.xids import XidInbox, XidListener
+from tests.waiting import until
 
 ENGINE_PID, FOREIGN_PID = 4100, 5200
 
@@ -66,6 +67,31 @@ async def eventually(
                 await asyncio.sleep(0.05)
     except TimeoutError:
         pytest.fail(f"never saw {what}; last seen: {node}")
+
+
+PLACE_WITH_WEIGHTS = """
+mutation {
+  place(input: {replicaId: "chat", gpuClass: "H100-80GB", gpusPerShard: 2,
+                weights: "/data/models/llama-8b"}) { __typename }
+}
+"""
+
+
+async def scheduler(url: str, document: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=5) as http:
+        answer = (await http.post(url, json={"query": document})).json()
+    assert not answer.get("errors"), answer
+    data: dict[str, Any] = answer["data"]
+    return data
+
+
+async def pinned(agent: Agent, expected: dict[str, tuple[str, ...]]) -> None:
+    """Wait until the agent's view of its pins is `expected`."""
+
+    async def seen() -> bool:
+        return agent.pinned == expected
+
+    await until(seen, f"the agent to see the pins {expected}")
 
 
 class OutageWatch(logging.Handler):
@@ -154,6 +180,15 @@ async def test_the_agent_keeps_the_services_view_of_its_node_true(
             {"path": "/data/models/llama-8b", "sizeBytes": 16 * GIB + 100},
             {"path": "/mnt/filer/models/qwen-72b", "sizeBytes": 140 * GIB + 100},
         ]
+
+        # A scheduler places a replica with the 8B weights: the node, which
+        # sends no report meanwhile, learns the pin from its heartbeats'
+        # answers, and that it is gone once the replica is released.
+        placed = await scheduler(live_service.url, PLACE_WITH_WEIGHTS)
+        assert placed == {"place": {"__typename": "Allocated"}}
+        await pinned(agent, {"/data/models/llama-8b": ("chat",)})
+        assert await scheduler(live_service.url, 'mutation { releaseReplica(replicaId: "chat") }')
+        await pinned(agent, {})
 
         # A GPU faults and a model is downloaded: the changed report is re-sent.
         nvml.gpus[2].remapped_rows = (0, 1, 1, 0)
