@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import strawberry
 
 from service.database.connections import Connection
@@ -61,6 +63,14 @@ RUNNING_SHARDS_DESCRIPTION = (
     "Node.shardsToStop lists those the inventory does not hold for this node with that fence; "
     "under INVENTORY_LOST_POLICY=hold it also confirms held shards (docs/operations/fencing.md)."
 )
+
+# The two arguments registerNode and heartbeat both take, described once.
+IncarnationArgument = Annotated[
+    int | None, strawberry.argument(description=INCARNATION_DESCRIPTION)
+]
+RunningShardsArgument = Annotated[
+    list[RunningShardInput] | None, strawberry.argument(description=RUNNING_SHARDS_DESCRIPTION)
+]
 
 
 @strawberry.type

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import strawberry
 
 from service import metrics
@@ -14,12 +12,7 @@ from service.fleet.node_views import BeatRecord, NodeRecord
 from service.fleet.reports import NodeReport, settle_observed_at
 
 from .context import Context, Info
-from .fencing_types import (
-    INCARNATION_DESCRIPTION,
-    RUNNING_SHARDS_DESCRIPTION,
-    RunningShardInput,
-    contact_of,
-)
+from .fencing_types import IncarnationArgument, RunningShardsArgument, contact_of
 from .inputs import NodeInput
 from .types import Node
 
@@ -72,13 +65,8 @@ class NodeMutations:
         self,
         info: Info,
         input: NodeInput,
-        incarnation: Annotated[
-            int | None, strawberry.argument(description=INCARNATION_DESCRIPTION)
-        ] = None,
-        running_shards: Annotated[
-            list[RunningShardInput] | None,
-            strawberry.argument(description=RUNNING_SHARDS_DESCRIPTION),
-        ] = None,
+        incarnation: IncarnationArgument = None,
+        running_shards: RunningShardsArgument = None,
     ) -> Node:
         context = info.context
         report = input.to_report(context.settings.clock_skew)
@@ -110,13 +98,8 @@ class NodeMutations:
         self,
         info: Info,
         node_id: strawberry.ID,
-        incarnation: Annotated[
-            int | None, strawberry.argument(description=INCARNATION_DESCRIPTION)
-        ] = None,
-        running_shards: Annotated[
-            list[RunningShardInput] | None,
-            strawberry.argument(description=RUNNING_SHARDS_DESCRIPTION),
-        ] = None,
+        incarnation: IncarnationArgument = None,
+        running_shards: RunningShardsArgument = None,
     ) -> Node:
         context = info.context
         contact = contact_of(incarnation, running_shards)
