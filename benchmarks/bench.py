@@ -8,11 +8,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 from benchmarks.client import Connection
-from benchmarks.database import postgres_cpu
+from benchmarks.database import postgres_cpu, postmaster_pid
 from benchmarks.measure import Figure, throughput
 from benchmarks.results import Results
 from benchmarks.services import HEADERS, Service
@@ -34,6 +35,23 @@ class Bench:
     versions: dict[int, int] = field(default_factory=dict)
     # The PostgreSQL server's postmaster, when it runs on this machine.
     postmaster: int | None = None
+
+    @classmethod
+    async def on(
+        cls, url: str, size: int, services: list[Service], results: Results, args: Any
+    ) -> Bench:
+        """A bench for `size` nodes on database `url`, paced as the command line says."""
+        return cls(
+            postmaster=await postmaster_pid(url),
+            size=size,
+            url=url,
+            services=services,
+            results=results,
+            quick=args.quick,
+            rounds=args.rounds,
+            seconds=args.seconds,
+            calls=args.calls,
+        )
 
     def postgres_cpu(self) -> float:
         """CPU seconds the PostgreSQL server has used so far; nan when it is not on this machine."""

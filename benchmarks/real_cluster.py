@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.bench import Bench
 from benchmarks.client import Connection, request_body
 from benchmarks.cluster import node_id, node_input
-from benchmarks.database import create_database, drop_database, migrate, postmaster_pid
+from benchmarks.database import create_database, drop_database, migrate
 from benchmarks.measure import Figure, latencies, percentile
 from benchmarks.questions import (
     FREE_GPUS,
@@ -190,17 +190,7 @@ async def measure_real_cluster(
         try:
             await asyncio.to_thread(migrate, url)
             with services(url, args.services) as procs:
-                bench = Bench(
-                    postmaster=await postmaster_pid(url),
-                    size=size,
-                    url=url,
-                    services=procs,
-                    results=results,
-                    quick=args.quick,
-                    rounds=args.rounds,
-                    seconds=args.seconds,
-                    calls=args.calls,
-                )
+                bench = await Bench.on(url, size, procs, results, args)
                 await _autovacuum(bench, False)
                 start = time.perf_counter()
                 await _send_all(bench, _registrations(size))

@@ -25,7 +25,6 @@ from benchmarks.database import (
     drop_database,
     migrate,
     postgres_server,
-    postmaster_pid,
     server_version,
 )
 from benchmarks.results import (
@@ -111,17 +110,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         sections = set(args.only.split(",")) if args.only else set(SECTIONS)
         sections -= set(args.skip.split(",")) if args.skip else set()
         with services(url, args.services) as procs:
-            bench = Bench(
-                postmaster=await postmaster_pid(url),
-                size=size,
-                url=url,
-                services=procs,
-                results=results,
-                quick=args.quick,
-                rounds=args.rounds,
-                seconds=args.seconds,
-                calls=args.calls,
-            )
+            bench = await Bench.on(url, size, procs, results, args)
             # The quick run asks for a smaller page: a smoke test, not a figure.
             qs = questions.questions(size, 200 if args.quick else questions.PAGE_SIZE)
             counts: dict[str, str] = {}
