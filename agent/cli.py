@@ -14,11 +14,11 @@ import httpx
 from agent import __version__
 from agent.client import InventoryClient, ServiceError, ServiceUnavailable
 from agent.config import AgentConfig, ConfigError, config_path, load_config
-from agent.gpu_file import GpuFile
+from agent.discovery.gpu_file import GpuFile
+from agent.discovery.weights import WeightsScanner
+from agent.discovery.xids import XidInbox, XidListener
 from agent.loop import Agent, run_until_stopped
 from agent.report import Host, Report, build_report
-from agent.weights import WeightsScanner
-from agent.xids import XidInbox, XidListener
 
 log = logging.getLogger("llmgw.agent")
 

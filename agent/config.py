@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Literal, NoReturn
 from urllib.parse import urlsplit
 
-from agent.gpu_file import GpuFile, GpuFileError, read_gpu_file
-from agent.identity import default_mgmt_addr, read_machine_id
+from agent.discovery.gpu_file import GpuFile, GpuFileError, read_gpu_file
+from agent.discovery.identity import default_mgmt_addr, read_machine_id
 from agent.running_shards import is_loopback_url
 
 DEFAULT_CONFIG_PATH = "/etc/llmgw/agent.toml"

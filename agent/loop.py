@@ -26,10 +26,10 @@ from agent.client import (
     ServiceUnavailable,
 )
 from agent.config import AgentConfig
+from agent.discovery.xids import XidInbox, with_xids
 from agent.report import Report, utc_now
 from agent.running_shards import RunningShard, RunningShardsSource, StopCommands, log_stops
 from agent.threads import in_daemon_thread
-from agent.xids import XidInbox, with_xids
 
 log = logging.getLogger("llmgw.agent")
 
@@ -106,7 +106,7 @@ class Agent:
         self._retry_register_at = 0.0
         self._warned: frozenset[str] = frozenset()
         self._state: tuple[str, str | None] | None = None
-        # XIDs heard from the driver (agent/xids.py): each wakes the loop for
+        # XIDs heard from the driver (agent/discovery/xids.py): each wakes the loop for
         # a full report at once.
         self._xids = xids
         self._xid_arrived: asyncio.Event | None = None

@@ -18,17 +18,22 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig
-from agent.engines import engine_versions
-from agent.fabrics import discover_fabrics
-from agent.gpu_file import GpuFile
-from agent.gpus import Gpu, discover_gpus, load_nvml
-from agent.identity import BOOT_ID, read_boot_id
-from agent.memory import read_meminfo
-from agent.rootfs import host_path
-from agent.storage import DeviceFigures, SpaceFigures, discover_storage, present_model_dirs
-from agent.topology import discover_topology
-from agent.weights import Weights, WeightsScanner
-from agent.weights_state import WeightsStatus
+from agent.discovery.engines import engine_versions
+from agent.discovery.fabrics import discover_fabrics
+from agent.discovery.gpu_file import GpuFile
+from agent.discovery.gpus import Gpu, discover_gpus, load_nvml
+from agent.discovery.identity import BOOT_ID, read_boot_id
+from agent.discovery.memory import read_meminfo
+from agent.discovery.rootfs import host_path
+from agent.discovery.storage import (
+    DeviceFigures,
+    SpaceFigures,
+    discover_storage,
+    present_model_dirs,
+)
+from agent.discovery.topology import discover_topology
+from agent.discovery.weights import Weights, WeightsScanner
+from agent.discovery.weights_state import WeightsStatus
 
 FREE_SPACE_STEP = 1 << 30
 # When each block was observed (the agent's clock): not content. The same

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from agent.rootfs import node_view
+from agent.discovery.rootfs import node_view
 
 GIB = 1 << 30
 TIB = 1 << 40

@@ -15,8 +15,8 @@ from agent.config import (
     FabricConfig,
     load_config,
 )
-from agent.gpu_file import GpuFile
-from agent.gpus import Gpu
+from agent.discovery.gpu_file import GpuFile
+from agent.discovery.gpus import Gpu
 
 
 def documented_config() -> str:

@@ -16,8 +16,8 @@ from service_schema import load_service_schema
 
 from agent.client import load_operation
 from agent.config import AgentConfig, FabricConfig
+from agent.discovery.weights import WeightsScanner
 from agent.report import Host, build_report
-from agent.weights import WeightsScanner
 
 OPERATIONS = sorted(
     p.name.removesuffix(".graphql")

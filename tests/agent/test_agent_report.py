@@ -11,8 +11,8 @@ from fake_root import GIB, TIB, FakeDisks, add_model, make_node
 
 from agent import __version__
 from agent.config import AgentConfig, FabricConfig
+from agent.discovery.weights import WeightsScanner
 from agent.report import Host, Report, build_report, utc_now
-from agent.weights import WeightsScanner
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ from fake_root import GIB, TIB, FakeDisks, add_model, add_process, make_node
 
 from agent.client import InventoryClient
 from agent.config import AgentConfig, FabricConfig
+from agent.discovery.weights import WeightsScanner
+from agent.discovery.xids import XidInbox, XidListener
 from agent.loop import Agent, run_until_stopped
 from agent.report import Host, build_report
-from agent.weights import WeightsScanner
-from agent.xids import XidInbox, XidListener
 from tests.waiting import until
 
 ENGINE_PID, FOREIGN_PID = 4100, 5200

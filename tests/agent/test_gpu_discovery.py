@@ -21,7 +21,7 @@ from fake_nvml import (
 from fake_root import add_process
 
 from agent.config import DEFAULT_ENGINE_PROCESSES
-from agent.gpus import Gpu, discover_gpus
+from agent.discovery.gpus import Gpu, discover_gpus
 
 ENGINE_PID, FOREIGN_PID = 4100, 5200
 

@@ -17,10 +17,10 @@ from service_schema import agent_docs
 from agent.cli import main
 from agent.client import InventoryClient
 from agent.config import ConfigError, load_config
-from agent.gpu_file import GpuFile
+from agent.discovery.gpu_file import GpuFile
+from agent.discovery.weights import WeightsScanner
 from agent.loop import Agent
 from agent.report import Host, build_report
-from agent.weights import WeightsScanner
 
 REPO = Path(__file__).resolve().parents[2]
 WARNING = "GPUs come from {path} (gpu_source), not from the NVIDIA driver"

@@ -7,10 +7,10 @@ import pytest
 from fake_root import TIB, FakeDisks, add_hca, make_node, write
 
 from agent.config import FabricConfig
-from agent.fabrics import discover_fabrics
-from agent.memory import read_meminfo
-from agent.mountinfo import read_mountinfo
-from agent.storage import Filesystem, discover_storage, present_model_dirs
+from agent.discovery.fabrics import discover_fabrics
+from agent.discovery.memory import read_meminfo
+from agent.discovery.mountinfo import read_mountinfo
+from agent.discovery.storage import Filesystem, discover_storage, present_model_dirs
 
 
 @pytest.fixture

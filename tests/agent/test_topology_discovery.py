@@ -8,10 +8,10 @@ from fake_nvml import FakeNvml, NVMLError_Unknown
 from fake_topology import FakeTopologyNode, gb200_tray, h100_nvl, hgx_h100, l40s
 
 from agent.config import DEFAULT_ENGINE_PROCESSES, AgentConfig, FabricConfig
-from agent.gpus import Gpu, discover_gpus
+from agent.discovery.gpus import Gpu, discover_gpus
+from agent.discovery.topology import discover_topology, pci_address
+from agent.discovery.weights import WeightsScanner
 from agent.report import Host, build_report
-from agent.topology import discover_topology, pci_address
-from agent.weights import WeightsScanner
 
 
 def discover(root: Path, node: FakeTopologyNode) -> tuple[list[Gpu], list[str]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fake_root import GIB, add_model
 
-from agent.weights import Weights, WeightsScanner, folder_size
+from agent.discovery.weights import Weights, WeightsScanner, folder_size
 
 LONG_AGO = time.time() - 7 * 24 * 3600
 

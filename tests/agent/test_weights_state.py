@@ -1,4 +1,4 @@
-"""Each model folder's state from the markers on disk (agent/weights_state.py), on a fake root."""
+"""Each model folder's state from the markers on disk (agent/discovery/weights_state.py), on a fake root."""
 
 import os
 import subprocess
@@ -6,9 +6,9 @@ from pathlib import Path
 
 from fake_root import GIB, add_model
 
+from agent.discovery.weights import WeightsScanner
+from agent.discovery.weights_state import WeightsStatus, manifest_digest
 from agent.report import Report
-from agent.weights import WeightsScanner
-from agent.weights_state import WeightsStatus, manifest_digest
 
 HF_REPO = "/data/hf/hub/models--meta-llama--Llama-3.1-70B"
 REVISION = "0d4b76e1efa1b2c3"

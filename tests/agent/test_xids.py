@@ -12,9 +12,9 @@ from fake_nvml import FakeNvml, NVMLError_DriverNotLoaded, NVMLError_NotSupporte
 from test_agent_loop import CONFIG, FakeTime, Node, ScenarioOver, node_report
 
 from agent.client import InventoryClient
-from agent.gpu_file import GpuFileError, parse_gpus, read_gpu_file
+from agent.discovery.gpu_file import GpuFileError, parse_gpus, read_gpu_file
+from agent.discovery.xids import XidInbox, XidListener, with_xids
 from agent.loop import Agent, run_until_stopped
-from agent.xids import XidInbox, XidListener, with_xids
 
 # Short waits on the event set, so a stopped listener ends at once.
 WAIT_MS = 20

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent.gpus import Gpu, _describe, _error_class, _text
-from agent.rootfs import host_path, node_view
+from agent.discovery.gpus import Gpu, _describe, _error_class, _text
+from agent.discovery.rootfs import host_path, node_view
 
 _PCI = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 # NVML's enum values (nvmlIntNvLinkDeviceType_t, nvmlGpuFabricState_t), for

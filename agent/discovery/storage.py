@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from agent.mountinfo import Mount, mount_of, read_mountinfo
-from agent.rootfs import host_path, node_view
+from agent.discovery.mountinfo import Mount, mount_of, read_mountinfo
+from agent.discovery.rootfs import host_path, node_view
 
 # Network and cluster filesystems: space on them belongs to every node that mounts them.
 SHARED_FS_TYPES = frozenset(

@@ -1,6 +1,6 @@
 """The node's RAM, from /proc/meminfo."""
 
-from agent.rootfs import host_path
+from agent.discovery.rootfs import host_path
 
 
 def read_meminfo(root: str) -> int | None:

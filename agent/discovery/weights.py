@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agent.rootfs import host_path
-from agent.weights_state import WeightsJudge
+from agent.discovery.rootfs import host_path
+from agent.discovery.weights_state import WeightsJudge
 
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 # Deep enough for org/model and for the Hugging Face cache layout
@@ -83,7 +83,7 @@ class WeightsScanner:
         self._measure = measure
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
-        # Each found folder's state (agent/weights_state.py), judged after a scan.
+        # Each found folder's state (agent/discovery/weights_state.py), judged after a scan.
         self.judge = WeightsJudge()
 
     def scan(self, directories: Iterable[str], warn: Callable[[str], None]) -> list[Weights]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.rootfs import host_path
+from agent.discovery.rootfs import host_path
 
 if TYPE_CHECKING:  # agent.config reads the GPU file, which holds FabricAttachments
     from agent.config import FabricConfig

@@ -4,7 +4,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from agent.rootfs import host_path, node_view
+from agent.discovery.rootfs import host_path, node_view
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
-from agent.fabrics import FabricAttachment
-from agent.gpus import HEALTH_REASONS, Gpu
+from agent.discovery.fabrics import FabricAttachment
+from agent.discovery.gpus import HEALTH_REASONS, Gpu
 
 # Every field a GPU entry may have; anything else is a mistake, not an extra.
 FIELDS = (
@@ -54,7 +54,7 @@ class GpuFile:
     path: str
     gpus: tuple[Gpu, ...]
     # XIDs the file says the driver raised, by GPU index: the agent reports
-    # them once, in its first report after start-up (agent/xids.py), as if
+    # them once, in its first report after start-up (agent/discovery/xids.py), as if
     # it had heard them, to rehearse the service's handling in a lab.
     xids: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     # The fabrics the file declares, reported as they are instead of read from

@@ -3,7 +3,7 @@
 import socket
 from urllib.parse import urlsplit
 
-from agent.rootfs import host_path
+from agent.discovery.rootfs import host_path
 
 
 def read_machine_id(root: str) -> str | None:

@@ -1,7 +1,7 @@
 """Where each model folder stands: DOWNLOADING, READY, EVICTING or FAILED, from markers on disk.
 
 The markers (docs/scheduler/weights.md, "The agent's markers"), checked in
-this order for a model folder the scanner found (agent/weights.py):
+this order for a model folder the scanner found (agent/discovery/weights.py):
 
 1. `.evicting` in the folder: EVICTING. An eviction tool writes it before it
    deletes anything, so a replica pinned to the weights is told before they go.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agent.rootfs import host_path
+from agent.discovery.rootfs import host_path
 
 T = TypeVar("T")
 
@@ -24,7 +24,7 @@ ROW_REMAP_FAILED = "row_remap_failed"
 RETIRED_PAGES_PENDING = "retired_pages_pending"
 FOREIGN_PROCESS = "foreign_process"
 NVML_ERROR = "nvml_error"
-# Every reason this agent reports, so a GPU file (agent.gpu_file) can only say
+# Every reason this agent reports, so a GPU file (agent.discovery.gpu_file) can only say
 # what the driver could have said.
 HEALTH_REASONS = (
     ECC_UNCORRECTED,
@@ -47,7 +47,7 @@ class Gpu:
     memory_mb: int | None = None
     pci_bus_id: str | None = None
     health_reasons: tuple[str, ...] = ()
-    # Topology (agent.topology); None is "could not tell", never "none".
+    # Topology (agent.discovery.topology); None is "could not tell", never "none".
     numa_node: int | None = None
     nvlink_peers: tuple[int, ...] | None = None
     nvlink_domain: str | None = None
