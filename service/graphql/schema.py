@@ -19,20 +19,20 @@ from strawberry.extensions import (
 from strawberry.schema.config import StrawberryConfig
 from strawberry.tools import merge_types
 
-from .allocation_mutations import AllocationMutations
-from .event_queries import EventQueries
 from .fencing_types import FencingMutations
-from .gpu_mutations import GpuMutations
 from .masking import MaskUnexpected, log_expected
-from .mutations import NodeMutations
+from .operations.allocation_mutations import AllocationMutations
+from .operations.event_queries import EventQueries
+from .operations.gpu_mutations import GpuMutations
+from .operations.mutations import NodeMutations
+from .operations.placement import PlacementQueries
+from .operations.queries import NodeQueries
+from .operations.subscriptions import EventSubscriptions
+from .operations.token_admin import TokenMutations, TokenQueries
 from .pages import PageTruncation
 from .permissions import guard_root_fields
-from .placement import PlacementQueries
-from .queries import NodeQueries
 from .request_errors import CodeValidationErrors
 from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
-from .subscriptions import EventSubscriptions
-from .token_admin import TokenMutations, TokenQueries
 
 log = logging.getLogger(__name__)
 

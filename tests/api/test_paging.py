@@ -27,8 +27,8 @@ from service.config import Settings
 from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.event_log.events import record_event
+from service.graphql.operations.subscriptions import REPLAY_PAGE
 from service.graphql.schema import schema
-from service.graphql.subscriptions import REPLAY_PAGE
 from service.web.app import create_app
 from tests.api.test_subscription import subscribe
 from tests.conftest import Api, StatementCounter

@@ -35,8 +35,8 @@ from benchmarks.equivalence.seed import NODES
 from service.ctl.nodes import NODE as CTL_NODE
 from service.ctl.nodes import NODES as CTL_NODES
 from service.database.migrations import upgrade
-from service.graphql import allocation_mutations
 from service.graphql.allocation_types import AllocationRejected
+from service.graphql.operations import allocation_mutations
 from service.graphql.types import Allocation
 from service.metrics import COUNTERS
 from service.web.app import create_app

@@ -29,7 +29,7 @@ sent as a number is graphql-core's to coerce), a caller the gate refuses
 (the resolver refuses it too, writing nothing). After the beat, the
 beat is never run again: when it failed (an unknown node), or a leaf is one
 graphql-core would refuse, its outcome is handed to the resolver through the
-request's Context (FastRequest.hand_over; mutations.py takes it with
+request's Context (FastRequest.hand_over; operations/mutations.py takes it with
 Context.once), and graphql-core words the answer from it.
 """
 
@@ -51,7 +51,7 @@ from graphql import (
 from service.database import connections
 from service.fleet import hardware, heartbeats
 from service.fleet.hardware import WeightsRecord
-from service.graphql.mutations import HEARTBEAT
+from service.graphql.operations.mutations import HEARTBEAT
 from service.graphql.types import BEAT_FIELDS
 
 from .documents import only_root_field

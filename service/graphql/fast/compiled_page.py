@@ -20,7 +20,7 @@ arguments, hasWeights or hcasFor) runs through graphql-core as before.
 The same selections of one node by id: compiled_node.py.
 
 How it stays exact: the gate (front_door.py: the role and page size, as
-for the resolver), the resolver's argument mapping (queries.py), the same
+for the resolver), the resolver's argument mapping (operations/queries.py), the same
 page rule (service/paging.py: a page without `first` that stopped short answers
 PAGE_TRUNCATED at the field, where graphql-core would place it),
 the page node_views.list_nodes reads, the loaders' orders, and per leaf the
@@ -73,8 +73,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import node_states
 from service.database import connections
 from service.fleet import node_pages
+from service.graphql.operations.queries import free_gpus_arguments, nodes_arguments
 from service.graphql.private_api import core_schema
-from service.graphql.queries import free_gpus_arguments, nodes_arguments
 from service.paging import PageRequest
 from service.scheduling import weights_lifecycle
 
@@ -94,7 +94,7 @@ ROOTS: Mapping[str, Mapping[str, str]] = {
 }  # fmt: skip
 
 # Each argument's Python name: the resolver's keyword, which the gate and
-# queries.py's argument mappings read.
+# operations/queries.py's argument mappings read.
 _PYTHON_NAMES: Mapping[str, str] = {
     "filter": "filter_", "first": "first", "after": "after", "gpuClass": "gpu_class",
     "fabric": "fabric", "minFree": "min_free",

@@ -66,7 +66,12 @@ from graphql import (
 )
 from strawberry.types.base import StrawberryObjectDefinition
 
-from service.graphql.allocation_mutations import PLACE, count_place, place_outcome, place_result
+from service.graphql.operations.allocation_mutations import (
+    PLACE,
+    count_place,
+    place_outcome,
+    place_result,
+)
 from service.graphql.private_api import core_schema, optimized_is_awaitable
 
 from .documents import only_root_field

@@ -21,7 +21,7 @@ graphql-core (reason variables_for_graphql_core), a caller the role check
 refuses (refused). After the write it never writes again: when the write
 failed (a bad report, reason register_failed) or a leaf is one graphql-core
 would refuse (leaf_not_serializable), the outcome is handed to the resolver
-(Context.hand_over; mutations.py takes it with Context.once), and
+(Context.hand_over; operations/mutations.py takes it with Context.once), and
 graphql-core words the answer from it.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
 
-from service.graphql.mutations import REGISTER, store_report
+from service.graphql.operations.mutations import REGISTER, store_report
 from service.graphql.private_api import core_schema
 
 from .documents import only_root_field

@@ -11,9 +11,9 @@ from service.database import connections
 from service.errors import InvalidInput
 from service.event_log.events import EVENT_KINDS, EventFilter, list_events, unknown_kinds
 
-from .context import Info
-from .event_types import Event, event_id
-from .pages import answer, paged
+from ..context import Info
+from ..event_types import Event, event_id
+from ..pages import answer, paged
 
 
 def event_filter(

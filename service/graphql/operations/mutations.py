@@ -11,10 +11,10 @@ from service.fleet import fencing, heartbeats, node_views, nodes, observed_at, r
 from service.fleet.node_views import BeatRecord, NodeRecord
 from service.fleet.reports import NodeReport, settle_observed_at
 
-from .context import Context, Info
-from .fencing_types import IncarnationArgument, RunningShardsArgument, contact_of
-from .inputs import NodeInput
-from .types import Node
+from ..context import Context, Info
+from ..fencing_types import IncarnationArgument, RunningShardsArgument, contact_of
+from ..inputs import NodeInput
+from ..types import Node
 
 # The keys of a beat's and a report's outcome in Context.handed_over: the
 # field and the node id.

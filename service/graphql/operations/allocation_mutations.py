@@ -13,7 +13,7 @@ from service.scheduling.place_batches import Outcome, place_batched
 from service.scheduling.rejections import Rejection
 from service.scheduling.verdicts import PlaceRequest
 
-from .allocation_types import (
+from ..allocation_types import (
     Allocated,
     AllocateInput,
     AllocateResult,
@@ -22,7 +22,7 @@ from .allocation_types import (
     PlaceResult,
     Unplaceable,
 )
-from .context import Context, Info
+from ..context import Context, Info
 
 # The key of a place a fast route made and handed to the resolver
 # (Context.hand_over; service/graphql/fast/compiled_place.py).

@@ -13,8 +13,8 @@ from service.access_control.tokens import FIRST_TOKEN_WARNING, NewToken, TokenRe
 from service.database import connections
 from service.database.connections import Connection
 
-from .context import Info
-from .pages import answer, paged
+from ..context import Info
+from ..pages import answer, paged
 
 
 @strawberry.enum(description="What a token may do; see docs/security/roles.md.")

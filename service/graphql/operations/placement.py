@@ -11,8 +11,8 @@ from service.scheduling import placement
 from service.scheduling.placement import fit as fits
 from service.scheduling.rejections import Rejection
 
-from .allocation_types import Fit, InvalidPlacement, PlaceInput, PlacementExplanation
-from .context import Info
+from ..allocation_types import Fit, InvalidPlacement, PlaceInput, PlacementExplanation
+from ..context import Info
 
 
 @strawberry.type

@@ -9,8 +9,8 @@ from service.errors import NodeNotFound
 from service.fleet import gpu_cordons, gpu_health
 from service.fleet.hardware import GpuRecord, gpus_of
 
-from .context import Info
-from .types import Gpu
+from ..context import Info
+from ..types import Gpu
 
 
 async def _read_back(conn: Connection, node_id: str, index: int) -> GpuRecord:

@@ -16,9 +16,9 @@ from service.errors import InventoryError
 from service.event_log.event_stream import EventStream
 from service.event_log.events import EventFilter, list_events
 
-from .context import Info
+from ..context import Info
+from ..event_types import Event, event_id
 from .event_queries import event_filter
-from .event_types import Event, event_id
 
 REPLAY_PAGE = 500
 

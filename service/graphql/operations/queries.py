@@ -13,11 +13,11 @@ from service.database import connections
 from service.fleet import hardware, node_views
 from service.scheduling import allocations, capacity
 
-from .context import Info
-from .inputs import NodeFilter
-from .loaders import selected
-from .pages import answer, paged
-from .types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus, Weights
+from ..context import Info
+from ..inputs import NodeFilter
+from ..loaders import selected
+from ..pages import answer, paged
+from ..types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus, Weights
 
 # freeGpus without minFree (or with null): nodes with at least one.
 MIN_FREE = 1
