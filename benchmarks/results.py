@@ -166,6 +166,14 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
     else:
         out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
+    # Issue 31: what-if capacity by place's own planner, at most 2x one place.
+    name = "fit for a TP-8 shape <= 2x one place of it, 10k nodes (issue 31)"
+    fitted = _find(rows, 10_000, "fit TP-8 (1 shard of 8 H100-80GB) p50")
+    if fitted is not None:
+        out.append(Verdict(name, _judged(fitted.ratio <= 2.0), f"x{fitted.ratio:.2f}"))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
     for name, prefix, section in PER_SIZE:
         judged = False
         for size in sizes:

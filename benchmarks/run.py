@@ -39,7 +39,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster",
+    "peer", "floor", "real_cluster", "fit",
 )  # fmt: skip
 
 
@@ -82,6 +82,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
     from benchmarks import (
         allocation,
         churn,
+        fit,
         floor,
         layers,
         peer,
@@ -127,6 +128,11 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
                 wrong += await questions.measure_full_answer(
                     bench, 200 if args.quick else questions.PAGE_SIZE
                 )
+            # Before the sections that write: every round's place must find the
+            # cluster as loaded (an allocation run can leave no H100 free).
+            if "fit" in sections:
+                print(f"[{size}] fit against place (issue 31)", flush=True)
+                await fit.measure_fit(bench)
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)
