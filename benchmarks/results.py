@@ -230,24 +230,55 @@ def check_results_page(text: str, path: str) -> None:
         )
 
 
+# Where every figure of the run is written, relative to the results page's
+# folder: three sizes of figures are well over a hundred rows, and the page
+# is the targets and what limits them (issue 33: at most 200 lines).
+FIGURES_PAGE = "docs/reference/benchmark-figures.md"
+
+
+def _header(command: str, commit: str, machine: str, when: str) -> str:
+    return f"**Commit** `{commit}`, **date** {when}, **machine** {machine}."
+
+
 def results_section(results: Results, *, command: str, commit: str, machine: str, when: str) -> str:
-    """The current results: the run, every target and its status, every figure."""
+    """The current results: the run, every target and its status, the notes, a link to the figures."""
     lines = [
         f"{RESULTS_START}: written by `{command}`; edit the text around it, not this -->",
         "",
-        f"**Commit** `{commit}`, **date** {when}, **machine** {machine}.",
+        _header(command, commit, machine, when),
         "",
         "| target | status | figures |",
         "| --- | --- | --- |",
     ]
     lines.extend(f"| {v.target} | {v.status} | {v.figures} |" for v in verdicts(results.rows))
-    lines.extend(["", "Every figure, median (min-max) of the run's rounds:", ""])
     lines.extend(
         [
-            "| nodes | figure | service | baseline | ratio | note |",
-            "| ---: | --- | --- | --- | ---: | --- |",
+            "",
+            f"Every figure of this run, median (min-max) of its rounds, with its baseline: "
+            f"[{FIGURES_PAGE}]({FIGURES_PAGE}).",
         ]
     )
+    if results.notes:
+        lines.append("")
+        lines.extend(f"- {n}" for n in results.notes)
+    lines.extend(["", RESULTS_END])
+    return "\n".join(lines)
+
+
+def figures_page(results: Results, *, command: str, commit: str, machine: str, when: str) -> str:
+    """Every figure of the run, as the page FIGURES_PAGE; written whole by the same command."""
+    lines = [
+        "# Benchmark figures",
+        "",
+        f"Written by `{command}` with the current results of "
+        "[BENCHMARKS.md](../../BENCHMARKS.md), which says how to read them and what limits "
+        "each; do not edit by hand.",
+        "",
+        _header(command, commit, machine, when),
+        "",
+        "| nodes | figure | service | baseline | ratio | note |",
+        "| ---: | --- | --- | --- | ---: | --- |",
+    ]
     for r in results.rows:
         ratio = "-" if math.isnan(r.ratio) else f"{r.ratio:.2f}x"
         baseline = f"{r.baseline_name}: {spread(r.baseline)}" if r.baseline else "-"
@@ -255,11 +286,7 @@ def results_section(results: Results, *, command: str, commit: str, machine: str
         lines.append(
             f"| {r.size:,} | {r.name} | {spread(r.value)} {r.unit} | {baseline} | {ratio} | {note} |"
         )
-    if results.notes:
-        lines.append("")
-        lines.extend(f"- {n}" for n in results.notes)
-    lines.extend(["", RESULTS_END])
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 def write_results_page(text: str, section: str, path: str) -> str:

@@ -28,9 +28,11 @@ from benchmarks.database import (
     server_version,
 )
 from benchmarks.results import (
+    FIGURES_PAGE,
     Results,
     ResultsPageError,
     check_results_page,
+    figures_page,
     results_section,
     write_results_page,
 )
@@ -236,15 +238,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written to {args.markdown}")
     if args.write_results:
         page = Path(args.write_results)
-        section = results_section(
-            results,
-            command=command,
-            commit=measured_commit,
-            machine=f"{machine()}, shared with other work (load averages in the notes)",
-            when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        )
+        run = {
+            "command": command,
+            "commit": measured_commit,
+            "machine": f"{machine()}, shared with other work (load averages in the notes)",
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+        section = results_section(results, **run)
         page.write_text(write_results_page(page.read_text(), section, str(page)))
-        print(f"current results written into {page}")
+        figures = page.parent / FIGURES_PAGE
+        figures.parent.mkdir(parents=True, exist_ok=True)
+        figures.write_text(figures_page(results, **run))
+        print(f"current results written into {page}, every figure into {figures}")
     if wrong:
         print(f"{wrong} wrong results (see above)", file=sys.stderr)
         return 1

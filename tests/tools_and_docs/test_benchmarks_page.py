@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.measure import Figure
 from benchmarks.results import (
+    FIGURES_PAGE,
     MET,
     NOT_MEASURED,
     NOT_MET,
@@ -19,6 +20,7 @@ from benchmarks.results import (
     Results,
     ResultsPageError,
     Row,
+    figures_page,
     results_section,
     verdicts,
     write_results_page,
@@ -69,6 +71,15 @@ def test_the_results_replace_only_the_marked_section() -> None:
     assert "**Commit** `abc1234`, **date** 2026-12-05 09:00 UTC, **machine** 2 cores." in written
     assert "| 1,000 nodes: heartbeats >= 5,000/s | met | 6,050/s |" in written
     assert "- machine: 2 cores" in written
+    assert f"[{FIGURES_PAGE}]({FIGURES_PAGE})" in written
+    # Every figure is on its own page, written by the same run.
+    figures = figures_page(
+        results, command="python -m benchmarks --quick", commit="abc1234", machine="2 cores",
+        when="2026-12-05 09:00 UTC",
+    )  # fmt: skip
+    assert figures.startswith("# Benchmark figures\n")
+    assert "**Commit** `abc1234`" in figures
+    assert sum(line.startswith("| 1,000 |") for line in figures.splitlines()) == len(results.rows)
     # Written twice, the page is the same: the markers survive.
     assert write_results_page(written, section, "B.md") == written
 
@@ -96,3 +107,6 @@ def test_benchmarks_md_is_a_results_page_of_at_most_200_lines() -> None:
     for name, _, _ in PER_SIZE:
         assert any(name in row for row in rows), name
     assert (REPO / "docs" / "history" / "benchmarks-journal.md").exists()
+    # The figures page the results link to was written by the same run.
+    figures = (REPO / FIGURES_PAGE).read_text()
+    assert current.split("**Commit** ")[1].split(",")[0] in figures
