@@ -271,8 +271,10 @@ def figures_page(results: Results, *, command: str, commit: str, machine: str, w
         "# Benchmark figures",
         "",
         f"Written by `{command}` with the current results of "
-        "[BENCHMARKS.md](../../BENCHMARKS.md), which says how to read them and what limits "
-        "each; do not edit by hand.",
+        # Plain text, not a link: the page is part of the docs site, which
+        # holds no file outside docs/ (mkdocs build --strict refuses the link).
+        "BENCHMARKS.md at the repository's root, which says how to read them and what "
+        "limits each; do not edit by hand.",
         "",
         _header(command, commit, machine, when),
         "",
