@@ -13,7 +13,6 @@ Two ways this can go wrong, and a test for each:
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,9 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import node_states
 from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import Api
+from tests.one_definition import PYTHON_AND_DASHBOARD, ROOT, second_definitions
 from tests.reports import ALLOCATE, EXPLAIN, REGISTER, allocation, node_input, placement, shard
 
-ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "service" / "node_states.py"
 
 # What a second definition looks like, in SQL, Python or the dashboard's JS.
@@ -48,22 +47,10 @@ NOT_DEFINITIONS = {
 }
 
 
-def _sources() -> list[Path]:
-    service = ROOT / "service"
-    files = [*service.rglob("*.py"), *service.rglob("*.js"), *service.rglob("*.html")]
-    return sorted(p for p in files if p != HOME and "vendor" not in p.parts)
-
-
 def test_node_states_are_defined_in_one_place() -> None:
-    found = []
-    for path in _sources():
-        name = str(path.relative_to(ROOT))
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if any(name == f and part in line for f, part in NOT_DEFINITIONS):
-                continue
-            for what, pattern in SECOND_DEFINITIONS.items():
-                if pattern.search(line):
-                    found.append(f"{name}:{number}: {what}: {line.strip()}")
+    found = second_definitions(
+        HOME, SECOND_DEFINITIONS, kinds=PYTHON_AND_DASHBOARD, excused=NOT_DEFINITIONS
+    )
     assert not found, "define it in service/node_states.py and use it from there:\n" + "\n".join(
         found
     )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,10 +22,10 @@ from service.scheduling import availability
 from service.scheduling.gpu_pools import refresh_pools
 from tests.conftest import Api
 from tests.consistency import inconsistencies
+from tests.one_definition import PYTHON_AND_DASHBOARD, ROOT, second_definitions
 from tests.reports import EXPLAIN, L40S, PLACE, REGISTER, gpus, node_input
 from tests.scheduling.test_scheduler_queries import hold
 
-ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "service" / "scheduling" / "availability.py"
 
 # What a second definition looks like, in SQL, Python or the dashboard's JS.
@@ -70,22 +69,10 @@ NOT_DEFINITIONS = {
 }
 
 
-def _sources() -> list[Path]:
-    service = ROOT / "service"
-    files = [*service.rglob("*.py"), *service.rglob("*.js"), *service.rglob("*.html")]
-    return sorted(p for p in files if p != HOME)
-
-
 def test_free_and_schedulable_are_defined_in_one_place() -> None:
-    found = []
-    for path in _sources():
-        name = str(path.relative_to(ROOT))
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if any(name == f and part in line for f, part in NOT_DEFINITIONS):
-                continue
-            for what, pattern in SECOND_DEFINITIONS.items():
-                if pattern.search(line):
-                    found.append(f"{name}:{number}: {what}: {line.strip()}")
+    found = second_definitions(
+        HOME, SECOND_DEFINITIONS, kinds=PYTHON_AND_DASHBOARD, excused=NOT_DEFINITIONS
+    )
     assert not found, (
         "define it in service/scheduling/availability.py and use it from there:\n"
         + "\n".join(found)

@@ -9,10 +9,10 @@ fabrics of different speeds; and a source scan fails on a second rule.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from tests.conftest import Api
+from tests.one_definition import ROOT, second_definitions
 from tests.reports import (
     ALLOCATE,
     EXPLAIN,
@@ -24,7 +24,6 @@ from tests.reports import (
     shard,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "service" / "scheduling" / "fabric_choice.py"
 
 # What a second rule looks like: a choice by link speed, or a fabric picked
@@ -40,15 +39,7 @@ SECOND_RULES = {
 
 
 def test_the_fabric_rule_is_defined_in_one_place() -> None:
-    found = []
-    for path in sorted((ROOT / "service").rglob("*.py")):
-        if path == HOME:
-            continue
-        name = str(path.relative_to(ROOT))
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            for what, pattern in SECOND_RULES.items():
-                if pattern.search(line):
-                    found.append(f"{name}:{number}: {what}: {line.strip()}")
+    found = second_definitions(HOME, SECOND_RULES)
     assert not found, "choose with service/scheduling/fabric_choice.py instead:\n" + "\n".join(
         found
     )

@@ -9,7 +9,6 @@ draw the line at the same length.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -18,9 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import bounds
 from tests.conftest import Api
+from tests.one_definition import ROOT, second_definitions
 from tests.reports import REGISTER, node_input
 
-ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "service" / "bounds.py"
 NAMES = sorted(name for name in vars(bounds) if name.startswith("MAX_"))
 
@@ -33,15 +32,7 @@ SECOND_DEFINITIONS = {
 
 
 def test_bounds_are_defined_in_one_place() -> None:
-    found = []
-    for path in sorted((ROOT / "service").rglob("*.py")):
-        if path == HOME:
-            continue
-        name = str(path.relative_to(ROOT))
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            for what, pattern in SECOND_DEFINITIONS.items():
-                if pattern.search(line):
-                    found.append(f"{name}:{number}: {what}: {line.strip()}")
+    found = second_definitions(HOME, SECOND_DEFINITIONS)
     assert not found, "define it in service/bounds.py and read it from there:\n" + "\n".join(found)
 
 
