@@ -10,7 +10,7 @@ configured this way by mistake is visible in its log and its dry run.
 """
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
@@ -123,15 +123,24 @@ def _xids(where: str, value: object) -> tuple[int, ...]:
     return tuple(_whole(f"{where}[{i}]", xid, 1) for i, xid in enumerate(value))
 
 
-def _gpu(where: str, entry: object) -> Gpu:
+def _entry(
+    where: str, entry: object, known: Sequence[str], required: Sequence[str]
+) -> dict[str, object]:
+    """An entry as an object of known fields holding every required one, or a FileError naming it."""
     if not isinstance(entry, dict):
-        _fail(where, entry, "must be an object with index and name")
+        listed = ", ".join(required[:-1]) + f" and {required[-1]}"
+        _fail(where, entry, f"must be an object with {listed}")
     for key in entry:
-        if key not in FIELDS:
-            _fail(f"{where}.{key}", entry[key], f"unknown field; known: {', '.join(FIELDS)}")
-    for key in REQUIRED:
+        if key not in known:
+            _fail(f"{where}.{key}", entry[key], f"unknown field; known: {', '.join(known)}")
+    for key in required:
         if key not in entry:
             _fail(where, entry, f"{key} is required")
+    return entry
+
+
+def _gpu(where: str, given: object) -> Gpu:
+    entry = _entry(where, given, FIELDS, REQUIRED)
     index = _whole(f"{where}.index", entry["index"], 0)
     name = _text(f"{where}.name", entry["name"])
     memory = entry.get("memory_mb")
@@ -181,15 +190,8 @@ def _check_peers(gpus: tuple[Gpu, ...], prefix: str) -> None:
                 _fail(where, peer, f"GPU {peer} does not list GPU {gpu.index} back")
 
 
-def _fabric(where: str, entry: object) -> FabricAttachment:
-    if not isinstance(entry, dict):
-        _fail(where, entry, "must be an object with name, hcas and rate_gbps")
-    for key in entry:
-        if key not in FABRIC_FIELDS:
-            _fail(f"{where}.{key}", entry[key], f"unknown field; known: {', '.join(FABRIC_FIELDS)}")
-    for key in FABRIC_FIELDS:
-        if key not in entry:
-            _fail(where, entry, f"{key} is required")
+def _fabric(where: str, given: object) -> FabricAttachment:
+    entry = _entry(where, given, FABRIC_FIELDS, FABRIC_FIELDS)
     name = _text(f"{where}.name", entry["name"])
     hcas = _names(f"{where}.hcas", entry["hcas"])
     if not hcas:

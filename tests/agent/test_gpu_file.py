@@ -204,6 +204,10 @@ BAD_FILES: list[tuple[object, str]] = [
     ({"gpus": [entry(index=-1)]}, "gpus[0].index = -1: must be a whole number"),
     ({"gpus": [entry()], "fabrics": {"ib-a": []}}, "fabrics = {'ib-a': []}: must be a list"),
     (
+        {"gpus": [entry()], "fabrics": ["ib-a"]},
+        "fabrics[0] = 'ib-a': must be an object with name, hcas and rate_gbps",
+    ),
+    (
         {"gpus": [entry()], "fabrics": [{"name": "ib-a", "hcas": ["mlx5_0"]}]},
         "rate_gbps is required",
     ),
