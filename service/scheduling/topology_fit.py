@@ -25,6 +25,7 @@ disagree.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from service.scheduling.availability import gpu_free
@@ -114,12 +115,22 @@ def facts_column(request: PlaceRequest, node: str) -> str:
     if request.rail_aligned:
         known.append("g.near_hcas IS NOT NULL")
     free = f"g.node_id = {node} AND g.gpu_class = :cls AND {gpu_free('g')}"
+    # The free GPUs of each NVLink group: the rows _usable gives for
+    # nvlinkShards, before any rail condition.
+    grouped = _usable(replace(request, rail_aligned=False), f"g.node_id = {node}", False)
     groups = (
-        f"""ARRAY(SELECT count(*) FROM gpus g WHERE {free} AND g.nvlink_group IS NOT NULL
-                  GROUP BY g.nvlink_group ORDER BY 1 DESC)"""
+        f"ARRAY(SELECT count(*) FROM ({grouped}) u GROUP BY u.grp ORDER BY 1 DESC)"
         if request.nvlink_shards
         else "CAST('{}' AS bigint[])"
     )
+    usable = f"{room(request, node)} * :per"
+    if request.nvlink_shards and not request.rail_aligned:
+        # Then the usable GPUs are exactly the grouped ones, so room() is
+        # the groups' whole shards: counted from the array instead of a
+        # second read of the node's GPUs (fit reads every node of the class).
+        # OFFSET 0 keeps t a subquery of its own: pulled up, t.groups would be
+        # written out, and so read, once per use.
+        usable = "(SELECT coalesce(sum(x / :per), 0) FROM unnest(t.groups) x) * :per"
     unaligned = (
         f"""ARRAY(SELECT g.idx FROM gpus g
                   LEFT JOIN fabric_attachments fa ON fa.node_id = g.node_id AND fa.fabric = :fabric
@@ -128,13 +139,14 @@ def facts_column(request: PlaceRequest, node: str) -> str:
         else "CAST('{}' AS int[])"
     )
     domain = node_domain(node) if request.same_nvlink_domain else "CAST(NULL AS text)"
-    return f"""json_build_object(
+    return f"""(SELECT json_build_object(
         'known', EXISTS (SELECT 1 FROM gpus g WHERE g.node_id = {node} AND g.gpu_class = :cls
                          AND {" AND ".join(known)}),
-        'groups', {groups},
-        'usable', {room(request, node)} * :per,
+        'groups', t.groups,
+        'usable', {usable},
         'unaligned', {unaligned},
-        'domain', {domain})"""
+        'domain', {domain})
+      FROM (SELECT {groups} AS groups OFFSET 0) t)"""
 
 
 def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str) -> str:
