@@ -31,14 +31,13 @@ def second_definitions(
     """Each line outside `home` that matches a pattern, as "file:line: what: text".
 
     `excused` maps (file, text on the line) to why that line matches but
-    defines nothing. Vendored assets (service/static/vendor/) are others'
-    code and are not read.
+    defines nothing.
     """
     excused = excused or {}
     files = sorted({path for kind in kinds for path in SERVICE.rglob(kind)})
     found = []
     for path in files:
-        if path == home or "vendor" in path.parts:
+        if path == home:
             continue
         name = str(path.relative_to(ROOT))
         for number, line in enumerate(path.read_text().splitlines(), 1):

@@ -115,22 +115,18 @@ def facts_column(request: PlaceRequest, node: str) -> str:
     if request.rail_aligned:
         known.append("g.near_hcas IS NOT NULL")
     free = f"g.node_id = {node} AND g.gpu_class = :cls AND {gpu_free('g')}"
-    # The free GPUs of each NVLink group: the rows _usable gives for
-    # nvlinkShards, before any rail condition.
-    grouped = _usable(replace(request, rail_aligned=False), f"g.node_id = {node}", False)
-    groups = (
-        f"ARRAY(SELECT count(*) FROM ({grouped}) u GROUP BY u.grp ORDER BY 1 DESC)"
-        if request.nvlink_shards
-        else "CAST('{}' AS bigint[])"
-    )
+    groups = "CAST('{}' AS bigint[])"
     usable = f"{room(request, node)} * :per"
-    if request.nvlink_shards and not request.rail_aligned:
-        # Then the usable GPUs are exactly the grouped ones, so room() is
-        # the groups' whole shards: counted from the array instead of a
-        # second read of the node's GPUs (fit reads every node of the class).
-        # OFFSET 0 keeps t a subquery of its own: pulled up, t.groups would be
-        # written out, and so read, once per use.
-        usable = "(SELECT coalesce(sum(x / :per), 0) FROM unnest(t.groups) x) * :per"
+    if request.nvlink_shards:
+        # The free GPUs of each NVLink group: the rows _usable gives for
+        # nvlinkShards, before any rail condition.
+        grouped = _usable(replace(request, rail_aligned=False), f"g.node_id = {node}", False)
+        groups = f"ARRAY(SELECT count(*) FROM ({grouped}) u GROUP BY u.grp ORDER BY 1 DESC)"
+        if not request.rail_aligned:
+            # Then the usable GPUs are exactly the grouped ones, so room() is
+            # the groups' whole shards: counted from the array instead of a
+            # second read of the node's GPUs (fit reads every node of the class).
+            usable = "(SELECT coalesce(sum(x / :per), 0) FROM unnest(t.groups) x) * :per"
     unaligned = (
         f"""ARRAY(SELECT g.idx FROM gpus g
                   LEFT JOIN fabric_attachments fa ON fa.node_id = g.node_id AND fa.fabric = :fabric
@@ -139,6 +135,8 @@ def facts_column(request: PlaceRequest, node: str) -> str:
         else "CAST('{}' AS int[])"
     )
     domain = node_domain(node) if request.same_nvlink_domain else "CAST(NULL AS text)"
+    # OFFSET 0 keeps t a subquery of its own: pulled up, t.groups would be
+    # written out, and so read, once per use.
     return f"""(SELECT json_build_object(
         'known', EXISTS (SELECT 1 FROM gpus g WHERE g.node_id = {node} AND g.gpu_class = :cls
                          AND {" AND ".join(known)}),
