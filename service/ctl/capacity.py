@@ -97,7 +97,17 @@ def register(commands: Any) -> None:
     summary.set_defaults(handler=gpus)
     add_verbs(summary)
 
-    held = commands.add_parser("allocations", help="shards of replicas and the GPUs they hold")
+    held = commands.add_parser(
+        "allocations",
+        help="shards of replicas and the GPUs they hold",
+        description="Shards of replicas and the GPUs they hold.",
+        epilog=(
+            "FENCE is the shard's fencing token: start its engine with it; a later placement "
+            "on the same GPUs always carries a larger one. GEN is the replica's generation, "
+            "moved by every change of its shards: releaseReplica(generation: GEN) releases "
+            "only the replica as read (docs/operations/fencing.md)."
+        ),
+    )
     held.add_argument("--node", help="only shards on this node")
     held.add_argument("--replica", help="only this replica's shards")
     held.add_argument(

@@ -8,6 +8,7 @@ meet is a CtlError whose message is that line.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -77,12 +78,15 @@ class Client:
             body = None
         errors = body.get("errors") if isinstance(body, dict) else None
         if response.status_code in (401, 403):
+            if response.status_code == 401 and not self.token:
+                raise CtlError(NO_TOKEN_SENT)
             said = _error_line(errors[0]) if errors else f"HTTP {response.status_code}"
             hint = "" if "INVENTORY_TOKEN" in said else " (pass --token or set INVENTORY_TOKEN)"
             raise CtlError(f"the service refused the request: {said}{hint}")
         if not isinstance(body, dict):
             raise CtlError(
                 f"the service at {self.url} answered HTTP {response.status_code} without GraphQL"
+                f"{endpoint_hint(self.url)}"
             )
         if errors:
             field = (errors[0].get("extensions") or {}).get("field")
@@ -117,6 +121,23 @@ class Client:
         variables = {name: value for name, (_, value) in arguments.items()}
         result: dict[str, Any] = self.execute(query, variables)[field]
         return result
+
+
+# The service's own 401 speaks to every caller (curl, GraphiQL's Headers pane); the
+# ctl knows it sent nothing, and says what to pass, and where a token comes from.
+NO_TOKEN_SENT = (
+    "the service requires a token and none was sent: pass --token TOKEN or set "
+    "INVENTORY_TOKEN (an operator makes one with `llmgw-inventory ctl tokens create "
+    "--role operator`; in a checkout `python3 dev.py ctl tokens create --role operator`)"
+)
+
+
+def endpoint_hint(url: str) -> str:
+    """A hint when the URL names the service but not its GraphQL endpoint (`/graphql`)."""
+    path = urlsplit(url).path.rstrip("/")
+    if path.endswith("/graphql"):
+        return ""
+    return f" (the GraphQL endpoint is /graphql: --url {url.rstrip('/')}/graphql)"
 
 
 def _reason(error: httpx.HTTPError) -> str:

@@ -15,7 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from service.ctl.client import Client, CtlError
+from service.ctl.client import NO_TOKEN_SENT, Client, CtlError
 from service.ctl.output import (
     DASH,
     add_output_option,
@@ -201,6 +201,8 @@ def _stream(
     except ConnectionClosed as closed:
         code = closed.rcvd.code if closed.rcvd is not None else None
         reason = closed.rcvd.reason if closed.rcvd is not None else ""
+        if code == 4403 and not client.token:
+            raise TokenRefused(NO_TOKEN_SENT) from None
         if code == 4403:
             raise TokenRefused(
                 f"the service refused the token: {reason} (pass --token or set INVENTORY_TOKEN)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from service.ctl.client import Client
+from service.ctl.client import Client, CtlError
 from service.ctl.output import add_output_option, print_json, table
 
 # Where `ctl --help` lists it (after gpus and allocations).
@@ -46,6 +46,10 @@ def fit(args: argparse.Namespace, client: Client) -> int:
         "first": None if args.output == "json" else SHOWN_NODES,
     }
     found = client.execute(FIT, variables)["fit"]
+    if not found["replicas"] and not found["limitedBy"]:
+        # No node of the class at all (limitedBy counts the class's nodes): a
+        # typo such as H200 for H200-141GB, which "0 more fit" would hide.
+        unknown_class(client, args.gpu_class)
     if args.output == "json":
         print_json(found)
         return 0
@@ -67,6 +71,18 @@ def fit(args: argparse.Namespace, client: Client) -> int:
         print("what stops one more (nodes of the class, by first failed check):")
         print(table(["CHECK", "NODES"], [[c["code"], str(c["nodes"])] for c in found["limitedBy"]]))
     return 0
+
+
+CLASSES = "{ gpuClasses { gpuClass } }"
+
+
+def unknown_class(client: Client, gpu_class: str) -> None:
+    """Raise CtlError naming the known classes, as place's Unplaceable does, if none is gpu_class."""
+    classes = [c["gpuClass"] for c in client.execute(CLASSES)["gpuClasses"]]
+    if gpu_class in classes:
+        return
+    known = f"; classes here: {', '.join(classes)}" if classes else "; no GPUs are registered"
+    raise CtlError(f"--class {gpu_class}: no node has {gpu_class} GPUs{known}", "gpuClass")
 
 
 def register(commands: Any) -> None:

@@ -57,6 +57,10 @@ const view = {
   // Why the page is not live (polling, or still connecting), shown in the badge.
   whyNotLive: "reading the cluster",
   error: null,
+  // Whether the nodes were ever read, and whether the last read was refused
+  // for want of a token: "Nodes (0)" then would read as an empty cluster.
+  read: false,
+  needsToken: false,
 };
 
 let refreshTimer = null;
@@ -74,6 +78,7 @@ class GraphQLError extends Error {}
 function refusal(errors) {
   const refused = errors.find((e) => e.extensions && e.extensions.code === "UNAUTHENTICATED");
   if (!refused) return null;
+  view.needsToken = true;
   document.getElementById("token-form").classList.add("needs-token");
   if (!token()) return "this service requires a token: paste one into the Token field above and press Use";
   return `the token in the Token field was refused (${refused.message}): paste another and press Use`;
@@ -108,6 +113,7 @@ async function graphql(query, variables, truncated) {
   if (errors.length) {
     throw new GraphQLError(refusal(errors) || errors.map((e) => e.message).join("; "));
   }
+  view.needsToken = false;
   document.getElementById("token-form").classList.remove("needs-token");
   if (!response.ok) throw new GraphQLError(`${response.status} ${response.statusText}`);
   return body.data;
@@ -162,6 +168,7 @@ async function refresh() {
         view.nodes = nodes;
         view.summary = summary.gpuClasses;
         view.fabrics = summary.fabrics.map((f) => f.name);
+        view.read = true;
         view.error = null;
       } catch (error) {
         view.error = error.message;
@@ -528,9 +535,15 @@ function render() {
   const f = filters();
   const shown = view.nodes.filter((n) => visible(n, f));
   document.querySelector("#nodes tbody").replaceChildren(...shown.map(nodeRow));
-  document.getElementById("count").textContent =
-    shown.length === view.nodes.length ? `(${view.nodes.length})` : `(${shown.length} of ${view.nodes.length})`;
+  document.getElementById("count").textContent = nodeCount(shown);
   document.body.dataset.loaded = "true";
+}
+
+// "(5)", "(2 of 5)", or why there is no number to show.
+function nodeCount(shown) {
+  if (view.needsToken) return view.read ? "(as last read; a token is needed)" : "(a token is needed to read them)";
+  if (!view.read) return view.error ? "(not read: see the status above)" : "(reading)";
+  return shown.length === view.nodes.length ? `(${view.nodes.length})` : `(${shown.length} of ${view.nodes.length})`;
 }
 
 function renderAges() {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -300,9 +301,15 @@ async def test_any_allocation_is_granted_whole_or_refused_clearly(
 # --- schemathesis over every root field ------------------------------------------------------
 
 
-def test_schemathesis_finds_no_server_error_and_no_leak(live_service: Any) -> None:
+def test_schemathesis_finds_no_server_error_and_no_leak(
+    live_service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import schemathesis
     from schemathesis.graphql import nodes
+
+    # Schemathesis keeps its caches and crash reports under ./.schemathesis/:
+    # here, not in the checkout the suite runs from.
+    monkeypatch.chdir(tmp_path)
 
     # Bytes is a JSON integer of any size (disks outgrow GraphQL's 32-bit Int).
     schemathesis.graphql.scalar("Bytes", st.integers().map(nodes.Int))

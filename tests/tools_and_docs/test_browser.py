@@ -343,6 +343,9 @@ async def test_the_dashboard_on_the_demo_cluster_marks_the_xid_gpu_and_the_cordo
             "the page to say it needs a token",
         )
         assert "paste one into the Token field" in hint and "Headers" not in hint
+        # Not "Nodes (0)": the cluster is not empty, it was not read.
+        count = await page.evaluate("document.getElementById('count').innerText")
+        assert count == "(a token is needed to read them)"
         await page.evaluate(
             f"document.getElementById('token').value = {json.dumps(TOKEN)};"
             "document.getElementById('token-form').requestSubmit()"

@@ -241,8 +241,18 @@ def test_failures_are_one_line_and_a_non_zero_exit(
     )
     code, _, err = ctl(capsys, "--url", live_service.url, "nodes")
     assert code == 1 and len(err.strip().splitlines()) == 1
-    assert "requires a token" in err
+    # Said to a CLI user: the flag and the variable, not GraphiQL's Headers pane.
+    assert "requires a token and none was sent: pass --token TOKEN or set INVENTORY_TOKEN" in err
+    assert "Headers" not in err
     assert ctl(capsys, *url, "nodes")[0] == 0
+
+    # The service's address without its endpoint: the dashboard's route says 405.
+    base = live_service.url.removesuffix("/graphql")
+    code, _, err = ctl(capsys, "--url", base, "--token", OPERATOR_TOKEN, "nodes")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert err.strip().endswith(
+        f"answered HTTP 405 without GraphQL (the GraphQL endpoint is /graphql: --url {base}/graphql)"
+    )
 
     # Following needs the token too, on the websocket.
     code, _, err = ctl(
@@ -250,6 +260,8 @@ def test_failures_are_one_line_and_a_non_zero_exit(
     )
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "token" in err
+    code, _, err = ctl(capsys, "--url", live_service.url, "events", "--follow")
+    assert code == 1 and "requires a token and none was sent" in err
 
 
 def test_ctl_options_go_before_or_after_the_command_and_events_show_the_shard(

@@ -42,3 +42,21 @@ def test_an_operator_asks_how_many_tp8_replicas_fit_before_and_after_a_drain(
     code, _, err = ctl(capsys, *url, "fit", "--class", "H100-80GB", "--gpus-per-shard", "0")
     assert code == 1
     assert "gpusPerShard=0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fit_for_a_class_no_node_has_fails_naming_the_classes_there(
+    live_service: LiveService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    register(live_service, node_input("gpu-01", gpus=hgx_h100(near=False), fabrics=[IB_A]))
+    url = ("--url", live_service.url)
+
+    # H200 for H200-141GB: "0 more replicas fit" would read as a full cluster.
+    code, out, err = ctl(capsys, *url, "fit", "--class", "H200", "--gpus-per-shard", "8")
+
+    assert (code, out) == (1, "")
+    assert err.strip() == (
+        "llmgw-inventory ctl: --class H200: no node has H200 GPUs; classes here: H100-80GB"
+    )
+    # A known class that is full is an answer, not an error.
+    code, out, _ = ctl(capsys, *url, "fit", "--class", "H100-80GB", "--gpus-per-shard", "16")
+    assert code == 0 and out.startswith("0 more replicas of 1 shard of 16 H100-80GB fit now")
