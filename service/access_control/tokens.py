@@ -257,6 +257,11 @@ async def ended_tokens(conn: Connection, token_ids: Sequence[str]) -> dict[str, 
     return {row.id: row.status for row in rows}
 
 
+async def count_tokens(conn: Connection) -> int:
+    """How many tokens were ever created, revoked ones included: each locks callers out (any_tokens)."""
+    return int(await conn.scalar(text("SELECT count(*) FROM api_tokens")))
+
+
 async def any_tokens(conn: Connection) -> bool:
     """Has a token ever been created? Revoked ones count.
 

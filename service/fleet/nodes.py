@@ -251,6 +251,11 @@ _ALIVE_HEARTBEATS = text(
 )
 
 
+async def count_nodes(conn: Connection) -> int:
+    """How many nodes are stored, whatever their state."""
+    return int(await conn.scalar(text("SELECT count(*) FROM nodes")))
+
+
 async def heartbeat_alive(conn: Connection, node_ids: Sequence[str]) -> dict[str, BeatRecord]:
     """Stamp the beats of nodes that were alive, in one statement; the others are absent.
 

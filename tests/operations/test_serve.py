@@ -145,11 +145,131 @@ def test_serve_says_what_to_do_next_on_a_fresh_deployment(
 
 
 def test_next_steps_name_fetch_assets_only_when_missing_and_tokens_only_before_the_first() -> None:
-    from service.cli import next_steps
+    from service.cli import Census, next_steps
     from service.config import Settings
 
-    fresh = "\n".join(next_steps(Settings(), tokens_in_force=False, assets_missing=True))
+    empty = Census(tokens=0, nodes=0, bootstrap=False)
+    fresh = "\n".join(next_steps(Settings(), empty, assets_missing=True))
     assert "`llmgw-inventory fetch-assets`" in fresh and "makes the first token" in fresh
-    running = "\n".join(next_steps(Settings(), tokens_in_force=True, assets_missing=False))
+    assert "no nodes yet?" in fresh
+    running = "\n".join(
+        next_steps(Settings(), Census(tokens=2, nodes=5, bootstrap=False), assets_missing=False)
+    )
     assert "fetch-assets" not in running and "first token" not in running
+    assert "no nodes yet" not in running and "5 nodes stored" in running
+    assert "tokens are required: 2 tokens exist" in running
     assert "http://127.0.0.1:8080/graphql" in running
+    bootstrap = "\n".join(
+        next_steps(Settings(), Census(tokens=0, nodes=1, bootstrap=True), assets_missing=False)
+    )
+    assert "tokens are required: INVENTORY_BOOTSTRAP_TOKEN is set" in bootstrap
+    assert "1 node stored" in bootstrap
+
+
+def serve_log(data_dir: Path, port: int, log: Path, until: str) -> subprocess.Popen[bytes]:
+    """`serve` on data_dir, its log in `log`, once the log says `until`."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "INVENTORY_TOKEN"}}
+    env["INVENTORY_SHUTDOWN_DRAIN"] = "0"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port),
+             "--data-dir", str(data_dir)],
+            env=env, cwd=REPO, stderr=out,
+        )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        if until in log.read_text():
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    return process
+        time.sleep(0.1)
+
+
+def inventory(*argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "INVENTORY_TOKEN"}}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *argv],
+        env=env, cwd=REPO, capture_output=True, text=True, input=stdin, timeout=120,
+    )  # fmt: skip
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+def test_the_tutorial_repeats_after_reset_and_serve_says_when_tokens_are_required(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    process = serve_log(data_dir, port, log, "no tokens yet")
+    try:
+        said = log.read_text()
+        assert f"the embedded PostgreSQL keeps its data in {data_dir}" in said
+        assert "no nodes yet?" in said
+        assert graphql(port, REGISTER, {"input": node_input("gpu-07")}).get("errors") is None
+        url = f"http://127.0.0.1:{port}/graphql"
+        made = inventory("ctl", "--url", url, "tokens", "create", "--role", "operator")
+        assert made.returncode == 0, made.stderr
+        # While serve holds the data, reset refuses and deletes nothing.
+        refused = inventory("reset", "--data-dir", str(data_dir), "--yes")
+        assert refused.returncode == 1 and "stop it first; nothing deleted" in refused.stderr
+    finally:
+        stop(process)
+
+    # The restart the tutorial met: the tokens lock it, and the log says so.
+    process = serve_log(data_dir, port, log, "tokens are required")
+    try:
+        said = log.read_text()
+        assert "tokens are required: 1 token exists" in said
+        assert "1 node stored" in said and "no nodes yet" not in said
+        assert "python3 dev.py reset" in said
+    finally:
+        stop(process)
+
+    # Without --yes and without a terminal to ask on, reset says what it would delete.
+    asked = inventory("reset", "--data-dir", str(data_dir), stdin="")
+    assert asked.returncode == 2 and "pass --yes" in asked.stderr and data_dir.exists()
+    done = inventory("reset", "--data-dir", str(data_dir), "--yes")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"deleted {data_dir}: the embedded PostgreSQL's data")
+    assert not data_dir.exists()
+    assert inventory("reset", "--data-dir", str(data_dir), "--yes").stdout.startswith(
+        "nothing to delete"
+    )
+
+    process = serve_log(data_dir, port, log, "no tokens yet")
+    try:
+        assert "no nodes yet?" in log.read_text()
+        assert graphql(port, "{ nodes { id } }") == {"data": {"nodes": []}}
+    finally:
+        stop(process)
+    assert not postmaster_running(data_dir)
+
+
+def test_reset_deletes_only_an_embedded_data_directory(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    # A mistyped --data-dir: a folder that is not PostgreSQL's is kept whole.
+    done = inventory("reset", "--data-dir", str(home), "--yes")
+    assert done.returncode == 1 and "no PG_VERSION" in done.stderr
+    assert (home / "notes.txt").read_text() == "mine"
+
+    env = {**os.environ, "DATABASE_URL": "postgresql://db.internal/llmgw"}
+    outside = subprocess.run(
+        [sys.executable, "-m", "service.cli", "reset", "--yes"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert outside.returncode == 2 and "DATABASE_URL is set" in outside.stderr
+
+
+def test_the_default_data_directory_is_the_users_own_even_as_root() -> None:
+    import platformdirs
+
+    from service.config import default_data_dir
+
+    assert default_data_dir() == Path(platformdirs.user_data_dir("llmgw-inventory"))
+    assert not str(default_data_dir()).startswith("/var/lib")
