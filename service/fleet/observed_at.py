@@ -73,7 +73,17 @@ class AgentClock:
         """The time a fact was observed, on the service's clock; raises InvalidInput as above."""
         if observed_at is None:
             return self.received_at
-        settled = _instant(field, observed_at) + self.shift
+        try:
+            settled = _instant(field, observed_at) + self.shift
+        except OverflowError:
+            # A sentAt centuries off shifts a time near the calendar's ends
+            # (year 1 or 9999) past them: there is no instant to store (the
+            # fuzzer's registerNode met it as an internal error).
+            raise InvalidInput(
+                field,
+                observed_at.isoformat(),
+                "out of range once shifted by the agent's clock offset (from input.sentAt)",
+            ) from None
         ahead = settled - self.received_at
         if ahead > self.skew:
             raise InvalidInput(

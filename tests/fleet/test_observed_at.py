@@ -164,3 +164,22 @@ def test_the_rule_within_and_past_the_skew() -> None:
     with pytest.raises(InvalidInput) as refused:
         agent_clock(None, received, SKEW).settle("f", received + timedelta(seconds=6))
     assert refused.value.field == "f"
+
+
+@pytest.mark.parametrize(
+    ("sent_at", "observed_at"),
+    [
+        # An agent clock at year 1 shifts every time forward by 2025 years.
+        (datetime(1, 1, 2, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC)),
+        # One at year 9999 shifts them back by 7973.
+        (datetime(9999, 12, 30, tzinfo=UTC), datetime(1, 1, 2, tzinfo=UTC)),
+    ],
+)
+def test_a_time_shifted_past_the_calendars_ends_is_refused_naming_the_field(
+    sent_at: datetime, observed_at: datetime
+) -> None:
+    received = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
+    with pytest.raises(InvalidInput) as refused:
+        agent_clock(sent_at, received, SKEW).settle("input.weights[0].observedAt", observed_at)
+    assert refused.value.field == "input.weights[0].observedAt"
+    assert "out of range once shifted" in str(refused.value)
