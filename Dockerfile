@@ -1,11 +1,15 @@
-# The inventory service (and the node agent: same image, entrypoint llmgw-agent).
+# The inventory service and the node agent (same image, entrypoint llmgw-agent
+# for the agent; on a GPU node without containers, install the agent's wheel
+# alone: docs/agent/install.md).
 #
 #   docker build -t llmgw-inventory .
 #
-# Node.js and npm exist only in the build stage: they fetch GraphiQL's scripts
-# (checked against Strawberry's pinned hashes) so the image serves GraphiQL on
-# an air-gapped cluster. The runtime stage is python:3.11-slim, a virtualenv and
-# the source, running as an unprivileged user.
+# The build stage builds and installs both distributions as a server's pip
+# would: the service's build fetches GraphiQL's scripts from the npm registry
+# (checked against Strawberry's pinned hashes; setup.py) and puts them and the
+# migrations inside the package, so the image serves GraphiQL on an air-gapped
+# cluster. The runtime stage is python:3.11-slim and that virtualenv alone,
+# running as an unprivileged user.
 
 # Base images by build argument, so a site with its own registry mirror (or the
 # local stand-ins of deploy/base-images.sh, built from Debian's packages) uses
@@ -13,28 +17,22 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
-RUN apt-get update \
- && apt-get install -y --no-install-recommends nodejs npm \
- && rm -rf /var/lib/apt/lists/*
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/llmgw
-WORKDIR /app
-COPY pyproject.toml README.md ./
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
 COPY alembic ./alembic
 COPY service ./service
 COPY agent ./agent
-# Editable: the migrations are read from /app/alembic beside the package.
-RUN /opt/llmgw/bin/pip install -e . \
- && /opt/llmgw/bin/llmgw-inventory fetch-assets \
- && /opt/llmgw/bin/llmgw-inventory fetch-assets --check \
- && rm -rf /root/.npm
+# Not editable: the image holds the installed packages, not this source.
+RUN /opt/llmgw/bin/pip install ./agent . \
+ && /opt/llmgw/bin/llmgw-inventory fetch-assets --check
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin llmgw
 COPY --from=build /opt/llmgw /opt/llmgw
-COPY --from=build /app /app
-WORKDIR /app
+WORKDIR /opt/llmgw
 ENV PATH=/opt/llmgw/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -12,13 +12,18 @@ The console scripts the README shows run the same way from a checkout:
   python3 dev.py reset ...         is  llmgw-inventory reset ...  (deletes serve's embedded data)
   python3 dev.py fetch-assets ...  is  llmgw-inventory fetch-assets ...
   python3 dev.py agent ...         is  llmgw-agent ...
-  python3 dev.py install           only sets up .venv (then `. .venv/bin/activate`
-                                   puts both scripts on PATH)
+  python3 dev.py install           only sets up .venv: the service and the agent, each
+                                   editable (then `. .venv/bin/activate` puts both
+                                   scripts on PATH)
+  python3 dev.py build [DIR]       a wheel of each in dist/ (or DIR): the service's
+                                   (llmgw_inventory-*.whl) and the agent's
+                                   (llmgw_agent-*.whl), to install on servers and nodes
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -30,23 +35,61 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed-pyproject"
 
 
+# The two distributions: the service (./) and the node agent (agent/), each
+# with its own pyproject.toml and wheel.
+PROJECTS = (ROOT, ROOT / "agent")
+DIST = ROOT / "dist"
+
+
+def installed_from() -> str:
+    """What .venv was installed from: both pyproject.toml files (a change to either reinstalls)."""
+    return "".join((project / "pyproject.toml").read_text() for project in PROJECTS)
+
+
+def pip() -> list[str]:
+    return [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
 def ensure_installed() -> None:
-    wanted = (ROOT / "pyproject.toml").read_text()
+    wanted = installed_from()
     if STAMP.exists() and STAMP.read_text() == wanted:
         return
     if not (BIN / "python").exists():
         print("creating .venv", file=sys.stderr)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    pip = [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
-    print("installing llmgw-inventory and its test tools into .venv", file=sys.stderr)
-    subprocess.run([*pip, "install", "-e", f"{ROOT}[dev]"], check=True)
+    subprocess.run([*pip(), "install", "--upgrade", "pip"], check=True)
+    print("installing llmgw-inventory, llmgw-agent and the test tools into .venv", file=sys.stderr)
+    # Editable, both: the checkout's sources are what runs. The service first:
+    # replacing a .venv's older llmgw-inventory, which carried llmgw-agent's
+    # console script, deletes that script, so the agent's install must come after.
+    subprocess.run([*pip(), "install", "-e", f"{ROOT}[dev]"], check=True)
+    subprocess.run([*pip(), "install", "-e", str(ROOT / "agent")], check=True)
     STAMP.write_text(wanted)
+
+
+def build(out: Path) -> int:
+    """A wheel of each distribution in `out`: llmgw_inventory-*.whl and llmgw_agent-*.whl."""
+    for project in PROJECTS:
+        # setuptools reuses build/ between builds: a module deleted since the
+        # last one would still be packed.
+        shutil.rmtree(project / "build", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [*pip(), "wheel", "--no-deps", "--wheel-dir", str(out), *map(str, PROJECTS)], check=False
+    )
+    for project in PROJECTS:
+        shutil.rmtree(project / "build", ignore_errors=True)
+    if done.returncode != 0:
+        return done.returncode
+    for wheel in sorted(out.glob("llmgw_*.whl")):
+        print(wheel)
+    return 0
 
 
 # dev.py's command -> what it runs in .venv (the rest of the arguments follow).
 COMMANDS = {
-    "serve": ["llmgw-inventory", "serve"],
+    # A checkout has no GraphiQL scripts until they are fetched (a wheel carries them).
+    "serve": ["llmgw-inventory", "serve", "--fetch-assets"],
     "migrate": ["llmgw-inventory", "migrate"],
     "reset": ["llmgw-inventory", "reset"],
     "fetch-assets": ["llmgw-inventory", "fetch-assets"],
@@ -58,13 +101,15 @@ COMMANDS = {
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {*COMMANDS, "install"}:
+    if not argv or argv[0] not in {*COMMANDS, "install", "build"}:
         print(__doc__, file=sys.stderr)
         return 2
     ensure_installed()
     command, rest = argv[0], argv[1:]
     if command == "install":
         return 0
+    if command == "build":
+        return build(Path(rest[0]) if rest else DIST)
     program, *fixed = COMMANDS[command]
     args = [str(BIN / program), *fixed, *rest]
     if command in ("serve", "test"):

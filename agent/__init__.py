@@ -3,7 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 try:
-    __version__ = version("llmgw-inventory")
+    __version__ = version("llmgw-agent")
 except PackageNotFoundError:
     # Run from a source checkout that was never installed: say so rather than
     # report a version that might match a real release.

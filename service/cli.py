@@ -129,9 +129,9 @@ def next_steps(
     steps = [f"next: the dashboard is {base}/ and GraphiQL {base}/graphql"]
     if assets_missing:
         steps.append(
-            "next: GraphiQL's scripts are not here, so its page says how to get them: run "
-            "`llmgw-inventory fetch-assets` (in a checkout `python3 dev.py serve` fetches "
-            "them itself)"
+            "next: GraphiQL's scripts are not here, so GraphiQL needs unpkg.com (its page says "
+            "so): run `llmgw-inventory fetch-assets` where the npm registry is reachable (in a "
+            "checkout: `python3 dev.py fetch-assets`)"
         )
     if data_dir is not None:
         steps.append(
@@ -169,6 +169,28 @@ def next_steps(
     return steps
 
 
+def fetch_missing_assets() -> None:
+    """GraphiQL's scripts into the package's vendor directory, when missing (checkouts: dev.py).
+
+    A failure (no network to the npm registry) does not stop the service: its
+    GraphiQL page then says what to run (service/web/graphiql.py), and so does
+    this warning.
+    """
+    from service.web.assets import VENDOR_DIR, AssetError, fetch
+
+    try:
+        stored = fetch()
+    except AssetError as error:
+        log.warning(
+            "GraphiQL's scripts could not be fetched, so GraphiQL needs unpkg.com: %s", error
+        )
+        return
+    if stored:
+        log.info(
+            "fetched GraphiQL's scripts into %s (checked against Strawberry's hashes)", VENDOR_DIR
+        )
+
+
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.database.migrations import upgrade
     from service.web import heap
@@ -176,6 +198,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.web.draining import DrainingServer
 
     settings = settings.replace(host=args.host or settings.host, port=args.port or settings.port)
+    if args.fetch_assets:
+        fetch_missing_assets()
     url, server = _database(settings, args.data_dir)
 
     def stop_embedded() -> None:
@@ -313,6 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     serve_cmd.add_argument(
+        "--fetch-assets",
+        action="store_true",
+        help=(
+            "first fetch GraphiQL's scripts when they are missing (`python3 dev.py serve` "
+            "passes it; a wheel carries them); a failure is a warning"
+        ),
+    )
+    serve_cmd.add_argument(
         "--insecure",
         action="store_true",
         help="serve a non-loopback address without tokens (INVENTORY_INSECURE); warns at start",
@@ -339,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     assets_cmd = commands.add_parser(
         "fetch-assets",
-        help="fetch GraphiQL's scripts with npm pack, so GraphiQL works without internet access",
+        help="fetch GraphiQL's scripts from the npm registry, so GraphiQL works without internet access",
     )
     assets_cmd.add_argument(
         "--check",

@@ -9,7 +9,15 @@ from alembic.script import ScriptDirectory
 
 from alembic import command
 
-ALEMBIC_DIR = Path(__file__).resolve().parents[2] / "alembic"
+# A wheel carries the migrations inside the package (setup.py copies them there);
+# a checkout, and an editable install of it, has them in the repository's
+# alembic/, beside the package.
+PACKAGED_MIGRATIONS = Path(__file__).resolve().parent / "schema_migrations"
+ALEMBIC_DIR = (
+    PACKAGED_MIGRATIONS
+    if PACKAGED_MIGRATIONS.is_dir()
+    else Path(__file__).resolve().parents[2] / "alembic"
+)
 
 # Held for the whole migration transaction: replicas that start together
 # queue here, and the second one finds the schema already at head.

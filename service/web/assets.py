@@ -2,24 +2,28 @@
 
 Strawberry's GraphiQL page loads React, GraphiQL and the explorer plugin from a
 CDN, pinned by version and by SRI hash. An air-gapped cluster has no CDN, so
-`llmgw-inventory fetch-assets` runs `npm pack` for exactly those versions at
-install or image-build time and keeps the files only when they match the page's
-own hashes byte for byte. The list of assets is read from Strawberry's page every
-time rather than copied here: a Strawberry upgrade that moves a version or a hash
-moves what we fetch with it, and there is no second copy of the hashes to drift.
-Third-party bundles are never committed to the repository.
+the service keeps its own copies: the service's wheel carries them (setup.py
+fetches them when it builds), `python3 dev.py serve` fetches them into a
+checkout, and `llmgw-inventory fetch-assets` does it by hand. Each file is
+taken from its package's tarball on the npm registry, read over HTTPS with
+nothing but Python (a fresh machine has no npm), and kept only when it matches
+the page's own hash byte for byte. The list of assets is read from Strawberry's
+page every time rather than copied here: a Strawberry upgrade that moves a
+version or a hash moves what we fetch with it, and there is no second copy of
+the hashes to drift. Third-party bundles are never committed to the repository.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import logging
 import os
-import subprocess
 import tarfile
-import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -120,42 +124,63 @@ def missing_or_altered(vendor_dir: Path, assets: list[Asset]) -> list[str]:
     return bad
 
 
-def _npm_pack(spec: str, into: Path) -> Path:
+# npm's own setting for its registry (a mirror), read as npm reads it from the environment.
+REGISTRY_VARIABLES = ("npm_config_registry", "NPM_CONFIG_REGISTRY")
+DEFAULT_REGISTRY = "https://registry.npmjs.org/"
+FETCH_TIMEOUT = 60.0
+
+
+def registry() -> str:
+    for name in REGISTRY_VARIABLES:
+        if value := os.environ.get(name):
+            return value if value.endswith("/") else value + "/"
+    return DEFAULT_REGISTRY
+
+
+def _get(url: str) -> bytes:
     try:
-        done = subprocess.run(
-            ["npm", "pack", spec, "--json", "--silent", "--pack-destination", str(into)],
-            cwd=into,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-    except FileNotFoundError:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as response:
+            body: bytes = response.read()
+            return body
+    except urllib.error.HTTPError as error:
+        raise AssetError(f"GET {url}: HTTP {error.code} {error.reason}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
         raise AssetError(
-            "npm is not installed: install Node.js (npm), or fetch-assets on a machine with npm "
-            "and copy service/static/vendor/"
+            f"cannot reach the npm registry at {url} ({reason}): fetch the assets where it is "
+            "reachable (npm_config_registry names a mirror) and copy service/static/vendor/"
         ) from None
-    except subprocess.TimeoutExpired:
-        raise AssetError(f"npm pack {spec} took longer than 300 s") from None
-    if done.returncode != 0:
-        raise AssetError(f"npm pack {spec} failed (exit {done.returncode}): {done.stderr.strip()}")
+
+
+def _tarball(spec: str, package: str, version: str) -> bytes:
+    """The package's tarball, checked against the registry's own integrity hash when it gives one."""
+    metadata_url = f"{registry()}{package.replace('/', '%2f')}/{version}"
     try:
-        filename = str(json.loads(done.stdout)[0]["filename"])
+        dist = json.loads(_get(metadata_url))["dist"]
+        url = str(dist["tarball"])
     except (ValueError, LookupError, TypeError):
-        raise AssetError(f"npm pack {spec}: unexpected output {done.stdout[:200]!r}") from None
-    # Scoped packages: npm names the tarball "graphiql-plugin-explorer-1.0.2.tgz".
-    return into / os.path.basename(filename)
+        raise AssetError(f"{metadata_url}: not the npm registry's answer for {spec}") from None
+    content = _get(url)
+    integrity = dist.get("integrity") if isinstance(dist, dict) else None
+    if isinstance(integrity, str) and "-" in integrity:
+        algorithm = integrity.partition("-")[0]
+        if algorithm in {"sha256", "sha384", "sha512"} and sri(content, algorithm) != integrity:
+            raise AssetError(f"{url} does not match the registry's integrity {integrity}")
+    return content
 
 
-def _read_member(tarball: Path, asset: Asset) -> bytes:
-    with tarfile.open(tarball, "r:gz") as archive:
-        try:
-            member = archive.extractfile(f"package/{asset.path}")
-        except KeyError:
-            member = None
-        if member is None:
-            raise AssetError(f"{asset.spec} has no file {asset.path}")
-        return member.read()
+def _read_member(tarball: bytes, asset: Asset) -> bytes:
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as archive:
+            try:
+                member = archive.extractfile(f"package/{asset.path}")
+            except KeyError:
+                member = None
+            if member is None:
+                raise AssetError(f"{asset.spec} has no file {asset.path}")
+            return member.read()
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise AssetError(f"{asset.spec}: its tarball cannot be read ({error})") from None
 
 
 def fetch(vendor_dir: Path = VENDOR_DIR, page: str | None = None) -> list[str]:
@@ -169,22 +194,21 @@ def fetch(vendor_dir: Path = VENDOR_DIR, page: str | None = None) -> list[str]:
     if not wanted:
         return []
     contents: dict[str, bytes] = {}
-    with tempfile.TemporaryDirectory(prefix="llmgw-assets-") as scratch:
-        tarballs: dict[str, Path] = {}
-        for asset in assets:
-            if asset.local_path not in wanted:
-                continue
-            if asset.spec not in tarballs:
-                log.info("npm pack %s", asset.spec)
-                tarballs[asset.spec] = _npm_pack(asset.spec, Path(scratch))
-            content = _read_member(tarballs[asset.spec], asset)
-            if not matches(asset, content):
-                algorithm = asset.integrity.partition("-")[0]
-                raise AssetError(
-                    f"{asset.spec}/{asset.path} does not match Strawberry's pinned hash: "
-                    f"expected {asset.integrity}, got {sri(content, algorithm)}; nothing was stored"
-                )
-            contents[asset.local_path] = content
+    tarballs: dict[str, bytes] = {}
+    for asset in assets:
+        if asset.local_path not in wanted:
+            continue
+        if asset.spec not in tarballs:
+            log.info("fetching %s from %s", asset.spec, registry())
+            tarballs[asset.spec] = _tarball(asset.spec, asset.package, asset.version)
+        content = _read_member(tarballs[asset.spec], asset)
+        if not matches(asset, content):
+            algorithm = asset.integrity.partition("-")[0]
+            raise AssetError(
+                f"{asset.spec}/{asset.path} does not match Strawberry's pinned hash: "
+                f"expected {asset.integrity}, got {sri(content, algorithm)}; nothing was stored"
+            )
+        contents[asset.local_path] = content
     for local_path, content in contents.items():
         target = vendor_dir / local_path
         target.parent.mkdir(parents=True, exist_ok=True)

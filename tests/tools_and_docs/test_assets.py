@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
+import io
+import json
 import logging
-import os
 import shutil
-import stat
-from collections.abc import AsyncIterator
+import socket
+import tarfile
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -16,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.web.app import create_app
 from service.web.assets import AssetError, fetch, matches, pinned_assets, sri
-from tests.vendor_assets import local_assets_or_skip
+from tests.vendor_assets import local_assets
 
 WIDGET = b"console.log('widget 1.2.3');\n"
 
@@ -29,30 +34,65 @@ def page_pinning(content: bytes) -> str:
     </head></html>"""
 
 
+def tarball(files: dict[str, bytes]) -> bytes:
+    """An npm package tarball: every file under package/."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(f"package/{name}")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+@dataclass
+class FakeRegistry:
+    """An npm registry on 127.0.0.1 serving @demo/widget 1.2.3; every path asked is logged."""
+
+    url: str
+    served: dict[str, bytes]  # the package's files
+    asked: list[str]
+    integrity: str | None = None  # the registry's hash of the tarball; None: computed
+
+
 @pytest.fixture
-def fake_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An `npm` on PATH whose `pack` writes a tarball of the bytes in ./served; calls are logged."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    served = tmp_path / "served"
-    served.write_bytes(WIDGET)
-    script = bin_dir / "npm"
-    script.write_text(
-        f"""#!/usr/bin/env python3
-import io, json, sys, tarfile
-open({str(tmp_path / "calls")!r}, "a").write(" ".join(sys.argv[1:]) + "\\n")
-content = open({str(served)!r}, "rb").read()
-dest = sys.argv[sys.argv.index("--pack-destination") + 1]
-with tarfile.open(dest + "/demo-widget-1.2.3.tgz", "w:gz") as tar:
-    info = tarfile.TarInfo("package/dist/widget.js")
-    info.size = len(content)
-    tar.addfile(info, io.BytesIO(content))
-print(json.dumps([{{"filename": "demo-widget-1.2.3.tgz"}}]))
-"""
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return tmp_path
+def fake_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRegistry]:
+    registry = FakeRegistry("", {"dist/widget.js": WIDGET}, [])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            registry.asked.append(self.path)
+            packed = tarball(registry.served)
+            if self.path == "/@demo%2fwidget/1.2.3":
+                body = json.dumps(
+                    {
+                        "dist": {
+                            "tarball": f"{registry.url}@demo/widget/-/widget-1.2.3.tgz",
+                            "integrity": registry.integrity or sri(packed, "sha512"),
+                        }
+                    }
+                ).encode()
+            elif self.path == "/@demo/widget/-/widget-1.2.3.tgz":
+                body = packed
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    registry.url = f"http://127.0.0.1:{server.server_address[1]}/"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("npm_config_registry", registry.url)
+    yield registry
+    server.shutdown()
+    server.server_close()
 
 
 def test_the_assets_are_the_ones_strawberrys_page_pins() -> None:
@@ -67,23 +107,25 @@ def test_the_assets_are_the_ones_strawberrys_page_pins() -> None:
     assert all(a.integrity.startswith("sha384-") for a in pinned_assets())
 
 
-def test_fetch_stores_a_file_that_matches_its_pinned_hash(fake_npm: Path, tmp_path: Path) -> None:
+def test_fetch_stores_a_file_that_matches_its_pinned_hash(
+    fake_registry: FakeRegistry, tmp_path: Path
+) -> None:
     vendor = tmp_path / "vendor"
     stored = fetch(vendor, page_pinning(WIDGET))
 
     assert stored == ["@demo/widget@1.2.3/dist/widget.js"]
     assert (vendor / "@demo/widget@1.2.3/dist/widget.js").read_bytes() == WIDGET
-    assert (fake_npm / "calls").read_text().startswith("pack @demo/widget@1.2.3 ")
+    assert fake_registry.asked == ["/@demo%2fwidget/1.2.3", "/@demo/widget/-/widget-1.2.3.tgz"]
 
-    # Already there and intact: nothing to do, npm is not even asked.
+    # Already there and intact: nothing to do, the registry is not even asked.
     assert fetch(vendor, page_pinning(WIDGET)) == []
-    assert len((fake_npm / "calls").read_text().splitlines()) == 1
+    assert len(fake_registry.asked) == 2
 
 
 def test_a_download_that_does_not_match_is_refused_and_nothing_is_stored(
-    fake_npm: Path, tmp_path: Path
+    fake_registry: FakeRegistry, tmp_path: Path
 ) -> None:
-    (fake_npm / "served").write_bytes(b"alert('tampered');\n")
+    fake_registry.served["dist/widget.js"] = b"alert('tampered');\n"
     vendor = tmp_path / "vendor"
 
     with pytest.raises(AssetError) as refused:
@@ -95,13 +137,29 @@ def test_a_download_that_does_not_match_is_refused_and_nothing_is_stored(
     assert not vendor.exists()
 
 
-def test_without_npm_the_error_says_what_to_install(
+def test_a_tarball_the_registry_does_not_vouch_for_is_refused(
+    fake_registry: FakeRegistry, tmp_path: Path
+) -> None:
+    fake_registry.integrity = sri(b"another tarball", "sha512")
+
+    with pytest.raises(AssetError, match="does not match the registry's integrity"):
+        fetch(tmp_path / "vendor", page_pinning(WIDGET))
+    assert not (tmp_path / "vendor").exists()
+
+
+def test_without_the_registry_the_error_says_where_to_fetch_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no npm anywhere
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    monkeypatch.setenv("npm_config_registry", f"http://127.0.0.1:{port}/")
 
-    with pytest.raises(AssetError, match="npm is not installed"):
+    with pytest.raises(AssetError) as refused:
         fetch(tmp_path / "vendor", page_pinning(WIDGET))
+    assert f"cannot reach the npm registry at http://127.0.0.1:{port}/" in str(refused.value)
+    assert "copy service/static/vendor/" in str(refused.value)
 
 
 @pytest.fixture
@@ -128,6 +186,9 @@ async def test_without_local_assets_graphiql_uses_the_cdn_and_says_once_how_to_f
 
     assert first.status_code == second.status_code == 200
     assert "https://unpkg.com/graphiql@3.8.3/graphiql.min.js" in first.text
+    # Offline the page would say "Loading..." forever: it says what to run instead.
+    assert "Loading...<" not in first.text
+    assert "<code>llmgw-inventory fetch-assets</code>" in first.text
     advice = [r.getMessage() for r in caplog.records if "fetch-assets" in r.getMessage()]
     assert len(advice) == 1, advice
 
@@ -135,7 +196,7 @@ async def test_without_local_assets_graphiql_uses_the_cdn_and_says_once_how_to_f
 async def test_with_local_assets_graphiql_loads_everything_from_the_service_without_a_token(
     engine: AsyncEngine, settings: Settings
 ) -> None:
-    vendor = local_assets_or_skip()
+    vendor = local_assets()
     guarded = settings.replace(bootstrap_token="an-operator-token")
     app = create_app(guarded, engine=engine, vendor_dir=vendor)
     async with httpx.AsyncClient(
@@ -173,7 +234,7 @@ async def test_an_altered_local_copy_is_not_used_and_the_log_names_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     vendor = tmp_path / "vendor"
-    shutil.copytree(local_assets_or_skip(), vendor)
+    shutil.copytree(local_assets(), vendor)
     with (vendor / "graphiql@3.8.3" / "graphiql.min.js").open("ab") as bundle:
         bundle.write(b"\n/* edited by hand */\n")
     app = create_app(settings, engine=engine, vendor_dir=vendor)

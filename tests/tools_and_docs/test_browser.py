@@ -8,18 +8,31 @@ look at.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
 
+from service.web.assets import VENDOR_DIR, missing_or_altered, pinned_assets
 from tests.chromium import CHROMIUM, Page, chromium
-from tests.conftest import REPO, LiveService
+from tests.conftest import REPO, LiveService, free_port
 from tests.reports import L40S, REGISTER, TB, gpus, node_input
+from tests.tools_and_docs.test_first_ten_minutes import needs_dev_venv
 from tests.topology import bridged_pairs
-from tests.vendor_assets import local_assets_or_skip
+from tests.vendor_assets import local_assets
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
@@ -94,10 +107,78 @@ def fabric(name: str) -> list[dict[str, Any]]:
 FREE_H100S = '{ freeGpus(gpuClass: "H100-80GB", minFree: 4) { node { id } gpuIndices } }'
 
 
+@contextlib.contextmanager
+def clean_checkout_assets(aside: Path) -> Iterator[None]:
+    """The checkout without GraphiQL's scripts, as a fresh clone is; put back if none came."""
+    if VENDOR_DIR.exists():
+        shutil.move(VENDOR_DIR, aside)
+    try:
+        yield
+    finally:
+        if aside.exists() and missing_or_altered(VENDOR_DIR, pinned_assets()):
+            shutil.rmtree(VENDOR_DIR, ignore_errors=True)
+            shutil.move(aside, VENDOR_DIR)
+
+
+@dataclass
+class FirstServe:
+    url: str
+    log: Path
+
+
+@pytest.fixture
+def first_serve() -> Iterator[FirstServe]:
+    """`python3 dev.py serve` in the state of a fresh clone: no data directory, no GraphiQL scripts."""
+    root = Path(tempfile.mkdtemp(prefix="llmgw-first-serve-", dir="/tmp"))
+    root.chmod(0o755)  # as root the embedded server runs as another user
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "INVENTORY_DATA_DIR"}}
+    log = root / "serve.log"
+    with clean_checkout_assets(root / "vendor-aside"), log.open("wb") as out:
+        serve = subprocess.Popen(
+            [sys.executable, str(REPO / "dev.py"), "serve", "--port", str(port),
+             "--data-dir", str(root / "data")],
+            env=env, stdout=out, stderr=out,
+        )  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                assert serve.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.2)
+            yield FirstServe(base, log)
+        finally:
+            serve.terminate()
+            serve.wait(timeout=60)
+            subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@needs_dev_venv
+async def test_graphiql_renders_offline_from_the_first_dev_py_serve_with_no_extra_command(
+    first_serve: FirstServe,
+) -> None:
+    async with chromium() as page:
+        await page.goto(f"{first_serve.url}/graphql")
+        await page.wait_for(
+            "!!document.querySelector('.graphiql-query-editor .CodeMirror')",
+            "GraphiQL's query editor",
+        )
+        await page.screenshot(SCREENSHOTS / "graphiql-first-start.png")
+        assert page.errors == [] and page.console_errors == []
+        requested = [u for u in page.requested if u.startswith("http")]
+        assert requested and all(u.startswith(first_serve.url) for u in requested), requested
+    said = await asyncio.to_thread(first_serve.log.read_text)
+    assert "fetched GraphiQL's scripts" in said
+
+
 async def test_graphiql_runs_a_query_from_local_assets_with_the_token_typed_in_its_headers_pane(
     service: LiveService,
 ) -> None:
-    local_assets_or_skip()
+    local_assets()
     register(service, "gpu-01", fabrics=fabric("ib-a"))
     register(service, "gpu-02", fabrics=fabric("ib-a"))
     call(service, CORDON, {"id": "gpu-02", "reason": "ECC storm"})

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from dev import installed_from
 from service.cli import build_parser
 from tests.reports import REGISTER, node_input
 
@@ -28,7 +29,7 @@ DOCS = "\n".join(page.read_text() for page in sorted((REPO / "docs").rglob("*.md
 STAMP = REPO / ".venv" / ".installed-pyproject"
 
 needs_dev_venv = pytest.mark.skipif(
-    not STAMP.exists() or STAMP.read_text() != (REPO / "pyproject.toml").read_text(),
+    not STAMP.exists() or STAMP.read_text() != installed_from(),
     reason="dev.py would (re)install .venv first: run `python3 dev.py install`",
 )
 
