@@ -11,7 +11,6 @@ cordoned, one with a sick GPU, one partly held.
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
 import pytest
@@ -217,13 +216,13 @@ async def test_the_shortcuts_count_what_the_planner_does_replica_by_replica(
         )
         facts = [facts_of(r) for r in rows]
     counting = fits.FitCount.of_nodes(facts, request)
-    counting.count(random.Random(1))
-    assert counting.replicas == fits.count_by_plans(facts, request, random.Random(2))
+    counting.count()
+    assert counting.replicas == fits.count_by_plans(facts, request)
     # And with the node on two fabrics gone, by the per-group count.
     single = [f for f in facts if f.node_id != "dual-0"]
     counting = fits.FitCount.of_nodes(single, request)
-    counting.count(random.Random(1))
-    assert counting.replicas == fits.count_by_plans(single, request, random.Random(2))
+    counting.count()
+    assert counting.replicas == fits.count_by_plans(single, request)
 
 
 LLAMA = "/models/llama-70b"

@@ -4,9 +4,12 @@ How it packs: a replica goes on one node when one node has room for all its
 shards, choosing the node that will be left with the fewest free GPUs (small
 holes get filled, large holes stay open for large replicas). Otherwise its
 shards spread over nodes of one fabric, smallest holes first, never splitting
-a shard. Nodes that already hold the weights come before all others; among
-equally good nodes the choice is random, so a crowd of schedulers asking for
-the same class does not all queue on the same first node.
+a shard. Nodes that already hold the weights come before all others, and
+among nodes equal so far the least flexible (on the fewest fabrics) is spent
+first: service/scheduling/ranking.py is the one ranking. A multi-node plan is
+deterministic; a one-node window draws at random among nodes equal on every
+term, so a crowd of schedulers asking for the same class does not all queue
+on the same first node.
 
 How it stays correct under concurrency: candidates are read from gpu_pools
 (indexed by class; every check is in the SQL, so a one-node placement reads

@@ -6,7 +6,6 @@ Why it is correct under concurrency is told in the package's docstring
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,7 +179,6 @@ async def place(
     conn: Connection,
     request: PlaceRequest,
     actor: str | None = None,
-    rng: random.Random | None = None,
 ) -> Allocated | Unplaceable | Rejection:
     """Pick GPUs for the replica and hold them, in the caller's transaction.
 
@@ -191,7 +189,6 @@ async def place(
     problem = validate_place(request)
     if problem is not None:
         return problem
-    rng = rng or random.Random()
     for _ in range(MAX_ROUNDS):
         busy: set[str] = set()
         # Every round starts with the one-node look, which checks the replica
@@ -199,7 +196,7 @@ async def place(
         # while this one waited.
         outcome = await _place_on_one_node(conn, request, actor, busy)
         if outcome is None and request.shards > 1:
-            outcome = await _spread(conn, request, actor, rng, busy)
+            outcome = await _spread(conn, request, actor, busy)
         if isinstance(outcome, Allocated | Rejection):
             return outcome
         if outcome is _CONFLICT:
@@ -211,7 +208,7 @@ async def place(
             if again is not None:
                 return again
             if request.shards > 1:
-                facts, _ = await spread_plan(conn, request, rng)
+                facts, _ = await spread_plan(conn, request)
             else:
                 facts = await candidates(conn, request)
             return await unplaceable(conn, request, facts)
@@ -501,12 +498,11 @@ async def _spread(
     conn: Connection,
     request: PlaceRequest,
     actor: str | None,
-    rng: random.Random,
     busy: set[str],
 ) -> Allocated | _Conflict | None:
     """Shards over several nodes of one fabric; None when they do not fit (see `busy`)."""
     while True:
-        _, plan = await spread_plan(conn, request, rng, skip=busy)
+        _, plan = await spread_plan(conn, request, skip=busy)
         if plan is None:
             return None
         outcome = await _try(conn, request, plan, actor)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -100,18 +99,15 @@ async def unplaceable(
     return Unplaceable(message, verdicts, omitted)
 
 
-async def explain(
-    conn: Connection, request: PlaceRequest, rng: random.Random | None = None
-) -> Explanation | Rejection:
+async def explain(conn: Connection, request: PlaceRequest) -> Explanation | Rejection:
     """What place() would answer now, without locking or writing anything."""
     problem = validate_place(request)
     if problem is not None:
         return problem
-    rng = rng or random.Random()
     facts = await candidates(conn, request)
-    plan = plan_placement(facts, request, rng)
+    plan = plan_placement(facts, request)
     if plan is None and request.shards > 1:
-        facts, plan = await spread_plan(conn, request, rng)
+        facts, plan = await spread_plan(conn, request)
     if plan is None:
         why = await unplaceable(conn, request, facts)
         return Explanation(False, why.message, why.verdicts, why.omitted, None, ())

@@ -35,7 +35,6 @@ smallest NVLink group that holds it (best fit, as the claim takes it).
 from __future__ import annotations
 
 import heapq
-import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -46,6 +45,7 @@ from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
 from service.scheduling.placement.statements import fabrics_sql, facts_of, request_params
+from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
 from service.scheduling.topology_fit import facts_column
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
@@ -259,18 +259,14 @@ class FitCount:
             groups.setdefault((fabrics[0], domain), []).append(f)
         return [groups[key] for key in sorted(groups, key=lambda k: (k[0], k[1] or ""))]
 
-    def _spread_by_group(self, groups: list[list[NodeFacts]], rng: random.Random) -> None:
+    def _spread_by_group(self, groups: list[list[NodeFacts]]) -> None:
         shards = self.request.shards
-        wants_weights = self.request.weights is not None
         for members in groups:
             room = sum(f.room(self.request) for f in members)
             count = room // shards
             # Shards go to the group's nodes in the planner's rank order.
             left = count * shards
-            ranked = sorted(
-                members,
-                key=lambda f: (f.weights_rank if wants_weights else 0, f.free, rng.random()),
-            )
+            ranked = sorted(members, key=lambda f: node_rank(f, self.request))
             for f in ranked:
                 if not left:
                     break
@@ -279,25 +275,25 @@ class FitCount:
                 left -= k
             self.replicas += count
 
-    def _spread_by_plans(self, rng: random.Random) -> None:
+    def _spread_by_plans(self) -> None:
         while True:
-            plan = plan_placement(self.fitting(), self.request, rng)
+            plan = plan_placement(self.fitting(), self.request)
             if plan is None:
                 return
             for node_id, k in plan.nodes:
                 self._take(node_id, k)
             self.replicas += 1
 
-    def count(self, rng: random.Random) -> None:
+    def count(self) -> None:
         self._take_whole()
         if self.request.shards == 1:
             return
         self._take_apart()
         groups = self._spread_groups(self.fitting())
         if groups is None:
-            self._spread_by_plans(rng)
+            self._spread_by_plans()
         else:
-            self._spread_by_group(groups, rng)
+            self._spread_by_group(groups)
 
     def limited_by(self) -> tuple[tuple[VerdictCode, int], ...]:
         codes = Counter(judge(f, self.request).code for f in self.facts.values())
@@ -319,11 +315,11 @@ class FitCount:
         return heapq.nsmallest(first, candidates + apart), total + len(apart)
 
 
-def count_by_plans(facts: Iterable[NodeFacts], request: PlaceRequest, rng: random.Random) -> int:
+def count_by_plans(facts: Iterable[NodeFacts], request: PlaceRequest) -> int:
     """The replicas plan_placement places one by one on these facts: what fit's shortcuts must equal."""
     counting = FitCount((), request)
     counting.facts = {f.node_id: f for f in facts}
-    counting._spread_by_plans(rng)
+    counting._spread_by_plans()
     return counting.replicas
 
 
@@ -333,7 +329,6 @@ async def fit(
     *,
     exclude: Iterable[str] = (),
     first: int,
-    rng: random.Random | None = None,
 ) -> Fit | Rejection:
     """How many more replicas of the request's shape fit now; `exclude`: nodes counted as gone.
 
@@ -353,7 +348,7 @@ async def fit(
         if members:
             groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
     counting = FitCount(groups, request)
-    counting.count(rng or random.Random())
+    counting.count()
     used, total = counting.used(first)
     return Fit(
         replicas=counting.replicas,

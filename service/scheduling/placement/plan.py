@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -14,6 +13,7 @@ from service.bounds import (
     MAX_TEXT_LENGTH,
 )
 from service.scheduling.fabric_choice import fabric_rank
+from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
 
@@ -72,18 +72,17 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
     return None
 
 
-def plan_placement(
-    facts: Sequence[NodeFacts], request: PlaceRequest, rng: random.Random
-) -> Plan | None:
-    """Where the shards would go on these nodes, or None when they do not fit."""
+def plan_placement(facts: Sequence[NodeFacts], request: PlaceRequest) -> Plan | None:
+    """Where the shards would go on these nodes, or None when they do not fit.
+
+    Deterministic: nodes are taken in service/scheduling/ranking.py's order,
+    so fit, which calls this on the same facts, counts what place does.
+    """
     fitting = [f for f in facts if judge(f, request).fits]
-    wants_weights = request.weights is not None
     per_shard = request.gpus_per_shard
 
-    def rank(f: NodeFacts) -> tuple[int, int, float]:
-        # Lower weights rank first (READY, present, DOWNLOADING, the rest):
-        # the order of the SQL windows (placement/weights.py).
-        return (f.weights_rank if wants_weights else 0, f.free, rng.random())
+    def rank(f: NodeFacts) -> tuple[int, int, int, str]:
+        return node_rank(f, request)
 
     whole = [f for f in fitting if f.room(request) >= request.shards]
     if whole:

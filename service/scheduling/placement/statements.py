@@ -6,7 +6,6 @@ which both place() and explain() plan from.
 
 from __future__ import annotations
 
-import random
 from functools import lru_cache
 from typing import Any
 
@@ -23,6 +22,7 @@ from service.scheduling.availability import gpu_free, node_schedulable, pool_off
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import Plan, plan_placement
+from service.scheduling.ranking import flexibility_sql, order_sql
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, WeightsCopy, judge
 
@@ -64,16 +64,16 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
     FROM ranked c {key_row("nodes", "n", {"id": "c.node_id"})}
-    ORDER BY c.weights_rank, c.free, c.tiebreak
+    ORDER BY {order_sql("c")}
 """
 
 
 def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     """The window: only nodes that pass every check, best first, at most :limit of them.
 
-    Best: weight holders, then the fewest free GPUs (packing), then random
-    among equals so concurrent callers spread out instead of queueing on one
-    node. The best fit is read from ix_gpu_pools_fit (class, free, node id) in
+    Best: in service/scheduling/ranking.py's order (weight holders, the
+    fewest free GPUs, the least flexible), then random among equals so
+    concurrent callers spread out instead of queueing on one node. The best fit is read from ix_gpu_pools_fit (class, free, node id) in
     index order and stops after :scan rows that pass, so the cost follows the
     window, not the cluster; the random order is taken among those rows.
     Holders are found through the weights index. A node's own row is joined
@@ -143,10 +143,11 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
             ORDER BY p.free, p.node_id LIMIT :scan) o"""
         )
     ranked = f"""
-        SELECT b.node_id, b.free, b.holds_weights, b.weights_rank, b.weights_copy,
-               random() AS tiebreak
-        FROM ({" UNION ALL ".join(branches)}) b
-        ORDER BY b.weights_rank, b.free, tiebreak"""
+        SELECT r.* FROM (
+            SELECT b.node_id, b.free, b.holds_weights, b.weights_rank, b.weights_copy,
+                   {flexibility_sql("b.node_id")} AS flexibility, random() AS tiebreak
+            FROM ({" UNION ALL ".join(branches)}) b) r
+        ORDER BY {order_sql("r")}"""
     if drawn_first and topology:
         # OFFSET 0 keeps the check above the sort, where LIMIT stops it.
         checks = " AND ".join(candidate_filters(request, "d.node_id"))
@@ -188,7 +189,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit).
         WHERE {node_schedulable("n")} AND NOT EXISTS (SELECT 1 FROM stored)
-        ORDER BY c.weights_rank, c.free, c.tiebreak
+        ORDER BY {order_sql("c")}
         LIMIT 1
         FOR NO KEY UPDATE OF n SKIP LOCKED
     )
@@ -196,7 +197,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     -- reads ranked a row at a time, so a topology check (see _ranked_sql)
     -- usually runs on one node.
     SELECT CASE WHEN k.id IS NULL THEN
-               (SELECT array_agg(c.node_id ORDER BY c.weights_rank, c.free, c.tiebreak)
+               (SELECT array_agg(c.node_id ORDER BY {order_sql("c")})
                 FROM ranked c) END AS window_ids,
            k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
            k.weights_copy AS picked_weights_copy,
@@ -233,15 +234,15 @@ def pick_several_sql(request: PlaceRequest) -> str:
     return f"""
     WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
     ), picked AS MATERIALIZED (
-        SELECT n.id, c.free, c.holds_weights, c.weights_rank, c.weights_copy, c.tiebreak,
-               n.state,
+        SELECT n.id, c.free, c.holds_weights, c.weights_rank, c.weights_copy, c.flexibility,
+               c.tiebreak, n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value,
                {gpu_facts_age("n")} AS gpus_facts_age
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         WHERE {node_schedulable("n")}
-        ORDER BY c.weights_rank, c.free, c.tiebreak
+        ORDER BY {order_sql("c")}
         LIMIT :k
         FOR NO KEY UPDATE OF n SKIP LOCKED
     )
@@ -253,7 +254,7 @@ def pick_several_sql(request: PlaceRequest) -> str:
            {fabrics_sql("k.id")}
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
-    ORDER BY k.weights_rank, k.free, k.tiebreak
+    ORDER BY {order_sql("k")}
     """
 
 
@@ -414,13 +415,13 @@ async def candidates(
 
 
 async def spread_plan(
-    conn: Connection, request: PlaceRequest, rng: random.Random, skip: set[str] | None = None
+    conn: Connection, request: PlaceRequest, skip: set[str] | None = None
 ) -> tuple[list[NodeFacts], Plan | None]:
     """A plan over nodes with room for one shard each, and the nodes it was made from."""
     facts: list[NodeFacts] = []
     for limit in (SPREAD_WINDOW, NO_LIMIT):
         facts, cut = await _fetch(conn, request, request.gpus_per_shard, limit, skip or set())
-        plan = plan_placement(facts, request, rng)
+        plan = plan_placement(facts, request)
         if plan is not None or not cut:
             return facts, plan
     return facts, None
