@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -34,60 +32,20 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.conftest import REPO, free_port
+from tests.compose_stacks import (
+    build_service_image,
+    remove_image_tags,
+    require_docker,
+    run,
+    stack_environment,
+    wait_for,
+)
 from tests.reports import REGISTER, node_input
 
 TOKEN = "e2e-operator-token-0123456789abcdef"
-# Per run: test sessions of several worktrees may share one dockerd, and each
-# must test its own image on its own stack (one shared tag and project name
-# once ran another checkout's code, and tore another run's stack down).
+# Per run (tests/compose_stacks.py says why).
 PROJECT = f"llmgw-e2e-{os.getpid()}"
 IMAGE = f"llmgw-inventory:e2e-{os.getpid()}"
-HOW_TO_RUN = (
-    "run it as root with docker.io and docker-compose installed and dockerd running "
-    "(`apt-get install docker.io docker-compose debootstrap; dockerd &`), as .ci/run does"
-)
-
-
-def docker_problem() -> str | None:
-    docker, compose = shutil.which("docker"), shutil.which("docker-compose")
-    if docker is None or compose is None:
-        return "docker or docker-compose is not installed"
-    try:
-        done = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "dockerd did not answer `docker info` within 20 s"
-    if done.returncode != 0:
-        return f"dockerd is not reachable: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"
-    return None
-
-
-def run(*command: str, env: dict[str, str], timeout: float = 600) -> str:
-    done = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if done.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
-    return done.stdout
-
-
-def free_subnet_prefix() -> str:
-    """A 172.29.N (/24) no docker network uses yet: the replicas' fixed addresses live there."""
-    ids = subprocess.run(
-        ["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=30
-    ).stdout.split()
-    used = subprocess.run(
-        ["docker", "network", "inspect", "--format",
-         "{{range .IPAM.Config}}{{.Subnet}} {{end}}", *ids],
-        capture_output=True, text=True, timeout=30,
-    ).stdout  # fmt: skip
-    start = 82 + os.getpid() % 100
-    for n in [*range(start, 250), *range(82, start)]:
-        if f"172.29.{n}.0/24" not in used:
-            return f"172.29.{n}"
-    raise AssertionError(f"no free 172.29.N.0/24 for the compose network; in use: {used}")
 
 
 @dataclass
@@ -120,49 +78,13 @@ class Stack:
         return body["data"]  # type: ignore[no-any-return]
 
 
-def wait_for(what: str, within: float, check: Any) -> Any:
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (httpx.HTTPError, AssertionError, ValueError) as error:
-            last = error
-        time.sleep(0.5)
-    raise AssertionError(f"gave up waiting for {what} after {within:g} s; last: {last!r}")
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    problem = docker_problem()
-    if problem is not None:
-        message = f"the compose deployment test needs Docker: {problem}; {HOW_TO_RUN}"
-        if os.environ.get("LLMGW_REQUIRE_DOCKER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INVENTORY_", "POSTGRES_"))}
+    require_docker("the compose deployment test")
     started = time.monotonic()
-    images = run("bash", "deploy/base-images.sh", env=env, timeout=900)
-    for line in images.splitlines():
-        name, _, value = line.partition("=")
-        env[name] = value
-    run(
-        "docker", "build", "--network", "host", "-q",
-        "--build-arg", f"PYTHON_IMAGE={env['PYTHON_IMAGE']}",
-        "-t", IMAGE, ".",
-        env=env, timeout=900,
-    )  # fmt: skip
+    env, port, subnet_prefix = stack_environment(IMAGE, TOKEN)
+    build_service_image(env, IMAGE)
     built = time.monotonic()
-    port = free_port()
-    subnet_prefix = free_subnet_prefix()
-    env.update(
-        LLMGW_IMAGE=IMAGE,
-        INVENTORY_BOOTSTRAP_TOKEN=TOKEN,
-        INVENTORY_PUBLISH_PORT=str(port),
-        LLMGW_SUBNET_PREFIX=subnet_prefix,
-    )
     stack = Stack(env, port, subnet_prefix)
     stack.compose("down", "-v", "--remove-orphans")
     try:
@@ -181,11 +103,7 @@ def stack() -> Iterator[Stack]:
         raise
     finally:
         stack.compose("down", "-v", "--remove-orphans", timeout=120)
-        # The tag, not its parents: they are docker's build cache (without
-        # --no-prune the next run rebuilt for 23 s instead of 1 s).
-        subprocess.run(
-            ["docker", "image", "rm", "--no-prune", IMAGE], capture_output=True, timeout=60
-        )
+        remove_image_tags(IMAGE)
 
 
 PLACE = """

@@ -1,0 +1,772 @@
+"""The highly available deployment (docker-compose.ha.yml) under faults, judged by its history.
+
+Brings the whole stack up as docs/deployment/ha.md says (`docker-compose -f
+docker-compose.ha.yml up -d --build`: three etcd, three PostgreSQL members under
+Patroni, two HAProxies, two service replicas behind nginx, an agent) and runs
+load through nginx while the database's machines fail: two schedulers placing
+and releasing replicas (each keeps a few held, retries a refused write as a
+scheduler would, honouring Retry-After) and heartbeats. Every attempt is kept
+with when it started and ended and what it got, and the history is judged:
+
+- the leader's container SIGKILLed, several times: a new leader, the first
+  acknowledged place within the bounds below, the killed member started again
+  streaming from the new leader within 60 s, the cluster back to three members
+  with a synchronous standby;
+- the leader's Patroni frozen (SIGSTOP) for 2 x ttl, then resumed: the new
+  leader keeps the lock (Debian's Patroni 3.0.2 let the old one take it back
+  and lost acknowledged commits);
+- the leader cut off from etcd (`docker network disconnect`): it demotes
+  itself, and sampling every member every second never finds two primaries nor
+  two writable PostgreSQLs, the old one read-only before the new one is promoted;
+
+and in every story: no acknowledged write lost (each replica a scheduler holds
+is stored with the GPUs it was given, each it released is gone), no GPU held by
+two replicas at once, and no answer but success or DATABASE_UNAVAILABLE (no
+500, no 502 from nginx, no other error).
+
+Patroni's REST API and PostgreSQL are reached from inside the deployment's
+networks (`docker exec`), as nothing but nginx is published.
+Needs Docker as tests/operations/test_compose_stack.py does (skipped without it,
+failed under LLMGW_REQUIRE_DOCKER=1, as in CI).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.compose_stacks import remove_image_tags, require_docker, run, stack_environment, wait_for
+from tests.conftest import REPO
+from tests.reports import PLACE, REGISTER, node_input
+
+# Per run (tests/compose_stacks.py says why).
+PROJECT = f"llmgw-ha-{os.getpid()}"
+IMAGE = f"llmgw-inventory:ha-{os.getpid()}"
+HA_IMAGES = f"llmgw-ha-{os.getpid()}"
+COMPOSE_FILE = "docker-compose.ha.yml"
+TOKEN = secrets.token_hex(24)
+# A fresh password for each, from the environment as the docs ask (.env).
+SECRETS = {
+    name: secrets.token_hex(16)
+    for name in (
+        "POSTGRES_PASSWORD",
+        "PATRONI_SUPERUSER_PASSWORD",
+        "PATRONI_REPLICATION_PASSWORD",
+        "PATRONI_REWIND_PASSWORD",
+        "PATRONI_RESTAPI_PASSWORD",
+    )
+}
+MEMBERS = ("pg-1", "pg-2", "pg-3")
+DCS = yaml.safe_load((REPO / "deploy" / "ha" / "patroni.yml").read_text())["bootstrap"]["dcs"]
+TTL: int = DCS["ttl"]
+
+# How many times the leader is killed (CI: 3; LLMGW_HA_KILLS for more figures).
+KILLS = int(os.environ.get("LLMGW_HA_KILLS", "3"))
+# Acknowledged-place bounds after a kill. A SIGKILLed leader cannot release
+# its lock: the others wait for it to expire, ttl after its last renewal
+# (loop_wait earlier at most), and Patroni accepts no ttl below 20 s. Then
+# the promotion, a standby attaching (strict synchronous mode) and HAProxy's
+# check (one second) follow.
+MEDIAN_FIRST_PLACE = TTL + 5.0
+WORST_FIRST_PLACE = 30.0
+REJOIN_WITHIN = 60.0
+
+NODES = [f"ha-node-{i}" for i in range(1, 5)]
+# Replicas each scheduler keeps held: it releases its oldest before placing
+# another once it holds this many (8 GPUs at most, of the 39 healthy ones).
+WINDOW = 3
+# Longer than the service's own request timeout (INVENTORY_REQUEST_TIMEOUT,
+# 30 s): the service answers first.
+CLIENT_TIMEOUT = 35.0
+
+RELEASE = "mutation Release($id: ID!) { releaseReplica(replicaId: $id) }"
+HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
+ALLOCATIONS = """
+query Held($after: ID) { allocations(first: 1000, after: $after) { shardId replicaId nodeId gpuIndices } }
+"""
+
+Gpus = frozenset[tuple[str, int]]
+
+
+@dataclass
+class HaStack:
+    env: dict[str, str]
+    port: int
+    prefix: str
+    ids: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/graphql"
+
+    def compose(self, *args: str, timeout: float = 300) -> str:
+        return run(
+            "docker-compose", "-p", PROJECT, "-f", COMPOSE_FILE, *args,
+            env=self.env, timeout=timeout,
+        )  # fmt: skip
+
+    def docker(self, *args: str, timeout: float = 60) -> str:
+        return run("docker", *args, env=self.env, timeout=timeout)
+
+    def container(self, service: str) -> str:
+        if service not in self.ids:
+            self.ids[service] = self.compose("ps", "-q", service).strip()
+        return self.ids[service]
+
+    def address(self, member: str) -> str:
+        """The member's address on the db network (docker-compose.ha.yml fixes it)."""
+        return f"{self.prefix}.{70 + int(member.removeprefix('pg-'))}"
+
+    def dcs_address(self, member: str) -> str:
+        return f"{self.prefix}.{140 + int(member.removeprefix('pg-'))}"
+
+    def in_member(self, member: str, *command: str, timeout: float = 30) -> str:
+        return self.docker("exec", self.container(member), *command, timeout=timeout)
+
+    def cluster(self, avoid: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+        """Patroni's GET /cluster, asked of the first member (not in `avoid`) that answers."""
+        problems = []
+        for member in MEMBERS:
+            if member in avoid:
+                continue
+            try:
+                raw = self.in_member(
+                    member, "curl", "-fsS", "-m", "2", "http://127.0.0.1:8008/cluster", timeout=10
+                )
+                return {m["name"]: m for m in json.loads(raw)["members"]}
+            except (AssertionError, ValueError, subprocess.TimeoutExpired) as error:
+                problems.append(f"{member}: {str(error)[:200]}")
+        raise AssertionError(f"no member answered /cluster: {problems}")
+
+    def leader_other_than(self, old: str) -> str | None:
+        """The running leader, once it is not `old` (asking the other members only)."""
+        members = self.cluster(avoid=(old,))
+        leaders = [
+            n for n, m in members.items() if m["role"] == "leader" and m["state"] == "running"
+        ]
+        return leaders[0] if len(leaders) == 1 and leaders != [old] else None
+
+    def settled(self, avoid: tuple[str, ...] = ()) -> dict[str, dict[str, Any]] | None:
+        """The cluster when it has three members: a leader, a streaming synchronous standby
+        and a streaming replica, all on the leader's timeline; else None."""
+        members = self.cluster(avoid)
+        roles = sorted(m["role"] for m in members.values())
+        if roles != ["leader", "replica", "sync_standby"]:
+            return None
+        timelines = {m.get("timeline") for m in members.values()}
+        states = {m["role"]: m["state"] for m in members.values()}
+        if len(timelines) != 1 or states != {
+            "leader": "running",
+            "sync_standby": "streaming",
+            "replica": "streaming",
+        }:
+            return None
+        return members
+
+    def wait_settled(self, within: float, avoid: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+        members: dict[str, dict[str, Any]] = wait_for(
+            "three members: a leader, a synchronous standby and a replica",
+            within,
+            lambda: self.settled(avoid),
+            every=1.0,
+        )
+        return members
+
+    def patroni_pid(self, member: str) -> str:
+        """The Patroni daemon's pid in the member's container: PID 1's child running patroni
+        (PID 1 is Patroni acting as init; PostgreSQL's postmaster is its other child)."""
+        found = self.in_member(
+            member,
+            "sh", "-c",
+            'for p in $(cat /proc/1/task/*/children); do '
+            'grep -q "bin/patroni" /proc/$p/cmdline && echo $p; done; true',
+        ).split()  # fmt: skip
+        assert len(found) == 1, f"Patroni's daemon in {member}: {found}"
+        return found[0]
+
+    def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = httpx.post(
+            self.url,
+            json={"query": query, "variables": variables or {}},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=CLIENT_TIMEOUT,
+        )
+        body: dict[str, Any] = response.json()
+        assert response.status_code == 200 and not body.get("errors"), body
+        return body["data"]  # type: ignore[no-any-return]
+
+    def _page(self, after: str | None) -> list[dict[str, Any]]:
+        return self.gql(ALLOCATIONS, {"after": after})["allocations"] or [{}]  # [{}]: truthy
+
+    def held(self) -> dict[str, Gpus]:
+        """Every replica's GPUs as stored, read on the primary."""
+        replicas: dict[str, set[tuple[str, int]]] = {}
+        after: str | None = None
+        while True:
+            page = wait_for("a page of allocations", 60, lambda after=after: self._page(after))
+            for a in page:
+                if a:
+                    replicas.setdefault(a["replicaId"], set()).update(
+                        (a["nodeId"], i) for i in a["gpuIndices"]
+                    )
+            if len(page) < 1000:
+                return {r: frozenset(g) for r, g in replicas.items()}
+            after = page[-1]["shardId"]
+
+
+@dataclass
+class Attempt:
+    who: str
+    op: str  # place, release, heartbeat
+    replica: str
+    started: float
+    ended: float
+    outcome: str  # ok, unavailable (DATABASE_UNAVAILABLE), failed (anything else)
+    detail: str = ""
+    gpus: Gpus = frozenset()
+    freed: int | None = None
+
+
+class Load:
+    """Two schedulers and a heartbeat sender through nginx, keeping every attempt."""
+
+    def __init__(self, url: str, story: str) -> None:
+        self.url = url
+        self.story = story
+        self.history: list[Attempt] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.go = threading.Event()
+        self.go.set()
+        self.idle: set[str] = set()
+        self.holding: dict[str, deque[tuple[str, Gpus]]] = {}
+        self.threads = [
+            threading.Thread(target=self.scheduler, args=(f"{story}-s{i}",), daemon=True)
+            for i in (1, 2)
+        ] + [threading.Thread(target=self.heartbeats, daemon=True)]
+        self.workers = {"heartbeats", *(f"{story}-s{i}" for i in (1, 2))}
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.go.set()
+        for t in self.threads:
+            t.join(timeout=180)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No request in flight: each worker waits between two of its operations."""
+        self.go.clear()
+        try:
+            wait_for("the load to pause", 180, lambda: self.idle >= self.workers, every=0.1)
+            yield
+        finally:
+            self.go.set()
+
+    def _between_operations(self, who: str) -> bool:
+        """False once stopping; waits while paused."""
+        if not self.go.is_set():
+            with self.lock:
+                self.idle.add(who)
+            self.go.wait()
+            with self.lock:
+                self.idle.discard(who)
+        return not self.stopping.is_set()
+
+    def _attempt(
+        self, client: httpx.Client, who: str, op: str, replica: str, query: str, variables: Any
+    ) -> tuple[Attempt, float]:
+        """One request; the attempt and the seconds to wait before a retry."""
+        started = time.monotonic()
+        wait = 0.5
+        response = None
+        try:
+            response = client.post(self.url, json={"query": query, "variables": variables})
+            body = response.json()
+        except httpx.HTTPError as error:
+            return Attempt(who, op, replica, started, time.monotonic(), "failed",
+                           f"{type(error).__name__}: {error}"), wait  # fmt: skip
+        except ValueError:
+            assert response is not None
+            return Attempt(who, op, replica, started, time.monotonic(), "failed",
+                           f"HTTP {response.status_code}: {response.text[:200]!r}"), wait  # fmt: skip
+        ended = time.monotonic()
+        errors = body.get("errors") or []
+        codes = {(e.get("extensions") or {}).get("code") for e in errors}
+        if response.status_code == 200 and not errors:
+            attempt = Attempt(who, op, replica, started, ended, "ok")
+            data = body["data"]
+            if op == "place":
+                result = data["place"]
+                if result["__typename"] == "Allocated":
+                    attempt.gpus = frozenset(
+                        (a["nodeId"], i) for a in result["allocations"] for i in a["gpuIndices"]
+                    )
+                else:
+                    attempt.detail = json.dumps(result)[:300]
+                    if result["__typename"] != "Unplaceable":
+                        attempt.outcome = "failed"
+            elif op == "release":
+                attempt.freed = data["releaseReplica"]
+            return attempt, 0.0
+        if codes == {"DATABASE_UNAVAILABLE"} and response.status_code in (200, 503):
+            wait = float(response.headers.get("Retry-After", "1"))
+            return Attempt(who, op, replica, started, ended, "unavailable"), wait
+        return Attempt(who, op, replica, started, ended, "failed",
+                       f"HTTP {response.status_code}: {json.dumps(body)[:300]}"), wait  # fmt: skip
+
+    def _until_answered(
+        self, client: httpx.Client, who: str, op: str, replica: str, query: str, variables: Any
+    ) -> Attempt:
+        """Retries as a scheduler does until a definite answer (bounded: 120 s)."""
+        deadline = time.monotonic() + 120
+        while True:
+            attempt, wait = self._attempt(client, who, op, replica, query, variables)
+            with self.lock:
+                self.history.append(attempt)
+            if attempt.outcome == "ok" or time.monotonic() > deadline:
+                return attempt
+            time.sleep(wait)
+
+    def scheduler(self, who: str) -> None:
+        held: deque[tuple[str, Gpus]] = deque()
+        with self.lock:
+            self.holding[who] = held
+        n = 0
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(timeout=CLIENT_TIMEOUT, headers=headers) as client:
+            while self._between_operations(who):
+                if len(held) >= WINDOW:
+                    replica = held[0][0]
+                    done = self._until_answered(
+                        client, who, "release", replica, RELEASE, {"id": replica}
+                    )
+                    if done.outcome == "ok":
+                        with self.lock:
+                            held.popleft()
+                else:
+                    replica = f"{who}-{n}"
+                    n += 1
+                    done = self._until_answered(
+                        client, who, "place", replica, PLACE,
+                        {"input": {"replicaId": replica, "gpuClass": "H100-80GB",
+                                   "gpusPerShard": 1}},
+                    )  # fmt: skip
+                    if done.outcome == "ok" and done.gpus:
+                        with self.lock:
+                            held.append((replica, done.gpus))
+                time.sleep(0.05)
+
+    def heartbeats(self) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(timeout=CLIENT_TIMEOUT, headers=headers) as client:
+            while self._between_operations("heartbeats"):
+                for node in NODES:
+                    attempt, _ = self._attempt(
+                        client, "heartbeats", "heartbeat", node, HEARTBEAT, {"id": node}
+                    )
+                    with self.lock:
+                        self.history.append(attempt)
+                time.sleep(1.0)
+
+    def places_acked_since(self, since: float) -> int:
+        with self.lock:
+            return sum(
+                1 for a in self.history if a.op == "place" and a.outcome == "ok" and a.ended > since
+            )
+
+    def first_place_acked_after(self, since: float) -> float | None:
+        """When the first place sent after `since` was acknowledged."""
+        with self.lock:
+            acked = [
+                a.ended for a in self.history
+                if a.op == "place" and a.outcome == "ok" and a.started >= since
+            ]  # fmt: skip
+        return min(acked) if acked else None
+
+    def release_all(self) -> None:
+        """After stop(): free what the schedulers still hold (the next story needs the GPUs)."""
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(timeout=CLIENT_TIMEOUT, headers=headers) as client:
+            for who, held in self.holding.items():
+                while held:
+                    replica = held[0][0]
+                    done = self._until_answered(
+                        client, who, "release", replica, RELEASE, {"id": replica}
+                    )
+                    assert done.outcome == "ok", done
+                    held.popleft()
+
+
+def judge(stack: HaStack, load: Load) -> None:
+    """The history's verdict (the load paused or stopped): nothing acknowledged lost, no GPU
+    held twice, no answer but success or DATABASE_UNAVAILABLE."""
+    with load.lock:
+        history = list(load.history)
+        holding = {r: g for held in load.holding.values() for r, g in held}
+    failed = [a for a in history if a.outcome == "failed"]
+    assert not failed, [(a.op, a.replica, a.detail) for a in failed[:10]]
+    stored = stack.held()
+    # Every replica a scheduler holds (its place acknowledged, no release
+    # sent) is stored, with the GPUs it was given.
+    lost = {r: (g, stored.get(r)) for r, g in holding.items() if stored.get(r) != g}
+    assert not lost, f"acknowledged placements lost or changed: {lost}"
+    # Every replica whose release was acknowledged is gone, and its first
+    # acknowledged release freed what it held (a release answering 0 for a
+    # replica whose place was acknowledged means the place was lost), unless
+    # an earlier attempt of that release went unanswered.
+    mine = {a.replica for a in history if a.op == "place"}
+    released = {a.replica for a in history if a.op == "release" and a.outcome == "ok"}
+    revived = sorted(r for r in released if r in stored)
+    assert not revived, f"acknowledged releases undone: {revived}"
+    for replica in released:
+        attempts = [a for a in history if a.op == "release" and a.replica == replica]
+        first_ok = next(i for i, a in enumerate(attempts) if a.outcome == "ok")
+        if first_ok == 0:
+            assert attempts[0].freed, f"{replica}: placed, acknowledged, but nothing to release"
+    # No GPU held by two replicas at once: each acknowledged place holds its
+    # GPUs at least from its acknowledgement until its release was sent.
+    spans: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
+    for a in history:
+        if a.op == "place" and a.outcome == "ok" and a.gpus:
+            release_sent = min(
+                (b.started for b in history if b.op == "release" and b.replica == a.replica),
+                default=float("inf"),
+            )
+            for gpu in a.gpus:
+                spans.setdefault(gpu, []).append((a.ended, release_sent, a.replica))
+    for gpu, held_by in spans.items():
+        held_by.sort()
+        for (_, until, first), (since, _, second) in itertools.pairwise(held_by):
+            assert since >= until or first == second, f"{gpu} held by {first} and {second} at once"
+    doubled = [
+        (gpu, [r for r, g in stored.items() if gpu in g])
+        for gpu in {gpu for g in stored.values() for gpu in g}
+        if sum(gpu in g for g in stored.values()) > 1
+    ]
+    assert not doubled, doubled
+    assert mine, "the load placed nothing"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[HaStack]:
+    require_docker("the HA deployment test")
+    started = time.monotonic()
+    env, port, prefix = stack_environment(IMAGE, TOKEN, LLMGW_HA_IMAGE_PREFIX=HA_IMAGES, **SECRETS)
+    stack = HaStack(env, port, prefix)
+    stack.compose("down", "-v", "--remove-orphans")
+    try:
+        # As docs/deployment/ha.md says: built and started in one command.
+        stack.compose("up", "-d", "--build", timeout=900)
+        built = time.monotonic()
+        wait_for(
+            "nginx to answer /readyz",
+            180,
+            lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200,
+        )
+        stack.wait_settled(120)
+        for node in NODES:
+            stack.gql(REGISTER, {"input": node_input(node)})
+        print(
+            f"\nHA stack: images and containers {built - started:.0f} s, "
+            f"ready {time.monotonic() - built:.0f} s later"
+        )
+        yield stack
+    except BaseException:
+        print(stack.compose("logs", "--no-color", "--tail", "60", timeout=60))
+        raise
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", timeout=180)
+        remove_image_tags(
+            IMAGE,
+            f"{HA_IMAGES}/patroni:4.1.5-pg15",
+            f"{HA_IMAGES}/etcd:3.4",
+            f"{HA_IMAGES}/haproxy:2.6",
+        )
+
+
+def under_way(load: Load, since: float, places: int = 10) -> None:
+    wait_for(f"{places} places acknowledged", 120, lambda: load.places_acked_since(since) >= places)
+
+
+def kill_the_leader(stack: HaStack, load: Load) -> dict[str, float]:
+    """SIGKILL the leader's container; back to three members. What each step took."""
+    members = stack.wait_settled(120)
+    old = next(n for n, m in members.items() if m["role"] == "leader")
+    under_way(load, time.monotonic())
+    stack.docker("kill", stack.container(old))  # SIGKILL to PID 1: Patroni and PostgreSQL
+    # From when the container is gone: a place acknowledged while `docker kill`
+    # ran was the old leader's.
+    killed = time.monotonic()
+    new = wait_for("another leader", 90, lambda: stack.leader_other_than(old))
+    promoted = time.monotonic()
+    first = wait_for(
+        "a place acknowledged after the kill",
+        90,
+        lambda: load.first_place_acked_after(killed),
+        every=0.2,
+    )
+    # Started again only now: a leader back within ttl keeps its lock (patroni #1872).
+    starting = time.monotonic()
+    stack.docker("start", stack.container(old))
+
+    def streaming_from_new() -> bool:
+        m = stack.cluster(avoid=(old,))
+        return m.get(old, {}).get("state") == "streaming" and m[old].get("timeline") == m[new].get(
+            "timeline"
+        )
+
+    wait_for(f"{old} streaming from {new}", REJOIN_WITHIN, streaming_from_new, every=1.0)
+    rejoined = time.monotonic()
+    stack.wait_settled(60)
+    with load.paused():
+        judge(stack, load)
+    return {
+        "first_place": first - killed,
+        "leader_seen": promoted - killed,
+        "rejoined": rejoined - starting,
+    }
+
+
+def test_the_leader_killed_is_replaced_and_rejoins_losing_nothing(stack: HaStack) -> None:
+    with Load(stack.url, "kill") as load:
+        figures = [kill_the_leader(stack, load) for _ in range(KILLS)]
+    judge(stack, load)
+    load.release_all()
+    firsts = [f["first_place"] for f in figures]
+    seen = ", ".join(f"{f['leader_seen']:.1f}" for f in figures)
+    rejoined_after = ", ".join(f"{f['rejoined']:.1f}" for f in figures)
+    print(
+        f"\nleader SIGKILLed {len(figures)} times: first acknowledged place after "
+        f"{', '.join(f'{s:.1f}' for s in firsts)} s (min {min(firsts):.1f}, median "
+        f"{statistics.median(firsts):.1f}, max {max(firsts):.1f}); new leader seen after "
+        f"{seen} s; killed member streaming {rejoined_after} s after its start; "
+        f"{sum(a.outcome == 'unavailable' for a in load.history)} DATABASE_UNAVAILABLE "
+        f"answers, {len(load.history)} requests"
+    )
+    assert statistics.median(firsts) <= MEDIAN_FIRST_PLACE, firsts
+    assert max(firsts) <= WORST_FIRST_PLACE, firsts
+
+
+def test_the_leaders_patroni_frozen_for_two_ttls_loses_nothing(stack: HaStack) -> None:
+    members = stack.wait_settled(120)
+    old = next(n for n, m in members.items() if m["role"] == "leader")
+    pid = stack.patroni_pid(old)
+    with Load(stack.url, "freeze") as load:
+        under_way(load, time.monotonic())
+        frozen = time.monotonic()
+        # Patroni's daemon only: its PostgreSQL stays up, a primary nobody
+        # manages, as when a machine stalls.
+        stack.in_member(old, "sh", "-c", f"kill -STOP {pid}")
+        try:
+            new = wait_for("another leader", 2 * TTL, lambda: stack.leader_other_than(old))
+            time.sleep(max(0.0, frozen + 2 * TTL - time.monotonic()))
+        finally:
+            stack.in_member(old, "sh", "-c", f"kill -CONT {pid}")
+        resumed = time.monotonic()
+        # The old leader demotes itself; the lock stays with the new one.
+        members = stack.wait_settled(120)
+        assert members[new]["role"] == "leader", members
+        under_way(load, time.monotonic())
+        settled = time.monotonic()
+    judge(stack, load)
+    load.release_all()
+    print(
+        f"\nleader's Patroni frozen {resumed - frozen:.0f} s: {new} took over; the cluster "
+        f"settled {settled - resumed:.0f} s after the resume with {new} still leader; "
+        f"{len(load.history)} requests"
+    )
+
+
+SAMPLER = r"""
+# Every second, each member: does its Patroni answer /primary with 200, and is
+# its PostgreSQL out of recovery (writable)? One JSON line per round; ends when
+# its standard input closes.
+import json, os, sys, threading, time, urllib.error, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+import psycopg2
+
+addresses = json.loads(sys.argv[1])
+password = os.environ["PATRONI_SUPERUSER_PASSWORD"]
+connections = {}
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+
+def probe(name):
+    address = addresses[name]
+    try:
+        primary = urllib.request.urlopen(f"http://{address}:8008/primary", timeout=0.8).status
+    except urllib.error.HTTPError as error:
+        primary = error.code
+    except Exception:
+        primary = None
+    writable = None
+    try:
+        conn = connections.get(name)
+        if conn is None or conn.closed:
+            conn = connections[name] = psycopg2.connect(
+                host=address, user="postgres", password=password, dbname="postgres",
+                connect_timeout=1, options="-c statement_timeout=800")
+            conn.autocommit = True
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT NOT pg_is_in_recovery()")
+            writable = cursor.fetchone()[0]
+    except Exception:
+        connections.pop(name, None)
+    return name, primary, writable
+
+with ThreadPoolExecutor(len(addresses)) as pool:
+    tick = time.monotonic()
+    while True:
+        at = time.monotonic()
+        rows = list(pool.map(probe, addresses))
+        print(json.dumps({"at": at, "primary": {n: p for n, p, _ in rows},
+                          "writable": {n: w for n, _, w in rows}}), flush=True)
+        tick += 1.0
+        time.sleep(max(0.0, tick - time.monotonic()))
+"""
+
+
+class Sampler:
+    """SAMPLER run inside a member's container (the db network), its rounds collected here."""
+
+    def __init__(self, stack: HaStack, inside: str) -> None:
+        addresses = json.dumps({m: stack.address(m) for m in MEMBERS})
+        self.process = subprocess.Popen(
+            ["docker", "exec", "-i", stack.container(inside), "python3", "-c", SAMPLER, addresses],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.rounds: list[dict[str, Any]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.rounds.append(json.loads(line))
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.reader.join(timeout=10)
+
+
+def test_the_leader_cut_off_from_etcd_steps_down_before_another_is_promoted(
+    stack: HaStack,
+) -> None:
+    members = stack.wait_settled(120)
+    old = next(n for n, m in members.items() if m["role"] == "leader")
+    inside = next(n for n in MEMBERS if n != old)
+    network = f"{PROJECT}_dcs"
+    sampler = Sampler(stack, inside)
+    try:
+        with Load(stack.url, "cut") as load:
+            under_way(load, time.monotonic())
+            wait_for("the sampler's rounds", 30, lambda: len(sampler.rounds) >= 3)
+            cut = time.monotonic()
+            stack.docker("network", "disconnect", network, stack.container(old))
+            try:
+                new = wait_for("another leader", 90, lambda: stack.leader_other_than(old))
+                wait_for(
+                    f"{new} sampled as the primary",
+                    30,
+                    lambda: any(r["at"] > cut and r["primary"][new] == 200 for r in sampler.rounds),
+                )
+                under_way(load, time.monotonic(), places=5)
+            finally:
+                stack.docker(
+                    "network", "connect", "--ip", stack.dcs_address(old),
+                    network, stack.container(old),
+                )  # fmt: skip
+            healed = time.monotonic()
+            stack.wait_settled(120)
+            settled = time.monotonic()
+            under_way(load, settled, places=5)
+    finally:
+        sampler.close()
+    judge(stack, load)
+    load.release_all()
+    rounds = sampler.rounds
+    two_primaries = [r for r in rounds if sum(c == 200 for c in r["primary"].values()) > 1]
+    assert not two_primaries, two_primaries[:5]
+    two_writable = [r for r in rounds if sum(bool(w) for w in r["writable"].values()) > 1]
+    assert not two_writable, two_writable[:5]
+    after_cut = [r for r in rounds if r["at"] > cut]
+    old_last_writable = max((r["at"] for r in after_cut if r["writable"][old]), default=cut)
+    new_first_writable = min(r["at"] for r in after_cut if r["writable"][new])
+    new_first_primary = min(r["at"] for r in after_cut if r["primary"][new] == 200)
+    # Nothing can be acknowledged from the isolated side once it is read-only,
+    # and it was read-only before the new leader took writes.
+    assert old_last_writable < new_first_writable, (old_last_writable, new_first_writable)
+    print(
+        f"\nleader {old} cut off from etcd: read-only {old_last_writable - cut:.1f} s after the "
+        f"cut, {new} writable after {new_first_writable - cut:.1f} s and /primary after "
+        f"{new_first_primary - cut:.1f} s; {len(rounds)} rounds sampled, never two primaries; "
+        f"settled {settled - healed:.0f} s after the network came back"
+    )
+
+
+def test_only_nginx_is_published_and_patronis_write_endpoints_refuse_strangers(
+    stack: HaStack,
+) -> None:
+    # Nothing but the proxy is bound on the host.
+    published = {}
+    for container in stack.compose("ps", "-q").split():
+        name, ports = stack.docker(
+            "inspect", "-f", "{{.Name}} {{json .NetworkSettings.Ports}}", container
+        ).split(" ", 1)
+        bound = {p: b for p, b in (json.loads(ports) or {}).items() if b}
+        if bound:
+            published[name] = bound
+    assert [n.split("_")[1] for n in published] == ["proxy"], published
+    # No password is in an image: they come from the environment.
+    for image in {stack.docker("inspect", "-f", "{{.Image}}", c).strip()
+                  for c in stack.compose("ps", "-q").split()}:  # fmt: skip
+        config = stack.docker("image", "inspect", image)
+        leaked = [name for name, value in SECRETS.items() if value in config]
+        assert not leaked, f"{leaked} in image {image}"
+    members = stack.wait_settled(120)
+    leader = next(n for n, m in members.items() if m["role"] == "leader")
+    standby = next(n for n, m in members.items() if m["role"] == "sync_standby")
+    asker = standby
+    body = json.dumps({"leader": leader, "candidate": standby})
+    for endpoint in ("switchover", "failover", "restart", "reinitialize", "config"):
+        method = "PATCH" if endpoint == "config" else "POST"
+        target = standby if endpoint == "reinitialize" else leader
+        status = stack.in_member(
+            asker,
+            "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", method,
+            "-d", body if endpoint in ("switchover", "failover") else "{}",
+            f"http://{stack.address(target)}:8008/{endpoint}",
+        )  # fmt: skip
+        assert status == "401", f"unauthenticated {method} /{endpoint}: HTTP {status}"
+    time.sleep(2)
+    after = stack.wait_settled(30)
+    assert after[leader]["role"] == "leader", after
