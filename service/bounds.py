@@ -42,6 +42,9 @@ MAX_NUMA_NODE = 1 << 16
 # split, low enough that one request cannot make a statement of unbounded size.
 MAX_SHARDS = 64
 MAX_GPUS_PER_SHARD = MAX_GPUS
+# Replicas in one placement group, all roles together, and roles in one group.
+MAX_GROUP_REPLICAS = 256
+MAX_GROUP_ROLES = 16
 
 
 def id_length_check(column: str) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Sequence,
     Table,
     Text,
+    UniqueConstraint,
     func,
     text,
 )
@@ -323,6 +324,37 @@ allocated_gpus = Table(
     ForeignKeyConstraint(["node_id"], ["nodes.id"], ondelete="CASCADE"),
 )
 Index("ix_allocated_gpus_shard_id", allocated_gpus.c.shard_id)
+
+# Placement groups (issue 39): roles of replicas placed as one unit. The
+# spec is the group as asked (roles, shapes, locality, KV roles), so a retry
+# with the same spec is answered from what is stored and another is refused;
+# generation moves up with every scaleGroup, and a change naming an older one
+# is refused. The members are ordinary replicas (their shards are in
+# `shards`, under the replica id <groupId>-<role>-<n>); a member released by
+# releaseReplica keeps its row and holds nothing.
+placement_groups = Table(
+    "placement_groups",
+    metadata,
+    Column("group_id", Text, primary_key=True),
+    Column("spec", JSONB, nullable=False),
+    Column("generation", Integer, nullable=False, server_default=text("1")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+group_members = Table(
+    "group_members",
+    metadata,
+    Column("replica_id", Text, primary_key=True),
+    Column(
+        "group_id",
+        Text,
+        ForeignKey("placement_groups.group_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("role", Text, nullable=False),
+    Column("n", Integer, nullable=False),
+    UniqueConstraint("group_id", "role", "n"),
+)
 
 # What happened, in order: state changes, allocations and releases. The id
 # orders events across service processes; `at` is the database's clock.

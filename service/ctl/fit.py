@@ -1,8 +1,14 @@
-"""`ctl fit`: how many more replicas of a shape fit now, and what stops one more (the `fit` query)."""
+"""`ctl fit`: how many more replicas of a shape (or groups, --group FILE) fit now, and what stops one more.
+
+The `fit` query, or `fitGroup` for a placement group described in a JSON file
+as placeGroup's input (PlaceGroupInput).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from service.ctl.client import Client, CtlError
@@ -39,7 +45,47 @@ def shape_of(args: argparse.Namespace) -> dict[str, Any]:
     return shape
 
 
+FIT_GROUP = "query FitGroup($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }"
+
+
+def group_of(path: str) -> dict[str, Any]:
+    """The PlaceGroupInput in a JSON file; groupId may be left out (fitGroup names no group)."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise CtlError(f"--group {path}: {error.strerror}", "group") from error
+    except json.JSONDecodeError as error:
+        raise CtlError(f"--group {path}: not JSON ({error})", "group") from error
+    if not isinstance(found, dict):
+        raise CtlError(f"--group {path}: a JSON object (PlaceGroupInput) is wanted", "group")
+    return {"groupId": "ctl-fit", **found}
+
+
+def fit_group(args: argparse.Namespace, client: Client) -> int:
+    found = client.execute(FIT_GROUP, {"g": group_of(args.group)})["fitGroup"]
+    if args.output == "json":
+        print_json(found)
+        return 0
+    count = found["groups"]
+    print(f"{count} more {'group' if count == 1 else 'groups'} fit now")
+    if found["limitedBy"]:
+        print()
+        print("what stops one more:")
+        for line in found["limitedBy"]:
+            print(f"  {line}")
+    return 0
+
+
 def fit(args: argparse.Namespace, client: Client) -> int:
+    if args.group is not None:
+        return fit_group(args, client)
+    missing = [
+        flag
+        for flag, value in (("--class", args.gpu_class), ("--gpus-per-shard", args.gpus_per_shard))
+        if value is None
+    ]
+    if missing:
+        raise CtlError(f"{' and '.join(missing)} required (or --group FILE)", missing[0])
     variables = {
         "shape": shape_of(args),
         "exclude": args.exclude or None,
@@ -87,13 +133,18 @@ def unknown_class(client: Client, gpu_class: str) -> None:
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
-        "fit", help="how many more replicas of a shape fit now, and what stops one more"
+        "fit",
+        help="how many more replicas of a shape (or groups: --group FILE) fit now, and what "
+        "stops one more",
     )
-    parser.add_argument(
-        "--class", dest="gpu_class", required=True, help="GPU class, e.g. H100-80GB"
-    )
+    parser.add_argument("--class", dest="gpu_class", help="GPU class, e.g. H100-80GB")
     parser.add_argument("--shards", type=int, default=1, help="shards per replica (default 1)")
-    parser.add_argument("--gpus-per-shard", type=int, required=True)
+    parser.add_argument("--gpus-per-shard", type=int)
+    parser.add_argument(
+        "--group",
+        metavar="FILE",
+        help="a placement group (placeGroup's input as JSON): how many more whole groups fit",
+    )
     parser.add_argument("--fabric", help="only nodes on this fabric")
     parser.add_argument("--weights", metavar="PATH", help="a weights path the nodes must hold")
     parser.add_argument(

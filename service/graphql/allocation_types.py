@@ -180,12 +180,27 @@ class PlacementVerdict:
         return cls(node_id=strawberry.ID(v.node_id), code=v.code, detail=v.detail)
 
 
+@strawberry.type(description="A placement group's role judged alone (placeGroup's Unplaceable).")
+class RoleVerdict:
+    role: str
+    placeable: bool = strawberry.field(
+        description="Whether the role's replicas fit without the group's other roles."
+    )
+    message: str
+
+
 @strawberry.type(description="No room now. One verdict per node of the class, by id, bounded.")
 class Unplaceable:
     message: str
     verdicts: list[PlacementVerdict]
     verdicts_omitted: int = strawberry.field(
         description="Nodes considered but left out of verdicts to keep the answer bounded."
+    )
+    roles: list[RoleVerdict] = strawberry.field(
+        description=(
+            "placeGroup: each role judged alone (verdicts are the failing role's, per node); "
+            "empty for place."
+        )
     )
 
     @classmethod
@@ -194,6 +209,9 @@ class Unplaceable:
             message=u.message,
             verdicts=[PlacementVerdict.of(v) for v in u.verdicts],
             verdicts_omitted=u.omitted,
+            roles=[
+                RoleVerdict(role=r.role, placeable=r.placeable, message=r.message) for r in u.roles
+            ],
         )
 
 

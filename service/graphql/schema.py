@@ -24,6 +24,7 @@ from .masking import MaskUnexpected, log_expected
 from .operations.allocation_mutations import AllocationMutations
 from .operations.event_queries import EventQueries
 from .operations.gpu_mutations import GpuMutations
+from .operations.groups import GroupMutations, GroupQueries
 from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
@@ -36,10 +37,19 @@ from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
 
 log = logging.getLogger(__name__)
 
-Query = merge_types("Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries))
+Query = merge_types(
+    "Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries, GroupQueries)
+)
 Mutation = merge_types(
     "Mutation",
-    (NodeMutations, TokenMutations, AllocationMutations, GpuMutations, FencingMutations),
+    (
+        NodeMutations,
+        TokenMutations,
+        AllocationMutations,
+        GpuMutations,
+        FencingMutations,
+        GroupMutations,
+    ),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))
 

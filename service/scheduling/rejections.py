@@ -25,6 +25,9 @@ class RejectionCode(Enum):
     # The request named a generation of the replica that is not its current
     # one (service/scheduling/generations.py).
     GENERATION_CONFLICT = "GENERATION_CONFLICT"
+    # An id already in use for something else: a placement group placed
+    # with other roles, shapes or locality (service/scheduling/groups/).
+    CONFLICT = "CONFLICT"
 
 
 @dataclass(frozen=True)

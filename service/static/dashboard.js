@@ -39,6 +39,15 @@ const NODE_QUERY = `query DashboardNode($id: ID!) {
 const XIDS_QUERY = `query DashboardXids($id: ID!, $since: DateTime, $after: ID) {
   events(nodeId: $id, kinds: ["gpu_xid"], since: $since, after: $after) { id at reason detail }
 }`;
+// Placement groups (prefill and decode replicas placed as one unit): one page
+// of the server's size, and the chosen one's KV paths.
+const GROUPS_QUERY = `query DashboardGroups {
+  groups {
+    groupId generation
+    members { role replicaId allocations { nodeId gpuIndices } }
+    kvPaths { from to kind }
+  }
+}`;
 const XID_WINDOW_MS = 24 * 3600 * 1000;
 const XIDS_SHOWN = 50;
 const SUBSCRIPTIONS_QUERY = `query DashboardSubscriptions {
@@ -50,6 +59,8 @@ const view = {
   nodes: [],
   summary: [],
   fabrics: [],
+  groups: [],
+  selectedGroup: null, // the placement group whose view is open
   selected: null, // the node whose view is open
   selectedNode: null, // its answer to NODE_QUERY
   skewMs: 0, // server clock minus browser clock
@@ -159,12 +170,14 @@ async function refresh() {
       refreshAgain = false;
       try {
         const since = new Date(Date.now() + view.skewMs - XID_WINDOW_MS).toISOString();
-        const [nodes, summary, selected] = await Promise.all([
+        const [nodes, summary, selected, groups] = await Promise.all([
           loadAllNodes(),
           graphql(SUMMARY_QUERY),
           view.selected ? loadNodeView(view.selected, since) : null,
+          graphql(GROUPS_QUERY),
         ]);
         view.selectedNode = selected;
+        view.groups = groups.groups;
         view.nodes = nodes;
         view.summary = summary.gpuClasses;
         view.fabrics = summary.fabrics.map((f) => f.name);
@@ -525,10 +538,53 @@ function renderNodeWeights(weights) {
   document.getElementById("node-weights-none").hidden = weights.length > 0;
 }
 
+// Where a member is, as a person reads it: node:GPUs per shard, or released.
+function memberPlace(member) {
+  if (!member.allocations.length) return "released";
+  return member.allocations.map((a) => `${a.nodeId}:${a.gpuIndices.join(",")}`).join(" ");
+}
+
+function renderGroups() {
+  document.getElementById("groups-none").hidden = view.groups.length > 0;
+  document.querySelector("#groups tbody").replaceChildren(
+    ...view.groups.map((g) => {
+      const roles = {};
+      for (const m of g.members) roles[m.role] = (roles[m.role] || 0) + 1;
+      const nodes = new Set(g.members.flatMap((m) => m.allocations.map((a) => a.nodeId)));
+      return el(
+        "tr",
+        { "data-group-id": g.groupId },
+        el("td", {}, el("a", { href: "#", class: "open-group" }, g.groupId)),
+        el("td", { class: "num" }, g.generation),
+        el("td", {}, Object.entries(roles).map(([r, n]) => `${r}: ${n}`).join(", ")),
+        el("td", {}, [...nodes].sort().join(", ") || "—"),
+      );
+    }),
+  );
+  const section = document.getElementById("group-view");
+  const group = view.groups.find((g) => g.groupId === view.selectedGroup);
+  section.hidden = !view.selectedGroup;
+  if (!view.selectedGroup) return;
+  document.getElementById("group-view-title").textContent = group ? group.groupId : `${view.selectedGroup} (not placed)`;
+  document.querySelector("#group-members tbody").replaceChildren(
+    ...(group ? group.members : []).map((m) =>
+      el("tr", { "data-replica-id": m.replicaId }, el("td", {}, m.role), el("td", {}, m.replicaId), el("td", {}, memberPlace(m))),
+    ),
+  );
+  const paths = group ? group.kvPaths : [];
+  document.querySelector("#group-paths tbody").replaceChildren(
+    ...paths.map((p) =>
+      el("tr", {}, el("td", {}, p.from), el("td", {}, p.to), el("td", { class: `path-${p.kind.toLowerCase()}` }, p.kind.toLowerCase().replaceAll("_", " "))),
+    ),
+  );
+  document.getElementById("group-paths-none").hidden = paths.length > 0;
+}
+
 function render() {
   renderStatus();
   renderSummary();
   renderNodeView();
+  renderGroups();
   setOptions(document.getElementById("filter-state"), STATES);
   setOptions(document.getElementById("filter-class"), view.summary.map((s) => s.gpuClass));
   setOptions(document.getElementById("filter-fabric"), view.fabrics);
@@ -557,6 +613,7 @@ function renderAges() {
 function readHash() {
   const params = new URLSearchParams(location.hash.slice(1));
   view.selected = params.get("node") || null;
+  view.selectedGroup = params.get("group") || null;
   for (const [id, key] of [["filter-state", "state"], ["filter-class", "class"], ["filter-fabric", "fabric"]]) {
     const value = params.get(key) || "";
     const select = document.getElementById(id);
@@ -572,6 +629,7 @@ function writeHash() {
   if (f.gpuClass) params.set("class", f.gpuClass);
   if (f.fabric) params.set("fabric", f.fabric);
   if (view.selected) params.set("node", view.selected);
+  if (view.selectedGroup) params.set("group", view.selectedGroup);
   history.replaceState(null, "", params.toString() ? `#${params}` : location.pathname + location.search);
 }
 
@@ -598,6 +656,19 @@ async function start() {
     view.selectedNode = null;
     writeHash();
     refresh();
+  });
+  document.getElementById("groups").addEventListener("click", (event) => {
+    const link = event.target.closest("a.open-group");
+    if (!link) return;
+    event.preventDefault();
+    view.selectedGroup = link.closest("tr").dataset.groupId;
+    writeHash();
+    render();
+  });
+  document.getElementById("close-group").addEventListener("click", () => {
+    view.selectedGroup = null;
+    writeHash();
+    render();
   });
   document.getElementById("close-node").addEventListener("click", () => {
     view.selected = null;

@@ -40,6 +40,11 @@ ALLOCATED = 7  # nodes with GPUs taken: five keep all eight free, exactly a page
 IB_A = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}]
 
 
+# Placement groups placed (one GPU each, then released): more than two pages.
+GROUPS = 11
+PLACE_GROUP = "mutation P($g: PlaceGroupInput!) { placeGroup(input: $g) { __typename } }"
+
+
 @dataclass(frozen=True)
 class Listing:
     """One paged list: how to ask for it, where it sits in the answer, and each entry's cursor."""
@@ -94,6 +99,14 @@ LISTINGS = [
         ["tokens"],
         lambda e: e["id"],
         "SELECT id FROM api_tokens ORDER BY id",
+    ),
+    Listing(
+        "groups",
+        "query($first: Int, $after: ID) { groups(first: $first, after: $after) { groupId } }",
+        lambda data: data["groups"],
+        ["groups"],
+        lambda e: e["groupId"],
+        "SELECT group_id FROM placement_groups ORDER BY group_id",
     ),
     Listing(
         "a fabric's nodes",
@@ -158,6 +171,18 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
                     ALLOCATE, allocation(replica, shard(f"{replica}/{node}", node, gpu))
                 )
                 assert placed["allocate"]["__typename"] == "Allocated"
+        for i in range(GROUPS):
+            group = {
+                "groupId": f"g{i:02d}",
+                "roles": [
+                    {"role": "r", "replicas": 1,
+                     "shape": {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": 1}}
+                ],
+            }  # fmt: skip
+            placed = await api(PLACE_GROUP, {"g": group})
+            assert placed["placeGroup"]["__typename"] == "GroupPlaced"
+            # Its one member released: the group stays listed, the free GPUs as they were.
+            await api(f'mutation {{ releaseReplica(replicaId: "g{i:02d}-r-0") }}')
         yield both
     finally:
         for client in clients:
@@ -185,6 +210,7 @@ def test_every_list_with_first_and_after_is_covered_here() -> None:
         "Query.allocations",
         "Query.events",
         "Query.tokens",
+        "Query.groups",
         "Fabric.nodes",
     }
     assert len(LISTINGS) == len(paged)

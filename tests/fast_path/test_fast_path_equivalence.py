@@ -42,7 +42,10 @@ from service.metrics import COUNTERS
 from service.web.app import create_app
 from tests.reports import PLACE as SCHEDULER_PLACE
 
-OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "300"))
+# Enough draws that every feature and mistake the generator adds comes up:
+# with placement groups' root fields in the schema (issue 39), 300 seeded
+# draws no longer sent a variable of the wrong JSON type.
+OPERATIONS = int(os.environ.get("EQUIVALENCE_OPERATIONS", "400"))
 OPERATIONS_DIR = Path(__file__).resolve().parents[2] / "agent" / "operations"
 
 Both = tuple[asyncio.AbstractEventLoop, Differential]

@@ -33,6 +33,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import httpx
 import pytest
+from sqlalchemy import text
 
 from service.config import Settings
 from service.ctl.capacity import ALLOCATIONS, GPU_CLASSES
@@ -43,8 +44,12 @@ from service.database.connections import compile_text
 from service.database.db import create_engine, dispose, libpq_url
 from service.database.migrations import upgrade
 from service.scheduling.capacity import CLASS_SUMMARY, FABRIC_MEMBERS
+from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
+from service.scheduling.groups.placing import requests_of
+from service.scheduling.groups.reads import board_sql
 from service.scheduling.placement.explanation import MAX_VERDICTS
 from service.scheduling.placement.statements import SURVEY_COUNT
+from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
 from tests.conftest import create_database, drop_database
 from tests.reports import A100, H100, gpus, node_input
@@ -95,6 +100,16 @@ FREE_BY_CLASS = (
     " { node { id } gpuIndices } }"
 )
 PLACE_INPUT = {"replicaId": "r-explain", "gpuClass": "H100-80GB", "gpusPerShard": 4, "shards": 2}
+# 2 prefill TP-4 + 4 decode TP-2, prefill sending KV cache to decode, NODE preferred.
+GROUP: dict[str, Any] = {
+    "roles": [
+        {"role": role, "replicas": n, "shape": {**PLACE_INPUT, "shards": 1, "gpusPerShard": per}}
+        for role, n, per in (("prefill", 2, 4), ("decode", 4, 2))
+    ],
+    "locality": {"level": "NODE"},
+    "kvFrom": "prefill",
+    "kvTo": "decode",
+}
 
 READS = (
     Read("freeGpus by class", FREE_BY_CLASS, {}),
@@ -150,6 +165,22 @@ READS = (
         {"input": PLACE_INPUT},
         entries=MAX_VERDICTS,
     ),
+    # A placement group read back: six members, a shard each, where each shard is.
+    Read(
+        "group",
+        "query($id: ID!) { group(groupId: $id) { generation"
+        " members { replicaId allocations { nodeId gpuIndices } } kvPaths { from to kind } } }",
+        {"id": "pg"},
+        entries=6,
+        entry=NODE_ENTRY,
+    ),
+    # fitGroup reads the board placeGroup plans on: one pass over the class's
+    # pools per role (PER_POOL), whatever the statistics.
+    Read(
+        "fitGroup",
+        "query($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }",
+        {"g": {**GROUP, "groupId": "fit"}},
+    ),
     # gpuClasses and fabrics: answers about the whole cluster (WHOLE_CLUSTER).
     Read("ctl gpu classes", GPU_CLASSES, {}),
     Read("dashboard summary", dashboard_query("SUMMARY_QUERY"), {}),
@@ -163,6 +194,27 @@ WHOLE_CLUSTER = {
     compile_text(FABRIC_MEMBERS)[0]: "fabric_attachments",
     # explainPlacement's count of the class's nodes, for verdictsOmitted.
     compile_text(SURVEY_COUNT)[0]: "gpu_pools",
+}
+# placeGroup's and fitGroup's board (service/scheduling/groups/reads.py): per
+# role, every pool of the class with its node's fabrics, NVLink domain (NODE
+# falls back to NVLINK_DOMAIN) and GPUs' facts: a few rows per pool of the
+# class, the same before and after ANALYZE, never a page's bound.
+PER_POOL_ROWS = 16
+BOARD = GroupRequest(
+    "fit",
+    tuple(
+        GroupRole(
+            r["role"], r["replicas"], PlaceRequest("", "H100-80GB", r["shape"]["gpusPerShard"])
+        )
+        for r in GROUP["roles"]
+    ),
+    Locality(LocalityLevel.NODE),
+    "prefill",
+    "decode",
+)
+PER_POOL = {
+    compile_text(text(board_sql(BOARD, request)))[0]: PER_POOL_ROWS
+    for request in requests_of(BOARD).values()
 }
 # A table this small is read whole by a plan that costs no more than index
 # descents would (shards and events on a cluster with few allocations): its
@@ -276,7 +328,8 @@ class Cluster:
         ran: list[tuple[str, tuple[Any, ...]]] = []
 
         def observe(sql: str, args: Sequence[Any]) -> None:
-            if sql not in ("BEGIN", "SAVEPOINT", "COMMIT", "ROLLBACK"):
+            # Transaction control (fit's and fitGroup's read-only transaction) costs no rows.
+            if sql not in ("BEGIN", "BEGIN READ ONLY", "SAVEPOINT", "COMMIT", "ROLLBACK"):
                 ran.append((sql, tuple(args)))
 
         connections.statement_observers.append(observe)
@@ -312,6 +365,11 @@ async def load(cluster: Cluster, layout: str) -> None:
     held = [(i, h) for i, h in holds if h]
     for k in range(0, len(held), REGISTER_BATCH):
         await cluster.allocate(held[k : k + REGISTER_BATCH])
+    placed = await cluster.send(
+        "mutation($g: PlaceGroupInput!) { placeGroup(input: $g) { __typename } }",
+        {"g": {**GROUP, "groupId": "pg"}},
+    )
+    assert placed["data"]["placeGroup"]["__typename"] == "GroupPlaced", placed
 
 
 @pytest.fixture
@@ -348,7 +406,11 @@ async def over_bound(raw: Any, read: Read, costs: Sequence[Cost]) -> list[str]:
     found = []
     for c in costs:
         table = WHOLE_CLUSTER.get(c.statement)
-        if table is not None:
+        if c.statement in PER_POOL:
+            pools = await table_rows(raw, "gpu_pools")
+            rows_bound = buffers_bound = pools * PER_POOL[c.statement] + FIXED
+            ok = c.rows <= rows_bound and c.buffers <= buffers_bound
+        elif table is not None:
             # One pass over its one table.
             rows_bound = await table_rows(raw, table) + FIXED
             buffers_bound = rows_bound

@@ -513,3 +513,11 @@ async def _spread(
             # taken meanwhile): start the round over, which checks both.
             return _CONFLICT
         busy |= outcome.node_ids
+
+
+# The single-replica primitives placeGroup holds its members through
+# (service/scheduling/groups/placing.py): a plan's nodes locked without
+# waiting and allocated on, a wait for busy nodes with nothing held.
+claim_plan = _try
+Busy = _Busy
+wait_for_nodes = _wait_for

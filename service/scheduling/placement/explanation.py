@@ -25,10 +25,21 @@ MAX_VERDICTS = 100
 
 
 @dataclass(frozen=True)
+class RoleVerdict:
+    """A placement group's role, judged alone: whether its replicas fit without the other roles."""
+
+    role: str
+    placeable: bool
+    message: str
+
+
+@dataclass(frozen=True)
 class Unplaceable:
     message: str
     verdicts: tuple[Verdict, ...]
     omitted: int
+    # A placement group's roles (service/scheduling/groups/); empty for place.
+    roles: tuple[RoleVerdict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,11 @@ class Explanation:
     omitted: int
     plan: Plan | None
     shard_ids: tuple[str, ...]
+
+
+async def verdicts_of(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:
+    """Per node of the class (the first MAX_VERDICTS by id), the first check it fails; and how many more."""
+    return await _verdicts(conn, request)
 
 
 async def _verdicts(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:

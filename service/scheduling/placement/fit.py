@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from service.database.connections import Connection, cached_text
@@ -77,7 +77,7 @@ def shape_of(request: PlaceRequest) -> PlaceRequest:
     return replace(request, replica_id=request.replica_id or SHAPE_ID)
 
 
-def _groups_after(groups: tuple[int, ...], per: int, shards: int) -> tuple[int, ...]:
+def groups_after(groups: tuple[int, ...], per: int, shards: int) -> tuple[int, ...]:
     """Free GPUs per NVLink group after `shards` shards, each from the smallest group that holds it."""
     left = sorted(groups)
     for _ in range(shards):
@@ -96,12 +96,14 @@ def after(f: NodeFacts, request: PlaceRequest, shards: int) -> NodeFacts:
     if topology is not None:
         groups = topology.groups
         if request.nvlink_shards:
-            groups = _groups_after(groups, request.gpus_per_shard, shards)
+            groups = groups_after(groups, request.gpus_per_shard, shards)
         topology = replace(topology, usable=topology.usable - gpus, groups=groups)
     return replace(f, free=f.free - gpus, topology=topology)
 
 
-def survey_groups_sql(request: PlaceRequest) -> str:
+def survey_groups_sql(
+    request: PlaceRequest, *, all_fabrics: bool = False, extra: Mapping[str, str] | None = None
+) -> str:
     """Every node of the class, grouped by the facts judge() reads for this request.
 
     explainPlacement's survey (statements.survey_sql), with two changes that
@@ -112,8 +114,14 @@ def survey_groups_sql(request: PlaceRequest) -> str:
     a group a number judge() compares is carried as the group's extreme on
     the side of its comparison (the least disk free, the oldest GPU facts),
     so the representative fails or passes each check as every member does.
+
+    `all_fabrics`: read every node's fabrics whatever the request (groups rank
+    and judge locality by them). `extra`: more columns (name: SQL over the
+    pool `p` and, when the request reads it, the node `n`) that split the
+    groups too: placement groups' NVLink domain and locality label.
     """
-    wants_fabrics = request.fabric is not None or request.shards > 1
+    extra = dict(extra or {})
+    wants_fabrics = all_fabrics or request.fabric is not None or request.shards > 1
     fabrics = (
         fabrics_sql("p.node_id")
         if wants_fabrics
@@ -172,9 +180,9 @@ def survey_groups_sql(request: PlaceRequest) -> str:
            f.knows_its_weights, f.holds_weights, f.weights_copy, f.fabrics,
            f.fabric_rates, min(f.label_value) AS label_value,
            f.topology, max(f.gpus_facts_age) AS gpus_facts_age,
-           array_agg(f.node_id) AS members
+           array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
-        SELECT p.node_id, p.free, {state} AS state,
+        SELECT p.node_id, p.free, {state} AS state,{"".join(f" {sql} AS {name}," for name, sql in extra.items())}
                {disk}, {disk_ok} AS disk_ok,
                {knows} AS knows_its_weights, {holds} AS holds_weights, {copy} AS weights_copy,
                {fabrics},
@@ -186,7 +194,7 @@ def survey_groups_sql(request: PlaceRequest) -> str:
     ) f
     GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.weights_copy,
              f.fabrics, f.fabric_rates,
-             f.label_ok, f.topology, f.fresh
+             f.label_ok, f.topology, f.fresh{"".join(f", f.{name}" for name in extra)}
     """
 
 

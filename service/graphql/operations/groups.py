@@ -1,0 +1,156 @@
+"""Placement groups' root fields: placeGroup, scaleGroup, releaseGroup (one transaction each), fitGroup and group."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import strawberry
+
+from service import paging
+from service.database import connections
+from service.database.connections import Connection
+from service.metrics import count_rejection
+from service.scheduling import groups
+from service.scheduling.placement import Unplaceable as UnplaceableRecord
+from service.scheduling.rejections import Rejection
+
+from ..allocation_types import AllocationRejected, InvalidPlacement, PlaceInput, Unplaceable
+from ..context import Info
+from ..group_types import (
+    GroupFit,
+    GroupPlaced,
+    GroupPlacementExplanation,
+    PlaceGroupInput,
+    PlaceGroupResult,
+)
+from ..pages import answer, paged
+
+
+def _result(
+    outcome: groups.StoredGroup | UnplaceableRecord | Rejection,
+) -> GroupPlaced | Unplaceable | AllocationRejected:
+    if isinstance(outcome, Rejection):
+        count_rejection(outcome.code.value)
+        return AllocationRejected.of(outcome)
+    if isinstance(outcome, UnplaceableRecord):
+        count_rejection("UNPLACEABLE")
+        return Unplaceable.of(outcome)
+    return GroupPlaced.of(outcome)
+
+
+@strawberry.type
+class GroupQueries:
+    @strawberry.field(
+        description=(
+            "How many more whole groups fit now, exact against placeGroup called one by one, "
+            "and what limits the next (read-only; groupId names nothing here). A group "
+            "placeGroup would refuse: BAD_INPUT with its message."
+        )
+    )
+    async def fit_group(self, info: Info, group: PlaceGroupInput) -> GroupFit:
+        request = group.to_request()
+        async with connections.read_only(info.context.engine) as conn:
+            outcome = await groups.fit_group(conn, request)
+        if isinstance(outcome, Rejection):
+            raise InvalidPlacement(outcome.message)
+        return GroupFit.of(outcome)
+
+    @strawberry.field(
+        description=(
+            "What placeGroup would do now: the plan and the locality level it reaches, or which "
+            "role finds no room; per role, per node, the first check that fails."
+        )
+    )
+    async def explain_group_placement(
+        self, info: Info, input: PlaceGroupInput
+    ) -> GroupPlacementExplanation:
+        request = input.to_request()
+        async with connections.autocommit(info.context.engine) as conn:
+            outcome = await groups.explain_group(conn, request)
+        if isinstance(outcome, Rejection):
+            raise InvalidPlacement(outcome.message)
+        return GroupPlacementExplanation.of(outcome)
+
+    @strawberry.field(description=paged("Placed groups sorted by groupId.", cursor="groupId"))
+    async def groups(
+        self, info: Info, first: int | None = None, after: strawberry.ID | None = None
+    ) -> list[GroupPlaced]:
+        request = info.context.page_request(first)
+        async with connections.autocommit(info.context.engine) as conn:
+            found = await groups.list_groups(
+                conn, request.limit, None if after is None else str(after)
+            )
+        return answer(paging.cut(found, request, lambda g: g.group_id), GroupPlaced.of)
+
+    @strawberry.field(description="A placed group read back; null when no group has this id.")
+    async def group(self, info: Info, group_id: strawberry.ID) -> GroupPlaced | None:
+        async with connections.autocommit(info.context.engine) as conn:
+            stored = await groups.read_group(conn, str(group_id))
+        return None if stored is None else GroupPlaced.of(stored)
+
+
+@strawberry.type
+class GroupMutations:
+    @strawberry.mutation(
+        description=(
+            "Scheduler: place every replica of every role, close on the KV-cache path, in one "
+            "transaction, or none (Unplaceable says which role failed and why). Replica ids "
+            "<groupId>-<role>-<n>; each is an ordinary replica. The same input again answers "
+            "what is stored; another input under a placed groupId is CONFLICT."
+        )
+    )
+    async def place_group(self, info: Info, input: PlaceGroupInput) -> PlaceGroupResult:
+        request = input.to_request()
+
+        async def work(conn: Connection) -> groups.StoredGroup | UnplaceableRecord | Rejection:
+            return await groups.place_group(conn, request, info.context.actor)
+
+        return _result(await info.context.write(work))
+
+    @strawberry.mutation(
+        description=(
+            "Adds (replicas > 0) or removes replicas of one role, close to the rest of the "
+            "group; all or nothing."
+        )
+    )
+    async def scale_group(
+        self,
+        info: Info,
+        group_id: strawberry.ID,
+        role: str,
+        replicas: int,
+        shape: Annotated[
+            PlaceInput | None,
+            strawberry.argument(
+                description="Required for a role new to the group; else its shape."
+            ),
+        ] = None,
+        generation: Annotated[
+            int | None,
+            strawberry.argument(
+                description="The group's generation as last read; another one: CONFLICT."
+            ),
+        ] = None,
+    ) -> PlaceGroupResult:
+        request = shape.to_request() if shape is not None else None
+
+        async def work(conn: Connection) -> groups.StoredGroup | UnplaceableRecord | Rejection:
+            return await groups.scale_group(
+                conn, str(group_id), role, replicas, request, generation, info.context.actor
+            )
+
+        return _result(await info.context.write(work))
+
+    @strawberry.mutation(
+        description=(
+            "Frees every replica of the group; the GPUs freed. A generation that is not the "
+            "group's current one: CONFLICT."
+        )
+    )
+    async def release_group(
+        self, info: Info, group_id: strawberry.ID, generation: int | None = None
+    ) -> int:
+        async def work(conn: Connection) -> int:
+            return await groups.release_group(conn, str(group_id), generation, info.context.actor)
+
+        return await info.context.write(work)

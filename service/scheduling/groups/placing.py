@@ -1,0 +1,395 @@
+"""placeGroup, scaleGroup and releaseGroup: a group's replicas held or freed all together, in the caller's transaction.
+
+How a group is held: the board is read from committed data (reads.read_board,
+locking nothing), the whole group planned (planning.plan_group), and then,
+inside one savepoint, the group's row written and each member claimed
+through place()'s own multi-node primitive (placement.claims.claim_plan:
+lock the member's nodes without waiting, take their usable GPUs in fit
+order, allocate() through the one store path). A member is an ordinary
+replica: every check, event, fence and generation of a replica applies, and
+so does any filter availability gains. When a member's nodes are held by
+another transaction, the savepoint is rolled back (nothing of the group
+stays), this waits for those nodes' holders with nothing held, and plans
+again; when the plan no longer holds (someone committed first), it plans
+again. "Unplaceable" is said only of a plan made on committed data, so N
+concurrent calls on room for K groups place exactly K.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+
+from sqlalchemy import text
+
+from service.database.connections import Connection
+from service.database.transactions import TransactionConflict
+from service.errors import InventoryError
+from service.scheduling.allocations import release_replica
+from service.scheduling.groups.paths import CLOSENESS
+from service.scheduling.groups.planning import Board, GroupPlan, Member, Misfit, plan_group
+from service.scheduling.groups.reads import StoredGroup, read_board, read_group
+from service.scheduling.groups.requests import (
+    GroupRequest,
+    GroupRole,
+    member_id,
+    request_from_spec,
+    shape_of,
+    validate_group,
+    validate_group_id,
+    validate_role,
+)
+from service.scheduling.placement import Unplaceable, unplaceable
+from service.scheduling.placement.claims import Busy, claim_plan, wait_for_nodes
+from service.scheduling.placement.explanation import RoleVerdict
+from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
+from service.scheduling.verdicts import PlaceRequest
+
+MAX_ROUNDS = 64
+# A plan that fails under the locks although no node was busy means what was
+# read changed; a plan that fails so this many times running is not retried.
+MAX_STALE = 4
+
+_INSERT_GROUP = text(
+    """
+    INSERT INTO placement_groups (group_id, spec) VALUES (:group_id, CAST(:spec AS jsonb))
+    ON CONFLICT (group_id) DO NOTHING RETURNING group_id
+    """
+)
+_INSERT_MEMBERS = text(
+    """
+    INSERT INTO group_members (replica_id, group_id, role, n)
+    SELECT unnest(CAST(:ids AS text[])), :group_id, unnest(CAST(:roles AS text[])),
+           unnest(CAST(:ns AS int[]))
+    """
+)
+# Member ids some other replica already uses: placed by place() or allocate().
+_IDS_IN_USE = text(
+    """
+    SELECT DISTINCT s.replica_id FROM shards s
+    WHERE s.replica_id = ANY(CAST(:ids AS text[]))
+    ORDER BY s.replica_id
+    """
+)
+_LOCK_GROUP = text(
+    "SELECT group_id, spec, generation FROM placement_groups WHERE group_id = :group_id FOR UPDATE"
+)
+_BUMP = text(
+    "UPDATE placement_groups SET generation = generation + 1, spec = CAST(:spec AS jsonb)"
+    " WHERE group_id = :group_id"
+)
+_DROP_MEMBERS = text("DELETE FROM group_members WHERE replica_id = ANY(CAST(:ids AS text[]))")
+_DROP_GROUP = text("DELETE FROM placement_groups WHERE group_id = :group_id")
+
+
+class GroupGenerationConflict(InventoryError):
+    """A scale or release naming a generation of the group that is not its current one: nothing changed."""
+
+    code = "CONFLICT"
+
+    def __init__(self, group_id: str, named: int, current: int) -> None:
+        super().__init__(
+            f"group {group_id!r} changed since generation {named}: its generation is {current}; "
+            "read it again (group) and retry with the current generation"
+        )
+        self.group_id, self.named, self.current = group_id, named, current
+
+    @property
+    def extensions(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "groupId": self.group_id,
+            "generation": self.named,
+            "currentGeneration": self.current,
+        }
+
+
+class _Taken:
+    """Another call stored the same groupId between our read and our insert."""
+
+
+_TAKEN = _Taken()
+
+
+def requests_of(group: GroupRequest) -> dict[str, PlaceRequest]:
+    return {r.role: replace(r.shape, replica_id="") for r in group.roles}
+
+
+def _member_request(group_id: str, board: Board, member: Member) -> PlaceRequest:
+    request = shape_of(member.role, board.requests[member.role], group_id, member.n)
+    # FABRIC locality: the plan's fabric is the member's (claim_plan hands it to allocate()).
+    if member.plan.fabric is not None and request.fabric is None:
+        request = replace(request, fabric=member.plan.fabric)
+    return request
+
+
+async def _unplaceable(
+    conn: Connection, group: GroupRequest, board: Board, misfit: Misfit
+) -> Unplaceable:
+    """Unplaceable for the group: which role failed, at which level, each role's verdict alone, and the failing role's verdicts per node."""
+    role = group.role(misfit.role)
+    assert role is not None
+    request = shape_of(misfit.role, board.requests[misfit.role], group.group_id, misfit.n)
+    why = await unplaceable(conn, request, [])
+    hard = " (hard)" if group.locality.hard else ""
+    message = (
+        f"group {shown(group.group_id)} does not fit: role {shown(misfit.role)} replica "
+        f"{misfit.n + 1} of {role.replicas} found no room at locality "
+        f"{misfit.level.value}{hard}: {misfit.message}"
+    )
+    roles = []
+    for r in group.roles:
+        alone = replace(group, roles=(r,), kv_from=None, kv_to=None)
+        outcome = plan_group(board.fork(), alone)
+        if isinstance(outcome, Misfit):
+            said = (
+                f"{r.replicas} replicas do not fit even without the other roles: {outcome.message}"
+            )
+            roles.append(RoleVerdict(r.role, False, said))
+        else:
+            said = f"{r.replicas} replicas fit without the other roles"
+            if r.role == misfit.role:
+                said += "; not beside them"
+            roles.append(RoleVerdict(r.role, r.role != misfit.role, said))
+    return Unplaceable(message, why.verdicts, why.omitted, roles=tuple(roles))
+
+
+async def _claim(
+    conn: Connection, group_id: str, board: Board, plan: GroupPlan, actor: str | None
+) -> bool | Busy:
+    """Claim every member in the caller's savepoint: True, a Busy to wait for, or False (stale)."""
+    for member in plan.members:
+        request = _member_request(group_id, board, member)
+        outcome = await claim_plan(conn, request, member.plan, actor)
+        if isinstance(outcome, Busy):
+            return outcome
+        if outcome is None:
+            return False
+    return True
+
+
+async def _hold(
+    conn: Connection,
+    group: GroupRequest,
+    actor: str | None,
+    write_rows: bool,
+    anchors: Sequence[str] = (),
+    numbered: dict[str, int] | None = None,
+) -> GroupPlan | Misfit | _Taken:
+    """Plan and claim the group's replicas in one savepoint, planning again after a wait or a stale plan.
+
+    `numbered`: the first member number of each role (scaleGroup adds after
+    the ones it has). `write_rows`: write the group's member rows.
+    """
+    stale = 0
+    requests = requests_of(group)
+    for _ in range(MAX_ROUNDS):
+        board = await read_board(conn, group, requests)
+        outcome = plan_group(board, group, anchors)
+        if isinstance(outcome, Misfit):
+            return outcome
+        _, plan = outcome
+        if numbered:
+            plan = replace(
+                plan,
+                members=tuple(replace(m, n=m.n + numbered.get(m.role, 0)) for m in plan.members),
+            )
+        savepoint = await conn.begin_nested()
+        try:
+            if write_rows:
+                inserted = await conn.execute(
+                    _INSERT_GROUP, {"group_id": group.group_id, "spec": json.dumps(group.spec())}
+                )
+                if inserted.first() is None:
+                    await savepoint.rollback()
+                    return _TAKEN
+            await conn.execute(
+                _INSERT_MEMBERS,
+                {
+                    "group_id": group.group_id,
+                    "ids": [member_id(group.group_id, m.role, m.n) for m in plan.members],
+                    "roles": [m.role for m in plan.members],
+                    "ns": [m.n for m in plan.members],
+                },
+            )
+            claimed = await _claim(conn, group.group_id, board, plan, actor)
+        except BaseException:
+            if savepoint.is_active:
+                await savepoint.rollback()
+            raise
+        if claimed is True:
+            await savepoint.commit()
+            return plan
+        await savepoint.rollback()
+        if isinstance(claimed, Busy):
+            stale = 0
+            await wait_for_nodes(conn, claimed.node_ids)
+            continue
+        stale += 1
+        if stale >= MAX_STALE:
+            raise TransactionConflict(stale)
+    raise TransactionConflict(MAX_ROUNDS)
+
+
+async def _answer_stored(
+    conn: Connection, group: GroupRequest, stored: StoredGroup
+) -> StoredGroup | Rejection:
+    if stored.spec == group.spec():
+        return stored
+    return Rejection(
+        RejectionCode.CONFLICT,
+        f"group {shown(group.group_id)} is already placed with other roles, shapes or locality; "
+        "release it first or use a new groupId",
+    )
+
+
+async def place_group(
+    conn: Connection, group: GroupRequest, actor: str | None = None
+) -> StoredGroup | Unplaceable | Rejection:
+    """Every replica of every role held, or none: the group as stored, Unplaceable, or a Rejection."""
+    problem = validate_group(group)
+    if problem is not None:
+        return problem
+    for _ in range(2):
+        stored = await read_group(conn, group.group_id)
+        if stored is not None:
+            return await _answer_stored(conn, group, stored)
+        ids = [member_id(group.group_id, r.role, n) for r in group.roles for n in range(r.replicas)]
+        used = [r.replica_id for r in await conn.execute(_IDS_IN_USE, {"ids": ids})]
+        if used:
+            return Rejection(
+                RejectionCode.CONFLICT,
+                f"replica id {shown(used[0])} of group {shown(group.group_id)} is already held "
+                "by a replica placed on its own; release it or use a new groupId",
+            )
+        outcome = await _hold(conn, group, actor, write_rows=True)
+        if isinstance(outcome, Misfit):
+            board = await read_board(conn, group, requests_of(group))
+            return await _unplaceable(conn, group, board, outcome)
+        if isinstance(outcome, _Taken):
+            # A concurrent call placed the same groupId first: answer what it stored.
+            continue
+        placed = await read_group(conn, group.group_id)
+        assert placed is not None
+        return placed
+    raise TransactionConflict(2)
+
+
+def group_of(stored: StoredGroup) -> GroupRequest:
+    """A stored group as a request again (its spec), for scaling."""
+    return request_from_spec(stored.group_id, stored.spec)
+
+
+async def scale_group(
+    conn: Connection,
+    group_id: str,
+    role: str,
+    replicas: int,
+    shape: PlaceRequest | None,
+    generation: int | None,
+    actor: str | None = None,
+) -> StoredGroup | Unplaceable | Rejection:
+    """Add `replicas` (> 0) of `role` close to the group, or remove the farthest -replicas; all or nothing."""
+    problem = validate_group_id(group_id)
+    if problem is not None:
+        return problem
+    if replicas == 0:
+        return invalid("replicas=0: add (more than 0) or remove (less than 0) replicas")
+    head = (await conn.execute(_LOCK_GROUP, {"group_id": group_id})).first()
+    if head is None:
+        return invalid(f"groupId {shown(group_id)!r} names no placed group")
+    if generation is not None and generation != head.generation:
+        raise GroupGenerationConflict(group_id, generation, int(head.generation))
+    stored = await read_group(conn, group_id)
+    assert stored is not None
+    group = group_of(stored)
+    existing = group.role(role)
+    members = [m for m in stored.members if m.role == role]
+    if replicas < 0:
+        if existing is None:
+            return invalid(f"role {shown(role)!r} is not a role of group {shown(group_id)}")
+        if -replicas > len(members):
+            return invalid(f"replicas={replicas}: role {shown(role)!r} has {len(members)} replicas")
+        gone = _farthest(stored, role, -replicas)
+        for replica in gone:
+            await release_replica(conn, replica, actor)
+        await conn.execute(_DROP_MEMBERS, {"ids": gone})
+        kept = tuple(
+            r if r.role != role else replace(r, replicas=r.replicas + replicas) for r in group.roles
+        )
+        await _bump(conn, replace(group, roles=tuple(r for r in kept if r.replicas > 0)))
+        after = await read_group(conn, group_id)
+        assert after is not None
+        return after
+    if existing is None:
+        if shape is None:
+            return invalid(
+                f"role {shown(role)!r} is new to group {shown(group_id)}: give its shape"
+            )
+        added = GroupRole(role, replicas, replace(shape, replica_id=""))
+    else:
+        if shape is not None and replace(shape, replica_id="") != existing.shape:
+            return invalid(
+                f"shape differs from role {shown(role)!r}'s: a role's replicas share one shape"
+            )
+        added = GroupRole(role, replicas, existing.shape)
+    first = 1 + max((m.n for m in members), default=-1)
+    problem = validate_role(group_id, "scaleGroup", added, highest=first + replicas - 1)
+    if problem is not None:
+        return problem
+    # The new replicas alone, planned close to the nodes the group uses
+    # (and, hard locality, in the zone the group is in).
+    addition = replace(group, roles=(added,), kv_from=None, kv_to=None)
+    anchors = sorted({s.node_id for m in stored.members for s in m.shards})
+    outcome = await _hold(
+        conn, addition, actor, write_rows=False, anchors=anchors, numbered={role: first}
+    )
+    if isinstance(outcome, Misfit):
+        board = await read_board(conn, addition, requests_of(addition))
+        return await _unplaceable(conn, addition, board, outcome)
+    assert not isinstance(outcome, _Taken)
+    roles = (
+        tuple(
+            r if r.role != role else replace(r, replicas=r.replicas + replicas) for r in group.roles
+        )
+        if existing is not None
+        else (*group.roles, added)
+    )
+    await _bump(conn, replace(group, roles=roles))
+    after = await read_group(conn, group_id)
+    assert after is not None
+    return after
+
+
+async def _bump(conn: Connection, group: GroupRequest) -> None:
+    await conn.execute(_BUMP, {"group_id": group.group_id, "spec": json.dumps(group.spec())})
+
+
+def _farthest(stored: StoredGroup, role: str, count: int) -> list[str]:
+    """The `count` replicas of the role farthest from the rest: the worst KV paths, then the highest n."""
+    worst: dict[str, int] = {}
+    for path in stored.kv_paths:
+        for end in (path.from_id, path.to_id):
+            worst[end] = worst.get(end, 0) + CLOSENESS[path.kind]
+    members = [m for m in stored.members if m.role == role]
+    members.sort(key=lambda m: (-worst.get(m.replica_id, 0), -m.n))
+    return [m.replica_id for m in members[:count]]
+
+
+async def release_group(
+    conn: Connection, group_id: str, generation: int | None, actor: str | None = None
+) -> int:
+    """Free every replica of the group and forget it: the GPUs freed (0 for no such group)."""
+    head = (await conn.execute(_LOCK_GROUP, {"group_id": group_id})).first()
+    if head is None:
+        return 0
+    if generation is not None and generation != head.generation:
+        raise GroupGenerationConflict(group_id, generation, int(head.generation))
+    stored = await read_group(conn, group_id)
+    assert stored is not None
+    freed = 0
+    for member in stored.members:
+        freed += await release_replica(conn, member.replica_id, actor)
+    await conn.execute(_DROP_GROUP, {"group_id": group_id})
+    return freed

@@ -1,0 +1,176 @@
+"""What placement groups read: the board a plan is made on, and a placed group with its KV paths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import text
+
+from service.database.connections import Connection, cached_text
+from service.scheduling.allocations import ShardRecord, shard_columns, shard_from_row
+from service.scheduling.groups.paths import (
+    KvPathKind,
+    Whereabouts,
+    Zone,
+    kv_pairs,
+    path_kind,
+)
+from service.scheduling.groups.planning import Board, NodeClass
+from service.scheduling.groups.requests import GroupRequest, LocalityLevel
+from service.scheduling.placement.fit import survey_groups_sql
+from service.scheduling.placement.statements import facts_of, request_params
+from service.scheduling.topology_fit import node_domain
+from service.scheduling.verdicts import PlaceRequest
+
+
+def _zone_columns(group: GroupRequest) -> dict[str, str]:
+    """The zone of each pool's node, as extra columns of fit's grouped survey.
+
+    The NVLink domain costs a look at the node's GPUs, so it is read only when
+    the locality asks about domains (NODE falls back to NVLINK_DOMAIN).
+    """
+    level = group.locality.level
+    domains = level in (LocalityLevel.NODE, LocalityLevel.NVLINK_DOMAIN)
+    return {
+        "zone_domain": node_domain("p.node_id") if domains else "CAST(NULL AS text)",
+        "zone_label": (
+            "(SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x WHERE x.id = p.node_id)"
+            if group.locality.label is not None
+            else "CAST(NULL AS text)"
+        ),
+    }
+
+
+def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
+    """The statement read_board sends for one role: fit's grouped survey with the zone columns."""
+    return survey_groups_sql(request, all_fabrics=True, extra=_zone_columns(group))
+
+
+async def read_board(
+    conn: Connection, group: GroupRequest, requests: Mapping[str, PlaceRequest]
+) -> Board:
+    """Every node of each role's class, grouped as fit groups them, with its zone: one statement per role."""
+    classes: dict[str, list[NodeClass]] = {}
+    for role, request in requests.items():
+        sql = cached_text(board_sql(group, request))
+        params = {**request_params(request), "zone_label": group.locality.label}
+        found = []
+        for row in await conn.execute(sql, params):
+            members = sorted(row.members)
+            zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
+            found.append(NodeClass(replace(facts_of(row), node_id=members[0]), zone, members))
+        classes[role] = found
+    return Board(dict(requests), classes)
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    role: str
+    n: int
+    replica_id: str
+    shards: tuple[ShardRecord, ...]
+
+
+@dataclass(frozen=True)
+class KvPath:
+    from_id: str
+    to_id: str
+    kind: KvPathKind
+
+
+@dataclass(frozen=True)
+class StoredGroup:
+    group_id: str
+    spec: dict[str, Any]
+    generation: int
+    members: tuple[MemberRecord, ...]
+    kv_paths: tuple[KvPath, ...]
+
+
+_GROUP = text("SELECT group_id, spec, generation FROM placement_groups WHERE group_id = :group_id")
+
+# Each member with its shards, and where each shard is: the node's fabrics,
+# the NVLink domain of the shard's GPUs (the one they all report), the value
+# of the group's locality label, and the NVLink group of each of its GPUs.
+_MEMBERS = text(
+    f"""
+    SELECT m.role, m.n, m.replica_id AS member_id, {shard_columns("s")},
+           ARRAY(SELECT fa.fabric FROM fabric_attachments fa WHERE fa.node_id = s.node_id
+                 ORDER BY fa.fabric) AS node_fabrics,
+           (SELECT CASE WHEN count(*) = count(g.nvlink_domain)
+                         AND count(DISTINCT g.nvlink_domain) = 1
+                    THEN min(g.nvlink_domain) END
+            FROM gpus g WHERE g.node_id = s.node_id AND g.idx = ANY(s.gpu_indices)) AS gpus_domain,
+           (SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x WHERE x.id = s.node_id)
+               AS zone_label,
+           ARRAY(SELECT g.nvlink_group FROM gpus g
+                 WHERE g.node_id = s.node_id AND g.idx = ANY(s.gpu_indices)) AS nvlink_groups
+    FROM group_members m LEFT JOIN shards s ON s.replica_id = m.replica_id
+    WHERE m.group_id = :group_id
+    ORDER BY m.role, m.n, s.shard_id
+    """
+)
+
+
+async def read_group(conn: Connection, group_id: str) -> StoredGroup | None:
+    """A placed group as stored: its members (by role in the spec's order, then n) and their KV paths."""
+    head = (await conn.execute(_GROUP, {"group_id": group_id})).first()
+    if head is None:
+        return None
+    spec: dict[str, Any] = head.spec
+    label = spec["locality"]["label"]
+    shards: dict[str, list[ShardRecord]] = {}
+    where: dict[str, list[tuple[str, Zone]]] = {}
+    groups: dict[str, set[tuple[str, int | None]]] = {}
+    names: dict[str, tuple[str, int]] = {}
+    for row in await conn.execute(_MEMBERS, {"group_id": group_id, "zone_label": label}):
+        names[row.member_id] = (row.role, row.n)
+        shards.setdefault(row.member_id, [])
+        if row.shard_id is None:
+            continue
+        shards[row.member_id].append(shard_from_row(row))
+        zone = Zone(tuple(row.node_fabrics), row.gpus_domain, row.zone_label)
+        where.setdefault(row.member_id, []).append((row.node_id, zone))
+        groups.setdefault(row.member_id, set()).update((row.node_id, g) for g in row.nvlink_groups)
+    rank = {r["role"]: i for i, r in enumerate(spec["roles"])}
+    ordered = sorted(names.items(), key=lambda item: (rank.get(item[1][0], 99), item[1][1]))
+    members = tuple(
+        MemberRecord(role, n, replica_id, tuple(shards[replica_id]))
+        for replica_id, (role, n) in ordered
+    )
+    paths: list[KvPath] = []
+    if spec["kvFrom"] is not None:
+        senders = [m for m in members if m.role == spec["kvFrom"] and m.shards]
+        receivers = [m for m in members if m.role == spec["kvTo"] and m.shards]
+
+        def whereabouts(m: MemberRecord) -> Whereabouts:
+            return Whereabouts(tuple(where[m.replica_id]), frozenset(groups[m.replica_id]))
+
+        for i, j in kv_pairs(len(senders), len(receivers)):
+            a, b = senders[i], receivers[j]
+            paths.append(
+                KvPath(a.replica_id, b.replica_id, path_kind(whereabouts(a), whereabouts(b)))
+            )
+    return StoredGroup(group_id, spec, int(head.generation), members, tuple(paths))
+
+
+_GROUP_IDS = text(
+    """
+    SELECT group_id FROM placement_groups
+    WHERE CAST(:after AS text) IS NULL OR group_id > CAST(:after AS text)
+    ORDER BY group_id LIMIT :first
+    """
+)
+
+
+async def list_groups(conn: Connection, first: int, after: str | None) -> list[StoredGroup]:
+    """A page of placed groups by id, after `after`: each read as read_group reads one."""
+    ids = [r.group_id for r in await conn.execute(_GROUP_IDS, {"first": first, "after": after})]
+    found = []
+    for group_id in ids:
+        stored = await read_group(conn, group_id)
+        if stored is not None:
+            found.append(stored)
+    return found

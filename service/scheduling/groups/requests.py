@@ -1,0 +1,194 @@
+"""A placement group as a scheduler asks for it, and the checks that need no database.
+
+A group is roles (so many replicas of one shape each), a locality (how close
+its replicas should be, hard or preferred) and which role sends KV cache to
+which. Each role's shape is a PlaceRequest, so every rule place applies to a
+replica (availability, verdicts, topology, weights) applies to a member.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from typing import Any
+
+from service.bounds import MAX_GROUP_REPLICAS, MAX_GROUP_ROLES, MAX_ID_LENGTH
+from service.scheduling.placement.plan import MAX_REPLICA_ID_LENGTH, validate_place
+from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.verdicts import PlaceRequest
+
+
+class LocalityLevel(Enum):
+    """How close a group's replicas should be, closest first."""
+
+    NODE = "NODE"
+    NVLINK_DOMAIN = "NVLINK_DOMAIN"
+    LABEL = "LABEL"
+    FABRIC = "FABRIC"
+    ANY = "ANY"
+
+
+@dataclass(frozen=True)
+class Locality:
+    level: LocalityLevel = LocalityLevel.ANY
+    # LABEL: the node label whose value nodes share (a rack, a leaf switch).
+    label: str | None = None
+    # Hard: the whole group in one zone of `level`, or Unplaceable. Otherwise
+    # the closest level that fits (a preference; llm-d #2315 found a hard
+    # host filter raised latency).
+    hard: bool = False
+
+
+@dataclass(frozen=True)
+class GroupRole:
+    role: str
+    replicas: int
+    # The shape of each replica; its replica_id names nothing.
+    shape: PlaceRequest
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    group_id: str
+    roles: tuple[GroupRole, ...]
+    locality: Locality = Locality()
+    kv_from: str | None = None
+    kv_to: str | None = None
+
+    def role(self, name: str) -> GroupRole | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+    def spec(self) -> dict[str, Any]:
+        """The group as stored, to tell a retry (the same spec) from a clash (another).
+
+        In JSON's terms (lists, not tuples), so it compares equal to itself read back.
+        """
+        spec: dict[str, Any] = json.loads(json.dumps(self._spec()))
+        return spec
+
+    def _spec(self) -> dict[str, Any]:
+        return {
+            "roles": [
+                {
+                    "role": r.role,
+                    "replicas": r.replicas,
+                    "shape": asdict(replace(r.shape, replica_id="")),
+                }
+                for r in self.roles
+            ],
+            "locality": {
+                "level": self.locality.level.value,
+                "label": self.locality.label,
+                "hard": self.locality.hard,
+            },
+            "kvFrom": self.kv_from,
+            "kvTo": self.kv_to,
+        }
+
+
+def member_id(group_id: str, role: str, n: int) -> str:
+    """A member's replica id: <groupId>-<role>-<n>, n from 0 (the contract's form)."""
+    return f"{group_id}-{role}-{n}"
+
+
+def shape_of(role: str, shape: PlaceRequest, group_id: str, n: int) -> PlaceRequest:
+    """The PlaceRequest of member n of a role: the role's shape under the member's replica id."""
+    return replace(shape, replica_id=member_id(group_id, role, n))
+
+
+def validate_group_id(group_id: str) -> Rejection | None:
+    if not group_id:
+        return invalid("groupId is empty")
+    if "\x00" in group_id:
+        return invalid(f"groupId {shown(group_id)!r} contains a NUL character")
+    if len(group_id) > MAX_ID_LENGTH:
+        return invalid(f"groupId {shown(group_id)!r} is longer than {MAX_ID_LENGTH} characters")
+    return None
+
+
+def validate_role(
+    group_id: str, where: str, role: GroupRole, highest: int | None = None
+) -> Rejection | None:
+    """A role's name, count and shape; `highest`: the largest member number it will have."""
+    name = role.role
+    if not name or "\x00" in name or len(name) > MAX_ID_LENGTH:
+        return invalid(f"{where}.role {shown(name)!r} is not a role name")
+    if role.replicas < 1:
+        return invalid(f"{where}.replicas={role.replicas}: a role has 1 or more replicas")
+    if role.replicas > MAX_GROUP_REPLICAS:
+        return invalid(
+            f"{where}.replicas={role.replicas}: a group has at most {MAX_GROUP_REPLICAS} replicas"
+        )
+    last = member_id(group_id, name, highest if highest is not None else role.replicas - 1)
+    if len(last) > MAX_REPLICA_ID_LENGTH:
+        return invalid(
+            f"{where}: replica id {shown(last)!r} (groupId-role-n) is longer than "
+            f"{MAX_REPLICA_ID_LENGTH} characters"
+        )
+    problem = validate_place(replace(role.shape, replica_id=last))
+    if problem is not None:
+        return invalid(f"{where}.shape: {problem.message}")
+    return None
+
+
+def validate_group(request: GroupRequest) -> Rejection | None:
+    """What can be refused without reading the database: nothing is held for it."""
+    problem = validate_group_id(request.group_id)
+    if problem is not None:
+        return problem
+    if not request.roles:
+        return invalid("roles is empty: a group has at least one role")
+    if len(request.roles) > MAX_GROUP_ROLES:
+        return invalid(f"{len(request.roles)} roles: a group has at most {MAX_GROUP_ROLES}")
+    seen: set[str] = set()
+    for i, role in enumerate(request.roles):
+        where = f"roles[{i}]"
+        if role.role in seen:
+            return invalid(f"{where}.role {shown(role.role)!r} appears twice in this group")
+        seen.add(role.role)
+        problem = validate_role(request.group_id, where, role)
+        if problem is not None:
+            return problem
+    total = sum(r.replicas for r in request.roles)
+    if total > MAX_GROUP_REPLICAS:
+        return invalid(f"roles ask for {total} replicas: a group has at most {MAX_GROUP_REPLICAS}")
+    locality = request.locality
+    if locality.level is LocalityLevel.LABEL and not locality.label:
+        return invalid("locality.label is missing: level LABEL names the label nodes share")
+    if locality.label is not None and locality.level is not LocalityLevel.LABEL:
+        return invalid(
+            f"locality.label {shown(locality.label)!r} is read only with level LABEL, "
+            f"not {locality.level.value}"
+        )
+    if locality.label is not None and (
+        "\x00" in locality.label or len(locality.label) > MAX_ID_LENGTH
+    ):
+        return invalid(f"locality.label {shown(locality.label)!r} is not a label key")
+    for field, name in (("kvFrom", request.kv_from), ("kvTo", request.kv_to)):
+        if name is not None and name not in seen:
+            return invalid(f"{field} {shown(name)!r} names no role of this group")
+    if (request.kv_from is None) != (request.kv_to is None):
+        return invalid("kvFrom and kvTo go together: which role sends KV cache to which")
+    if request.kv_from is not None and request.kv_from == request.kv_to:
+        return invalid(f"kvFrom and kvTo are both {shown(request.kv_from)!r}: name two roles")
+    return None
+
+
+def request_from_spec(group_id: str, spec: dict[str, Any]) -> GroupRequest:
+    """A stored group's spec (GroupRequest.spec) as a request again."""
+
+    def shape(fields: dict[str, Any]) -> PlaceRequest:
+        label = fields.get("label")
+        return PlaceRequest(**{**fields, "label": tuple(label) if label is not None else None})
+
+    locality = spec["locality"]
+    return GroupRequest(
+        group_id=group_id,
+        roles=tuple(
+            GroupRole(r["role"], int(r["replicas"]), shape(r["shape"])) for r in spec["roles"]
+        ),
+        locality=Locality(LocalityLevel(locality["level"]), locality["label"], locality["hard"]),
+        kv_from=spec["kvFrom"],
+        kv_to=spec["kvTo"],
+    )

@@ -1,0 +1,166 @@
+"""fitGroup is deterministic and exact against placeGroup one by one, also across service processes.
+
+A seeded differential: random clusters with nodes on ib-a, ib-b or both,
+boards and pairs, sick GPUs and holes (GPUs held by other replicas), and
+groups of several roles, shapes and localities. For each, fitGroup answers
+the same count three times, placing groups one by one places exactly that
+many, and fitGroup then says 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Api
+from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.topology import bridged_pairs, hgx_h100
+
+FIT_GROUP = "query F($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }"
+PLACE_GROUP = """
+mutation P($input: PlaceGroupInput!) {
+  placeGroup(input: $input) {
+    __typename
+    ... on GroupPlaced { groupId members { replicaId allocations { nodeId gpuIndices } } }
+    ... on Unplaceable { message }
+    ... on AllocationRejected { code message }
+  }
+}
+"""
+RELEASE_GROUP = "mutation R($id: ID!) { releaseGroup(groupId: $id) }"
+
+
+def attachment(fabric: str) -> dict[str, Any]:
+    hcas = ["mlx5_0", "mlx5_1"] if fabric == "ib-a" else ["mlx5_2", "mlx5_3"]
+    return {"fabric": fabric, "hcas": hcas, "rateGbps": 400}
+
+
+def role(name: str, replicas: int, per: int, **shape: Any) -> dict[str, Any]:
+    return {
+        "role": name,
+        "replicas": replicas,
+        "shape": {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": per, **shape},
+    }
+
+
+GROUPS: list[dict[str, Any]] = [
+    {
+        "roles": [role("prefill", 2, 4), role("decode", 4, 2)],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+        "locality": {"level": "NODE"},
+    },
+    {
+        "roles": [role("prefill", 1, 4), role("decode", 2, 2)],
+        "locality": {"level": "FABRIC", "hard": True},
+    },
+    {
+        "roles": [role("prefill", 1, 4, shards=2), role("decode", 3, 2)],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+    },
+    {
+        "roles": [role("p", 1, 2, nvlinkShards=True), role("d", 2, 1)],
+        "locality": {"level": "NODE", "hard": True},
+    },
+    {"roles": [role("a", 3, 1), role("b", 1, 3)], "locality": {"level": "FABRIC"}},
+]
+
+
+async def random_cluster(api: Api, rng: random.Random) -> None:
+    count = rng.randint(4, 8)
+    layouts = [["ib-a", "ib-b"], ["ib-a", "ib-b"]] + [
+        rng.choice([["ib-a"], ["ib-b"], ["ib-a", "ib-b"]]) for _ in range(count - 2)
+    ]
+    for i, fabrics in enumerate(layouts):
+        entries = rng.choice([hgx_h100(near=False), bridged_pairs(), gpus(H100, 4)])
+        for entry in entries:
+            if rng.random() < 0.08:
+                entry.update(healthy=False, healthReasons=["ecc_uncorrected"])
+        report = node_input(f"n{i}", gpus=entries, fabrics=[attachment(f) for f in fabrics])
+        await api(REGISTER, {"input": report})
+        if rng.random() < 0.4:
+            healthy = [e["index"] for e in entries if e["healthy"]]
+            hole = rng.sample(healthy, k=min(len(healthy), rng.randint(1, 3)))
+            held = await api(
+                ALLOCATE, allocation(f"hole-{i}", shard(f"hole-{i}-s0", f"n{i}", *hole))
+            )
+            assert held["allocate"]["__typename"] == "Allocated", held
+
+
+async def fit_group(api: Api, group: dict[str, Any]) -> int:
+    return int((await api(FIT_GROUP, {"g": {"groupId": "fit", **group}}))["fitGroup"]["groups"])
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_fit_group_is_stable_and_exact_on_random_two_fabric_clusters(
+    api: Api, seed: int
+) -> None:
+    rng = random.Random(seed)
+    await random_cluster(api, rng)
+    for k, group in enumerate(GROUPS):
+        counted = {await fit_group(api, group) for _ in range(3)}
+        assert len(counted) == 1, (seed, k, counted)
+        expected = counted.pop()
+        placed = []
+        while True:
+            answer = (
+                await api(PLACE_GROUP, {"input": {"groupId": f"g{k}-{len(placed)}", **group}})
+            )["placeGroup"]
+            if answer["__typename"] != "GroupPlaced":
+                assert answer["__typename"] == "Unplaceable", answer
+                break
+            placed.append(answer["groupId"])
+            assert len(placed) <= 64
+        assert len(placed) == expected, (seed, k, group)
+        assert await fit_group(api, group) == 0
+        for group_id in placed:
+            await api(RELEASE_GROUP, {"id": group_id})
+
+
+async def test_32_concurrent_place_groups_through_two_processes_place_exactly_k(
+    api: Api, live_service_factory: Any
+) -> None:
+    # Room for exactly 3 groups of 16 GPUs on 6 boards (two boards a group).
+    for i in range(6):
+        fabric = attachment("ib-a" if i < 4 else "ib-b")
+        report = node_input(f"hgx-{i}", gpus=hgx_h100(near=False), fabrics=[fabric])
+        await api(REGISTER, {"input": report})
+    group = GROUPS[0]
+    k = await fit_group(api, group)
+    assert k == 3
+    services = [live_service_factory(), live_service_factory()]
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def place(i: int) -> dict[str, Any]:
+            url = services[i % 2].url
+            body = {"query": PLACE_GROUP, "variables": {"input": {"groupId": f"c{i}", **group}}}
+            response = await client.post(url, json=body)
+            assert response.status_code == 200, response.text
+            answer: dict[str, Any] = response.json()["data"]["placeGroup"]
+            return answer
+
+        outcomes = await asyncio.gather(*(place(i) for i in range(32)))
+    kinds = [o["__typename"] for o in outcomes]
+    assert kinds.count("GroupPlaced") == k, kinds
+    assert kinds.count("Unplaceable") == 32 - k
+    held: list[tuple[str, int]] = []
+    for o in outcomes:
+        if o["__typename"] == "GroupPlaced":
+            assert len(o["members"]) == 6 and all(m["allocations"] for m in o["members"])
+            held += [
+                (a["nodeId"], i)
+                for m in o["members"]
+                for a in m["allocations"]
+                for i in a["gpuIndices"]
+            ]
+    assert len(held) == len(set(held)) == 3 * 16
+    everything = (await api("{ allocations { replicaId gpuIndices } }"))["allocations"]
+    assert sum(len(a["gpuIndices"]) for a in everything) == 48
+    # No partial group: every replica held belongs to a group placed whole.
+    placed = {o["groupId"] for o in outcomes if o["__typename"] == "GroupPlaced"}
+    assert {a["replicaId"].rsplit("-", 2)[0] for a in everything} == placed
