@@ -174,6 +174,19 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
     else:
         out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
+    # Issue 39: a disaggregated group placed as one unit, and counted.
+    for name, row_name, bound in (
+        ("placeGroup 2P(TP-4)+4D(TP-2) <= 3x one place of a TP-8, 10k nodes (issue 39)",
+         "placeGroup 2P(TP-4)+4D(TP-2) p50, 1 caller in-process", 3.0),
+        ("fitGroup of it <= 2x one placeGroup, 10k nodes (issue 39)",
+         "fitGroup 2P(TP-4)+4D(TP-2) p50, 1 caller in-process", 2.0),
+    ):  # fmt: skip
+        row = _find(rows, 10_000, row_name)
+        if row is not None:
+            out.append(Verdict(name, _judged(row.ratio <= bound), f"x{row.ratio:.2f}"))
+        else:
+            out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
     for name, prefix, section in PER_SIZE:
         judged = False
         for size in sizes:

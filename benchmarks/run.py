@@ -41,7 +41,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster", "fit",
+    "peer", "floor", "real_cluster", "fit", "groups",
 )  # fmt: skip
 
 
@@ -86,6 +86,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         churn,
         fit,
         floor,
+        groups,
         layers,
         peer,
         questions,
@@ -135,6 +136,9 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "fit" in sections:
                 print(f"[{size}] fit against place (issue 31)", flush=True)
                 await fit.measure_fit(bench)
+            if "groups" in sections:
+                print(f"[{size}] placeGroup and fitGroup against place (issue 39)", flush=True)
+                await groups.measure_groups(bench)
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)

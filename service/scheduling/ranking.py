@@ -15,7 +15,11 @@ gives the same plan and fit counts what place does. Its terms, in order:
    and an ib-a one 75% of the time, stranding the other two (issue 39): one
    replica placed where two fit. Placement groups pack the zones they
    choose (NVLink domains, label values) by the same idea;
-4. the node id, so that nothing random decides a plan or a count.
+4. the node id, so that nothing random decides a plan or a count. Placement
+   groups hand the planner each node under a planning id (its class's
+   digest, then its id: service/scheduling/groups/planning.py), so that among
+   nodes equal on every term they take classes in a fixed order, which lets
+   fitGroup count many identical rounds at once.
 
 A term that sends nodes last whatever their fit (a PREFER_NO_SCHEDULE taint)
 goes here as the first term, in both forms below.

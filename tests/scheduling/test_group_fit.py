@@ -15,7 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.database import connections
+from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
+from service.scheduling.groups.fitting import count_groups
+from service.scheduling.groups.placing import requests_of
+from service.scheduling.groups.reads import read_board
+from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.topology import bridged_pairs, hgx_h100
@@ -164,3 +171,63 @@ async def test_32_concurrent_place_groups_through_two_processes_place_exactly_k(
     # No partial group: every replica held belongs to a group placed whole.
     placed = {o["groupId"] for o in outcomes if o["__typename"] == "GroupPlaced"}
     assert {a["replicaId"].rsplit("-", 2)[0] for a in everything} == placed
+
+
+def request_of(spec: dict[str, Any]) -> GroupRequest:
+    """A GROUPS entry as the domain takes it (what PlaceGroupInput.to_request makes)."""
+
+    def shape(s: dict[str, Any]) -> PlaceRequest:
+        return PlaceRequest(
+            "",
+            s["gpuClass"],
+            s["gpusPerShard"],
+            shards=s.get("shards", 1),
+            nvlink_shards=s.get("nvlinkShards", False),
+        )
+
+    locality = spec.get("locality", {})
+    return GroupRequest(
+        "fit",
+        tuple(GroupRole(r["role"], r["replicas"], shape(r["shape"])) for r in spec["roles"]),
+        Locality(LocalityLevel(locality.get("level", "ANY")), None, locality.get("hard", False)),
+        spec.get("kvFrom"),
+        spec.get("kvTo"),
+    )
+
+
+async def test_counting_repeated_rounds_at_once_counts_what_round_by_round_does(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """fitGroup applies a round that provably repeats many times at once (fitting.count_groups).
+
+    On a cluster with classes of many like nodes (where it applies), the
+    count equals planning every round, for every group of the differential,
+    and placing one by one.
+    """
+    rng = random.Random(39)
+    for i in range(48):
+        fabrics = [["ib-a"], ["ib-b"], ["ib-a", "ib-b"]][i % 3]
+        entries = hgx_h100(near=False) if i % 4 else bridged_pairs()
+        report = node_input(f"m{i:02d}", gpus=entries, fabrics=[attachment(f) for f in fabrics])
+        await api(REGISTER, {"input": report})
+        if rng.random() < 0.2:
+            held = await api(ALLOCATE, allocation(f"h{i}", shard(f"h{i}-s0", f"m{i:02d}", 0, 1)))
+            assert held["allocate"]["__typename"] == "Allocated"
+    for k, spec in enumerate(GROUPS):
+        group = request_of(spec)
+        requests = requests_of(group)
+        async with connections.autocommit(engine) as conn:
+            fast_board = await read_board(conn, group, requests)
+            slow_board = await read_board(conn, group, requests)
+        fast, _, _ = count_groups(fast_board, group)
+        slow, _, _ = count_groups(slow_board, group, repeats=False)
+        assert fast == slow, (k, fast, slow)
+        assert await fit_group(api, spec) == fast
+    spec = GROUPS[0]
+    expected = await fit_group(api, spec)
+    assert expected >= 10
+    for i in range(expected):
+        answer = await api(PLACE_GROUP, {"input": {"groupId": f"one-{i}", **spec}})
+        assert answer["placeGroup"]["__typename"] == "GroupPlaced", (i, expected)
+    answer = await api(PLACE_GROUP, {"input": {"groupId": "one-more", **spec}})
+    assert answer["placeGroup"]["__typename"] == "Unplaceable"

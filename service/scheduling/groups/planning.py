@@ -30,6 +30,7 @@ explainPlacement, so they cannot disagree.
 from __future__ import annotations
 
 import bisect
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -102,11 +103,19 @@ class Board:
             role: [judge(c.facts, self.requests[role]).fits for c in cs]
             for role, cs in self.classes.items()
         }
+        self.tokens: dict[str, list[str]] = {
+            role: [token(c.facts, c.zone) for c in cs] for role, cs in self.classes.items()
+        }
+        self.keys: dict[str, dict[tuple[NodeFacts, Zone], int]] = {
+            role: {key(c.facts, c.zone): i for i, c in enumerate(cs)}
+            for role, cs in self.classes.items()
+        }
 
     def fork(self) -> Board:
         other = Board.__new__(Board)
         other.requests, other.classes = self.requests, self.classes
         other.where, other.fits = self.where, self.fits
+        other.tokens, other.keys = self.tokens, self.keys
         other.opened = {n: dict(f) for n, f in self.opened.items()}
         other.zones = dict(self.zones)
         return other
@@ -129,22 +138,34 @@ class Board:
         return None
 
     def candidates(self, role: str, keep: Zonal, per_class: int) -> list[NodeFacts]:
-        """The nodes a replica of `role` may be planned on in the zone: opened ones, and each class's first ids."""
+        """The nodes a replica of `role` may be planned on in the zone: opened ones, and each class's first ids.
+
+        Under their planning ids (planning_id): the class's token, then the node id.
+        """
         found = [
-            f
+            replace(f, node_id=planning_id(token(f, zone), node_id))
             for node_id, by_role in self.opened.items()
-            if (f := by_role.get(role)) is not None and keep(node_id, self.zones[node_id])
+            if (f := by_role.get(role)) is not None and keep(node_id, zone := self.zones[node_id])
         ]
+        tokens = self.tokens[role]
+        if keep.node is not None:
+            # One node's zone: its class by lookup, not a walk over every member.
+            i = self.where[role].get(keep.node)
+            if i is not None and keep.node not in self.opened and self.fits[role][i]:
+                node = planning_id(tokens[i], keep.node)
+                found.append(replace(self.classes[role][i].facts, node_id=node))
+            return found
         for i, c in enumerate(self.classes[role]):
-            if not self.fits[role][i]:
+            # Below NODE a zone is a fact of the class: one test for all its members.
+            if not self.fits[role][i] or not c.members or not keep(c.members[0], c.zone):
                 continue
             taken = 0
             for node_id in c.members:
                 if taken == per_class:
                     break
-                if node_id in self.opened or not keep(node_id, c.zone):
+                if node_id in self.opened:
                     continue
-                found.append(replace(c.facts, node_id=node_id))
+                found.append(replace(c.facts, node_id=planning_id(tokens[i], node_id)))
                 taken += 1
         return found
 
@@ -170,6 +191,17 @@ class Board:
                     else _less(f, wanted, request, shards)
                 )
 
+    def class_for(self, role: str, f: NodeFacts, zone: Zone) -> int:
+        """The index of the role's class with these facts and zone, made when there is none."""
+        found = self.keys[role].get(key(f, zone))
+        if found is None:
+            found = len(self.classes[role])
+            self.classes[role].append(NodeClass(replace(f, node_id=""), zone, []))
+            self.fits[role].append(judge(f, self.requests[role]).fits)
+            self.tokens[role].append(token(f, zone))
+            self.keys[role][key(f, zone)] = found
+        return found
+
     def settle(self) -> None:
         """Put the opened nodes back into classes by their facts now, as a fresh read would group them."""
         for node_id, by_role in self.opened.items():
@@ -180,23 +212,54 @@ class Board:
                 if old is not None:
                     members = classes[old].members
                     del members[bisect.bisect_left(members, node_id)]
-                key = replace(f, node_id="")
-                target = next(
-                    (
-                        i
-                        for i, c in enumerate(classes)
-                        if c.zone == zone and replace(c.facts, node_id="") == key
-                    ),
-                    None,
-                )
-                if target is None:
-                    classes.append(NodeClass(f, zone, []))
-                    self.fits[role].append(judge(f, self.requests[role]).fits)
-                    target = len(classes) - 1
+                target = self.class_for(role, f, zone)
                 bisect.insort(classes[target].members, node_id)
                 where[node_id] = target
         self.opened.clear()
         self.zones.clear()
+
+
+def key(facts: NodeFacts, zone: Zone) -> tuple[NodeFacts, Zone]:
+    """What a class is: its facts (under no node id) and zone."""
+    return replace(facts, node_id=""), zone
+
+
+def token(facts: NodeFacts, zone: Zone) -> str:
+    """A class's place among nodes the ranking finds equal: a digest of its facts and zone.
+
+    The facts a request leaves unread, or that move on their own (disk left
+    out of the judgement, label values, the age of the GPU facts), are left
+    out, so a fresh read orders the classes as fitGroup's board does.
+    """
+    stable = replace(
+        facts,
+        node_id="",
+        local_disk_free=None,
+        local_disk_total=None,
+        label_value=None,
+        gpus_facts_age=None,
+    )
+    return hashlib.blake2b(repr((stable, zone)).encode(), digest_size=8).hexdigest()
+
+
+TOKEN_LENGTH = 16
+
+
+def planning_id(class_token: str, node_id: str) -> str:
+    """The id the planner orders a node by: its class's token, then its own id.
+
+    ranking.node_rank's last term is the node id; through this id, among
+    nodes equal on every other term, a group takes them class by class in a
+    fixed order and by id within a class. Which ids a class holds then never
+    decides between classes, so fitGroup may count many identical rounds at
+    once (fitting.count_groups) and still count what placeGroup does.
+    """
+    return f"{class_token}/{node_id}"
+
+
+def node_of(planning: str) -> str:
+    """The node id inside a planning_id."""
+    return planning[TOKEN_LENGTH + 1 :]
 
 
 def _less(f: NodeFacts, wanted: PlaceRequest, took: PlaceRequest, shards: int) -> NodeFacts:
@@ -216,8 +279,12 @@ def _less(f: NodeFacts, wanted: PlaceRequest, took: PlaceRequest, shards: int) -
 class Zonal:
     """A zone of a locality level as a node filter, with what it asks of each replica's request."""
 
-    def __init__(self, level: LocalityLevel, name: str | None, node: str | None = None) -> None:
+    def __init__(
+        self, level: LocalityLevel, name: str | None, node: str | None = None, order: str = ""
+    ) -> None:
         self.level, self.name, self.node = level, name, node
+        # Zones of equal score are taken in this order: the name, or a node's planning id.
+        self.order = order or name or ""
 
     def __call__(self, node_id: str, zone: Zone) -> bool:
         level = self.level
@@ -261,10 +328,11 @@ def _zones(board: Board, level: LocalityLevel, first_role: str) -> list[Zonal]:
     if level is LocalityLevel.NODE:
         # One node holds the group: one candidate per class of the first role suffices
         # (its members are equal), the smallest id.
-        nodes = {f.node_id for f in board.candidates(first_role, Zonal(LocalityLevel.ANY, None), 1)}
-        return [Zonal(level, node_id, node_id) for node_id in sorted(nodes)]
+        ids = {f.node_id for f in board.candidates(first_role, Zonal(LocalityLevel.ANY, None), 1)}
+        return [Zonal(level, node_of(i), node_of(i), order=i) for i in sorted(ids)]
     zones: set[str] = set()
-    every = [c.zone for cs in board.classes.values() for c in cs] + list(board.zones.values())
+    every = [c.zone for cs in board.classes.values() for c in cs if c.members]
+    every += list(board.zones.values())
     for zone in every:
         if level is LocalityLevel.NVLINK_DOMAIN and zone.domain is not None:
             zones.add(zone.domain)
@@ -296,11 +364,16 @@ def _plan_in(
         candidates = trial.candidates(role, zonal, max(1, request.shards))
         plan = None
         for tier in tiers:
-            pool = candidates if tier is None else [f for f in candidates if f.node_id in tier]
+            pool = (
+                candidates
+                if tier is None
+                else [f for f in candidates if node_of(f.node_id) in tier]
+            )
             if pool and (plan := plan_placement(pool, request)) is not None:
                 break
         if plan is None:
             return Misfit(role, n, zonal.level, "no room in the zone")
+        plan = replace(plan, nodes=tuple((node_of(n), k) for n, k in plan.nodes))
         trial.take(role, plan)
         nodes = [node_id for node_id, _ in plan.nodes]
         by_replica[(role, n)] = nodes
@@ -361,9 +434,9 @@ def plan_group(
                 continue
             trial, members = outcome
             points = score(trial, group, members)
-            key = (*points, zonal.name or "")
-            if best is None or key < best[0]:
-                best = (key, trial, GroupPlan(tuple(members), level, zonal.name, points))
+            rank = (*points, zonal.order)
+            if best is None or rank < best[0]:
+                best = (rank, trial, GroupPlan(tuple(members), level, zonal.name, points))
         if best is not None:
             return best[1], best[2]
     if misfit is None:

@@ -53,15 +53,25 @@ async def read_board(
 ) -> Board:
     """Every node of each role's class, grouped as fit groups them, with its zone: one statement per role."""
     classes: dict[str, list[NodeClass]] = {}
+    # Roles whose statement and parameters are the same (prefill and decode
+    # of one class, without topology, differ only in GPUs per shard, which
+    # the statement does not read) share one read.
+    read: dict[tuple[str, str], list[NodeClass]] = {}
     for role, request in requests.items():
-        sql = cached_text(board_sql(group, request))
+        sql = board_sql(group, request)
         params = {**request_params(request), "zone_label": group.locality.label}
-        found = []
-        for row in await conn.execute(sql, params):
-            members = sorted(row.members)
-            zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
-            found.append(NodeClass(replace(facts_of(row), node_id=members[0]), zone, members))
-        classes[role] = found
+        used = {k: v for k, v in params.items() if f":{k}" in sql}
+        same = (sql, repr(sorted(used.items())))
+        if same not in read:
+            found = []
+            for row in await conn.execute(cached_text(sql), used):
+                members = sorted(row.members)
+                zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
+                facts = replace(facts_of(row), node_id=members[0])
+                found.append(NodeClass(facts, zone, members))
+            read[same] = found
+        # Each role's own classes: settling one role's nodes must not move another's.
+        classes[role] = [NodeClass(c.facts, c.zone, list(c.members)) for c in read[same]]
     return Board(dict(requests), classes)
 
 
