@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -118,7 +119,12 @@ async def measure_fit(bench: Bench) -> None:
         )
 
 
-async def run(nodes: int, rounds: int) -> dict[str, list[float]]:
+async def run(
+    nodes: int,
+    rounds: int,
+    measure: Callable[[str, int], Awaitable[dict[str, list[float]]]] = measure,
+) -> dict[str, list[float]]:
+    """`measure` (this module's, or another section's) on a fresh synthetic cluster of `nodes`."""
     with postgres_server() as (server, where):
         print(f"PostgreSQL: {where}")
         url = await create_database(server)

@@ -20,12 +20,10 @@ import statistics
 import time
 from typing import Any
 
-import asyncpg
 import httpx
 
+from benchmarks import fit
 from benchmarks.bench import Bench
-from benchmarks.cluster import load
-from benchmarks.database import create_database, drop_database, migrate, postgres_server
 from benchmarks.measure import Figure
 from benchmarks.results import Row
 from service.config import Settings
@@ -131,29 +129,12 @@ async def measure_groups(bench: Bench) -> None:
                           better="lower"))  # fmt: skip
 
 
-async def run(nodes: int, rounds: int) -> dict[str, list[float]]:
-    with postgres_server() as (server, where):
-        print(f"PostgreSQL: {where}")
-        url = await create_database(server)
-        try:
-            await asyncio.to_thread(migrate, url)
-            conn = await asyncpg.connect(url)
-            try:
-                await load(conn, nodes)
-            finally:
-                await conn.close()
-            figures = await measure(url, rounds)
-        finally:
-            await drop_database(server, url)
-    return figures
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    times = asyncio.run(run(args.nodes, args.rounds))
+    times = asyncio.run(fit.run(args.nodes, args.rounds, measure))
     place, grouped, fitted = (
         statistics.median(times[k]) for k in ("place", "place_group", "fit_group")
     )

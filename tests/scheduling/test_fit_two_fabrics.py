@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -79,14 +80,26 @@ SHAPES: list[dict[str, Any]] = [
 ]
 
 
-async def random_cluster(api: Api, rng: random.Random) -> None:
+FABRIC_LAYOUTS: list[list[str]] = [["ib-a"], ["ib-b"], ["ib-a", "ib-b"], []]
+
+
+def plain_gpus(rng: random.Random) -> list[dict[str, Any]]:
+    return gpus(H100, rng.choice([8, 8, 4]))
+
+
+async def random_cluster(
+    api: Api,
+    rng: random.Random,
+    *,
+    nodes: tuple[int, int] = (5, 9),
+    layouts: list[list[str]] = FABRIC_LAYOUTS,
+    gpus_of: Callable[[random.Random], list[dict[str, Any]]] = plain_gpus,
+) -> None:
     """Nodes on ib-a, ib-b or both (at least two on both), some GPUs sick, some held."""
-    count = rng.randint(5, 9)
-    layouts = [["ib-a", "ib-b"], ["ib-a", "ib-b"]] + [
-        rng.choice([["ib-a"], ["ib-b"], ["ib-a", "ib-b"], []]) for _ in range(count - 2)
-    ]
-    for i, fabrics in enumerate(layouts):
-        entries = gpus(H100, rng.choice([8, 8, 4]))
+    count = rng.randint(*nodes)
+    chosen = [["ib-a", "ib-b"], ["ib-a", "ib-b"]] + [rng.choice(layouts) for _ in range(count - 2)]
+    for i, fabrics in enumerate(chosen):
+        entries = gpus_of(rng)
         for entry in entries:
             if rng.random() < 0.08:
                 entry.update(healthy=False, healthReasons=["ecc_uncorrected"])

@@ -25,6 +25,8 @@ from service.scheduling.groups.reads import read_board
 from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.scheduling.test_fit_two_fabrics import FABRIC_LAYOUTS
+from tests.scheduling.test_fit_two_fabrics import random_cluster as two_fabric_cluster
 from tests.topology import bridged_pairs, hgx_h100
 
 FIT_GROUP = "query F($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }"
@@ -78,25 +80,13 @@ GROUPS: list[dict[str, Any]] = [
 ]
 
 
+def boards(rng: random.Random) -> list[dict[str, Any]]:
+    return rng.choice([hgx_h100(near=False), bridged_pairs(), gpus(H100, 4)])
+
+
 async def random_cluster(api: Api, rng: random.Random) -> None:
-    count = rng.randint(4, 8)
-    layouts = [["ib-a", "ib-b"], ["ib-a", "ib-b"]] + [
-        rng.choice([["ib-a"], ["ib-b"], ["ib-a", "ib-b"]]) for _ in range(count - 2)
-    ]
-    for i, fabrics in enumerate(layouts):
-        entries = rng.choice([hgx_h100(near=False), bridged_pairs(), gpus(H100, 4)])
-        for entry in entries:
-            if rng.random() < 0.08:
-                entry.update(healthy=False, healthReasons=["ecc_uncorrected"])
-        report = node_input(f"n{i}", gpus=entries, fabrics=[attachment(f) for f in fabrics])
-        await api(REGISTER, {"input": report})
-        if rng.random() < 0.4:
-            healthy = [e["index"] for e in entries if e["healthy"]]
-            hole = rng.sample(healthy, k=min(len(healthy), rng.randint(1, 3)))
-            held = await api(
-                ALLOCATE, allocation(f"hole-{i}", shard(f"hole-{i}-s0", f"n{i}", *hole))
-            )
-            assert held["allocate"]["__typename"] == "Allocated", held
+    """Boards, bridged pairs and 4-GPU nodes on ib-a, ib-b or both; sick GPUs, holes."""
+    await two_fabric_cluster(api, rng, nodes=(4, 8), layouts=FABRIC_LAYOUTS[:3], gpus_of=boards)
 
 
 async def fit_group(api: Api, group: dict[str, Any]) -> int:

@@ -9,12 +9,17 @@ import strawberry
 from service import paging
 from service.database import connections
 from service.database.connections import Connection
-from service.metrics import count_rejection
 from service.scheduling import groups
 from service.scheduling.placement import Unplaceable as UnplaceableRecord
 from service.scheduling.rejections import Rejection
 
-from ..allocation_types import AllocationRejected, InvalidPlacement, PlaceInput, Unplaceable
+from ..allocation_types import (
+    Allocated,
+    AllocationRejected,
+    InvalidPlacement,
+    PlaceInput,
+    Unplaceable,
+)
 from ..context import Info
 from ..group_types import (
     GroupFit,
@@ -24,18 +29,19 @@ from ..group_types import (
     PlaceGroupResult,
 )
 from ..pages import answer, paged
+from .allocation_mutations import count_place, place_result
 
 
 def _result(
     outcome: groups.StoredGroup | UnplaceableRecord | Rejection,
 ) -> GroupPlaced | Unplaceable | AllocationRejected:
-    if isinstance(outcome, Rejection):
-        count_rejection(outcome.code.value)
-        return AllocationRejected.of(outcome)
-    if isinstance(outcome, UnplaceableRecord):
-        count_rejection("UNPLACEABLE")
-        return Unplaceable.of(outcome)
-    return GroupPlaced.of(outcome)
+    """A group's outcome as PlaceGroupResult; a refusal or no room counted as place counts them."""
+    if isinstance(outcome, groups.StoredGroup):
+        return GroupPlaced.of(outcome)
+    count_place(outcome)
+    answered = place_result(outcome)
+    assert not isinstance(answered, Allocated)
+    return answered
 
 
 @strawberry.type
