@@ -110,7 +110,9 @@ WITH free AS (
 )
 UPDATE gpu_pools SET allocated = allocated + $3, free = free - $3,
     free_indices = ARRAY(SELECT i FROM unnest(free_indices) i
-                         WHERE i NOT IN (SELECT unnest(gpu_indices) FROM shard) ORDER BY i)
+                         WHERE i NOT IN (SELECT unnest(gpu_indices) FROM shard) ORDER BY i),
+    free_groups = ARRAY(SELECT u.grp FROM unnest(free_indices, free_groups) u(i, grp)
+                        WHERE u.i NOT IN (SELECT unnest(gpu_indices) FROM shard) ORDER BY u.i)
 WHERE node_id = $1 AND gpu_class = $2 AND EXISTS (SELECT 1 FROM shard)
 RETURNING node_id
 """
@@ -123,7 +125,9 @@ WITH shard AS (
     INSERT INTO allocated_gpus (node_id, gpu_index, shard_id) SELECT $2, $3, shard_id FROM shard
 )
 UPDATE gpu_pools SET allocated = allocated + 1, free = free - 1,
-    free_indices = array_remove(free_indices, $3::int)
+    free_indices = array_remove(free_indices, $3::int),
+    free_groups = ARRAY(SELECT u.grp FROM unnest(free_indices, free_groups) u(i, grp)
+                        WHERE u.i <> $3::int ORDER BY u.i)
 WHERE node_id = $2 AND gpu_class = $4
 """
 

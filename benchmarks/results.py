@@ -174,6 +174,14 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
     else:
         out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
+    # Issue 39: fit with nvlinkShards walks pools.
+    name = "fit TP-8 with nvlinkShards <= 2x one place of it, 100k nodes (issue 39)"
+    nvlink_fit = _find(rows, 100_000, "fit TP-8 (1 shard of 8 H100-80GB) with nvlinkShards p50")
+    if nvlink_fit is not None:
+        out.append(Verdict(name, _judged(nvlink_fit.ratio <= 2.0), f"x{nvlink_fit.ratio:.2f}"))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 100000"))
+
     # Issue 39: a disaggregated group placed as one unit, and counted.
     for name, row_name, bound in (
         ("placeGroup 2P(TP-4)+4D(TP-2) <= 3x one place of a TP-8, 10k nodes (issue 39)",

@@ -188,10 +188,17 @@ gpu_pools = Table(
     # The free GPUs' indices, ascending (availability.pool_counts): what a
     # page of freeGpus answers per node, kept by the writes that keep `free`.
     Column("free_indices", ARRAY(Integer), nullable=False),
+    # The NVLink group of each free GPU, in free_indices' order (NULL: none),
+    # and whether any GPU of the class reported NVLink peers: a per-pool
+    # summary from which fit with nvlinkShards reads a node's free NVLink
+    # groups without reading its GPUs (topology_fit.facts_column).
+    Column("free_groups", ARRAY(Integer), nullable=False, server_default=text("'{}'")),
+    Column("nvlink_known", Boolean, nullable=False, server_default=text("false")),
     Column("schedulable", Boolean, nullable=False),
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
     CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
+    CheckConstraint("cardinality(free_groups) = free", name="free_groups"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
 # `free` and `free_indices` included, so a page is this index alone,

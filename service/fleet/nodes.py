@@ -39,13 +39,13 @@ from service.fleet.report_rows import (
 )
 from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.availability import (
-    USABLE_COLUMNS,
+    POOL_COLUMNS,
     gpu_usable,
     node_schedulable,
     pool_counts,
 )
 from service.scheduling.generations import bump_generations
-from service.scheduling.gpu_pools import POOL_UPSERT, refresh_pools
+from service.scheduling.gpu_pools import POOL_INSERT, POOL_UPSERT, RECOUNTED, refresh_pools
 
 
 @dataclass(frozen=True)
@@ -104,16 +104,16 @@ _REPLACE_REPORT = text(
     f"""
     WITH {REPORTED_ROWS}, {write_gpus(_CHANGED)}, {write_own_rows(_CHANGED)}, gpus_now AS (
         -- The GPUs as the gpus table holds them after this statement, with
-        -- the columns availability.gpu_usable reads (USABLE_COLUMNS): the
+        -- the columns availability.pool_counts reads (POOL_COLUMNS): the
         -- report's, and the service's own (cordon, sticky reasons) that a
         -- report does not overwrite.
         SELECT i.idx, i.gpu_class, i.healthy,
                coalesce(o.sticky_reasons, CAST('{{}}' AS text[])) AS sticky_reasons,
-               o.cordon_reason
+               o.cordon_reason, i.nvlink_group, i.nvlink_peers
         FROM g_in i LEFT JOIN gpus o ON o.node_id = :node_id AND o.idx = i.idx
         WHERE {_CHANGED}
         UNION ALL
-        SELECT idx, gpu_class, {", ".join(USABLE_COLUMNS)} FROM gpus
+        SELECT idx, gpu_class, {", ".join(POOL_COLUMNS)} FROM gpus
         WHERE node_id = :node_id AND NOT {_CHANGED}
     ), counts AS (
         SELECT g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
@@ -124,10 +124,8 @@ _REPLACE_REPORT = text(
         DELETE FROM gpu_pools p WHERE p.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM counts c WHERE c.gpu_class = p.gpu_class)
     ), pools_up AS (
-        INSERT INTO gpu_pools AS p (
-            node_id, gpu_class, total, unhealthy, allocated, free, free_indices, schedulable)
-        SELECT :node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free, c.free_indices,
-               {node_schedulable("n")}
+        INSERT INTO gpu_pools AS p ({POOL_INSERT})
+        SELECT :node_id, c.gpu_class, {RECOUNTED}, {node_schedulable("n")}
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class
         {POOL_UPSERT}

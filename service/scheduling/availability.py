@@ -86,6 +86,8 @@ def gpu_usable(g: str = "g") -> str:
 # The gpus columns gpu_usable reads: a row source standing in for the table
 # (a report's GPUs in nodes._REPLACE_REPORT) must carry them.
 USABLE_COLUMNS = ("healthy", "sticky_reasons", "cordon_reason")
+# And the columns pool_counts reads besides them.
+POOL_COLUMNS = (*USABLE_COLUMNS, "nvlink_group", "nvlink_peers")
 
 
 def is_usable(healthy: bool, cordon_reason: str | None) -> bool:
@@ -151,7 +153,12 @@ def pool_counts(g: str, held: str) -> str:
     free_indices lists the free GPUs' indices, ascending: its length is
     `free` (a check constraint of gpu_pools holds it so), and a page of
     freeGpus reads it from the pool row instead of the GPUs and their
-    allocations (service/scheduling/capacity.py).
+    allocations (service/scheduling/capacity.py). free_groups is the NVLink
+    group of each of them, in the same order (NULL: none), and nvlink_known
+    whether any GPU of the group of rows reported NVLink peers: fit with
+    nvlinkShards reads a node's free NVLink groups from them
+    (topology_fit.facts_column), not from its GPUs. The rows `g` carry
+    POOL_COLUMNS.
     """
     usable = gpu_usable(g)
     free = gpu_free_given(g, held)
@@ -161,7 +168,10 @@ def pool_counts(g: str, held: str) -> str:
         f"count(*) FILTER (WHERE {held}) AS allocated, "
         f"count(*) FILTER (WHERE {free}) AS free, "
         f"coalesce(array_agg({g}.idx ORDER BY {g}.idx) FILTER (WHERE {free}),"
-        " CAST('{}' AS integer[])) AS free_indices"
+        " CAST('{}' AS integer[])) AS free_indices, "
+        f"coalesce(array_agg({g}.nvlink_group ORDER BY {g}.idx) FILTER (WHERE {free}),"
+        " CAST('{}' AS integer[])) AS free_groups, "
+        f"coalesce(bool_or({g}.nvlink_peers IS NOT NULL), false) AS nvlink_known"
     )
 
 

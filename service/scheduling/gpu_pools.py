@@ -21,11 +21,24 @@ from service.scheduling.availability import node_schedulable, pool_counts
 POOL_UPSERT = """ON CONFLICT (node_id, gpu_class) DO UPDATE
         SET total = excluded.total, unhealthy = excluded.unhealthy,
             allocated = excluded.allocated, free = excluded.free,
-            free_indices = excluded.free_indices, schedulable = excluded.schedulable
-        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.free_indices, p.schedulable)
+            free_indices = excluded.free_indices, free_groups = excluded.free_groups,
+            nvlink_known = excluded.nvlink_known, schedulable = excluded.schedulable
+        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.free_indices, p.free_groups,
+               p.nvlink_known, p.schedulable)
               IS DISTINCT FROM
               (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
-               excluded.free_indices, excluded.schedulable)"""
+               excluded.free_indices, excluded.free_groups, excluded.nvlink_known,
+               excluded.schedulable)"""
+
+# The columns a recount writes (availability.pool_counts), in INSERT order.
+POOL_INSERT = (
+    "node_id, gpu_class, total, unhealthy, allocated, free, free_indices, free_groups,"
+    " nvlink_known, schedulable"
+)
+# The same from a recount `c`, node id and schedulable aside.
+RECOUNTED = (
+    "c.total, c.unhealthy, c.allocated, c.free, c.free_indices, c.free_groups, c.nvlink_known"
+)
 
 
 # The counts are availability.pool_counts' partition, and schedulable is
@@ -45,10 +58,8 @@ _REFRESH = text(
               SELECT 1 FROM counts c WHERE c.node_id = p.node_id AND c.gpu_class = p.gpu_class
           )
     )
-    INSERT INTO gpu_pools AS p (
-        node_id, gpu_class, total, unhealthy, allocated, free, free_indices, schedulable)
-    SELECT c.node_id, c.gpu_class, c.total, c.unhealthy, c.allocated, c.free, c.free_indices,
-           {node_schedulable("n")}
+    INSERT INTO gpu_pools AS p ({POOL_INSERT})
+    SELECT c.node_id, c.gpu_class, {RECOUNTED}, {node_schedulable("n")}
     FROM counts c JOIN nodes n ON n.id = c.node_id
     ORDER BY c.node_id, c.gpu_class
     {POOL_UPSERT}
@@ -79,13 +90,16 @@ def move_to_allocated(held: str, when: str) -> str:
     # `= ANY(ARRAY(...))` makes the held nodes one array, so gpu_pools is read
     # through its primary key: joined to `held` directly, the planner (which
     # guesses 100 rows for a statement's input) hashed all of gpu_pools.
-    # The held indices leave free_indices with the count, so the pool row
-    # stays what a recount (availability.pool_counts) would write.
+    # The held indices leave free_indices with the count, and their NVLink
+    # groups leave free_groups (the same positions), so the pool row stays
+    # what a recount (availability.pool_counts) would write.
     return f"""
     pools_moved AS (
         UPDATE gpu_pools p SET allocated = p.allocated + m.n, free = p.free - m.n,
             free_indices = ARRAY(SELECT i FROM unnest(p.free_indices) i
-                                 WHERE i <> ALL(m.indices) ORDER BY i)
+                                 WHERE i <> ALL(m.indices) ORDER BY i),
+            free_groups = ARRAY(SELECT u.grp FROM unnest(p.free_indices, p.free_groups) u(i, grp)
+                                WHERE u.i <> ALL(m.indices) ORDER BY u.i)
         FROM (SELECT h.node_id, g.gpu_class, count(*) AS n,
                      array_agg(h.gpu_index) AS indices
               FROM {held} h JOIN gpus g ON g.node_id = h.node_id AND g.idx = h.gpu_index

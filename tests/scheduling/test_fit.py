@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
@@ -26,6 +27,7 @@ from service.scheduling.placement.statements import (
 )
 from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api
+from tests.consistency import inconsistencies
 from tests.reports import ALLOCATE, H100, PLACE, REGISTER, allocation, gpus, node_input, shard
 from tests.topology import IB_A, IB_B, bridged_pairs, hgx_h100, no_nvlink, with_peers
 
@@ -268,3 +270,29 @@ async def test_fit_is_exact_against_place_with_weights(
     if shape.get("weightsReady"):
         limited = {c["code"] for c in counted["limitedBy"]}
         assert "WEIGHTS_NOT_READY" in limited
+
+
+async def test_pools_summarize_free_nvlink_groups_as_a_recount_would(
+    api: Api, cluster: None, engine: AsyncEngine
+) -> None:
+    """fit with nvlinkShards reads each pool's free_groups and nvlink_known, not the GPUs.
+
+    Claims (a delta), releases and reports (a recount) keep them: after each,
+    the pools are what recounting every node gives (tests/consistency.py).
+    """
+    for i, shape in enumerate(SHAPES[:3]):
+        placed = await place(api, f"nv{i}", shape)
+        assert placed["__typename"] == "Allocated"
+        assert await inconsistencies(engine) == []
+    async with connections.autocommit(engine) as conn:
+        pools = {
+            r.node_id: (list(r.free_groups), r.nvlink_known)
+            for r in await conn.execute(
+                text("SELECT node_id, free_groups, nvlink_known FROM gpu_pools")
+            )
+        }
+    # Bridged pairs: each free GPU's group is its pair's lowest index; no peers: unknown.
+    assert pools["unknown-0"] == ([None] * 8, False)
+    assert pools["pairs-0"][1] is True
+    await api('mutation { releaseReplica(replicaId: "nv0") }')
+    assert await inconsistencies(engine) == []

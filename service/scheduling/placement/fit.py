@@ -47,7 +47,7 @@ from service.scheduling.placement.plan import plan_placement, validate_place
 from service.scheduling.placement.statements import fabrics_sql, facts_of, request_params
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
-from service.scheduling.topology_fit import facts_column
+from service.scheduling.topology_fit import facts_column, pool_facts, pooled
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
 
 # fit names no replica; place's checks of the shape want some id.
@@ -171,6 +171,16 @@ def survey_groups_sql(
         if request.min_local_disk_free is not None
         else "CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total"
     )
+    # nvlinkShards alone: the pools' summaries are grouped as they are and the
+    # facts built once per group (a JSON value per pool cost 40-70 ms of CPU
+    # at 4,000 pools, where the rest of the statement costs 4).
+    if pooled(request):
+        topology_in = "p.free_groups, p.nvlink_known"
+        topology_key = "f.free_groups, f.nvlink_known"
+        topology_out = f"CAST({pool_facts('f.free_groups', 'f.nvlink_known')} AS jsonb)"
+    else:
+        topology_in = f"CAST({facts_column(request, 'p.node_id')} AS jsonb) AS topology"
+        topology_key = topology_out = "f.topology"
     # The members unordered: an ordered aggregate made PostgreSQL sort every
     # row of the class, most of the statement's time; FitCount.used picks the
     # first ids of the groups it lists.
@@ -179,7 +189,7 @@ def survey_groups_sql(
            min(f.local_disk_free) AS local_disk_free, min(f.local_disk_total) AS local_disk_total,
            f.knows_its_weights, f.holds_weights, f.weights_copy, f.fabrics,
            f.fabric_rates, min(f.label_value) AS label_value,
-           f.topology, max(f.gpus_facts_age) AS gpus_facts_age,
+           {topology_out} AS topology, max(f.gpus_facts_age) AS gpus_facts_age,
            array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
         SELECT p.node_id, p.free, {state} AS state,{"".join(f" {sql} AS {name}," for name, sql in extra.items())}
@@ -187,14 +197,14 @@ def survey_groups_sql(
                {knows} AS knows_its_weights, {holds} AS holds_weights, {copy} AS weights_copy,
                {fabrics},
                {label} AS label_value, {label_ok} AS label_ok,
-               CAST({facts_column(request, "p.node_id")} AS jsonb) AS topology,
+               {topology_in},
                {age} AS gpus_facts_age, {fresh} AS fresh
         FROM {source}
         WHERE p.gpu_class = :cls
     ) f
     GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.weights_copy,
              f.fabrics, f.fabric_rates,
-             f.label_ok, f.topology, f.fresh{"".join(f", f.{name}" for name in extra)}
+             f.label_ok, {topology_key}, f.fresh{"".join(f", f.{name}" for name in extra)}
     """
 
 
