@@ -326,3 +326,30 @@ async def test_explain_group_placement_says_the_plan_level_and_each_roles_verdic
     assert {m["replicaId"]: sorted(nodes_of(placed)[m["replicaId"]]) for m in plan["members"]} == {
         m["replicaId"]: sorted(set(m["nodeIds"])) for m in plan["members"]
     }
+
+
+async def test_one_roles_replicas_spread_over_numa_nodes_where_the_shape_allows(api: Api) -> None:
+    """Dynamo #10171: two prefill workers on one PCIe root halved throughput.
+
+    hgx_h100 puts GPUs 0-3 on NUMA node 0 and 4-7 on NUMA node 1; on one node,
+    each role's replicas take the NUMA node its others hold fewest GPUs of.
+    """
+    await register_boards(api, 1)
+    group = {
+        "groupId": "numa",
+        "roles": [role("prefill", 2, 1), role("decode", 2, 2)],
+        "locality": {"level": "NODE", "hard": True},
+    }
+    placed = await place_group(api, group)
+    assert placed["__typename"] == "GroupPlaced", placed
+    gpus = {m["replicaId"]: m["allocations"][0]["gpuIndices"] for m in placed["members"]}
+    assert gpus == {
+        "numa-prefill-0": [0],
+        "numa-prefill-1": [4],
+        "numa-decode-0": [1, 2],
+        "numa-decode-1": [5, 6],
+    }
+    # Scaling adds away from the role's others too.
+    grown = (await api(SCALE_GROUP, {"id": "numa", "role": "prefill", "replicas": 1}))["scaleGroup"]
+    added = next(m for m in grown["members"] if m["replicaId"] == "numa-prefill-2")
+    assert added["allocations"][0]["gpuIndices"] in ([3], [7])

@@ -18,7 +18,7 @@ concurrent calls on room for K groups place exactly K.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from sqlalchemy import text
@@ -156,16 +156,32 @@ async def _unplaceable(
 
 
 async def _claim(
-    conn: Connection, group_id: str, board: Board, plan: GroupPlan, actor: str | None
+    conn: Connection,
+    group_id: str,
+    board: Board,
+    plan: GroupPlan,
+    actor: str | None,
+    held: Mapping[tuple[str, str], Sequence[int]] | None = None,
 ) -> bool | Busy:
-    """Claim every member in the caller's savepoint: True, a Busy to wait for, or False (stale)."""
+    """Claim every member in the caller's savepoint: True, a Busy to wait for, or False (stale).
+
+    Each member's GPUs are spread away from those of its role's other
+    members on the same node (claims.numa_spread); `held`: what (role,
+    node) the group held before this claim (scaleGroup).
+    """
+    taken: dict[tuple[str, str], list[int]] = {k: list(v) for k, v in (held or {}).items()}
     for member in plan.members:
         request = _member_request(group_id, board, member)
-        outcome = await claim_plan(conn, request, member.plan, actor)
+        spread = {
+            node_id: taken.get((member.role, node_id), []) for node_id, _ in member.plan.nodes
+        }
+        outcome = await claim_plan(conn, request, member.plan, actor, spread)
         if isinstance(outcome, Busy):
             return outcome
         if outcome is None:
             return False
+        for shard in outcome.shards:
+            taken.setdefault((member.role, shard.node_id), []).extend(shard.gpu_indices)
     return True
 
 
@@ -176,6 +192,7 @@ async def _hold(
     write_rows: bool,
     anchors: Sequence[str] = (),
     numbered: dict[str, int] | None = None,
+    held: Mapping[tuple[str, str], Sequence[int]] | None = None,
 ) -> GroupPlan | Misfit | _Taken:
     """Plan and claim the group's replicas in one savepoint, planning again after a wait or a stale plan.
 
@@ -213,7 +230,7 @@ async def _hold(
                     "ns": [m.n for m in plan.members],
                 },
             )
-            claimed = await _claim(conn, group.group_id, board, plan, actor)
+            claimed = await _claim(conn, group.group_id, board, plan, actor, held)
         except BaseException:
             if savepoint.is_active:
                 await savepoint.rollback()
@@ -342,8 +359,18 @@ async def scale_group(
     # (and, hard locality, in the zone the group is in).
     addition = replace(group, roles=(added,), kv_from=None, kv_to=None)
     anchors = sorted({s.node_id for m in stored.members for s in m.shards})
+    held: dict[tuple[str, str], list[int]] = {}
+    for m in members:
+        for s in m.shards:
+            held.setdefault((role, s.node_id), []).extend(s.gpu_indices)
     outcome = await _hold(
-        conn, addition, actor, write_rows=False, anchors=anchors, numbered={role: first}
+        conn,
+        addition,
+        actor,
+        write_rows=False,
+        anchors=anchors,
+        numbered={role: first},
+        held=held,
     )
     if isinstance(outcome, Misfit):
         board = await read_board(conn, addition, requests_of(addition))

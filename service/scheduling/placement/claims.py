@@ -6,9 +6,11 @@ Why it is correct under concurrency is told in the package's docstring
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
 from service.database.transactions import TransactionConflict
@@ -86,9 +88,18 @@ class _Busy:
 
 
 async def _try(
-    conn: Connection, request: PlaceRequest, plan: Plan, actor: str | None
+    conn: Connection,
+    request: PlaceRequest,
+    plan: Plan,
+    actor: str | None,
+    spread: Mapping[str, Sequence[int]] | None = None,
 ) -> Allocated | _Busy | None:
-    """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale."""
+    """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale.
+
+    `spread`: per node, GPUs that replicas of the same role already hold
+    there (placement groups): without topology, the shards then take GPUs
+    of the NUMA node those hold fewest of first (numa_spread).
+    """
     node_ids = sorted({node_id for node_id, _ in plan.nodes})
     savepoint = await conn.begin_nested()
     try:
@@ -98,6 +109,8 @@ async def _try(
             await savepoint.rollback()
             return _Busy(set(node_ids) - got)
         free, near = await _usable_gpus(conn, request, plan, node_ids)
+        if spread and not request.needs_topology:
+            free = await numa_spread(conn, free, spread)
         names = iter(shard_ids(request))
         shards: list[ShardRequest] = []
         per = request.gpus_per_shard
@@ -130,6 +143,40 @@ async def _try(
         if savepoint.is_active:
             await savepoint.rollback()
         raise
+
+
+_NUMA = text("SELECT node_id, idx, numa_node FROM gpus WHERE node_id = ANY(CAST(:ids AS text[]))")
+
+
+async def numa_spread(
+    conn: Connection, free: dict[str, list[int]], held: Mapping[str, Sequence[int]]
+) -> dict[str, list[int]]:
+    """Each node's free GPUs, those on the NUMA node `held` has fewest GPUs on first.
+
+    Replicas of one role on one PCIe root or NUMA node share its bandwidth
+    (Dynamo #10171: both prefill workers on one PCIe root halved throughput,
+    and raised latency about 30x). GPUs of one NUMA node stay together, in
+    index order, so a shard of several GPUs takes them from one; a GPU whose
+    NUMA node is unknown counts as one NUMA node of its own kind.
+    """
+    nodes = sorted(n for n in free if held.get(n))
+    if not nodes:
+        return free
+    numa = {(r.node_id, r.idx): r.numa_node for r in await conn.execute(_NUMA, {"ids": nodes})}
+    spread = dict(free)
+    for node_id in nodes:
+        load: dict[int | None, int] = {}
+        for i in held[node_id]:
+            load[numa.get((node_id, i))] = load.get(numa.get((node_id, i)), 0) + 1
+
+        def key(
+            i: int, node_id: str = node_id, load: dict[int | None, int] = load
+        ) -> tuple[int, int, int]:
+            where = numa.get((node_id, i))
+            return (load.get(where, 0), -1 if where is None else where, i)
+
+        spread[node_id] = sorted(free[node_id], key=key)
+    return spread
 
 
 async def _usable_gpus(
