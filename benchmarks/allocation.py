@@ -76,7 +76,7 @@ RECOUNT = RECOUNT_POOLS
 
 FREE_SLOTS = """
 SELECT g.node_id, g.idx FROM gpus g JOIN nodes n ON n.id = g.node_id
-WHERE n.state = 'ready' AND g.gpu_class = $1 AND g.healthy
+WHERE n.state = 'ready' AND g.gpu_class = $1 AND g.healthy AND NOT (g.withheld OR g.last_resort)
   AND NOT EXISTS (SELECT 1 FROM allocated_gpus a WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
 ORDER BY g.node_id, g.idx
 """
@@ -96,7 +96,7 @@ FOR NO KEY UPDATE OF n SKIP LOCKED
 RAW_CLAIM = """
 WITH free AS (
     SELECT g.idx FROM gpus g
-    WHERE g.node_id = $1 AND g.gpu_class = $2 AND g.healthy
+    WHERE g.node_id = $1 AND g.gpu_class = $2 AND g.healthy AND NOT (g.withheld OR g.last_resort)
       AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
                       WHERE a.node_id = g.node_id AND a.gpu_index = g.idx)
     ORDER BY g.idx LIMIT $3

@@ -28,7 +28,7 @@ from service.fleet.reports import (
 )
 from service.fleet.topology import nvlink_groups
 from service.scheduling.availability import node_schedulable, pool_counts
-from service.scheduling.gpu_pools import POOL_INSERT, POOL_UPSERT, RECOUNTED
+from service.scheduling.gpu_pools import POOL_INSERT_COLUMNS, POOL_UPSERT, counted
 
 TB = 10**12
 GB = 10**9
@@ -176,8 +176,8 @@ def cordoned(i: int) -> bool:
 # Every node's pools recounted as refresh_pools recounts them (availability's
 # partition, free GPU indices included), in one statement.
 RECOUNT_POOLS = f"""
-INSERT INTO gpu_pools AS p ({POOL_INSERT})
-SELECT c.node_id, c.gpu_class, {RECOUNTED}, {node_schedulable("n")}
+INSERT INTO gpu_pools AS p ({POOL_INSERT_COLUMNS})
+SELECT c.node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")}
 FROM (
     SELECT g.node_id, g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
     FROM gpus g

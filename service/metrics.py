@@ -303,6 +303,7 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
             ("allocated", c.allocated),
             ("unhealthy", c.unhealthy),
             ("unschedulable", c.unschedulable),
+            ("tainted", c.tainted),
         ):
             samples.append(((("gpu_class", c.gpu_class), ("status", status)), value))
     out.family(
@@ -310,7 +311,8 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         "gauge",
         "GPUs by class and status (free = healthy, not cordoned, unallocated, on a READY node; "
         "unhealthy = unallocated and unhealthy or cordoned; "
-        "unschedulable = healthy and unallocated on a node that is not READY).",
+        "unschedulable = healthy and unallocated on a node that is not READY; "
+        "tainted = usable and unallocated, withheld by a NO_SCHEDULE or NO_EXECUTE taint).",
         samples,
     )
 

@@ -28,7 +28,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from service.bounds import id_length_check
 from service.node_states import ADMIN_STATE_CHECK, ALIVE, LIVENESS_CHECK, STATE_SQL
-from service.scheduling.availability import gpu_usable, pool_offers
+from service.scheduling.availability import gpu_usable, pool_offers, pool_withholds
+from service.scheduling.taints import TaintEffect, TaintSource
 
 metadata = MetaData(
     naming_convention={
@@ -59,6 +60,8 @@ nodes = Table(
     Column("admin_state", Text),
     Column("admin_reason", Text),
     Column("admin_actor", Text),
+    # Since when (migration 0014a): what the cordon's taint shows as `since`.
+    Column("admin_since", DateTime(timezone=True)),
     Column("liveness", Text, nullable=False, server_default=ALIVE),
     Column("liveness_reason", Text),
     # The state schedulers see, derived by the database so that every query
@@ -142,6 +145,7 @@ gpus = Table(
     # placement is service/scheduling/availability.py's.
     Column("cordon_reason", Text),
     Column("cordon_actor", Text),
+    Column("cordon_since", DateTime(timezone=True)),
     Column("sticky_reasons", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     # Topology (migration 0006), NULL when the agent did not say: unknown is
     # not "none", and only a request that needs the fact is refused for it.
@@ -154,6 +158,13 @@ gpus = Table(
     Column("nvlink_domain", Text),
     # Adapters under the same PCIe switch: the GPU's rail-aligned HCAs.
     Column("near_hcas", ARRAY(Text)),
+    # The taints on the GPU and on its node, as two marks (migration 0014a):
+    # withheld, a NO_SCHEDULE or NO_EXECUTE taint; last_resort, a
+    # PREFER_NO_SCHEDULE one. Derived from the taints table by every write of
+    # it and of the node's GPUs (availability.taint_marks), so that a request
+    # without tolerations tests a column of the row it reads.
+    Column("withheld", Boolean, nullable=False, server_default=text("false")),
+    Column("last_resort", Boolean, nullable=False, server_default=text("false")),
     PrimaryKeyConstraint("node_id", "idx"),
     CheckConstraint("idx >= 0", name="idx"),
     CheckConstraint("memory_mb >= 0", name="memory"),
@@ -194,11 +205,25 @@ gpu_pools = Table(
     # groups without reading its GPUs (topology_fit.facts_column).
     Column("free_groups", ARRAY(Integer), nullable=False, server_default=text("'{}'")),
     Column("nvlink_known", Boolean, nullable=False, server_default=text("false")),
+    # Usable, unheld GPUs a NO_SCHEDULE or NO_EXECUTE taint keeps from
+    # requests that do not tolerate it, and the free ones a
+    # PREFER_NO_SCHEDULE taint sends last (availability.pool_counts;
+    # migration 0014a).
+    Column("withheld", Integer, nullable=False),
+    Column("withheld_indices", ARRAY(Integer), nullable=False),
+    Column("last_resort", Integer, nullable=False),
+    Column("last_resort_indices", ARRAY(Integer), nullable=False),
     Column("schedulable", Boolean, nullable=False),
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
     CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
     CheckConstraint("cardinality(free_groups) = free", name="free_groups"),
+    CheckConstraint("cardinality(withheld_indices) = withheld", name="withheld_indices"),
+    CheckConstraint(
+        "cardinality(last_resort_indices) = last_resort AND last_resort_indices <@ free_indices",
+        name="last_resort_indices",
+    ),
+    CheckConstraint("total = free + allocated + unhealthy + withheld", name="partition"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
 # `free` and `free_indices` included, so a page is this index alone,
@@ -212,12 +237,71 @@ Index(
 )
 # place()'s best fit: the nodes of a class with the fewest free GPUs that
 # still fit are the first entries of this range, however large the cluster.
+# The taint counts are included (migration 0014a), so the window's test of
+# whether a node needs its last-resort GPUs stays index-only.
 Index(
     "ix_gpu_pools_fit",
     gpu_pools.c.gpu_class,
     gpu_pools.c.free,
     gpu_pools.c.node_id,
+    postgresql_include=["withheld", "last_resort"],
     postgresql_where=text(pool_offers("")),
+)
+# The pools with GPUs only a PREFER_NO_SCHEDULE taint's GPUs make fit, in
+# best-fit order: place's window reads them after the others (migration
+# 0014a); empty on a cluster without such taints.
+Index(
+    "ix_gpu_pools_last_resort",
+    gpu_pools.c.gpu_class,
+    gpu_pools.c.free,
+    gpu_pools.c.node_id,
+    postgresql_where=text(f"{pool_offers('')} AND last_resort > 0"),
+)
+# The pools where a toleration can add GPUs: what a request with
+# tolerations reads besides the pools that offer GPUs anyway
+# (availability.pool_withholds; migration 0014a), in node order: of any
+# class for a page of freeGpus, of one class for freeGpus and place's window.
+Index(
+    "ix_gpu_pools_withheld",
+    gpu_pools.c.node_id,
+    gpu_pools.c.gpu_class,
+    postgresql_where=text(pool_withholds("")),
+)
+Index(
+    "ix_gpu_pools_withheld_class",
+    gpu_pools.c.gpu_class,
+    gpu_pools.c.node_id,
+    postgresql_where=text(pool_withholds("")),
+)
+
+# Taints (service/scheduling/taints.py) on a GPU (gpu_index) or on a whole
+# node (gpu_index NULL), one per key on each. Kept apart from the gpus rows
+# (migration 0014a): a GPU that drops out of a report (fallen off the bus)
+# and comes back after a reboot must come back tainted, and a report
+# rewrites its node's GPU rows. gpus.withheld and gpus.last_resort are
+# derived from these rows (availability.taint_marks).
+taints = Table(
+    "taints",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("node_id", Text, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_index", Integer),
+    Column("key", Text, nullable=False),
+    Column("value", Text),
+    Column("effect", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("actor", Text),
+    Column("since", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("node_id", "gpu_index", "key", postgresql_nulls_not_distinct=True),
+    CheckConstraint(id_length_check("key"), name="key_length"),
+    CheckConstraint("gpu_index >= 0", name="gpu_index"),
+    CheckConstraint(
+        "effect IN (" + ", ".join(f"'{e.value}'" for e in TaintEffect) + ")", name="effect"
+    ),
+    CheckConstraint(
+        "source IN (" + ", ".join(f"'{s.value}'" for s in TaintSource) + ")", name="source"
+    ),
 )
 
 fabric_attachments = Table(

@@ -117,7 +117,7 @@ async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEn
 
 TABLES = (
     "allocated_gpus, shards, gpu_pools, gpus, fabric_attachments, filesystems, weights, "
-    "events, api_tokens, nodes, group_members, placement_groups"
+    "events, api_tokens, taints, nodes, group_members, placement_groups"
 )
 
 

@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database.connections import Connection
-from service.scheduling.availability import gpu_free
+from service.scheduling.availability import gpu_free, taint_marks
 from service.scheduling.gpu_pools import refresh_pools
 
 _POOLS = text("SELECT * FROM gpu_pools ORDER BY node_id, gpu_class")
@@ -41,6 +41,19 @@ async def inconsistencies(engine: AsyncEngine) -> list[str]:
             )
         ).scalars()
         problems.extend(f"pool {d} lists other free GPUs than it has" for d in drifted)
+        # Each GPU's taint marks are what the taints table says of it and its node.
+        marked = (
+            await conn.execute(
+                text(
+                    f"""
+                    SELECT g.node_id || '/' || g.idx FROM gpus g
+                    CROSS JOIN LATERAL (SELECT {taint_marks("g.node_id", "g.idx")}) m
+                    WHERE (g.withheld, g.last_resort) IS DISTINCT FROM (m.withheld, m.last_resort)
+                    """
+                )
+            )
+        ).scalars()
+        problems.extend(f"GPU {m} has other taint marks than its taints give" for m in marked)
         # gpu_pools is what recounting every node's GPUs and allocations gives.
         stored = await _pools(conn)
         node_ids = list((await conn.execute(text("SELECT id FROM nodes"))).scalars())

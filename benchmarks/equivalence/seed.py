@@ -1,7 +1,8 @@
 """The cluster both apps answer about: small, but with one of everything a rule looks at.
 
 Nodes of four GPU classes on two fabrics; unhealthy GPUs; a cordoned, a
-draining, an unreachable and a lost node; a node that knows no disk and no
+draining, an unreachable and a lost node; taints of each effect on GPUs and
+on a node; a node that knows no disk and no
 weights; local and shared disk; weights; allocations made by `allocate` and
 by `place`; events; tokens of every role, one revoked. Registered through
 the GraphQL API as agents and schedulers do, so the rows are the ones the
@@ -45,7 +46,8 @@ VOCABULARY = Vocabulary(
     strings=(
         "H100-80GB", "H200-141GB", "A100-40GB", "L40S-45GB", "ib-a", "ib-b", "mlx5_0",
         WEIGHTS, "/data", "zone", "a", "b", "kernel upgrade", "registered", "allocated",
-        "released", "cordoned", "NVIDIA H100 80GB HBM3", "",
+        "released", "cordoned", "NVIDIA H100 80GB HBM3", "xid-79", "dedicated", "infer",
+        "burn-in", "",
     ),
 )  # fmt: skip
 
@@ -115,6 +117,24 @@ CORDON = "mutation($id: ID!, $r: String!) { cordonNode(id: $id, reason: $r) { id
 DRAIN = "mutation($id: ID!, $r: String!) { drainNode(id: $id, reason: $r) { id } }"
 ALLOCATE = "mutation($input: AllocateInput!) { allocate(input: $input) { __typename } }"
 PLACE = "mutation($input: PlaceInput!) { place(input: $input) { __typename } }"
+TAINT_GPUS = (
+    "mutation($node: ID!, $indices: [Int!]!, $taint: TaintInput!)"
+    " { taintGpus(nodeId: $node, indices: $indices, taint: $taint) { index } }"
+)
+TAINT_NODE = (
+    "mutation($node: ID!, $taint: TaintInput!) { taintNode(nodeId: $node, taint: $taint) { id } }"
+)
+# Taints of each effect, on GPUs and on a node, with keys in the vocabulary:
+# generated tolerations match some of them (issue 38).
+TAINTS = (
+    (TAINT_GPUS, {"node": "gpu-01", "indices": [7],
+                  "taint": {"key": "xid-79", "effect": "NO_SCHEDULE", "reason": "fell off the bus"}}),
+    (TAINT_GPUS, {"node": "gpu-02", "indices": [4, 5],
+                  "taint": {"key": "burn-in", "effect": "PREFER_NO_SCHEDULE", "reason": "new"}}),
+    (TAINT_NODE, {"node": "gpu-06",
+                  "taint": {"key": "dedicated", "value": "infer", "effect": "NO_EXECUTE",
+                            "reason": "inference only"}}),
+)  # fmt: skip
 
 # (role, bound node, description, revoked)
 TOKENS = (
@@ -150,6 +170,8 @@ async def seed(engine: AsyncEngine, send: Send) -> None:
 
     for node in NODES:
         await ok(REGISTER, {"input": node})
+    for query, variables in TAINTS:
+        await ok(query, variables)
     await ok(CORDON, {"id": "gpu-03", "r": "kernel upgrade"})
     await ok(DRAIN, {"id": "gpu-04", "r": "RMA of GPU 0"})
     shards = [

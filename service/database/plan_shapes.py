@@ -41,20 +41,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 
-def ordered_walk(name: str, table: str, column: str, where: str, start: str) -> str:
+def ordered_walk(
+    name: str, table: str, column: str, where: str, start: str, leading: str | None = None
+) -> str:
     """SQL: a recursive CTE `name(column)`, for a `WITH RECURSIVE`.
 
     The values of `column` in `table`'s rows (alias `t`) that match `where`,
     ascending, from after `start`, each found by one descent of an index
     that has `column` in order after the columns `where` fixes; then one
     NULL row. Read it with `WHERE column IS NOT NULL` and a LIMIT: the
-    recursion runs only as far as the LIMIT reads it.
+    recursion runs only as far as the LIMIT reads it. `leading`: a column
+    `where` fixes with leading_key_is, put first in the ORDER BY so that
+    only the index it leads gives the order.
     """
+    order = f"t.{column}" if leading is None else f"t.{leading}, t.{column}"
 
     def step(after: str) -> str:
         return (
             f"(SELECT t.{column} FROM {table} t WHERE {where} AND t.{column} > {after}"
-            f" ORDER BY t.{column} LIMIT 1)"
+            f" ORDER BY {order} LIMIT 1)"
         )
 
     return (

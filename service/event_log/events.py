@@ -55,6 +55,11 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "replica_freed_after_loss",
         "future_incarnation",
         "weights_lost_under_replica",
+        # service/fleet/health/
+        "gpu_tainted",
+        "gpu_untainted",
+        "node_tainted",
+        "node_untainted",
     }
 )
 

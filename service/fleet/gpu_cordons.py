@@ -20,7 +20,9 @@ from service.fleet.nodes import check_reason
 
 _SET_CORDON = text(
     """
-    UPDATE gpus SET cordon_reason = :reason, cordon_actor = :actor
+    UPDATE gpus SET cordon_reason = :reason, cordon_actor = :actor,
+        cordon_since = CASE WHEN CAST(:reason AS text) IS NULL THEN NULL
+                            ELSE coalesce(cordon_since, now()) END
     WHERE node_id = :node_id AND idx = :idx
     """
 )

@@ -15,9 +15,11 @@ from typing import Any
 from sqlalchemy import Row, text
 
 from service.database.connections import Connection, cached_text
+from service.fleet.health.taint_rows import gpu_taints_json, taints_from_json
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import gpu_health_reasons, gpu_healthy
 from service.scheduling.generations import replica_generation
+from service.scheduling.taints import Taint
 from service.scheduling.weights_lifecycle import STATES, WeightsState, pinned_by, unpinned
 
 
@@ -51,6 +53,11 @@ class GpuRecord:
     nvlink_group: int | None = None
     nvlink_domain: str | None = None
     near_hcas: list[str] | None = None
+    # availability.gpu_withheld and gpu_last_resort: a taint on the GPU or its node.
+    withheld: bool = False
+    last_resort: bool = False
+    # The GPU's own taints, its cordon shown as one (fleet/health/taint_rows.py).
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,8 @@ _GPUS = text(
            {gpu_healthy("g")}, {gpu_health_reasons("g")}, a.shard_id, s.replica_id,
            s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons,
            g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas,
-           s.fence, {replica_generation("s")} AS generation, s.held_since
+           s.fence, {replica_generation("s")} AS generation, s.held_since,
+           g.withheld, g.last_resort, {gpu_taints_json("g")} AS taints
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -111,7 +119,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
     for (
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
         replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
-        group, domain, near, fence, generation, held_since,
+        group, domain, near, fence, generation, held_since, withheld, last_resort, taints,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -133,7 +141,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         gpu = GpuRecord(
             node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy,
             tuple(reasons), held_by, shard, cordon_reason, tuple(sticky), numa_node, peers, group,
-            domain, near,
+            domain, near, withheld, last_resort, taints_from_json(taints, idx),
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

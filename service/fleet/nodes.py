@@ -43,9 +43,10 @@ from service.scheduling.availability import (
     gpu_usable,
     node_schedulable,
     pool_counts,
+    taint_marks,
 )
 from service.scheduling.generations import bump_generations
-from service.scheduling.gpu_pools import POOL_INSERT, POOL_UPSERT, RECOUNTED, refresh_pools
+from service.scheduling.gpu_pools import POOL_INSERT_COLUMNS, POOL_UPSERT, counted, refresh_pools
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,18 @@ _REPLACE_REPORT = text(
     WITH {REPORTED_ROWS}, {write_gpus(_CHANGED)}, {write_own_rows(_CHANGED)}, gpus_now AS (
         -- The GPUs as the gpus table holds them after this statement, with
         -- the columns availability.pool_counts reads (POOL_COLUMNS): the
-        -- report's, and the service's own (cordon, sticky reasons) that a
-        -- report does not overwrite.
+        -- report's, and the service's own (cordon, sticky reasons, taint
+        -- marks) that a report does not overwrite; a new GPU's marks as
+        -- write_gpus gives them.
         SELECT i.idx, i.gpu_class, i.healthy,
                coalesce(o.sticky_reasons, CAST('{{}}' AS text[])) AS sticky_reasons,
-               o.cordon_reason, i.nvlink_group, i.nvlink_peers
+               o.cordon_reason, i.nvlink_group, i.nvlink_peers, m.withheld, m.last_resort
         FROM g_in i LEFT JOIN gpus o ON o.node_id = :node_id AND o.idx = i.idx
+        CROSS JOIN LATERAL (
+            SELECT o.withheld, o.last_resort WHERE o.idx IS NOT NULL
+            UNION ALL
+            SELECT {taint_marks("CAST(:node_id AS text)", "i.idx")} WHERE o.idx IS NULL
+        ) m
         WHERE {_CHANGED}
         UNION ALL
         SELECT idx, gpu_class, {", ".join(POOL_COLUMNS)} FROM gpus
@@ -124,8 +131,8 @@ _REPLACE_REPORT = text(
         DELETE FROM gpu_pools p WHERE p.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM counts c WHERE c.gpu_class = p.gpu_class)
     ), pools_up AS (
-        INSERT INTO gpu_pools AS p ({POOL_INSERT})
-        SELECT :node_id, c.gpu_class, {RECOUNTED}, {node_schedulable("n")}
+        INSERT INTO gpu_pools AS p ({POOL_INSERT_COLUMNS})
+        SELECT :node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")}
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class
         {POOL_UPSERT}
@@ -299,7 +306,10 @@ def check_reason(reason: str) -> str:
 
 _SET_ADMIN = text(
     """
-    UPDATE nodes SET admin_state = :admin_state, admin_reason = :reason, admin_actor = :actor
+    UPDATE nodes SET admin_state = :admin_state, admin_reason = :reason, admin_actor = :actor,
+        admin_since = CASE WHEN CAST(:admin_state AS text) IS NULL THEN NULL
+                           WHEN admin_state IS NOT DISTINCT FROM CAST(:admin_state AS text)
+                           THEN admin_since ELSE now() END
     WHERE id = :id
     RETURNING id
     """

@@ -20,6 +20,7 @@ from typing import Any
 from service.fleet.node_views import NODE_COLUMNS
 from service.fleet.reports import NodeReport, gpu_class_of, sum_disks
 from service.fleet.topology import nvlink_groups
+from service.scheduling.availability import taint_marks
 from service.scheduling.weights_lifecycle import pinned_by
 
 # The gpus columns a report writes (the service's own, cordon and sticky
@@ -154,8 +155,11 @@ def write_gpus(when: str) -> str:
         DELETE FROM gpus g WHERE {when} AND g.node_id = :node_id
           AND NOT EXISTS (SELECT 1 FROM g_in i WHERE i.idx = g.idx)
     ), g_up AS (
-        INSERT INTO gpus AS g (node_id, idx, {columns})
-        SELECT :node_id, idx, {columns}
+        -- A new GPU row takes its marks from the taints on it and its node
+        -- (a GPU that left a report and came back keeps its taints); a
+        -- stored row keeps its own, which every taint write keeps.
+        INSERT INTO gpus AS g (node_id, idx, {columns}, withheld, last_resort)
+        SELECT :node_id, idx, {columns}, {taint_marks("CAST(:node_id AS text)", "g_in.idx")}
         FROM g_in WHERE {when} ORDER BY idx
         ON CONFLICT (node_id, idx) DO UPDATE SET {updates}
         WHERE {gpus_differ("g", "excluded")}

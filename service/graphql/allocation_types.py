@@ -14,6 +14,7 @@ from service.scheduling.placement import Explanation
 from service.scheduling.placement import Unplaceable as UnplaceableRecord
 from service.scheduling.placement.fit import Fit as FitRecord
 
+from .health_types import TOLERATIONS, TolerationInput, tolerations_of
 from .inputs import KeyValueInput
 from .scalars import Bytes
 from .types import Allocation
@@ -76,6 +77,9 @@ class AllocateInput:
             "GENERATION_CONFLICT, nothing written."
         ),
     )
+    tolerations: list[TolerationInput] | None = strawberry.field(
+        default=None, description=TOLERATIONS + " A GPU withheld otherwise: GPU_TAINTED."
+    )
 
     def to_request(self) -> AllocationRequest:
         return AllocationRequest(
@@ -85,6 +89,7 @@ class AllocateInput:
                 for s in self.shards
             ),
             generation=self.generation,
+            tolerations=tolerations_of(self.tolerations),
         )
 
 
@@ -144,6 +149,9 @@ class PlaceInput:
             "others get the verdict FACTS_STALE. Negative: refused."
         ),
     )
+    tolerations: list[TolerationInput] | None = strawberry.field(
+        default=None, description=TOLERATIONS + " A node short only of withheld GPUs: TAINTED."
+    )
 
     def to_request(self) -> verdicts.PlaceRequest:
         return verdicts.PlaceRequest(
@@ -161,6 +169,7 @@ class PlaceInput:
             rail_aligned=bool(self.rail_aligned),
             max_age=self.max_age,
             weights_ready=bool(self.weights_ready),
+            tolerations=tolerations_of(self.tolerations),
         )
 
 

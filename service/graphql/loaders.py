@@ -24,6 +24,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 from service.database import connections
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
+from service.fleet.health import taints
 from service.scheduling import allocations
 
 K = TypeVar("K")
@@ -64,6 +65,7 @@ _NODE_DETAILS = {
     "weights": "weights",
     "hasWeights": "weights",
     "allocations": "shards_on_node",
+    "taints": "taints",
 }
 
 
@@ -102,6 +104,11 @@ class Loaders:
     @functools.cached_property
     def shards_on_node(self) -> DataLoader[Any, Any]:
         return self._make(allocations.shards_on_nodes, list)
+
+    @functools.cached_property
+    def taints(self) -> DataLoader[Any, Any]:
+        """A node's taints and its GPUs' (fleet/health/taints.py), for Node.taints and Gpu.taints."""
+        return self._make(taints.taints_of, list)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

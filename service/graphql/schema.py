@@ -25,6 +25,7 @@ from .operations.allocation_mutations import AllocationMutations
 from .operations.event_queries import EventQueries
 from .operations.gpu_mutations import GpuMutations
 from .operations.groups import GroupMutations, GroupQueries
+from .operations.health_mutations import HealthMutations
 from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
@@ -49,6 +50,7 @@ Mutation = merge_types(
         GpuMutations,
         FencingMutations,
         GroupMutations,
+        HealthMutations,
     ),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))

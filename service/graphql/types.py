@@ -9,9 +9,6 @@ from typing import Any, Final
 
 import strawberry
 
-from service import paging
-from service.database import connections
-from service.errors import NodeNotFound
 from service.fleet import node_views, topology
 from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
 from service.fleet.node_views import NodeRecord
@@ -19,13 +16,13 @@ from service.fleet.reports import Disk as DiskRecord
 from service.node_states import NodeState as NodeState
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import is_free
-from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
+from service.scheduling.taints import Taint as TaintRecord
 from service.scheduling.weights_lifecycle import WeightsState
 
 from .context import Context, Info
 from .fencing_types import ShardToStop
+from .health_types import Taint, node_taints
 from .loaders import now_or_later, ready
-from .pages import answer, paged
 from .scalars import Bytes
 
 # Metadata key of a field whose value a page reads from a record attribute
@@ -178,6 +175,10 @@ class Gpu:
     )
     near_hcas: list[str] | None = strawberry.field(
         description="Adapters under the GPU's PCIe switch (its rail-aligned HCAs); null: unknown."
+    )
+    taints: list[Taint] = strawberry.field(
+        default_factory=list,
+        description="The GPU's own taints (its node's are Node.taints); a cordon shows as one.",
     )
 
 
@@ -370,6 +371,13 @@ class Node:
     def shards_to_stop(self, info: Info) -> list[ShardToStop]:
         return [ShardToStop.of(s) for s in info.context.shards_to_stop.get(str(self.id), ())]
 
+    @strawberry.field(
+        graphql_type=list[Taint],
+        description="The node's own taints, on all its GPUs; a cordon or drain shows as one.",
+    )
+    def taints(self, info: Info) -> Any:
+        return node_taints(str(self.id), info)
+
     incarnation: int = strawberry.field(
         default=1,
         description=(
@@ -491,10 +499,6 @@ class Node:
         return now_or_later(info.context.loaders.shards_on_node, str(self.id), _as_loaded)
 
 
-def _node_record(record: NodeRecord | None) -> NodeRecord | None:
-    return record
-
-
 # GraphQL types whose values are the domain's records as they are: every field
 # of the type is an attribute of the record under the field's Python name
 # (tests/fast_path/test_plain_field_completion.py checks it), so nothing is copied.
@@ -504,91 +508,5 @@ SERVED_BY_RECORDS: dict[type, type] = {
     FabricAttachment: FabricRecord,
     Filesystem: FilesystemRecord,
     Weights: WeightsRecord,
+    Taint: TaintRecord,
 }
-
-
-async def load_node(info: Info, node_id: str) -> Node:
-    record = await info.context.loaders.node.load(node_id)
-    if record is None:
-        # The node went away between the question and this field: say so
-        # rather than return a half-answer.
-        raise NodeNotFound(node_id)
-    return Node.of(record)
-
-
-@strawberry.type
-class NodeFreeGpus:
-    node_id: strawberry.Private[str]
-    gpu_indices: list[int]
-
-    @strawberry.field(graphql_type=Node, metadata={RECORD: "node"})
-    def node(self, info: Info) -> Any:
-        # At once when the root field prefetched the page's nodes.
-        record = ready(info.context.loaders.node, self.node_id, _node_record)
-        if record is not None:
-            return Node.of(record)
-        return load_node(info, self.node_id)
-
-
-@strawberry.type
-class Fabric:
-    name: str
-    node_ids: strawberry.Private[tuple[str, ...]]
-
-    @strawberry.field(
-        description=paged(
-            "Nodes attached to this fabric, sorted by id; a fabric spans the cluster, so the "
-            "list is paged like `nodes`."
-        )
-    )
-    async def nodes(
-        self, info: Info, first: int | None = None, after: strawberry.ID | None = None
-    ) -> list[Node]:
-        request = info.context.page_request(first)
-        ids = sorted(self.node_ids)
-        if after is not None:
-            ids = [i for i in ids if i > str(after)]
-        page = paging.cut(ids[: request.limit], request, str)
-        records = await info.context.loaders.node.load_many(page.entries)
-        # A node removed since the fabric was read is left out.
-        found = [r for r in records if r is not None]
-        return answer(paging.Page(found, page.truncated), Node.of)
-
-
-@strawberry.type(
-    description=(
-        "GPUs of one class across the cluster. total = free + allocated + unhealthy + "
-        "unschedulable: an allocated GPU counts as allocated even when unhealthy, and a "
-        "healthy spare GPU on a node that is not READY counts as unschedulable. unhealthy "
-        "also counts cordoned GPUs (cordonGpu): neither may be placed on."
-    )
-)
-class GpuClassSummary:
-    gpu_class: str
-    total: int
-    free: int
-    allocated: int
-    unhealthy: int
-    unschedulable: int
-
-    @strawberry.field(
-        description=(
-            "Fragmentation: free GPUs of this class in NVLink groups with fewer than shardSize "
-            "free, which a tensor-parallel shard of that width cannot use. Nodes whose topology "
-            "is unknown are not counted."
-        )
-    )
-    async def nvlink_fragmented_free(self, info: Info, shard_size: int = 8) -> int:
-        async with connections.autocommit(info.context.engine) as conn:
-            return await topology.fragmented_free(conn, self.gpu_class, shard_size)
-
-    @classmethod
-    def of(cls, s: GpuClassSummaryRecord) -> GpuClassSummary:
-        return cls(
-            gpu_class=s.gpu_class,
-            total=s.total,
-            free=s.free,
-            allocated=s.allocated,
-            unhealthy=s.unhealthy,
-            unschedulable=s.unschedulable,
-        )

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from service.node_states import NodeState
+from service.scheduling.taints import SOFT_EFFECT_SQL, tolerated_sql
 
 # The node state in which a node takes new placement. The column `state` is
 # computed by the database from liveness and the operator's intent
@@ -86,13 +87,67 @@ def gpu_usable(g: str = "g") -> str:
 # The gpus columns gpu_usable reads: a row source standing in for the table
 # (a report's GPUs in nodes._REPLACE_REPORT) must carry them.
 USABLE_COLUMNS = ("healthy", "sticky_reasons", "cordon_reason")
-# And the columns pool_counts reads besides them.
-POOL_COLUMNS = (*USABLE_COLUMNS, "nvlink_group", "nvlink_peers")
+# And the columns pool_counts reads besides them: the NVLink groups, and the
+# taint marks (gpu_withheld, gpu_last_resort).
+POOL_COLUMNS = (*USABLE_COLUMNS, "nvlink_group", "nvlink_peers", "withheld", "last_resort")
 
 
 def is_usable(healthy: bool, cordon_reason: str | None) -> bool:
     """gpu_usable for a GPU already read, `healthy` being gpu_healthy's value."""
     return healthy and cordon_reason is None
+
+
+def gpu_withheld(g: str = "g") -> str:
+    """SQL: a NO_SCHEDULE or NO_EXECUTE taint lies on the GPU row `g` or on its node.
+
+    gpus.withheld, kept by every write of the taints table and of a node's
+    GPUs (service/scheduling/gpu_pools.py: refresh_taint_marks, taint_marks),
+    so that the question every untolerating request asks of every GPU it
+    reads is a column of the row, not a probe of another table.
+    """
+    return f"{_columns_of(g)}withheld"
+
+
+def _taints_of(node: str, index: str) -> str:
+    """SQL FROM ... WHERE: the taints table's rows on GPU `index` of node `node` and on that node."""
+    return (
+        f"FROM taints t WHERE t.node_id = {node} AND (t.gpu_index IS NULL OR t.gpu_index = {index})"
+    )
+
+
+def taint_marks(node: str, index: str) -> str:
+    """SQL select list: gpus.withheld and gpus.last_resort of GPU `index` of node `node`, from the taints table."""
+    taints = _taints_of(node, index)
+    return (
+        f"EXISTS (SELECT 1 {taints} AND t.effect <> {SOFT_EFFECT_SQL}) AS withheld, "
+        f"EXISTS (SELECT 1 {taints} AND t.effect = {SOFT_EFFECT_SQL}) AS last_resort"
+    )
+
+
+def gpu_tolerated(g: str = "g") -> str:
+    """SQL: every withholding taint on the GPU row `g` and its node is tolerated.
+
+    The request's tolerations are the :tolerations parameter
+    (taints.tolerations_json). The taints table is read only for a withheld
+    GPU: the others need no look at it.
+    """
+    return (
+        f"(CASE WHEN NOT {g}.withheld THEN true ELSE NOT EXISTS"
+        f" (SELECT 1 {_taints_of(f'{g}.node_id', f'{g}.idx')}"
+        f" AND t.effect <> {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')}) END)"
+    )
+
+
+def gpu_last_resort(g: str = "g", tolerating: bool = False) -> str:
+    """SQL: the GPU row `g` is used last: a PREFER_NO_SCHEDULE taint the request does not tolerate."""
+    c = _columns_of(g)
+    if not tolerating:
+        return f"{c}last_resort"
+    return (
+        f"(CASE WHEN NOT {c}last_resort THEN false ELSE EXISTS"
+        f" (SELECT 1 {_taints_of(f'{g}.node_id', f'{g}.idx')}"
+        f" AND t.effect = {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')}) END)"
+    )
 
 
 def gpu_held(g: str = "g") -> str:
@@ -104,8 +159,25 @@ def gpu_held(g: str = "g") -> str:
 
 
 def gpu_free(g: str = "g") -> str:
-    """SQL: the GPU row `g` (of `gpus`) can be allocated now, its node's state aside."""
+    """SQL: the GPU row `g` (of `gpus`) can be allocated now, its node's state aside.
+
+    Free is what a request without tolerations is offered: usable, not
+    held, and not withheld by a taint (gpu_withheld). gpu_offered is the
+    same question for a request that tolerates some taints.
+    """
     return gpu_free_given(g, gpu_held(g))
+
+
+def gpu_offered(g: str = "g", tolerating: bool = False) -> str:
+    """SQL: the GPU row `g` may be given to the request, its node's state aside.
+
+    Without tolerations, gpu_free. With them (the :tolerations parameter),
+    a withheld GPU is offered when the request tolerates every withholding
+    taint on it and on its node.
+    """
+    if not tolerating:
+        return gpu_free(g)
+    return f"({gpu_usable(g)} AND NOT ({gpu_held(g)}) AND {gpu_tolerated(g)})"
 
 
 def gpu_free_given(g: str, held: str) -> str:
@@ -117,7 +189,7 @@ def gpu_free_given(g: str, held: str) -> str:
     descent (a merge join on the GPU index), where gpu_free's probe looks each
     GPU up on its own; pool_counts counts a node's GPUs so.
     """
-    return f"({gpu_usable(g)} AND NOT ({held}))"
+    return f"({gpu_usable(g)} AND NOT {gpu_withheld(g)} AND NOT ({held}))"
 
 
 class GpuFacts(Protocol):
@@ -135,10 +207,13 @@ class GpuFacts(Protocol):
     @property
     def held_by(self) -> str | None: ...
 
+    @property
+    def withheld(self) -> bool: ...
+
 
 def is_free(gpu: GpuFacts) -> bool:
     """gpu_free for a GPU already loaded with its holder."""
-    return is_usable(gpu.healthy, gpu.cordon_reason) and gpu.held_by is None
+    return is_usable(gpu.healthy, gpu.cordon_reason) and not gpu.withheld and gpu.held_by is None
 
 
 def pool_counts(g: str, held: str) -> str:
@@ -146,9 +221,11 @@ def pool_counts(g: str, held: str) -> str:
 
     `held` is the expression, true when the row's GPU is held (the caller
     joins allocated_gpus as it needs). The counts partition the GPUs:
-    total = free + allocated + unhealthy, where a held GPU counts as
-    allocated even if it has since become unusable (its holder must be told,
-    but it is not spare capacity either way).
+    total = free + allocated + unhealthy + withheld, where a held GPU counts
+    as allocated even if it has since become unusable or tainted (its holder
+    must be told, but it is not spare capacity either way), and withheld
+    counts the usable, unheld GPUs a NO_SCHEDULE or NO_EXECUTE taint keeps
+    from requests that do not tolerate it (gpu_withheld).
 
     free_indices lists the free GPUs' indices, ascending: its length is
     `free` (a check constraint of gpu_pools holds it so), and a page of
@@ -157,22 +234,43 @@ def pool_counts(g: str, held: str) -> str:
     group of each of them, in the same order (NULL: none), and nvlink_known
     whether any GPU of the group of rows reported NVLink peers: fit with
     nvlinkShards reads a node's free NVLink groups from them
-    (topology_fit.facts_column), not from its GPUs. The rows `g` carry
-    POOL_COLUMNS.
+    (topology_fit.facts_column), not from its GPUs. withheld_indices lists
+    the withheld GPUs, which a request with tolerations may still be offered
+    (PoolOffer), so such a request reads them from the same row. And
+    last_resort_indices, the free GPUs under a PREFER_NO_SCHEDULE taint, a
+    subset of free_indices: placement ranks a node that needs them last.
+    The rows `g` carry POOL_COLUMNS.
     """
     usable = gpu_usable(g)
     free = gpu_free_given(g, held)
+    withheld = f"{usable} AND {gpu_withheld(g)} AND NOT ({held})"
+    last = f"{free} AND {gpu_last_resort(g)}"
+
+    def indices(where: str) -> str:
+        return f"coalesce(array_agg({g}.idx ORDER BY {g}.idx) FILTER (WHERE {where}), CAST('{{}}' AS integer[]))"
+
     return (
         "count(*) AS total, "
         f"count(*) FILTER (WHERE NOT {usable} AND NOT ({held})) AS unhealthy, "
         f"count(*) FILTER (WHERE {held}) AS allocated, "
         f"count(*) FILTER (WHERE {free}) AS free, "
-        f"coalesce(array_agg({g}.idx ORDER BY {g}.idx) FILTER (WHERE {free}),"
-        " CAST('{}' AS integer[])) AS free_indices, "
+        f"{indices(free)} AS free_indices, "
         f"coalesce(array_agg({g}.nvlink_group ORDER BY {g}.idx) FILTER (WHERE {free}),"
         " CAST('{}' AS integer[])) AS free_groups, "
-        f"coalesce(bool_or({g}.nvlink_peers IS NOT NULL), false) AS nvlink_known"
+        f"coalesce(bool_or({g}.nvlink_peers IS NOT NULL), false) AS nvlink_known, "
+        f"count(*) FILTER (WHERE {withheld}) AS withheld, "
+        f"{indices(withheld)} AS withheld_indices, "
+        f"count(*) FILTER (WHERE {last}) AS last_resort, "
+        f"{indices(last)} AS last_resort_indices"
     )
+
+
+# The columns pool_counts gives, in its order: what an INSERT of gpu_pools
+# lists after node_id and gpu_class (gpu_pools.POOL_UPSERT writes them all).
+POOL_COUNTS = (
+    "total", "unhealthy", "allocated", "free", "free_indices", "free_groups", "nvlink_known",
+    "withheld", "withheld_indices", "last_resort", "last_resort_indices",
+)  # fmt: skip
 
 
 def pool_offers(p: str = "p") -> str:
@@ -184,3 +282,117 @@ def pool_offers(p: str = "p") -> str:
     """
     column = f"{p}." if p else ""
     return f"{column}schedulable AND {column}free > 0"
+
+
+def pool_withholds(p: str = "p") -> str:
+    """SQL: the gpu_pools row `p` is on a schedulable node and has GPUs a taint withholds.
+
+    The pools a request with tolerations reads besides those pool_offers
+    selects (capacity.free_gpus, placement's windows): only there can a
+    toleration add GPUs. Also the predicate of ix_gpu_pools_withheld and
+    ix_gpu_pools_withheld_class (tables.py).
+    """
+    column = f"{p}." if p else ""
+    return f"{column}schedulable AND {column}withheld > 0"
+
+
+def pool_tolerated_indices(p: str = "p") -> str:
+    """SQL int[]: the pool row `p`'s withheld GPUs whose withholding taints :tolerations all tolerate."""
+    node = f"{p}.node_id"
+    return (
+        f"(CASE WHEN {p}.withheld = 0 THEN CAST('{{}}' AS integer[]) ELSE ARRAY("
+        f"SELECT i FROM unnest({p}.withheld_indices) i WHERE NOT EXISTS (SELECT 1 FROM taints t"
+        f" WHERE t.node_id = {node} AND (t.gpu_index IS NULL OR t.gpu_index = i)"
+        f" AND t.effect <> {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')})"
+        " ORDER BY i) END)"
+    )
+
+
+def pool_last_resort(p: str, tolerated: str, tolerating: bool = False) -> str:
+    """SQL integer: how many GPUs the pool row `p` offers the request are used last.
+
+    Without tolerations, the pool's own count. With them, `tolerated` being
+    the withheld GPUs the request is offered besides the free ones
+    (pool_tolerated_indices): of the pool's last-resort GPUs and of those,
+    the ones under a PREFER_NO_SCHEDULE taint (on the GPU or its node) that
+    the request does not tolerate. A probe of the taints table per such GPU,
+    and none for a pool with neither.
+    """
+    if not tolerating:
+        return f"{p}.last_resort"
+
+    def untolerated(indices: str) -> str:
+        return (
+            f"(SELECT count(*) FROM unnest({indices}) i WHERE EXISTS (SELECT 1 FROM taints t"
+            f" WHERE t.node_id = {p}.node_id AND (t.gpu_index IS NULL OR t.gpu_index = i)"
+            f" AND t.effect = {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')}))"
+        )
+
+    return (
+        f"((CASE WHEN {p}.last_resort = 0 THEN 0 ELSE {untolerated(f'{p}.last_resort_indices')} END)"
+        f" + (CASE WHEN cardinality({tolerated}) = 0 THEN 0 ELSE {untolerated(tolerated)} END))"
+    )
+
+
+def pool_withholding_taint(p: str, tolerating: bool = False) -> str:
+    """SQL json: the first taint that withholds a GPU of the pool row `p` from the request, or NULL.
+
+    What the verdict TAINTED names: the node's own taint first, then by GPU
+    index and key. Read only for a pool with withheld GPUs.
+    """
+    untolerated = f" AND NOT {tolerated_sql('t')}" if tolerating else ""
+    return (
+        f"(CASE WHEN {p}.withheld = 0 THEN NULL ELSE (SELECT json_build_object("
+        "'key', t.key, 'value', t.value, 'effect', t.effect, 'source', t.source,"
+        " 'reason', t.reason, 'gpu', t.gpu_index)"
+        f" FROM taints t WHERE t.node_id = {p}.node_id"
+        f" AND (t.gpu_index IS NULL OR t.gpu_index = ANY({p}.withheld_indices))"
+        f" AND t.effect <> {SOFT_EFFECT_SQL}{untolerated}"
+        " ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) END)"
+    )
+
+
+class PoolOffer:
+    """What a gpu_pools row `p` offers one request, as SQL expressions over `p` (and `join`'s alias).
+
+    Without tolerations, the row's own columns, which a statement reads from
+    an index. With them (:tolerations), the free GPUs plus the withheld ones
+    every withholding taint of which the request tolerates
+    (pool_tolerated_indices, read once per row through `join`, a LATERAL
+    the caller puts after the pool in its FROM). Every reader of a pool for
+    a request (placement's windows and survey, fit, freeGpus) takes these,
+    so none can count a GPU another would refuse.
+
+    - indices: the GPUs offered, ascending (what freeGpus lists);
+    - free: how many;
+    - withheld: the usable, unheld GPUs a taint still keeps from the request;
+    - last_resort: of the offered, those a PREFER_NO_SCHEDULE taint the
+      request does not tolerate sends last;
+    - taint: the first taint that withholds a GPU (pool_withholding_taint), JSON.
+    """
+
+    def __init__(self, p: str, tolerating: bool) -> None:
+        self.tolerating = tolerating
+        if not tolerating:
+            self.join = ""
+            self.indices = f"{p}.free_indices"
+            self.free = f"{p}.free"
+            self.withheld = f"{p}.withheld"
+            self.last_resort = f"{p}.last_resort"
+        else:
+            # One LATERAL per pool row: the tolerated indices, then the
+            # last-resort count over them, each computed once.
+            tolerated = f"{p}_tolerated"
+            self.join = (
+                f" CROSS JOIN LATERAL (SELECT x.indices,"
+                f" {pool_last_resort(p, 'x.indices', True)} AS last_resort"
+                f" FROM (SELECT {pool_tolerated_indices(p)} AS indices OFFSET 0) x OFFSET 0)"
+                f" {tolerated}"
+            )
+            self.indices = (
+                f"ARRAY(SELECT i FROM unnest({p}.free_indices || {tolerated}.indices) i ORDER BY i)"
+            )
+            self.free = f"({p}.free + cardinality({tolerated}.indices))"
+            self.withheld = f"({p}.withheld - cardinality({tolerated}.indices))"
+            self.last_resort = f"{tolerated}.last_resort"
+        self.taint = pool_withholding_taint(p, tolerating)

@@ -8,6 +8,7 @@ the whole cluster in one pass over one narrow table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,9 @@ from sqlalchemy import text
 from service.database.connections import Connection, cached_text
 from service.database.plan_shapes import key_row_exists, leading_key_is, ordered_walk
 from service.errors import InvalidInput
-from service.scheduling.availability import pool_offers
+from service.scheduling.availability import PoolOffer, pool_offers, pool_withholds
 from service.scheduling.freshness import check_max_age, gpu_facts_fresh
+from service.scheduling.taints import Toleration, toleration_problem, tolerations_json
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class GpuClassSummary:
     allocated: int
     unhealthy: int
     unschedulable: int
+    # Usable, unheld GPUs a NO_SCHEDULE or NO_EXECUTE taint withholds (not in free).
+    tainted: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,72 @@ def free_gpus_query(
     return sql, params
 
 
+def tolerated_gpus_query(
+    *,
+    gpu_class: str | None,
+    fabric: str | None,
+    min_free: int,
+    first: int,
+    after: str | None = None,
+    max_age: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The nodes where tolerations add GPUs, in node order: rows (node_id, indices).
+
+    What free_gpus reads besides free_gpus_query for a request with
+    tolerations (:tolerations): the nodes that have a pool with withheld
+    GPUs (availability.pool_withholds), walked in node order on
+    ix_gpu_pools_withheld, or with a class ix_gpu_pools_withheld_class
+    (plan_shapes.ordered_walk, a descent per node), each
+    answered with everything its pools offer the request
+    (availability.PoolOffer: the free GPUs and the tolerated withheld ones),
+    kept when that is at least minFree. A page costs its rows and the
+    tainted nodes it passes over, not the cluster.
+    """
+    params: dict[str, Any] = {"min_free": min_free, "first": first, "after": after or ""}
+    start = "CAST(:after AS text)"
+    if gpu_class is None:
+        # ix_gpu_pools_withheld: every class's, in node order.
+        walk = ordered_walk("walk", "gpu_pools", "node_id", pool_withholds("t"), start)
+    else:
+        # ix_gpu_pools_withheld_class: the class's, in node order; the class
+        # is tested with leading_key_is, so no other index gives the order.
+        where = f"{pool_withholds('t')} AND {leading_key_is('t.gpu_class', ':cls')}"
+        walk = ordered_walk("walk", "gpu_pools", "node_id", where, start, leading="gpu_class")
+    offer = PoolOffer("q", True)
+    pools = f"({pool_offers('q')} OR {pool_withholds('q')})"
+    if gpu_class is not None:
+        params["cls"] = gpu_class
+        pools += " AND q.gpu_class = :cls"
+    on_it = ""
+    if fabric is not None:
+        params["fabric"] = fabric
+        on_it += " AND " + key_row_exists(
+            "fabric_attachments", {"node_id": "w.node_id", "fabric": ":fabric"}
+        )
+    if max_age is not None:
+        check_max_age(max_age)
+        params["max_age"] = max_age
+        on_it += (
+            f" AND EXISTS (SELECT 1 FROM nodes n WHERE n.id = w.node_id AND {gpu_facts_fresh('n')})"
+        )
+    sql = f"""
+        WITH RECURSIVE {walk}
+        SELECT page.node_id, page.indices FROM (
+            SELECT w.node_id, offered.indices
+            FROM walk w CROSS JOIN LATERAL (
+                SELECT array_agg(i ORDER BY i) AS indices
+                FROM gpu_pools q{offer.join}, unnest({offer.indices}) i
+                WHERE q.node_id = w.node_id AND {pools}
+                HAVING count(*) >= :min_free
+            ) offered
+            WHERE w.node_id IS NOT NULL{on_it}
+            LIMIT :first
+        ) page
+        ORDER BY page.node_id
+    """
+    return sql, params
+
+
 async def free_gpus(
     conn: Connection,
     *,
@@ -149,21 +219,39 @@ async def free_gpus(
     first: int,
     after: str | None = None,
     max_age: int | None = None,
+    tolerations: Sequence[Toleration] = (),
 ) -> list[NodeFreeGpus]:
     """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free.
 
     `max_age`: only nodes whose GPU facts are at most that many seconds old (freshness).
+    `tolerations`: the GPUs withheld by taints they all tolerate count too
+    (availability.PoolOffer, as placement counts them). The nodes are then
+    the union of two walks in node order: free_gpus_query's (a node with
+    minFree free GPUs has at least minFree offered) and
+    tolerated_gpus_query's (the nodes where tolerations add GPUs, answered
+    whole), so the first `first` of the union are the page.
     """
-    sql, params = free_gpus_query(
-        gpu_class=gpu_class,
-        fabric=fabric,
-        min_free=min_free,
-        first=first,
-        after=after,
-        max_age=max_age,
-    )
+    problem = toleration_problem(tolerations)
+    if problem is not None:
+        raise InvalidInput(*problem)
+    arguments: dict[str, Any] = {
+        "gpu_class": gpu_class,
+        "fabric": fabric,
+        "min_free": min_free,
+        "first": first,
+        "after": after,
+        "max_age": max_age,
+    }
+    sql, params = free_gpus_query(**arguments)
     rows = await conn.execute(cached_text(sql), params)
-    return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
+    found = {r.node_id: tuple(r.indices or ()) for r in rows}
+    if tolerations:
+        sql, params = tolerated_gpus_query(**arguments)
+        params["tolerations"] = tolerations_json(tolerations)
+        found.update(
+            (r.node_id, tuple(r.indices)) for r in await conn.execute(cached_text(sql), params)
+        )
+    return [NodeFreeGpus(node_id, found[node_id]) for node_id in sorted(found)[:first]]
 
 
 # Whole-cluster answers: one pass over one narrow table (gpu_pools, one row
@@ -177,7 +265,8 @@ CLASS_SUMMARY = text(
            sum(free) FILTER (WHERE schedulable) AS free,
            sum(allocated) AS allocated,
            sum(unhealthy) AS unhealthy,
-           sum(free) FILTER (WHERE NOT schedulable) AS unschedulable
+           sum(free) FILTER (WHERE NOT schedulable) AS unschedulable,
+           sum(withheld) AS tainted
     FROM gpu_pools GROUP BY gpu_class ORDER BY gpu_class
     """
 )
@@ -193,6 +282,7 @@ async def gpu_classes(conn: Connection) -> list[GpuClassSummary]:
             allocated=int(r.allocated or 0),
             unhealthy=int(r.unhealthy or 0),
             unschedulable=int(r.unschedulable or 0),
+            tainted=int(r.tainted or 0),
         )
         for r in rows
     ]

@@ -13,32 +13,38 @@ from collections.abc import Sequence
 from sqlalchemy import text
 
 from service.database.connections import Connection
-from service.scheduling.availability import node_schedulable, pool_counts
+from service.scheduling.availability import (
+    POOL_COUNTS,
+    gpu_withheld,
+    node_schedulable,
+    pool_counts,
+    taint_marks,
+)
+
+
+def _listed(alias: str, columns: tuple[str, ...]) -> str:
+    return ", ".join(f"{alias}{c}" for c in columns)
+
+
+_WRITTEN = (*POOL_COUNTS, "schedulable")
+# The columns an INSERT of a recount lists, and the counts' own names over an
+# alias (the recount's CTE): availability.pool_counts' order, then schedulable.
+POOL_INSERT_COLUMNS = f"node_id, gpu_class, {_listed('', _WRITTEN)}"
+
+
+def counted(alias: str) -> str:
+    """SQL select list: pool_counts' columns from a recount's row `alias`."""
+    return _listed(f"{alias}.", POOL_COUNTS)
+
 
 # How a recount lands in gpu_pools, for every statement that recounts: a row
 # whose counts did not change is not rewritten (dead tuples slow the
 # scheduler's index scans).
-POOL_UPSERT = """ON CONFLICT (node_id, gpu_class) DO UPDATE
-        SET total = excluded.total, unhealthy = excluded.unhealthy,
-            allocated = excluded.allocated, free = excluded.free,
-            free_indices = excluded.free_indices, free_groups = excluded.free_groups,
-            nvlink_known = excluded.nvlink_known, schedulable = excluded.schedulable
-        WHERE (p.total, p.unhealthy, p.allocated, p.free, p.free_indices, p.free_groups,
-               p.nvlink_known, p.schedulable)
+POOL_UPSERT = f"""ON CONFLICT (node_id, gpu_class) DO UPDATE
+        SET {", ".join(f"{c} = excluded.{c}" for c in _WRITTEN)}
+        WHERE ({_listed("p.", _WRITTEN)})
               IS DISTINCT FROM
-              (excluded.total, excluded.unhealthy, excluded.allocated, excluded.free,
-               excluded.free_indices, excluded.free_groups, excluded.nvlink_known,
-               excluded.schedulable)"""
-
-# The columns a recount writes (availability.pool_counts), in INSERT order.
-POOL_INSERT = (
-    "node_id, gpu_class, total, unhealthy, allocated, free, free_indices, free_groups,"
-    " nvlink_known, schedulable"
-)
-# The same from a recount `c`, node id and schedulable aside.
-RECOUNTED = (
-    "c.total, c.unhealthy, c.allocated, c.free, c.free_indices, c.free_groups, c.nvlink_known"
-)
+              ({_listed("excluded.", _WRITTEN)})"""
 
 
 # The counts are availability.pool_counts' partition, and schedulable is
@@ -58,8 +64,8 @@ _REFRESH = text(
               SELECT 1 FROM counts c WHERE c.node_id = p.node_id AND c.gpu_class = p.gpu_class
           )
     )
-    INSERT INTO gpu_pools AS p ({POOL_INSERT})
-    SELECT c.node_id, c.gpu_class, {RECOUNTED}, {node_schedulable("n")}
+    INSERT INTO gpu_pools AS p ({POOL_INSERT_COLUMNS})
+    SELECT c.node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")}
     FROM counts c JOIN nodes n ON n.id = c.node_id
     ORDER BY c.node_id, c.gpu_class
     {POOL_UPSERT}
@@ -77,7 +83,8 @@ def move_to_allocated(held: str, when: str) -> str:
     out incomplete leaves the pools alone).
 
     A delta, not a recount: every GPU a claim holds was free
-    (availability.gpu_free) when the claim was checked, under the row locks of its nodes, and every writer
+    (availability.gpu_free), or withheld and tolerated
+    (availability.gpu_offered), when the claim was checked, under the row locks of its nodes, and every writer
     of a node's GPUs, allocations, state or pools takes that lock first (and
     keeps the pools right before it commits), so the pool rows are right
     before this statement and adding to them is as right as recounting them.
@@ -90,17 +97,29 @@ def move_to_allocated(held: str, when: str) -> str:
     # `= ANY(ARRAY(...))` makes the held nodes one array, so gpu_pools is read
     # through its primary key: joined to `held` directly, the planner (which
     # guesses 100 rows for a statement's input) hashed all of gpu_pools.
-    # The held indices leave free_indices with the count, and their NVLink
-    # groups leave free_groups (the same positions), so the pool row stays
-    # what a recount (availability.pool_counts) would write.
+    # The held indices leave free_indices (or withheld_indices, for a
+    # tolerated GPU) and last_resort_indices with their counts, and their
+    # NVLink groups leave free_groups (the same positions), so the pool row
+    # stays what a recount (availability.pool_counts) would write.
     return f"""
     pools_moved AS (
-        UPDATE gpu_pools p SET allocated = p.allocated + m.n, free = p.free - m.n,
+        UPDATE gpu_pools p SET allocated = p.allocated + m.n,
+            free = p.free - (m.n - m.withheld), withheld = p.withheld - m.withheld,
             free_indices = ARRAY(SELECT i FROM unnest(p.free_indices) i
                                  WHERE i <> ALL(m.indices) ORDER BY i),
             free_groups = ARRAY(SELECT u.grp FROM unnest(p.free_indices, p.free_groups) u(i, grp)
-                                WHERE u.i <> ALL(m.indices) ORDER BY u.i)
+                                WHERE u.i <> ALL(m.indices) ORDER BY u.i),
+            withheld_indices = CASE WHEN m.withheld = 0 THEN p.withheld_indices
+                ELSE ARRAY(SELECT i FROM unnest(p.withheld_indices) i
+                           WHERE i <> ALL(m.indices) ORDER BY i) END,
+            last_resort = p.last_resort - m.last_resort,
+            last_resort_indices = CASE WHEN m.last_resort = 0 THEN p.last_resort_indices
+                ELSE ARRAY(SELECT i FROM unnest(p.last_resort_indices) i
+                           WHERE i <> ALL(m.indices) ORDER BY i) END
         FROM (SELECT h.node_id, g.gpu_class, count(*) AS n,
+                     count(*) FILTER (WHERE {gpu_withheld("g")}) AS withheld,
+                     count(*) FILTER (WHERE NOT {gpu_withheld("g")} AND g.last_resort)
+                         AS last_resort,
                      array_agg(h.gpu_index) AS indices
               FROM {held} h JOIN gpus g ON g.node_id = h.node_id AND g.idx = h.gpu_index
               GROUP BY h.node_id, g.gpu_class) m
@@ -112,3 +131,28 @@ def move_to_allocated(held: str, when: str) -> str:
 async def refresh_pools(conn: Connection, node_ids: Sequence[str]) -> None:
     if node_ids:
         await conn.execute(_REFRESH, {"node_ids": sorted(set(node_ids))})
+
+
+# The taint marks of the nodes' GPUs (gpus.withheld, gpus.last_resort) as the
+# taints table says they are now; a row whose marks did not change is not
+# rewritten.
+_MARKS = text(
+    f"""
+    UPDATE gpus g SET withheld = m.withheld, last_resort = m.last_resort
+    FROM (SELECT x.node_id, x.idx, {taint_marks("x.node_id", "x.idx")}
+          FROM gpus x WHERE x.node_id = ANY(CAST(:node_ids AS text[]))) m
+    WHERE g.node_id = m.node_id AND g.idx = m.idx
+      AND (g.withheld, g.last_resort) IS DISTINCT FROM (m.withheld, m.last_resort)
+    """
+)
+
+
+async def refresh_taint_marks(conn: Connection, node_ids: Sequence[str]) -> None:
+    """After a change of the nodes' taints: their GPUs' marks, then their pools.
+
+    The caller holds the nodes' row locks, as every writer of pools does.
+    """
+    if node_ids:
+        ids = sorted(set(node_ids))
+        await conn.execute(_MARKS, {"node_ids": ids})
+        await refresh_pools(conn, ids)

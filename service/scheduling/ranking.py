@@ -5,6 +5,10 @@ one-node window in SQL, the multi-node plan, fit's counts, placeGroup's
 members) orders them by this key and nothing else, so that the same cluster
 gives the same plan and fit counts what place does. Its terms, in order:
 
+0. last resort (issue 38): a node that needs GPUs a PREFER_NO_SCHEDULE taint
+   sends last (one the request does not tolerate) for the GPUs it would give
+   (taints.last_resort_term) goes after every node that does not, whatever
+   its fit: such GPUs are used last;
 1. the node's copy of the weights (weights_lifecycle.rank: READY holders first);
 2. free GPUs of the class, fewest first: packing, so small holes get filled and
    large ones stay open for large replicas;
@@ -21,9 +25,6 @@ gives the same plan and fit counts what place does. Its terms, in order:
    nodes equal on every term they take classes in a fixed order, which lets
    fitGroup count many identical rounds at once.
 
-A term that sends nodes last whatever their fit (a PREFER_NO_SCHEDULE taint)
-goes here as the first term, in both forms below.
-
 The SQL form (`order_sql`) orders place's one-node window the same way, with
 a random draw after these terms among nodes still equal: concurrent callers
 of one shape then spread over equal nodes instead of queueing on the first.
@@ -33,6 +34,7 @@ Which of two fully equal nodes takes a one-node replica changes no count
 
 from __future__ import annotations
 
+from service.scheduling.taints import last_resort_term
 from service.scheduling.verdicts import NodeFacts, PlaceRequest
 
 
@@ -41,10 +43,17 @@ def flexibility(f: NodeFacts) -> int:
     return len(f.fabrics)
 
 
-def node_rank(f: NodeFacts, request: PlaceRequest) -> tuple[int, int, int, str]:
-    """The ranking as a sort key (lowest first) for a node that can take the request."""
+def node_rank(
+    f: NodeFacts, request: PlaceRequest, need: int | None = None
+) -> tuple[int, int, int, int, str]:
+    """The ranking as a sort key (lowest first) for a node that can take the request.
+
+    `need`: the GPUs the node would give (the whole replica's, or a shard's
+    in a spread; a shard's when not said), for the last-resort term.
+    """
     weights = f.weights_rank if request.weights is not None else 0
-    return (weights, f.free, flexibility(f), f.node_id)
+    last = last_resort_term(f.free, f.last_resort, need or request.gpus_per_shard)
+    return (last, weights, f.free, flexibility(f), f.node_id)
 
 
 def flexibility_sql(node_id: str) -> str:
@@ -53,8 +62,9 @@ def flexibility_sql(node_id: str) -> str:
 
 
 def order_sql(c: str) -> str:
-    """SQL ORDER BY terms over a window row `c` with weights_rank, free and flexibility.
+    """SQL ORDER BY terms over a window row `c` with last_resort_term, weights_rank, free and flexibility.
 
-    node_rank's terms, then `c.tiebreak` (random() in the window) among equals.
+    node_rank's terms (last_resort_term is taints.last_resort_term_sql's, for
+    the window's :need), then `c.tiebreak` (random() in the window) among equals.
     """
-    return f"{c}.weights_rank, {c}.free, {c}.flexibility, {c}.tiebreak"
+    return f"{c}.last_resort_term, {c}.weights_rank, {c}.free, {c}.flexibility, {c}.tiebreak"

@@ -16,6 +16,9 @@ class RejectionCode(Enum):
     GPU_TAKEN = "GPU_TAKEN"
     GPU_UNHEALTHY = "GPU_UNHEALTHY"
     GPU_CORDONED = "GPU_CORDONED"
+    # A NO_SCHEDULE or NO_EXECUTE taint on the GPU or its node that the
+    # request does not tolerate (service/scheduling/taints.py).
+    GPU_TAINTED = "GPU_TAINTED"
     NO_SUCH_GPU = "NO_SUCH_GPU"
     NO_SUCH_NODE = "NO_SUCH_NODE"
     NODE_NOT_SCHEDULABLE = "NODE_NOT_SCHEDULABLE"

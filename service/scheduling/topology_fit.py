@@ -28,18 +28,25 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from service.scheduling.availability import gpu_free
+from service.scheduling.availability import gpu_last_resort, gpu_offered
+from service.scheduling.taints import Toleration
 from service.scheduling.verdicts import PlaceRequest
+
+# Stands for "the request has tolerations" where only that shapes the SQL
+# (the tolerations themselves are the :tolerations parameter).
+TOLERATING = (Toleration("any"),)
 
 
 def _usable(request: PlaceRequest, nodes: str, domain: bool) -> str:
     """Free GPUs of :cls on the nodes `nodes` selects (a condition on g.node_id) that the request may use.
 
     Columns: node_id, idx, grp (the NVLink group, or 0), hcas (the GPU's
-    near HCAs on :fabric, for railAligned; empty otherwise).
+    near HCAs on :fabric, for railAligned; empty otherwise), lr (used last:
+    availability.gpu_last_resort). Offered as availability.gpu_offered says
+    (with the request's :tolerations when it has some).
     """
     join = ""
-    where = [nodes, "g.gpu_class = :cls", gpu_free("g")]
+    where = [nodes, "g.gpu_class = :cls", gpu_offered("g", request.tolerating)]
     hcas = "CAST('{}' AS text[])"
     if request.nvlink_shards:
         where.append("g.nvlink_group IS NOT NULL")
@@ -50,8 +57,9 @@ def _usable(request: PlaceRequest, nodes: str, domain: bool) -> str:
     if domain:
         where.append("g.nvlink_domain = CAST(:domain AS text)")
     grp = "g.nvlink_group" if request.nvlink_shards else "0"
+    last = gpu_last_resort("g", request.tolerating)
     return (
-        f"SELECT g.node_id, g.idx, {grp} AS grp, {hcas} AS hcas FROM gpus g {join}"
+        f"SELECT g.node_id, g.idx, {grp} AS grp, {hcas} AS hcas, {last} AS lr FROM gpus g {join}"
         f" WHERE {' AND '.join(where)}"
     )
 
@@ -60,14 +68,16 @@ def fit_order(request: PlaceRequest, nodes: str, *, domain: bool = False) -> str
     """The usable GPUs in best-fit order, whole shards only: rows (node_id, idx, hcas, k).
 
     k counts from 0 per node; GPUs k*per .. k*per+per-1 form one shard and
-    lie in one group. Parameters: :cls, :per, and :fabric for railAligned,
-    :domain when `domain` (only GPUs of that NVLink domain).
+    lie in one group. Within a group, last-resort GPUs come after the others
+    (and are the ones left out past its last whole shard). Parameters: :cls,
+    :per, and :fabric for railAligned, :domain when `domain` (only GPUs of
+    that NVLink domain), :tolerations for a request with tolerations.
     """
     return f"""
     SELECT f.node_id, f.idx, f.hcas,
-           row_number() OVER (PARTITION BY f.node_id ORDER BY f.n, f.grp, f.idx) - 1 AS k
-    FROM (SELECT u.node_id, u.idx, u.grp, u.hcas,
-                 row_number() OVER (PARTITION BY u.node_id, u.grp ORDER BY u.idx) - 1 AS r,
+           row_number() OVER (PARTITION BY f.node_id ORDER BY f.n, f.grp, f.lr, f.idx) - 1 AS k
+    FROM (SELECT u.node_id, u.idx, u.grp, u.hcas, u.lr,
+                 row_number() OVER (PARTITION BY u.node_id, u.grp ORDER BY u.lr, u.idx) - 1 AS r,
                  count(*) OVER (PARTITION BY u.node_id, u.grp) AS n
           FROM ({_usable(request, nodes, domain)}) u) f
     WHERE f.r < f.n / :per * :per"""
@@ -121,7 +131,7 @@ def facts_column(request: PlaceRequest, node: str, pool: str | None = None) -> s
         known.append("g.nvlink_peers IS NOT NULL")
     if request.rail_aligned:
         known.append("g.near_hcas IS NOT NULL")
-    free = f"g.node_id = {node} AND g.gpu_class = :cls AND {gpu_free('g')}"
+    free = f"g.node_id = {node} AND g.gpu_class = :cls AND {gpu_offered('g', request.tolerating)}"
     groups = "CAST('{}' AS bigint[])"
     usable = f"{room(request, node)} * :per"
     if request.nvlink_shards:
@@ -156,7 +166,14 @@ def facts_column(request: PlaceRequest, node: str, pool: str | None = None) -> s
 
 def pooled(request: PlaceRequest) -> bool:
     """Whether a pool's summary (free_groups, nvlink_known) holds the request's topology facts."""
-    return request.nvlink_shards and not request.rail_aligned and not request.same_nvlink_domain
+    # A request with tolerations is offered withheld GPUs too, which the
+    # summary (of the free ones) leaves out: it reads the GPUs.
+    return (
+        request.nvlink_shards
+        and not request.rail_aligned
+        and not request.same_nvlink_domain
+        and not request.tolerating
+    )
 
 
 def pool_facts(free_groups: str, known: str) -> str:
@@ -176,24 +193,37 @@ def pool_facts(free_groups: str, known: str) -> str:
                          GROUP BY x ORDER BY 1 DESC) AS groups OFFSET 0) t)"""
 
 
-def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str) -> str:
-    """The order a claim takes the free GPUs of the nodes `nodes` selects: rows (node_id, idx, hcas, k).
+def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating: bool) -> str:
+    """The order a claim takes the offered GPUs of the nodes `nodes` selects: rows (node_id, idx, hcas, k).
 
-    The fit order (fit_order) with topology; without, the free GPUs by
+    The fit order (fit_order) with topology; without, the offered GPUs
+    (availability.gpu_offered) with the last-resort ones last, then by
     index, which is the fit order of one group (whole shards only changes
     nothing there: a claim takes whole shards from the front).
+    `tolerating`: the :tolerations parameter is the request's.
     """
-    request = PlaceRequest("", "", 1, nvlink_shards=nvlink_shards, rail_aligned=rail_aligned)
+    request = PlaceRequest(
+        "",
+        "",
+        1,
+        nvlink_shards=nvlink_shards,
+        rail_aligned=rail_aligned,
+        tolerations=TOLERATING if tolerating else (),
+    )
     if request.needs_topology:
         return fit_order(request, nodes)
     return f"""
         SELECT g.node_id, g.idx, CAST('{{}}' AS text[]) AS hcas,
-               row_number() OVER (PARTITION BY g.node_id ORDER BY g.idx) - 1 AS k
-        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_free("g")}"""
+               row_number() OVER (
+                   PARTITION BY g.node_id ORDER BY {gpu_last_resort("g", tolerating)}, g.idx
+               ) - 1 AS k
+        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_offered("g", tolerating)}"""
 
 
-@lru_cache(maxsize=16)
-def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, several: bool) -> str:
+@lru_cache(maxsize=32)
+def claim_wanted(
+    nvlink_shards: bool, rail_aligned: bool, same_domain: bool, several: bool, tolerating: bool
+) -> str:
     """The CTEs a claim gives allocations.store_statement: calls of one shape, on locked nodes.
 
     One call on one node (`several` false): parameters :node_id,
@@ -236,7 +266,9 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, sev
     if not several:
         # A call alone (most calls, when schedulers are few) pays for none
         # of the slots below: the statement plans only what one call needs.
-        order = claim_order(nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)")
+        order = claim_order(
+            nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)", tolerating
+        )
         domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
         return f"""
     free AS (
@@ -253,7 +285,9 @@ def claim_wanted(nvlink_shards: bool, rail_aligned: bool, same_domain: bool, sev
     ), go AS (
         SELECT 1 AS call, count(*) = :need {domain} AS ok FROM free
     )"""
-    order = claim_order(nvlink_shards, rail_aligned, "g.node_id = ANY(CAST(:node_ids AS text[]))")
+    order = claim_order(
+        nvlink_shards, rail_aligned, "g.node_id = ANY(CAST(:node_ids AS text[]))", tolerating
+    )
     # Integer division throughout: the parameters are cast, or asyncpg may
     # bind them as numeric and a shard's positions stop dividing evenly.
     takes = (

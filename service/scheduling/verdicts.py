@@ -14,6 +14,7 @@ from service.node_states import state_phrase
 from service.scheduling.availability import is_schedulable
 from service.scheduling.freshness import is_fresh, stale_detail
 from service.scheduling.rejections import index_ranges, shown
+from service.scheduling.taints import TaintEffect, Toleration, label
 from service.scheduling.weights_lifecycle import is_ready, rank, readiness_phrase
 
 
@@ -32,6 +33,9 @@ class VerdictCode(Enum):
     NO_RAIL_ALIGNED_HCA = "NO_RAIL_ALIGNED_HCA"
     # Freshness (service.scheduling.freshness): GPU facts older than maxAge.
     FACTS_STALE = "FACTS_STALE"
+    # A NO_SCHEDULE or NO_EXECUTE taint the request does not tolerate keeps
+    # the GPUs it needs (service/scheduling/taints.py); the detail names it.
+    TAINTED = "TAINTED"
     # weightsReady: the node's copy of the weights is not READY (service/scheduling/weights_lifecycle.py).
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
 
@@ -53,10 +57,18 @@ class PlaceRequest:
     max_age: int | None = None
     # Only nodes whose copy of `weights` is READY.
     weights_ready: bool = False
+    # The taints the request tolerates (service/scheduling/taints.py): every
+    # reader that takes a request (place, allocate, fit, explainPlacement)
+    # offers it the same GPUs (availability.gpu_offered, PoolOffer).
+    tolerations: tuple[Toleration, ...] = ()
 
     @property
     def gpus(self) -> int:
         return self.shards * self.gpus_per_shard
+
+    @property
+    def tolerating(self) -> bool:
+        return bool(self.tolerations)
 
     @property
     def needs_topology(self) -> bool:
@@ -109,6 +121,36 @@ class WeightsCopy:
 
 
 @dataclass(frozen=True)
+class WithholdingTaint:
+    """The taint a TAINTED verdict names (availability.pool_withholding_taint)."""
+
+    key: str
+    value: str | None
+    effect: str
+    source: str
+    reason: str
+    # None: a taint on the node.
+    gpu: int | None
+
+    @classmethod
+    def of(cls, value: Any) -> WithholdingTaint | None:
+        if value is None:
+            return None
+        return cls(
+            key=value["key"],
+            value=value["value"],
+            effect=value["effect"],
+            source=value["source"],
+            reason=value["reason"],
+            gpu=value["gpu"],
+        )
+
+    def describe(self) -> str:
+        where = "the node" if self.gpu is None else f"GPU {self.gpu}"
+        return f"{label(self.key, self.value, TaintEffect(self.effect))} on {where} ({self.source}: {shown(self.reason, 120)})"
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """What placement needs to know about one node and one GPU class, read in one statement."""
 
@@ -128,6 +170,12 @@ class NodeFacts:
     gpus_facts_age: float | None = None
     # The link rate (Gb/s) of each of `fabrics`, in the same order.
     fabric_rates: tuple[int, ...] = ()
+    # Usable, unheld GPUs of the class a taint withholds from the request
+    # (not in `free`), and the first such taint; of `free`, how many a
+    # PREFER_NO_SCHEDULE taint the request does not tolerate sends last.
+    withheld: int = 0
+    taint: WithholdingTaint | None = None
+    last_resort: int = 0
 
     def rate_on(self, fabric: str) -> int:
         """The node's link rate on `fabric` (one of its fabrics), in Gb/s."""
@@ -194,6 +242,15 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
             VerdictCode.FACTS_STALE, stale_detail(node.gpus_facts_age or 0.0, request.max_age)
         )
     per_shard = request.gpus_per_shard
+    if node.free < per_shard <= node.free + node.withheld:
+        # The node would have room but for a taint: the verdict says which,
+        # so the caller can tolerate it (or the operator lift it).
+        taint = node.taint.describe() if node.taint else "a taint"
+        return no(
+            VerdictCode.TAINTED,
+            f"{node.withheld} free {request.gpu_class} tainted, e.g. {taint}; "
+            f"{node.free} untainted, needs {per_shard}",
+        )
     if node.free < per_shard:
         return no(
             VerdictCode.NOT_ENOUGH_GPUS,

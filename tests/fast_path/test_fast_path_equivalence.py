@@ -416,3 +416,30 @@ def _rejected_with_a_huge_index(rejection: Any) -> AllocationRejected:
         code=rejection.code, message=rejection.message, node_id=None, gpu_index=2**40,
         held_by=None,
     )  # fmt: skip
+
+
+def test_tolerations_are_answered_alike_by_the_compiled_place_and_on_pages(both: Both) -> None:
+    """Issue 38: place with tolerations goes through the compiled route and answers as the
+    reference does (the seed taints gpu-01's GPU 7, gpu-02's 4-5 as last resort, gpu-06
+    whole); freeGpus with tolerations is not an argument the compiled page takes, so
+    graphql-core answers it, alike."""
+    before = COUNTERS.snapshot()[2]
+    xid = [{"key": "xid-79", "operator": "EXISTS"}]
+    dedicated = [{"key": "dedicated", "value": "infer", "tolerationSeconds": 30}]
+    for document in PLACE_DOCUMENTS:
+        same(both, document, placement("new-1", gpusPerShard=8, tolerations=xid))
+        same(both, document, placement("new-2", gpusPerShard=2, tolerations=dedicated))
+        same(both, document, placement("new-3", gpusPerShard=2, tolerations=[{"key": ""}]))
+        same(both, document, placement("new-4", gpusPerShard=8))  # Unplaceable: TAINTED
+    assert counted(before, "place", "answered", "") == 4 * 2
+    page = answered("page")
+    for tolerations in (xid, dedicated, [{"key": "burn-in", "operator": "EXISTS"}], []):
+        same(
+            both,
+            "query($t: [TolerationInput!]) { freeGpus(tolerations: $t) { node { id } gpuIndices } }",
+            {"t": tolerations},
+        )
+    same(
+        both, '{ freeGpus(tolerations: [{key: "k", operator: EXISTS, value: "v"}]) { gpuIndices } }'
+    )
+    assert answered("page") == page

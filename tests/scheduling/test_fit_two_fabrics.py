@@ -80,6 +80,36 @@ SHAPES: list[dict[str, Any]] = [
 ]
 
 
+TAINT_GPUS = (
+    "mutation T($node: ID!, $indices: [Int!]!, $taint: TaintInput!)"
+    " { taintGpus(nodeId: $node, indices: $indices, taint: $taint) { index } }"
+)
+TAINT_NODE = (
+    "mutation T($node: ID!, $taint: TaintInput!) { taintNode(nodeId: $node, taint: $taint) { id } }"
+)
+# Issue 38: taints of each effect on some GPUs and nodes, and the tolerations
+# a shape is tried with: none, one that opens the NO_SCHEDULE ones, one that
+# opens the NO_EXECUTE ones and lifts the PREFER_NO_SCHEDULE penalty.
+TAINT_KEYS = {"xid-79": "NO_SCHEDULE", "dedicated": "NO_EXECUTE", "burn-in": "PREFER_NO_SCHEDULE"}
+TOLERATIONS: list[list[dict[str, Any]]] = [
+    [],
+    [{"key": "xid-79", "operator": "EXISTS"}],
+    [{"key": "dedicated", "operator": "EXISTS"}, {"key": "burn-in", "operator": "EXISTS"}],
+]
+
+
+async def taint_some(api: Api, rng: random.Random, node_id: str, count: int) -> None:
+    """Taints as an operator or the policy would set them, on a node's GPUs or on the node."""
+    for key, effect in TAINT_KEYS.items():
+        taint = {"key": key, "effect": effect, "reason": "drawn"}
+        draw = rng.random()
+        if draw < 0.05:
+            await api(TAINT_NODE, {"node": node_id, "taint": taint})
+        elif draw < 0.3:
+            indices = sorted(rng.sample(range(count), k=rng.randint(1, 2)))
+            await api(TAINT_GPUS, {"node": node_id, "indices": indices, "taint": taint})
+
+
 FABRIC_LAYOUTS: list[list[str]] = [["ib-a"], ["ib-b"], ["ib-a", "ib-b"], []]
 
 
@@ -95,7 +125,7 @@ async def random_cluster(
     layouts: list[list[str]] = FABRIC_LAYOUTS,
     gpus_of: Callable[[random.Random], list[dict[str, Any]]] = plain_gpus,
 ) -> None:
-    """Nodes on ib-a, ib-b or both (at least two on both), some GPUs sick, some held."""
+    """Nodes on ib-a, ib-b or both (at least two on both), some GPUs sick, some held, some tainted."""
     count = rng.randint(*nodes)
     chosen = [["ib-a", "ib-b"], ["ib-a", "ib-b"]] + [rng.choice(layouts) for _ in range(count - 2)]
     for i, fabrics in enumerate(chosen):
@@ -115,6 +145,7 @@ async def random_cluster(
                 ALLOCATE, allocation(f"hole-{i}", shard(f"hole-{i}-s0", f"n{i}", *hole))
             )
             assert held["allocate"]["__typename"] == "Allocated", held
+        await taint_some(api, rng, f"n{i}", len(entries))
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -123,7 +154,8 @@ async def test_fit_is_stable_and_exact_against_place_on_random_two_fabric_cluste
 ) -> None:
     rng = random.Random(seed)
     await random_cluster(api, rng)
-    for k, shape in enumerate(SHAPES):
+    for k, untolerating in enumerate(SHAPES):
+        shape = {**untolerating, "tolerations": TOLERATIONS[(seed + k) % len(TOLERATIONS)]}
         counted = {await fit(api, shape) for _ in range(3)}
         assert len(counted) == 1, (seed, shape, counted)
         placed = await place_until_full(api, shape, f"s{k}")

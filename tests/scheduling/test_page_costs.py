@@ -110,6 +110,15 @@ GROUP: dict[str, Any] = {
     "kvFrom": "prefill",
     "kvTo": "decode",
 }
+# Issue 38: one node in thirteen has a GPU tainted NO_SCHEDULE (key xid-79), one in
+# a hundred is tainted whole (key dedicated=infer, NO_EXECUTE), and one in
+# seventeen prefers no new work on two GPUs: requests with tolerations read the
+# tainted pools besides the others.
+TOLERATIONS = [{"key": "xid-79", "operator": "EXISTS"}, {"key": "dedicated", "value": "infer"}]
+FREE_TOLERATING = (
+    'query($after: ID, $t: [TolerationInput!]) { freeGpus(gpuClass: "H100-80GB", minFree: 4,'
+    " first: 10, after: $after, tolerations: $t) { node { id } gpuIndices } }"
+)
 
 READS = (
     Read("freeGpus by class", FREE_BY_CLASS, {}),
@@ -158,6 +167,25 @@ READS = (
         entry=NODE_ENTRY,
     ),
     Read("dashboard xids", dashboard_query("XIDS_QUERY"), {"id": MIDDLE}),
+    Read("freeGpus tolerating taints", FREE_TOLERATING, {"t": TOLERATIONS}),
+    Read(
+        "freeGpus tolerating taints from the middle",
+        FREE_TOLERATING,
+        {"t": TOLERATIONS, "after": MIDDLE},
+    ),
+    Read(
+        "freeGpus of any class tolerating taints",
+        "query($after: ID, $t: [TolerationInput!]) { freeGpus(minFree: 4, first: 10,"
+        " after: $after, tolerations: $t) { node { id } gpuIndices } }",
+        {"t": TOLERATIONS, "after": MIDDLE},
+    ),
+    Read(
+        "explainPlacement tolerating taints",
+        "query($input: PlaceInput!) { explainPlacement(input: $input)"
+        " { placeable plan { nodeId gpuCount } verdicts { nodeId code } verdictsOmitted } }",
+        {"input": {**PLACE_INPUT, "tolerations": TOLERATIONS}},
+        entries=MAX_VERDICTS,
+    ),
     Read(
         "explainPlacement",
         "query($input: PlaceInput!) { explainPlacement(input: $input)"
@@ -311,6 +339,31 @@ class Cluster:
             entries[2] = {**entries[2], "healthy": False, "healthReasons": ["ecc"]}
         return node_input(node_id(i), gpus=entries, fabrics=IB if i % 2 == 0 else [])
 
+    async def taint(self, ids: Sequence[int]) -> None:
+        """Taints as operators set them (TOLERATIONS' keys), many to a request."""
+        fields = []
+        for i in ids:
+            if i % 13 == 0:
+                fields.append(
+                    f'g{i}: taintGpus(nodeId: "{node_id(i)}", indices: [3], taint: {{key: "xid-79",'
+                    ' effect: NO_SCHEDULE, reason: "fell off the bus"}) { index }'
+                )
+            if i % 100 == 7:
+                fields.append(
+                    f'n{i}: taintNode(nodeId: "{node_id(i)}", taint: {{key: "dedicated",'
+                    ' value: "infer", effect: NO_EXECUTE, reason: "inference"}) { id }'
+                )
+            if i % 17 == 5:
+                fields.append(
+                    f'p{i}: taintGpus(nodeId: "{node_id(i)}", indices: [0, 1], taint: {{key:'
+                    ' "burn-in", effect: PREFER_NO_SCHEDULE, reason: "new"}) { index }'
+                )
+        for k in range(0, len(fields), REGISTER_BATCH):
+            body = await self.send(
+                "mutation { " + " ".join(fields[k : k + REGISTER_BATCH]) + " }", {}
+            )
+            assert not body.get("errors"), body
+
     async def allocate(self, holds: Sequence[tuple[int, list[int]]]) -> None:
         """Allocate as schedulers do: allocate, many to a request."""
         fields = []
@@ -370,6 +423,7 @@ async def load(cluster: Cluster, layout: str) -> None:
         {"g": {**GROUP, "groupId": "pg"}},
     )
     assert placed["data"]["placeGroup"]["__typename"] == "GroupPlaced", placed
+    await cluster.taint(ids)
 
 
 @pytest.fixture
@@ -439,7 +493,7 @@ STATES = {
 }
 TABLES = (
     "nodes", "gpus", "gpu_pools", "allocated_gpus", "shards", "fabric_attachments", "filesystems",
-    "weights", "events",
+    "weights", "events", "taints",
 )  # fmt: skip
 
 

@@ -13,11 +13,13 @@ from service.database import connections
 from service.fleet import hardware, node_views
 from service.scheduling import allocations, capacity
 
+from ..capacity_types import Fabric, GpuClassSummary, NodeFreeGpus
 from ..context import Info
+from ..health_types import TOLERATIONS, TolerationInput, tolerations_of
 from ..inputs import NodeFilter
 from ..loaders import selected
 from ..pages import answer, paged
-from ..types import Allocation, Fabric, GpuClassSummary, Node, NodeFreeGpus, Weights
+from ..types import Allocation, Node, Weights
 
 # freeGpus without minFree (or with null): nodes with at least one.
 MIN_FREE = 1
@@ -117,6 +119,9 @@ class NodeQueries:
         first: int | None = None,
         after: strawberry.ID | None = None,
         max_age: Annotated[int | None, strawberry.argument(description=MAX_AGE)] = None,
+        tolerations: Annotated[
+            list[TolerationInput] | None, strawberry.argument(description=TOLERATIONS)
+        ] = None,
     ) -> list[NodeFreeGpus]:
         request = info.context.page_request(first)
         given = free_gpus_arguments(gpu_class, fabric, min_free, after)
@@ -131,6 +136,7 @@ class NodeQueries:
                 first=request.limit,
                 after=given.after,
                 max_age=max_age,
+                tolerations=tolerations_of(tolerations),
             )
             page = paging.cut(found, request, lambda entry: entry.node_id)
             if node is not None:

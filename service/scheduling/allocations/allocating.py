@@ -21,10 +21,16 @@ from service.scheduling.allocations.records import (
 )
 from service.scheduling.allocations.requests import AllocationRequest, validate_request
 from service.scheduling.allocations.storing import NotStored, store, store_statement
-from service.scheduling.availability import gpu_health_reasons, gpu_usable, is_schedulable
+from service.scheduling.availability import (
+    gpu_health_reasons,
+    gpu_tolerated,
+    gpu_usable,
+    is_schedulable,
+)
 from service.scheduling.fabric_choice import choose_fabric
 from service.scheduling.generations import current_generation
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
+from service.scheduling.taints import SOFT_EFFECT_SQL, label, tolerated_sql, tolerations_json
 
 _LOCK_NODES = text(
     """
@@ -45,7 +51,13 @@ async def lock_nodes(conn: Connection, node_ids: Sequence[str]) -> dict[str, Row
 _GPUS_ASKED = text(
     f"""
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
-           {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by
+           {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by,
+           (SELECT json_build_object('key', t.key, 'value', t.value, 'effect', t.effect,
+                                     'source', t.source, 'reason', t.reason, 'node', t.gpu_index IS NULL)
+            FROM taints t WHERE g.withheld AND t.node_id = g.node_id
+              AND (t.gpu_index IS NULL OR t.gpu_index = g.idx) AND t.effect <> {SOFT_EFFECT_SQL}
+              AND NOT {tolerated_sql("t")}
+            ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) AS taint
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -88,7 +100,8 @@ _SHARDS_OF_REQUEST = text(
 # statement (started under the node's lock): none of the shard ids is stored
 # (a retry or a clash, which _duplicate words), the replica has no shard on
 # another node (it would need a fabric), and every GPU exists and is free
-# (availability.gpu_free: usable, and not held, probed as below). When one fails nothing is written and allocate() reads the facts
+# (availability.gpu_offered: usable, not held, probed as below, and not withheld by a taint the
+# request does not tolerate). When one fails nothing is written and allocate() reads the facts
 # again to say which, so the wording stays in one place (_check_gpus).
 _STORE = store_statement(
     f"""
@@ -121,7 +134,8 @@ _STORE = store_statement(
                     WHERE a.node_id = w.node_id AND a.gpu_index = w.idx
                     LIMIT 1
                 ) held_now ON true
-                WHERE g.idx IS NULL OR NOT {gpu_usable("g")} OR held_now.taken)
+                WHERE g.idx IS NULL OR NOT {gpu_usable("g")} OR held_now.taken
+                   OR NOT {gpu_tolerated("g")})
         ) AS ok
     )"""
 )
@@ -243,7 +257,11 @@ def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rej
 async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection | None:
     pairs = [(s.node_id, i) for s in request.shards for i in s.gpu_indices]
     rows = await conn.execute(
-        _GPUS_ASKED, {"pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs])}
+        _GPUS_ASKED,
+        {
+            "pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs]),
+            "tolerations": tolerations_json(request.tolerations),
+        },
     )
     facts = {(r.node_id, r.idx): r for r in rows}
     for node_id, index in pairs:
@@ -278,6 +296,16 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
             return Rejection(
                 RejectionCode.GPU_UNHEALTHY,
                 f"{where} is unhealthy ({reasons})",
+                node_id=node_id,
+                gpu_index=index,
+            )
+        if gpu.taint is not None:
+            t = gpu.taint
+            on = "its node has" if t["node"] else "it has"
+            return Rejection(
+                RejectionCode.GPU_TAINTED,
+                f"{where}: {on} the taint {label(t['key'], t['value'], t['effect'])} "
+                f"({t['source']}: {shown(t['reason'], 120)}), which the request does not tolerate",
                 node_id=node_id,
                 gpu_index=index,
             )
@@ -431,6 +459,7 @@ async def _store(
             "gpus": json.dumps(gpus),
             "check": check,
             "weights": request.weights,
+            "tolerations": tolerations_json(request.tolerations),
         },
     )
     # A replica that grew onto a second node now needs a fabric for its

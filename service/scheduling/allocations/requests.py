@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from service.bounds import MAX_GPUS_PER_SHARD, MAX_ID_LENGTH, MAX_SHARDS
 from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.taints import Toleration, toleration_problem
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class AllocationRequest:
     # The weights path the replica was placed with (place's `weights`): its
     # shards pin it on their nodes (service/scheduling/weights_lifecycle.pinned_by).
     weights: str | None = None
+    # The taints the replica tolerates (service/scheduling/taints.py): a
+    # withheld GPU is allocated only when every taint withholding it is
+    # tolerated.
+    tolerations: tuple[Toleration, ...] = ()
 
 
 def _check_id(what: str, value: str) -> Rejection | None:
@@ -46,6 +51,10 @@ def validate_request(request: AllocationRequest) -> Rejection | None:
     problem = _check_id("replicaId", request.replica_id)
     if problem:
         return problem
+    tolerations = toleration_problem(request.tolerations)
+    if tolerations is not None:
+        field, value, why = tolerations
+        return invalid(f"{field}={shown(str(value))!r}: {why}")
     if not request.shards:
         return invalid("shards is empty: a replica needs at least one shard")
     if len(request.shards) > MAX_SHARDS:

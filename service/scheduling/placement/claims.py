@@ -34,13 +34,13 @@ from service.scheduling.placement.plan import (
     without_topology,
 )
 from service.scheduling.placement.statements import (
-    FREE_INDICES,
     LOCK_OR_SKIP,
     REPLICA,
     WINDOW,
     candidates,
     claim_statement,
     facts_of,
+    free_indices,
     pick_several_sql,
     pick_sql,
     request_params,
@@ -48,6 +48,7 @@ from service.scheduling.placement.statements import (
     spread_plan,
 )
 from service.scheduling.rejections import Rejection, RejectionCode, shown
+from service.scheduling.taints import tolerations_json
 from service.scheduling.topology_fit import fit_order
 from service.scheduling.verdicts import PlaceRequest, judge
 
@@ -130,7 +131,12 @@ async def _try(
                 shards.append(ShardRequest(next(names), node_id, chosen, hcas))
         result = await allocate(
             conn,
-            AllocationRequest(request.replica_id, tuple(shards), weights=request.weights),
+            AllocationRequest(
+                request.replica_id,
+                tuple(shards),
+                weights=request.weights,
+                tolerations=request.tolerations,
+            ),
             actor,
             fabric=plan.fabric,
         )
@@ -188,8 +194,12 @@ async def _usable_gpus(
     service.scheduling.topology_fit (whole groups, best fit first), and each GPU's near
     HCAs on the fabric.
     """
+    tolerations = tolerations_json(request.tolerations)
     if not request.needs_topology:
-        rows = await conn.execute(FREE_INDICES, {"ids": node_ids, "cls": request.gpu_class})
+        rows = await conn.execute(
+            free_indices(request.tolerating),
+            {"ids": node_ids, "cls": request.gpu_class, "tolerations": tolerations},
+        )
         return {r.node_id: list(r.indices) for r in rows}, {}
     order = fit_order(
         request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=plan.domain is not None
@@ -200,6 +210,7 @@ async def _usable_gpus(
         "per": request.gpus_per_shard,
         "fabric": plan.fabric,
         "domain": plan.domain,
+        "tolerations": tolerations,
     }
     free: dict[str, list[int]] = {}
     near: dict[tuple[str, int], list[str]] = {}
@@ -396,6 +407,7 @@ async def claim_calls(
         "per": shape.gpus_per_shard,
         # The shards pin the weights they were placed with.
         "weights": shape.weights,
+        "tolerations": tolerations_json(shape.tolerations),
         **topology,
     }
     answers = await store_calls(conn, claim_statement(shape, several), params)

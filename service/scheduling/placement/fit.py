@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from service.database.connections import Connection, cached_text
-from service.scheduling.availability import SCHEDULABLE_STATE
+from service.scheduling.availability import SCHEDULABLE_STATE, PoolOffer
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
@@ -98,7 +98,10 @@ def after(f: NodeFacts, request: PlaceRequest, shards: int) -> NodeFacts:
         if request.nvlink_shards:
             groups = groups_after(groups, request.gpus_per_shard, shards)
         topology = replace(topology, usable=topology.usable - gpus, groups=groups)
-    return replace(f, free=f.free - gpus, topology=topology)
+    # A claim takes the GPUs that are not last resort first (topology_fit.claim_order).
+    clean = f.free - f.last_resort
+    last_resort = f.last_resort - max(0, gpus - clean)
+    return replace(f, free=f.free - gpus, topology=topology, last_resort=last_resort)
 
 
 def survey_groups_sql(
@@ -184,25 +187,30 @@ def survey_groups_sql(
     # The members unordered: an ordered aggregate made PostgreSQL sort every
     # row of the class, most of the statement's time; FitCount.used picks the
     # first ids of the groups it lists.
+    offer = PoolOffer("p", request.tolerating)
     return f"""
     SELECT min(f.node_id) AS node_id, f.state, CAST(NULL AS text) AS state_reason, f.free,
+           f.withheld, f.last_resort, CAST(f.taint AS json) AS taint,
            min(f.local_disk_free) AS local_disk_free, min(f.local_disk_total) AS local_disk_total,
            f.knows_its_weights, f.holds_weights, f.weights_copy, f.fabrics,
            f.fabric_rates, min(f.label_value) AS label_value,
            {topology_out} AS topology, max(f.gpus_facts_age) AS gpus_facts_age,
            array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
-        SELECT p.node_id, p.free, {state} AS state,{"".join(f" {sql} AS {name}," for name, sql in extra.items())}
+        SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
+               {offer.last_resort} AS last_resort, CAST({offer.taint} AS jsonb) AS taint,
+               {state} AS state,{"".join(f" {sql} AS {name}," for name, sql in extra.items())}
                {disk}, {disk_ok} AS disk_ok,
                {knows} AS knows_its_weights, {holds} AS holds_weights, {copy} AS weights_copy,
                {fabrics},
                {label} AS label_value, {label_ok} AS label_ok,
                {topology_in},
                {age} AS gpus_facts_age, {fresh} AS fresh
-        FROM {source}
+        FROM {source}{offer.join}
         WHERE p.gpu_class = :cls
     ) f
-    GROUP BY f.state, f.free, f.disk_ok, f.knows_its_weights, f.holds_weights, f.weights_copy,
+    GROUP BY f.state, f.free, f.withheld, f.last_resort, f.taint, f.disk_ok,
+             f.knows_its_weights, f.holds_weights, f.weights_copy,
              f.fabrics, f.fabric_rates,
              f.label_ok, {topology_key}, f.fresh{"".join(f", f.{name}" for name in extra)}
     """

@@ -15,6 +15,7 @@ from service.bounds import (
 from service.scheduling.fabric_choice import fabric_rank
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.taints import toleration_problem
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
 
 SHARD_SUFFIX = "-s{}"
@@ -69,6 +70,10 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
         return invalid("railAligned needs fabric: the HCAs a shard is handed are on one fabric")
     if request.weights_ready and request.weights is None:
         return invalid("weightsReady needs weights: the path whose copy must be READY")
+    problem = toleration_problem(request.tolerations)
+    if problem is not None:
+        field, value, why = problem
+        return invalid(f"{field}={shown(str(value))!r}: {why}")
     return None
 
 
@@ -81,12 +86,12 @@ def plan_placement(facts: Sequence[NodeFacts], request: PlaceRequest) -> Plan | 
     fitting = [f for f in facts if judge(f, request).fits]
     per_shard = request.gpus_per_shard
 
-    def rank(f: NodeFacts) -> tuple[int, int, int, str]:
-        return node_rank(f, request)
+    def rank(f: NodeFacts, need: int) -> tuple[int, int, int, int, str]:
+        return node_rank(f, request, need)
 
     whole = [f for f in fitting if f.room(request) >= request.shards]
     if whole:
-        best = min(whole, key=rank)
+        best = min(whole, key=lambda f: rank(f, request.gpus))
         return Plan(None, ((best.node_id, request.shards),), _domain_of(best, request))
     if request.shards == 1:
         return None
@@ -114,7 +119,7 @@ def plan_placement(facts: Sequence[NodeFacts], request: PlaceRequest) -> Plan | 
             for f in fitting
             if fabric in f.fabrics and (domain is None or _domain_of(f, request) == domain)
         )
-        for f in sorted(members, key=rank):
+        for f in sorted(members, key=lambda f: rank(f, per_shard)):
             k = min(f.room(request), left)
             taken.append((f.node_id, k))
             rates.append(f.rate_on(fabric))

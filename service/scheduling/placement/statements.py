@@ -12,19 +12,34 @@ from typing import Any
 from sqlalchemy import TextClause, text
 
 from service.database.connections import Connection, cached_text
-from service.database.plan_shapes import key_row, ordered_walk
+from service.database.plan_shapes import key_row, leading_key_is, ordered_walk
 from service.node_states import state_reason_sql
 from service.scheduling.allocations import (
     shard_columns,
     store_statement,
 )
-from service.scheduling.availability import gpu_free, node_schedulable, pool_offers
+from service.scheduling.availability import (
+    PoolOffer,
+    gpu_last_resort,
+    gpu_offered,
+    node_schedulable,
+    pool_offers,
+    pool_withholds,
+)
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import Plan, plan_placement
 from service.scheduling.ranking import flexibility_sql, order_sql
+from service.scheduling.taints import last_resort_term_sql, tolerations_json
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, TopologyFacts, WeightsCopy, judge
+from service.scheduling.verdicts import (
+    NodeFacts,
+    PlaceRequest,
+    TopologyFacts,
+    WeightsCopy,
+    WithholdingTaint,
+    judge,
+)
 
 
 def fabrics_sql(node_id: str, prefix: str = "") -> str:
@@ -37,9 +52,15 @@ def fabrics_sql(node_id: str, prefix: str = "") -> str:
 
 
 def _facts_sql(request: PlaceRequest, source: str) -> str:
-    """The facts judge() reads of each pool `p` (with its node `n`) that `source` gives."""
+    """The facts judge() reads of each pool `p` (with its node `n`) that `source` gives.
+
+    `source` ends with the pool's FROM item, so the offer's LATERAL
+    (availability.PoolOffer) can follow it.
+    """
+    offer = PoolOffer("p", request.tolerating)
     return f"""
-    SELECT p.node_id, p.free, n.state,
+    SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
+           {offer.last_resort} AS last_resort, {offer.taint} AS taint, n.state,
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights,
            {gpu_facts_age("n")} AS gpus_facts_age,
@@ -48,7 +69,7 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
            {fabrics_sql("p.node_id")},
            n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology
-    {source}
+    {source}{offer.join}
 """
 
 
@@ -56,7 +77,7 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
     # Each ranked node's row by its key (service/database/plan_shapes.py): a
     # window of sixteen joined to nodes had every node hashed.
     return f"""
-    SELECT c.node_id, c.free, n.state,
+    SELECT c.node_id, c.free, c.withheld, c.last_resort, CAST(NULL AS json) AS taint, n.state,
            {state_reason_sql("n")} AS state_reason,
            n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
            c.weights_copy, {gpu_facts_age("n")} AS gpus_facts_age,
@@ -71,14 +92,27 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
 def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     """The window: only nodes that pass every check, best first, at most :limit of them.
 
-    Best: in service/scheduling/ranking.py's order (weight holders, the
-    fewest free GPUs, the least flexible), then random among equals so
-    concurrent callers spread out instead of queueing on one node. The best fit is read from ix_gpu_pools_fit (class, free, node id) in
+    Best: in service/scheduling/ranking.py's order (nodes that can take the
+    replica without GPUs a PREFER_NO_SCHEDULE taint sends last, weight
+    holders, the fewest free GPUs, the least flexible), then random among
+    equals so concurrent callers spread out instead of queueing on one node.
+    The best fit is read from ix_gpu_pools_fit (class, free, node id) in
     index order and stops after :scan rows that pass, so the cost follows the
-    window, not the cluster; the random order is taken among those rows.
-    Holders are found through the weights index. A node's own row is joined
-    only for the constraints asked for and for the rows returned. judge()
-    re-checks each row, so these filters and the verdicts cannot drift apart.
+    window, not the cluster; the random order is taken among those rows. The
+    pools whose fit needs their last-resort GPUs come from
+    ix_gpu_pools_last_resort in the same order, a branch of their own, so a
+    node that does not need them is never crowded out of the window by one
+    that does. Holders are found through the weights index. A node's own row
+    is joined only for the constraints asked for and for the rows returned.
+    judge() re-checks each row, so these filters and the verdicts cannot
+    drift apart.
+
+    With tolerations, a pool counts what it offers the request
+    (availability.PoolOffer): pools without taints are read as above, and
+    the pools a toleration could change are counted one by one: those with
+    last-resort GPUs in best-fit order (ix_gpu_pools_last_resort), those
+    with withheld GPUs in node order (ix_gpu_pools_withheld_class), :scan
+    of each, ranked with the others in the window.
 
     Topology (service.scheduling.topology_fit) costs a look at a node's GPUs per node
     it checks. `drawn_first`: the window is drawn from the best :scan nodes
@@ -87,17 +121,13 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     window that comes back empty then proves nothing (the :scan nodes may
     all have failed the check), so the caller asks again without it.
     """
-    topology = candidate_filters(request)
-    where = [
+    topology = [] if drawn_first else candidate_filters(request)
+    common = [
         "p.gpu_class = :cls",
-        pool_offers("p"),
-        "p.free >= :need",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
-        # Topology last: evaluated only on rows that pass the cheap checks.
-        *([] if drawn_first else topology),
     ]
     if request.fabric is not None:
-        where.append(
+        common.append(
             "EXISTS (SELECT 1 FROM fabric_attachments fa"
             " WHERE fa.node_id = p.node_id AND fa.fabric = :fabric)"
         )
@@ -116,39 +146,98 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
             return []
         return [f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = p.node_id AND {' AND '.join(checks)})"]
 
+    def pools(
+        offers: str, offer: PoolOffer, source: str, where: list[str], columns: str, order: str
+    ) -> str:
+        """One branch: the pools `source` gives that pass, best first, at most :scan of them."""
+        term = last_resort_term_sql(offer.free, offer.last_resort)
+        # Topology last: evaluated only on rows that pass the cheap checks.
+        conditions = [offers, *where, f"{offer.free} >= :need", *topology]
+        return f"""
+            SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
+                   {offer.last_resort} AS last_resort, {term} AS last_resort_term, {columns}
+            FROM {source}{offer.join}
+            WHERE {" AND ".join(conditions)}
+            {f"ORDER BY {order} " if order else ""}LIMIT :scan"""
+
+    plain = PoolOffer("p", False)
+    counted = PoolOffer("p", request.tolerating)
+    by_fit = "p.free, p.node_id"
+    by_rank = "last_resort_term, free, p.node_id"
+    # (offers, offer, where, order) per branch of the nodes that hold no
+    # weights. The pools that can take the request without their last-resort
+    # GPUs, best fit first (a toleration can only add to them: the term is 0
+    # either way); those that need them, from their own index; and, with
+    # tolerations, the pools a taint withholds GPUs of, counted for the
+    # request (every one of the class: what a toleration adds is known only
+    # once counted).
+    last = ["p.last_resort > 0", "p.free - p.last_resort < :need"]
+    others: list[tuple[str, PoolOffer, list[str], str]]
+    # The pools with withheld GPUs of the class, walked in node order on
+    # ix_gpu_pools_withheld_class, a descent per pool (plan_shapes.ordered_walk):
+    # a scan in best-fit order was the planner's to choose, and after ANALYZE
+    # it read every pool of the class. Unsorted, the walk stops at :scan.
+    walked = f"{pool_withholds('t')} AND {leading_key_is('t.gpu_class', ':cls')}"
+    walk = ordered_walk("withheld_walk", "gpu_pools", "node_id", walked, "''", leading="gpu_class")
+    withheld_pools = (
+        f"(WITH RECURSIVE {walk} SELECT w.node_id FROM withheld_walk w"
+        " WHERE w.node_id IS NOT NULL) wp"
+        f" {key_row('gpu_pools', 'p', {'node_id': 'wp.node_id', 'gpu_class': ':cls'})}"
+    )
+    if request.tolerating:
+        others = [
+            (
+                pool_offers("p"),
+                plain,
+                ["p.withheld = 0", "p.free - p.last_resort >= :need"],
+                by_fit,
+            ),
+            (pool_offers("p"), counted, ["p.withheld = 0", *last], by_fit),
+            # In node order (walked: see withheld_pools), what a toleration
+            # adds counted per pool read: usually :scan of them, however many
+            # the class has. Ranked with the others in the window.
+            (pool_withholds("p"), counted, [], ""),
+        ]
+        offers_any = f"({pool_offers('p')} OR {pool_withholds('p')})"
+    else:
+        others = [
+            (pool_offers("p"), plain, ["p.free - p.last_resort >= :need"], by_fit),
+            (pool_offers("p"), plain, last, by_fit),
+        ]
+        offers_any = pool_offers("p")
+
     branches = []
     other_checks = list(node_checks)
     if request.weights is not None:
-        holders = " AND ".join(where + node_row(node_checks))
+        holders = [*common, weights.holder_filter(request), *node_row(node_checks)]
         branches.append(
-            f"""
-            SELECT h.node_id, h.free, true AS holds_weights, h.weights_rank, h.weights_copy
-            FROM (
-                SELECT p.node_id, p.free, {weights.copy_columns("w")}
-                FROM weights w JOIN gpu_pools p ON p.node_id = w.node_id
-                WHERE w.path = :weights AND {weights.holder_filter(request)} AND {holders}
-                ORDER BY p.free, p.node_id LIMIT :scan) h"""
+            pools(
+                offers_any,
+                counted,
+                "weights w JOIN gpu_pools p ON p.node_id = w.node_id AND w.path = :weights",
+                holders,
+                f"true AS holds_weights, {weights.copy_columns('w')}",
+                by_rank,
+            )
         )
         # The others: nodes that were not asked to look (and so hold no
         # weights at all), which constrain nothing. A node that looked and
         # lacks these weights is out.
         other_checks.append("NOT n.knows_its_weights")
-    rest = " AND ".join(where + node_row(other_checks))
     if request.weights is None or weights.others_allowed(request):
-        branches.append(
-            f"""
-        SELECT o.node_id, o.free, false AS holds_weights, {weights.NO_COPY} FROM (
-            SELECT p.node_id, p.free FROM gpu_pools p
-            WHERE {rest}
-            ORDER BY p.free, p.node_id LIMIT :scan) o"""
-        )
+        rest = [*common, *node_row(other_checks)]
+        columns = f"false AS holds_weights, {weights.NO_COPY}"
+        for offers, offer, where, order in others:
+            source = "gpu_pools p" if order else withheld_pools
+            branches.append(pools(offers, offer, source, [*where, *rest], columns, order))
     ranked = f"""
         SELECT r.* FROM (
-            SELECT b.node_id, b.free, b.holds_weights, b.weights_rank, b.weights_copy,
+            SELECT b.node_id, b.free, b.withheld, b.last_resort, b.last_resort_term,
+                   b.holds_weights, b.weights_rank, b.weights_copy,
                    {flexibility_sql("b.node_id")} AS flexibility, random() AS tiebreak
-            FROM ({" UNION ALL ".join(branches)}) b) r
+            FROM ({" UNION ALL ".join(f"({branch})" for branch in branches)}) b) r
         ORDER BY {order_sql("r")}"""
-    if drawn_first and topology:
+    if drawn_first and candidate_filters(request):
         # OFFSET 0 keeps the check above the sort, where LIMIT stops it.
         checks = " AND ".join(candidate_filters(request, "d.node_id"))
         return f"SELECT d.* FROM ({ranked} OFFSET 0) d WHERE {checks} LIMIT :limit"
@@ -180,14 +269,17 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
         FROM shards s WHERE s.replica_id = :replica_id
     ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
-        SELECT n.id, c.free, c.holds_weights, c.weights_rank, c.weights_copy, n.state,
+        SELECT n.id, c.free, c.withheld, c.last_resort, c.holds_weights, c.weights_rank,
+               c.weights_copy, n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value,
                {gpu_facts_age("n")} AS gpus_facts_age
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
-        -- snapshot is passed over (and stays locked until commit).
+        -- snapshot is passed over (and stays locked until commit). A taint
+        -- since the snapshot is the claim's to see: it counts the node's
+        -- GPUs afresh under the lock (availability.gpu_offered).
         WHERE {node_schedulable("n")} AND NOT EXISTS (SELECT 1 FROM stored)
         ORDER BY {order_sql("c")}
         LIMIT 1
@@ -199,7 +291,9 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     SELECT CASE WHEN k.id IS NULL THEN
                (SELECT array_agg(c.node_id ORDER BY {order_sql("c")})
                 FROM ranked c) END AS window_ids,
-           k.id AS picked_node_id, k.free AS picked_free, k.holds_weights AS picked_holds_weights,
+           k.id AS picked_node_id, k.free AS picked_free, k.withheld AS picked_withheld,
+           k.last_resort AS picked_last_resort, CAST(NULL AS json) AS picked_taint,
+           k.holds_weights AS picked_holds_weights,
            k.weights_copy AS picked_weights_copy,
            k.state AS picked_state, k.state_reason AS picked_state_reason,
            k.local_disk_free AS picked_local_disk_free,
@@ -234,8 +328,8 @@ def pick_several_sql(request: PlaceRequest) -> str:
     return f"""
     WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
     ), picked AS MATERIALIZED (
-        SELECT n.id, c.free, c.holds_weights, c.weights_rank, c.weights_copy, c.flexibility,
-               c.tiebreak, n.state,
+        SELECT n.id, c.free, c.withheld, c.last_resort, c.last_resort_term, c.holds_weights,
+               c.weights_rank, c.weights_copy, c.flexibility, c.tiebreak, n.state,
                {state_reason_sql("n")} AS state_reason,
                n.local_disk_free, n.local_disk_total, n.knows_its_weights,
                n.labels ->> CAST(:label_key AS text) AS label_value,
@@ -248,7 +342,8 @@ def pick_several_sql(request: PlaceRequest) -> str:
     )
     SELECT ARRAY(SELECT DISTINCT s.replica_id FROM shards s
                  WHERE s.replica_id = ANY(CAST(:replica_ids AS text[]))) AS stored_ids,
-           k.id AS node_id, k.free, k.holds_weights, k.weights_copy, k.state, k.state_reason,
+           k.id AS node_id, k.free, k.withheld, k.last_resort, CAST(NULL AS json) AS taint,
+           k.holds_weights, k.weights_copy, k.state, k.state_reason,
            k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
            CAST(NULL AS json) AS topology, k.gpus_facts_age,
            {fabrics_sql("k.id")}
@@ -278,11 +373,11 @@ def survey_sql(request: PlaceRequest) -> str:
     )
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=32)
 def _cached_claim(
-    nvlink_shards: bool, rail_aligned: bool, domain: bool, several: bool
+    nvlink_shards: bool, rail_aligned: bool, domain: bool, several: bool, tolerating: bool
 ) -> TextClause:
-    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain, several))
+    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain, several, tolerating))
 
 
 def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
@@ -299,7 +394,11 @@ def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
     writes nothing.
     """
     return _cached_claim(
-        request.nvlink_shards, request.rail_aligned, request.same_nvlink_domain, several
+        request.nvlink_shards,
+        request.rail_aligned,
+        request.same_nvlink_domain,
+        several,
+        request.tolerating,
     )
 
 
@@ -314,14 +413,26 @@ LOCK_OR_SKIP = text(
     """
 )
 
-FREE_INDICES = text(
-    f"""
-    SELECT g.node_id, array_agg(g.idx ORDER BY g.idx) AS indices
-    FROM gpus g
-    WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls AND {gpu_free("g")}
-    GROUP BY g.node_id
+
+@lru_cache(maxsize=2)
+def free_indices(tolerating: bool) -> TextClause:
+    """The GPUs of the class the request is offered on locked nodes, in the order a claim takes them.
+
+    Last-resort GPUs (a PREFER_NO_SCHEDULE taint the request does not
+    tolerate) after the others, then by index: a shard takes them only when
+    the rest do not suffice.
     """
-)
+    return text(
+        f"""
+        SELECT g.node_id,
+               array_agg(g.idx ORDER BY {gpu_last_resort("g", tolerating)}, g.idx) AS indices
+        FROM gpus g
+        WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls
+          AND {gpu_offered("g", tolerating)}
+        GROUP BY g.node_id
+        """
+    )
+
 
 REPLICA = text(
     f"SELECT {shard_columns('s')} FROM shards s WHERE s.replica_id = :replica_id"
@@ -362,6 +473,7 @@ def request_params(request: PlaceRequest) -> dict[str, Any]:
         "min_disk": request.min_local_disk_free,
         "per": request.gpus_per_shard,
         "max_age": request.max_age,
+        "tolerations": tolerations_json(request.tolerations),
     }
 
 
@@ -386,6 +498,9 @@ def facts_of(row: Any, prefix: str = "") -> NodeFacts:
         label_value=column("label_value"),
         topology=TopologyFacts.of(column("topology")),
         gpus_facts_age=column("gpus_facts_age"),
+        withheld=column("withheld"),
+        taint=WithholdingTaint.of(column("taint")),
+        last_resort=column("last_resort"),
     )
 
 

@@ -1,0 +1,82 @@
+"""The operator's taints on GPUs and nodes. One transaction each."""
+
+from __future__ import annotations
+
+import strawberry
+
+from service.database.connections import Connection
+from service.errors import NodeNotFound
+from service.fleet import node_views
+from service.fleet.hardware import GpuRecord, gpus_of
+from service.fleet.health import taints
+from service.fleet.node_views import NodeRecord
+
+from ..context import Info
+from ..health_types import TaintInput
+from ..types import Gpu, Node
+
+
+async def _gpus(conn: Connection, node_id: str, indices: list[int]) -> list[GpuRecord]:
+    wanted = set(indices)
+    return [g for g in (await gpus_of(conn, [node_id])).get(node_id, []) if g.index in wanted]
+
+
+async def _node(conn: Connection, node_id: str) -> NodeRecord:
+    record = await node_views.get_node(conn, node_id)
+    if record is None:
+        raise NodeNotFound(node_id)  # the verb checked it under the node's lock
+    return record
+
+
+@strawberry.type
+class HealthMutations:
+    @strawberry.mutation(
+        graphql_type=list[Gpu],
+        description=(
+            "Put a taint on GPUs of a node (a taint of the same key there is replaced). "
+            "NO_SCHEDULE and NO_EXECUTE keep new work off them unless tolerated; what runs there "
+            "keeps running (NO_EXECUTE: it is told to stop once its toleration runs out). "
+            "Survives re-registration."
+        ),
+    )
+    async def taint_gpus(
+        self, info: Info, node_id: strawberry.ID, indices: list[int], taint: TaintInput
+    ) -> list[GpuRecord]:
+        async def work(conn: Connection) -> list[GpuRecord]:
+            chosen = await taints.taint_gpus(
+                conn, str(node_id), indices, taint.to_request(), info.context.actor
+            )
+            return await _gpus(conn, str(node_id), chosen)
+
+        return await info.context.write(work)
+
+    @strawberry.mutation(
+        graphql_type=list[Gpu],
+        description="Lift the taint with this key from GPUs of a node (a cordon: uncordonGpu).",
+    )
+    async def untaint_gpus(
+        self, info: Info, node_id: strawberry.ID, indices: list[int], key: str
+    ) -> list[GpuRecord]:
+        async def work(conn: Connection) -> list[GpuRecord]:
+            chosen = await taints.untaint_gpus(conn, str(node_id), indices, key, info.context.actor)
+            return await _gpus(conn, str(node_id), chosen)
+
+        return await info.context.write(work)
+
+    @strawberry.mutation(
+        description="Put a taint on a node: on every GPU it has and will have, until lifted."
+    )
+    async def taint_node(self, info: Info, node_id: strawberry.ID, taint: TaintInput) -> Node:
+        async def work(conn: Connection) -> NodeRecord:
+            await taints.taint_node(conn, str(node_id), taint.to_request(), info.context.actor)
+            return await _node(conn, str(node_id))
+
+        return Node.of(await info.context.write(work))
+
+    @strawberry.mutation(description="Lift a node's taint with this key (a cordon: uncordonNode).")
+    async def untaint_node(self, info: Info, node_id: strawberry.ID, key: str) -> Node:
+        async def work(conn: Connection) -> NodeRecord:
+            await taints.untaint_node(conn, str(node_id), key, info.context.actor)
+            return await _node(conn, str(node_id))
+
+        return Node.of(await info.context.write(work))
