@@ -394,6 +394,10 @@ shards = Table(
     # The weights path the replica was placed with: the shard pins those
     # weights on its node while it lives (service/scheduling/weights_lifecycle.pinned_by).
     Column("weights", Text),
+    # The taints the replica tolerates, as place or allocate was asked
+    # (taints.tolerations_json; NULL: none; migration 0014b): what says when
+    # a NO_EXECUTE taint on its GPUs tells its engine to stop (taints.stop_by_sql).
+    Column("tolerations", JSONB),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),

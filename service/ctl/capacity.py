@@ -51,15 +51,59 @@ def gpus(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def allocations(args: argparse.Namespace, client: Client) -> int:
-    found = client.every(
+SHARDS_TO_MOVE = """
+query ShardsToMove($nodeId: ID, $first: Int, $after: ID) {
+  shardsToMove(nodeId: $nodeId, first: $first, after: $after) {
+    shardId stopBy overdue taint { key value effect source reason }
+    allocation {
+      shardId replicaId nodeId gpuIndices fabric hcas createdAt fence generation heldSince
+    }
+  }
+}
+"""
+
+
+def _stale(args: argparse.Namespace, client: Client) -> list[tuple[dict[str, Any], str]]:
+    """The stale shards, each with why: held for a LOST node, or moved by a NO_EXECUTE taint."""
+    held = client.every(
         ALLOCATIONS,
         "allocations",
         "shardId",
-        {"nodeId": args.node, "replicaId": args.replica, "held": args.stale},
+        {"nodeId": args.node, "replicaId": args.replica, "held": True},
     )
+    found = [(a, f"held for the lost node since {age(a.get('heldSince'))}") for a in held]
+    moved = client.every(SHARDS_TO_MOVE, "shardsToMove", "shardId", {"nodeId": args.node})
+    for m in moved:
+        a, taint = m["allocation"], m["taint"]
+        if args.replica is not None and a["replicaId"] != args.replica:
+            continue
+        value = f"={taint['value']}" if taint.get("value") else ""
+        when = (
+            f"stop overdue since {age(m['stopBy'])}" if m["overdue"] else f"stop by {m['stopBy']}"
+        )
+        found.append((a, f"taint {taint['key']}{value}:{taint['effect']}: {when}"))
+    return sorted(found, key=lambda entry: entry[0]["shardId"])
+
+
+def allocations(args: argparse.Namespace, client: Client) -> int:
+    if args.stale:
+        stale = _stale(args, client)
+        found = [a for a, _ in stale]
+        why = [reason for _, reason in stale]
+    else:
+        found = client.every(
+            ALLOCATIONS,
+            "allocations",
+            "shardId",
+            {"nodeId": args.node, "replicaId": args.replica, "held": False},
+        )
+        why = []
     if args.output == "json":
-        print_json(found)
+        print_json(
+            [{**a, "stale": reason} for a, reason in zip(found, why, strict=True)]
+            if args.stale
+            else found
+        )
         return 0
     if not found:
         print("no stale allocations" if args.stale else "no allocations")
@@ -67,7 +111,7 @@ def allocations(args: argparse.Namespace, client: Client) -> int:
     headers = ["SHARD", "REPLICA", "NODE", "GPUS", "FABRIC", "HCAS", "CREATED", "FENCE", "GEN"]
     print(
         table(
-            [*headers, "HELD SINCE"] if args.stale else headers,
+            [*headers, "STALE"] if args.stale else headers,
             [
                 [
                     a["shardId"],
@@ -79,9 +123,9 @@ def allocations(args: argparse.Namespace, client: Client) -> int:
                     age(a.get("createdAt")),
                     str(a["fence"]),
                     str(a["generation"]),
-                    *([age(a.get("heldSince"))] if args.stale else []),
+                    *([why[k]] if args.stale else []),
                 ]
-                for a in found
+                for k, a in enumerate(found)
             ],
         )
     )
@@ -114,8 +158,9 @@ def register(commands: Any) -> None:
         "--stale",
         action="store_true",
         help=(
-            "only shards held for a LOST node (INVENTORY_LOST_POLICY=hold): their GPUs stay "
-            "allocated until the node confirms them or `freeHeldShards` frees them"
+            "only stale shards, and why: held for a LOST node (INVENTORY_LOST_POLICY=hold: their "
+            "GPUs stay allocated until the node confirms them or `freeHeldShards` frees them), "
+            "or told to stop by a NO_EXECUTE taint (the scheduler replaces and releases them)"
         ),
     )
     add_output_option(held)

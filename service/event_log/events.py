@@ -60,6 +60,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "gpu_untainted",
         "node_tainted",
         "node_untainted",
+        "replica_must_move",
     }
 )
 

@@ -12,7 +12,10 @@ and the inventory's record wins:
   nothing else), and nothing else stored changes.
 - The agent sends the shards its engines run, each with the fence the engine
   was started with. Every running shard that the inventory does not hold for
-  that node with that fence is answered in shardsToStop, with a reason:
+  that node with that fence is answered in shardsToStop, and so is one it
+  holds whose NO_EXECUTE taint's time has come (TAINTED: not tolerated, or
+  its tolerationSeconds ran out; the inventory frees nothing for it), with a
+  reason:
   FREED_WHILE_LOST (released as the consequence of a node lost: the
   liveness sweep, or a held shard freed), FENCE_SUPERSEDED (the shard id is
   stored with another fence or on another node), RELEASED (anything else: a
@@ -54,6 +57,7 @@ from service.fleet import nodes
 from service.fleet.node_views import BeatRecord
 from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.allocations import release_replica
+from service.scheduling.taints import stop_by_sql
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,9 @@ class StopReason(enum.Enum):
     RELEASED = "RELEASED"
     FREED_WHILE_LOST = "FREED_WHILE_LOST"
     FENCE_SUPERSEDED = "FENCE_SUPERSEDED"
+    # A NO_EXECUTE taint on its GPUs or node that it does not tolerate, or no
+    # longer (its tolerationSeconds ran out): service/scheduling/taints.py.
+    TAINTED = "TAINTED"
 
 
 @dataclass(frozen=True)
@@ -319,20 +326,23 @@ async def free_held(conn: Connection, node_id: str, actor: str | None, reason: s
     return freed
 
 
-# For each running shard, what the inventory holds under its id and whether
+# For each running shard, what the inventory holds under its id, whether a
+# NO_EXECUTE taint's time for it has come (taints.stop_by_sql), and whether
 # a release of exactly that shard and fence on this node followed a loss
 # (released events carry the fence, and afterLoss when a loss caused them;
 # allocations._release). The event lookup walks this node's events
 # (ix_events_node_id), only for shards the inventory does not hold as run.
 _RUNNING_VS_HELD = text(
-    """
+    f"""
     SELECT r.shard_id, r.fence, s.node_id AS held_on, s.fence AS held_fence,
            CASE WHEN s.node_id = :node_id AND s.fence = r.fence THEN NULL ELSE EXISTS (
                SELECT 1 FROM events e
                WHERE e.node_id = :node_id AND e.kind = 'released' AND e.shard_id = r.shard_id
                  AND e.detail ->> 'fence' = CAST(r.fence AS text)
                  AND e.detail ? 'afterLoss'
-           ) END AS freed_after_loss
+           ) END AS freed_after_loss,
+           CASE WHEN s.node_id = :node_id AND s.fence = r.fence
+                THEN coalesce({stop_by_sql("s")} <= now(), false) END AS tainted
     FROM jsonb_to_recordset(CAST(:running AS jsonb)) AS r(shard_id text, fence int)
     LEFT JOIN shards s ON s.shard_id = r.shard_id
     ORDER BY r.shard_id
@@ -356,6 +366,10 @@ async def shards_to_stop(
     stops: list[ShardToStop] = []
     for r in rows:
         if r.held_on == node_id and r.held_fence == r.fence:
+            if r.tainted:
+                # Held, and told to stop: the inventory frees nothing itself
+                # (the scheduler replaces and releases it).
+                stops.append(ShardToStop(r.shard_id, r.fence, StopReason.TAINTED))
             continue
         if r.freed_after_loss:
             reason = StopReason.FREED_WHILE_LOST

@@ -17,7 +17,9 @@ strawberry.enum(
     description=(
         "Why an engine must stop its shard: RELEASED (a scheduler released it), FREED_WHILE_LOST "
         "(freed because a node was lost), FENCE_SUPERSEDED (the inventory holds that shard id "
-        "with another fence or on another node)."
+        "with another fence or on another node), TAINTED (a NO_EXECUTE taint on its GPUs or "
+        "node that it does not tolerate, or whose tolerationSeconds ran out: the inventory "
+        "still holds it until it is released)."
     ),
 )
 
@@ -31,7 +33,10 @@ class RunningShardInput:
 
 
 @strawberry.type(
-    description="A shard this node's engine must stop: the inventory does not hold it for this node with this fence."
+    description=(
+        "A shard this node's engine must stop: the inventory does not hold it for this node "
+        "with this fence, or a NO_EXECUTE taint says so (reason TAINTED)."
+    )
 )
 class ShardToStop:
     shard_id: strawberry.ID

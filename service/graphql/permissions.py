@@ -53,6 +53,7 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "groups": "reader",
         "tokens": "operator",
         "weightsEvictable": "reader",
+        "shardsToMove": "reader",
     },
     "Mutation": {
         "registerNode": "agent",

@@ -26,6 +26,7 @@ from .operations.event_queries import EventQueries
 from .operations.gpu_mutations import GpuMutations
 from .operations.groups import GroupMutations, GroupQueries
 from .operations.health_mutations import HealthMutations
+from .operations.health_queries import HealthQueries
 from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
@@ -39,7 +40,8 @@ from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
 log = logging.getLogger(__name__)
 
 Query = merge_types(
-    "Query", (NodeQueries, EventQueries, TokenQueries, PlacementQueries, GroupQueries)
+    "Query",
+    (NodeQueries, EventQueries, TokenQueries, PlacementQueries, GroupQueries, HealthQueries),
 )
 Mutation = merge_types(
     "Mutation",

@@ -219,16 +219,55 @@ def tolerations_of(value: object) -> tuple[Toleration, ...]:
     )
 
 
+# The columns of tolerations_json's form, as jsonb_to_recordset reads them.
+_TOLERATION_ROWS = "o(key text, operator text, value text, effect text, seconds int)"
+
+
+def _matches(o: str, t: str) -> str:
+    """SQL: the toleration row `o` matches the taint row `t` (Toleration.matches)."""
+    return (
+        f"{o}.key = {t}.key"
+        f" AND ({o}.operator = '{TolerationOperator.EXISTS.value}'"
+        f" OR {o}.value IS NOT DISTINCT FROM {t}.value)"
+        f" AND ({o}.effect IS NULL OR {o}.effect = {t}.effect)"
+    )
+
+
 def tolerated_sql(t: str, tolerations: str = "CAST(:tolerations AS jsonb)") -> str:
     """SQL: some toleration of `tolerations` (tolerations_json's form) matches the taint row `t`."""
     return (
-        f"EXISTS (SELECT 1 FROM jsonb_to_recordset({tolerations})"
-        " AS o(key text, operator text, value text, effect text)"
-        f" WHERE o.key = {t}.key"
-        f" AND (o.operator = '{TolerationOperator.EXISTS.value}'"
-        f" OR o.value IS NOT DISTINCT FROM {t}.value)"
-        f" AND (o.effect IS NULL OR o.effect = {t}.effect))"
+        f"EXISTS (SELECT 1 FROM jsonb_to_recordset({tolerations}) AS {_TOLERATION_ROWS}"
+        f" WHERE {_matches('o', t)})"
     )
+
+
+def stop_by_sql(s: str) -> str:
+    """SQL timestamptz: by when the shard row `s` must stop for NO_EXECUTE taints; NULL: never.
+
+    Each NO_EXECUTE taint on one of the shard's GPUs or on its node counts
+    from when it was set, or from when the shard was placed if later: at
+    once when none of the shard's tolerations (shards.tolerations, the
+    request's when it was placed) matches it; else after the least
+    tolerationSeconds among those that match, and never when none of those
+    says a time. The earliest of these (Kubernetes' taint manager counts the
+    same way: getMinTolerationTime). Read per shard through the taints
+    table's node index, so a shard on an untainted node costs one descent.
+    """
+    start = f"greatest(t.since, {s}.created_at)"
+    return f"""(SELECT min(CASE WHEN m.matched THEN {start} + make_interval(secs => m.seconds)
+                                ELSE {start} END)
+        FROM taints t CROSS JOIN LATERAL (
+            SELECT count(*) > 0 AS matched, min(o.seconds) AS seconds
+            FROM jsonb_to_recordset(coalesce({s}.tolerations, CAST('[]' AS jsonb)))
+                AS {_TOLERATION_ROWS}
+            WHERE {_matches("o", "t")}) m
+        WHERE t.node_id = {s}.node_id AND t.effect = '{TaintEffect.NO_EXECUTE.value}'
+          AND (t.gpu_index IS NULL OR t.gpu_index = ANY({s}.gpu_indices)))"""
+
+
+def stored_tolerations(tolerations: str = "CAST(:tolerations AS jsonb)") -> str:
+    """SQL jsonb: what shards.tolerations keeps of a request's tolerations (NULL for none)."""
+    return f"NULLIF({tolerations}, CAST('[]' AS jsonb))"
 
 
 def last_resort_term(free: int, last_resort: int, need: int) -> int:

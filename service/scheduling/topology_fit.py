@@ -29,7 +29,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from service.scheduling.availability import gpu_last_resort, gpu_offered
-from service.scheduling.taints import Toleration
+from service.scheduling.taints import Toleration, stored_tolerations
 from service.scheduling.verdicts import PlaceRequest
 
 # Stands for "the request has tolerations" where only that shapes the SQL
@@ -280,7 +280,8 @@ def claim_wanted(
     ), want_shards AS (
         SELECT w.call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
                w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               {fabric} AS fabric, {hcas} AS hcas, CAST(:weights AS text) AS weights
+               {fabric} AS fabric, {hcas} AS hcas, CAST(:weights AS text) AS weights,
+               {stored_tolerations()} AS tolerations
         FROM want_gpus w GROUP BY w.call, w.shard_id, w.node_id
     ), go AS (
         SELECT 1 AS call, count(*) = :need {domain} AS ok FROM free
@@ -320,7 +321,8 @@ def claim_wanted(
     ), want_shards AS (
         SELECT w.call, c.replica_id, c.actor, w.shard_id, w.node_id,
                array_agg(w.idx ORDER BY w.idx) AS gpu_indices, {fabric} AS fabric, {hcas} AS hcas,
-               CAST(:weights AS text) AS weights
+               CAST(:weights AS text) AS weights,
+               {stored_tolerations()} AS tolerations
         FROM want_gpus w JOIN calls c ON c.call = w.call
         GROUP BY w.call, c.replica_id, c.actor, w.shard_id, w.node_id
     ), go AS (

@@ -109,6 +109,14 @@ LISTINGS = [
         "SELECT group_id FROM placement_groups ORDER BY group_id",
     ),
     Listing(
+        "shardsToMove",
+        "query($first: Int, $after: ID) { shardsToMove(first: $first, after: $after) { shardId } }",
+        lambda data: data["shardsToMove"],
+        ["shardsToMove"],
+        lambda e: e["shardId"],
+        "SELECT shard_id FROM shards ORDER BY shard_id",
+    ),
+    Listing(
         "a fabric's nodes",
         """query($first: Int, $after: ID) {
              fabrics { name nodes(first: $first, after: $after) { id } } }""",
@@ -171,6 +179,12 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
                     ALLOCATE, allocation(replica, shard(f"{replica}/{node}", node, gpu))
                 )
                 assert placed["allocate"]["__typename"] == "Allocated"
+            # The held GPUs under a NO_EXECUTE taint: every shard is to move (shardsToMove).
+            await api(
+                "mutation T($n: ID!, $i: [Int!]!) { taintGpus(nodeId: $n, indices: $i, taint:"
+                ' {key: "k", effect: NO_EXECUTE, reason: "r"}) { index } }',
+                {"n": node, "i": list(range(1 if i > 4 else 2))},
+            )
         for i in range(GROUPS):
             group = {
                 "groupId": f"g{i:02d}",
@@ -211,6 +225,7 @@ def test_every_list_with_first_and_after_is_covered_here() -> None:
         "Query.events",
         "Query.tokens",
         "Query.groups",
+        "Query.shardsToMove",
         "Fabric.nodes",
     }
     assert len(LISTINGS) == len(paged)

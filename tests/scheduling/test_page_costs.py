@@ -36,7 +36,7 @@ import pytest
 from sqlalchemy import text
 
 from service.config import Settings
-from service.ctl.capacity import ALLOCATIONS, GPU_CLASSES
+from service.ctl.capacity import ALLOCATIONS, GPU_CLASSES, SHARDS_TO_MOVE
 from service.ctl.events import EVENTS
 from service.ctl.nodes import NODES
 from service.database import connections
@@ -152,6 +152,7 @@ READS = (
     Read("ctl nodes", NODES, {"first": PAGE}, entry=NODE_ENTRY),
     Read("ctl allocations", ALLOCATIONS, {"first": PAGE, "held": False}),
     Read("ctl events", EVENTS, {"first": PAGE}),
+    Read("ctl stale allocations: shards to move", SHARDS_TO_MOVE, {"first": PAGE}),
     Read(
         "allocations of a node", ALLOCATIONS, {"nodeId": node_id(5), "first": PAGE, "held": False}
     ),

@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from service.database.connections import Connection
 from service.errors import InvalidInput
+from service.event_log.events import note_recorded
 from service.fleet.gpu_health import lock_gpus, record_events
 from service.fleet.nodes import check_reason
 from service.scheduling.gpu_pools import refresh_taint_marks
@@ -38,6 +39,7 @@ from service.scheduling.taints import (
     check_key,
     check_value,
     label,
+    stop_by_sql,
 )
 
 
@@ -136,6 +138,34 @@ def _detail(request: TaintRequest, index: int | None) -> dict[str, object]:
     return detail
 
 
+# The GPUs of the node (gpu_index NULL: the node itself) that already carry
+# the key as NO_EXECUTE: setting it again moves no replica again.
+_EXECUTING = text(
+    f"""
+    SELECT gpu_index FROM taints
+    WHERE node_id = :node_id AND key = :key AND effect = '{TaintEffect.NO_EXECUTE.value}'
+    """
+)
+# Each replica holding a GPU that a NO_EXECUTE taint just reached, once per
+# shard, when its time to stop is known (taints.stop_by_sql: NULL when it
+# tolerates every such taint for ever): the scheduler's subscription learns to
+# replace it, and its engine is told TAINTED once the time has come.
+_MUST_MOVE = text(
+    f"""
+    INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
+    SELECT 'replica_must_move', s.node_id, s.replica_id, s.shard_id, :actor, :reason,
+           jsonb_build_object('key', CAST(:key AS text), 'value', CAST(:value AS text),
+                              'effect', '{TaintEffect.NO_EXECUTE.value}',
+                              'gpuIndices', to_jsonb(s.gpu_indices), 'stopBy', x.stop_by)
+    FROM shards s CROSS JOIN LATERAL (SELECT {stop_by_sql("s")} AS stop_by) x
+    WHERE s.node_id = :node_id AND x.stop_by IS NOT NULL
+      AND (CAST(:whole_node AS boolean) OR s.gpu_indices && CAST(:indices AS int[]))
+    ORDER BY s.shard_id
+    RETURNING id
+    """
+)
+
+
 async def put_taint(
     conn: Connection,
     node_id: str,
@@ -146,8 +176,17 @@ async def put_taint(
     """Put the taint on these GPUs of a node whose row this transaction has locked (None: the node).
 
     Marks, pools and events follow in the same transaction. For the policy
-    (service/fleet/health/) and the operator's verbs below alike.
+    (service/fleet/health/) and the operator's verbs below alike. A
+    NO_EXECUTE taint new to a GPU (or node) tells each replica holding it
+    that it must move (replica_must_move, with the taint and by when).
     """
+    moving: list[int | None] = []
+    if request.effect is TaintEffect.NO_EXECUTE:
+        before = {
+            r.gpu_index
+            for r in await conn.execute(_EXECUTING, {"node_id": node_id, "key": request.key})
+        }
+        moving = [i for i in (indices if indices is not None else [None]) if i not in before]
     params = {
         "node_id": node_id,
         "key": request.key,
@@ -170,6 +209,26 @@ async def put_taint(
         ]
     await refresh_taint_marks(conn, [node_id])
     await record_events(conn, node_id, actor, events)
+    if moving:
+        where = (
+            "the node"
+            if moving == [None]
+            else f"GPU {index_ranges(i for i in moving if i is not None)}"
+        )
+        moved = await conn.execute(
+            _MUST_MOVE,
+            {
+                "node_id": node_id,
+                "actor": actor,
+                "reason": f"{label(request.key, request.value, request.effect)} on {where}: "
+                f"{request.reason}",
+                "key": request.key,
+                "value": request.value,
+                "whole_node": moving == [None],
+                "indices": [i for i in moving if i is not None],
+            },
+        )
+        note_recorded(list(moved.scalars()))
 
 
 async def taint_gpus(

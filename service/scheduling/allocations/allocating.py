@@ -30,7 +30,13 @@ from service.scheduling.availability import (
 from service.scheduling.fabric_choice import choose_fabric
 from service.scheduling.generations import current_generation
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
-from service.scheduling.taints import SOFT_EFFECT_SQL, label, tolerated_sql, tolerations_json
+from service.scheduling.taints import (
+    SOFT_EFFECT_SQL,
+    label,
+    stored_tolerations,
+    tolerated_sql,
+    tolerations_json,
+)
 
 _LOCK_NODES = text(
     """
@@ -107,7 +113,7 @@ _STORE = store_statement(
     f"""
     want_shards AS (
         SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               r.*, CAST(:weights AS text) AS weights
+               r.*, CAST(:weights AS text) AS weights, {stored_tolerations()} AS tolerations
         FROM jsonb_to_recordset(CAST(:shards AS jsonb))
             AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
     ), want_gpus AS (

@@ -21,7 +21,8 @@ def store_statement(wanted: str) -> TextClause:
     `wanted` defines three CTEs, each keyed by `call` (an integer the caller
     chooses, one per replica being placed; allocate() has one call, 0):
     want_shards (call, replica_id, actor, shard_id, node_id, gpu_indices
-    sorted, fabric, hcas, weights: the path the shard pins, or NULL), want_gpus
+    sorted, fabric, hcas, weights: the path the shard pins, or NULL;
+    tolerations: taints.stored_tolerations of the request's), want_gpus
     (call, node_id, idx, shard_id) and go
     (one row per call: call, `ok`, whether the caller's checks, made in SQL,
     passed; nothing of that call is written otherwise). A call without a go
@@ -45,8 +46,10 @@ def store_statement(wanted: str) -> TextClause:
     return text(
         f"""
         WITH {wanted}, s AS (
-            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas, weights)
-            SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas, w.weights
+            INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas, weights,
+                                tolerations)
+            SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas, w.weights,
+                   w.tolerations
             FROM want_shards w JOIN go ON go.call = w.call AND go.ok
             ORDER BY w.call, w.shard_id
             ON CONFLICT (shard_id) DO NOTHING
