@@ -24,8 +24,9 @@ COPY pyproject.toml setup.py README.md ./
 COPY alembic ./alembic
 COPY service ./service
 COPY agent ./agent
-# Not editable: the image holds the installed packages, not this source.
-RUN /opt/llmgw/bin/pip install ./agent . \
+# Not editable: the image holds the installed packages, not this source. With
+# the tracing extra: OTEL_* variables switch traces on (docs/operations/monitoring.md).
+RUN /opt/llmgw/bin/pip install ./agent ".[tracing]" \
  && /opt/llmgw/bin/llmgw-inventory fetch-assets --check
 
 FROM ${PYTHON_IMAGE}

@@ -224,7 +224,11 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
             return 2
         if decision.message:
             log.warning("%s", decision.message)
-        app = create_app(settings, database_url=url, on_shutdown=stop_embedded)
+        from service.web.tracing import from_environment
+
+        app = create_app(
+            settings, database_url=url, on_shutdown=stop_embedded, tracing=from_environment()
+        )
         log.info("serving on http://%s:%d/graphql", settings.host, settings.port)
         from service.web.assets import VENDOR_DIR, missing_or_altered, pinned_assets
 

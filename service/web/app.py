@@ -6,7 +6,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cross_web import HTTPException
 from graphql import GraphQLError, OperationType, get_operation_ast, parse
@@ -40,6 +40,9 @@ from service.web.http_guards import decode_json_body
 from service.web.logs import current_request_id, new_request_id
 from service.web.operations import Background, operational_routes
 from service.web.request_cycle import RequestCycle
+
+if TYPE_CHECKING:  # imported only when traces are on
+    from service.web.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +173,15 @@ def create_app(
     on_shutdown: Callable[[], None] | None = None,
     sweep: bool = True,
     vendor_dir: Path = VENDOR_DIR,
+    tracing: Tracing | None = None,
 ) -> RequestCycle:
     """An app over an existing engine (tests) or one it creates at startup from database_url.
 
     Its lifespan starts the liveness sweep (unless sweep=False, for tests that
     drive service.fleet.liveness.sweep themselves) and the event stream.
+    With `tracing` (web/tracing.py: the OTEL_* variables asked for it), every
+    GraphQL operation is a span and every statement one of its children; its
+    lifespan's end flushes them. Without, nothing of it is on any request's path.
     """
     ref = EngineRef(engine)
     owns_engine = engine is None
@@ -197,6 +204,8 @@ def create_app(
             if owns_engine:
                 await dispose(ref.engine)
                 ref.set(None)
+            if tracing is not None:
+                tracing.close()
             if on_shutdown is not None:
                 # The embedded PostgreSQL stops here: uvicorn re-raises
                 # SIGTERM after shutdown, so atexit hooks would never run.
@@ -237,4 +246,9 @@ def create_app(
     app.state.drain = drain
     app.state.engine_ref = ref
     app.state.settings = settings
+    if tracing is not None:
+        from service.web.tracing import RecordingExchange, TracedEndpoint
+
+        tracing.instrument_database()
+        return RequestCycle(app, TracedEndpoint(endpoint, tracing), drain, RecordingExchange)
     return RequestCycle(app, endpoint, drain)

@@ -29,6 +29,7 @@ import contextvars
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -37,7 +38,6 @@ from service.graphql.masking import INTERNAL_ERROR
 from service.metrics import observe_request
 from service.web.draining import Drain
 from service.web.exchange import REQUEST_ID_HEADER, Exchange
-from service.web.graphql_endpoint import GraphQLEndpoint
 from service.web.http_guards import Receive, Scope, Send, header
 from service.web.logs import (
     access_log,
@@ -59,10 +59,19 @@ KNOWN_ROUTES = frozenset({GRAPHQL_PATH, "/healthz", "/readyz", "/metrics"})
 class RequestCycle:
     """The ASGI app uvicorn runs: the Starlette app's routes, and /graphql without its detours."""
 
-    def __init__(self, app: Starlette, graphql: GraphQLEndpoint, drain: Drain) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        graphql: Callable[[Scope, Receive, Exchange], Awaitable[None]],
+        drain: Drain,
+        exchange: type[Exchange] = Exchange,
+    ) -> None:
         self.app = app
+        # The GraphQL endpoint, or the same inside an operation span (web/tracing.py),
+        # which also makes each request's Exchange one that can keep its answer.
         self.graphql = graphql
         self.drain = drain
+        self.exchange = exchange
 
     @property
     def state(self) -> Any:
@@ -86,7 +95,7 @@ class RequestCycle:
         started = time.perf_counter()
         token = _identify(scope)
         request_id: str = scope["state"]["request_id"]
-        exchange = Exchange(send, request_id, self.drain)
+        exchange = self.exchange(send, request_id, self.drain)
         try:
             if _route_path(scope) == GRAPHQL_PATH and scope["method"] in GRAPHQL_METHODS:
                 scope["app"] = self.app  # as Starlette's own dispatch leaves it

@@ -117,7 +117,7 @@ def test_the_image_runs_unprivileged_with_graphiqls_assets_baked_in() -> None:
     stages = re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)[1:]
     build, runtime = stages[0], stages[-1]
     # The service's build fetches GraphiQL's scripts (setup.py); the image checks them.
-    assert "pip install ./agent ." in build and "llmgw-inventory fetch-assets --check" in build
+    assert "pip install ./agent " in build and "llmgw-inventory fetch-assets --check" in build
     assert "COPY --from=build /opt/llmgw /opt/llmgw" in runtime and "/src" not in runtime
     user = re.findall(r"^USER (\S+)", runtime, flags=re.MULTILINE)
     assert user and user[-1] not in {"root", "0"}
