@@ -32,7 +32,6 @@ failed under LLMGW_REQUIRE_DOCKER=1, as in CI).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import secrets
@@ -420,54 +419,96 @@ class Load:
                     held.popleft()
 
 
-def judge(stack: HaStack, load: Load) -> None:
-    """The history's verdict (the load paused or stopped): nothing acknowledged lost, no GPU
-    held twice, no answer but success or DATABASE_UNAVAILABLE."""
-    with load.lock:
-        history = list(load.history)
-        holding = {r: g for held in load.holding.values() for r, g in held}
-    failed = [a for a in history if a.outcome == "failed"]
-    assert not failed, [(a.op, a.replica, a.detail) for a in failed[:10]]
-    stored = stack.held()
+def verdict(history: list[Attempt], holding: dict[str, Gpus], stored: dict[str, Gpus]) -> list[str]:
+    """What is wrong with a history, given what the schedulers hold and what is stored."""
+    wrong = [
+        f"{a.op} {a.replica}: {a.detail}" for a in history if a.outcome == "failed"
+    ]  # only success or DATABASE_UNAVAILABLE
+    if not any(a.op == "place" and a.outcome == "ok" for a in history):
+        wrong.append("the load placed nothing")
     # Every replica a scheduler holds (its place acknowledged, no release
     # sent) is stored, with the GPUs it was given.
-    lost = {r: (g, stored.get(r)) for r, g in holding.items() if stored.get(r) != g}
-    assert not lost, f"acknowledged placements lost or changed: {lost}"
+    wrong += [
+        f"acknowledged place of {r} lost or changed: {sorted(g)} stored as {sorted(stored.get(r, ()))}"
+        for r, g in holding.items()
+        if stored.get(r) != g
+    ]
     # Every replica whose release was acknowledged is gone, and its first
-    # acknowledged release freed what it held (a release answering 0 for a
-    # replica whose place was acknowledged means the place was lost), unless
-    # an earlier attempt of that release went unanswered.
-    mine = {a.replica for a in history if a.op == "place"}
-    released = {a.replica for a in history if a.op == "release" and a.outcome == "ok"}
-    revived = sorted(r for r in released if r in stored)
-    assert not revived, f"acknowledged releases undone: {revived}"
-    for replica in released:
-        attempts = [a for a in history if a.op == "release" and a.replica == replica]
-        first_ok = next(i for i, a in enumerate(attempts) if a.outcome == "ok")
-        if first_ok == 0:
-            assert attempts[0].freed, f"{replica}: placed, acknowledged, but nothing to release"
+    # release attempt, when answered, freed what it held (a release answering
+    # 0 for a replica whose place was acknowledged means the place was lost);
+    # after an unanswered attempt 0 is what the retry must say.
+    releases: dict[str, list[Attempt]] = {}
+    for a in history:
+        if a.op == "release":
+            releases.setdefault(a.replica, []).append(a)
+    for replica, attempts in releases.items():
+        if any(a.outcome == "ok" for a in attempts) and replica in stored:
+            wrong.append(f"acknowledged release of {replica} undone")
+        if attempts[0].outcome == "ok" and not attempts[0].freed:
+            wrong.append(f"{replica}: place acknowledged, then nothing to release")
     # No GPU held by two replicas at once: each acknowledged place holds its
     # GPUs at least from its acknowledgement until its release was sent.
     spans: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
     for a in history:
         if a.op == "place" and a.outcome == "ok" and a.gpus:
-            release_sent = min(
-                (b.started for b in history if b.op == "release" and b.replica == a.replica),
-                default=float("inf"),
-            )
+            sent = min((b.started for b in releases.get(a.replica, ())), default=float("inf"))
             for gpu in a.gpus:
-                spans.setdefault(gpu, []).append((a.ended, release_sent, a.replica))
+                spans.setdefault(gpu, []).append((a.ended, sent, a.replica))
     for gpu, held_by in spans.items():
         held_by.sort()
-        for (_, until, first), (since, _, second) in itertools.pairwise(held_by):
-            assert since >= until or first == second, f"{gpu} held by {first} and {second} at once"
-    doubled = [
-        (gpu, [r for r, g in stored.items() if gpu in g])
-        for gpu in {gpu for g in stored.values() for gpu in g}
-        if sum(gpu in g for g in stored.values()) > 1
-    ]
-    assert not doubled, doubled
-    assert mine, "the load placed nothing"
+        until, holder = float("-inf"), ""
+        for since, end, replica in held_by:
+            if since < until and replica != holder:
+                wrong.append(f"{gpu} held by {holder} and {replica} at once")
+            if end > until:
+                until, holder = end, replica
+    by_gpu: dict[tuple[str, int], list[str]] = {}
+    for replica, gpus in stored.items():
+        for gpu in gpus:
+            by_gpu.setdefault(gpu, []).append(replica)
+    wrong += [f"{gpu} stored for {rs}" for gpu, rs in by_gpu.items() if len(rs) > 1]
+    return wrong
+
+
+def judge(stack: HaStack, load: Load) -> None:
+    """The history's verdict, with the load paused or stopped."""
+    with load.lock:
+        history = list(load.history)
+        holding = {r: g for held in load.holding.values() for r, g in held}
+    wrong = verdict(history, holding, stack.held())
+    assert not wrong, wrong[:10]
+
+
+def test_the_verdict_finds_each_kind_of_wrong_history() -> None:
+    """verdict() would fail the stories above (no Docker needed)."""
+    a, b = frozenset({("n1", 0)}), frozenset({("n1", 1)})
+
+    def says(wrong: list[str], text: str) -> bool:
+        return any(text in w for w in wrong)
+
+    def place(replica: str, at: float, gpus: Gpus, outcome: str = "ok") -> Attempt:
+        return Attempt("s", "place", replica, at, at + 0.1, outcome, gpus=gpus)
+
+    def release(replica: str, at: float, freed: int | None, outcome: str = "ok") -> Attempt:
+        return Attempt("s", "release", replica, at, at + 0.1, outcome, freed=freed)
+
+    good = [place("r1", 0, a), release("r1", 1, 1), place("r2", 2, a), place("r3", 3, b)]
+    holding = {"r2": a, "r3": b}
+    assert verdict(good, holding, {"r2": a, "r3": b}) == []
+    # An unanswered release, then its retry freeing nothing: fine.
+    retried = [*good, release("r2", 4, None, "unavailable"), release("r2", 5, 0)]
+    assert verdict(retried, {"r3": b}, {"r3": b}) == []
+    assert says(verdict(good, holding, {"r3": b}), "place of r2 lost")
+    assert says(verdict(good, holding, {"r2": b, "r3": b}), "place of r2 lost or changed")
+    assert says(verdict(good, holding, {"r1": a, "r2": a, "r3": b}), "release of r1 undone")
+    lost = [place("r1", 0, a), release("r1", 1, 0), place("r2", 2, a)]
+    assert says(verdict(lost, {"r2": a}, {"r2": a}), "r1: place acknowledged, then nothing")
+    twice = [place("r1", 0, a), place("r2", 1, a), place("r3", 2, b)]
+    assert says(verdict(twice, {"r3": b}, {"r3": b}), "held by r1 and r2 at once")
+    nested = [place("r1", 0, a), place("r2", 1, b), release("r2", 2, 1), place("r3", 3, a)]
+    assert says(verdict(nested, {"r1": a, "r3": a}, {"r1": a, "r3": a}), "held by r1 and r3")
+    failed = [*good, Attempt("s", "heartbeat", "n1", 5, 6, "failed", "HTTP 502")]
+    assert says(verdict(failed, holding, {"r2": a, "r3": b}), "heartbeat n1: HTTP 502")
 
 
 @pytest.fixture(scope="module")
