@@ -755,6 +755,13 @@ def test_the_leader_cut_off_from_etcd_steps_down_before_another_is_promoted(
     judge(stack, load)
     load.release_all()
     rounds = sampler.rounds
+    print(f"\nrounds after the cut of {old} (seconds: /primary, writable per member):")
+    for r in rounds:
+        if r["at"] > cut - 2:
+            print(
+                f"  {r['at'] - cut:6.1f}",
+                " ".join(f"{m}:{r['primary'][m]}/{r['writable'][m]}" for m in MEMBERS),
+            )
     two_primaries = [r for r in rounds if sum(c == 200 for c in r["primary"].values()) > 1]
     assert not two_primaries, two_primaries[:5]
     two_writable = [r for r in rounds if sum(bool(w) for w in r["writable"].values()) > 1]
