@@ -76,12 +76,12 @@ TTL: int = DCS["ttl"]
 
 # How many times the leader is killed (CI: 3; LLMGW_HA_KILLS for more figures).
 KILLS = int(os.environ.get("LLMGW_HA_KILLS", "3"))
-# Acknowledged-place bounds after a kill. A SIGKILLed leader cannot release
-# its lock: the others wait for it to expire, ttl after its last renewal
-# (loop_wait earlier at most), and Patroni accepts no ttl below 20 s. Then
-# the promotion, a standby attaching (strict synchronous mode) and HAProxy's
-# check (one second) follow.
-MEDIAN_FIRST_PLACE = TTL + 5.0
+# Acknowledged-place bounds after a kill (the issue's: a median of 15 s, 30 s
+# at worst). A SIGKILLed leader cannot release its lock, and Patroni accepts
+# no ttl below 20 s: the witness (deploy/ha/witness.py) releases it once Docker
+# reports the container dead. Then the election, the promotion, a standby
+# attaching (strict synchronous mode) and HAProxy's check (one second).
+MEDIAN_FIRST_PLACE = 15.0
 WORST_FIRST_PLACE = 30.0
 REJOIN_WITHIN = 60.0
 
@@ -607,6 +607,10 @@ def test_the_leader_killed_is_replaced_and_rejoins_losing_nothing(stack: HaStack
         f"{sum(a.outcome == 'unavailable' for a in load.history)} DATABASE_UNAVAILABLE "
         f"answers, {len(load.history)} requests"
     )
+    # Each kill was cut short by the witness, not waited out to ttl.
+    released = stack.compose("logs", "--no-color", "witness").count("released the leader lock of")
+    print(f"the witness released {released} dead leaders' locks")
+    assert released == len(figures), released
     assert statistics.median(firsts) <= MEDIAN_FIRST_PLACE, firsts
     assert max(firsts) <= WORST_FIRST_PLACE, firsts
 
