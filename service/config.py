@@ -157,6 +157,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Extra connections a process may open under load."),
     Setting("INVENTORY_DB_TIMEOUT", "db_timeout", "5", _positive_float,
             "Seconds to wait for a database connection before answering 'database unavailable'."),
+    Setting("INVENTORY_WRITE_RETRY", "write_retry", "10", _non_negative_float,
+            "Seconds a write that found the database away (failing over, restarting, a demoted "
+            "primary) is tried again on a new connection before it is answered DATABASE_UNAVAILABLE; "
+            "within the request's own time limit. 0: never (docs/deployment/failover.md)."),
     Setting("INVENTORY_MAX_PAGE_SIZE", "max_page_size", "1000", _positive_int,
             "Largest page any list returns; `first` above it is refused."),
     Setting("INVENTORY_MAX_BODY_BYTES", "max_body_bytes", "1048576", _positive_int,
@@ -222,6 +226,7 @@ class Settings:
     db_pool_size: int = 10
     db_max_overflow: int = 10
     db_timeout: float = 5.0
+    write_retry: float = 10.0
     max_page_size: int = 1000
     max_body_bytes: int = 1048576
     request_timeout: float = 30.0

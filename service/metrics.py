@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
+from service.database import connections, transactions
 from service.database.connections import Connection
 from service.node_states import STATES
 from service.scheduling import place_batches
@@ -411,6 +412,31 @@ def _process(out: Exposition) -> None:
         "id earlier in the group), no_room (the nodes the group locked had no room left), "
         "conflict (its shard ids or a GPU were taken meanwhile).",
         _by_reason(place_batches.COUNTS.apart),
+    )
+    out.family(
+        "inventory_db_connections_dropped_total",
+        "counter",
+        "Pooled connections this process closed instead of reusing, by why: read_only (the "
+        "server became a standby: a demoted primary), terminated (the session was ended: "
+        "shutdown, pg_terminate_backend, a demotion), starting_up, lost (the connection failed). "
+        "Each also closes every connection the pool opened before it.",
+        _by_reason(connections.DROPPED.by_reason),
+    )
+    out.family(
+        "inventory_db_write_retries_total",
+        "counter",
+        "Writes this process ran again, by cause: unavailable (the database away before COMMIT: "
+        "nothing was written), commit_unknown (the connection failed during COMMIT; only "
+        "idempotent writes), conflict (a deadlock or serialization victim).",
+        (((("cause", c),), n) for c, n in sorted(transactions.RETRIES.retried.items())),
+    )
+    out.family(
+        "inventory_db_write_retries_exhausted_total",
+        "counter",
+        "Writes this process stopped retrying and answered DATABASE_UNAVAILABLE (or CONFLICT), "
+        "by cause: the retry budget (INVENTORY_WRITE_RETRY, the request's time limit) ran out, "
+        "or COMMIT's outcome was lost for a write that is not idempotent.",
+        (((("cause", c),), n) for c, n in sorted(transactions.RETRIES.gave_up.items())),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()
     out.family(

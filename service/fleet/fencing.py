@@ -397,7 +397,9 @@ async def _after_contact(conn: Connection, node_id: str, contact: Contact) -> An
 
 async def _refusing_future(engine: AsyncEngine, work: Callable[[Connection], Awaitable[T]]) -> T:
     try:
-        return await in_transaction(engine, work)
+        # Idempotent: a beat or a report with the shards a node runs says the
+        # same the second time.
+        return await in_transaction(engine, work, idempotent=True)
     except FutureIncarnation as error:
         await record_future_incarnation(engine, error)
         raise

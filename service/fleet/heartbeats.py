@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.batches import Batches
 from service.database import connections
 from service.database.connections import NativeConnection
-from service.database.transactions import in_transaction
+from service.database.transactions import in_transaction, retried
 from service.errors import NodeNotFound
 from service.fleet import nodes
 from service.fleet.node_views import BeatRecord
@@ -63,7 +63,9 @@ class HeartbeatBatcher:
         rest = [node_id for node_id in batch if node_id not in found]
         if rest:
             found |= await in_transaction(
-                self._engine, functools.partial(nodes.heartbeat_many, node_ids=rest)
+                self._engine,
+                functools.partial(nodes.heartbeat_many, node_ids=rest),
+                idempotent=True,
             )
         return found
 
@@ -76,16 +78,30 @@ _batchers: weakref.WeakKeyDictionary[AsyncEngine, HeartbeatBatcher] = weakref.We
 _last: tuple[weakref.ref[AsyncEngine], HeartbeatBatcher] | None = None
 
 
-def beat(engine: AsyncEngine, node_id: str) -> Awaitable[BeatRecord]:
-    """The node's heartbeat through this process's batch for `engine` (await it).
+async def beat(engine: AsyncEngine, node_id: str) -> BeatRecord:
+    """The node's heartbeat through this process's batch for `engine`.
 
-    Returns the batch's future, not a coroutine around it (service/batches.py).
+    A batch that failed because the database was away is not the beat's
+    answer while the write's retry budget lasts: a beat is idempotent, so it
+    joins a later batch (transactions.retried). The batch's future is awaited
+    here directly, one coroutine level in all (service/batches.py says why
+    each level counts).
     """
+    batcher = _batcher(engine)
+    try:
+        return await batcher.beat(node_id)
+    except NodeNotFound:
+        raise
+    except Exception:
+        return await retried(lambda: batcher.beat(node_id), engine)
+
+
+def _batcher(engine: AsyncEngine) -> HeartbeatBatcher:
     global _last
     if _last is not None and _last[0]() is engine:
-        return _last[1].beat(node_id)
+        return _last[1]
     batcher = _batchers.get(engine)
     if batcher is None:
         batcher = _batchers[engine] = HeartbeatBatcher(engine)
     _last = (weakref.ref(engine), batcher)
-    return batcher.beat(node_id)
+    return batcher

@@ -68,7 +68,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import metrics
 from service.database import connections
 from service.database.connections import Connection
-from service.database.transactions import RETRYABLE_SQLSTATES, in_transaction, sqlstate
+from service.database.transactions import (
+    RETRYABLE_SQLSTATES,
+    in_transaction,
+    retried,
+    sqlstate,
+)
 from service.event_log.event_announcements import announce
 from service.event_log.events import collecting_recorded, note_recorded
 from service.fleet import nodes
@@ -226,7 +231,12 @@ async def re_register(
 async def register(
     engine: AsyncEngine, report: NodeReport, actor: str | None = None
 ) -> nodes.Registration:
-    """Store an agent's report: in one statement when re_register can, else in one transaction."""
+    """Store an agent's report: in one statement when re_register can, else in one transaction.
+
+    Idempotent (a report replaces what the node said before), so each step
+    is run again while the database is away, whether or not a failed
+    attempt's statement committed (transactions.retried, in_transaction).
+    """
     registration = await _store(engine, report, actor)
     correction = registration.node.observed_at_correction
     if correction is not None:
@@ -236,30 +246,38 @@ async def register(
     return registration
 
 
+async def _in_one_statement(
+    engine: AsyncEngine, report: NodeReport, actor: str | None
+) -> InOneStatement | NotInOneStatement:
+    try:
+        # Outside a transaction block: _SAME_AGAIN, when tried, writes
+        # one row or nothing, then _ONE_STATEMENT writes it all or nothing.
+        with collecting_recorded() as recorded:
+            async with connections.autocommit(engine) as conn:
+                outcome = await re_register(conn, report, actor)
+    except asyncpg.PostgresError as error:
+        # A deadlock victim wrote nothing: the transaction retries it.
+        if sqlstate(error) not in RETRYABLE_SQLSTATES:
+            raise
+        return NotInOneStatement("lost_conflict")
+    if isinstance(outcome, InOneStatement):
+        # Committed: the statement was its own transaction.
+        announce(engine, recorded)
+    return outcome
+
+
 async def _store(
     engine: AsyncEngine, report: NodeReport, actor: str | None = None
 ) -> nodes.Registration:
     reason = "xids"
     if not any(g.xids for g in report.gpus):
-        try:
-            # Outside a transaction block: _SAME_AGAIN, when tried, writes
-            # one row or nothing, then _ONE_STATEMENT writes it all or nothing.
-            with collecting_recorded() as recorded:
-                async with connections.autocommit(engine) as conn:
-                    outcome = await re_register(conn, report, actor)
-        except asyncpg.PostgresError as error:
-            # A deadlock victim wrote nothing: the transaction retries it.
-            if sqlstate(error) not in RETRYABLE_SQLSTATES:
-                raise
-            outcome = NotInOneStatement("lost_conflict")
+        outcome = await retried(lambda: _in_one_statement(engine, report, actor), engine)
         if isinstance(outcome, InOneStatement):
-            # Committed: the statement was its own transaction.
-            announce(engine, recorded)
             metrics.count_registration(ONE_STATEMENT, outcome.reason)
             return outcome.registration
         reason = outcome.reason
     registration = await in_transaction(
-        engine, lambda conn: nodes.register_node(conn, report, actor)
+        engine, lambda conn: nodes.register_node(conn, report, actor), idempotent=True
     )
     _remember(report.id, report.digest())
     metrics.count_registration(TRANSACTION, reason)

@@ -57,9 +57,16 @@ class Context:
         for stream in list(self.streams):
             stream.end(Unauthenticated(f"{self.token_ended}: this subscription ended"))
 
-    async def write(self, work: Callable[[Connection], Awaitable[T]]) -> T:
-        """Run one mutation's work in one transaction (retried on deadlock or serialization loss)."""
-        return await in_transaction(self.engine, work)
+    async def write(
+        self, work: Callable[[Connection], Awaitable[T]], *, idempotent: bool = False
+    ) -> T:
+        """Run one mutation's work in one transaction (service/database/transactions.py).
+
+        Retried on a lost conflict and while the database is away;
+        `idempotent`: a second run finds the first one's effect and answers
+        it, so it may run again even when COMMIT's outcome was lost.
+        """
+        return await in_transaction(self.engine, work, idempotent=idempotent)
 
     def hand_over(
         self, key: Hashable, *, result: Any = None, error: Exception | None = None

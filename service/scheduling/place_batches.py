@@ -148,7 +148,10 @@ class PlaceQueue:
             task.add_done_callback(self._tasks.discard)
         outcome = await call.answer
         if isinstance(outcome, _Alone):
-            return await in_transaction(self.engine, lambda conn: place(conn, request, actor))
+            # Idempotent: a place of a replica id already placed answers what is stored.
+            return await in_transaction(
+                self.engine, lambda conn: place(conn, request, actor), idempotent=True
+            )
         return outcome
 
     async def _run(self) -> None:

@@ -17,23 +17,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from service.database.db_faults import RETRY_AFTER_SECONDS
+from service.database.request_state import RequestState
 from service.web.draining import Drain
 from service.web.http_guards import Message, Send
 from service.web.time_limits import Limit
 
 REQUEST_ID_HEADER = b"x-request-id"
+RETRY_AFTER = b"retry-after"
 JSON = b"application/json"
 
 
 class Exchange:
     """The `send` of one HTTP request (an ASGI send callable), and what it has sent so far."""
 
-    __slots__ = ("_drain", "_request_id", "_send", "limit", "started", "status")
+    __slots__ = ("_drain", "_request_id", "_send", "_state", "limit", "started", "status")
 
-    def __init__(self, send: Send, request_id: str, drain: Drain) -> None:
+    def __init__(
+        self, send: Send, request_id: str, drain: Drain, state: RequestState | None = None
+    ) -> None:
         self._send = send
         self._request_id = request_id.encode()
         self._drain = drain
+        self._state = state
         self.started = False
         # 500 until a response starts: a request that ends without one failed.
         self.status = 500
@@ -71,6 +77,12 @@ class Exchange:
             self.limit.end()
         out = list(headers)
         out.append((REQUEST_ID_HEADER, self._request_id))
+        if (
+            self._state is not None
+            and self._state.unavailable
+            and not any(name.lower() == RETRY_AFTER for name, _ in out)
+        ):
+            out.append((RETRY_AFTER, b"%d" % RETRY_AFTER_SECONDS))
         if self._drain.closing:
             # Proxies drop their keep-alive connection to this process after
             # this answer instead of racing its shutdown.

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from service.access_control.auth import Authenticator
 from service.config import Settings
+from service.database import request_state
 from service.graphql.context import Context
 from service.web.exchange import Exchange
 from service.web.graphql_http import (
@@ -93,6 +94,10 @@ class GraphQLEndpoint:
                 await refuse(exchange, None, refusal)
                 return
         limit = exchange.limit = self.limits.begin()
+        state = request_state.current()
+        if state is not None:
+            # Writes retried while the database is away stop in time for an answer.
+            state.limit_at = limit.deadline
         try:
             with limit:
                 await self._in_time(scope, receive, exchange, media_type)

@@ -34,6 +34,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from service.database import request_state
 from service.graphql.masking import INTERNAL_ERROR
 from service.metrics import observe_request
 from service.web.draining import Drain
@@ -95,7 +96,10 @@ class RequestCycle:
         started = time.perf_counter()
         token = _identify(scope)
         request_id: str = scope["state"]["request_id"]
-        exchange = self.exchange(send, request_id, self.drain)
+        # What the request asks of the database and learns from it (its time
+        # limits, the database found unavailable): service/database/request_state.py.
+        state, state_token = request_state.begin()
+        exchange = self.exchange(send, request_id, self.drain, state)
         try:
             if _route_path(scope) == GRAPHQL_PATH and scope["method"] in GRAPHQL_METHODS:
                 scope["app"] = self.app  # as Starlette's own dispatch leaves it
@@ -123,6 +127,7 @@ class RequestCycle:
                     elapsed * 1000,
                     extra={"status": exchange.status, "duration_ms": round(elapsed * 1000, 2)},
                 )
+            request_state.end(state_token)
             reset_request_id(token)
 
 

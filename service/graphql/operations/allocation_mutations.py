@@ -74,7 +74,8 @@ class AllocationMutations:
         async def work(conn: Connection) -> allocations.Allocated | Rejection:
             return await allocations.allocate(conn, request, info.context.actor)
 
-        outcome = await info.context.write(work)
+        # Idempotent: the same shards again answer what is stored.
+        outcome = await info.context.write(work, idempotent=True)
         if isinstance(outcome, Rejection):
             count_rejection(outcome.code.value)
             return AllocationRejected.of(outcome)
@@ -105,6 +106,8 @@ class AllocationMutations:
         async def work(conn: Connection) -> int:
             return await allocations.release_shard(conn, str(shard_id), info.context.actor)
 
+        # Not run again after a COMMIT cut off in flight (its answer counts what
+        # it freed, which a second run cannot know): see release_replica.
         return await info.context.write(work)
 
     @strawberry.mutation(
@@ -130,4 +133,8 @@ class AllocationMutations:
                 conn, str(replica_id), info.context.actor, generation=generation
             )
 
+        # Run again when it failed before COMMIT; not after a COMMIT cut off in
+        # flight: a second run would find nothing and answer 0 for GPUs the
+        # first one may have freed. The scheduler is told the outcome is
+        # unknown (DATABASE_UNAVAILABLE) and retries; its retry is safe.
         return await info.context.write(work)

@@ -1,0 +1,55 @@
+"""What one request asks of the database and learns from it, for every connection the request opens.
+
+The web layer begins one per HTTP request (service/web/request_cycle.py) and
+fills in its time limits; the database layer reads them where every write
+passes (transactions.py, connections.py) and notes what happened (the
+database unavailable, hence Retry-After). Kept in a context variable so that
+no domain function has to carry it: a resolver's tasks inherit it, and code
+that runs outside a request (the liveness sweep, the event stream) sees none
+and is bounded by nothing but its own settings.
+
+The state itself is a mutable object: graphql-core runs a query's root fields
+in tasks of their own, which get a copy of the context, so a note made there
+must land in the object the request's own task holds, not in a variable set
+in the copy.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class RequestState:
+    # When the service stops the request (INVENTORY_REQUEST_TIMEOUT), on the
+    # event loop's clock (loop.time()): retries end before it.
+    limit_at: float | None = None
+    # Some database call of this request found the database unavailable: its
+    # answer says when to come back (Retry-After).
+    unavailable: bool = False
+
+
+_current: ContextVar[RequestState | None] = ContextVar("llmgw_request_state", default=None)
+
+
+def current() -> RequestState | None:
+    """The running request's state; None outside a request."""
+    return _current.get()
+
+
+def begin() -> tuple[RequestState, Token[RequestState | None]]:
+    """A new state for the request the current task runs; end(token) when it is answered."""
+    state = RequestState()
+    return state, _current.set(state)
+
+
+def end(token: Token[RequestState | None]) -> None:
+    _current.reset(token)
+
+
+def note_unavailable() -> None:
+    """The database could not serve part of the running request (nothing outside one)."""
+    state = _current.get()
+    if state is not None:
+        state.unavailable = True
