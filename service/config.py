@@ -82,7 +82,7 @@ def _database_url(name: str, raw: str) -> str | None:
     if not raw:
         return None
     try:
-        database_url.parse(raw)
+        database_url.parse(raw, name=name)
     except database_url.DatabaseUrlError as error:
         raise SettingError(str(error)) from None
     return raw
@@ -151,6 +151,13 @@ SETTINGS: tuple[Setting, ...] = (
             "`llmgw-inventory reset` deletes it)."),
     Setting("INVENTORY_HOST", "host", "127.0.0.1", _text, "Address to listen on."),
     Setting("INVENTORY_PORT", "port", "8080", _port, "Port to listen on."),
+    Setting("INVENTORY_READ_DATABASE_URL", "read_database_url", "", _database_url,
+            "Read replicas (one host, or several in libpq's form: each a replica of its own) for "
+            "the reads that tolerate staleness: freeGpus, nodes, node, fabrics, gpuClasses, fit, "
+            "explainPlacement. Unset: every read from the primary (docs/deployment/failover.md)."),
+    Setting("INVENTORY_READ_MAX_LAG", "read_max_lag", "2", _non_negative_float,
+            "Seconds a read replica may be behind the primary and still be read (a request's "
+            "maxAge may ask for less); past it, reads go to the primary."),
     Setting("INVENTORY_DB_POOL_SIZE", "db_pool_size", "10", _positive_int,
             "Connections each service process keeps open to PostgreSQL."),
     Setting("INVENTORY_DB_MAX_OVERFLOW", "db_max_overflow", "10", _positive_int,
@@ -221,6 +228,8 @@ STATEMENT_SHARE_OF_REQUEST = 0.9
 class Settings:
     database_url: str | None = None
     data_dir: str | None = None
+    read_database_url: str | None = None
+    read_max_lag: float = 2.0
     host: str = "127.0.0.1"
     port: int = 8080
     db_pool_size: int = 10

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
-from service.database import connections, transactions
+from service.database import connections, read_routing, transactions
 from service.database.connections import Connection
 from service.node_states import STATES
 from service.scheduling import place_batches
@@ -437,6 +437,34 @@ def _process(out: Exposition) -> None:
         "by cause: the retry budget (INVENTORY_WRITE_RETRY, the request's time limit) ran out, "
         "or COMMIT's outcome was lost for a write that is not idempotent.",
         (((("cause", c),), n) for c, n in sorted(transactions.RETRIES.gave_up.items())),
+    )
+    out.family(
+        "inventory_reads_total",
+        "counter",
+        "Reads of requests that tolerate staleness (freeGpus, nodes, node, fabrics, gpuClasses, "
+        "fit, explainPlacement), with read replicas configured, by where they went: source "
+        "replica (reason within_lag), or primary because every replica was further behind "
+        "than allowed (lagging), none answered (unavailable), or one failed the read "
+        "(fallback).",
+        (
+            ((("source", source), ("reason", reason)), n)
+            for (source, reason), n in sorted(read_routing.READS.by_route.items())
+        ),
+    )
+    replicas = read_routing.replicas()
+    out.family(
+        "inventory_read_replica_up",
+        "gauge",
+        "1 while the read replica answers its probe (INVENTORY_READ_DATABASE_URL); 0 while it "
+        "does not, and reads go to the primary.",
+        (((("replica", r.shown),), 1 if r.up else 0) for r in replicas),
+    )
+    out.family(
+        "inventory_read_replica_lag_seconds",
+        "gauge",
+        "How far behind the primary the read replica was at its last probe (0: nothing left "
+        "to replay); absent while unknown.",
+        (((("replica", r.shown),), r.lag) for r in replicas if r.up and r.lag is not None),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()
     out.family(

@@ -79,13 +79,24 @@ class Server:
             for name, value in settings.items():
                 conf.write(f"{name} = '{value}'\n")
 
-    def follow(self, primary: Server) -> None:
-        """Make this (stopped) server a standby of `primary` at its next start."""
-        self.configure(
-            primary_conninfo=f"host=127.0.0.1 port={primary.port} user=postgres",
-            synchronous_standby_names="",
-        )
+    def follow(self, primary: Server, name: str = "standby") -> None:
+        """Make this (stopped) server a standby of `primary` at its next start, named `name`.
+
+        Written to postgresql.auto.conf, which pg_basebackup -R wrote its own
+        primary_conninfo to (and which wins over postgresql.conf).
+        """
+        conninfo = f"host=127.0.0.1 port={primary.port} user=postgres application_name={name}"
+        with (self.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"primary_conninfo = '{conninfo}'\n")
+        self.configure(synchronous_standby_names="")
         (self.data / "standby.signal").touch()
+
+    def pause_replay(self) -> None:
+        """A replica stops replaying the WAL it keeps receiving (pg_wal_replay_pause)."""
+        self.sql("SELECT pg_wal_replay_pause()")
+
+    def resume_replay(self) -> None:
+        self.sql("SELECT pg_wal_replay_resume()")
 
     def sql(self, statement: str) -> str:
         done = run(
@@ -106,6 +117,9 @@ class StandbyPair:
             shutil.chown(self.root, PG_USER, PG_USER)
         self.primary = Server(self.root / "primary", primary_port, self.root)
         self.standby = Server(self.root / "standby", standby_port, self.root)
+        # Asynchronous replicas of the primary, for reads (add_replica).
+        self.replicas: list[Server] = []
+        self._common: dict[str, str] = {}
 
     @property
     def url(self) -> str:
@@ -115,27 +129,36 @@ class StandbyPair:
             "/postgres?target_session_attrs=read-write"
         )
 
-    def start(self) -> None:
+    def start(self, with_standby: bool = True) -> None:
+        """Both servers; with_standby=False: the primary alone (for replicas added later)."""
         run("initdb", "-D", str(self.primary.data), "-U", "postgres", "-A", "trust", "--no-sync")
-        common = {
+        common = self._common = {
             "listen_addresses": "127.0.0.1",
             "unix_socket_directories": str(self.root),
             "fsync": "off",  # the OS keeps what an immediate stop leaves; no machine crashes here
         }
         # Every commit waits until the standby has the WAL: an acknowledged
-        # write survives the primary's death.
-        self.primary.configure(port=str(self.primary.port), synchronous_standby_names="*", **common)
+        # write survives the primary's death. By name: replicas added later
+        # are asynchronous.
+        self.primary.configure(
+            port=str(self.primary.port),
+            synchronous_standby_names="standby" if with_standby else "",
+            **common,
+        )
         self.primary.start()
+        if not with_standby:
+            return
         run(
             "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
             "-D", str(self.standby.data), "-R", "-X", "stream", "-c", "fast",
         )  # fmt: skip
         # Once promoted it has no standby of its own: waiting for one would
         # hang every commit (Patroni relaxes this the same way).
-        self.standby.configure(port=str(self.standby.port), synchronous_standby_names="", **common)
+        self.standby.configure(port=str(self.standby.port), **common)
+        self.standby.follow(self.primary, "standby")
         self.standby.start()
         deadline = time.monotonic() + 30
-        while self.primary.sql("SELECT sync_state FROM pg_stat_replication") != "sync":
+        while "sync" not in self.primary.sql("SELECT sync_state FROM pg_stat_replication").split():
             if time.monotonic() > deadline:
                 raise RuntimeError("the standby never became synchronous")
             time.sleep(0.1)
@@ -155,9 +178,28 @@ class StandbyPair:
         old.start()
         self.primary, self.standby = new, old
 
+    def add_replica(self, port: int) -> Server:
+        """An asynchronous streaming replica of the primary on `port`, started and caught up."""
+        replica = Server(self.root / f"replica-{port}", port, self.root)
+        run(
+            "pg_basebackup", "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
+            "-D", str(replica.data), "-R", "-X", "stream", "-c", "fast",
+        )  # fmt: skip
+        replica.configure(port=str(port), **self._common)
+        replica.follow(self.primary, f"replica-{port}")
+        replica.start()
+        self.replicas.append(replica)
+        return replica
+
+    def url_of(self, *servers: Server) -> str:
+        """A URL naming these servers (INVENTORY_READ_DATABASE_URL for replicas)."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+        return f"postgresql://postgres@{hosts}/postgres"
+
     def stop(self) -> None:
-        for server in (self.standby, self.primary):
-            server.stop("immediate")
+        for server in (*self.replicas, self.standby, self.primary):
+            if server.data.exists():
+                server.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
 

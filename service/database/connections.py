@@ -17,7 +17,7 @@ import functools
 import json
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -250,7 +250,7 @@ class PoolSpec:
     )
 
 
-class _Pool:
+class Pool:
     """asyncpg's pool for one engine's database, opened on first use (it needs the running loop)."""
 
     def __init__(self, dsn: str, spec: PoolSpec) -> None:
@@ -333,14 +333,14 @@ def _json_text(value: str) -> str:
     return value
 
 
-_pools: weakref.WeakKeyDictionary[AsyncEngine, _Pool] = weakref.WeakKeyDictionary()
+_pools: weakref.WeakKeyDictionary[AsyncEngine, Pool] = weakref.WeakKeyDictionary()
 
 
 def attach(engine: AsyncEngine, spec: PoolSpec, dsn: str | None = None) -> None:
     """Give the engine its native pool, to the same database (`dsn`, libpq's form), opened on first use."""
     if dsn is None:
         dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    _pools[engine] = _Pool(dsn, spec)
+    _pools[engine] = Pool(dsn, spec)
 
 
 def dsn_of(engine: AsyncEngine) -> str:
@@ -353,7 +353,7 @@ def spec_of(engine: AsyncEngine) -> PoolSpec:
     return _pool_of(engine).spec
 
 
-def _pool_of(engine: AsyncEngine) -> _Pool:
+def _pool_of(engine: AsyncEngine) -> Pool:
     pool = _pools.get(engine)
     if pool is None:
         # An engine made elsewhere (alembic, a test) still works.
@@ -405,6 +405,11 @@ async def read_only(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
     native = _pool_of(engine)
     async with native.connection() as raw, _transaction_block(raw, "BEGIN READ ONLY") as conn:
         yield conn
+
+
+def read_only_block(raw: Any) -> AbstractAsyncContextManager[NativeConnection]:
+    """One READ ONLY transaction on a connection already taken from a pool (a read replica's)."""
+    return _transaction_block(raw, "BEGIN READ ONLY")
 
 
 @asynccontextmanager

@@ -105,17 +105,21 @@ def _shown(url: str) -> str:
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\[\]:/]*)(?::(.*))?$")
 
 
-def parse(url: str) -> Database:
-    """Check DATABASE_URL and say exactly what is wrong with it, never echoing the password."""
+def parse(url: str, name: str = "DATABASE_URL") -> Database:
+    """Check a database URL and say exactly what is wrong with it, never echoing the password.
+
+    `name`: the variable it came from, which the messages name
+    (INVENTORY_READ_DATABASE_URL for the read replicas).
+    """
     try:
         parts = urlsplit(url.strip())
     except ValueError as error:
         # urlsplit's own message never includes the URL.
-        raise DatabaseUrlError(f"DATABASE_URL cannot be parsed: {error}") from None
+        raise DatabaseUrlError(f"{name} cannot be parsed: {error}") from None
     shown = _shown(url.strip())
     if parts.scheme not in SCHEMES:
         raise DatabaseUrlError(
-            f"DATABASE_URL={shown!r}: expected a postgresql:// URL, got scheme {parts.scheme!r}"
+            f"{name}={shown!r}: expected a postgresql:// URL, got scheme {parts.scheme!r}"
         )
     userinfo, _, hostlist = parts.netloc.rpartition("@")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
@@ -123,11 +127,11 @@ def parse(url: str) -> Database:
     for item in hostlist.split(",") if hostlist else []:
         match = _HOST.match(item)
         if match is None or not match.group(1):
-            raise DatabaseUrlError(f"DATABASE_URL={shown!r}: host {item!r} is not host[:port]")
+            raise DatabaseUrlError(f"{name}={shown!r}: host {item!r} is not host[:port]")
         host, port = match.group(1), match.group(2)
         if port is not None and (not port.isdigit() or not 0 < int(port) <= 65535):
             raise DatabaseUrlError(
-                f"DATABASE_URL={shown!r}: port {port!r} of host {host!r} is not a port number"
+                f"{name}={shown!r}: port {port!r} of host {host!r} is not a port number"
             )
         hosts.append(f"{host}:{port or 5432}")
     if not hosts:
@@ -136,7 +140,7 @@ def parse(url: str) -> Database:
     attrs = query.get("target_session_attrs")
     if attrs is not None and attrs not in SESSION_ATTRS:
         raise DatabaseUrlError(
-            f"DATABASE_URL={shown!r}: target_session_attrs={attrs!r}, expected one of "
+            f"{name}={shown!r}: target_session_attrs={attrs!r}, expected one of "
             + ", ".join(sorted(SESSION_ATTRS))
         )
     user = unquote(userinfo.split(":", 1)[0]) if userinfo else query.get("user")

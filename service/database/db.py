@@ -8,7 +8,7 @@ from sqlalchemy import URL, event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.database import connections, database_url, db_faults
+from service.database import connections, database_url, db_faults, read_routing
 
 APPLICATION_NAME = "llmgw-inventory"
 
@@ -31,6 +31,10 @@ class PoolSettings(Protocol):
     def statement_timeout(self) -> float | None: ...
     @property
     def write_retry(self) -> float: ...
+    @property
+    def read_database_url(self) -> str | None: ...
+    @property
+    def read_max_lag(self) -> float: ...
 
 
 def asyncpg_url(url: str) -> str:
@@ -119,20 +123,22 @@ def create_engine(url: str, settings: PoolSettings) -> AsyncEngine:
     )
     # Writes run on asyncpg's own pool (service/database/connections.py), as many
     # connections at most as SQLAlchemy's pool may open.
-    connections.attach(
-        engine,
-        connections.PoolSpec(
-            max_size=settings.db_pool_size + settings.db_max_overflow,
-            timeout=settings.db_timeout,
-            write_retry=settings.write_retry,
-            server_settings=session_settings(settings.statement_timeout),
-        ),
-        dsn=libpq_url(url),
+    spec = connections.PoolSpec(
+        max_size=settings.db_pool_size + settings.db_max_overflow,
+        timeout=settings.db_timeout,
+        write_retry=settings.write_retry,
+        server_settings=session_settings(settings.statement_timeout),
     )
+    connections.attach(engine, spec, dsn=libpq_url(url))
+    if settings.read_database_url:
+        # Reads that tolerate staleness, on the replicas while they keep up
+        # (service/database/read_routing.py).
+        read_routing.attach(engine, settings.read_database_url, spec, settings.read_max_lag)
     return engine
 
 
 async def dispose(engine: AsyncEngine) -> None:
-    """Close both pools of the engine."""
+    """Close both pools of the engine, and its read replicas' pools."""
+    await read_routing.close(engine)
     await connections.close(engine)
     await engine.dispose()

@@ -28,6 +28,25 @@ class RequestState:
     # Some database call of this request found the database unavailable: its
     # answer says when to come back (Retry-After).
     unavailable: bool = False
+    # Everything the request asks tolerates a stale answer (the GraphQL layer
+    # says so per operation: service/graphql/read_routes.py): its reads may go
+    # to a read replica (read_routing.py). False: the primary.
+    replica_allowed: bool = False
+    # Where its routed reads went ("replica" or "primary"; None: none was
+    # routed) and how far behind at most, in seconds: the stalest of them
+    # (the answer's extensions.readFrom).
+    read_from: str | None = None
+    read_lag: float = 0.0
+
+    def note_read(self, source: str, lag: float) -> None:
+        """A routed read went to `source`, at most `lag` seconds behind; the answer says the stalest."""
+        if (
+            self.read_from is None
+            or lag > self.read_lag
+            or (source == "replica" and self.read_from != "replica")
+        ):
+            self.read_from = source
+            self.read_lag = lag
 
 
 _current: ContextVar[RequestState | None] = ContextVar("llmgw_request_state", default=None)

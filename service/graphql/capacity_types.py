@@ -7,7 +7,6 @@ from typing import Any
 import strawberry
 
 from service import paging
-from service.database import connections
 from service.errors import NodeNotFound
 from service.fleet import topology
 from service.fleet.node_views import NodeRecord
@@ -103,8 +102,9 @@ class GpuClassSummary:
         )
     )
     async def nvlink_fragmented_free(self, info: Info, shard_size: int = 8) -> int:
-        async with connections.autocommit(info.context.engine) as conn:
-            return await topology.fragmented_free(conn, self.gpu_class, shard_size)
+        return await info.context.read(
+            lambda conn: topology.fragmented_free(conn, self.gpu_class, shard_size)
+        )
 
     @classmethod
     def of(cls, s: GpuClassSummaryRecord) -> GpuClassSummary:

@@ -12,6 +12,7 @@ from strawberry.types import Info as StrawberryInfo
 
 from service.access_control.auth import Authenticator, Principal
 from service.config import Settings
+from service.database import read_routing
 from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.event_log.event_stream import Subscription
@@ -67,6 +68,22 @@ class Context:
         it, so it may run again even when COMMIT's outcome was lost.
         """
         return await in_transaction(self.engine, work, idempotent=idempotent)
+
+    async def read(
+        self,
+        work: Callable[[Connection], Awaitable[T]],
+        *,
+        max_age: float | None = None,
+        transaction: bool = False,
+    ) -> T:
+        """Run a read where the request's reads go (service/database/read_routing.py).
+
+        A read replica when the request tolerates staleness (read_routes.py)
+        and one is close enough behind (`max_age`: the request's own bound,
+        when it names one), else the primary. `transaction`: in one READ ONLY
+        transaction.
+        """
+        return await read_routing.read(self.engine, work, max_age=max_age, transaction=transaction)
 
     def hand_over(
         self, key: Hashable, *, result: Any = None, error: Exception | None = None

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from strawberry.dataloader import DataLoader
 from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField, Selection
 
-from service.database import connections
+from service.database import read_routing
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
 from service.fleet.health import taints
@@ -36,8 +36,8 @@ Fetch = Callable[[Connection, Sequence[Any]], Awaitable[Mapping[Any, Any]]]
 
 def _loader(engine: AsyncEngine, fetch: Fetch, missing: Callable[[], Any]) -> DataLoader[Any, Any]:
     async def load(keys: list[Any]) -> list[Any]:
-        async with connections.autocommit(engine) as conn:
-            found = await fetch(conn, keys)
+        # Where the request's reads go: a replica when it tolerates staleness.
+        found = await read_routing.read(engine, lambda conn: fetch(conn, keys))
         return [found[k] if k in found else missing() for k in keys]
 
     return DataLoader(load_fn=load)

@@ -34,6 +34,7 @@ from .operations.subscriptions import EventSubscriptions
 from .operations.token_admin import TokenMutations, TokenQueries
 from .pages import PageTruncation
 from .permissions import guard_root_fields
+from .read_routes import ReadRouting
 from .request_errors import CodeValidationErrors
 from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
 
@@ -103,6 +104,7 @@ schema = InventorySchema(
     extensions=[
         MaskUnexpected,
         CodeValidationErrors,
+        ReadRouting,
         lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
         lambda: AddValidationRules(list(LIMIT_RULES)),
         ParserCache,

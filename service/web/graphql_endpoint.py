@@ -38,6 +38,7 @@ from service.web.graphql_http import (
     refuse,
     response_media_type,
     unanswerable,
+    with_read_source,
 )
 from service.web.http_guards import (
     ASGIApp,
@@ -133,7 +134,7 @@ class GraphQLEndpoint:
                 lambda: self.context_for(scope, receive),
             )
             if answer is not None:
-                await answer_json(exchange, media_type, 200, answer)
+                await answer_json(exchange, media_type, 200, with_read_source(answer))
                 return
         whole = {"type": "http.request", "body": body, "more_body": False}
         send: Send = exchange if media_type is None else Negotiated(exchange, media_type)

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
+from service.database import request_state
 from service.web.exchange import Exchange
 from service.web.http_guards import Message, Scope, Send, error_body, header
 
@@ -191,6 +192,24 @@ def _as_graphql_response(status: int, body: bytes) -> tuple[int, bytes]:
     return status, body
 
 
+def with_read_source(body: bytes) -> bytes:
+    """A JSON answer with `extensions.readFrom` when its reads were routed (service/database/read_routing.py).
+
+    {"source": "replica" or "primary", "lagSeconds": at most this far behind
+    the primary}: the stalest of the request's reads. Only requests that
+    tolerate staleness are routed, and only when read replicas are
+    configured (INVENTORY_READ_DATABASE_URL); no other answer changes.
+    """
+    state = request_state.current()
+    if state is None or state.read_from is None or body[:1] != b"{" or body[-1:] != b"}":
+        return body
+    entry = json.dumps(
+        {"readFrom": {"source": state.read_from, "lagSeconds": round(state.read_lag, 3)}},
+        separators=(",", ":"),
+    ).encode()
+    return body[:-1] + b',"extensions":' + entry + b"}"
+
+
 class Negotiated:
     """The `send` of one request: holds the response start until its body says what it is."""
 
@@ -229,6 +248,8 @@ class Negotiated:
             kind = JSON_TYPE
             headers = [(k, v) for k, v in headers if k.lower() != b"content-type"]
             headers.append((b"content-type", JSON_TYPE))
+        if kind == JSON_TYPE:
+            body = with_read_source(body)
         if kind == JSON_TYPE and self.media_type == GRAPHQL_RESPONSE:
             status, body = _as_graphql_response(status, body)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-type"]

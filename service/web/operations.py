@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from service import metrics, readiness
 from service.config import Settings
-from service.database import connections
+from service.database import connections, read_routing
 from service.database.db_faults import RETRY_AFTER_SECONDS
 from service.event_log.event_stream import EventStream
 from service.fleet.liveness import run_sweeper
@@ -47,6 +47,8 @@ class Background:
         # The LISTEN connection is a plain asyncpg connection outside the
         # pool: it is held for the process's life and must not count against
         # the connections requests use.
+        # The read replicas' probe, so that one unreachable at start is said at start.
+        read_routing.start(engine)
         dsn = connections.dsn_of(engine)
         stream = EventStream(dsn, engine, connect_timeout=settings.db_timeout)
         stream.start()

@@ -50,8 +50,9 @@ from graphql import (
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.batches import Batches
-from service.database import connections
+from service.database import read_routing
 from service.database.connections import NativeConnection
+from service.database.read_routing import Replica
 from service.fleet import node_pages
 from service.graphql.private_api import core_schema
 
@@ -81,14 +82,22 @@ class CompiledNode:
         self._variable = variable
         self._node = node
         self._start = b'{"data":{' + json.dumps(key).encode() + b":"
-        # By engine: one per app, as the app's front door holds this route.
-        self._batches: dict[AsyncEngine, Batches[NativeConnection, str, str | None]] = {}
+        # By engine (one per app, as the app's front door holds this route)
+        # and by where the look reads: the primary (None) or a read replica.
+        self._batches: dict[
+            tuple[AsyncEngine, Replica | None], Batches[NativeConnection, str, str | None]
+        ] = {}
 
-    def _batches_of(self, engine: AsyncEngine) -> Batches[NativeConnection, str, str | None]:
-        batches = self._batches.get(engine)
+    def _batches_of(
+        self, engine: AsyncEngine, replica: Replica | None
+    ) -> Batches[NativeConnection, str, str | None]:
+        batches = self._batches.get((engine, replica))
         if batches is None:
-            batches = self._batches[engine] = Batches(
-                lambda: connections.autocommit(engine), self._node.fetch, _no_node, MAX_BATCH
+            batches = self._batches[engine, replica] = Batches(
+                lambda: read_routing.connect(engine, replica),
+                self._node.fetch,
+                _no_node,
+                MAX_BATCH,
             )
         return batches
 
@@ -104,7 +113,14 @@ class CompiledNode:
         node_id: str = arguments["id"]
 
         async def read() -> str | None:
-            return await self._batches_of(request.engine).ask(node_id)
+            # Where the request's reads go, decided per look (read_routing.route);
+            # a look that fails on a replica declines, and graphql-core's
+            # read falls back to the primary.
+            choice = read_routing.route(request.engine)
+            replica = None if choice is None else choice.replica
+            found = await self._batches_of(request.engine, replica).ask(node_id)
+            read_routing.record(choice)
+            return found
 
         found = await compiled_read(read)
         if isinstance(found, Declined):

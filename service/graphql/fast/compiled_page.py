@@ -68,10 +68,9 @@ from graphql import (
     get_variable_values,
     located_error,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import node_states
-from service.database import connections
+from service.database.connections import NativeConnection
 from service.fleet import node_pages
 from service.graphql.operations.queries import free_gpus_arguments, nodes_arguments
 from service.graphql.private_api import core_schema
@@ -210,7 +209,8 @@ class CompiledPage:
     async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
         async def read() -> node_pages.JsonPage:
             page = request.page_request(arguments.get("first"))
-            return await self._fetch(request.engine, arguments, page)
+            # Where the request's reads go: a replica when it tolerates staleness.
+            return await request.read(lambda conn: self._fetch(conn, arguments, page))
 
         answer = await compiled_read(read)
         if isinstance(answer, Declined):
@@ -223,26 +223,25 @@ class CompiledPage:
         return Answered(body + b"}")
 
     async def _fetch(
-        self, engine: AsyncEngine, given: Mapping[str, Any], request: PageRequest
+        self, conn: NativeConnection, given: Mapping[str, Any], request: PageRequest
     ) -> node_pages.JsonPage:
-        async with connections.autocommit(engine) as conn:
-            if isinstance(self._page, node_pages.FreeGpusPage):
-                free = free_gpus_arguments(
-                    given.get("gpu_class"),
-                    given.get("fabric"),
-                    given.get("min_free"),
-                    given.get("after"),
-                )
-                return await self._page.fetch(
-                    conn,
-                    gpu_class=free.gpu_class,
-                    fabric=free.fabric,
-                    min_free=free.min_free,
-                    request=request,
-                    after=free.after,
-                )
-            nodes = nodes_arguments(given.get("filter_"), given.get("after"))
-            return await self._page.fetch(conn, nodes.node_filter, request, nodes.after)
+        if isinstance(self._page, node_pages.FreeGpusPage):
+            free = free_gpus_arguments(
+                given.get("gpu_class"),
+                given.get("fabric"),
+                given.get("min_free"),
+                given.get("after"),
+            )
+            return await self._page.fetch(
+                conn,
+                gpu_class=free.gpu_class,
+                fabric=free.fabric,
+                min_free=free.min_free,
+                request=request,
+                after=free.after,
+            )
+        nodes = nodes_arguments(given.get("filter_"), given.get("after"))
+        return await self._page.fetch(conn, nodes.node_filter, request, nodes.after)
 
 
 def _literal(type_name: str, value: ValueNode) -> Any:

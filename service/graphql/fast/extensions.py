@@ -16,6 +16,7 @@ service stays right (Strawberry's view answers) and says why it is slower.
 | AddValidationRules, and its QueryDepthLimiter, MaxAliasesLimiter | their rules, in order, after graphql-core's (documents.py) |
 | ParserCache, ValidationCache | nothing to do: documents.py keeps parsed, validated documents itself |
 | CodeValidationErrors (request_errors.py) | nothing to do: only documents that validated run here; Strawberry's view answers the rest |
+| ReadRouting (read_routes.py) | the front door's plan gives the request the same verdict, from the same function (front_door.py) |
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from strawberry.extensions import (
 )
 
 from service.graphql.masking import MaskUnexpected
+from service.graphql.read_routes import ReadRouting
 from service.graphql.request_errors import CodeValidationErrors
 
 # Extensions whose whole effect the fast path has by construction.
@@ -40,6 +42,7 @@ _NOTHING_TO_DO: tuple[type, ...] = (
     ParserCache,
     ValidationCache,
     CodeValidationErrors,
+    ReadRouting,
 )
 
 

@@ -12,15 +12,19 @@ once: the resolver that graphql_core runs after a hand-over finds it there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control.auth import Principal
 from service.config import Settings
+from service.database import read_routing
+from service.database.connections import NativeConnection
 from service.graphql.context import Context
 from service.paging import PageRequest, page_request
+
+T = TypeVar("T")
 
 
 class FastRequest:
@@ -51,6 +55,12 @@ class FastRequest:
     ) -> None:
         """Context.hand_over on the request's Context, which graphql_core then runs with."""
         self.context().hand_over(key, result=result, error=error)
+
+    async def read(
+        self, work: Callable[[NativeConnection], Awaitable[T]], *, max_age: float | None = None
+    ) -> T:
+        """Context.read without the Context: where the request's reads go (read_routing.py)."""
+        return await read_routing.read(self.engine, work, max_age=max_age)
 
     def page_request(self, first: int | None) -> PageRequest:
         """Context.page_request without the Context."""

@@ -42,7 +42,7 @@ with a route that declares no root field or one without a role
 | registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the gate, the resolver's write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
 | place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the gate, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
 | page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
-| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, text_not_storable |
+| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, replica_failed, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
@@ -85,11 +85,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control.auth import Principal
 from service.config import Settings
+from service.database import request_state
 from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
 from service.graphql.permissions import ROOT_FIELD_ROLES, check_role
 from service.graphql.private_api import core_schema
+from service.graphql.read_routes import allows_stale_reads
 from service.metrics import count_fast_path
 
 from .compiled_heartbeat import compile_heartbeat
@@ -181,13 +183,16 @@ class Gated:
 
 
 class Plan:
-    """An operation's route (if one compiled it) and graphql_core after it."""
+    """An operation's route (if one compiled it), graphql_core after it, and whether its reads
+    may go to a read replica (read_routes.allows_stale_reads: the verdict Strawberry's view's
+    ReadRouting extension gives the same operation)."""
 
-    __slots__ = ("direct", "first")
+    __slots__ = ("direct", "first", "stale_reads")
 
-    def __init__(self, first: Gated | None, direct: DirectOperation) -> None:
+    def __init__(self, first: Gated | None, direct: DirectOperation, stale_reads: bool) -> None:
         self.first = first
         self.direct = direct
+        self.stale_reads = stale_reads
 
 
 def plan_operation(
@@ -210,7 +215,11 @@ def plan_operation(
             if compiled is not None:
                 first = Gated(route.name, compiled, root.name.value, role)
                 break
-    return Plan(first, DirectOperation(schema, prepared, operation, operation_name))
+    return Plan(
+        first,
+        DirectOperation(schema, prepared, operation, operation_name),
+        allows_stale_reads(operation),
+    )
 
 
 def _ordinary(request: object) -> tuple[str, str | None, dict[str, Any] | None] | None:
@@ -302,6 +311,9 @@ class FrontDoor:
         if plan is None:
             operation = prepared.operation(operation_name)
             return _declined("operation_not_found" if operation is None else "subscription")
+        state = request_state.current()
+        if state is not None:
+            state.replica_allowed = plan.stale_reads
         fast = FastRequest(principal, self.engine(), self.settings, make_context)
         return await self._answer(plan, variables, fast)
 

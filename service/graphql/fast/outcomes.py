@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from service.database.db_faults import is_database_unavailable
+from service.database.read_routing import replica_failure
 from service.database.transactions import sqlstate
 from service.errors import InventoryError
 from service.graphql.masking import UNSTORABLE_TEXT
@@ -59,6 +60,10 @@ async def compiled_read(read: Callable[[], Awaitable[T]]) -> T | Declined:
     except Exception as error:
         if is_database_unavailable(error):
             return Declined("database_unavailable")
+        if replica_failure(error):
+            # Cancelled on a read replica by a conflict with recovery: graphql-core's
+            # read falls back to the primary (service/database/read_routing.py).
+            return Declined("replica_failed")
         if sqlstate(error) in UNSTORABLE_TEXT:
             return Declined("text_not_storable")
         raise

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import strawberry
 
-from service.database import connections
 from service.scheduling import placement
 from service.scheduling.placement import fit as fits
 from service.scheduling.rejections import Rejection
@@ -22,8 +21,9 @@ class PlacementQueries:
     )
     async def explain_placement(self, info: Info, input: PlaceInput) -> PlacementExplanation:
         request = input.to_request()
-        async with connections.autocommit(info.context.engine) as conn:
-            outcome = await placement.explain(conn, request)
+        outcome = await info.context.read(
+            lambda conn: placement.explain(conn, request), max_age=request.max_age
+        )
         if isinstance(outcome, Rejection):
             raise InvalidPlacement(outcome.message)
         return PlacementExplanation.of(outcome, request.gpus_per_shard)
@@ -50,10 +50,12 @@ class PlacementQueries:
     ) -> Fit:
         size = info.context.page_request(first).size
         request = shape.to_request()
-        async with connections.read_only(info.context.engine) as conn:
-            outcome = await fits.fit(
-                conn, request, exclude=[str(n) for n in exclude_nodes or ()], first=size
-            )
+        exclude = [str(n) for n in exclude_nodes or ()]
+        outcome = await info.context.read(
+            lambda conn: fits.fit(conn, request, exclude=exclude, first=size),
+            max_age=request.max_age,
+            transaction=True,
+        )
         if isinstance(outcome, Rejection):
             raise InvalidPlacement(outcome.message)
         return Fit.of(outcome, request.gpus_per_shard)

@@ -10,6 +10,7 @@ import strawberry
 
 from service import paging
 from service.database import connections
+from service.database.connections import Connection
 from service.fleet import hardware, node_views
 from service.scheduling import allocations, capacity
 
@@ -92,16 +93,19 @@ class NodeQueries:
                 given, node_filter=dataclasses.replace(given.node_filter, max_age=max_age)
             )
         loaders = info.context.loaders
-        async with connections.autocommit(info.context.engine) as conn:
-            read = await node_views.list_nodes(conn, given.node_filter, request.limit, given.after)
-            page = paging.cut(read, request, lambda record: record.id)
+
+        async def read(conn: Connection) -> paging.Page[node_views.NodeRecord]:
+            found = await node_views.list_nodes(conn, given.node_filter, request.limit, given.after)
+            page = paging.cut(found, request, lambda record: record.id)
             loaders.node.prime_many({record.id: record for record in page.entries})
             # The details this query selects, for the whole page at once: its
             # Node fields then answer without a task per node (see loaders.py).
             await loaders.prefetch_nodes(
                 conn, [r.id for r in page.entries], info.selected_fields[0].selections
             )
-        return answer(page, Node.of)
+            return page
+
+        return answer(await info.context.read(read, max_age=max_age), Node.of)
 
     @strawberry.field(
         description=paged(
@@ -127,7 +131,8 @@ class NodeQueries:
         given = free_gpus_arguments(gpu_class, fabric, min_free, after)
         node = selected(info.selected_fields[0].selections).get("node")
         loaders = info.context.loaders
-        async with connections.autocommit(info.context.engine) as conn:
+
+        async def read(conn: Connection) -> paging.Page[capacity.NodeFreeGpus]:
             found = await capacity.free_gpus(
                 conn,
                 gpu_class=given.gpu_class,
@@ -144,14 +149,16 @@ class NodeQueries:
                 ids = [f.node_id for f in page.entries]
                 await loaders.prefetch(conn, loaders.node, ids)
                 await loaders.prefetch_nodes(conn, ids, node)
+            return page
+
+        page = await info.context.read(read, max_age=max_age)
         return answer(
             page, lambda f: NodeFreeGpus(node_id=f.node_id, gpu_indices=list(f.gpu_indices))
         )
 
     @strawberry.field
     async def fabrics(self, info: Info) -> list[Fabric]:
-        async with connections.autocommit(info.context.engine) as conn:
-            found = await capacity.fabrics(conn)
+        found = await info.context.read(capacity.fabrics)
         return [Fabric(name=f.name, node_ids=f.node_ids) for f in found]
 
     @strawberry.field(
@@ -168,8 +175,7 @@ class NodeQueries:
 
     @strawberry.field
     async def gpu_classes(self, info: Info) -> list[GpuClassSummary]:
-        async with connections.autocommit(info.context.engine) as conn:
-            found = await capacity.gpu_classes(conn)
+        found = await info.context.read(capacity.gpu_classes)
         return [GpuClassSummary.of(s) for s in found]
 
     @strawberry.field(description=paged("Allocations sorted by shard id.", cursor="shard id"))
