@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Generic, TypeVar
@@ -101,7 +102,11 @@ class Batches(Generic[C, K, V]):
         self._waiting.setdefault(key, []).append(future)
         self._arrived_while_out = self._arrived_while_out or self._out
         if self._worker is None:
-            self._worker = asyncio.create_task(self._answer_batches())
+            # In no request's context: a batch carries many requests (their
+            # deadlines and time limits are theirs, not the batch's).
+            self._worker = asyncio.create_task(
+                self._answer_batches(), context=contextvars.Context()
+            )
         return future
 
     async def _answer_batches(self) -> None:

@@ -41,6 +41,10 @@ MAX_NUMA_NODE = 1 << 16
 # A replica is at most this many shards: far above any real tensor/pipeline
 # split, low enough that one request cannot make a statement of unbounded size.
 MAX_SHARDS = 64
+# The longest a client may say it waits for an answer (X-Client-Timeout,
+# seconds): past an hour no scheduler is still waiting, and a value that
+# large is a unit mistake (milliseconds sent as seconds).
+MAX_CLIENT_TIMEOUT = 3600.0
 MAX_GPUS_PER_SHARD = MAX_GPUS
 # Replicas in one placement group, all roles together, and roles in one group.
 MAX_GROUP_REPLICAS = 256

@@ -186,6 +186,11 @@ SETTINGS: tuple[Setting, ...] = (
             "What LOST does to a node's replicas: free (released whole, their GPUs offered again) "
             "or hold (kept, not offered, until the node returns and confirms the shards it still "
             "runs, or an operator frees them: docs/operations/fencing.md)."),
+    Setting("INVENTORY_RELEASE_TOMBSTONE", "release_tombstone", "900", _positive_float,
+            "Seconds a releaseReplica of a replica id that held nothing keeps that id from being "
+            "placed or allocated (CONFLICT naming when it was released): a place that arrives "
+            "late, after its scheduler gave up and released, holds nothing "
+            "(docs/scheduler/deadlines.md)."),
     Setting("INVENTORY_SWEEP_INTERVAL", "sweep_interval", "5", _positive_float,
             "Seconds between liveness sweeps."),
     Setting("INVENTORY_EVENT_RETENTION", "event_retention", "604800", _positive_float,
@@ -243,6 +248,7 @@ class Settings:
     unreachable_after: float = 30.0
     lost_after: float = 300.0
     lost_policy: str = "free"
+    release_tombstone: float = 900.0
     sweep_interval: float = 5.0
     event_retention: float = 604800.0
     bootstrap_token: str | None = None

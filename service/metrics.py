@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
-from service.database import connections, read_routing, transactions
+from service.database import connections, read_routing, request_state, transactions
 from service.database.connections import Connection
 from service.node_states import STATES
 from service.scheduling import place_batches
@@ -465,6 +465,15 @@ def _process(out: Exposition) -> None:
         "How far behind the primary the read replica was at its last probe (0: nothing left "
         "to replay); absent while unknown.",
         (((("replica", r.shown),), r.lag) for r in replicas if r.up and r.lag is not None),
+    )
+    out.family(
+        "inventory_writes_past_deadline_total",
+        "counter",
+        "Writes rolled back instead of committing after their client's deadline "
+        "(X-Client-Timeout), by where it was found: before_begin, statement (the bounded "
+        "statement_timeout), before_commit (the service's last check), at_commit (the server's "
+        "own check, sent with COMMIT).",
+        (((("at", w),), n) for w, n in sorted(request_state.DEADLINES.by_where.items())),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()
     out.family(

@@ -405,6 +405,30 @@ shards = Table(
 Index("ix_shards_replica_id", shards.c.replica_id)
 Index("ix_shards_node_id", shards.c.node_id)
 
+# One row per replica id that a claim stored shards for or that was released
+# while holding nothing: the row a claim and a release of the same id
+# serialize on, so that a release sees the shards of a claim committing at
+# that moment, or the claim sees the release's tombstone and is refused
+# (service/scheduling/allocations/storing.py; migration 0013). A row without
+# a tombstone says nothing by itself.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("replica_id", Text, primary_key=True),
+    # Released while it held nothing (its scheduler gave up on placing it):
+    # a claim of this id is refused until tombstone_until.
+    Column("released_at", DateTime(timezone=True)),
+    Column("tombstone_until", DateTime(timezone=True)),
+    Column("released_by", Text),
+    CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
+    CheckConstraint("(released_at IS NULL) = (tombstone_until IS NULL)", name="tombstone"),
+)
+Index(
+    "ix_replicas_tombstone_until",
+    replicas.c.tombstone_until,
+    postgresql_where=replicas.c.tombstone_until.isnot(None),
+)
+
 # One row per held GPU. Its primary key is the final guard against double
 # booking: whatever a scheduler read, two transactions cannot both insert the
 # same (node, index), even from different service processes.

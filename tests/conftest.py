@@ -90,6 +90,17 @@ def drop_database(server: str, url: str) -> None:
     asyncio.run(drop())
 
 
+@pytest.fixture
+def own_postgres() -> Iterator[Path]:
+    """A data directory for an embedded PostgreSQL this test may stop and start."""
+    root = Path(tempfile.mkdtemp(prefix="llmgw-fault-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        yield root / "data"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def database_url(server_url: str) -> Iterator[str]:
     """A fresh database at the latest migration, for this test session."""
@@ -117,7 +128,7 @@ async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEn
 
 TABLES = (
     "allocated_gpus, shards, gpu_pools, gpus, fabric_attachments, filesystems, weights, "
-    "events, api_tokens, taints, nodes, group_members, placement_groups"
+    "events, api_tokens, taints, nodes, group_members, placement_groups, replicas"
 )
 
 

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import TextClause, text
@@ -28,7 +28,8 @@ from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import NullType
 
-from service.database import database_url, db_faults
+from service.database import database_url, db_faults, request_state
+from service.database.request_state import ClientDeadline, DeadlinePassed
 
 
 class Savepoint(Protocol):
@@ -249,6 +250,12 @@ class PoolSpec:
         default_factory=lambda: {"application_name": "llmgw-inventory"}
     )
 
+    @property
+    def statement_timeout_ms(self) -> int | None:
+        """Each session's statement_timeout (db.session_settings), when it has one."""
+        value = self.server_settings.get("statement_timeout")
+        return None if value is None else int(value)
+
 
 class Pool:
     """asyncpg's pool for one engine's database, opened on first use (it needs the running loop)."""
@@ -369,7 +376,9 @@ async def close(engine: AsyncEngine) -> None:
 
 
 @asynccontextmanager
-async def transaction(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
+async def transaction(
+    engine: AsyncEngine, deadline: ClientDeadline | Literal["request"] | None = "request"
+) -> AsyncIterator[NativeConnection]:
     """One transaction on a pooled connection: committed when the block ends, rolled back on error.
 
     COMMIT that fails on the connection's side (the connection lost, the
@@ -377,9 +386,25 @@ async def transaction(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
     the server may have committed (PostgreSQL writes its commit record
     before it waits for a synchronous standby, and a session terminated in
     that wait is committed locally). A COMMIT the server refused rolled back.
+
+    `deadline`: when the client stops waiting ("request": the running
+    request's, request_state; None: none). A transaction that would commit
+    after it is rolled back instead (DeadlinePassed): checked before BEGIN,
+    by a statement_timeout no longer than the time left, in the service just
+    before COMMIT, and by the server itself in the message that carries the
+    COMMIT (inventory_commit_by, migration 0013), so a COMMIT that reaches a
+    server paused past the deadline does not commit either.
     """
+    if deadline == "request":
+        state = request_state.current()
+        deadline = None if state is None else state.client_deadline
     native = _pool_of(engine)
-    async with native.connection() as raw, _transaction_block(raw, "BEGIN") as conn:
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline.at:
+        raise DeadlinePassed(deadline, "before_begin")
+    async with (
+        native.connection() as raw,
+        _transaction_block(raw, "BEGIN", deadline, native.spec.statement_timeout_ms) as conn,
+    ):
         yield conn
 
 
@@ -413,25 +438,63 @@ def read_only_block(raw: Any) -> AbstractAsyncContextManager[NativeConnection]:
 
 
 @asynccontextmanager
-async def _transaction_block(raw: Any, begin: str) -> AsyncIterator[NativeConnection]:
+async def _transaction_block(
+    raw: Any,
+    begin: str,
+    deadline: ClientDeadline | None = None,
+    statement_timeout_ms: int | None = None,
+) -> AsyncIterator[NativeConnection]:
     if statement_observers:
         _observe(begin)
+    loop = asyncio.get_running_loop()
+    bounded = False
+    if deadline is not None:
+        left_ms = max(1, int((deadline.at - loop.time()) * 1000))
+        bounded = statement_timeout_ms is None or left_ms <= statement_timeout_ms
+        if bounded:
+            # In the same message as BEGIN: no round trip more.
+            begin = f"{begin}; SET LOCAL statement_timeout = {left_ms}"
     await raw.execute(begin)
+    begun = loop.time()
     conn = NativeConnection(raw)
     try:
         yield conn
-    except BaseException:
+    except BaseException as error:
         # Also when cancelled (the request's time limit, a shutdown): asyncpg
         # first finishes cancelling a statement in flight in PostgreSQL (so
         # no backend is left running it for a request that is gone), then
         # the ROLLBACK runs.
         await _roll_back(raw)
+        if deadline is not None and bounded and isinstance(error, asyncpg.QueryCanceledError):
+            raise DeadlinePassed(deadline, "statement") from error
         raise
+    # statement_timeout off for COMMIT itself: PostgreSQL answers a COMMIT
+    # whose wait for the synchronous standby was cancelled (by a timeout
+    # too) with success and a warning that it committed only locally. An
+    # acknowledged write must be on the standby; a COMMIT that cannot get
+    # there waits, until the request's own time limit answers "unknown".
+    commit = "SET LOCAL statement_timeout = 0; COMMIT"
+    if deadline is not None:
+        if loop.time() >= deadline.at:
+            await _roll_back(raw)
+            raise DeadlinePassed(deadline, "before_commit")
+        # The same deadline on the server's clock: this transaction's start
+        # (now()) plus what was left when BEGIN had been answered, which is
+        # after now() was taken, so never later than the client's deadline.
+        commit = (
+            f"SELECT inventory_commit_by(now() + make_interval(secs => {deadline.at - begun:.6f}));"
+            f" {commit}"
+        )
     try:
-        await raw.execute("COMMIT")
+        await raw.execute(commit)
     except BaseException as error:
         if isinstance(error, Exception) and not db_faults.connection_unusable(error):
-            raise  # the server's refusal: rolled back, the connection is fine
+            # The server's refusal: COMMIT ran and rolled back, or (a statement
+            # before it failed) the transaction waits for its ROLLBACK.
+            await _roll_back(raw)
+            if deadline is not None and isinstance(error, asyncpg.QueryCanceledError):
+                raise DeadlinePassed(deadline, "at_commit") from error
+            raise
         close_now(raw)
         if isinstance(error, Exception):
             raise db_faults.CommitOutcomeUnknown() from error

@@ -17,7 +17,59 @@ in the copy.
 from __future__ import annotations
 
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.errors import InventoryError
+
+
+@dataclass(frozen=True, slots=True)
+class ClientDeadline:
+    """When the client stops waiting for its answer: `at` on the event loop's clock (loop.time()).
+
+    `timeout`: the seconds it said it waits, counted from its request's
+    arrival (the web layer reads them from a header), for messages.
+    """
+
+    at: float
+    timeout: float
+
+
+class DeadlinePassed(InventoryError):
+    """A write that would have committed after its client stopped waiting: rolled back, nothing written."""
+
+    code = "DEADLINE_EXCEEDED"
+
+    def __init__(self, deadline: ClientDeadline, where: str) -> None:
+        super().__init__(
+            f"the client's deadline ({deadline.timeout:g} s after its request arrived) passed "
+            "before this write could commit: rolled back, nothing was written"
+        )
+        self.where = where
+        self.timeout = deadline.timeout
+        DEADLINES.count(where)
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        return {"code": self.code, "timeoutSeconds": self.timeout}
+
+
+@dataclass
+class DeadlineCounts:
+    """Writes rolled back because their client's deadline passed, by where it was found (/metrics).
+
+    before_begin (nothing sent), statement (a statement ran into the bounded
+    statement_timeout), before_commit (checked last, in the service), at_commit
+    (the server's own check, sent with COMMIT: the server was paused or slow).
+    """
+
+    by_where: dict[str, int] = field(default_factory=dict)
+
+    def count(self, where: str) -> None:
+        self.by_where[where] = self.by_where.get(where, 0) + 1
+
+
+DEADLINES = DeadlineCounts()
 
 
 @dataclass(slots=True)
@@ -25,6 +77,9 @@ class RequestState:
     # When the service stops the request (INVENTORY_REQUEST_TIMEOUT), on the
     # event loop's clock (loop.time()): retries end before it.
     limit_at: float | None = None
+    # When the client stops waiting (it said so), if it did: no write of the
+    # request commits after it (connections.py).
+    client_deadline: ClientDeadline | None = None
     # Some database call of this request found the database unavailable: its
     # answer says when to come back (Retry-After).
     unavailable: bool = False

@@ -42,6 +42,7 @@ from service.database.db_faults import (
     connection_unusable,
     is_database_unavailable,
 )
+from service.database.request_state import DeadlinePassed
 from service.errors import InventoryError
 
 log = logging.getLogger(__name__)
@@ -113,9 +114,10 @@ class RetryBudget:
     """How long one write may keep trying while the database is away, and what it tried.
 
     The budget ends at the first of: `window` seconds after the first
-    attempt (INVENTORY_WRITE_RETRY, the engine's PoolSpec.write_retry) and
-    the request's own time limit less a connection timeout (request_state),
-    so that the last attempt can still answer before the request is stopped.
+    attempt (INVENTORY_WRITE_RETRY, the engine's PoolSpec.write_retry), the
+    request's own time limit less a connection timeout (request_state), so
+    that the last attempt can still answer before the request is stopped, and
+    the client's deadline when it sent one (after it, nothing may commit).
     """
 
     def __init__(self, engine: AsyncEngine, idempotent: bool) -> None:
@@ -132,6 +134,8 @@ class RetryBudget:
         state = request_state.current()
         if state is not None and state.limit_at is not None:
             ends = min(ends, state.limit_at - self.connect_timeout)
+        if state is not None and state.client_deadline is not None:
+            ends = min(ends, state.client_deadline.at)
         return ends
 
     async def after(self, error: Exception) -> None:
@@ -209,7 +213,13 @@ async def retried(attempt: Callable[[], Awaitable[T]], engine: AsyncEngine) -> T
     it is run again only because running it twice is the same as once.
     """
     budget: RetryBudget | None = None
+    state = request_state.current()
+    deadline = None if state is None else state.client_deadline
     while True:
+        if deadline is not None and asyncio.get_running_loop().time() >= deadline.at:
+            # Not sent after the client stopped waiting (a statement outside a
+            # transaction block commits as it ends: there is no COMMIT to check).
+            raise DeadlinePassed(deadline, "before_begin")
         try:
             return await attempt()
         except Exception as error:

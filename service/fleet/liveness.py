@@ -38,7 +38,7 @@ from service.database.db_faults import is_database_unavailable
 from service.database.transactions import in_transaction
 from service.event_log.events import prune_events, record_event
 from service.fleet.fencing import hold_shards_on
-from service.scheduling.allocations import release_replica
+from service.scheduling.allocations import forget_expired_tombstones, release_replica
 from service.scheduling.gpu_pools import refresh_pools
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,7 @@ async def sweep(
         released = await release_replicas_on(conn, lost)
 
     pruned = await prune_events(conn, event_retention) if event_retention is not None else 0
+    await forget_expired_tombstones(conn)
     if unreachable or lost:
         log.info(
             "liveness sweep",

@@ -17,7 +17,10 @@ What stays as it was:
   batch never waits for a node's lock. A claim that would wait for one, or
   plan over several nodes, or answer Unplaceable, is not made in the batch:
   it runs as place() in a transaction of its own afterwards (waiting while
-  holding other callers' claims could deadlock). The one wait left is an
+  holding other callers' claims could deadlock).
+- No late commit: a batch commits before the earliest of its calls' client
+  deadlines (connections.transaction), or is rolled back and each call is
+  run alone within its own. The one wait left is an
   insert meeting the same shard id uncommitted (one replica placed twice at
   once); should that close a cycle, PostgreSQL's deadlock check ends it
   with an error, which is the case below.
@@ -47,6 +50,7 @@ what is stored.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -54,7 +58,8 @@ from weakref import WeakKeyDictionary
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.database import connections
+from service.database import connections, request_state
+from service.database.request_state import ClientDeadline, DeadlinePassed
 from service.database.transactions import in_transaction
 from service.event_log.event_announcements import announce
 from service.event_log.events import collecting_recorded
@@ -81,10 +86,18 @@ class _Alone:
         self.reason = reason
 
 
+def _client_deadline() -> ClientDeadline | None:
+    state = request_state.current()
+    return None if state is None else state.client_deadline
+
+
 @dataclass
 class _Call:
     request: PlaceRequest
     actor: str | None
+    # When its client stops waiting: the batch that carries it commits before
+    # the earliest of its calls' deadlines, or not at all.
+    deadline: ClientDeadline | None = field(default_factory=_client_deadline)
     answer: asyncio.Future[Allocated | Rejection | _Alone] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -143,7 +156,11 @@ class PlaceQueue:
             self.running < self.transactions and len(self.waiting) >= self.size
         ):
             self.running += 1
-            task = asyncio.get_running_loop().create_task(self._run())
+            # In no request's context: the batch carries many requests, each
+            # with its own deadline (_Call.deadline), none of them its own.
+            task = asyncio.get_running_loop().create_task(
+                self._run(), context=contextvars.Context()
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         outcome = await call.answer
@@ -170,9 +187,11 @@ class PlaceQueue:
     async def _batch(self, batch: list[_Call]) -> None:
         groups = _by_shape(batch)
         placed: list[tuple[_Call, Allocated | Rejection]] = []
+        deadlines = [call.deadline for call in batch if call.deadline is not None]
+        deadline = min(deadlines, key=lambda d: d.at) if deadlines else None
         try:
             with collecting_recorded() as recorded:
-                async with connections.transaction(self.engine) as conn:
+                async with connections.transaction(self.engine, deadline) as conn:
                     for k, group in enumerate(groups):
                         try:
                             outcomes = await _place_group(conn, group)
@@ -206,6 +225,14 @@ class PlaceQueue:
             for call, _ in placed:
                 COUNTS.count_alone("abandoned")
                 call.settle(_Alone("abandoned"))
+            return
+        except DeadlinePassed:
+            # The earliest deadline of the batch passed before it could commit:
+            # nothing was kept; each call alone, within its own deadline.
+            for call in batch:
+                if not call.answer.done():
+                    COUNTS.count_alone("deadline")
+                    call.settle(_Alone("deadline"))
             return
         except Exception:
             log.warning(

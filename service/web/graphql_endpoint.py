@@ -6,6 +6,8 @@ In this order, each step answering a request it refuses:
    nothing fits, before anything else is read;
 2. the time limit (INVENTORY_REQUEST_TIMEOUT, time_limits.py), around all after it,
    so that a body trickled in a byte at a time counts against it too: 503;
+   and the client's deadline (X-Client-Timeout, http_guards.client_deadline),
+   after which no write of the request commits: 400 BAD_INPUT when malformed;
 3. the body, read whole, at most INVENTORY_MAX_BODY_BYTES: 413;
 4. the caller's token: 401 (503 while the database cannot say);
 5. the request's shape (graphql_http.check_request): 4xx;
@@ -47,6 +49,7 @@ from service.web.http_guards import (
     Scope,
     Send,
     caller,
+    client_deadline,
     error_body,
     header,
     read_body,
@@ -99,6 +102,14 @@ class GraphQLEndpoint:
         if state is not None:
             # Writes retried while the database is away stop in time for an answer.
             state.limit_at = limit.deadline
+            try:
+                # No write commits after the client stops waiting (connections.transaction).
+                state.client_deadline = client_deadline(scope, limit.deadline - self.limits.seconds)
+            except Refused as refused:
+                exchange.limit = None
+                limit.end()
+                await self._refused(exchange, media_type, refused)
+                return
         try:
             with limit:
                 await self._in_time(scope, receive, exchange, media_type)
@@ -141,7 +152,7 @@ class GraphQLEndpoint:
         await self.view(scope, replay(whole, receive), send)
 
     async def _refused(self, exchange: Exchange, media_type: str | None, refused: Refused) -> None:
-        body = error_body(refused.message, refused.code)
+        body = error_body(refused.message, refused.code, refused.extensions)
         await answer_json(exchange, media_type, refused.status, body, refused.headers)
 
     def _media_type(self, accept: str | None) -> str | None:

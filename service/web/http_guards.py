@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
 from service.access_control.auth import Authenticator, Principal, Unauthenticated
+from service.bounds import MAX_CLIENT_TIMEOUT
 from service.database.db_faults import (
     RETRY_AFTER_SECONDS,
     DatabaseUnavailable,
     is_database_unavailable,
 )
+from service.database.request_state import ClientDeadline
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +33,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def error_body(message: str, code: str) -> bytes:
+def error_body(message: str, code: str, extensions: dict[str, Any] | None = None) -> bytes:
     """A GraphQL-shaped error of a request refused before execution (no `data` key)."""
-    return json.dumps({"errors": [{"message": message, "extensions": {"code": code}}]}).encode()
+    error = {"message": message, "extensions": {"code": code, **(extensions or {})}}
+    return json.dumps({"errors": [error]}).encode()
 
 
 def decode_json_body(data: str | bytes) -> object:
@@ -91,12 +95,15 @@ class Refused(Exception):
         message: str,
         code: str,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        extensions: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.headers = headers
+        # More of the error's extensions (a BAD_INPUT's field and value).
+        self.extensions = extensions
 
 
 async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes | None:
@@ -153,6 +160,50 @@ def time_limit_passed(seconds: float, scope: Scope) -> Refused:
         503,
         f"the request took longer than {seconds:g}s and was stopped (INVENTORY_REQUEST_TIMEOUT)",
         "REQUEST_TIMEOUT",
+    )
+
+
+# How long the client waits for this answer, in seconds from its arrival: no
+# write of the request commits after that (docs/scheduler/deadlines.md).
+# Relative, not a time of day: the client's clock and the service's need not
+# agree.
+CLIENT_TIMEOUT = "X-Client-Timeout"
+_CLIENT_TIMEOUT_HEADER = CLIENT_TIMEOUT.lower().encode()
+_SECONDS = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,9})?")
+
+
+def client_deadline(scope: Scope, now: float) -> ClientDeadline | None:
+    """The client's deadline from X-Client-Timeout (on the clock `now` is read from), if it sent one.
+
+    Refused (400, BAD_INPUT naming the header and its value) when it is not a
+    number of seconds, is 0 or less (the client stopped waiting before it
+    asked), or is more than MAX_CLIENT_TIMEOUT.
+    """
+    raw = header(scope, _CLIENT_TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not _SECONDS.fullmatch(text):
+        problem = "expected the seconds the client waits for this answer, e.g. 2.5"
+    elif float(text) <= 0:
+        problem = "the deadline is already past: the client stopped waiting before it asked"
+    elif float(text) > MAX_CLIENT_TIMEOUT:
+        problem = f"at most {MAX_CLIENT_TIMEOUT:g} seconds (is it milliseconds?)"
+    else:
+        seconds = float(text)
+        return ClientDeadline(now + seconds, seconds)
+    shown = raw if len(raw) <= 80 else raw[:77] + "..."
+    log.info(
+        "refused a request (BAD_INPUT 400): %s=%r",
+        CLIENT_TIMEOUT,
+        shown,
+        extra={"code": "BAD_INPUT"},
+    )
+    raise Refused(
+        400,
+        f"{CLIENT_TIMEOUT}={shown!r}: {problem}",
+        "BAD_INPUT",
+        extensions={"field": CLIENT_TIMEOUT, "value": shown},
     )
 
 

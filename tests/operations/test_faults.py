@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -100,17 +98,6 @@ def writers(url: str, count: int, outcomes: Outcomes) -> Iterator[None]:
         stop.set()
         for t in threads:
             t.join(timeout=30)
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[Path]:
-    """A data directory for an embedded PostgreSQL this test may stop and start."""
-    root = Path(tempfile.mkdtemp(prefix="llmgw-fault-pg-", dir="/tmp"))
-    root.chmod(0o755)
-    try:
-        yield root / "data"
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def stored_node_ids(url: str) -> set[str]:

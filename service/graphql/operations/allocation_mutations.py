@@ -85,7 +85,9 @@ class AllocationMutations:
         description=(
             "Scheduler: let the service pick the GPUs and hold them in the same transaction. "
             "Unplaceable says why per node; AllocationRejected is bad input or a replica id "
-            "already holding other shards."
+            "already holding other shards. With the X-Client-Timeout header, never committed "
+            "after the client stopped waiting (DEADLINE_EXCEEDED); a replica id released while it "
+            "held nothing is refused, CONFLICT."
         )
     )
     async def place(self, info: Info, input: PlaceInput) -> PlaceResult:
@@ -111,7 +113,12 @@ class AllocationMutations:
         return await info.context.write(work)
 
     @strawberry.mutation(
-        description="Free every shard of a replica: replicas fail whole. Returns GPUs freed."
+        description=(
+            "Free every shard of a replica: replicas fail whole. Returns GPUs freed. A replica "
+            "that held nothing, released without a generation (a place its scheduler gave up "
+            "on), is tombstoned for INVENTORY_RELEASE_TOMBSTONE seconds: a place or allocate of "
+            "its id arriving late is refused, CONFLICT."
+        )
     )
     async def release_replica(
         self,
@@ -130,7 +137,12 @@ class AllocationMutations:
     ) -> int:
         async def work(conn: Connection) -> int:
             return await allocations.release_replica(
-                conn, str(replica_id), info.context.actor, generation=generation
+                conn,
+                str(replica_id),
+                info.context.actor,
+                generation=generation,
+                # A release of nothing: a place of this id arriving late is refused.
+                tombstone_for=info.context.settings.release_tombstone,
             )
 
         # Run again when it failed before COMMIT; not after a COMMIT cut off in

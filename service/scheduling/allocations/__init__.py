@@ -32,21 +32,35 @@ from service.scheduling.allocations.records import (
     shards_by_id,
     shards_on_nodes,
 )
-from service.scheduling.allocations.releases import release_replica, release_shard
+from service.scheduling.allocations.releases import (
+    forget_expired_tombstones,
+    release_replica,
+    release_shard,
+)
 from service.scheduling.allocations.requests import (
     AllocationRequest,
     ShardRequest,
     validate_request,
 )
-from service.scheduling.allocations.storing import NotStored, store, store_calls, store_statement
+from service.scheduling.allocations.storing import (
+    NotStored,
+    ReplicaReleased,
+    Tombstoned,
+    store,
+    store_calls,
+    store_statement,
+)
 
 __all__ = [
     "Allocated",
     "AllocationRequest",
     "NotStored",
+    "ReplicaReleased",
     "ShardRecord",
     "ShardRequest",
+    "Tombstoned",
     "allocate",
+    "forget_expired_tombstones",
     "list_allocations",
     "lock_nodes",
     "release_replica",

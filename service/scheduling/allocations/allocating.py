@@ -20,7 +20,7 @@ from service.scheduling.allocations.records import (
     shard_from_row,
 )
 from service.scheduling.allocations.requests import AllocationRequest, validate_request
-from service.scheduling.allocations.storing import NotStored, store, store_statement
+from service.scheduling.allocations.storing import NotStored, Tombstoned, store, store_statement
 from service.scheduling.availability import (
     gpu_health_reasons,
     gpu_tolerated,
@@ -378,6 +378,9 @@ async def allocate(
 ) -> Allocated | Rejection:
     """Hold every shard's GPUs, or none: a rejection leaves nothing written.
 
+    Raises ReplicaReleased for a replica id released while it held nothing
+    (its tombstone: allocations/storing.py), nothing written.
+
     `fabric` pins the fabric (place() passes the one it planned on); otherwise
     a multi-node replica gets the one its nodes share (see _fabric_rule).
     Runs in the caller's transaction; safe to call with the nodes already
@@ -400,6 +403,8 @@ async def allocate(
         outcome = await _store(conn, request, _FabricChoice(None, {}), (), actor, check=True)
         if isinstance(outcome, Allocated):
             return outcome
+        if isinstance(outcome, Tombstoned):
+            raise outcome.refusal()
         # A check failed (or a concurrent commit won): the passes below read
         # the facts again, in the order they are reported, and say which.
     # Two attempts: a conflict means a transaction that did not hold our lock
@@ -418,6 +423,8 @@ async def allocate(
         outcome = await _store(conn, request, choice, earlier, actor, check=False)
         if isinstance(outcome, Allocated):
             return outcome
+        if isinstance(outcome, Tombstoned):
+            raise outcome.refusal()
     first = request.shards[0]
     return Rejection(
         RejectionCode.GPU_TAKEN,
@@ -435,7 +442,7 @@ async def _store(
     actor: str | None,
     *,
     check: bool,
-) -> Allocated | NotStored:
+) -> Allocated | NotStored | Tombstoned:
     shards = [
         {
             "shard_id": s.shard_id,

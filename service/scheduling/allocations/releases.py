@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Row
 
-from service.bounds import MAX_SHARDS
+from service.bounds import MAX_ID_LENGTH, MAX_SHARDS
 from service.database.connections import Connection
 from service.event_log.events import record_event
 from service.scheduling.generations import GenerationConflict, bump_generations, current_generation
@@ -34,10 +34,37 @@ _RELEASE_SHARD = text(
 )
 _RELEASE_REPLICA = text(
     """
+    WITH forgotten AS (
+        -- Its row in `replicas` (allocations/storing.py), and any tombstone: it freed something.
+        DELETE FROM replicas WHERE replica_id = :replica_id
+    )
     DELETE FROM shards WHERE replica_id = :replica_id AND node_id = ANY(CAST(:nodes AS text[]))
     RETURNING shard_id, replica_id, node_id, gpu_indices, fence
     """
 )
+# A release that freed nothing: the replica id's tombstone. The insert waits
+# for a claim of the id that is committing now (its row), after which the
+# release looks again and frees what that claim stored.
+_TOMBSTONE = text(
+    """
+    INSERT INTO replicas AS r (replica_id, released_at, tombstone_until, released_by)
+    VALUES (:replica_id, now(), now() + make_interval(secs => :seconds), :actor)
+    ON CONFLICT (replica_id) DO UPDATE SET
+        released_at = EXCLUDED.released_at,
+        tombstone_until = EXCLUDED.tombstone_until,
+        released_by = EXCLUDED.released_by
+    """
+)
+# Tombstones past their time, a batch per liveness sweep (ix_replicas_tombstone_until).
+_EXPIRED = text(
+    """
+    DELETE FROM replicas WHERE replica_id IN (
+        SELECT replica_id FROM replicas WHERE tombstone_until <= now() LIMIT :batch
+    )
+    RETURNING replica_id
+    """
+)
+EXPIRED_BATCH = 1000
 
 
 async def _release(
@@ -115,21 +142,44 @@ async def release_replica(
     *,
     generation: int | None = None,
     after_loss: bool = False,
+    tombstone_for: float | None = None,
 ) -> int:
     """Free every shard of a replica: replicas fail whole, so they are freed whole.
 
     With `generation`, only when it is the replica's current one
     (GenerationConflict otherwise, nothing freed); a replica that holds no
     shard frees nothing whatever generation is named (a retried release).
+    With `tombstone_for` (a scheduler's release: INVENTORY_RELEASE_TOMBSTONE),
+    a replica that held nothing is tombstoned for that many seconds: a place
+    or allocate of its id arriving meanwhile is refused (ReplicaReleased,
+    allocations/storing.py), and one committing right now is waited for and
+    its shards freed. Not when the release names a generation: its scheduler
+    knew the placement (it read the generation), so finding nothing means
+    the placement was released already (a retried release), not a place it
+    gave up on; the id may be placed again at once.
     """
+    params = {"replica_id": replica_id}
     released = await _release(
         conn,
         _LOCK_REPLICA_NODES,
         _RELEASE_REPLICA,
-        {"replica_id": replica_id},
+        params,
         actor,
         reason,
         after_loss=after_loss,
         generation=None if generation is None else (replica_id, generation),
     )
+    gave_up = generation is None and 1 <= len(replica_id) <= MAX_ID_LENGTH
+    if not released and tombstone_for is not None and gave_up:
+        await conn.execute(_TOMBSTONE, {**params, "seconds": tombstone_for, "actor": actor})
+        # What a claim that was committing meanwhile stored (freeing it also
+        # takes the tombstone back: something was held after all).
+        released = await _release(
+            conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, params, actor, reason
+        )
     return sum(len(r.gpu_indices) for r in released)
+
+
+async def forget_expired_tombstones(conn: Connection) -> int:
+    """Tombstones past their time go (a batch at a time; the liveness sweep calls it)."""
+    return len((await conn.execute(_EXPIRED, {"batch": EXPIRED_BATCH})).all())

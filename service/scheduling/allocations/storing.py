@@ -1,15 +1,31 @@
-"""store_statement(): the one write path that holds GPUs, and running it (store, store_calls)."""
+"""store_statement(): the one write path that holds GPUs, and running it (store, store_calls).
+
+Every claim also writes its replica id's row in `replicas`, in the same
+statement, and is refused when that row holds a live tombstone: the release
+of a replica id that held nothing (releases.release_replica) leaves one for
+INVENTORY_RELEASE_TOMBSTONE seconds, so a place or allocate of that id
+arriving late, after its scheduler gave up on it and released it, holds
+nothing. The row is what the two serialize on: a release that finds nothing
+writes it too, so it waits for a claim of the id that is committing at that
+very moment (and then frees what it stored), or the claim waits for the
+release and sees its tombstone. Whatever the order, no GPU stays held for a
+replica its scheduler believes gone. Because it is here, every path that holds
+GPUs has the check: place (one call or a batch's several), allocate, and
+anything built on them.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection
+from service.errors import InventoryError
 from service.event_log.events import note_recorded
 from service.scheduling.allocations.records import Allocated, shard_from_row
 from service.scheduling.gpu_pools import move_to_allocated
@@ -45,12 +61,26 @@ def store_statement(wanted: str) -> TextClause:
     """
     return text(
         f"""
-        WITH {wanted}, s AS (
+        WITH {wanted}, marked AS (
+            -- The replica ids' rows (see the module's docstring), in id order:
+            -- a release of the id that left a tombstone, or is leaving one now
+            -- (this insert waits for it), is seen here as its latest row
+            -- version; an expired tombstone is cleared.
+            INSERT INTO replicas AS r (replica_id)
+            SELECT DISTINCT w.replica_id FROM want_shards w JOIN go ON go.call = w.call AND go.ok
+            ORDER BY 1
+            ON CONFLICT (replica_id) DO UPDATE SET
+                released_at = CASE WHEN r.tombstone_until > now() THEN r.released_at END,
+                released_by = CASE WHEN r.tombstone_until > now() THEN r.released_by END,
+                tombstone_until = CASE WHEN r.tombstone_until > now() THEN r.tombstone_until END
+            RETURNING r.replica_id, r.released_at, r.tombstone_until
+        ), s AS (
             INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas, weights,
                                 tolerations)
             SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas, w.weights,
                    w.tolerations
             FROM want_shards w JOIN go ON go.call = w.call AND go.ok
+            JOIN marked m ON m.replica_id = w.replica_id AND m.released_at IS NULL
             ORDER BY w.call, w.shard_id
             ON CONFLICT (shard_id) DO NOTHING
             RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence,
@@ -65,7 +95,8 @@ def store_statement(wanted: str) -> TextClause:
             ON CONFLICT (node_id, gpu_index) DO NOTHING
             RETURNING node_id, gpu_index, shard_id
         ), whole AS (
-            SELECT go.call, go.ok AS checked,
+            SELECT go.call, go.ok AS checked, t.replica_id AS released_id, t.released_at,
+                   t.tombstone_until,
                    go.ok
                    AND (SELECT count(*) FROM placed p WHERE p.call = go.call)
                        = (SELECT count(*) FROM want_shards w WHERE w.call = go.call)
@@ -73,6 +104,12 @@ def store_statement(wanted: str) -> TextClause:
                         WHERE p.call = go.call)
                        = (SELECT count(*) FROM want_gpus w WHERE w.call = go.call) AS done
             FROM go
+            LEFT JOIN LATERAL (
+                SELECT m.replica_id, m.released_at, m.tombstone_until
+                FROM marked m JOIN want_shards w ON w.replica_id = m.replica_id
+                WHERE w.call = go.call AND m.released_at IS NOT NULL
+                LIMIT 1
+            ) t ON true
         ), kept AS (
             SELECT h.node_id, h.gpu_index
             FROM held h JOIN placed p ON p.shard_id = h.shard_id
@@ -87,7 +124,7 @@ def store_statement(wanted: str) -> TextClause:
             ORDER BY p.call, p.shard_id
             RETURNING id, shard_id
         )
-        SELECT d.call, d.checked, d.done,
+        SELECT d.call, d.checked, d.done, d.released_id, d.released_at, d.tombstone_until,
                ARRAY(SELECT l.id FROM logged l JOIN placed q ON q.shard_id = l.shard_id
                      WHERE q.call = d.call ORDER BY l.id) AS event_ids,
                p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at,
@@ -108,6 +145,47 @@ def store_statement(wanted: str) -> TextClause:
 _UNDO = text("DELETE FROM shards WHERE shard_id = ANY(CAST(:ids AS text[]))")
 
 
+class ReplicaReleased(InventoryError):
+    """A claim of a replica id released while it held nothing, before its tombstone expired."""
+
+    code = "CONFLICT"
+
+    def __init__(self, replica_id: str, released_at: datetime, until: datetime) -> None:
+        super().__init__(
+            f"replica {replica_id!r} was released at {_shown_time(released_at)} while it held "
+            f"nothing (its scheduler had given up on placing it), so nothing is held for it "
+            f"until {_shown_time(until)}: place it under a new replica id"
+        )
+        self.replica_id = replica_id
+        self.released_at = released_at
+        self.until = until
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "replicaId": self.replica_id,
+            "releasedAt": _shown_time(self.released_at),
+            "tombstoneUntil": _shown_time(self.until),
+        }
+
+
+def _shown_time(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Tombstoned:
+    """A claim that wrote nothing: its replica id was released while holding nothing (see above)."""
+
+    replica_id: str
+    released_at: datetime
+    until: datetime
+
+    def refusal(self) -> ReplicaReleased:
+        return ReplicaReleased(self.replica_id, self.released_at, self.until)
+
+
 @dataclass(frozen=True)
 class NotStored:
     """A claim that wrote nothing.
@@ -122,15 +200,15 @@ class NotStored:
 
 async def store(
     conn: Connection, statement: TextClause, params: dict[str, Any]
-) -> Allocated | NotStored:
+) -> Allocated | NotStored | Tombstoned:
     """Run a store_statement() of one call: every shard held, pools and events written, or nothing left."""
     return (await store_calls(conn, statement, params))[0]
 
 
 async def store_calls(
     conn: Connection, statement: TextClause, params: dict[str, Any]
-) -> dict[int, Allocated | NotStored]:
-    """Run a store_statement(): per call answered (its go row), Allocated or NotStored.
+) -> dict[int, Allocated | NotStored | Tombstoned]:
+    """Run a store_statement(): per call answered (its go row), Allocated, NotStored or Tombstoned.
 
     An incomplete call's rows are taken back (one statement for all such
     calls), so a call either holds every shard, with its pools and events,
@@ -139,11 +217,13 @@ async def store_calls(
     by_call: dict[int, list[Row[Any]]] = defaultdict(list)
     for row in await conn.execute(statement, params):
         by_call[row.call].append(row)
-    answers: dict[int, Allocated | NotStored] = {}
+    answers: dict[int, Allocated | NotStored | Tombstoned] = {}
     partial: list[str] = []
     for call, mine in by_call.items():
         head = mine[0]
-        if head.done:
+        if head.released_at is not None:
+            answers[call] = Tombstoned(head.released_id, head.released_at, head.tombstone_until)
+        elif head.done:
             note_recorded(list(head.event_ids))
             answers[call] = Allocated(tuple(shard_from_row(r) for r in mine))
         else:

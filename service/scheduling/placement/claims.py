@@ -18,8 +18,10 @@ from service.scheduling.allocations import (
     Allocated,
     AllocationRequest,
     NotStored,
+    ReplicaReleased,
     ShardRecord,
     ShardRequest,
+    Tombstoned,
     allocate,
     lock_nodes,
     shard_from_row,
@@ -243,6 +245,8 @@ async def place(
     Answers Allocated (also for a retry of a place that already succeeded),
     Unplaceable with per-node verdicts when there is no room on committed
     data, or a Rejection for bad input or a replica id already in use.
+    Raises ReplicaReleased for a replica id released while it held nothing
+    (allocations/storing.py), nothing held.
     """
     problem = validate_place(request)
     if problem is not None:
@@ -295,7 +299,12 @@ async def place_without_waiting(
     problem = validate_place(request)
     if problem is not None:
         return problem
-    outcome = await _place_on_one_node(conn, request, actor, set(), savepoints=False)
+    try:
+        outcome = await _place_on_one_node(conn, request, actor, set(), savepoints=False)
+    except ReplicaReleased:
+        # Its claim wrote nothing and the transaction is fine: place() in a
+        # transaction of its own says so.
+        return None
     if isinstance(outcome, Allocated | Rejection):
         return outcome
     return None
@@ -350,7 +359,7 @@ async def place_several_without_waiting(
         else:
             seen.add(request.replica_id)
             together.append(i)
-    claimed: dict[int, Allocated | NotStored] = {}
+    claimed: dict[int, Allocated | NotStored | Tombstoned] = {}
     if together and room:
         claimed = await claim_calls(conn, shape, [calls[i] for i in together], room)
     answers: list[Allocated | Rejection | None] = []
@@ -361,6 +370,11 @@ async def place_several_without_waiting(
         elif isinstance(claim := claimed.get(together.index(i)), Allocated):
             answers.append(claim)
             why.append(None)
+            continue
+        elif isinstance(claim, Tombstoned):
+            # Released while it held nothing: place() alone refuses it.
+            why.append("released")
+            answers.append(None)
             continue
         else:
             # Not answered: no room left on the locked nodes; NotStored: its
@@ -375,7 +389,7 @@ async def claim_calls(
     shape: PlaceRequest,
     calls: Sequence[tuple[PlaceRequest, str | None]],
     room: Sequence[tuple[str, int]],
-) -> dict[int, Allocated | NotStored]:
+) -> dict[int, Allocated | NotStored | Tombstoned]:
     """One claim (claim_statement) for calls of `shape` on nodes this transaction has locked, best first.
 
     `room`: (node id, at most how many calls it takes). Answers by the
@@ -540,6 +554,8 @@ async def _try_one_node(
     outcome = await _claim_on(conn, request, actor, head.picked_node_id)
     if isinstance(outcome, Allocated):
         return outcome
+    if isinstance(outcome, Tombstoned):
+        raise outcome.refusal()
     if not outcome.checked:
         return _NoUse(head.picked_node_id)
     return _CONFLICT
@@ -547,7 +563,7 @@ async def _try_one_node(
 
 async def _claim_on(
     conn: Connection, request: PlaceRequest, actor: str | None, node_id: str
-) -> Allocated | NotStored:
+) -> Allocated | NotStored | Tombstoned:
     """The claim (claim_statement) of every shard on one node this transaction has locked."""
     outcome = (await claim_calls(conn, request, [(request, actor)], [(node_id, 1)])).get(0)
     return NotStored(checked=False) if outcome is None else outcome
