@@ -41,7 +41,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster", "fit", "groups",
+    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas",
 )  # fmt: skip
 
 
@@ -90,6 +90,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         layers,
         peer,
         questions,
+        read_replicas,
         real_cluster,
         statements,
         writes,
@@ -157,6 +158,10 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "floor" in sections:
                 print(f"[{size}] one process against the bare Starlette floor", flush=True)
                 await floor.measure_floor(bench)
+            if "read_replicas" in sections:
+                # A loopback cluster of its own: a primary and two read replicas (issue 37).
+                print(f"[{size}] freeGpus on read replicas", flush=True)
+                wrong += await read_replicas.measure_read_replicas(bench, args.services)
             if "real_cluster" in sections:
                 # Databases of its own, loaded through the API (issue 30).
                 wrong += await real_cluster.measure_real_cluster(
