@@ -409,7 +409,7 @@ Index("ix_shards_node_id", shards.c.node_id)
 # while holding nothing: the row a claim and a release of the same id
 # serialize on, so that a release sees the shards of a claim committing at
 # that moment, or the claim sees the release's tombstone and is refused
-# (service/scheduling/allocations/storing.py; migration 0013). A row without
+# (service/scheduling/allocations/storing.py; migration 0017). A row without
 # a tombstone says nothing by itself.
 replicas = Table(
     "replicas",

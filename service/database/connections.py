@@ -392,7 +392,7 @@ async def transaction(
     after it is rolled back instead (DeadlinePassed): checked before BEGIN,
     by a statement_timeout no longer than the time left, in the service just
     before COMMIT, and by the server itself in the message that carries the
-    COMMIT (inventory_commit_by, migration 0013), so a COMMIT that reaches a
+    COMMIT (inventory_commit_by, migration 0017), so a COMMIT that reaches a
     server paused past the deadline does not commit either.
     """
     if deadline == "request":

@@ -1,6 +1,6 @@
 """Release tombstones and commit deadlines: no GPUs held for a replica its scheduler gave up on
 
-Revision ID: 0013
+Revision ID: 0017
 Revises: 0014b
 Create Date: 2026-12-06 02:00:00
 
@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0013"
+revision: str = "0017"
 down_revision: str | None = "0014b"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
