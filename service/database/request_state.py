@@ -16,7 +16,7 @@ in the copy.
 
 from __future__ import annotations
 
-from contextvars import ContextVar, Token
+from contextvars import Context, ContextVar, Token, copy_context
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +120,19 @@ def begin() -> tuple[RequestState, Token[RequestState | None]]:
 
 def end(token: Token[RequestState | None]) -> None:
     _current.reset(token)
+
+
+def without_request() -> Context:
+    """The running context without the request's state, for a task that serves several requests.
+
+    A place batch carries many requests, each with its own deadline, none of
+    them its own. Everything else of the context stays (the trace the batch's
+    statements belong to, the request id its log lines carry): an empty
+    Context would drop those too, and the statements would trace nowhere.
+    """
+    context = copy_context()
+    context.run(_current.set, None)
+    return context
 
 
 def note_unavailable() -> None:

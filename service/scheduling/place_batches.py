@@ -50,7 +50,6 @@ what is stored.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -156,10 +155,10 @@ class PlaceQueue:
             self.running < self.transactions and len(self.waiting) >= self.size
         ):
             self.running += 1
-            # In no request's context: the batch carries many requests, each
+            # In no request's state: the batch carries many requests, each
             # with its own deadline (_Call.deadline), none of them its own.
             task = asyncio.get_running_loop().create_task(
-                self._run(), context=contextvars.Context()
+                self._run(), context=request_state.without_request()
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
