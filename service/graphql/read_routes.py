@@ -7,7 +7,9 @@ seconds stale (or its own maxAge). The dashboard's and ctl's pages ask these
 alone. Everything else reads the primary: mutations (their answers are read
 after their own writes), allocations (a scheduler reads back what it placed),
 events (a cursor must not skip what a lagging replica has not replayed yet),
-tokens, weightsEvictable (an eviction tool must never see a pin as absent).
+tokens, weightsEvictable (an eviction tool must never see a pin as absent),
+shardsToMove (engines are stopped and replicas released from it: a shard
+tainted a moment ago must not be missing from it).
 
 A new read-only query that tolerates staleness joins the table, and reads
 through Context.read (or FastRequest.read): nothing else changes. Both routes
@@ -35,6 +37,13 @@ STALE_READS_ALLOWED: Final = frozenset(
         "gpuClasses",
         "fit",
         "explainPlacement",
+        "fitGroup",
+        "explainGroupPlacement",
+        # Operators' pages (ctl groups, the dashboard's group view). A
+        # scheduler has placeGroup's own answer, and scaleGroup checks the
+        # generation it read on the primary: a stale one is CONFLICT.
+        "groups",
+        "group",
     }
 )
 

@@ -42,6 +42,10 @@ from tests.waiting import until
 MAX_LAG = 1.0
 FREE_GPUS = '{ freeGpus(gpuClass: "H100-80GB") { node { id } gpuIndices } }'
 NODES = "{ nodes { id } }"
+GROUP = (
+    '{groupId: "g", roles: [{role: "a", replicas: 1, '
+    'shape: {replicaId: "x", gpuClass: "H100-80GB", gpusPerShard: 2}}]}'
+)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +141,11 @@ async def test_staleness_tolerant_reads_go_to_the_replica_and_say_so(
         '{ node(id: "r-1") { id state gpus { index } } }',
         "{ gpuClasses { gpuClass free } }",
         "{ fabrics { name } }",
+        # Placement groups' reads (issue 39's), by the same route.
+        "{ groups { groupId } }",
+        '{ group(groupId: "g") { groupId } }',
+        f"{{ fitGroup(group: {GROUP}) {{ groups }} }}",
+        f"{{ explainGroupPlacement(input: {GROUP}) {{ placeable }} }}",
     ):
         assert read_from(await from_replica(query))["lagSeconds"] <= MAX_LAG
 

@@ -7,7 +7,6 @@ from typing import Annotated
 import strawberry
 
 from service import paging
-from service.database import connections
 from service.database.connections import Connection
 from service.scheduling import groups
 from service.scheduling.placement import Unplaceable as UnplaceableRecord
@@ -55,8 +54,11 @@ class GroupQueries:
     )
     async def fit_group(self, info: Info, group: PlaceGroupInput) -> GroupFit:
         request = group.to_request()
-        async with connections.read_only(info.context.engine) as conn:
-            outcome = await groups.fit_group(conn, request)
+        outcome = await info.context.read(
+            lambda conn: groups.fit_group(conn, request),
+            max_age=request.max_age,
+            transaction=True,
+        )
         if isinstance(outcome, Rejection):
             raise InvalidPlacement(outcome.message)
         return GroupFit.of(outcome)
@@ -71,8 +73,9 @@ class GroupQueries:
         self, info: Info, input: PlaceGroupInput
     ) -> GroupPlacementExplanation:
         request = input.to_request()
-        async with connections.autocommit(info.context.engine) as conn:
-            outcome = await groups.explain_group(conn, request)
+        outcome = await info.context.read(
+            lambda conn: groups.explain_group(conn, request), max_age=request.max_age
+        )
         if isinstance(outcome, Rejection):
             raise InvalidPlacement(outcome.message)
         return GroupPlacementExplanation.of(outcome)
@@ -82,16 +85,13 @@ class GroupQueries:
         self, info: Info, first: int | None = None, after: strawberry.ID | None = None
     ) -> list[GroupPlaced]:
         request = info.context.page_request(first)
-        async with connections.autocommit(info.context.engine) as conn:
-            found = await groups.list_groups(
-                conn, request.limit, None if after is None else str(after)
-            )
+        start = None if after is None else str(after)
+        found = await info.context.read(lambda conn: groups.list_groups(conn, request.limit, start))
         return answer(paging.cut(found, request, lambda g: g.group_id), GroupPlaced.of)
 
     @strawberry.field(description="A placed group read back; null when no group has this id.")
     async def group(self, info: Info, group_id: strawberry.ID) -> GroupPlaced | None:
-        async with connections.autocommit(info.context.engine) as conn:
-            stored = await groups.read_group(conn, str(group_id))
+        stored = await info.context.read(lambda conn: groups.read_group(conn, str(group_id)))
         return None if stored is None else GroupPlaced.of(stored)
 
 

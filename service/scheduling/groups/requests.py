@@ -59,6 +59,12 @@ class GroupRequest:
     def role(self, name: str) -> GroupRole | None:
         return next((r for r in self.roles if r.role == name), None)
 
+    @property
+    def max_age(self) -> int | None:
+        """The tightest maxAge of its roles' shapes: how stale a read of the fleet it may take."""
+        ages = [r.shape.max_age for r in self.roles if r.shape.max_age is not None]
+        return min(ages) if ages else None
+
     def spec(self) -> dict[str, Any]:
         """The group as stored, to tell a retry (the same spec) from a clash (another).
 
