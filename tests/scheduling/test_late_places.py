@@ -286,3 +286,51 @@ async def test_a_commit_that_reaches_a_server_paused_past_the_deadline_is_rolled
     async with engine.connect() as conn:
         stored = await conn.scalar(text("SELECT count(*) FROM events WHERE kind = 'late-commit'"))
     assert stored == 0
+
+
+PLACE_GROUP = """
+mutation P($input: PlaceGroupInput!) {
+  placeGroup(input: $input) { __typename ... on GroupPlaced { groupId } }
+}
+"""
+
+
+def two_member_group(group_id: str) -> dict[str, Any]:
+    shape = {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": 2}
+    return {"groupId": group_id, "roles": [{"role": "decode", "replicas": 2, "shape": shape}]}
+
+
+async def test_a_place_group_whose_member_was_released_while_holding_nothing_holds_nothing(
+    api: Api, engine: AsyncEngine
+) -> None:
+    # A group member is an ordinary replica: its claim passes the same store
+    # path, so a member id released while it held nothing refuses the group.
+    await cluster(api)
+    assert (await api(RELEASE, {"id": "late-decode-1"}))["releaseReplica"] == 0
+    error = await api.fails(PLACE_GROUP, {"input": two_member_group("late")})
+    assert error["extensions"]["code"] == "CONFLICT", error
+    assert error["extensions"]["replicaId"] == "late-decode-1"
+    # All or nothing: the other member holds nothing either, and no group is stored.
+    assert await held_by(engine, "late-decode-0") == 0
+    assert (await api('{ group(groupId: "late") { groupId } }'))["group"] is None
+    placed = await api(PLACE_GROUP, {"input": two_member_group("later")})
+    assert placed["placeGroup"]["__typename"] == "GroupPlaced"
+
+
+async def test_a_place_group_stuck_behind_a_lock_past_its_deadline_is_rolled_back(
+    api: Api, client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    await cluster(api)
+    async with engine.connect() as holder:
+        await holder.begin()
+        await holder.execute(text("SELECT 1 FROM nodes WHERE id = 'n-0' FOR UPDATE"))
+        response = await client.post(
+            "/graphql",
+            json={"query": PLACE_GROUP, "variables": {"input": two_member_group("stuck")}},
+            headers={"X-Client-Timeout": "0.5"},
+        )
+        await holder.rollback()
+    error = response.json()["errors"][0]
+    assert error["extensions"] == {"code": "DEADLINE_EXCEEDED", "timeoutSeconds": 0.5}, error
+    for member in ("stuck-decode-0", "stuck-decode-1"):
+        assert await held_by(engine, member) == 0
