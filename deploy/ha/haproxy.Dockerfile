@@ -7,5 +7,5 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends haproxy \
  && rm -rf /var/lib/apt/lists/*
 USER haproxy
-EXPOSE 5000 5001
+EXPOSE 5000 5011 5012 5013
 ENTRYPOINT ["haproxy", "-W", "-db", "-f", "/etc/haproxy/haproxy.cfg"]

@@ -18,11 +18,17 @@ with when it started and ended and what it got, and the history is judged:
 - the leader cut off from etcd (`docker network disconnect`): it demotes
   itself, and sampling every member every second never finds two primaries nor
   two writable PostgreSQLs, the old one read-only before the new one is promoted;
+- a planned switchover (`patronictl switchover`): not one request refused;
 
 and in every story: no acknowledged write lost (each replica a scheduler holds
 is stored with the GPUs it was given, each it released is gone), no GPU held by
 two replicas at once, and no answer but success or DATABASE_UNAVAILABLE (no
 500, no 502 from nginx, no other error).
+
+Beside them: only nginx is published, no image holds a password, Patroni's
+write endpoints refuse a stranger; and with both replicas' replay paused,
+staleness-tolerant reads leave them within INVENTORY_READ_MAX_LAG (each read's
+staleness judged by the writes it missed) and come back once replay resumes.
 
 Patroni's REST API and PostgreSQL are reached from inside the deployment's
 networks (`docker exec`), as nothing but nginx is published.
@@ -822,3 +828,171 @@ def test_only_nginx_is_published_and_patronis_write_endpoints_refuse_strangers(
     time.sleep(2)
     after = stack.wait_settled(30)
     assert after[leader]["role"] == "leader", after
+
+
+def test_a_planned_switchover_under_load_fails_no_request(stack: HaStack) -> None:
+    members = stack.wait_settled(120)
+    old = next(n for n, m in members.items() if m["role"] == "leader")
+    new = next(n for n, m in members.items() if m["role"] == "sync_standby")
+    with Load(stack.url, "switch") as load:
+        under_way(load, time.monotonic())
+        began = time.monotonic()
+        # As an operator would (docs/deployment/ha.md), with the REST API's credentials.
+        said = stack.in_member(
+            old, "patronictl", "switchover", "--leader", old, "--candidate", new, "--force",
+            timeout=90,
+        )  # fmt: skip
+        done = time.monotonic()
+        members = stack.wait_settled(60)
+        assert members[new]["role"] == "leader", (said, members)
+        under_way(load, time.monotonic())
+    judge(stack, load)
+    load.release_all()
+    refused = [a for a in load.history if a.outcome != "ok"]
+    print(
+        f"\nswitchover {old} -> {new} under load: patronictl took {done - began:.1f} s; "
+        f"{len(load.history)} requests, {len(refused)} not answered at once"
+    )
+    assert not refused, [(a.op, a.replica, a.outcome, a.detail) for a in refused[:10]]
+
+
+READ_MAX_LAG = float(
+    yaml.safe_load((REPO / COMPOSE_FILE).read_text())["x-inventory"]["environment"][
+        "INVENTORY_READ_MAX_LAG"
+    ]
+)
+FRESH = "ha-fresh"
+READ_FRESH = 'query Fresh { node(id: "ha-fresh") { labels { key value } } }'
+
+
+@dataclass
+class Read:
+    started: float
+    seq: int
+    source: str
+    lag: float
+
+
+class Freshness:
+    """A writer re-registering node FRESH with label seq=n (when each n was acknowledged), and a
+    reader asking for it through nginx (what each answer said, and where it was read)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.acked: dict[int, float] = {}
+        self.reads: list[Read] = []
+        self.problems: list[str] = []
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(target=self.writer, daemon=True),
+            threading.Thread(target=self.reader, daemon=True),
+        ]
+
+    def __enter__(self) -> Freshness:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def writer(self) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(timeout=CLIENT_TIMEOUT, headers=headers) as client:
+            n = 0
+            while not self.stopping.is_set():
+                n += 1
+                report = node_input(FRESH, labels=[{"key": "seq", "value": str(n)}])
+                body = client.post(
+                    self.url, json={"query": REGISTER, "variables": {"input": report}}
+                ).json()
+                if body.get("errors"):
+                    self.problems.append(f"register seq={n}: {body['errors']}")
+                    return
+                self.acked[n] = time.monotonic()
+                time.sleep(0.2)
+
+    def reader(self) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(timeout=CLIENT_TIMEOUT, headers=headers) as client:
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                body = client.post(self.url, json={"query": READ_FRESH}).json()
+                node = (body.get("data") or {}).get("node")
+                where = (body.get("extensions") or {}).get("readFrom") or {}
+                if body.get("errors") or not node or not where:
+                    self.problems.append(f"read: {body}")
+                else:
+                    labels = {kv["key"]: kv["value"] for kv in node["labels"]}
+                    self.reads.append(
+                        Read(started, int(labels["seq"]), where["source"], where["lagSeconds"])
+                    )
+                time.sleep(0.1)
+
+    def from_replica_since(self, since: float) -> int:
+        return sum(1 for r in self.reads if r.started >= since and r.source == "replica")
+
+    def from_primary_since(self, since: float) -> int:
+        return sum(1 for r in self.reads if r.started >= since and r.source == "primary")
+
+    def staleness(self, read: Read) -> float:
+        """At least how stale the answer was: since the next seq was acknowledged (0 if none
+        was yet). Each seq is acknowledged after it committed, so this never overstates."""
+        successor = self.acked.get(read.seq + 1)
+        return 0.0 if successor is None else max(0.0, read.started - successor)
+
+
+def test_reads_leave_replicas_whose_replay_is_paused_and_are_never_staler_than_allowed(
+    stack: HaStack,
+) -> None:
+    members = stack.wait_settled(120)
+    replicas = [n for n, m in members.items() if m["role"] != "leader"]
+    stack.gql(REGISTER, {"input": node_input(FRESH, labels=[{"key": "seq", "value": "0"}])})
+    with Freshness(stack.url) as fresh:
+        began = time.monotonic()
+        wait_for("reads from a replica", 60, lambda: fresh.from_replica_since(began) >= 10)
+        # Both replicas stop applying WAL (they still receive it, and the
+        # synchronous standby still acknowledges commits: writes go on).
+        # Patroni resumes a paused replay at its next loop unless the cluster
+        # is in maintenance mode (patronictl pause).
+        stack.in_member(replicas[0], "patronictl", "pause", "--wait")
+        for member in replicas:
+            stack.in_member(member, "psql", "-U", "postgres", "-qAt", "-c",
+                            "SELECT pg_wal_replay_pause()")  # fmt: skip
+        paused = time.monotonic()
+        try:
+            wait_for(
+                "reads from the primary",
+                30,
+                lambda: fresh.from_primary_since(paused + READ_MAX_LAG + 1) >= 20,
+            )
+        finally:
+            resuming = time.monotonic()
+            for member in replicas:
+                stack.in_member(member, "psql", "-U", "postgres", "-qAt", "-c",
+                                "SELECT pg_wal_replay_resume()")  # fmt: skip
+            stack.in_member(replicas[0], "patronictl", "resume", "--wait")
+        resumed = time.monotonic()
+        wait_for("reads from a replica again", 60, lambda: fresh.from_replica_since(resumed) >= 10)
+    assert not fresh.problems, fresh.problems[:5]
+    reads = fresh.reads
+    stalest = max(reads, key=fresh.staleness)
+    # Never staler than allowed, by the answer's own account and by the writes'.
+    assert max(r.lag for r in reads) <= READ_MAX_LAG, max(r.lag for r in reads)
+    assert fresh.staleness(stalest) <= READ_MAX_LAG, stalest
+    # While both replicas stood still, from the moment their lag passed the
+    # limit (plus a probe's interval), every read came from the primary.
+    settled = paused + READ_MAX_LAG + 1.0
+    during = [r for r in reads if settled <= r.started < resuming]
+    assert during and all(r.source == "primary" for r in during), [
+        (round(r.started - paused, 2), r.source, r.lag) for r in during if r.source != "primary"
+    ][:10]
+    print(
+        f"\nreplay paused on {', '.join(replicas)}: {len(reads)} reads "
+        f"({sum(r.source == 'replica' for r in reads)} from a replica); the last from a replica "
+        f"{max((r.started for r in reads if paused <= r.started < resuming and r.source == 'replica'), default=paused) - paused:.2f} s "
+        f"after the pause; stalest answer {fresh.staleness(stalest):.2f} s behind the writes "
+        f"(allowed {READ_MAX_LAG:g} s)"
+    )
