@@ -24,7 +24,7 @@ from sqlalchemy import text
 from service.database import connections, read_routing, request_state, transactions
 from service.database.connections import Connection
 from service.node_states import STATES
-from service.scheduling import place_batches
+from service.scheduling import place_batches, pool_census
 from service.scheduling.capacity import gpu_classes
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -474,6 +474,14 @@ def _process(out: Exposition) -> None:
         "statement_timeout), before_commit (the service's last check), at_commit (the server's "
         "own check, sent with COMMIT).",
         (((("at", w),), n) for w, n in sorted(request_state.DEADLINES.by_where.items())),
+    )
+    out.family(
+        "inventory_pool_census_declined_total",
+        "counter",
+        "Reads this process could have counted by the pool census but read every pool of the "
+        "class instead (service/scheduling/pool_census.py), by why: kinds (more kinds of pool "
+        "than the census walks).",
+        _by_reason(pool_census.DECLINED.snapshot()),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()
     out.family(

@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from service.bounds import id_length_check
 from service.node_states import ADMIN_STATE_CHECK, ALIVE, LIVENESS_CHECK, STATE_SQL
 from service.scheduling.availability import gpu_usable, pool_offers, pool_withholds
+from service.scheduling.pool_census import census_predicate
 from service.scheduling.taints import TaintEffect, TaintSource
 
 metadata = MetaData(
@@ -246,6 +247,21 @@ Index(
     gpu_pools.c.node_id,
     postgresql_include=["withheld", "last_resort"],
     postgresql_where=text(pool_offers("")),
+)
+# The pool census (service/scheduling/pool_census.py): a class's pools by
+# the columns that tell one kind of node from another, then node id, so a
+# count by kind walks the kinds and counts index entries (migration 0016).
+Index(
+    "ix_gpu_pools_census",
+    gpu_pools.c.gpu_class,
+    gpu_pools.c.schedulable,
+    gpu_pools.c.free,
+    gpu_pools.c.withheld,
+    gpu_pools.c.last_resort,
+    gpu_pools.c.nvlink_known,
+    gpu_pools.c.free_groups,
+    gpu_pools.c.node_id,
+    postgresql_where=text(census_predicate("")),
 )
 # The pools with GPUs only a PREFER_NO_SCHEDULE taint's GPUs make fit, in
 # best-fit order: place's window reads them after the others (migration

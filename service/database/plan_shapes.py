@@ -28,6 +28,11 @@ tests/scheduling/test_page_costs.py checks every page in both states.
   every pool of every class, the full ones too; written as `= ANY` of a
   one-element array with the column first in the ORDER BY, the order is
   only the leading-column index's, and the rival is a sort.
+- distinct_keys: the distinct values of several leading columns of an
+  index, one descent per value (a recursive CTE whose step is `ORDER BY
+  key LIMIT 1` after a row comparison, which btree answers from the index
+  in any statistics state): a count over a class's pools that costs what
+  the kinds of pool cost, not the pools.
 - key_row: a related row whose columns the page shows (a verdict's node
   and pool), joined LATERAL behind OFFSET 0, which PostgreSQL does not
   flatten into the outer join: a primary-key descent per row. Only for a
@@ -38,7 +43,7 @@ tests/scheduling/test_page_costs.py checks every page in both states.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 def ordered_walk(
@@ -65,6 +70,32 @@ def ordered_walk(
     return (
         f"{name}({column}) AS (SELECT {step(start)} UNION ALL"
         f" SELECT {step(f'{name}.{column}')} FROM {name} WHERE {name}.{column} IS NOT NULL)"
+    )
+
+
+def distinct_keys(
+    name: str, table: str, columns: Sequence[str], where: str, leading: Sequence[str] = ()
+) -> str:
+    """SQL: a recursive CTE `name(columns...)`, for a `WITH RECURSIVE`.
+
+    Each distinct tuple of `columns` among `table`'s rows (alias `t`) that
+    match `where`, ascending, found by one descent of an index whose key
+    starts with `leading` (the columns `where` fixes by equality) and then
+    `columns`, in that order: the step is a row comparison with the tuple
+    found last, which btree takes as an index condition. The columns must
+    be NOT NULL (a NULL in a row comparison compares as unknown). A LIMIT on
+    the reader stops the recursion.
+    """
+    listed = ", ".join(f"t.{c}" for c in columns)
+    order = ", ".join(f"t.{c}" for c in (*leading, *columns))
+    last = ", ".join(f"k.{c}" for c in columns)
+
+    def step(after: str) -> str:
+        return f"SELECT {listed} FROM {table} t WHERE {where}{after} ORDER BY {order} LIMIT 1"
+
+    return (
+        f"{name}({', '.join(columns)}) AS (({step('')}) UNION ALL SELECT n.* FROM {name} k"
+        f" CROSS JOIN LATERAL ({step(f' AND ({listed}) > ({last})')}) n)"
     )
 
 

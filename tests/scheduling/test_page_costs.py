@@ -48,6 +48,7 @@ from service.scheduling.groups import GroupRequest, GroupRole, Locality, Localit
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.reads import board_sql
 from service.scheduling.placement.explanation import MAX_VERDICTS
+from service.scheduling.placement.fit import census_facts_sql
 from service.scheduling.placement.statements import SURVEY_COUNT
 from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
@@ -119,6 +120,12 @@ FREE_TOLERATING = (
     'query($after: ID, $t: [TolerationInput!]) { freeGpus(gpuClass: "H100-80GB", minFree: 4,'
     " first: 10, after: $after, tolerations: $t) { node { id } gpuIndices } }"
 )
+
+# fit's shapes that the pool census counts (service/scheduling/pool_census.py).
+CENSUS_SHAPES: list[dict[str, Any]] = [
+    {"gpusPerShard": 8},
+    {"gpusPerShard": 4, "nvlinkShards": True},
+]
 
 READS = (
     Read("freeGpus by class", FREE_BY_CLASS, {}),
@@ -210,6 +217,17 @@ READS = (
         "query($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }",
         {"g": {**GROUP, "groupId": "fit"}},
     ),
+    # fit of a shape the pool census counts (CENSUS): one pass over the
+    # class's entries of ix_gpu_pools_census, whatever the statistics.
+    *(
+        Read(
+            f"fit {shape}",
+            "query($s: PlaceInput!) { fit(shape: $s, first: 10)"
+            " { replicas nodes { nodeId } nodesOmitted limitedBy { code nodes } } }",
+            {"s": {**PLACE_INPUT, "shards": 1, **shape}},
+        )
+        for shape in CENSUS_SHAPES
+    ),
     # gpuClasses and fabrics: answers about the whole cluster (WHOLE_CLUSTER).
     Read("ctl gpu classes", GPU_CLASSES, {}),
     Read("dashboard summary", dashboard_query("SUMMARY_QUERY"), {}),
@@ -241,10 +259,23 @@ BOARD = GroupRequest(
     "prefill",
     "decode",
 )
+
+
+def census_request(shape: dict[str, Any]) -> PlaceRequest:
+    return PlaceRequest(
+        "", "H100-80GB", shape["gpusPerShard"], nvlink_shards=shape.get("nvlinkShards", False)
+    )
+
+
 PER_POOL = {
     compile_text(text(board_sql(BOARD, request)))[0]: PER_POOL_ROWS
     for request in requests_of(BOARD).values()
 }
+# The pool census (fit's count by kind of pool): the class's index entries
+# counted once, plus a few per kind of pool.
+PER_POOL.update(
+    {compile_text(text(census_facts_sql(census_request(shape))))[0]: 4 for shape in CENSUS_SHAPES}
+)
 # A table this small is read whole by a plan that costs no more than index
 # descents would (shards and events on a cluster with few allocations): its
 # rows do not count, its buffers do.

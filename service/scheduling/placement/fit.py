@@ -40,11 +40,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from service.database.connections import Connection, cached_text
-from service.scheduling.availability import SCHEDULABLE_STATE, PoolOffer
+from service.scheduling.availability import (
+    SCHEDULABLE_STATE,
+    PoolOffer,
+    pool_withholding_taint,
+)
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
 from service.scheduling.placement.statements import fabrics_sql, facts_of, request_params
+from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
@@ -219,9 +224,12 @@ def survey_groups_sql(
 class _Group:
     """Nodes judge() cannot tell apart for the request: one set of facts, several ids."""
 
-    def __init__(self, facts: NodeFacts, members: Sequence[str]) -> None:
+    def __init__(self, facts: NodeFacts, members: Sequence[str], size: int | None = None) -> None:
         self.facts = facts
+        # The members' ids: all of them, or (counted by the census) the first
+        # few, ascending, of `size`.
         self.members = members
+        self.size = len(members) if size is None else size
         # Shards each member takes (the whole-replica count is the same for each).
         self.taken = 0
 
@@ -257,7 +265,7 @@ class FitCount:
             if whole:
                 group.facts = after(group.facts, self.request, whole * shards)
                 group.taken += whole * shards
-                self.replicas += whole * len(group.members)
+                self.replicas += whole * group.size
 
     def _take_apart(self) -> None:
         """The members of groups that can still take a shard, one by one: a spread tells them apart."""
@@ -266,6 +274,7 @@ class FitCount:
             if not judge(group.facts, self.request).fits:
                 kept.append(group)
                 continue
+            assert group.size == len(group.members), "a spread needs every member's id"
             for node_id in sorted(group.members):
                 self.facts[node_id] = replace(group.facts, node_id=node_id)
                 self.taken[node_id] = group.taken
@@ -324,7 +333,7 @@ class FitCount:
     def limited_by(self) -> tuple[tuple[VerdictCode, int], ...]:
         codes = Counter(judge(f, self.request).code for f in self.facts.values())
         for group in self.groups:
-            codes[judge(group.facts, self.request).code] += len(group.members)
+            codes[judge(group.facts, self.request).code] += group.size
         codes.pop(VerdictCode.FITS, None)
         return tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0].value)))
 
@@ -334,7 +343,7 @@ class FitCount:
         total = 0
         for group in self.groups:
             if group.taken:
-                total += len(group.members)
+                total += group.size
                 smallest = heapq.nsmallest(first, group.members)
                 candidates.extend((node_id, group.taken) for node_id in smallest)
         apart = [(node_id, k) for node_id, k in self.taken.items() if k]
@@ -349,30 +358,114 @@ def count_by_plans(facts: Iterable[NodeFacts], request: PlaceRequest) -> int:
     return counting.replicas
 
 
+def counted_by_census(request: PlaceRequest) -> bool:
+    """Whether fit may count the request's class by its pools' census (service/scheduling/pool_census.py).
+
+    When every fact judge() reads of the request is a column the census
+    tells kinds of pool apart by: one shard (a spread tells the nodes apart
+    by id), no fact of the node's row (weights, label, disk, age), no fabric,
+    no toleration (its offer reads the taints), and no topology but
+    nvlinkShards' (pool_facts, from the pool's own summary).
+    """
+    node_facts = (request.weights, request.label, request.min_local_disk_free, request.max_age)
+    return (
+        request.shards == 1
+        and request.fabric is None
+        and all(fact is None for fact in node_facts)
+        and not request.tolerating
+        and (not request.needs_topology or pooled(request))
+    )
+
+
+def census_facts_sql(request: PlaceRequest) -> str:
+    """The census of the request's class, each kind of pool with the facts survey_groups_sql gives a group.
+
+    The kind's first node stands for it: its state (read only for the
+    unschedulable kinds, which judge() finds NOT_SCHEDULABLE whatever the
+    state) and its withholding taint (read only where a taint withholds
+    GPUs, which judge() finds TAINTED whichever taint it is). Its members:
+    the first :ids ids of a kind whose nodes may take a shard (free for one).
+    """
+    topology = (
+        f"CAST({pool_facts('c.free_groups', 'c.nvlink_known')} AS json)"
+        if pooled(request)
+        else "CAST(NULL AS json)"
+    )
+    first = "c.members[1]"
+    taint = pool_withholding_taint("r")
+    return f"""
+    SELECT {first} AS node_id,
+           CASE WHEN c.schedulable THEN '{SCHEDULABLE_STATE}'
+                ELSE (SELECT n.state FROM nodes n WHERE n.id = {first}) END AS state,
+           CAST(NULL AS text) AS state_reason, c.free, c.withheld, c.last_resort,
+           (SELECT {taint} FROM gpu_pools r WHERE r.node_id = {first} AND r.gpu_class = :cls)
+               AS taint,
+           CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total,
+           false AS knows_its_weights, false AS holds_weights, CAST(NULL AS jsonb) AS weights_copy,
+           CAST('{{}}' AS text[]) AS fabrics, CAST('{{}}' AS int[]) AS fabric_rates,
+           CAST(NULL AS text) AS label_value, {topology} AS topology,
+           CAST(NULL AS float8) AS gpus_facts_age, c.nodes, c.members
+    FROM ({census_sql("k.schedulable AND k.free >= :per")}) c
+    """
+
+
+async def _census_groups(
+    conn: Connection, request: PlaceRequest, first: int
+) -> list[_Group] | None:
+    """The class's nodes as groups, counted by the census; None when it declines (too many kinds)."""
+    params = {**request_params(request), "ids": max(first, 1), "most": MOST_KINDS + 1}
+    rows = list(await conn.execute(cached_text(census_facts_sql(request)), params))
+    if len(rows) > MOST_KINDS:
+        DECLINED.count("kinds")
+        return None
+    # Kinds judge() cannot tell apart for this request (their topology, say,
+    # when it reads none) are one group, as the survey groups them.
+    groups: dict[NodeFacts, _Group] = {}
+    for row in rows:
+        facts = facts_of(row)
+        key = replace(facts, node_id="")
+        group = groups.get(key)
+        if group is None:
+            groups[key] = _Group(facts, list(row.members), row.nodes)
+            continue
+        members = heapq.nsmallest(max(first, 1), [*group.members, *row.members])
+        group.facts = replace(group.facts, node_id=members[0])
+        group.members = members
+        group.size += row.nodes
+    return list(groups.values())
+
+
 async def fit(
     conn: Connection,
     request: PlaceRequest,
     *,
     exclude: Iterable[str] = (),
     first: int,
+    census: bool = True,
 ) -> Fit | Rejection:
     """How many more replicas of the request's shape fit now; `exclude`: nodes counted as gone.
 
-    One statement: the facts of every node of the class, as explainPlacement
-    reads them, grouped (survey_groups_sql). A shape place would refuse is
-    the same Rejection.
+    One statement: the class's pools counted by kind (census_facts_sql)
+    when counted_by_census, else the facts of every node of the class, as
+    explainPlacement reads them, grouped (survey_groups_sql). A shape place
+    would refuse is the same Rejection. `census=False` reads every pool
+    (what the census must equal).
     """
     request = shape_of(request)
     problem = validate_place(request)
     if problem is not None:
         return problem
-    rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
     gone = set(exclude)
-    groups = []
-    for row in rows:
-        members = [m for m in row.members if m not in gone] if gone else row.members
-        if members:
-            groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
+    groups = None
+    if census and counted_by_census(request) and not gone:
+        groups = await _census_groups(conn, request, first)
+    if groups is None:
+        groups = []
+        rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
+        for row in rows:
+            members = [m for m in row.members if m not in gone] if gone else row.members
+            if members:
+                groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
     counting = FitCount(groups, request)
     counting.count()
     used, total = counting.used(first)
