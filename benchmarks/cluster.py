@@ -28,7 +28,13 @@ from service.fleet.reports import (
 )
 from service.fleet.topology import nvlink_groups
 from service.scheduling.availability import node_schedulable, pool_counts
-from service.scheduling.gpu_pools import POOL_INSERT_COLUMNS, POOL_UPSERT, counted
+from service.scheduling.gpu_pools import (
+    POOL_INSERT_COLUMNS,
+    POOL_UPSERT,
+    attached_fabrics,
+    counted,
+    node_attachments,
+)
 
 TB = 10**12
 GB = 10**9
@@ -177,7 +183,8 @@ def cordoned(i: int) -> bool:
 # partition, free GPU indices included), in one statement.
 RECOUNT_POOLS = f"""
 INSERT INTO gpu_pools AS p ({POOL_INSERT_COLUMNS})
-SELECT c.node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")}
+SELECT c.node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")},
+       {attached_fabrics(node_attachments("c.node_id"))}
 FROM (
     SELECT g.node_id, g.gpu_class, {pool_counts("g", "a.gpu_index IS NOT NULL")}
     FROM gpus g

@@ -215,6 +215,14 @@ gpu_pools = Table(
     Column("last_resort", Integer, nullable=False),
     Column("last_resort_indices", ARRAY(Integer), nullable=False),
     Column("schedulable", Boolean, nullable=False),
+    # The NVLink domain every GPU of the class on the node reports ('' for
+    # none: availability.shared_nvlink_domain), and the node's fabrics by name
+    # with their link rates (gpu_pools.attached_fabrics), written by every
+    # recount (migration 0016): placement groups and the pool census learn
+    # them from the pool, not from a lookup per node.
+    Column("nvlink_domain", Text, nullable=False),
+    Column("fabrics", ARRAY(Text), nullable=False),
+    Column("fabric_rates", ARRAY(Integer), nullable=False),
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
     CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
@@ -225,6 +233,7 @@ gpu_pools = Table(
         name="last_resort_indices",
     ),
     CheckConstraint("total = free + allocated + unhealthy + withheld", name="partition"),
+    CheckConstraint("cardinality(fabric_rates) = cardinality(fabrics)", name="fabric_rates"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
 # `free` and `free_indices` included, so a page is this index alone,
@@ -260,6 +269,9 @@ Index(
     gpu_pools.c.last_resort,
     gpu_pools.c.nvlink_known,
     gpu_pools.c.free_groups,
+    gpu_pools.c.fabrics,
+    gpu_pools.c.fabric_rates,
+    gpu_pools.c.nvlink_domain,
     gpu_pools.c.node_id,
     postgresql_where=text(census_predicate("")),
 )

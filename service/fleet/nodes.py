@@ -46,7 +46,14 @@ from service.scheduling.availability import (
     taint_marks,
 )
 from service.scheduling.generations import bump_generations
-from service.scheduling.gpu_pools import POOL_INSERT_COLUMNS, POOL_UPSERT, counted, refresh_pools
+from service.scheduling.gpu_pools import (
+    POOL_INSERT_COLUMNS,
+    POOL_UPSERT,
+    attached_fabrics,
+    counted,
+    node_attachments,
+    refresh_pools,
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,11 @@ _UPSERT_NODE = text(
 # the report's GPUs when it changed (what the gpus table holds afterwards) and
 # from the stored GPUs otherwise.
 _CHANGED = "CAST(:changed AS boolean)"
+# The node's fabric attachments as the table holds them after this statement.
+_FABRICS_NOW = (
+    f"(SELECT fabric, rate_gbps FROM f_in WHERE {_CHANGED} UNION ALL"
+    f" SELECT fabric, rate_gbps FROM {node_attachments(':node_id')} AND NOT {_CHANGED}) fa"
+)
 _REPLACE_REPORT = text(
     f"""
     WITH {REPORTED_ROWS}, {write_gpus(_CHANGED)}, {write_own_rows(_CHANGED)}, gpus_now AS (
@@ -111,7 +123,8 @@ _REPLACE_REPORT = text(
         -- write_gpus gives them.
         SELECT i.idx, i.gpu_class, i.healthy,
                coalesce(o.sticky_reasons, CAST('{{}}' AS text[])) AS sticky_reasons,
-               o.cordon_reason, i.nvlink_group, i.nvlink_peers, m.withheld, m.last_resort
+               o.cordon_reason, i.nvlink_group, i.nvlink_peers, i.nvlink_domain, m.withheld,
+               m.last_resort
         FROM g_in i LEFT JOIN gpus o ON o.node_id = :node_id AND o.idx = i.idx
         CROSS JOIN LATERAL (
             SELECT o.withheld, o.last_resort WHERE o.idx IS NOT NULL
@@ -132,7 +145,8 @@ _REPLACE_REPORT = text(
           AND NOT EXISTS (SELECT 1 FROM counts c WHERE c.gpu_class = p.gpu_class)
     ), pools_up AS (
         INSERT INTO gpu_pools AS p ({POOL_INSERT_COLUMNS})
-        SELECT :node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")}
+        SELECT :node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")},
+               {attached_fabrics(_FABRICS_NOW)}
         FROM counts c JOIN nodes n ON n.id = :node_id
         ORDER BY c.gpu_class
         {POOL_UPSERT}

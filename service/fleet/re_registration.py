@@ -20,6 +20,7 @@ takes the transactional path, which handles every case:
 | coming_back | the node was unreachable or lost: its pools change, a "back" event |
 | rebooted | a new boot id clears sticky GPU health (service/fleet/gpu_health.py) |
 | gpus_changed | pools are counted from the GPUs, under the lock (nodes._REPLACE_REPORT) |
+| fabrics_changed | every pool of the node carries its fabrics and their rates (gpu_pools.attached_fabrics), written with the counts |
 | written_meanwhile | the row changed while this statement waited for its lock (below) |
 
 Reports carrying XIDs never try (reason `xids`): their events, sticky
@@ -122,6 +123,13 @@ _ONE_STATEMENT = text(
                 FROM g_in i FULL JOIN (SELECT * FROM gpus WHERE node_id = :id) g ON g.idx = i.idx
                 WHERE g.idx IS NULL OR i.idx IS NULL OR {gpus_differ("g", "i")}
             ) THEN 'gpus_changed'
+            WHEN EXISTS (
+                SELECT 1
+                FROM f_in i
+                FULL JOIN (SELECT * FROM fabric_attachments WHERE node_id = :id) f
+                    ON f.fabric = i.fabric
+                WHERE f.fabric IS NULL OR i.fabric IS NULL OR f.rate_gbps IS DISTINCT FROM i.rate_gbps
+            ) THEN 'fabrics_changed'
             ELSE 'changed'
         END AS verdict
         FROM (SELECT 1) AS one LEFT JOIN old ON true

@@ -87,9 +87,24 @@ def gpu_usable(g: str = "g") -> str:
 # The gpus columns gpu_usable reads: a row source standing in for the table
 # (a report's GPUs in nodes._REPLACE_REPORT) must carry them.
 USABLE_COLUMNS = ("healthy", "sticky_reasons", "cordon_reason")
-# And the columns pool_counts reads besides them: the NVLink groups, and the
-# taint marks (gpu_withheld, gpu_last_resort).
-POOL_COLUMNS = (*USABLE_COLUMNS, "nvlink_group", "nvlink_peers", "withheld", "last_resort")
+# And the columns pool_counts reads besides them: the NVLink groups and
+# domain, and the taint marks (gpu_withheld, gpu_last_resort).
+POOL_COLUMNS = (
+    *USABLE_COLUMNS, "nvlink_group", "nvlink_peers", "nvlink_domain", "withheld", "last_resort",
+)  # fmt: skip
+
+
+def shared_nvlink_domain(g: str) -> str:
+    """SQL aggregate over a group of GPU rows `g`: the NVLink domain they all report, else NULL.
+
+    A node's domain for a class (topology_fit.node_domain), and its pool's
+    (pool_counts): one GPU that reports none, or another domain, and the node
+    is in none.
+    """
+    return (
+        f"CASE WHEN count(*) = count({g}.nvlink_domain)"
+        f" AND count(DISTINCT {g}.nvlink_domain) = 1 THEN min({g}.nvlink_domain) END"
+    )
 
 
 def is_usable(healthy: bool, cordon_reason: str | None) -> bool:
@@ -234,7 +249,9 @@ def pool_counts(g: str, held: str) -> str:
     group of each of them, in the same order (NULL: none), and nvlink_known
     whether any GPU of the group of rows reported NVLink peers: fit with
     nvlinkShards reads a node's free NVLink groups from them
-    (topology_fit.facts_column), not from its GPUs. withheld_indices lists
+    (topology_fit.facts_column), not from its GPUs. nvlink_domain is the
+    domain they all report (shared_nvlink_domain), '' for none: where
+    placement groups find a node's domain without reading its GPUs. withheld_indices lists
     the withheld GPUs, which a request with tolerations may still be offered
     (PoolOffer), so such a request reads them from the same row. And
     last_resort_indices, the free GPUs under a PREFER_NO_SCHEDULE taint, a
@@ -258,6 +275,7 @@ def pool_counts(g: str, held: str) -> str:
         f"coalesce(array_agg({g}.nvlink_group ORDER BY {g}.idx) FILTER (WHERE {free}),"
         " CAST('{}' AS integer[])) AS free_groups, "
         f"coalesce(bool_or({g}.nvlink_peers IS NOT NULL), false) AS nvlink_known, "
+        f"coalesce({shared_nvlink_domain(g)}, '') AS nvlink_domain, "
         f"count(*) FILTER (WHERE {withheld}) AS withheld, "
         f"{indices(withheld)} AS withheld_indices, "
         f"count(*) FILTER (WHERE {last}) AS last_resort, "
@@ -269,7 +287,7 @@ def pool_counts(g: str, held: str) -> str:
 # lists after node_id and gpu_class (gpu_pools.POOL_UPSERT writes them all).
 POOL_COUNTS = (
     "total", "unhealthy", "allocated", "free", "free_indices", "free_groups", "nvlink_known",
-    "withheld", "withheld_indices", "last_resort", "last_resort_indices",
+    "nvlink_domain", "withheld", "withheld_indices", "last_resort", "last_resort_indices",
 )  # fmt: skip
 
 

@@ -26,10 +26,34 @@ def _listed(alias: str, columns: tuple[str, ...]) -> str:
     return ", ".join(f"{alias}{c}" for c in columns)
 
 
-_WRITTEN = (*POOL_COUNTS, "schedulable")
+_WRITTEN = (*POOL_COUNTS, "schedulable", "fabrics", "fabric_rates")
 # The columns an INSERT of a recount lists, and the counts' own names over an
-# alias (the recount's CTE): availability.pool_counts' order, then schedulable.
+# alias (the recount's CTE): availability.pool_counts' order, then
+# schedulable, then the node's fabrics (attached_fabrics).
 POOL_INSERT_COLUMNS = f"node_id, gpu_class, {_listed('', _WRITTEN)}"
+
+
+def attached_fabrics(attachments: str, prefix: str = "") -> str:
+    """SQL select list: a node's fabrics by name and each one's link rate, in that order.
+
+    NodeFacts.fabrics and fabric_rates, from the node's fabric_attachments
+    rows that `attachments` gives (a FROM item aliased `fa`, with fabric and
+    rate_gbps). Every pool of the node carries them too (gpu_pools.fabrics,
+    fabric_rates), written by each recount from the attachments as they are
+    then, so that a read of many pools (placement groups' board, the pool
+    census) learns each node's fabrics from its pool, not from a lookup per
+    node; a report that changes only the node's fabrics takes the recount
+    (service/fleet/re_registration.py: fabrics_changed).
+    """
+    return (
+        f"ARRAY(SELECT fa.fabric FROM {attachments} ORDER BY fa.fabric) AS {prefix}fabrics,"
+        f" ARRAY(SELECT fa.rate_gbps FROM {attachments} ORDER BY fa.fabric) AS {prefix}fabric_rates"
+    )
+
+
+def node_attachments(node_id: str) -> str:
+    """The FROM item of attached_fabrics for the node `node_id`'s stored attachments."""
+    return f"fabric_attachments fa WHERE fa.node_id = {node_id}"
 
 
 def counted(alias: str) -> str:
@@ -47,8 +71,8 @@ POOL_UPSERT = f"""ON CONFLICT (node_id, gpu_class) DO UPDATE
               ({_listed("excluded.", _WRITTEN)})"""
 
 
-# The counts are availability.pool_counts' partition, and schedulable is
-# availability.node_schedulable.
+# The counts are availability.pool_counts' partition, schedulable is
+# availability.node_schedulable, the fabrics the node's attachments.
 _REFRESH = text(
     f"""
     WITH counts AS (
@@ -65,7 +89,8 @@ _REFRESH = text(
           )
     )
     INSERT INTO gpu_pools AS p ({POOL_INSERT_COLUMNS})
-    SELECT c.node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")}
+    SELECT c.node_id, c.gpu_class, {counted("c")}, {node_schedulable("n")},
+           {attached_fabrics(node_attachments("c.node_id"))}
     FROM counts c JOIN nodes n ON n.id = c.node_id
     ORDER BY c.node_id, c.gpu_class
     {POOL_UPSERT}

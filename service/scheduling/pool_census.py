@@ -24,7 +24,10 @@ from service.database.plan_shapes import distinct_keys
 
 # The columns of gpu_pools that tell one kind of node from another, in
 # ix_gpu_pools_census' order after gpu_class (tables.py; migration 0016).
-KIND = ("schedulable", "free", "withheld", "last_resort", "nvlink_known", "free_groups")
+KIND = (
+    "schedulable", "free", "withheld", "last_resort", "nvlink_known", "free_groups", "fabrics",
+    "fabric_rates", "nvlink_domain",
+)  # fmt: skip
 # Past this many kinds the walk costs more descents than a pass over the pools.
 MOST_KINDS = 512
 

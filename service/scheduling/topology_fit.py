@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from service.scheduling.availability import gpu_last_resort, gpu_offered
+from service.scheduling.availability import gpu_last_resort, gpu_offered, shared_nvlink_domain
 from service.scheduling.taints import Toleration, stored_tolerations
 from service.scheduling.verdicts import PlaceRequest
 
@@ -96,10 +96,10 @@ def room(request: PlaceRequest, node: str) -> str:
 
 def node_domain(node: str) -> str:
     """The node's NVLink domain for GPUs of :cls: the one they all report, else NULL."""
-    return f"""(SELECT CASE WHEN count(*) = count(g.nvlink_domain)
-                             AND count(DISTINCT g.nvlink_domain) = 1
-                        THEN min(g.nvlink_domain) END
-                FROM gpus g WHERE g.node_id = {node} AND g.gpu_class = :cls)"""
+    return (
+        f"(SELECT {shared_nvlink_domain('g')}"
+        f" FROM gpus g WHERE g.node_id = {node} AND g.gpu_class = :cls)"
+    )
 
 
 def candidate_filters(request: PlaceRequest, node: str = "p.node_id") -> list[str]:

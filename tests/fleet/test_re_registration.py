@@ -253,3 +253,41 @@ async def test_metrics_say_how_each_report_was_stored(api: Api) -> None:
         )
         for line in stored
     ), stored
+
+
+POOL = text("SELECT fabrics, fabric_rates, nvlink_domain FROM gpu_pools WHERE node_id = 'gpu-07'")
+
+
+async def pool_of(engine: AsyncEngine) -> tuple[list[str], list[int], str]:
+    async with connections.autocommit(engine) as conn:
+        row = (await conn.execute(POOL)).one()
+    return list(row.fabrics), list(row.fabric_rates), row.nvlink_domain
+
+
+async def test_a_report_that_changes_only_fabrics_rewrites_the_pools_they_are_on(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """Every pool carries its node's fabrics (gpu_pools.attached_fabrics): a change takes the recount."""
+    ib = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}]
+    domain = [{**g, "nvlinkDomain": "nvl/7"} for g in gpus(H100)]
+    await api(REGISTER, {"input": node_input("gpu-07", fabrics=ib, gpus=domain)})
+    assert await pool_of(engine) == (["ib-a"], [400], "nvl/7")
+    before = counted()
+
+    both = [*ib, {"fabric": "ib-b", "hcas": ["mlx5_1"], "rateGbps": 200}]
+    await api(REGISTER, {"input": node_input("gpu-07", fabrics=both, gpus=domain)})
+    assert since(before) == {("transaction", "fabrics_changed"): 1}
+    assert await pool_of(engine) == (["ib-a", "ib-b"], [400, 200], "nvl/7")
+
+    before = counted()
+    slower = [{**both[0], "rateGbps": 100}, both[1]]
+    await api(REGISTER, {"input": node_input("gpu-07", fabrics=slower, gpus=gpus(H100))})
+    assert since(before) == {("transaction", "gpus_changed"): 1}
+    assert await pool_of(engine) == (["ib-a", "ib-b"], [100, 200], "")
+
+    # HCAs alone are not a pool's fact: one statement, the pool as it was.
+    before = counted()
+    moved = [{**slower[0], "hcas": ["mlx5_2"]}, slower[1]]
+    await api(REGISTER, {"input": node_input("gpu-07", fabrics=moved, gpus=gpus(H100))})
+    assert since(before) == {("one_statement", "changed"): 1}
+    assert await pool_of(engine) == (["ib-a", "ib-b"], [100, 200], "")

@@ -3,7 +3,8 @@
 A seeded differential (service/scheduling/pool_census.py): clusters of
 NVSwitch boards, bridged pairs and 4-GPU nodes on one fabric or two, some
 GPUs sick, some held, some tainted of each effect, some nodes cordoned; for
-every shape the census may count (one shard, nvlinkShards or none), the
+every shape the census may count (one shard, nvlinkShards or none, on a
+fabric or any), the
 whole answer (replicas, the first nodes and how many more, what limits the
 rest) is the survey's, for a small and a large `first`.
 """
@@ -27,9 +28,10 @@ from tests.topology import bridged_pairs, hgx_h100
 
 CORDON = 'mutation C($id: ID!) { cordonNode(id: $id, reason: "maintenance") { id } }'
 SHAPES = [
-    PlaceRequest("x", "H100-80GB", per, nvlink_shards=nvlink)
+    PlaceRequest("x", "H100-80GB", per, nvlink_shards=nvlink, fabric=fabric)
     for per in (1, 2, 3, 4, 8)
     for nvlink in (False, True)
+    for fabric in (None, "ib-a", "ib-b")
 ]
 
 
@@ -60,7 +62,6 @@ def test_the_census_counts_only_what_its_kinds_tell_apart() -> None:
     """Shapes that read more than a pool row says are counted by reading every pool."""
     for shape in (
         PlaceRequest("x", "H100-80GB", 4, shards=2),
-        PlaceRequest("x", "H100-80GB", 4, fabric="ib-a"),
         PlaceRequest("x", "H100-80GB", 4, weights="/models/x"),
         PlaceRequest("x", "H100-80GB", 4, label=("rack", "r1")),
         PlaceRequest("x", "H100-80GB", 4, min_local_disk_free=1),

@@ -21,20 +21,20 @@ from service.scheduling.groups.planning import Board, NodeClass
 from service.scheduling.groups.requests import GroupRequest, LocalityLevel
 from service.scheduling.placement.fit import survey_groups_sql
 from service.scheduling.placement.statements import facts_of, request_params
-from service.scheduling.topology_fit import node_domain
 from service.scheduling.verdicts import PlaceRequest
 
 
 def _zone_columns(group: GroupRequest) -> dict[str, str]:
     """The zone of each pool's node, as extra columns of fit's grouped survey.
 
-    The NVLink domain costs a look at the node's GPUs, so it is read only when
-    the locality asks about domains (NODE falls back to NVLINK_DOMAIN).
+    The NVLink domain (the pool's: availability.shared_nvlink_domain) is read
+    only when the locality asks about domains (NODE falls back to
+    NVLINK_DOMAIN), so that other groups' classes do not split by it.
     """
     level = group.locality.level
     domains = level in (LocalityLevel.NODE, LocalityLevel.NVLINK_DOMAIN)
     return {
-        "zone_domain": node_domain("p.node_id") if domains else "CAST(NULL AS text)",
+        "zone_domain": "NULLIF(p.nvlink_domain, '')" if domains else "CAST(NULL AS text)",
         "zone_label": (
             "(SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x WHERE x.id = p.node_id)"
             if group.locality.label is not None

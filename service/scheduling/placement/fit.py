@@ -48,7 +48,7 @@ from service.scheduling.availability import (
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
-from service.scheduling.placement.statements import fabrics_sql, facts_of, request_params
+from service.scheduling.placement.statements import facts_of, request_params
 from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
@@ -130,8 +130,9 @@ def survey_groups_sql(
     """
     extra = dict(extra or {})
     wants_fabrics = all_fabrics or request.fabric is not None or request.shards > 1
+    # Every pool carries its node's fabrics (gpu_pools.attached_fabrics).
     fabrics = (
-        fabrics_sql("p.node_id")
+        "p.fabrics, p.fabric_rates"
         if wants_fabrics
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
@@ -363,14 +364,13 @@ def counted_by_census(request: PlaceRequest) -> bool:
 
     When every fact judge() reads of the request is a column the census
     tells kinds of pool apart by: one shard (a spread tells the nodes apart
-    by id), no fact of the node's row (weights, label, disk, age), no fabric,
-    no toleration (its offer reads the taints), and no topology but
+    by id), no fact of the node's row (weights, label, disk, age), no
+    toleration (its offer reads the taints), and no topology but
     nvlinkShards' (pool_facts, from the pool's own summary).
     """
     node_facts = (request.weights, request.label, request.min_local_disk_free, request.max_age)
     return (
         request.shards == 1
-        and request.fabric is None
         and all(fact is None for fact in node_facts)
         and not request.tolerating
         and (not request.needs_topology or pooled(request))
@@ -391,6 +391,11 @@ def census_facts_sql(request: PlaceRequest) -> str:
         if pooled(request)
         else "CAST(NULL AS json)"
     )
+    fabrics = (
+        "c.fabrics, c.fabric_rates"
+        if request.fabric is not None
+        else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
+    )
     first = "c.members[1]"
     taint = pool_withholding_taint("r")
     return f"""
@@ -402,8 +407,7 @@ def census_facts_sql(request: PlaceRequest) -> str:
                AS taint,
            CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total,
            false AS knows_its_weights, false AS holds_weights, CAST(NULL AS jsonb) AS weights_copy,
-           CAST('{{}}' AS text[]) AS fabrics, CAST('{{}}' AS int[]) AS fabric_rates,
-           CAST(NULL AS text) AS label_value, {topology} AS topology,
+           {fabrics}, CAST(NULL AS text) AS label_value, {topology} AS topology,
            CAST(NULL AS float8) AS gpus_facts_age, c.nodes, c.members
     FROM ({census_sql("k.schedulable AND k.free >= :per")}) c
     """

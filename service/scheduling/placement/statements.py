@@ -27,6 +27,7 @@ from service.scheduling.availability import (
     pool_withholds,
 )
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
+from service.scheduling.gpu_pools import attached_fabrics, node_attachments
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import Plan, plan_placement
 from service.scheduling.ranking import flexibility_sql, order_sql
@@ -44,11 +45,7 @@ from service.scheduling.verdicts import (
 
 def fabrics_sql(node_id: str, prefix: str = "") -> str:
     """The node's fabrics by name and each one's link rate, in that order (NodeFacts.fabrics, fabric_rates)."""
-    attachments = f"FROM fabric_attachments fa WHERE fa.node_id = {node_id} ORDER BY fa.fabric"
-    return (
-        f"ARRAY(SELECT fa.fabric {attachments}) AS {prefix}fabrics,"
-        f" ARRAY(SELECT fa.rate_gbps {attachments}) AS {prefix}fabric_rates"
-    )
+    return attached_fabrics(node_attachments(node_id), prefix)
 
 
 def _facts_sql(request: PlaceRequest, source: str) -> str:
