@@ -45,23 +45,26 @@ def census_predicate(p: str = "p") -> str:
     return f"{column}free >= 0"
 
 
-def census_sql(ids_when: str = "true") -> str:
+def census_sql(ids_when: str = "true", where: str = "true", counts: bool = True) -> str:
     """SQL: one row per kind of pool of class :cls, in KIND's order, at most :most of them.
 
-    Columns: KIND's, `nodes` (how many pools of the kind) and `members` (the
-    first :ids node ids of the kind, ascending; one when `ids_when` is
-    false for the kind). `ids_when`: SQL over the kind `k`, whether its
-    members are worth :ids ids (the caller's necessary condition for a node
-    it may list).
+    Columns: KIND's, `nodes` (how many pools of the kind; NULL without
+    `counts`) and `members` (the first :ids node ids of the kind,
+    ascending; one when `ids_when` is false for the kind). `ids_when`: SQL
+    over the kind `k`, whether its members are worth :ids ids (the caller's
+    necessary condition for a node it may list). `where`: SQL over the pool
+    `t`, the kinds read (a condition on KIND's leading columns, which the
+    walk seeks to: schedulable, free).
     """
-    of_class = f"t.gpu_class = :cls AND {census_predicate('t')}"
+    of_class = f"t.gpu_class = :cls AND {census_predicate('t')} AND {where}"
     walk = distinct_keys("kinds", "gpu_pools", KIND, of_class, leading=("gpu_class",))
     same = " AND ".join(f"p.{column} = k.{column}" for column in KIND)
     of_kind = f"FROM gpu_pools p WHERE p.gpu_class = :cls AND {census_predicate()} AND {same}"
+    nodes = f"(SELECT count(*) {of_kind})" if counts else "CAST(NULL AS bigint)"
     # With every KIND column fixed, the index gives the ids in order.
     return f"""
     WITH RECURSIVE {walk}
-    SELECT k.*, (SELECT count(*) {of_kind}) AS nodes,
+    SELECT k.*, {nodes} AS nodes,
            ARRAY(SELECT p.node_id {of_kind} ORDER BY p.node_id
                  LIMIT CASE WHEN {ids_when} THEN :ids ELSE 1 END) AS members
     FROM (SELECT * FROM kinds LIMIT :most) k"""

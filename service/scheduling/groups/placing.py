@@ -1,7 +1,10 @@
 """placeGroup, scaleGroup and releaseGroup: a group's replicas held or freed all together, in the caller's transaction.
 
-How a group is held: the board is read from committed data (reads.read_board,
-locking nothing), the whole group planned (planning.plan_group), and then,
+How a group is held: the board is read from committed data (reads.read_window,
+the first members of every class that may take a shard, which gives the plan
+the whole board gives; reads.read_board for the shapes it cannot read and to
+tell why nothing fits; locking nothing), the whole group planned
+(planning.plan_group), and then,
 inside one savepoint, the group's row written and each member claimed
 through place()'s own multi-node primitive (placement.claims.claim_plan:
 lock the member's nodes without waiting, take their usable GPUs in fit
@@ -29,7 +32,13 @@ from service.errors import InventoryError
 from service.scheduling.allocations import release_replica
 from service.scheduling.groups.paths import CLOSENESS
 from service.scheduling.groups.planning import Board, GroupPlan, Member, Misfit, plan_group
-from service.scheduling.groups.reads import StoredGroup, read_board, read_group
+from service.scheduling.groups.reads import (
+    StoredGroup,
+    read_board,
+    read_group,
+    read_window,
+    windowed,
+)
 from service.scheduling.groups.requests import (
     GroupRequest,
     GroupRole,
@@ -185,6 +194,28 @@ async def _claim(
     return True
 
 
+async def _plan(
+    conn: Connection,
+    group: GroupRequest,
+    requests: dict[str, PlaceRequest],
+    anchors: Sequence[str],
+    window: bool,
+) -> tuple[Board, tuple[Board, GroupPlan] | Misfit]:
+    """The board read and the plan on it: on the group's window when `window`, else the whole board.
+
+    No plan on the window means none on the whole board (reads.read_window),
+    whose Misfit is the one to tell: it is read for that.
+    """
+    if window:
+        board = await read_window(conn, group, requests)
+        if board is not None:
+            outcome = plan_group(board, group, anchors)
+            if not isinstance(outcome, Misfit):
+                return board, outcome
+    board = await read_board(conn, group, requests)
+    return board, plan_group(board, group, anchors)
+
+
 async def _hold(
     conn: Connection,
     group: GroupRequest,
@@ -201,9 +232,9 @@ async def _hold(
     """
     stale = 0
     requests = requests_of(group)
+    window = windowed(group, requests, anchors)
     for _ in range(MAX_ROUNDS):
-        board = await read_board(conn, group, requests)
-        outcome = plan_group(board, group, anchors)
+        board, outcome = await _plan(conn, group, requests, anchors, window)
         if isinstance(outcome, Misfit):
             return outcome
         _, plan = outcome

@@ -229,7 +229,11 @@ def token(facts: NodeFacts, zone: Zone) -> str:
 
     The facts a request leaves unread, or that move on their own (disk left
     out of the judgement, label values, the age of the GPU facts), are left
-    out, so a fresh read orders the classes as fitGroup's board does.
+    out, so a fresh read orders the classes as fitGroup's board does; so is
+    the taint that withholds some GPUs (it names why a node does not fit,
+    and decides nothing among nodes that do), so nodes withheld by different
+    taints take their turn by id, as in placeGroup's window, which tells
+    them apart by their pools alone (reads.read_window).
     """
     stable = replace(
         facts,
@@ -238,6 +242,7 @@ def token(facts: NodeFacts, zone: Zone) -> str:
         local_disk_total=None,
         label_value=None,
         gpus_facts_age=None,
+        taint=None,
     )
     return hashlib.blake2b(repr((stable, zone)).encode(), digest_size=8).hexdigest()
 

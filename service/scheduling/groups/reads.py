@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,24 +20,31 @@ from service.scheduling.groups.paths import (
 )
 from service.scheduling.groups.planning import Board, NodeClass
 from service.scheduling.groups.requests import GroupRequest, LocalityLevel
-from service.scheduling.placement.fit import survey_groups_sql
+from service.scheduling.placement.fit import (
+    census_facts_sql,
+    counted_by_census,
+    survey_groups_sql,
+)
 from service.scheduling.placement.statements import facts_of, request_params
-from service.scheduling.verdicts import PlaceRequest
+from service.scheduling.pool_census import DECLINED, MOST_KINDS
+from service.scheduling.verdicts import NodeFacts, PlaceRequest
 
 
-def _zone_columns(group: GroupRequest) -> dict[str, str]:
-    """The zone of each pool's node, as extra columns of fit's grouped survey.
+def _zone_columns(group: GroupRequest, pool: str = "p") -> dict[str, str]:
+    """The zone of each pool's node, as extra columns of fit's grouped survey (or the census's).
 
     The NVLink domain (the pool's: availability.shared_nvlink_domain) is read
     only when the locality asks about domains (NODE falls back to
     NVLINK_DOMAIN), so that other groups' classes do not split by it.
+    `pool`: the alias of the pool (or kind of pool) the columns are over.
     """
     level = group.locality.level
     domains = level in (LocalityLevel.NODE, LocalityLevel.NVLINK_DOMAIN)
     return {
-        "zone_domain": "NULLIF(p.nvlink_domain, '')" if domains else "CAST(NULL AS text)",
+        "zone_domain": f"NULLIF({pool}.nvlink_domain, '')" if domains else "CAST(NULL AS text)",
         "zone_label": (
-            "(SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x WHERE x.id = p.node_id)"
+            f"(SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x"
+            f" WHERE x.id = {pool}.node_id)"
             if group.locality.label is not None
             else "CAST(NULL AS text)"
         ),
@@ -48,31 +56,131 @@ def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
     return survey_groups_sql(request, all_fabrics=True, extra=_zone_columns(group))
 
 
-async def read_board(
-    conn: Connection, group: GroupRequest, requests: Mapping[str, PlaceRequest]
-) -> Board:
-    """Every node of each role's class, grouped as fit groups them, with its zone: one statement per role."""
+def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
+    """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them)."""
+    found: dict[tuple[NodeFacts, Zone], NodeClass] = {}
+    for row in rows:
+        members = sorted(row.members)
+        zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
+        facts = replace(facts_of(row), node_id=members[0])
+        key = (replace(facts, node_id=""), zone)
+        same = found.get(key)
+        if same is None:
+            found[key] = NodeClass(facts, zone, members[:keep] if keep else members)
+            continue
+        # Kinds of pool the request cannot tell apart (their topology, when it
+        # reads none): one class, as the survey groups them.
+        members = (
+            heapq.nsmallest(keep, [*same.members, *members])
+            if keep
+            else [
+                *same.members,
+                *members,
+            ]
+        )
+        members.sort()
+        found[key] = NodeClass(replace(same.facts, node_id=members[0]), zone, members)
+    return list(found.values())
+
+
+async def _read(
+    conn: Connection,
+    group: GroupRequest,
+    requests: Mapping[str, PlaceRequest],
+    statement: Callable[[PlaceRequest], str],
+    extra: Mapping[str, Any],
+    keep: int | None = None,
+) -> dict[str, list[NodeClass]] | None:
+    """Each role's classes from `statement`, one read per distinct statement; None when one declines."""
     classes: dict[str, list[NodeClass]] = {}
     # Roles whose statement and parameters are the same (prefill and decode
     # of one class, without topology, differ only in GPUs per shard, which
     # the statement does not read) share one read.
     read: dict[tuple[str, str], list[NodeClass]] = {}
     for role, request in requests.items():
-        sql = board_sql(group, request)
-        params = {**request_params(request), "zone_label": group.locality.label}
+        sql = statement(request)
+        params = {**request_params(request), "zone_label": group.locality.label, **extra}
         used = {k: v for k, v in params.items() if f":{k}" in sql}
         same = (sql, repr(sorted(used.items())))
         if same not in read:
-            found = []
-            for row in await conn.execute(cached_text(sql), used):
-                members = sorted(row.members)
-                zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
-                facts = replace(facts_of(row), node_id=members[0])
-                found.append(NodeClass(facts, zone, members))
-            read[same] = found
+            rows = list(await conn.execute(cached_text(sql), used))
+            if keep is not None and len(rows) > MOST_KINDS:
+                DECLINED.count("kinds")
+                return None
+            read[same] = _classes(rows, keep)
         # Each role's own classes: settling one role's nodes must not move another's.
         classes[role] = [NodeClass(c.facts, c.zone, list(c.members)) for c in read[same]]
+    return classes
+
+
+async def read_board(
+    conn: Connection, group: GroupRequest, requests: Mapping[str, PlaceRequest]
+) -> Board:
+    """Every node of each role's class, grouped as fit groups them, with its zone: one statement per role."""
+    classes = await _read(conn, group, requests, lambda r: board_sql(group, r), {})
+    assert classes is not None
     return Board(dict(requests), classes)
+
+
+def windowed(
+    group: GroupRequest, requests: Mapping[str, PlaceRequest], anchors: Sequence[str] = ()
+) -> bool:
+    """Whether the group may be planned on its window (read_window) rather than the whole board.
+
+    When every fact the planner reads of a node is a column of its pool row
+    (the census tells kinds apart by them): each role's shape asks nothing
+    of the node's own row (weights, label, disk, age), tolerates no taint,
+    and needs no topology but nvlinkShards'; the locality has no label
+    (LABEL zones are values of the node's labels); the roles are of one GPU
+    class (a node opened by one role is seen by the others only in the same
+    class's window); and it is a new group (scaleGroup's anchors may lie
+    outside any window).
+    """
+    if anchors or group.locality.label is not None:
+        return False
+    if len({r.gpu_class for r in requests.values()}) != 1:
+        return False
+    return all(counted_by_census(replace(r, shards=1)) for r in requests.values())
+
+
+def window_size(requests: Mapping[str, PlaceRequest], group: GroupRequest) -> int:
+    """Members of each class the window reads: more than a plan can ever look at.
+
+    Board.candidates offers, per class, its first `shards` members not yet
+    opened, and a plan opens at most one node per shard of the group.
+    """
+    opened = sum(r.replicas * max(1, r.shape.shards) for r in group.roles)
+    return opened + max(max(1, r.shards) for r in requests.values())
+
+
+async def read_window(
+    conn: Connection, group: GroupRequest, requests: Mapping[str, PlaceRequest]
+) -> Board | None:
+    """The board as far as the planner can look: every class that may take a shard, its first members.
+
+    A plan reads, of each class, only the members Board.candidates offers
+    (the first `shards` not yet opened) and the nodes it opened, so the first
+    window_size members of every class that may take a shard of some role
+    give the plan the whole board gives: the same candidates at every step,
+    the same zones that can hold the group. Classes that take no shard add
+    zones that hold nothing (they can only change the Misfit told when
+    nothing fits, which placeGroup then reads from the whole board). Read
+    from the pool census (pool_census.py: one descent per kind of pool), so
+    it costs what the kinds of node cost, not the cluster. None when the
+    census declines (too many kinds). For a group that is `windowed`.
+    """
+    keep = window_size(requests, group)
+    classes = await _read(
+        conn,
+        group,
+        requests,
+        lambda r: census_facts_sql(
+            r, window=True, all_fabrics=True, extra=_zone_columns(group, "c")
+        ),
+        {"ids": keep, "most": MOST_KINDS + 1},
+        keep,
+    )
+    return None if classes is None else Board(dict(requests), classes)
 
 
 @dataclass(frozen=True)

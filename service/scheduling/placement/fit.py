@@ -377,7 +377,13 @@ def counted_by_census(request: PlaceRequest) -> bool:
     )
 
 
-def census_facts_sql(request: PlaceRequest) -> str:
+def census_facts_sql(
+    request: PlaceRequest,
+    *,
+    window: bool = False,
+    all_fabrics: bool = False,
+    extra: Mapping[str, str] | None = None,
+) -> str:
     """The census of the request's class, each kind of pool with the facts survey_groups_sql gives a group.
 
     The kind's first node stands for it: its state (read only for the
@@ -385,6 +391,10 @@ def census_facts_sql(request: PlaceRequest) -> str:
     state) and its withholding taint (read only where a taint withholds
     GPUs, which judge() finds TAINTED whichever taint it is). Its members:
     the first :ids ids of a kind whose nodes may take a shard (free for one).
+
+    `window`: only those kinds, uncounted (placement groups' window,
+    groups/reads.py). `all_fabrics` and `extra` as survey_groups_sql's, with
+    `extra` over the kind `c`.
     """
     topology = (
         f"CAST({pool_facts('c.free_groups', 'c.nvlink_known')} AS json)"
@@ -393,11 +403,18 @@ def census_facts_sql(request: PlaceRequest) -> str:
     )
     fabrics = (
         "c.fabrics, c.fabric_rates"
-        if request.fabric is not None
+        if all_fabrics or request.fabric is not None
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
+    )
+    takes = "k.schedulable AND k.free >= :per"
+    census = (
+        census_sql(where="t.schedulable AND t.free >= :per", counts=False)
+        if window
+        else census_sql(takes)
     )
     first = "c.members[1]"
     taint = pool_withholding_taint("r")
+    columns = "".join(f", {sql} AS {name}" for name, sql in (extra or {}).items())
     return f"""
     SELECT {first} AS node_id,
            CASE WHEN c.schedulable THEN '{SCHEDULABLE_STATE}'
@@ -408,8 +425,8 @@ def census_facts_sql(request: PlaceRequest) -> str:
            CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total,
            false AS knows_its_weights, false AS holds_weights, CAST(NULL AS jsonb) AS weights_copy,
            {fabrics}, CAST(NULL AS text) AS label_value, {topology} AS topology,
-           CAST(NULL AS float8) AS gpus_facts_age, c.nodes, c.members
-    FROM ({census_sql("k.schedulable AND k.free >= :per")}) c
+           CAST(NULL AS float8) AS gpus_facts_age, c.nodes, c.members{columns}
+    FROM ({census}) c
     """
 
 

@@ -1,0 +1,163 @@
+"""placeGroup's window gives the plan the whole board gives, on random clusters (a seeded differential).
+
+placeGroup plans on the first members of every class that may take a shard
+(reads.read_window, from the pool census) instead of every node of the class
+(reads.read_board), because the planner never looks further into a class.
+Here both are read on random clusters (NVSwitch boards, bridged pairs and
+4-GPU nodes on ib-a, ib-b or both, some in GB200-style NVLink domains, sick
+GPUs, holes, taints of each effect, cordoned nodes) for groups of every
+locality level, hard and preferred, with spreads and nvlinkShards; the plans
+must be equal, and a window that finds no plan must stand for a board that
+finds none. Then a group is placed and the comparison made again, until the
+cluster holds no more.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.database import connections
+from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
+from service.scheduling.groups.placing import requests_of
+from service.scheduling.groups.planning import Misfit, plan_group
+from service.scheduling.groups.reads import read_board, read_window, windowed
+from service.scheduling.verdicts import PlaceRequest
+from tests.conftest import Api
+from tests.reports import H100, REGISTER, gpus, node_input
+from tests.scheduling.test_fit_two_fabrics import TAINT_GPUS, random_cluster
+from tests.scheduling.test_group_fit import PLACE_GROUP, RELEASE_GROUP, role
+from tests.topology import bridged_pairs, hgx_h100
+
+CORDON = 'mutation C($id: ID!) { cordonNode(id: $id, reason: "maintenance") { id } }'
+
+GROUPS: list[dict[str, Any]] = [
+    {
+        "roles": [role("prefill", 2, 4), role("decode", 4, 2)],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+        "locality": {"level": "NODE"},
+    },
+    {
+        "roles": [role("prefill", 1, 4), role("decode", 2, 2)],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+        "locality": {"level": "NVLINK_DOMAIN", "hard": True},
+    },
+    {
+        "roles": [role("prefill", 1, 4, shards=2), role("decode", 3, 2)],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+        "locality": {"level": "NVLINK_DOMAIN"},
+    },
+    {
+        "roles": [role("p", 1, 2, nvlinkShards=True), role("d", 2, 1)],
+        "locality": {"level": "NODE", "hard": True},
+    },
+    {"roles": [role("a", 3, 1), role("b", 1, 3)], "locality": {"level": "FABRIC"}},
+    {
+        "roles": [role("p", 2, 4, shards=2, fabric="ib-a"), role("d", 2, 8)],
+        "kvFrom": "p",
+        "kvTo": "d",
+        "locality": {"level": "ANY"},
+    },
+    {
+        "roles": [role("p", 1, 8), role("d", 2, 4, nvlinkShards=True)],
+        "kvFrom": "p",
+        "kvTo": "d",
+        "locality": {"level": "FABRIC", "hard": True},
+    },
+]
+
+
+def boards(rng: random.Random) -> list[dict[str, Any]]:
+    entries = rng.choice([hgx_h100(near=False), bridged_pairs(), gpus(H100, 4)])
+    if rng.random() < 0.4:
+        # A GB200-style NVLink domain: a few of them across the cluster.
+        domain = f"nvl/{rng.randrange(3)}"
+        entries = [{**e, "nvlinkDomain": domain} for e in entries]
+    return entries
+
+
+def request_of(spec: dict[str, Any]) -> GroupRequest:
+    """A group above as the domain takes it (what PlaceGroupInput.to_request makes)."""
+
+    def shape(s: dict[str, Any]) -> PlaceRequest:
+        return PlaceRequest(
+            "",
+            s["gpuClass"],
+            s["gpusPerShard"],
+            shards=s.get("shards", 1),
+            fabric=s.get("fabric"),
+            nvlink_shards=s.get("nvlinkShards", False),
+        )
+
+    locality = spec.get("locality", {})
+    return GroupRequest(
+        "w",
+        tuple(GroupRole(r["role"], r["replicas"], shape(r["shape"])) for r in spec["roles"]),
+        Locality(LocalityLevel(locality.get("level", "ANY")), None, locality.get("hard", False)),
+        spec.get("kvFrom"),
+        spec.get("kvTo"),
+    )
+
+
+async def plans(engine: AsyncEngine, spec: dict[str, Any]) -> tuple[Any, Any]:
+    """The plan on the window and on the whole board, read one after the other."""
+    group = request_of(spec)
+    requests = requests_of(group)
+    assert windowed(group, requests)
+    async with connections.read_only(engine) as conn:
+        window = await read_window(conn, group, requests)
+        whole = await read_board(conn, group, requests)
+    assert window is not None
+    on_window, on_whole = plan_group(window, group), plan_group(whole, group)
+    if isinstance(on_whole, Misfit):
+        return isinstance(on_window, Misfit), True
+    assert not isinstance(on_window, Misfit), on_whole
+    return on_window[1], on_whole[1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_the_window_plans_what_the_whole_board_plans(
+    api: Api, engine: AsyncEngine, seed: int
+) -> None:
+    rng = random.Random(seed)
+    await random_cluster(api, rng, nodes=(6, 12), gpus_of=boards)
+    await api(CORDON, {"id": f"n{rng.randrange(6)}"})
+    planned = 0
+    for k, spec in enumerate(GROUPS):
+        placed = []
+        while True:
+            on_window, on_whole = await plans(engine, spec)
+            assert on_window == on_whole, (seed, k, len(placed))
+            if on_whole is True:
+                break
+            planned += 1
+            answer = (
+                await api(PLACE_GROUP, {"input": {"groupId": f"w{k}-{len(placed)}", **spec}})
+            )["placeGroup"]
+            assert answer["__typename"] == "GroupPlaced", (seed, k, answer)
+            placed.append(answer["groupId"])
+            assert len(placed) <= 32
+        for group_id in placed:
+            await api(RELEASE_GROUP, {"id": group_id})
+    assert planned >= len(GROUPS) // 2, planned
+
+
+@pytest.mark.parametrize("keys", [("xid-79", "dedicated"), ("dedicated", "xid-79")])
+async def test_nodes_withheld_by_different_taints_take_their_turn_by_id(
+    api: Api, engine: AsyncEngine, keys: tuple[str, str]
+) -> None:
+    """The window cannot tell which taint withholds a GPU; the plan must not depend on it either."""
+    for node_id, key in zip(("t0", "t1"), keys, strict=True):
+        await api(REGISTER, {"input": node_input(node_id, gpus=hgx_h100(near=False))})
+        taint = {"key": key, "effect": "NO_SCHEDULE", "reason": "drawn"}
+        await api(TAINT_GPUS, {"node": node_id, "indices": [7], "taint": taint})
+    spec = {"roles": [role("only", 1, 4)], "locality": {"level": "ANY"}}
+    on_window, on_whole = await plans(engine, spec)
+    assert on_window == on_whole
+    assert [n for m in on_whole.members for n, _ in m.plan.nodes] == ["t0"]
