@@ -74,7 +74,12 @@ def ordered_walk(
 
 
 def distinct_keys(
-    name: str, table: str, columns: Sequence[str], where: str, leading: Sequence[str] = ()
+    name: str,
+    table: str,
+    columns: Sequence[str],
+    where: str,
+    leading: Sequence[str] = (),
+    start: str = "true",
 ) -> str:
     """SQL: a recursive CTE `name(columns...)`, for a `WITH RECURSIVE`.
 
@@ -84,18 +89,22 @@ def distinct_keys(
     `columns`, in that order: the step is a row comparison with the tuple
     found last, which btree takes as an index condition. The columns must
     be NOT NULL (a NULL in a row comparison compares as unknown). A LIMIT on
-    the reader stops the recursion.
+    the reader stops the recursion. `start`: where the first descent goes (a
+    row comparison on leading `columns`, `>=` the first tuple wanted), which
+    the later ones, after the tuple found last, need not repeat: beside
+    their own row comparison, a second condition on those columns would
+    keep btree from starting at it.
     """
     listed = ", ".join(f"t.{c}" for c in columns)
     order = ", ".join(f"t.{c}" for c in (*leading, *columns))
     last = ", ".join(f"k.{c}" for c in columns)
 
     def step(after: str) -> str:
-        return f"SELECT {listed} FROM {table} t WHERE {where}{after} ORDER BY {order} LIMIT 1"
+        return f"SELECT {listed} FROM {table} t WHERE {where} AND {after} ORDER BY {order} LIMIT 1"
 
     return (
-        f"{name}({', '.join(columns)}) AS (({step('')}) UNION ALL SELECT n.* FROM {name} k"
-        f" CROSS JOIN LATERAL ({step(f' AND ({listed}) > ({last})')}) n)"
+        f"{name}({', '.join(columns)}) AS (({step(start)}) UNION ALL SELECT n.* FROM {name} k"
+        f" CROSS JOIN LATERAL ({step(f'({listed}) > ({last})')}) n)"
     )
 
 

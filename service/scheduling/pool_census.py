@@ -45,19 +45,19 @@ def census_predicate(p: str = "p") -> str:
     return f"{column}free >= 0"
 
 
-def census_sql(ids_when: str = "true", where: str = "true", counts: bool = True) -> str:
+def census_sql(ids_when: str = "true", start: str = "true", counts: bool = True) -> str:
     """SQL: one row per kind of pool of class :cls, in KIND's order, at most :most of them.
 
     Columns: KIND's, `nodes` (how many pools of the kind; NULL without
     `counts`) and `members` (the first :ids node ids of the kind,
     ascending; one when `ids_when` is false for the kind). `ids_when`: SQL
     over the kind `k`, whether its members are worth :ids ids (the caller's
-    necessary condition for a node it may list). `where`: SQL over the pool
-    `t`, the kinds read (a condition on KIND's leading columns, which the
-    walk seeks to: schedulable, free).
+    necessary condition for a node it may list). `start`: SQL over the pool
+    `t`, the first kind read (a row comparison `>=` on KIND's leading
+    columns: plan_shapes.distinct_keys), so the kinds before it are skipped.
     """
-    of_class = f"t.gpu_class = :cls AND {census_predicate('t')} AND {where}"
-    walk = distinct_keys("kinds", "gpu_pools", KIND, of_class, leading=("gpu_class",))
+    of_class = f"t.gpu_class = :cls AND {census_predicate('t')}"
+    walk = distinct_keys("kinds", "gpu_pools", KIND, of_class, leading=("gpu_class",), start=start)
     same = " AND ".join(f"p.{column} = k.{column}" for column in KIND)
     of_kind = f"FROM gpu_pools p WHERE p.gpu_class = :cls AND {census_predicate()} AND {same}"
     nodes = f"(SELECT count(*) {of_kind})" if counts else "CAST(NULL AS bigint)"

@@ -408,7 +408,9 @@ def census_facts_sql(
     )
     takes = "k.schedulable AND k.free >= :per"
     census = (
-        census_sql(where="t.schedulable AND t.free >= :per", counts=False)
+        # From the first schedulable kind with a shard free: true is the last
+        # boolean, so every kind after it is schedulable too.
+        census_sql(start="(t.schedulable, t.free) >= (true, :per)", counts=False)
         if window
         else census_sql(takes)
     )
