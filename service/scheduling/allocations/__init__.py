@@ -22,7 +22,11 @@ storing.py (store_statement and running it), allocating.py (allocate() and
 its checks under the nodes' locks), releases.py (releasing shards).
 """
 
-from service.scheduling.allocations.allocating import allocate, lock_nodes
+from service.scheduling.allocations.allocating import (
+    allocate,
+    allocate_on_locked_nodes,
+    lock_nodes,
+)
 from service.scheduling.allocations.records import (
     Allocated,
     ShardRecord,
@@ -60,6 +64,7 @@ __all__ = [
     "ShardRequest",
     "Tombstoned",
     "allocate",
+    "allocate_on_locked_nodes",
     "forget_expired_tombstones",
     "list_allocations",
     "lock_nodes",

@@ -20,7 +20,13 @@ from service.scheduling.allocations.records import (
     shard_from_row,
 )
 from service.scheduling.allocations.requests import AllocationRequest, validate_request
-from service.scheduling.allocations.storing import NotStored, Tombstoned, store, store_statement
+from service.scheduling.allocations.storing import (
+    NotStored,
+    Tombstoned,
+    store,
+    store_calls,
+    store_statement,
+)
 from service.scheduling.availability import (
     gpu_health_reasons,
     gpu_tolerated,
@@ -101,31 +107,24 @@ _SHARDS_OF_REQUEST = text(
 )
 
 
-# allocate()'s shards, as named by the request. With :check, the checks a
-# plain one-node allocation needs are made here, on the snapshot of this
-# statement (started under the node's lock): none of the shard ids is stored
-# (a retry or a clash, which _duplicate words), the replica has no shard on
-# another node (it would need a fabric), and every GPU exists and is free
-# (availability.gpu_offered: usable, not held, probed as below, and not withheld by a taint the
-# request does not tolerate). When one fails nothing is written and allocate() reads the facts
-# again to say which, so the wording stays in one place (_check_gpus).
-_STORE = store_statement(
-    f"""
-    want_shards AS (
-        SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               r.*, CAST(:weights AS text) AS weights, {stored_tolerations()} AS tolerations
-        FROM jsonb_to_recordset(CAST(:shards AS jsonb))
-            AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
-    ), want_gpus AS (
-        SELECT 0 AS call, r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
-            AS r(node_id text, idx int, shard_id text)
-    ), go AS (
-        SELECT 0 AS call, NOT CAST(:check AS boolean) OR (
-            NOT EXISTS (SELECT 1 FROM shards s
-                        WHERE s.shard_id IN (SELECT shard_id FROM want_shards))
+def _one_node_checks(call: str, replica_id: str) -> str:
+    """SQL: allocate()'s checks of the call `call`'s shards and GPUs (want_shards, want_gpus).
+
+    The checks a plain one-node allocation needs, made in the store
+    statement on its snapshot (started under the node's lock): none of the
+    shard ids is stored (a retry or a clash, which _duplicate words), the
+    replica (`replica_id`) has no shard on another node (it would need a
+    fabric), and every GPU exists and is free (availability.gpu_offered:
+    usable, not held, probed as below, and not withheld by a taint the
+    request (:tolerations) does not tolerate).
+    """
+    return f"""(
+            NOT EXISTS (SELECT 1 FROM shards s WHERE s.shard_id IN (
+                SELECT w.shard_id FROM want_shards w WHERE w.call = {call}))
             AND NOT EXISTS (SELECT 1 FROM shards s
-                            WHERE s.replica_id = CAST(:replica_id AS text)
-                              AND s.node_id NOT IN (SELECT node_id FROM want_shards))
+                            WHERE s.replica_id = {replica_id}
+                              AND s.node_id NOT IN (
+                                  SELECT w.node_id FROM want_shards w WHERE w.call = {call}))
             AND NOT EXISTS (
                 SELECT 1 FROM want_gpus w
                 LEFT JOIN gpus g ON g.node_id = w.node_id AND g.idx = w.idx
@@ -140,11 +139,114 @@ _STORE = store_statement(
                     WHERE a.node_id = w.node_id AND a.gpu_index = w.idx
                     LIMIT 1
                 ) held_now ON true
-                WHERE g.idx IS NULL OR NOT {gpu_usable("g")} OR held_now.taken
-                   OR NOT {gpu_tolerated("g")})
-        ) AS ok
+                WHERE w.call = {call}
+                  AND (g.idx IS NULL OR NOT {gpu_usable("g")} OR held_now.taken
+                       OR NOT {gpu_tolerated("g")})))"""
+
+
+# allocate()'s shards, as named by the request. With :check, the checks a
+# plain one-node allocation needs (_one_node_checks). When one fails nothing
+# is written and allocate() reads the facts again to say which, so the
+# wording stays in one place (_check_gpus).
+_STORE = store_statement(
+    f"""
+    want_shards AS (
+        SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
+               r.*, CAST(:weights AS text) AS weights, {stored_tolerations()} AS tolerations
+        FROM jsonb_to_recordset(CAST(:shards AS jsonb))
+            AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
+    ), want_gpus AS (
+        SELECT 0 AS call, r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
+            AS r(node_id text, idx int, shard_id text)
+    ), go AS (
+        SELECT 0 AS call,
+               NOT CAST(:check AS boolean) OR {_one_node_checks("0", "CAST(:replica_id AS text)")}
+               AS ok
     )"""
 )
+
+# allocate()'s common case for several replicas in one statement (calls
+# numbered in the order given): each on one node, none tolerating a taint
+# (:tolerations is empty), each checked by _one_node_checks.
+_STORE_SEVERAL = store_statement(
+    f"""
+    want_shards AS (
+        SELECT r.call, r.replica_id, CAST(:actor AS text) AS actor, r.shard_id, r.node_id,
+               r.gpu_indices, r.fabric, r.hcas, r.weights, {stored_tolerations()} AS tolerations
+        FROM jsonb_to_recordset(CAST(:shards AS jsonb)) AS r(
+            call int, replica_id text, shard_id text, node_id text, gpu_indices int[],
+            fabric text, hcas text[], weights text)
+    ), want_gpus AS (
+        SELECT r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
+            AS r(call int, node_id text, idx int, shard_id text)
+    ), go AS (
+        SELECT c.call, {_one_node_checks("c.call", "c.replica_id")} AS ok
+        FROM (SELECT DISTINCT w.call, w.replica_id FROM want_shards w) c
+    )"""
+)
+
+
+async def allocate_on_locked_nodes(
+    conn: Connection, requests: Sequence[AllocationRequest], actor: str | None = None
+) -> list[Allocated | NotStored | Rejection]:
+    """allocate()'s common case for several replicas at once, in one store statement.
+
+    For a caller that holds the row locks of every node named and found them
+    schedulable (placement groups' claim: placement.claims.claim_members):
+    each replica on one node, none tolerating a taint, none stored yet. Each
+    is checked as allocate() checks its common case (_one_node_checks) and
+    held, or answered NotStored when a check failed or a concurrent commit
+    took its GPUs or shard ids (the caller plans again), or a Rejection when
+    it is no allocation at all (validate_request). Answers in the order given.
+    Raises ReplicaReleased, as allocate() does, for a replica id released
+    while it held nothing.
+    """
+    answers: list[Allocated | NotStored | Rejection | None] = [None] * len(requests)
+    shards: list[dict[str, Any]] = []
+    gpus: list[dict[str, Any]] = []
+    for call, request in enumerate(requests):
+        problem = validate_request(request)
+        if problem is not None:
+            answers[call] = problem
+            continue
+        assert len({s.node_id for s in request.shards}) == 1 and not request.tolerations
+        for s in request.shards:
+            shards.append(
+                {
+                    "call": call,
+                    "replica_id": request.replica_id,
+                    "shard_id": s.shard_id,
+                    "node_id": s.node_id,
+                    "gpu_indices": sorted(s.gpu_indices),
+                    "fabric": None,
+                    "hcas": [],
+                    "weights": request.weights,
+                }
+            )
+            gpus.extend(
+                {"call": call, "node_id": s.node_id, "idx": i, "shard_id": s.shard_id}
+                for i in s.gpu_indices
+            )
+    if shards:
+        stored = await store_calls(
+            conn,
+            _STORE_SEVERAL,
+            {
+                "actor": actor,
+                "shards": json.dumps(shards),
+                "gpus": json.dumps(gpus),
+                "tolerations": tolerations_json(()),
+            },
+        )
+        for call, outcome in stored.items():
+            if isinstance(outcome, Tombstoned):
+                # As allocate(): a member id released while it held nothing
+                # refuses the claim (CONFLICT naming it); the caller's
+                # savepoint takes back what the other calls stored.
+                raise outcome.refusal()
+            answers[call] = outcome
+    return [NotStored(checked=False) if a is None else a for a in answers]
+
 
 _SET_FABRIC = text(
     """

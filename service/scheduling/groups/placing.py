@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sqlalchemy import text
 
@@ -50,7 +50,13 @@ from service.scheduling.groups.requests import (
     validate_role,
 )
 from service.scheduling.placement import Unplaceable, unplaceable
-from service.scheduling.placement.claims import Busy, claim_plan, wait_for_nodes
+from service.scheduling.placement.claims import (
+    Busy,
+    claim_members,
+    claim_plan,
+    claimed_together,
+    wait_for_nodes,
+)
 from service.scheduling.placement.explanation import RoleVerdict
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
 from service.scheduling.verdicts import PlaceRequest
@@ -60,10 +66,21 @@ MAX_ROUNDS = 64
 # read changed; a plan that fails so this many times running is not retried.
 MAX_STALE = 4
 
+# The group's row and its members' rows in one statement, answering the
+# group's generation per member row; no row when the groupId is already
+# stored (a concurrent call placed it first). The members' foreign key is
+# checked at the end of the statement, when the group's row is there.
 _INSERT_GROUP = text(
     """
-    INSERT INTO placement_groups (group_id, spec) VALUES (:group_id, CAST(:spec AS jsonb))
-    ON CONFLICT (group_id) DO NOTHING RETURNING group_id
+    WITH g AS (
+        INSERT INTO placement_groups (group_id, spec) VALUES (:group_id, CAST(:spec AS jsonb))
+        ON CONFLICT (group_id) DO NOTHING RETURNING group_id, generation
+    )
+    INSERT INTO group_members (replica_id, group_id, role, n)
+    SELECT m.replica_id, g.group_id, m.role, m.n
+    FROM g, unnest(CAST(:ids AS text[]), CAST(:roles AS text[]), CAST(:ns AS int[]))
+        AS m(replica_id, role, n)
+    RETURNING (SELECT generation FROM g) AS generation
     """
 )
 _INSERT_MEMBERS = text(
@@ -73,12 +90,13 @@ _INSERT_MEMBERS = text(
            unnest(CAST(:ns AS int[]))
     """
 )
-# Member ids some other replica already uses: placed by place() or allocate().
-_IDS_IN_USE = text(
+# Before a group is placed: whether its groupId is stored, and the member
+# ids some other replica already uses (placed by place() or allocate()).
+_STARTING = text(
     """
-    SELECT DISTINCT s.replica_id FROM shards s
-    WHERE s.replica_id = ANY(CAST(:ids AS text[]))
-    ORDER BY s.replica_id
+    SELECT EXISTS (SELECT 1 FROM placement_groups WHERE group_id = :group_id) AS placed,
+           ARRAY(SELECT DISTINCT s.replica_id FROM shards s
+                 WHERE s.replica_id = ANY(CAST(:ids AS text[])) ORDER BY 1) AS used
     """
 )
 _LOCK_GROUP = text(
@@ -116,6 +134,14 @@ class GroupGenerationConflict(InventoryError):
 
 class _Taken:
     """Another call stored the same groupId between our read and our insert."""
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The plan claimed, and the group's generation when this call wrote its row."""
+
+    plan: GroupPlan
+    generation: int | None
 
 
 _TAKEN = _Taken()
@@ -178,6 +204,13 @@ async def _claim(
     members on the same node (claims.numa_spread); `held`: what (role,
     node) the group held before this claim (scaleGroup).
     """
+    requests = [_member_request(group_id, board, member) for member in plan.members]
+    if claimed_together([(r, m.plan) for r, m in zip(requests, plan.members, strict=True)]):
+        # One round for the whole group (claims.claim_members): its nodes
+        # locked at once, one store of every member.
+        members = [(r, m.plan, m.role) for r, m in zip(requests, plan.members, strict=True)]
+        together = await claim_members(conn, members, actor, held)
+        return together if isinstance(together, Busy) else together is not None
     taken: dict[tuple[str, str], list[int]] = {k: list(v) for k, v in (held or {}).items()}
     for member in plan.members:
         request = _member_request(group_id, board, member)
@@ -224,13 +257,14 @@ async def _hold(
     anchors: Sequence[str] = (),
     numbered: dict[str, int] | None = None,
     held: Mapping[tuple[str, str], Sequence[int]] | None = None,
-) -> GroupPlan | Misfit | _Taken:
+) -> _Held | Misfit | _Taken:
     """Plan and claim the group's replicas in one savepoint, planning again after a wait or a stale plan.
 
     `numbered`: the first member number of each role (scaleGroup adds after
     the ones it has). `write_rows`: write the group's member rows.
     """
     stale = 0
+    generation: int | None = None
     requests = requests_of(group)
     window = windowed(group, requests, anchors)
     for _ in range(MAX_ROUNDS):
@@ -243,24 +277,23 @@ async def _hold(
                 plan,
                 members=tuple(replace(m, n=m.n + numbered.get(m.role, 0)) for m in plan.members),
             )
+        rows = {
+            "group_id": group.group_id,
+            "ids": [member_id(group.group_id, m.role, m.n) for m in plan.members],
+            "roles": [m.role for m in plan.members],
+            "ns": [m.n for m in plan.members],
+        }
         savepoint = await conn.begin_nested()
         try:
             if write_rows:
-                inserted = await conn.execute(
-                    _INSERT_GROUP, {"group_id": group.group_id, "spec": json.dumps(group.spec())}
-                )
-                if inserted.first() is None:
+                spec = json.dumps(group.spec())
+                inserted = (await conn.execute(_INSERT_GROUP, {**rows, "spec": spec})).first()
+                if inserted is None:
                     await savepoint.rollback()
                     return _TAKEN
-            await conn.execute(
-                _INSERT_MEMBERS,
-                {
-                    "group_id": group.group_id,
-                    "ids": [member_id(group.group_id, m.role, m.n) for m in plan.members],
-                    "roles": [m.role for m in plan.members],
-                    "ns": [m.n for m in plan.members],
-                },
-            )
+                generation = int(inserted.generation)
+            else:
+                await conn.execute(_INSERT_MEMBERS, rows)
             claimed = await _claim(conn, group.group_id, board, plan, actor, held)
         except BaseException:
             if savepoint.is_active:
@@ -268,7 +301,7 @@ async def _hold(
             raise
         if claimed is True:
             await savepoint.commit()
-            return plan
+            return _Held(plan, generation)
         await savepoint.rollback()
         if isinstance(claimed, Busy):
             stale = 0
@@ -299,12 +332,14 @@ async def place_group(
     problem = validate_group(group)
     if problem is not None:
         return problem
+    ids = [member_id(group.group_id, r.role, n) for r in group.roles for n in range(r.replicas)]
     for _ in range(2):
-        stored = await read_group(conn, group.group_id)
-        if stored is not None:
-            return await _answer_stored(conn, group, stored)
-        ids = [member_id(group.group_id, r.role, n) for r in group.roles for n in range(r.replicas)]
-        used = [r.replica_id for r in await conn.execute(_IDS_IN_USE, {"ids": ids})]
+        start = (await conn.execute(_STARTING, {"group_id": group.group_id, "ids": ids})).one()
+        if start.placed:
+            stored = await read_group(conn, group.group_id)
+            if stored is not None:
+                return await _answer_stored(conn, group, stored)
+        used = list(start.used)
         if used:
             return Rejection(
                 RejectionCode.CONFLICT,
@@ -318,7 +353,8 @@ async def place_group(
         if isinstance(outcome, _Taken):
             # A concurrent call placed the same groupId first: answer what it stored.
             continue
-        placed = await read_group(conn, group.group_id)
+        assert outcome.generation is not None
+        placed = await read_group(conn, group.group_id, (group.spec(), outcome.generation))
         assert placed is not None
         return placed
     raise TransactionConflict(2)

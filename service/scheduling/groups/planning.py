@@ -33,6 +33,7 @@ import bisect
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from service.scheduling.groups.paths import (
     CLOSENESS,
@@ -110,12 +111,16 @@ class Board:
             role: {key(c.facts, c.zone): i for i, c in enumerate(cs)}
             for role, cs in self.classes.items()
         }
+        # A class member's facts under its planning id, by (role, class, node):
+        # a class's facts never change (settle moves members, class_for adds
+        # classes), and a plan asks for the same members zone after zone.
+        self.planned: dict[tuple[str, int, str], NodeFacts] = {}
 
     def fork(self) -> Board:
         other = Board.__new__(Board)
         other.requests, other.classes = self.requests, self.classes
         other.where, other.fits = self.where, self.fits
-        other.tokens, other.keys = self.tokens, self.keys
+        other.tokens, other.keys, other.planned = self.tokens, self.keys, self.planned
         other.opened = {n: dict(f) for n, f in self.opened.items()}
         other.zones = dict(self.zones)
         return other
@@ -147,13 +152,11 @@ class Board:
             for node_id, by_role in self.opened.items()
             if (f := by_role.get(role)) is not None and keep(node_id, zone := self.zones[node_id])
         ]
-        tokens = self.tokens[role]
         if keep.node is not None:
             # One node's zone: its class by lookup, not a walk over every member.
             i = self.where[role].get(keep.node)
             if i is not None and keep.node not in self.opened and self.fits[role][i]:
-                node = planning_id(tokens[i], keep.node)
-                found.append(replace(self.classes[role][i].facts, node_id=node))
+                found.append(self._planned(role, i, keep.node))
             return found
         for i, c in enumerate(self.classes[role]):
             # Below NODE a zone is a fact of the class: one test for all its members.
@@ -165,9 +168,19 @@ class Board:
                     break
                 if node_id in self.opened:
                     continue
-                found.append(replace(c.facts, node_id=planning_id(tokens[i], node_id)))
+                found.append(self._planned(role, i, node_id))
                 taken += 1
         return found
+
+    def _planned(self, role: str, i: int, node_id: str) -> NodeFacts:
+        """Class i's facts for a member, under its planning id."""
+        facts = self.planned.get((role, i, node_id))
+        if facts is None:
+            planning = planning_id(self.tokens[role][i], node_id)
+            facts = self.planned[(role, i, node_id)] = replace(
+                self.classes[role][i].facts, node_id=planning
+            )
+        return facts
 
     def take(self, role: str, plan: Plan) -> None:
         """Apply a replica's plan: its nodes opened, their facts for every role of the class reduced."""
@@ -224,6 +237,7 @@ def key(facts: NodeFacts, zone: Zone) -> tuple[NodeFacts, Zone]:
     return replace(facts, node_id=""), zone
 
 
+@lru_cache(maxsize=4096)
 def token(facts: NodeFacts, zone: Zone) -> str:
     """A class's place among nodes the ranking finds equal: a digest of its facts and zone.
 

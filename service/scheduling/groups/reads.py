@@ -177,7 +177,13 @@ async def read_window(
         lambda r: census_facts_sql(
             r, window=True, all_fabrics=True, extra=_zone_columns(group, "c")
         ),
-        {"ids": keep, "most": MOST_KINDS + 1},
+        # The fewest GPUs a role's shard takes: one read serves every role
+        # whose statement reads no other fact of its shape.
+        {
+            "ids": keep,
+            "most": MOST_KINDS + 1,
+            "need": min(r.gpus_per_shard for r in requests.values()),
+        },
         keep,
     )
     return None if classes is None else Board(dict(requests), classes)
@@ -232,12 +238,19 @@ _MEMBERS = text(
 )
 
 
-async def read_group(conn: Connection, group_id: str) -> StoredGroup | None:
-    """A placed group as stored: its members (by role in the spec's order, then n) and their KV paths."""
-    head = (await conn.execute(_GROUP, {"group_id": group_id})).first()
+async def read_group(
+    conn: Connection, group_id: str, head: tuple[dict[str, Any], int] | None = None
+) -> StoredGroup | None:
+    """A placed group as stored: its members (by role in the spec's order, then n) and their KV paths.
+
+    `head`: the group's spec and generation, when the caller just wrote them.
+    """
     if head is None:
-        return None
-    spec: dict[str, Any] = head.spec
+        row = (await conn.execute(_GROUP, {"group_id": group_id})).first()
+        if row is None:
+            return None
+        head = (row.spec, int(row.generation))
+    spec, generation = head
     label = spec["locality"]["label"]
     shards: dict[str, list[ShardRecord]] = {}
     where: dict[str, list[tuple[str, Zone]]] = {}
@@ -271,7 +284,7 @@ async def read_group(conn: Connection, group_id: str) -> StoredGroup | None:
             paths.append(
                 KvPath(a.replica_id, b.replica_id, path_kind(whereabouts(a), whereabouts(b)))
             )
-    return StoredGroup(group_id, spec, int(head.generation), members, tuple(paths))
+    return StoredGroup(group_id, spec, generation, members, tuple(paths))
 
 
 _GROUP_IDS = text(

@@ -392,9 +392,10 @@ def census_facts_sql(
     GPUs, which judge() finds TAINTED whichever taint it is). Its members:
     the first :ids ids of a kind whose nodes may take a shard (free for one).
 
-    `window`: only those kinds, uncounted (placement groups' window,
-    groups/reads.py). `all_fabrics` and `extra` as survey_groups_sql's, with
-    `extra` over the kind `c`.
+    `window`: only the kinds with :need GPUs free, uncounted, all their
+    members worth :ids ids (placement groups' window, groups/reads.py).
+    `all_fabrics` and `extra` as survey_groups_sql's, with `extra` over the
+    kind `c`.
     """
     topology = (
         f"CAST({pool_facts('c.free_groups', 'c.nvlink_known')} AS json)"
@@ -410,7 +411,7 @@ def census_facts_sql(
     census = (
         # From the first schedulable kind with a shard free: true is the last
         # boolean, so every kind after it is schedulable too.
-        census_sql(start="(t.schedulable, t.free) >= (true, :per)", counts=False)
+        census_sql(start="(t.schedulable, t.free) >= (true, :need)", counts=False)
         if window
         else census_sql(takes)
     )

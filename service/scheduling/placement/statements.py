@@ -409,6 +409,15 @@ LOCK_OR_SKIP = text(
     FOR NO KEY UPDATE SKIP LOCKED
     """
 )
+# The same, and whether each node locked takes placement now.
+LOCK_SCHEDULABLE_OR_SKIP = text(
+    f"""
+    SELECT n.id, {node_schedulable("n")} AS schedulable FROM nodes n
+    WHERE n.id = ANY(CAST(:ids AS text[]))
+    ORDER BY n.id
+    FOR NO KEY UPDATE SKIP LOCKED
+    """
+)
 
 
 @lru_cache(maxsize=2)
