@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
+from service.scheduling.groups.fitting import count_groups
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.planning import Misfit, plan_group
 from service.scheduling.groups.reads import read_board, read_window, windowed
@@ -112,7 +113,13 @@ async def plans(engine: AsyncEngine, spec: dict[str, Any]) -> tuple[Any, Any]:
     assert windowed(group, requests)
     async with connections.read_only(engine) as conn:
         window = await read_window(conn, group, requests)
-        whole = await read_board(conn, group, requests)
+        whole = await read_board(conn, group, requests, census=False)
+        # fitGroup's board from the census counts what the survey's does
+        # (counting moves the boards' members: boards of their own).
+        counted = count_groups(await read_board(conn, group, requests), group)
+        surveyed = count_groups(await read_board(conn, group, requests, census=False), group)
+    assert counted[0] == surveyed[0]
+    assert counted[1] == surveyed[1]
     assert window is not None
     on_window, on_whole = plan_group(window, group), plan_group(whole, group)
     if isinstance(on_whole, Misfit):

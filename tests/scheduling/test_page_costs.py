@@ -46,10 +46,16 @@ from service.database.migrations import upgrade
 from service.scheduling.capacity import CLASS_SUMMARY, FABRIC_MEMBERS
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups.placing import requests_of
-from service.scheduling.groups.reads import board_sql
+from service.scheduling.groups.reads import (
+    board_census_sql,
+    board_sql,
+    window_size,
+    window_sql,
+)
 from service.scheduling.placement.explanation import MAX_VERDICTS
 from service.scheduling.placement.fit import census_facts_sql
-from service.scheduling.placement.statements import SURVEY_COUNT
+from service.scheduling.placement.statements import SURVEY_COUNT, request_params
+from service.scheduling.pool_census import MOST_KINDS
 from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
 from tests.conftest import create_database, drop_database
@@ -271,11 +277,47 @@ PER_POOL = {
     compile_text(text(board_sql(BOARD, request)))[0]: PER_POOL_ROWS
     for request in requests_of(BOARD).values()
 }
+# The same board from the pool census (what fitGroup reads for such a group):
+# every kind of pool of the class with all its members.
+PER_POOL.update(
+    {
+        compile_text(text(board_census_sql(BOARD, request)))[0]: PER_POOL_ROWS
+        for request in requests_of(BOARD).values()
+    }
+)
 # The pool census (fit's count by kind of pool): the class's index entries
 # counted once, plus a few per kind of pool.
 PER_POOL.update(
     {compile_text(text(census_facts_sql(census_request(shape))))[0]: 4 for shape in CENSUS_SHAPES}
 )
+
+
+async def window_over_bound(raw: Any) -> list[str]:
+    """placeGroup's window (reads.read_window) read for BOARD: a page of its kinds of pool, whatever the cluster.
+
+    A mutation, so not among READS: its statement is explained here with the
+    parameters placeGroup sends. Each kind of pool it returns may cost one
+    descent, the first window_size ids and a few lookups; nothing else.
+    """
+    requests = requests_of(BOARD)
+    keep = window_size(requests, BOARD)
+    need = min(r.gpus_per_shard for r in requests.values())
+    found = []
+    for request in requests.values():
+        sql, names = compile_text(text(window_sql(BOARD, request)))
+        params = {**request_params(request), "ids": keep, "most": MOST_KINDS + 1, "need": need}
+        args = [params[n] for n in names]
+        kinds = len(await raw.fetch(sql, *args))
+        bound = kinds * (keep + 8) + FIXED
+        for c in await explain(raw, sql, args):
+            if c.rows > bound or c.buffers > bound:
+                found.append(
+                    f"placeGroup's window ({c.plan} plan): {c.rows} rows, {c.buffers} buffers"
+                    f" for {kinds} kinds (bound {bound})"
+                )
+    return found
+
+
 # A table this small is read whole by a plan that costs no more than index
 # descents would (shards and events on a cluster with few allocations): its
 # rows do not count, its buffers do.
@@ -546,6 +588,7 @@ async def test_every_scheduler_read_costs_its_page_before_and_after_analyze(
             for read in READS:
                 costs = await api.costs(raw, read)
                 found.extend(f"{state}: {o}" for o in await over_bound(raw, read, costs))
+            found.extend(f"{state}: {o}" for o in await window_over_bound(raw))
         assert not found, "\n".join(found)
     finally:
         await raw.close()

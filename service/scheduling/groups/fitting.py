@@ -11,7 +11,6 @@ same cluster gives the same count on every call.
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -144,20 +143,35 @@ def _repeats(board: Board, moves: list[Move]) -> int:
 
 
 def _apply(board: Board, moves: list[Move], repeats: int) -> None:
-    """The moves of one round, `repeats` times: each takes nodes that are in every class it names."""
+    """The moves of one round, `repeats` times: each takes nodes that are in every class it names.
+
+    The smallest ids common to its classes, as the planner would take them.
+    Roles that read alike have equal member lists: then those are the first
+    `repeats` of the list, and the lists are cut and merged whole (sorted()
+    merges two sorted runs in one pass).
+    """
     for move in moves:
         roles = list(move)
-        sources = [set(board.classes[r][move[r][0]].members) for r in roles]
-        common = sorted(set.intersection(*sources))
+        lists = [board.classes[r][move[r][0]].members for r in roles]
+        if all(members == lists[0] for members in lists[1:]):
+            common = lists[0]
+        else:
+            common = sorted(set.intersection(*(set(members) for members in lists)))
         if len(common) < repeats:
             raise AssertionError("a repeated round found too few nodes in its classes")
-        for node_id in common[:repeats]:
-            for role in roles:
-                source, target = move[role]
-                members = board.classes[role][source].members
-                del members[bisect.bisect_left(members, node_id)]
-                bisect.insort(board.classes[role][target].members, node_id)
-                board.where[role][node_id] = target
+        moved = common[:repeats]
+        gone: set[str] | None = None
+        for role in roles:
+            source, target = move[role]
+            left = board.classes[role][source]
+            if left.members[:repeats] == moved:
+                left.members = left.members[repeats:]
+            else:
+                gone = gone or set(moved)
+                left.members = [node_id for node_id in left.members if node_id not in gone]
+            landed = board.classes[role][target]
+            landed.members = sorted(landed.members + moved)
+            board.where[role].update(dict.fromkeys(moved, target))
 
 
 async def fit_group(conn: Connection, group: GroupRequest) -> GroupFit | Rejection:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -438,7 +439,14 @@ def plan_group(
         levels = [lv for lv in levels if lv is not LocalityLevel.LABEL]
     first_role = order(group)[0][0]
     misfit: Misfit | None = None
-    for level in levels:
+    for k, level in enumerate(levels):
+        if (
+            level is LocalityLevel.NODE
+            and k + 1 < len(levels)
+            and not _one_node_may_hold(board, group)
+        ):
+            # No NODE zone can hold it: the level's Misfit is told only when it is the last.
+            continue
         best: tuple[tuple[int, int, str], Board, GroupPlan] | None = None
         misfit = None
         zones = _zones(board, level, first_role)
@@ -462,6 +470,29 @@ def plan_group(
         level = levels[-1]
         return Misfit(first_role, 0, level, f"no {level.value.lower().replace('_', ' ')} zone")
     return misfit
+
+
+def _one_node_may_hold(board: Board, group: GroupRequest) -> bool:
+    """Whether some node has as many GPUs free of each class as the group asks of it.
+
+    A NODE zone is one node, which must then give every replica: when none
+    has that much free, no NODE zone holds the group, and planning in each
+    (a zone per class of node) would only find so.
+    """
+    asked: Counter[str] = Counter()
+    for r in group.roles:
+        asked[r.shape.gpu_class] += r.replicas * max(1, r.shape.shards) * r.shape.gpus_per_shard
+    most: Counter[str] = Counter()
+    for role, classes in board.classes.items():
+        cls = board.requests[role].gpu_class
+        for c in classes:
+            if c.members:
+                most[cls] = max(most[cls], c.facts.free)
+    for by_role in board.opened.values():
+        for role, f in by_role.items():
+            cls = board.requests[role].gpu_class
+            most[cls] = max(most[cls], f.free)
+    return all(most[cls] >= gpus for cls, gpus in asked.items())
 
 
 def _holds(board: Board, zonal: Zonal, node_id: str) -> bool:

@@ -56,6 +56,20 @@ def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
     return survey_groups_sql(request, all_fabrics=True, extra=_zone_columns(group))
 
 
+def board_census_sql(group: GroupRequest, request: PlaceRequest) -> str:
+    """The statement read_board sends for one role of a group `windowed`: the census of every kind."""
+    return census_facts_sql(
+        request, reads="members", all_fabrics=True, extra=_zone_columns(group, "c")
+    )
+
+
+def window_sql(group: GroupRequest, request: PlaceRequest) -> str:
+    """The statement read_window sends for one role: the census of the kinds that take a shard."""
+    return census_facts_sql(
+        request, reads="window", all_fabrics=True, extra=_zone_columns(group, "c")
+    )
+
+
 def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
     """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them)."""
     found: dict[tuple[NodeFacts, Zone], NodeClass] = {}
@@ -90,8 +104,13 @@ async def _read(
     statement: Callable[[PlaceRequest], str],
     extra: Mapping[str, Any],
     keep: int | None = None,
+    census: bool = False,
 ) -> dict[str, list[NodeClass]] | None:
-    """Each role's classes from `statement`, one read per distinct statement; None when one declines."""
+    """Each role's classes from `statement`, one read per distinct statement; None when one declines.
+
+    `keep`: the first members of each class kept; `census`: the statement is
+    the pool census's, which declines past MOST_KINDS kinds.
+    """
     classes: dict[str, list[NodeClass]] = {}
     # Roles whose statement and parameters are the same (prefill and decode
     # of one class, without topology, differ only in GPUs per shard, which
@@ -104,7 +123,7 @@ async def _read(
         same = (sql, repr(sorted(used.items())))
         if same not in read:
             rows = list(await conn.execute(cached_text(sql), used))
-            if keep is not None and len(rows) > MOST_KINDS:
+            if census and len(rows) > MOST_KINDS:
                 DECLINED.count("kinds")
                 return None
             read[same] = _classes(rows, keep)
@@ -114,10 +133,34 @@ async def _read(
 
 
 async def read_board(
-    conn: Connection, group: GroupRequest, requests: Mapping[str, PlaceRequest]
+    conn: Connection,
+    group: GroupRequest,
+    requests: Mapping[str, PlaceRequest],
+    *,
+    census: bool = True,
 ) -> Board:
-    """Every node of each role's class, grouped as fit groups them, with its zone: one statement per role."""
-    classes = await _read(conn, group, requests, lambda r: board_sql(group, r), {})
+    """Every node of each role's class, grouped as fit groups them, with its zone: one statement per role.
+
+    For a group the window may serve (windowed, whatever its anchors), from
+    the pool census, every kind with all its members: the classes fit's
+    survey gives but for the state of unschedulable nodes and the taint
+    that withholds GPUs, which decide nothing among nodes that fit (the
+    plan's tokens leave them out) and no verdict's code, and no row of the
+    table compared with a group. `census=False` reads the survey (what the
+    census must equal).
+    """
+    classes = None
+    if census and windowed(group, requests):
+        classes = await _read(
+            conn,
+            group,
+            requests,
+            lambda r: board_census_sql(group, r),
+            {"ids": None, "most": MOST_KINDS + 1},
+            census=True,
+        )
+    if classes is None:
+        classes = await _read(conn, group, requests, lambda r: board_sql(group, r), {})
     assert classes is not None
     return Board(dict(requests), classes)
 
@@ -174,9 +217,7 @@ async def read_window(
         conn,
         group,
         requests,
-        lambda r: census_facts_sql(
-            r, window=True, all_fabrics=True, extra=_zone_columns(group, "c")
-        ),
+        lambda r: window_sql(group, r),
         # The fewest GPUs a role's shard takes: one read serves every role
         # whose statement reads no other fact of its shape.
         {

@@ -380,7 +380,7 @@ def counted_by_census(request: PlaceRequest) -> bool:
 def census_facts_sql(
     request: PlaceRequest,
     *,
-    window: bool = False,
+    reads: str = "count",
     all_fabrics: bool = False,
     extra: Mapping[str, str] | None = None,
 ) -> str:
@@ -389,13 +389,15 @@ def census_facts_sql(
     The kind's first node stands for it: its state (read only for the
     unschedulable kinds, which judge() finds NOT_SCHEDULABLE whatever the
     state) and its withholding taint (read only where a taint withholds
-    GPUs, which judge() finds TAINTED whichever taint it is). Its members:
-    the first :ids ids of a kind whose nodes may take a shard (free for one).
+    GPUs, which judge() finds TAINTED whichever taint it is).
 
-    `window`: only the kinds with :need GPUs free, uncounted, all their
-    members worth :ids ids (placement groups' window, groups/reads.py).
-    `all_fabrics` and `extra` as survey_groups_sql's, with `extra` over the
-    kind `c`.
+    `reads`: what of each kind. "count" (fit): every kind, counted, with
+    the first :ids ids of a kind whose nodes may take a shard (free for
+    one). "window" (placement groups' window, groups/reads.py): the kinds
+    with :need GPUs free, uncounted, the first :ids ids of each. "members"
+    (fitGroup's board): every kind, uncounted, the first :ids ids of each
+    (all of them for a NULL :ids). `all_fabrics` and `extra` as
+    survey_groups_sql's, with `extra` over the kind `c`.
     """
     topology = (
         f"CAST({pool_facts('c.free_groups', 'c.nvlink_known')} AS json)"
@@ -407,14 +409,15 @@ def census_facts_sql(
         if all_fabrics or request.fabric is not None
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
-    takes = "k.schedulable AND k.free >= :per"
-    census = (
+    if reads == "count":
+        census = census_sql("k.schedulable AND k.free >= :per")
+    elif reads == "window":
         # From the first schedulable kind with a shard free: true is the last
         # boolean, so every kind after it is schedulable too.
-        census_sql(start="(t.schedulable, t.free) >= (true, :need)", counts=False)
-        if window
-        else census_sql(takes)
-    )
+        census = census_sql(start="(t.schedulable, t.free) >= (true, :need)", counts=False)
+    else:
+        assert reads == "members", reads
+        census = census_sql(counts=False)
     first = "c.members[1]"
     taint = pool_withholding_taint("r")
     columns = "".join(f", {sql} AS {name}" for name, sql in (extra or {}).items())
