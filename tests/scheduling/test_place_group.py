@@ -240,6 +240,98 @@ async def test_scale_adds_a_decode_on_the_closest_free_gpus_and_refuses_a_stale_
     assert (await api(READ_GROUP, {"id": "sc"}))["group"] is None
 
 
+TAINT_NODE = """
+mutation T($node: ID!, $taint: TaintInput!) { taintNode(nodeId: $node, taint: $taint) { id } }
+"""
+BURN_IN = {"key": "burn-in", "value": "week-1", "effect": "NO_SCHEDULE", "reason": "new racks"}
+TOLERATE_BURN_IN = [{"key": "burn-in", "operator": "EQUAL", "value": "week-1"}]
+
+
+async def test_a_group_that_tolerates_a_taint_keeps_tolerating_it_when_scaled(
+    api: Api, engine: AsyncEngine
+) -> None:
+    # Every GPU is behind a NO_SCHEDULE taint: only a shape that tolerates it places.
+    await register_boards(api, 2)
+    for node in ("hgx-0", "hgx-1"):
+        await api(TAINT_NODE, {"node": node, "taint": BURN_IN})
+    tolerating = {
+        "groupId": "burn",
+        "roles": [
+            role("prefill", 1, 4, tolerations=TOLERATE_BURN_IN),
+            role("decode", 1, 2, tolerations=TOLERATE_BURN_IN),
+        ],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+    }
+    untolerating = {"groupId": "plain", "roles": [role("decode", 1, 2)]}
+    refused = await place_group(api, untolerating)
+    assert refused["__typename"] == "Unplaceable", refused
+    placed = await place_group(api, tolerating)
+    assert placed["__typename"] == "GroupPlaced", placed
+    home = nodes_of(placed)["burn-prefill-0"]
+    # Sent again, the same input (tolerations and all) is a retry, answered from what is stored.
+    assert await place_group(api, tolerating) == placed
+
+    # scaleGroup reads the role's shape back from the stored group: the new
+    # decode replica needs the toleration as much as the first did.
+    grown = (
+        await api(
+            SCALE_GROUP,
+            {"id": "burn", "role": "decode", "replicas": 1, "generation": placed["generation"]},
+        )
+    )["scaleGroup"]
+    assert grown["__typename"] == "GroupPlaced", grown
+    assert nodes_of(grown)["burn-decode-1"] == home
+    # The same shape given again is the role's shape, tolerations included;
+    # another toleration is another shape.
+    again = (
+        await api(
+            SCALE_GROUP,
+            {
+                "id": "burn",
+                "role": "decode",
+                "replicas": 1,
+                "shape": {
+                    "replicaId": "x",
+                    "gpuClass": "H100-80GB",
+                    "gpusPerShard": 2,
+                    "tolerations": TOLERATE_BURN_IN,
+                },
+            },
+        )
+    )["scaleGroup"]
+    assert again["__typename"] == "GroupPlaced", again
+    other = (
+        await api(
+            SCALE_GROUP,
+            {
+                "id": "burn",
+                "role": "decode",
+                "replicas": 1,
+                "shape": {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": 2},
+            },
+        )
+    )["scaleGroup"]
+    assert other["code"] == "INVALID" and "shape differs" in other["message"]
+    # The added replicas' shards keep the toleration (NO_EXECUTE counts from it).
+    async with engine.connect() as conn:
+        kept = (
+            await conn.execute(
+                text(
+                    "SELECT replica_id, tolerations FROM shards"
+                    " WHERE replica_id LIKE 'burn-%' ORDER BY replica_id"
+                )
+            )
+        ).all()
+    assert [r.replica_id for r in kept] == [
+        "burn-decode-0",
+        "burn-decode-1",
+        "burn-decode-2",
+        "burn-prefill-0",
+    ]
+    assert all(r.tolerations and r.tolerations[0]["key"] == "burn-in" for r in kept), kept
+
+
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"roles": [role("p", 0, 1)]}, "roles[0].replicas=0"),
     ({"roles": [role("p", -2, 1)]}, "roles[0].replicas=-2"),

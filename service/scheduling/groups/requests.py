@@ -16,6 +16,7 @@ from typing import Any
 from service.bounds import MAX_GROUP_REPLICAS, MAX_GROUP_ROLES, MAX_ID_LENGTH
 from service.scheduling.placement.plan import MAX_REPLICA_ID_LENGTH, validate_place
 from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.taints import tolerations_json, tolerations_of
 from service.scheduling.verdicts import PlaceRequest
 
 
@@ -79,7 +80,7 @@ class GroupRequest:
                 {
                     "role": r.role,
                     "replicas": r.replicas,
-                    "shape": asdict(replace(r.shape, replica_id="")),
+                    "shape": shape_spec(r.shape),
                 }
                 for r in self.roles
             ],
@@ -181,18 +182,37 @@ def validate_group(request: GroupRequest) -> Rejection | None:
     return None
 
 
+def shape_spec(shape: PlaceRequest) -> dict[str, Any]:
+    """A role's shape as its group's spec stores it (JSON's terms; shape_of_spec reads it back).
+
+    The tolerations in the form shards keep them (taints.tolerations_json):
+    asdict() alone would leave their enums, which JSON cannot hold.
+    """
+    fields = asdict(replace(shape, replica_id=""))
+    fields["tolerations"] = json.loads(tolerations_json(shape.tolerations))
+    return fields
+
+
+def shape_of_spec(fields: dict[str, Any]) -> PlaceRequest:
+    """shape_spec's answer as the PlaceRequest it came from (equal to it, tolerations included)."""
+    label = fields.get("label")
+    return PlaceRequest(
+        **{
+            **fields,
+            "label": tuple(label) if label is not None else None,
+            "tolerations": tolerations_of(fields.get("tolerations")),
+        }
+    )
+
+
 def request_from_spec(group_id: str, spec: dict[str, Any]) -> GroupRequest:
     """A stored group's spec (GroupRequest.spec) as a request again."""
-
-    def shape(fields: dict[str, Any]) -> PlaceRequest:
-        label = fields.get("label")
-        return PlaceRequest(**{**fields, "label": tuple(label) if label is not None else None})
-
     locality = spec["locality"]
     return GroupRequest(
         group_id=group_id,
         roles=tuple(
-            GroupRole(r["role"], int(r["replicas"]), shape(r["shape"])) for r in spec["roles"]
+            GroupRole(r["role"], int(r["replicas"]), shape_of_spec(r["shape"]))
+            for r in spec["roles"]
         ),
         locality=Locality(LocalityLevel(locality["level"]), locality["label"], locality["hard"]),
         kv_from=spec["kvFrom"],
