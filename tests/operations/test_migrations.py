@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 
 import asyncpg  # type: ignore[import-untyped]
+import httpx
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -150,3 +151,66 @@ def test_checks_computed_columns_and_indexes_are_what_the_migrations_made(
         assert described == migrated
     finally:
         drop_database(server_url, fresh)
+
+
+# gpu_pools' columns migration 0016 fills for pools that exist when it runs.
+_POOL_FACTS = (
+    "SELECT node_id, gpu_class, nvlink_domain, fabrics, fabric_rates FROM gpu_pools"
+    " ORDER BY node_id, gpu_class"
+)
+
+
+async def _register_mixed_cluster(url: str) -> list[tuple[object, ...]]:
+    """Nodes on one fabric, two or none, GB200 trays in a domain or none, mixed classes: their pools."""
+    from service.config import Settings
+    from service.database.db import create_engine, dispose
+    from service.web.app import create_app
+    from tests.reports import REGISTER, node_input
+    from tests.topology import IB_A, IB_B, gb200_tray, hgx_h100
+
+    slow = dict(IB_B, rateGbps=200)
+    reports = [
+        node_input("hgx-a", gpus=hgx_h100(near=False), fabrics=[IB_A]),
+        node_input("hgx-ab", gpus=hgx_h100(near=False), fabrics=[IB_A, slow]),
+        node_input("hgx-none", gpus=hgx_h100(near=False)),
+        node_input("tray-1", gpus=gb200_tray("nvl-1"), fabrics=[IB_B]),
+        node_input("tray-2", gpus=gb200_tray(None), fabrics=[IB_A]),
+        # One GPU of the class outside the others' domain: the pool has none.
+        node_input("tray-mixed", gpus=gb200_tray("nvl-1")[:3] + gb200_tray("nvl-2")[3:]),
+    ]
+    settings = Settings(database_url=url)
+    engine = create_engine(url, settings)
+    try:
+        app = create_app(settings, engine=engine)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+            for report in reports:
+                answer = await client.post(
+                    "/graphql", json={"query": REGISTER, "variables": {"input": report}}
+                )
+                assert not answer.json().get("errors"), answer.json()
+        async with engine.connect() as conn:
+            return [tuple(r) for r in (await conn.exec_driver_sql(_POOL_FACTS)).all()]
+    finally:
+        await dispose(engine)
+
+
+def test_0016_fills_existing_pools_as_the_recount_writes_them(empty_database: str) -> None:
+    # Pools written by the service at head; taken back to 0014b (the columns
+    # dropped) and up again, the migration's fill must give what every
+    # recount writes (availability.shared_nvlink_domain, gpu_pools.attached_fabrics).
+    upgrade(empty_database)
+    written = asyncio.run(_register_mixed_cluster(empty_database))
+    assert {r[2] for r in written} >= {"nvl-1", ""}
+    assert any(len(r[3]) == 2 for r in written)
+    downgrade(empty_database, "0014b")
+    upgrade(empty_database)
+
+    async def filled() -> list[tuple[object, ...]]:
+        conn = await asyncpg.connect(empty_database)
+        try:
+            return [tuple(r) for r in await conn.fetch(_POOL_FACTS)]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(filled()) == written
