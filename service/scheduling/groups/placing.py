@@ -50,14 +50,9 @@ from service.scheduling.groups.requests import (
     validate_role,
 )
 from service.scheduling.placement import Unplaceable, unplaceable
-from service.scheduling.placement.claims import (
-    Busy,
-    claim_members,
-    claim_plan,
-    claimed_together,
-    wait_for_nodes,
-)
+from service.scheduling.placement.claims import Busy, claim_plan, wait_for_nodes
 from service.scheduling.placement.explanation import RoleVerdict
+from service.scheduling.placement.member_claims import claim_members, claimed_together
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
 from service.scheduling.verdicts import PlaceRequest
 
@@ -201,12 +196,12 @@ async def _claim(
     """Claim every member in the caller's savepoint: True, a Busy to wait for, or False (stale).
 
     Each member's GPUs are spread away from those of its role's other
-    members on the same node (claims.numa_spread); `held`: what (role,
+    members on the same node (placement/numa.py); `held`: what (role,
     node) the group held before this claim (scaleGroup).
     """
     requests = [_member_request(group_id, board, member) for member in plan.members]
     if claimed_together([(r, m.plan) for r, m in zip(requests, plan.members, strict=True)]):
-        # One round for the whole group (claims.claim_members): its nodes
+        # One round for the whole group (member_claims.claim_members): its nodes
         # locked at once, one store of every member.
         members = [(r, m.plan, m.role) for r, m in zip(requests, plan.members, strict=True)]
         together = await claim_members(conn, members, actor, held)

@@ -10,8 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
-
 from service.database.connections import Connection, cached_text
 from service.database.transactions import TransactionConflict
 from service.scheduling.allocations import (
@@ -23,12 +21,12 @@ from service.scheduling.allocations import (
     ShardRequest,
     Tombstoned,
     allocate,
-    allocate_on_locked_nodes,
     lock_nodes,
     shard_from_row,
     store_calls,
 )
 from service.scheduling.placement.explanation import Unplaceable, unplaceable
+from service.scheduling.placement.numa import numa_spread
 from service.scheduling.placement.plan import (
     Plan,
     same_shape,
@@ -38,7 +36,6 @@ from service.scheduling.placement.plan import (
 )
 from service.scheduling.placement.statements import (
     LOCK_OR_SKIP,
-    LOCK_SCHEDULABLE_OR_SKIP,
     REPLICA,
     WINDOW,
     candidates,
@@ -153,124 +150,6 @@ async def _try(
         if savepoint.is_active:
             await savepoint.rollback()
         raise
-
-
-_NUMA = text("SELECT node_id, idx, numa_node FROM gpus WHERE node_id = ANY(CAST(:ids AS text[]))")
-
-# Each GPU's NUMA node, by (node id, index).
-NumaNodes = Mapping[tuple[str, int], int | None]
-
-
-async def _numa_nodes(conn: Connection, node_ids: Sequence[str]) -> NumaNodes:
-    rows = await conn.execute(_NUMA, {"ids": sorted(node_ids)})
-    return {(r.node_id, r.idx): r.numa_node for r in rows}
-
-
-def _spread_order(
-    node_id: str, free: Sequence[int], held: Sequence[int], numa: NumaNodes
-) -> list[int]:
-    """The node's free GPUs, those on the NUMA node `held` has fewest GPUs on first (numa_spread)."""
-    load: dict[int | None, int] = {}
-    for i in held:
-        load[numa.get((node_id, i))] = load.get(numa.get((node_id, i)), 0) + 1
-
-    def key(i: int) -> tuple[int, int, int]:
-        where = numa.get((node_id, i))
-        return (load.get(where, 0), -1 if where is None else where, i)
-
-    return sorted(free, key=key)
-
-
-async def numa_spread(
-    conn: Connection, free: dict[str, list[int]], held: Mapping[str, Sequence[int]]
-) -> dict[str, list[int]]:
-    """Each node's free GPUs, those on the NUMA node `held` has fewest GPUs on first.
-
-    Replicas of one role on one PCIe root or NUMA node share its bandwidth
-    (Dynamo #10171: both prefill workers on one PCIe root halved throughput,
-    and raised latency about 30x). GPUs of one NUMA node stay together, in
-    index order, so a shard of several GPUs takes them from one; a GPU whose
-    NUMA node is unknown counts as one NUMA node of its own kind.
-    """
-    nodes = sorted(n for n in free if held.get(n))
-    if not nodes:
-        return free
-    numa = await _numa_nodes(conn, nodes)
-    spread = dict(free)
-    for node_id in nodes:
-        spread[node_id] = _spread_order(node_id, free[node_id], held[node_id], numa)
-    return spread
-
-
-def claimed_together(members: Sequence[tuple[PlaceRequest, Plan]]) -> bool:
-    """Whether claim_members can claim these members in one round: see there."""
-    classes = {request.gpu_class for request, _ in members}
-    return len(classes) == 1 and all(
-        len(plan.nodes) == 1 and not request.needs_topology and not request.tolerating
-        for request, plan in members
-    )
-
-
-async def claim_members(
-    conn: Connection,
-    members: Sequence[tuple[PlaceRequest, Plan, str]],
-    actor: str | None,
-    held: Mapping[tuple[str, str], Sequence[int]] | None = None,
-) -> list[Allocated] | _Busy | None:
-    """Several replicas' plans claimed as _try claims one, in one round: every node locked, then one store.
-
-    For members that claimed_together: each on one node, of one GPU class,
-    without topology or tolerations. Their nodes are locked without waiting
-    (a _Busy names those another transaction holds; nothing is waited for),
-    found schedulable under the lock, their offered GPUs read once, and each
-    member given its shards from its node's GPUs in the order _try gives
-    them (spread over NUMA nodes away from those its kin hold there:
-    members of one `kin`, a role say, and `held`, per (kin, node)), the members taking
-    GPUs one after the other; then all are held by one store statement
-    (allocations.allocate_on_locked_nodes). None when the plan no longer
-    holds (a node left service, or a GPU or shard id was taken meanwhile):
-    the caller, which runs this in its savepoint, rolls it back and plans
-    again. Answers in the order given.
-    """
-    node_ids = sorted({node_id for _, plan, _ in members for node_id, _ in plan.nodes})
-    schedulable = {
-        r.id: r.schedulable for r in await conn.execute(LOCK_SCHEDULABLE_OR_SKIP, {"ids": node_ids})
-    }
-    if len(schedulable) < len(node_ids):
-        return _Busy(set(node_ids) - set(schedulable))
-    if not all(schedulable.values()):
-        return None
-    request = members[0][0]
-    rows = await conn.execute(
-        free_indices(False),
-        {"ids": node_ids, "cls": request.gpu_class, "tolerations": tolerations_json(())},
-    )
-    free = {r.node_id: list(r.indices) for r in rows}
-    taken: dict[tuple[str, str], list[int]] = {k: list(v) for k, v in (held or {}).items()}
-    kin_nodes = [(kin, plan.nodes[0][0]) for _, plan, kin in members]
-    spread = {n for k, n in kin_nodes if taken.get((k, n)) or kin_nodes.count((k, n)) > 1}
-    numa = await _numa_nodes(conn, sorted(spread)) if spread else {}
-    wanted: list[AllocationRequest] = []
-    for request, plan, kin in members:
-        ((node_id, count),) = plan.nodes
-        left = free.get(node_id, [])
-        if node_id in spread and taken.get((kin, node_id)):
-            left = _spread_order(node_id, left, taken[(kin, node_id)], numa)
-        per = request.gpus_per_shard
-        if len(left) < count * per:
-            return None
-        names = iter(shard_ids(request))
-        shards = [
-            ShardRequest(next(names), node_id, tuple(left[k * per : (k + 1) * per]))
-            for k in range(count)
-        ]
-        used = {i for shard in shards for i in shard.gpu_indices}
-        free[node_id] = [i for i in free.get(node_id, []) if i not in used]
-        taken.setdefault((kin, node_id), []).extend(sorted(used))
-        wanted.append(AllocationRequest(request.replica_id, tuple(shards), weights=request.weights))
-    outcomes = await allocate_on_locked_nodes(conn, wanted, actor)
-    allocated = [o for o in outcomes if isinstance(o, Allocated)]
-    return allocated if len(allocated) == len(members) else None
 
 
 async def _usable_gpus(
