@@ -218,7 +218,7 @@ gpu_pools = Table(
     # The NVLink domain every GPU of the class on the node reports ('' for
     # none: availability.shared_nvlink_domain), and the node's fabrics by name
     # with their link rates (gpu_pools.attached_fabrics), written by every
-    # recount (migration 0016): placement groups and the pool census learn
+    # recount (migration 0018): placement groups and the pool census learn
     # them from the pool, not from a lookup per node.
     Column("nvlink_domain", Text, nullable=False),
     Column("fabrics", ARRAY(Text), nullable=False),
@@ -259,7 +259,7 @@ Index(
 )
 # The pool census (service/scheduling/pool_census.py): a class's pools by
 # the columns that tell one kind of node from another, then node id, so a
-# count by kind walks the kinds and counts index entries (migration 0016).
+# count by kind walks the kinds and counts index entries (migration 0018).
 Index(
     "ix_gpu_pools_census",
     gpu_pools.c.gpu_class,

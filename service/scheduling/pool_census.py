@@ -23,7 +23,7 @@ from collections import Counter
 from service.database.plan_shapes import distinct_keys
 
 # The columns of gpu_pools that tell one kind of node from another, in
-# ix_gpu_pools_census' order after gpu_class (tables.py; migration 0016).
+# ix_gpu_pools_census' order after gpu_class (tables.py; migration 0018).
 KIND = (
     "schedulable", "free", "withheld", "last_resort", "nvlink_known", "free_groups", "fabrics",
     "fabric_rates", "nvlink_domain",

@@ -153,7 +153,7 @@ def test_checks_computed_columns_and_indexes_are_what_the_migrations_made(
         drop_database(server_url, fresh)
 
 
-# gpu_pools' columns migration 0016 fills for pools that exist when it runs.
+# gpu_pools' columns migration 0018 fills for pools that exist when it runs.
 _POOL_FACTS = (
     "SELECT node_id, gpu_class, nvlink_domain, fabrics, fabric_rates FROM gpu_pools"
     " ORDER BY node_id, gpu_class"
@@ -195,15 +195,15 @@ async def _register_mixed_cluster(url: str) -> list[tuple[object, ...]]:
         await dispose(engine)
 
 
-def test_0016_fills_existing_pools_as_the_recount_writes_them(empty_database: str) -> None:
-    # Pools written by the service at head; taken back to 0014b (the columns
+def test_0018_fills_existing_pools_as_the_recount_writes_them(empty_database: str) -> None:
+    # Pools written by the service at head; taken back to 0017 (the columns
     # dropped) and up again, the migration's fill must give what every
     # recount writes (availability.shared_nvlink_domain, gpu_pools.attached_fabrics).
     upgrade(empty_database)
     written = asyncio.run(_register_mixed_cluster(empty_database))
     assert {r[2] for r in written} >= {"nvl-1", ""}
     assert any(len(r[3]) == 2 for r in written)
-    downgrade(empty_database, "0014b")
+    downgrade(empty_database, "0017")
     upgrade(empty_database)
 
     async def filled() -> list[tuple[object, ...]]:

@@ -1,7 +1,7 @@
 """Pools carry their node's fabrics and NVLink domain; the pool census index
 
-Revision ID: 0016
-Revises: 0014b
+Revision ID: 0018
+Revises: 0017
 Create Date: 2027-01-12 09:00:00
 
 Issue 39. fit read every pool of the class and grouped them (a GROUP BY that
@@ -32,8 +32,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision: str = "0016"
-down_revision: str | None = "0014b"
+revision: str = "0018"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
