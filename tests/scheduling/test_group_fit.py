@@ -163,8 +163,8 @@ async def test_32_concurrent_place_groups_through_two_processes_place_exactly_k(
     assert {a["replicaId"].rsplit("-", 2)[0] for a in everything} == placed
 
 
-def request_of(spec: dict[str, Any]) -> GroupRequest:
-    """A GROUPS entry as the domain takes it (what PlaceGroupInput.to_request makes)."""
+def request_of(spec: dict[str, Any], group_id: str = "fit") -> GroupRequest:
+    """A group spec of these tests as the domain takes it (what PlaceGroupInput.to_request makes)."""
 
     def shape(s: dict[str, Any]) -> PlaceRequest:
         return PlaceRequest(
@@ -172,12 +172,13 @@ def request_of(spec: dict[str, Any]) -> GroupRequest:
             s["gpuClass"],
             s["gpusPerShard"],
             shards=s.get("shards", 1),
+            fabric=s.get("fabric"),
             nvlink_shards=s.get("nvlinkShards", False),
         )
 
     locality = spec.get("locality", {})
     return GroupRequest(
-        "fit",
+        group_id,
         tuple(GroupRole(r["role"], r["replicas"], shape(r["shape"])) for r in spec["roles"]),
         Locality(LocalityLevel(locality.get("level", "ANY")), None, locality.get("hard", False)),
         spec.get("kvFrom"),

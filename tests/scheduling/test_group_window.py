@@ -21,16 +21,14 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups.fitting import count_groups
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.planning import Misfit, plan_group
 from service.scheduling.groups.reads import read_board, read_window, windowed
-from service.scheduling.verdicts import PlaceRequest
 from tests.conftest import Api
 from tests.reports import H100, REGISTER, gpus, node_input
 from tests.scheduling.test_fit_two_fabrics import TAINT_GPUS, random_cluster
-from tests.scheduling.test_group_fit import PLACE_GROUP, RELEASE_GROUP, role
+from tests.scheduling.test_group_fit import PLACE_GROUP, RELEASE_GROUP, request_of, role
 from tests.topology import bridged_pairs, hgx_h100
 
 CORDON = 'mutation C($id: ID!) { cordonNode(id: $id, reason: "maintenance") { id } }'
@@ -83,32 +81,9 @@ def boards(rng: random.Random) -> list[dict[str, Any]]:
     return entries
 
 
-def request_of(spec: dict[str, Any]) -> GroupRequest:
-    """A group above as the domain takes it (what PlaceGroupInput.to_request makes)."""
-
-    def shape(s: dict[str, Any]) -> PlaceRequest:
-        return PlaceRequest(
-            "",
-            s["gpuClass"],
-            s["gpusPerShard"],
-            shards=s.get("shards", 1),
-            fabric=s.get("fabric"),
-            nvlink_shards=s.get("nvlinkShards", False),
-        )
-
-    locality = spec.get("locality", {})
-    return GroupRequest(
-        "w",
-        tuple(GroupRole(r["role"], r["replicas"], shape(r["shape"])) for r in spec["roles"]),
-        Locality(LocalityLevel(locality.get("level", "ANY")), None, locality.get("hard", False)),
-        spec.get("kvFrom"),
-        spec.get("kvTo"),
-    )
-
-
 async def plans(engine: AsyncEngine, spec: dict[str, Any]) -> tuple[Any, Any]:
     """The plan on the window and on the whole board, read one after the other."""
-    group = request_of(spec)
+    group = request_of(spec, "w")
     requests = requests_of(group)
     assert windowed(group, requests)
     async with connections.read_only(engine) as conn:
