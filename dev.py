@@ -12,12 +12,15 @@ The console scripts the README shows run the same way from a checkout:
   python3 dev.py reset ...         is  llmgw-inventory reset ...  (deletes serve's embedded data)
   python3 dev.py fetch-assets ...  is  llmgw-inventory fetch-assets ...
   python3 dev.py agent ...         is  llmgw-agent ...
-  python3 dev.py install           only sets up .venv: the service and the agent, each
-                                   editable (then `. .venv/bin/activate` puts both
-                                   scripts on PATH)
+  python3 dev.py install           only sets up .venv: the service, the agent and the
+                                   schedulers' client, each editable (then
+                                   `. .venv/bin/activate` puts the scripts on PATH)
   python3 dev.py build [DIR]       a wheel of each in dist/ (or DIR): the service's
-                                   (llmgw_inventory-*.whl) and the agent's
-                                   (llmgw_agent-*.whl), to install on servers and nodes
+                                   (llmgw_inventory-*.whl), the agent's
+                                   (llmgw_agent-*.whl) and the client's
+                                   (llmgw_inventory_client-*.whl)
+  python3 dev.py codegen [--check] regenerates the client's typed layer from
+                                   schema.graphql (clients/python/codegen/regenerate.py)
 """
 
 from __future__ import annotations
@@ -35,14 +38,15 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed-pyproject"
 
 
-# The two distributions: the service (./) and the node agent (agent/), each
-# with its own pyproject.toml and wheel.
-PROJECTS = (ROOT, ROOT / "agent")
+# The three distributions: the service (./), the node agent (agent/) and the
+# schedulers' client (clients/python/), each with its own pyproject.toml and wheel.
+PROJECTS = (ROOT, ROOT / "agent", ROOT / "clients" / "python")
 DIST = ROOT / "dist"
+CODEGEN = ROOT / "clients" / "python" / "codegen" / "regenerate.py"
 
 
 def installed_from() -> str:
-    """What .venv was installed from: both pyproject.toml files (a change to either reinstalls)."""
+    """What .venv was installed from: every pyproject.toml (a change to one reinstalls)."""
     return "".join((project / "pyproject.toml").read_text() for project in PROJECTS)
 
 
@@ -58,17 +62,28 @@ def ensure_installed() -> None:
         print("creating .venv", file=sys.stderr)
         venv.EnvBuilder(with_pip=True).create(VENV)
     subprocess.run([*pip(), "install", "--upgrade", "pip"], check=True)
-    print("installing llmgw-inventory, llmgw-agent and the test tools into .venv", file=sys.stderr)
+    print(
+        "installing llmgw-inventory, llmgw-agent, llmgw-inventory-client and the test tools"
+        " into .venv",
+        file=sys.stderr,
+    )
     # Editable, both: the checkout's sources are what runs. The service first:
     # replacing a .venv's older llmgw-inventory, which carried llmgw-agent's
     # console script, deletes that script, so the agent's install must come after.
     subprocess.run([*pip(), "install", "-e", f"{ROOT}[dev]"], check=True)
     subprocess.run([*pip(), "install", "-e", str(ROOT / "agent")], check=True)
+    # The client with its optional parts: subscriptions (websockets) and trace
+    # context (opentelemetry-api, which the service's tracing extra brings too).
+    client = ROOT / "clients" / "python"
+    subprocess.run([*pip(), "install", "-e", f"{client}[events,tracing]"], check=True)
+    # The client's generator, in an environment of its own (its graphql-core is
+    # not the service's), so the test that regenerates and compares needs no network.
+    subprocess.run([str(BIN / "python"), str(CODEGEN), "--install-only"], check=True)
     STAMP.write_text(wanted)
 
 
 def build(out: Path) -> int:
-    """A wheel of each distribution in `out`: llmgw_inventory-*.whl and llmgw_agent-*.whl."""
+    """A wheel of each distribution in `out`: the service's, the agent's and the client's."""
     for project in PROJECTS:
         # setuptools reuses build/ between builds: a module deleted since the
         # last one would still be packed.
@@ -97,6 +112,7 @@ COMMANDS = {
     "demo": ["llmgw-inventory", "demo"],
     "agent": ["llmgw-agent"],
     "test": ["python", "-m", "pytest"],
+    "codegen": ["python", str(CODEGEN)],
 }
 
 

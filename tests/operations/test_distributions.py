@@ -1,9 +1,11 @@
-"""The two distributions as they are installed: the agent alone on a GPU node, the service's wheel on a server.
+"""The three distributions as they are installed: the agent alone on a GPU node, the
+schedulers' client alone in a scheduler, the service's wheel on a server.
 
 A node gets `pip install ./agent` (or its wheel) and nothing of the service: no
-database drivers, no web framework, no embedded PostgreSQL. A server gets the
-service's wheel, which must work with no checkout around it: its migrations
-and GraphiQL's scripts are inside it.
+database drivers, no web framework, no embedded PostgreSQL. A scheduler gets
+`pip install ./clients/python`: an HTTP client and a model library, nothing of
+the service either. A server gets the service's wheel, which must work with no
+checkout around it: its migrations and GraphiQL's scripts are inside it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.web.assets import matches, pinned_assets
-from tests.conftest import REPO
+from tests.conftest import REPO, LiveService
+from tests.reports import REGISTER, node_input
 
 # What the service needs and a node must not carry (their PyPI names).
 SERVICE_ONLY = {
@@ -48,6 +52,19 @@ def pip_into(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def install_alone(project: Path, tmp_path: Path, name: str) -> Path:
+    """`pip install` of a copy of `project` (and nothing else of the checkout: it must be
+    all its users need) into a fresh environment `name`; that environment's python."""
+    source = tmp_path / f"{name}-source"
+    shutil.copytree(
+        project, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    )
+    python = fresh_venv(tmp_path / name)
+    done = pip_into(python, "install", str(source))
+    assert done.returncode == 0, done.stderr
+    return python
+
+
 def installed(python: Path) -> set[str]:
     listed = pip_into(python, "list", "--format", "json")
     assert listed.returncode == 0, listed.stderr
@@ -57,17 +74,7 @@ def installed(python: Path) -> set[str]:
 def test_the_agent_installs_alone_and_runs_its_dry_run_without_the_service(
     tmp_path: Path,
 ) -> None:
-    # A copy of agent/ and nothing else of the checkout: it must be all a node needs.
-    source = tmp_path / "agent"
-    shutil.copytree(
-        REPO / "agent",
-        source,
-        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
-    )
-    python = fresh_venv(tmp_path / "node")
-    done = pip_into(python, "install", str(source))
-    assert done.returncode == 0, done.stderr
-
+    python = install_alone(REPO / "agent", tmp_path, "node")
     names = installed(python)
     assert "llmgw-agent" in names and {"httpx", "nvidia-ml-py"} <= names
     assert names & SERVICE_ONLY == set()
@@ -99,6 +106,69 @@ def test_the_agent_installs_alone_and_runs_its_dry_run_without_the_service(
     assert where.startswith(str(tmp_path / "node")) and loaded == "[]"
 
 
+# A scheduler's program, run with the fresh environment's Python: it places,
+# reads and releases with typed results, then lists what it imported of the
+# service's world.
+SCHEDULER = """
+import asyncio, sys
+from llmgw_inventory_client import Allocated, InventoryClient, NodeDetails, PlaceInput
+
+
+async def main(url: str) -> None:
+    async with InventoryClient(url, timeout=10) as inventory:
+        free = await inventory.free_gpus(gpu_class="H100-80GB", min_free=4)
+        placed = await inventory.place(
+            PlaceInput(replica_id="alone-r1", gpu_class="H100-80GB", gpus_per_shard=4)
+        )
+        assert isinstance(placed, Allocated), placed
+        (shard,) = placed.allocations
+        nodes = await inventory.nodes()
+        assert all(isinstance(n, NodeDetails) for n in nodes)
+        held = [g.index for n in nodes for g in n.gpus if g.allocation is not None]
+        assert held == sorted(shard.gpu_indices), (held, shard)
+        released = await inventory.release_replica("alone-r1")
+        print([f.node.id for f in free], shard.node_id, len(held), released)
+    print(type(shard.created_at).__name__, type(shard.fence).__name__)
+    print(sorted({m.split(".")[0] for m in sys.modules} & {
+        "service", "sqlalchemy", "strawberry", "starlette", "asyncpg", "uvicorn", "graphql",
+        "opentelemetry", "websockets",
+    }))
+
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_the_client_installs_alone_and_places_reads_and_releases_against_the_service(
+    tmp_path: Path, live_service: LiveService
+) -> None:
+    python = install_alone(REPO / "clients" / "python", tmp_path, "scheduler")
+    names = installed(python)
+    assert "llmgw-inventory-client" in names and {"httpx", "pydantic"} <= names
+    assert names & SERVICE_ONLY == set() and "llmgw-inventory" not in names
+    # The extras stay out unless asked for; the generator is never installed.
+    assert names & {"websockets", "opentelemetry-api", "ariadne-codegen", "graphql-core"} == set()
+
+    with httpx.Client() as http:
+        reply = http.post(
+            live_service.url, json={"query": REGISTER, "variables": {"input": node_input("gpu-01")}}
+        )
+        assert not reply.json().get("errors"), reply.text
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "scheduler.py").write_text(SCHEDULER)
+    env = {"PATH": "/usr/bin:/bin"}
+    ran = subprocess.run(
+        [str(python), "scheduler.py", live_service.url],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    result, types, loaded = ran.stdout.splitlines()
+    assert result == "['gpu-01'] gpu-01 4 4"
+    assert types == "datetime int"  # parsed, not the JSON's strings
+    assert loaded == "[]"
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`python3 dev.py build DIR`: a wheel of each distribution."""
@@ -115,7 +185,11 @@ def test_build_makes_a_wheel_of_each_and_the_agents_carries_no_service(wheels: P
     import zipfile
 
     built = sorted(p.name for p in wheels.glob("*.whl"))
-    assert built == ["llmgw_agent-0.1.0-py3-none-any.whl", "llmgw_inventory-0.1.0-py3-none-any.whl"]
+    assert built == [
+        "llmgw_agent-0.1.0-py3-none-any.whl",
+        "llmgw_inventory-0.1.0-py3-none-any.whl",
+        "llmgw_inventory_client-0.1.0-py3-none-any.whl",
+    ]
     agent = zipfile.ZipFile(wheels / built[0]).namelist()
     assert "agent/operations/register_node.graphql" in agent
     assert not [n for n in agent if n.startswith("service/")]
@@ -129,6 +203,23 @@ def test_build_makes_a_wheel_of_each_and_the_agents_carries_no_service(wheels: P
     metadata = zipfile.ZipFile(wheels / built[0]).read("llmgw_agent-0.1.0.dist-info/METADATA")
     requires = [line for line in metadata.decode().splitlines() if line.startswith("Requires-Dist")]
     assert [r.split()[1] for r in requires] == ["httpx>=0.27", "nvidia-ml-py>=12.535"]
+
+    # The client's wheel: its package, the generated layer and py.typed, nothing else.
+    client = zipfile.ZipFile(wheels / built[2])
+    packed = [n for n in client.namelist() if ".dist-info/" not in n]
+    assert packed and all(n.startswith("llmgw_inventory_client/") for n in packed)
+    assert {
+        "llmgw_inventory_client/py.typed",
+        "llmgw_inventory_client/client.py",
+        "llmgw_inventory_client/generated/client.py",
+    } <= set(packed)
+    metadata = client.read("llmgw_inventory_client-0.1.0.dist-info/METADATA").decode()
+    always = [
+        line.split()[1]
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist") and "extra ==" not in line
+    ]
+    assert always == ["httpx>=0.27", "pydantic<3,>=2.6"]
 
 
 def test_the_services_wheel_migrates_a_database_with_no_checkout_around_it(
