@@ -191,9 +191,13 @@ class InventoryClient(Client):
                     self.url, json=payload, headers=headers, timeout=left
                 )
         except (TimeoutError, httpx.TimeoutException) as error:
-            failure = errors.Unavailable(f"{self.url} did not answer within {left:.2f}s")
-            failure.__cause__ = error
-            return failure
+            # The try had all the call's time left: the call's timeout ran out.
+            # A hold sent with X-Client-Timeout will not commit after it either.
+            late = errors.DeadlineExceeded(
+                f"{self.url} did not answer within the {left:.2f}s left of the call's timeout"
+            )
+            late.__cause__ = error
+            return late
         except httpx.TransportError as error:
             failure = errors.Unavailable(f"cannot reach {self.url}: {error!r}")
             failure.__cause__ = error

@@ -102,7 +102,7 @@ class PageTruncated(InventoryError):
 
 class Unavailable(InventoryError):
     """The call could not be served now, and may be tried again: the service was not
-    reached or did not answer, or it says so (REQUEST_TIMEOUT, HTTP 502/503/504)."""
+    reached, or it says so (REQUEST_TIMEOUT, HTTP 502/503/504)."""
 
 
 class DatabaseUnavailable(Unavailable):
@@ -119,8 +119,8 @@ class DatabaseUnavailable(Unavailable):
 class DeadlineExceeded(InventoryError):
     """The call's timeout ran out. From the service (DEADLINE_EXCEEDED): the write could
     not commit before the X-Client-Timeout the client sent, and was rolled back. From
-    the client (code None): no attempt could be sent or finish in the time left; with
-    X-Client-Timeout sent, nothing commits after it either."""
+    the client (code None): no try could be sent, or none was answered, in the time
+    left; with X-Client-Timeout sent, nothing commits after it either."""
 
 
 class InternalError(InventoryError):

@@ -8,8 +8,8 @@ releaseReplica of a replica that is gone, without its generation, leaves a
 tombstone that refuses the id for a while (docs/scheduler/deadlines.md), and
 scaleGroup adds replicas each time it runs. Their caller decides.
 
-What is tried again: the service not reached or not answering in time, and
-the answers that say "not now" (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, HTTP
+What is tried again: the service not reached, and the answers that say
+"not now" (DATABASE_UNAVAILABLE, REQUEST_TIMEOUT, HTTP
 502/503/504). Never a refusal (BAD_INPUT, CONFLICT, UNAUTHENTICATED...), which
 a second try would only repeat.
 """
