@@ -3,7 +3,7 @@
 A comment that sends the reader to a file for the rule is worse than none
 once that file has moved: the reader trusts it and reads the wrong file, or
 nothing. This scans the comments and docstrings of the Python code (service/,
-agent/, benchmarks/, tests/) and the Markdown documents (the repository's
+agent/, clients/, benchmarks/, tests/) and the Markdown documents (the repository's
 root and docs/) for repo-relative paths, and fails naming the file and line
 of each one that does not exist, so whoever moved the file fixes the
 references in the same change.
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Where code with comments lives, and the top folders a path may start with.
-CODE = ("service", "agent", "benchmarks", "tests")
-TOP = ("service", "agent", "benchmarks", "tests", "docs", "deploy", "alembic", ".ci")
+CODE = ("service", "agent", "clients", "benchmarks", "tests")
+TOP = ("service", "agent", "clients", "benchmarks", "tests", "docs", "deploy", "alembic", ".ci")
 
 PATH = re.compile(
     r"(?<![\w./-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[A-Za-z0-9_./*<>{}$-]*"
