@@ -21,6 +21,7 @@ from llmgw_inventory_client import (
     AllocationRejected,
     BadInput,
     Conflict,
+    DeadlineExceeded,
     Forbidden,
     GroupLocalityInput,
     GroupPlaced,
@@ -38,6 +39,8 @@ from llmgw_inventory_client import (
     Unplaceable,
     VerdictCode,
 )
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import Api, LiveService
 from tests.fast_path.test_direct_execution import answered, fast_path
@@ -259,3 +262,35 @@ async def register_live(http: httpx.AsyncClient, url: str, *nodes: dict[str, Any
     for node in nodes:
         reply = await http.post(url, json={"query": REGISTER, "variables": {"input": node}})
         assert not reply.json().get("errors"), reply.text
+
+
+async def test_a_place_the_service_cannot_commit_in_the_callers_time_is_given_up_as_the_docs_say(
+    client: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    # X-Client-Timeout from the client's own timeout (issue 37): a place stuck
+    # behind a lock is rolled back at the deadline the client sent, answered
+    # DEADLINE_EXCEEDED, and not tried again. The margin leaves the answer 1.5 s
+    # to come back, so the service's refusal, not the client's own timeout, ends it.
+    await register(client, node_input("gpu-01"))
+    async with InventoryClient(
+        "http://inventory/graphql", http_client=client, timeout=3, deadline_margin=1.5
+    ) as inventory:
+        async with engine.connect() as holder:
+            await holder.begin()
+            await holder.execute(text("SELECT 1 FROM nodes WHERE id = 'gpu-01' FOR UPDATE"))
+            with pytest.raises(DeadlineExceeded) as late:
+                await inventory.place(shape("stuck"))
+            await holder.rollback()
+        assert late.value.code == "DEADLINE_EXCEEDED" and inventory.retried == {}
+        sent = late.value.extensions["timeoutSeconds"]
+        assert 1.3 <= sent <= 1.5, sent
+        assert await inventory.allocations(replica_id="stuck") == []
+
+        # Then, as docs/scheduler/deadlines.md asks: release the id (it held
+        # nothing: a tombstone refuses a late place of it) and place a new one.
+        assert await inventory.release_replica("stuck") == 0
+        with pytest.raises(Conflict) as refused:
+            await inventory.place(shape("stuck"))
+        assert refused.value.tombstone_until is not None, refused.value.extensions
+        assert "new replica id" in refused.value.message
+        assert isinstance(await inventory.place(shape("stuck.a2")), Allocated)

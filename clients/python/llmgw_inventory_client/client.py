@@ -10,7 +10,7 @@ the schema (generated/client.py). This layer adds, for every call:
   its retries included. The writes that hold GPUs send what is left of it, less
   `deadline_margin` for the way there, as `X-Client-Timeout`, so the service
   never commits one after its caller stopped waiting: a place that timed out
-  here has not placed, and will not (issue 37: the service rolls such a write back);
+  here has not placed, and will not (docs/scheduler/deadlines.md);
 - retries of the calls a second run answers the same, with backoff, honouring
   Retry-After (retries.py), and never of any other;
 - typed errors carrying the service's code and message (errors.py);

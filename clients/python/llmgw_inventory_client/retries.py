@@ -5,7 +5,7 @@ reads, `place` and `allocate` (the same replicaId again answers what is
 stored), `placeGroup` (the same groupId and input again answers the stored
 group). A release is never tried again by the client: a second
 releaseReplica of a replica that is gone, without its generation, leaves a
-tombstone that refuses the id for a while (issue 37), and
+tombstone that refuses the id for a while (docs/scheduler/deadlines.md), and
 scaleGroup adds replicas each time it runs. Their caller decides.
 
 What is tried again: the service not reached, and the answers that say
@@ -55,7 +55,7 @@ NOT_RETRIED = frozenset(
 
 # The writes that hold GPUs, sent with X-Client-Timeout so that none commits
 # after its caller stopped waiting. Not releases: one that commits late still
-# frees what it finds, which is welcome (issue 37).
+# frees what it finds, which is welcome (docs/scheduler/deadlines.md).
 HOLD_GPUS = frozenset({"place", "allocate", "placeGroup", "scaleGroup"})
 
 
