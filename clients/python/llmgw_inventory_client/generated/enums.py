@@ -41,20 +41,6 @@ class RejectionCode(str, Enum):
     CONFLICT = "CONFLICT"
 
 
-class Role(str, Enum):
-    READER = "READER"
-    AGENT = "AGENT"
-    SCHEDULER = "SCHEDULER"
-    OPERATOR = "OPERATOR"
-
-
-class StopReason(str, Enum):
-    RELEASED = "RELEASED"
-    FREED_WHILE_LOST = "FREED_WHILE_LOST"
-    FENCE_SUPERSEDED = "FENCE_SUPERSEDED"
-    TAINTED = "TAINTED"
-
-
 class TaintEffect(str, Enum):
     PREFER_NO_SCHEDULE = "PREFER_NO_SCHEDULE"
     NO_SCHEDULE = "NO_SCHEDULE"
@@ -67,12 +53,6 @@ class TaintSource(str, Enum):
     DRIFT = "DRIFT"
     POLICY = "POLICY"
     VALIDATION = "VALIDATION"
-
-
-class TokenStatus(str, Enum):
-    ACTIVE = "ACTIVE"
-    EXPIRED = "EXPIRED"
-    REVOKED = "REVOKED"
 
 
 class TolerationOperator(str, Enum):
