@@ -38,6 +38,15 @@ MAX_BYTES = (1 << 63) - 1  # what PostgreSQL's bigint holds
 MAX_DOMAIN_LENGTH = MAX_ID_LENGTH
 MAX_NUMA_NODE = 1 << 16
 
+# Tolerations one request may carry, and the longest a NO_EXECUTE taint may be
+# tolerated (a year: beyond any grace a scheduler asks for, and now() + it
+# stays a timestamp): service/scheduling/taints.py.
+MAX_TOLERATIONS = 32
+MAX_TOLERATION_SECONDS = 86_400 * 365
+# A validation's output kept with its result (service/fleet/health/validations.py):
+# enough to read why it failed; an agent sends the end of a longer one.
+MAX_VALIDATION_DETAILS = 16_384
+
 # A replica is at most this many shards: far above any real tensor/pipeline
 # split, low enough that one request cannot make a statement of unbounded size.
 MAX_SHARDS = 64

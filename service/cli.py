@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.config import SettingError, Settings, default_data_dir
+from service.fleet.health import policy
 
 if TYPE_CHECKING:
     from service.database.embedded import EmbeddedPostgres
@@ -396,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
+        # The remediation policy stops the service here too, naming the line.
+        policy.install(policy.load(settings.remediation_policy))
     except SettingError as error:
         print(f"llmgw-inventory: {error}", file=sys.stderr)
         return 2

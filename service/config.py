@@ -216,6 +216,11 @@ SETTINGS: tuple[Setting, ...] = (
             "observedAt times are shifted by the difference its sentAt shows (and the node says "
             "so), and an observedAt later than its receipt by more is refused "
             "(service/fleet/observed_at.py)."),
+    Setting("INVENTORY_REMEDIATION_POLICY", "remediation_policy", "", _optional_text,
+            "A TOML file that overrides the built-in remediation policy (NVIDIA's XID catalog; "
+            "docs/operations/remediation.md): actions, scopes and taints per XID, health reason "
+            "or drift kind, the circuit breaker, the required validations. A file that does not "
+            "parse, or names an unknown action or scope, stops the service naming the line."),
     Setting("INVENTORY_LOG_LEVEL", "log_level", "info", _log_level, "debug, info, warning, error."),
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),
@@ -257,6 +262,7 @@ class Settings:
     place_batch: int = 8
     place_transactions: int = 4
     clock_skew: float = 5.0
+    remediation_policy: str | None = None
     log_level: str = "INFO"
     log_format: str = "text"
 

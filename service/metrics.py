@@ -255,6 +255,14 @@ class Exposition:
 
 
 _NODES_BY_STATE = text("SELECT state, count(*) AS n FROM nodes GROUP BY state")
+# Issue 38: remediations by state and action (the circuit breaker's
+# SUPPRESSED among them), and taints by effect and source: small tables.
+_REMEDIATIONS = text(
+    "SELECT state, action, count(*) AS n FROM remediations GROUP BY state, action ORDER BY 1, 2"
+)
+_TAINTS = text(
+    "SELECT effect, source, count(*) AS n FROM taints GROUP BY effect, source ORDER BY 1, 2"
+)
 
 # One row per node, for the per-node families; heartbeat age by the
 # database's clock, the one heartbeats are stamped with.
@@ -317,6 +325,24 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         samples,
     )
 
+    out.family(
+        "inventory_remediations",
+        "gauge",
+        "Remediations by state and action (SUPPRESSED: held back by the circuit breaker).",
+        [
+            ((("state", r.state), ("action", r.action)), int(r.n))
+            for r in await conn.execute(_REMEDIATIONS)
+        ],
+    )
+    out.family(
+        "inventory_taints",
+        "gauge",
+        "Taints on GPUs and nodes by effect and source (cordons aside).",
+        [
+            ((("effect", r.effect), ("source", r.source)), int(r.n))
+            for r in await conn.execute(_TAINTS)
+        ],
+    )
     nodes = list(await conn.execute(_PER_NODE))
     known_disk = [n for n in nodes if n.local_disk_total is not None]
     out.family(

@@ -159,6 +159,10 @@ gpus = Table(
     Column("nvlink_domain", Text),
     # Adapters under the same PCIe switch: the GPU's rail-aligned HCAs.
     Column("near_hcas", ARRAY(Text)),
+    # The driver's recovery action as the agent last read it (NVML's
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: GPU_RESET, NODE_REBOOT...; NULL:
+    # unknown; migration 0014c): what XID 154 asks for (fleet/health/policy.py).
+    Column("recovery_action", Text),
     # The taints on the GPU and on its node, as two marks (migration 0014a):
     # withheld, a NO_SCHEDULE or NO_EXECUTE taint; last_resort, a
     # PREFER_NO_SCHEDULE one. Derived from the taints table by every write of
@@ -521,6 +525,73 @@ events = Table(
 Index("ix_events_node_id", events.c.node_id, events.c.id)
 Index("ix_events_replica_id", events.c.replica_id, events.c.id)
 Index("ix_events_at", events.c.at)
+
+# Remediations (service/fleet/health/remediations.py; migration 0014c): work
+# for the operator's automation, one per fault the policy acts on, with its
+# state machine PENDING -> IN_PROGRESS -> AWAITING_VALIDATION -> DONE (or
+# ESCALATED, or SUPPRESSED by the circuit breaker). The taint it put on its
+# GPUs (or node: scope) is lifted when it is DONE.
+remediations = Table(
+    "remediations",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("node_id", Text, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_indices", ARRAY(Integer), nullable=False),
+    Column("gpu_class", Text),
+    Column("action", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    # What set it off, as a person reads it ("xid 79: the GPU has fallen off
+    # the bus"), and as a key: the same trigger on the same GPUs while one is
+    # open makes no second one.
+    Column("cause", Text, nullable=False),
+    Column("trigger", Text, nullable=False),
+    # The taint it holds (key; on gpu_indices, or the node for scope NODE), or
+    # NULL when the rule taints nothing or the breaker suppressed it.
+    Column("taint_key", Text),
+    # Validations recorded against it, and how many failed.
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("failures", Integer, nullable=False, server_default=text("0")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Since when it is in its state.
+    Column("since", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(
+        "action IN ('NONE', 'RESTART_APP', 'RESET_GPU', 'REBOOT_NODE', 'CONTACT_SUPPORT')",
+        name="action",
+    ),
+    CheckConstraint(
+        "state IN ('PENDING', 'IN_PROGRESS', 'AWAITING_VALIDATION', 'DONE', 'ESCALATED',"
+        " 'SUPPRESSED')",
+        name="state",
+    ),
+    CheckConstraint("scope IN ('GPU', 'NVLINK_GROUP', 'NODE')", name="scope"),
+    CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
+    CheckConstraint("attempts >= 0 AND failures BETWEEN 0 AND attempts", name="attempts"),
+)
+Index("ix_remediations_node_id", remediations.c.node_id, remediations.c.id)
+Index("ix_remediations_state", remediations.c.state, remediations.c.id)
+# The circuit breaker counts a class's taints of the last hour.
+Index("ix_remediations_class", remediations.c.gpu_class, remediations.c.created_at)
+
+# Validation results (service/fleet/health/validations.py): what the agent
+# (or an operator's tool) ran on which GPUs, and whether it passed; a
+# remediation awaiting validation is DONE once every test the policy
+# requires has passed since it began waiting.
+validation_results = Table(
+    "validation_results",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("node_id", Text, ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    Column("remediation_id", BigInteger, ForeignKey("remediations.id", ondelete="SET NULL")),
+    Column("gpu_indices", ARRAY(Integer), nullable=False),
+    Column("test", Text, nullable=False),
+    Column("passed", Boolean, nullable=False),
+    Column("details", Text),
+    Column("actor", Text),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(id_length_check("test"), name="test_length"),
+)
+Index("ix_validation_results_remediation_id", validation_results.c.remediation_id)
 
 # Bearer tokens, stored as a digest only: a leaked database backup must not
 # hand out working credentials.

@@ -61,6 +61,12 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "node_tainted",
         "node_untainted",
         "replica_must_move",
+        "remediation_created",
+        "remediation_started",
+        "remediation_finished",
+        "remediation_done",
+        "remediation_escalated",
+        "validation_recorded",
     }
 )
 

@@ -54,6 +54,7 @@ from service.database.transactions import in_transaction
 from service.errors import InvalidInput, NodeNotFound
 from service.event_log.events import record_event
 from service.fleet import nodes
+from service.fleet.gpu_changes import check_reason
 from service.fleet.node_views import BeatRecord
 from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.allocations import release_replica
@@ -308,7 +309,7 @@ async def reconcile(conn: Connection, node_id: str, running: Sequence[RunningSha
 
 async def free_held(conn: Connection, node_id: str, actor: str | None, reason: str) -> int:
     """An operator frees the replicas held for this node, whole; GPUs freed."""
-    reason = nodes.check_reason(reason)
+    reason = check_reason(reason)
     if (await conn.execute(_LOCK_NODE, {"id": node_id})).scalar() is None:
         raise NodeNotFound(node_id)
     freed = 0

@@ -15,8 +15,14 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from service.database.connections import Connection
-from service.fleet.gpu_health import after_change, gpu_detail, gpu_of, lock_gpus, record_events
-from service.fleet.nodes import check_reason
+from service.fleet.gpu_changes import (
+    after_change,
+    check_reason,
+    gpu_detail,
+    gpu_of,
+    lock_gpus,
+    record_events,
+)
 
 _SET_CORDON = text(
     """

@@ -1,13 +1,18 @@
-"""XIDs, and the health they leave behind until the GPU is reset.
+"""XIDs, and the health they leave behind until the GPU is repaired and validated.
 
 A GPU that raised a critical XID (fallen off the bus, a double-bit ECC error,
 an NVLink error) can look healthy to NVML a minute later: NVML keeps no memory
 of the event, and a service that believed the next report would offer the GPU
-to the next replica, which then fails the same way. So a critical XID leaves a
-sticky reason `xid_<n>` on the GPU (gpus.sticky_reasons) that later healthy
-reports do not clear. Only a reset clears it: the node came back with a new
-boot id (a reboot resets every GPU), or an operator who reset the GPU by hand
-says so (clearGpuHealth). Each is recorded as an event.
+to the next replica, which then fails the same way. What an XID means is the
+remediation policy's (service/fleet/health/policy.py: NVIDIA's XID catalog,
+the driver's recovery action for XID 154, the operator's overrides): one
+that taints leaves a sticky reason `xid_<n>` on the GPU (gpus.sticky_reasons)
+that later healthy reports do not clear, a remediation (PENDING), and the
+policy's taint (service/fleet/health/remediations.py), unless the circuit
+breaker suppresses them. A reboot (a new boot id) or an operator's reset
+(clearGpuHealth) carries out the remediation; the sticky reason and the taint
+go once the validation the policy requires has passed. Sticky reasons no
+remediation holds go with a reboot, as before. Each is recorded as an event.
 
 An application's XID (13, 31, 43, 45...) says the program misbehaved, not the
 GPU: it is recorded and counted, and the GPU stays usable.
@@ -25,30 +30,14 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from service.database.connections import Connection
-from service.errors import InvalidInput, NodeNotFound
-from service.event_log.events import note_recorded, unknown_kinds
+from service.fleet.gpu_changes import after_change, gpu_detail, gpu_of, lock_gpus, record_events
+from service.fleet.health import remediations
+from service.fleet.health.policy import RemediationAction, current
+from service.fleet.health.remediations import Fault, RemediationState
 from service.fleet.reports import NodeReport
-from service.scheduling.availability import gpu_usable
 from service.scheduling.gpu_pools import refresh_pools
-from service.scheduling.rejections import index_ranges, shown
+from service.scheduling.taints import TaintSource
 
-# The XIDs after which a GPU takes no new work until it is reset, and why,
-# from NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors). Every other
-# XID is the application's (13 graphics engine exception, 31 MMU fault,
-# 43 a stopped channel, 45 preemptive cleanup...): counted, not held against
-# the GPU.
-CRITICAL_XIDS: Mapping[int, str] = {
-    48: "double-bit ECC error: memory contents were corrupted",
-    63: "ECC page retirement or row remapping recorded: takes effect only after a reset",
-    64: "ECC page retirement or row remapping failed: the bad memory stays in use",
-    74: "NVLink error: a link is down or degraded, collectives hang or crawl",
-    79: "the GPU has fallen off the bus: it answers nothing until a reset",
-    92: "high single-bit ECC error rate: memory is failing",
-    94: "contained ECC error: the application was stopped, the GPU needs a reset",
-    95: "uncontained ECC error: every application on the GPU is affected",
-    119: "GSP RPC timeout: the GPU's system processor stopped answering",
-    120: "GSP error: the GPU's system processor faulted",
-}
 STICKY_PREFIX = "xid_"
 
 
@@ -73,113 +62,6 @@ class _Gpu:
     replica_id: str | None
 
 
-# A node's GPUs as this module and gpu_cordons need them, read under the
-# node's row lock (taken first: every writer of a node's GPUs, allocations or
-# pools takes it, so the pools this module refreshes cannot race).
-_LOCK_NODE = text("SELECT id FROM nodes WHERE id = :node_id FOR NO KEY UPDATE")
-_GPUS = text(
-    f"""
-    SELECT g.idx, g.uuid, g.gpu_class, {gpu_usable("g")} AS usable, g.sticky_reasons,
-           a.shard_id, s.replica_id
-    FROM gpus g
-    LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
-    LEFT JOIN shards s ON s.shard_id = a.shard_id
-    WHERE g.node_id = :node_id
-    ORDER BY g.idx
-    """
-)
-
-
-async def lock_gpus(conn: Connection, node_id: str) -> dict[int, _Gpu]:
-    """Lock the node's row and read its GPUs; NodeNotFound when it is not registered."""
-    if (await conn.execute(_LOCK_NODE, {"node_id": node_id})).one_or_none() is None:
-        raise NodeNotFound(node_id)
-    rows = await conn.execute(_GPUS, {"node_id": node_id})
-    return {
-        r.idx: _Gpu(
-            r.idx, r.uuid, r.gpu_class, r.usable, tuple(r.sticky_reasons), r.shard_id, r.replica_id
-        )
-        for r in rows
-    }
-
-
-def gpu_of(gpus: Mapping[int, _Gpu], node_id: str, index: int) -> _Gpu:
-    """The GPU at `index`, or a BAD_INPUT naming the index and the GPUs the node has."""
-    gpu = gpus.get(index)
-    if gpu is None:
-        raise InvalidInput(
-            "index",
-            index,
-            f"node {shown(node_id)} has no GPU {index}; its GPUs are {index_ranges(gpus)}",
-        )
-    return gpu
-
-
-_RECORD_MANY = text(
-    """
-    INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
-    SELECT e.item ->> 'kind', CAST(:node_id AS text), e.item ->> 'replica_id',
-           e.item ->> 'shard_id', CAST(:actor AS text), e.item ->> 'reason',
-           coalesce(e.item -> 'detail', '{}')
-    FROM jsonb_array_elements(CAST(:events AS jsonb)) WITH ORDINALITY AS e(item, ord)
-    ORDER BY e.ord
-    RETURNING id
-    """
-)
-
-
-async def record_events(
-    conn: Connection, node_id: str, actor: str | None, events: Sequence[Mapping[str, object]]
-) -> None:
-    """Several events of one node in one statement, in order (the rows record_event writes).
-
-    The kinds are checked against the closed set as record_event checks them:
-    a kind no reader can ask for would be an event nobody ever sees.
-    """
-    stray = unknown_kinds([str(e["kind"]) for e in events])
-    if stray:
-        raise ValueError(f"event kinds {stray!r} are not in EVENT_KINDS")
-    if events:
-        rows = await conn.execute(
-            _RECORD_MANY, {"node_id": node_id, "actor": actor, "events": json.dumps(events)}
-        )
-        note_recorded(list(rows.scalars()))
-
-
-def gpu_detail(gpu: _Gpu, **more: object) -> dict[str, object]:
-    return {"index": gpu.idx, "uuid": gpu.uuid, **more}
-
-
-async def after_change(
-    conn: Connection,
-    node_id: str,
-    before: Mapping[int, _Gpu],
-    why: Mapping[int, str],
-    events: list[dict[str, object]],
-) -> None:
-    """Refresh the node's pools; tell the holders of GPUs that just became unusable.
-
-    What runs on such a GPU keeps running (its allocation stays): the event
-    gpu_failed_under_allocation names the shard and the replica, so a
-    scheduler's subscription learns to move it.
-    """
-    await refresh_pools(conn, [node_id])
-    after = await conn.execute(_GPUS, {"node_id": node_id})
-    for row in after:
-        old = before.get(row.idx)
-        if old is None or not old.usable or row.usable or row.shard_id is None:
-            continue
-        events.append(
-            {
-                "kind": "gpu_failed_under_allocation",
-                "replica_id": row.replica_id,
-                "shard_id": row.shard_id,
-                "reason": why.get(row.idx, "unusable"),
-                "detail": gpu_detail(old),
-            }
-        )
-
-
 _SET_STICKY = text(
     """
     UPDATE gpus g SET sticky_reasons = r.sticky
@@ -194,47 +76,85 @@ async def _set_sticky(conn: Connection, node_id: str, sticky: Mapping[int, Seque
     await conn.execute(_SET_STICKY, {"node_id": node_id, "rows": json.dumps(rows)})
 
 
+def _faults(report: NodeReport) -> list[tuple[int, int, Fault]]:
+    """(GPU, XID or 0, fault) the policy acts on in a report: its XIDs, and ruled health reasons."""
+    policy = current()
+    found: list[tuple[int, int, Fault]] = []
+    for g in report.gpus:
+        for xid in g.xids:
+            rule = policy.for_xid(xid, g.recovery_action)
+            cause = f"xid {xid}: {rule.why}" if rule.why else f"xid {xid}"
+            found.append(
+                (g.index, xid, Fault((g.index,), f"xid-{xid}", cause, rule, TaintSource.XID))
+            )
+        for reason in g.health_reasons:
+            ruled = policy.health.get(reason)
+            if ruled is not None and ruled.acts:
+                cause = f"{reason}: {ruled.why}" if ruled.why else reason
+                fault = Fault((g.index,), f"health-{reason}", cause, ruled, TaintSource.POLICY)
+                found.append((g.index, 0, fault))
+    return found
+
+
 async def after_report(
     conn: Connection, report: NodeReport, rebooted: bool, actor: str | None
 ) -> tuple[ReportedXid, ...]:
-    """A stored report's XIDs and reboot: events, sticky reasons, pools. No statement when neither.
+    """A stored report's XIDs, ruled health and reboot: events, remediations, sticky reasons, pools.
 
-    Runs after the report's GPUs are stored. A new boot id clears first: the
-    XIDs in the same report happened after that boot.
+    Runs after the report's GPUs are stored; no statement when there is
+    nothing of the kind. A new boot id comes first (the XIDs in the same
+    report happened after that boot): the node's open REBOOT_NODE and
+    RESET_GPU remediations were carried out, and the sticky reasons no open
+    remediation holds are cleared.
     """
-    reported = [(g.index, xid) for g in report.gpus for xid in g.xids]
-    if not (reported or rebooted):
+    faults = _faults(report)
+    if not (faults or rebooted):
         return ()
     gpus = await lock_gpus(conn, report.id)
     sticky = {i: list(g.sticky) for i, g in gpus.items()}
     events: list[dict[str, object]] = []
     if rebooted:
+        await remediations.carried_out(
+            conn,
+            report.id,
+            (RemediationAction.REBOOT_NODE, RemediationAction.RESET_GPU),
+            None,
+            actor,
+            "the node rebooted (new boot id)",
+        )
+        held = await remediations.covered_sticky(conn, report.id)
         for gpu in gpus.values():
-            if gpu.sticky:
-                sticky[gpu.idx] = []
+            cleared = [r for r in gpu.sticky if (gpu.idx, r) not in held]
+            if cleared:
+                sticky[gpu.idx] = [r for r in gpu.sticky if (gpu.idx, r) in held]
                 events.append(
                     {
                         "kind": "gpu_health_cleared",
                         "reason": "the node rebooted (new boot id): its GPUs were reset",
-                        "detail": gpu_detail(gpu, cleared=list(gpu.sticky)),
+                        "detail": gpu_detail(gpu, cleared=cleared),
                     }
                 )
+    made = await remediations.act_on(conn, report.id, [f for _, _, f in faults], actor)
     counted: list[ReportedXid] = []
     why_unusable: dict[int, str] = {}
-    for index, xid in reported:
+    for (index, xid, fault), remediation in zip(faults, made, strict=True):
+        if not xid:
+            continue
         gpu = gpus[index]  # the report's GPUs are stored
         counted.append(ReportedXid(gpu.gpu_class, xid))
-        why = CRITICAL_XIDS.get(xid)
+        rule = fault.rule
+        suppressed = remediation is not None and remediation.state is RemediationState.SUPPRESSED
+        takes = rule.effect is not None and not suppressed
         events.append(
             {
                 "kind": "gpu_xid",
-                "reason": why,
-                "detail": gpu_detail(gpu, xid=xid, critical=why is not None),
+                "reason": rule.why or None,
+                "detail": gpu_detail(gpu, xid=xid, critical=takes),
             }
         )
-        if why is not None:
+        if takes:
             sticky[index].append(sticky_reason(xid))
-            why_unusable.setdefault(index, f"{sticky_reason(xid)}: {why}")
+            why_unusable.setdefault(index, f"{sticky_reason(xid)}: {rule.why}")
     await _set_sticky(conn, report.id, sticky)
     await after_change(conn, report.id, gpus, why_unusable, events)
     await record_events(conn, report.id, actor, events)
@@ -242,7 +162,11 @@ async def after_report(
 
 
 async def clear_gpu_health(conn: Connection, node_id: str, index: int, actor: str | None) -> None:
-    """An operator reset the GPU by hand: its sticky reasons go (an event says which)."""
+    """An operator reset the GPU by hand: its sticky reasons go (an event says which).
+
+    Its open RESET_GPU remediations were carried out: they wait for the
+    policy's validation, their taints in place until it passes.
+    """
     gpus = await lock_gpus(conn, node_id)
     gpu = gpu_of(gpus, node_id, index)
     await _set_sticky(conn, node_id, {index: []})
@@ -258,4 +182,12 @@ async def clear_gpu_health(conn: Connection, node_id: str, index: int, actor: st
                 "detail": gpu_detail(gpu, cleared=list(gpu.sticky)),
             }
         ],
+    )
+    await remediations.carried_out(
+        conn,
+        node_id,
+        (RemediationAction.RESET_GPU,),
+        (index,),
+        actor,
+        "an operator reset the GPU (clearGpuHealth)",
     )

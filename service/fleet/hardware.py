@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Row, text
 
 from service.database.connections import Connection, cached_text
+from service.fleet.health.policy import DriverRecoveryAction, RemediationAction, recommended
 from service.fleet.health.taint_rows import gpu_taints_json, taints_from_json
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import gpu_health_reasons, gpu_healthy
@@ -58,6 +59,10 @@ class GpuRecord:
     last_resort: bool = False
     # The GPU's own taints, its cordon shown as one (fleet/health/taint_rows.py).
     taints: tuple[Taint, ...] = ()
+    # The driver's recovery action as last reported, and what the policy
+    # recommends for the GPU's sticky faults (fleet/health/policy.recommended).
+    recovery_action: DriverRecoveryAction | None = None
+    recommended_action: RemediationAction = RemediationAction.NONE
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ _GPUS = text(
            s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons,
            g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas,
            s.fence, {replica_generation("s")} AS generation, s.held_since,
-           g.withheld, g.last_resort, {gpu_taints_json("g")} AS taints
+           g.withheld, g.last_resort, {gpu_taints_json("g")} AS taints, g.recovery_action
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -120,6 +125,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
         replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
         group, domain, near, fence, generation, held_since, withheld, last_resort, taints,
+        recovery,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -142,6 +148,8 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
             node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy,
             tuple(reasons), held_by, shard, cordon_reason, tuple(sticky), numa_node, peers, group,
             domain, near, withheld, last_resort, taints_from_json(taints, idx),
+            None if recovery is None else DriverRecoveryAction(recovery),
+            recommended(sticky, recovery) if sticky or recovery else RemediationAction.NONE,
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 
-from service.bounds import MAX_TEXT_LENGTH
 from service.database.connections import Connection
-from service.errors import InvalidInput, NodeNotFound
+from service.errors import NodeNotFound
 from service.event_log.events import note_recorded, record_event
 from service.fleet import gpu_health
+from service.fleet.gpu_changes import check_reason
 from service.fleet.gpu_health import ReportedXid
 from service.fleet.node_views import (
     BEAT_COLUMNS,
@@ -307,15 +307,6 @@ async def heartbeat(conn: Connection, node_id: str) -> None:
     """One node's heartbeat in the caller's transaction; see heartbeat_many."""
     if node_id not in await heartbeat_many(conn, [node_id]):
         raise NodeNotFound(node_id)
-
-
-def check_reason(reason: str) -> str:
-    cleaned = reason.strip()
-    if not cleaned:
-        raise InvalidInput("reason", reason, "say why, for the next operator to read")
-    if len(cleaned) > MAX_TEXT_LENGTH:
-        raise InvalidInput("reason", reason, f"longer than {MAX_TEXT_LENGTH} characters")
-    return cleaned
 
 
 _SET_ADMIN = text(

@@ -28,7 +28,7 @@ from service.scheduling.weights_lifecycle import pinned_by
 # stored columns equal its reported ones did not change.
 GPU_REPORT_COLUMNS = (
     "uuid", "pci_bus_id", "name", "gpu_class", "memory_mb", "healthy", "health_reasons",
-    "numa_node", "nvlink_peers", "nvlink_group", "nvlink_domain", "near_hcas",
+    "numa_node", "nvlink_peers", "nvlink_group", "nvlink_domain", "near_hcas", "recovery_action",
 )  # fmt: skip
 
 # The weights columns that say what the weights are; observed_at says when
@@ -131,7 +131,7 @@ REPORTED_ROWS = """
         SELECT * FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(
             idx int, uuid text, pci_bus_id text, name text, gpu_class text, memory_mb int,
             healthy boolean, health_reasons text[], numa_node int, nvlink_peers int[],
-            nvlink_group int, nvlink_domain text, near_hcas text[])
+            nvlink_group int, nvlink_domain text, near_hcas text[], recovery_action text)
     ), f_in AS (
         SELECT * FROM jsonb_to_recordset(CAST(:fabrics AS jsonb))
             AS r(fabric text, hcas text[], rate_gbps int)
@@ -287,6 +287,7 @@ def hardware_rows(report: NodeReport) -> dict[str, str]:
             "nvlink_group": groups[g.index],
             "nvlink_domain": g.nvlink_domain,
             "near_hcas": None if g.near_hcas is None else sorted(set(g.near_hcas)),
+            "recovery_action": g.recovery_action,
         }
         for g in report.gpus
     ]

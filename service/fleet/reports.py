@@ -33,6 +33,7 @@ from service.bounds import (
 from service.errors import InvalidInput
 from service.fleet import observed_at
 from service.fleet.gpu_class import derive_gpu_class
+from service.fleet.health.policy import RECOVERY_ACTIONS
 from service.fleet.observed_at import AgentClock
 from service.fleet.topology import check_topology
 from service.scheduling.weights_lifecycle import DIGEST, STATES
@@ -55,6 +56,9 @@ class GpuReport:
     nvlink_peers: tuple[int, ...] | None = None
     nvlink_domain: str | None = None
     near_hcas: tuple[str, ...] | None = None
+    # The driver's recovery action (NVML: GPU_RESET, NODE_REBOOT...), None
+    # when unknown: what an XID 154 asks for (service/fleet/health/policy.py).
+    recovery_action: str | None = None
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,12 @@ def validate_report(report: NodeReport) -> None:
         for j, xid in enumerate(gpu.xids):
             if xid < 1:
                 raise InvalidInput(f"{where}.xids[{j}]", xid, "an XID is a positive integer")
+        if gpu.recovery_action is not None and gpu.recovery_action not in RECOVERY_ACTIONS:
+            raise InvalidInput(
+                f"{where}.recoveryAction",
+                gpu.recovery_action,
+                f"not a recovery action ({', '.join(RECOVERY_ACTIONS)})",
+            )
 
     _check_count("input.fabrics", report.fabrics, MAX_FABRICS)
     fabrics: set[str] = set()

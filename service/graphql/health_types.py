@@ -11,6 +11,9 @@ from typing import Any
 
 import strawberry
 
+from service.errors import InvalidInput
+from service.fleet.health import policy, remediations, validations
+from service.fleet.health.remediations import Remediation as RemediationRecord
 from service.fleet.health.taints import TaintRequest
 from service.scheduling import taints
 from service.scheduling.taints import Taint as TaintRecord
@@ -94,3 +97,115 @@ def node_taints(node_id: str, info: Info) -> Any:
         return [t for t in found if t.gpu_index is None]
 
     return now_or_later(info.context.loaders.taints, node_id, own)
+
+
+strawberry.enum(policy.RemediationAction, name="RemediationAction")
+strawberry.enum(remediations.RemediationState, name="RemediationState")
+strawberry.enum(
+    policy.DriverRecoveryAction,
+    name="GpuRecoveryAction",
+    description=(
+        "The driver's recovery action for a GPU (NVML's nvmlGpuRecoveryAction_t, read by the "
+        "agent): what an XID 154 asks for."
+    ),
+)
+
+
+@strawberry.type(
+    description=(
+        "Work for the operator's automation, from the remediation policy: PENDING -> "
+        "IN_PROGRESS (startRemediation) -> AWAITING_VALIDATION (finishRemediation, or by itself "
+        "on a reboot or reset) -> DONE once the required validations pass; or ESCALATED "
+        "(CONTACT_SUPPORT), or SUPPRESSED by the circuit breaker."
+    )
+)
+class Remediation:
+    id: strawberry.ID
+    node_id: strawberry.ID
+    gpu_indices: list[int]
+    gpu_class: str | None
+    action: policy.RemediationAction
+    state: remediations.RemediationState
+    scope: str = strawberry.field(description="GPU, NVLINK_GROUP or NODE: what its taint covers.")
+    cause: str
+    trigger: str = strawberry.field(description="e.g. xid-79: also the key of its taint.")
+    taint_key: str | None = strawberry.field(
+        description="The taint it holds until DONE; null: none (no effect, or SUPPRESSED)."
+    )
+    attempts: int = strawberry.field(description="Validations recorded against it.")
+    failures: int = strawberry.field(description="Of those, how many failed.")
+    created_at: datetime
+    since: datetime = strawberry.field(description="When it entered its state.")
+
+    @classmethod
+    def of(cls, r: RemediationRecord) -> Remediation:
+        return cls(
+            id=strawberry.ID(str(r.id)),
+            node_id=strawberry.ID(r.node_id),
+            gpu_indices=list(r.gpu_indices),
+            gpu_class=r.gpu_class,
+            action=r.action,
+            state=r.state,
+            scope=r.scope.value,
+            cause=r.cause,
+            trigger=r.trigger,
+            taint_key=r.taint_key,
+            attempts=r.attempts,
+            failures=r.failures,
+            created_at=r.created_at,
+            since=r.since,
+        )
+
+
+@strawberry.type(description="A test the node's agent should run now, after a remediation.")
+class ValidationRequest:
+    test: str
+    gpu_indices: list[int]
+    remediation_id: strawberry.ID | None
+
+    @classmethod
+    def of(cls, v: validations.ValidationRequest) -> ValidationRequest:
+        return cls(
+            test=v.test,
+            gpu_indices=list(v.gpu_indices),
+            remediation_id=None
+            if v.remediation_id is None
+            else strawberry.ID(str(v.remediation_id)),
+        )
+
+
+@strawberry.input
+class ValidationInput:
+    node_id: strawberry.ID
+    gpu_indices: list[int]
+    test: str
+    passed: bool
+    details: str | None = strawberry.field(
+        default=None, description="The test's output, at most 16,384 characters (cut it)."
+    )
+
+    def to_result(self) -> validations.ValidationResult:
+        return validations.ValidationResult(
+            node_id=str(self.node_id),
+            gpu_indices=tuple(self.gpu_indices),
+            test=self.test,
+            passed=self.passed,
+            details=self.details,
+        )
+
+
+def remediation_id(value: strawberry.ID, field: str = "id") -> int:
+    """A remediation's id from its GraphQL ID; BAD_INPUT naming the field when it is none."""
+    text = str(value)
+    if not text.isdigit() or len(text) > 18:
+        raise InvalidInput(field, text, "a remediation id is a number")
+    return int(text)
+
+
+def validations_to_run(node_id: str, info: Info) -> Any:
+    """Node.validationsToRun, batched per request through the loader."""
+
+    def requests(found: list[validations.ValidationRequest]) -> list[ValidationRequest]:
+        return [ValidationRequest.of(v) for v in found]
+
+    return now_or_later(info.context.loaders.validations, node_id, requests)

@@ -6,6 +6,7 @@ from datetime import datetime
 
 import strawberry
 
+from service.fleet.health.policy import DriverRecoveryAction
 from service.fleet.node_views import NodeFilter as NodeFilterRecord
 from service.fleet.reports import (
     FabricReport,
@@ -80,6 +81,13 @@ class GpuInput:
         description=(
             "The node's adapters under the same PCIe switch as this GPU (nvidia-smi topo PIX or "
             "PXB): its rail-aligned HCAs. Null: unknown."
+        ),
+    )
+    recovery_action: DriverRecoveryAction | None = strawberry.field(
+        default=None,
+        description=(
+            "The driver's recovery action (NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): what "
+            "an XID 154 asks for. Null: unknown (an older driver or agent)."
         ),
     )
 
@@ -192,6 +200,7 @@ class NodeInput:
                     nvlink_domain=g.nvlink_domain,
                     near_hcas=None if g.near_hcas is None else tuple(g.near_hcas),
                     xids=tuple(g.xids or ()),
+                    recovery_action=None if g.recovery_action is None else g.recovery_action.value,
                 )
                 for g in self.gpus
             ),

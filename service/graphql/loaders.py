@@ -24,7 +24,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 from service.database import read_routing
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
-from service.fleet.health import taints
+from service.fleet.health import taints, validations
 from service.scheduling import allocations
 
 K = TypeVar("K")
@@ -109,6 +109,11 @@ class Loaders:
     def taints(self) -> DataLoader[Any, Any]:
         """A node's taints and its GPUs' (fleet/health/taints.py), for Node.taints and Gpu.taints."""
         return self._make(taints.taints_of, list)
+
+    @functools.cached_property
+    def validations(self) -> DataLoader[Any, Any]:
+        """The tests each node should run now (fleet/health/validations.py), for Node.validationsToRun."""
+        return self._make(validations.to_run, list)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

@@ -54,6 +54,9 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "tokens": "operator",
         "weightsEvictable": "reader",
         "shardsToMove": "reader",
+        "remediations": "reader",
+        # The node's own agent asks what to validate (node-bound).
+        "validationsToRun": "agent",
     },
     "Mutation": {
         "registerNode": "agent",
@@ -69,6 +72,10 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "untaintGpus": "operator",
         "taintNode": "operator",
         "untaintNode": "operator",
+        "startRemediation": "operator",
+        "finishRemediation": "operator",
+        # The node's own agent, or an operator's tool (operators hold every role).
+        "recordValidation": "agent",
         "allocate": "scheduler",
         "place": "scheduler",
         "releaseShard": "scheduler",

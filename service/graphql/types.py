@@ -11,6 +11,7 @@ import strawberry
 
 from service.fleet import node_views, topology
 from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
+from service.fleet.health.policy import DriverRecoveryAction, RemediationAction
 from service.fleet.node_views import NodeRecord
 from service.fleet.reports import Disk as DiskRecord
 from service.node_states import NodeState as NodeState
@@ -21,7 +22,7 @@ from service.scheduling.weights_lifecycle import WeightsState
 
 from .context import Context, Info
 from .fencing_types import ShardToStop
-from .health_types import Taint, node_taints
+from .health_types import Taint, ValidationRequest, node_taints, validations_to_run
 from .loaders import now_or_later, ready
 from .scalars import Bytes
 
@@ -179,6 +180,17 @@ class Gpu:
     taints: list[Taint] = strawberry.field(
         default_factory=list,
         description="The GPU's own taints (its node's are Node.taints); a cordon shows as one.",
+    )
+    recovery_action: DriverRecoveryAction | None = strawberry.field(
+        default=None,
+        description="The driver's recovery action as the agent last read it; null: unknown.",
+    )
+    recommended_action: RemediationAction = strawberry.field(
+        default=RemediationAction.NONE,
+        description=(
+            "The action NVIDIA's XID catalog (or the driver's recovery action) recommends for "
+            "this GPU's sticky faults; NONE when it has none."
+        ),
     )
 
 
@@ -377,6 +389,16 @@ class Node:
     )
     def taints(self, info: Info) -> Any:
         return node_taints(str(self.id), info)
+
+    @strawberry.field(
+        graphql_type=list[ValidationRequest],
+        description=(
+            "Validations the agent should run now (after a remediation), by test name: each test "
+            "the policy requires that has not passed since the remediation began waiting."
+        ),
+    )
+    def validations_to_run(self, info: Info) -> Any:
+        return validations_to_run(str(self.id), info)
 
     incarnation: int = strawberry.field(
         default=1,

@@ -30,7 +30,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
-from service.bounds import MAX_ID_LENGTH, MAX_TEXT_LENGTH
+from service.bounds import (
+    MAX_ID_LENGTH,
+    MAX_TEXT_LENGTH,
+    MAX_TOLERATION_SECONDS,
+    MAX_TOLERATIONS,
+)
 
 
 class TaintEffect(Enum):
@@ -64,11 +69,6 @@ SOFT_EFFECT_SQL = f"'{TaintEffect.PREFER_NO_SCHEDULE.value}'"
 CORDON_KEY = "cordon"
 DRAIN_KEY = "drain"
 RESERVED_KEYS = frozenset({CORDON_KEY, DRAIN_KEY})
-
-# A day: far beyond any eviction grace a scheduler asks for, small enough
-# that now() + it stays a timestamp.
-MAX_TOLERATION_SECONDS = 86_400 * 365
-MAX_TOLERATIONS = 32
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from service.access_control.token_watch import TokenWatch
 from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.event_log.event_announcements import drain_announcements
+from service.fleet.health import policy
 from service.graphql.authentication import accept_connection, identify, identify_http
 from service.graphql.context import Context, new_context
 from service.graphql.schema import schema
@@ -183,6 +184,9 @@ def create_app(
     GraphQL operation is a span and every statement one of its children; its
     lifespan's end flushes them. Without, nothing of it is on any request's path.
     """
+    # The remediation policy in force for this process (built in, or the
+    # file's overrides): a file that cannot be used stops the start here.
+    policy.install(policy.load(settings.remediation_policy))
     ref = EngineRef(engine)
     owns_engine = engine is None
     graphql_app = InventoryGraphQL(ref, settings, vendor_dir)

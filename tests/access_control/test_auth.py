@@ -231,6 +231,14 @@ async def test_an_agent_token_cannot_rewrite_another_node(
     error = await agent.fails('mutation { heartbeat(nodeId: "gpu-08") { id } }')
     assert error["extensions"]["code"] == "FORBIDDEN"
     await agent('mutation { heartbeat(nodeId: "gpu-07") { id } }')
+    # Nor report a validation that would re-admit another node's GPU.
+    passed = {"nodeId": "gpu-08", "gpuIndices": [0], "test": "dcgm_diag", "passed": True}
+    error = await agent.fails(
+        "mutation V($v: ValidationInput!) { recordValidation(input: $v) { id } }", {"v": passed}
+    )
+    assert error["extensions"]["code"] == "FORBIDDEN"
+    error = await agent.fails('{ validationsToRun(nodeId: "gpu-08") { test } }')
+    assert error["extensions"]["code"] == "FORBIDDEN"
 
     node = await operator('{ node(id: "gpu-08") { hostname } }')
     assert node == {"node": {"hostname": "the-real-gpu-08"}}

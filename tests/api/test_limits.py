@@ -80,6 +80,7 @@ NOT_GROWING = {
     "fabrics": "one entry per fabric",
     "gpuClasses": "one entry per GPU class",
     "weightsEvictable": "one node's weights: at most reports.MAX_WEIGHTS",
+    "validationsToRun": "one node's: a test per required validation of its few remediations",
 }
 
 

@@ -117,6 +117,14 @@ LISTINGS = [
         "SELECT shard_id FROM shards ORDER BY shard_id",
     ),
     Listing(
+        "remediations",
+        "query($first: Int, $after: ID) { remediations(first: $first, after: $after) { id } }",
+        lambda data: data["remediations"],
+        ["remediations"],
+        lambda e: e["id"],
+        "SELECT id::text FROM remediations ORDER BY remediations.id",
+    ),
+    Listing(
         "a fabric's nodes",
         """query($first: Int, $after: ID) {
              fabrics { name nodes(first: $first, after: $after) { id } } }""",
@@ -171,6 +179,12 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
         api = Api(clients[0], both.headers)
         for i in range(1, NODES + 1):
             await api(REGISTER, {"input": node_input(f"gpu-{i:02d}", fabrics=IB_A)})
+        for i in range(1, NODES + 1):
+            # An XID 94 on each node's last GPU: a remediation each (remediations),
+            # RESTART_APP, which taints nothing, so the free GPUs stay as they were.
+            report = node_input(f"gpu-{i:02d}", fabrics=IB_A)
+            report["gpus"][7]["xids"] = [94]
+            await api(REGISTER, {"input": report})
         for i in range(1, ALLOCATED + 1):
             node = f"gpu-{i:02d}"
             for gpu in range(1 if i > 4 else 2):
@@ -226,6 +240,7 @@ def test_every_list_with_first_and_after_is_covered_here() -> None:
         "Query.tokens",
         "Query.groups",
         "Query.shardsToMove",
+        "Query.remediations",
         "Fabric.nodes",
     }
     assert len(LISTINGS) == len(paged)

@@ -1,4 +1,4 @@
-"""XIDs: a critical one keeps the GPU out until it is reset; an application's one is only counted."""
+"""XIDs: a critical one keeps the GPU out until it is reset and validated; an application's is only counted."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.fleet.gpu_health import CRITICAL_XIDS
+from service.fleet.health.policy import XID_CATALOG
 from tests.conftest import Api
 from tests.consistency import inconsistencies
 from tests.fleet.test_gpu_cordons import CLEAR, EVENTS, stored
@@ -36,7 +36,19 @@ def xid_count(samples: dict[str, float], xid: int) -> float:
     return samples.get(f'inventory_gpu_xids_total{{gpu_class="H100-80GB",xid="{xid}"}}', 0)
 
 
-async def test_xid_79_stays_until_the_node_reboots(
+VALIDATED = """
+mutation V($input: ValidationInput!) { recordValidation(input: $input) { id state } }
+"""
+
+
+async def validate(api: Api, index: int) -> dict[str, Any]:
+    """The policy's default test passed on the GPU (as the agent reports it)."""
+    passed = {"nodeId": "gpu-01", "gpuIndices": [index], "test": "dcgm_diag", "passed": True}
+    answer: dict[str, Any] = (await api(VALIDATED, {"input": passed}))["recordValidation"]
+    return answer
+
+
+async def test_xid_79_stays_until_the_node_reboots_and_validates(
     api: Api, client: httpx.AsyncClient, engine: AsyncEngine
 ) -> None:
     await api(REGISTER, report("boot-a"))
@@ -49,7 +61,7 @@ async def test_xid_79_stays_until_the_node_reboots(
     assert [(e["nodeId"], e["detail"]) for e in xid] == [
         ("gpu-01", {"index": 2, "uuid": "GPU-0002", "xid": 79, "critical": True})
     ]
-    assert xid[0]["reason"] == CRITICAL_XIDS[79]
+    assert xid[0]["reason"] == XID_CATALOG[79].why
 
     # NVML forgot: the next report says healthy, on the same boot.
     await api(REGISTER, report("boot-a"))
@@ -58,18 +70,23 @@ async def test_xid_79_stays_until_the_node_reboots(
     free = (await api("{ freeGpus { gpuIndices } }"))["freeGpus"]
     assert free == [{"gpuIndices": [0, 1, 3]}]
 
-    # A reboot resets the GPUs.
+    # A reboot carries out the remediation, which waits for validation: the
+    # GPU stays out (its sticky reason and its taint) until it passes.
     await api(REGISTER, report("boot-b"))
-    assert await gpu_2(api) == (True, [], True)
+    assert await gpu_2(api) == (False, ["xid_79"], False)
     assert (await api(GPU))["node"]["bootId"] == "boot-b"
+    assert (await validate(api, 2))["state"] == "DONE"
+    assert await gpu_2(api) == (True, [], True)
     cleared = (await api(EVENTS, {"kinds": ["gpu_health_cleared"]}))["events"]
     assert [(e["reason"], e["detail"]["index"], e["detail"]["cleared"]) for e in cleared] == [
-        ("the node rebooted (new boot id): its GPUs were reset", 2, ["xid_79"])
+        ("remediation 1 validated", 2, ["xid_79"])
     ]
     assert await inconsistencies(engine) == []
 
 
-async def test_xid_48_until_an_operator_clears_it(api_as: Any, engine: AsyncEngine) -> None:
+async def test_xid_48_until_an_operator_clears_it_and_it_validates(
+    api_as: Any, engine: AsyncEngine
+) -> None:
     agent = await api_as("agent", node_id="gpu-01")
     operator = await api_as("operator")
     await agent(REGISTER, report("boot-a", {2: [48]}))
@@ -80,12 +97,16 @@ async def test_xid_48_until_an_operator_clears_it(api_as: Any, engine: AsyncEngi
 
     cleared = await operator(CLEAR, {"node": "gpu-01", "index": 2})
 
+    # Healthy again, but its remediation (RESET_GPU, carried out by the
+    # operator's reset) keeps the taint until the validation passes.
     assert cleared["clearGpuHealth"] == {"index": 2, "healthy": True, "healthReasons": []}
-    assert await gpu_2(operator) == (True, [], True)
+    assert await gpu_2(operator) == (True, [], False)
     events = (await operator(EVENTS, {"kinds": ["gpu_health_cleared"]}))["events"]
     assert [(e["actor"].split(" (")[0], e["detail"]["cleared"]) for e in events] == [
         ("test operator", ["xid_48"])
     ]
+    assert (await validate(agent, 2))["state"] == "DONE"
+    assert await gpu_2(operator) == (True, [], True)
     assert await inconsistencies(engine) == []
 
 
@@ -121,7 +142,7 @@ async def test_an_xid_under_an_allocation_tells_its_holder(api: Api, engine: Asy
     assert [(e["replicaId"], e["shardId"], e["detail"]["index"]) for e in told] == [
         ("r1", "r1-s0", 2)
     ]
-    assert told[0]["reason"] == f"xid_79: {CRITICAL_XIDS[79]}"
+    assert told[0]["reason"] == f"xid_79: {XID_CATALOG[79].why}"
     assert await inconsistencies(engine) == []
 
 

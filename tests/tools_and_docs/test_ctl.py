@@ -80,7 +80,8 @@ def test_an_operator_cordons_one_gpu_and_clears_another_after_a_reset(
     live_service: LiveService, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = node_input("gpu-01")
-    report["gpus"][2]["xids"] = [79]
+    # XID 48 (double-bit ECC): RESET_GPU, which an operator's reset carries out.
+    report["gpus"][2]["xids"] = [48]
     register(live_service, report)
     url = ("--url", live_service.url)
 
@@ -90,10 +91,10 @@ def test_an_operator_cordons_one_gpu_and_clears_another_after_a_reset(
         "GPU 5 on node gpu-01 cordoned: now healthy; cordoned (ECC bursts)",
     )
     code, out, _ = ctl(capsys, *url, "nodes")
-    assert "H100-80GB 6/8" in out and "2:xid_79 5:cordoned" in out
+    assert "H100-80GB 6/8" in out and "2:xid_48 5:cordoned" in out
     code, out, _ = ctl(capsys, *url, "node", "gpu-01")
     (gpu_2,) = [line for line in out.splitlines() if line.startswith("2 ")]
-    assert gpu_2.split()[2:4] == ["xid_79", "xid_79"]
+    assert gpu_2.split()[2:4] == ["xid_48", "xid_48"]
     (gpu_5,) = [line for line in out.splitlines() if line.startswith("5 ")]
     assert "ECC bursts" in gpu_5
 
@@ -101,8 +102,20 @@ def test_an_operator_cordons_one_gpu_and_clears_another_after_a_reset(
     assert (code, out.strip()) == (0, "GPU 2 on node gpu-01 cleared: now healthy")
     code, out, _ = ctl(capsys, *url, "gpus", "uncordon", "gpu-01", "5")
     assert (code, out.strip()) == (0, "GPU 5 on node gpu-01 uncordoned: now healthy")
+    # GPU 2's XID taint stays until the validation its remediation waits for passes.
     code, out, _ = ctl(capsys, *url, "nodes")
-    assert "H100-80GB 8/8" in out and "cordoned" not in out
+    assert "H100-80GB 7/8" in out and "cordoned" not in out
+    passed = {"nodeId": "gpu-01", "gpuIndices": [2], "test": "dcgm_diag", "passed": True}
+    answer = httpx.post(
+        live_service.url,
+        json={
+            "query": "mutation V($v: ValidationInput!) { recordValidation(input: $v) { state } }",
+            "variables": {"v": passed},
+        },
+    ).json()
+    assert answer["data"]["recordValidation"] == {"state": "DONE"}
+    code, out, _ = ctl(capsys, *url, "nodes")
+    assert "H100-80GB 8/8" in out
 
     code, out, err = ctl(capsys, *url, "gpus", "cordon", "gpu-01", "9", "--reason", "x")
     assert code != 0 and "has no GPU 9" in err

@@ -25,8 +25,7 @@ from sqlalchemy import text
 from service.database.connections import Connection
 from service.errors import InvalidInput
 from service.event_log.events import note_recorded
-from service.fleet.gpu_health import lock_gpus, record_events
-from service.fleet.nodes import check_reason
+from service.fleet.gpu_changes import check_reason, lock_gpus, record_events
 from service.scheduling.gpu_pools import refresh_taint_marks
 from service.scheduling.rejections import index_ranges, shown
 from service.scheduling.taints import (

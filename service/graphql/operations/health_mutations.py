@@ -1,4 +1,4 @@
-"""The operator's taints on GPUs and nodes. One transaction each."""
+"""The operator's taints on GPUs and nodes, remediations' steps, validations. One transaction each."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from service.database.connections import Connection
 from service.errors import NodeNotFound
 from service.fleet import node_views
 from service.fleet.hardware import GpuRecord, gpus_of
-from service.fleet.health import taints
+from service.fleet.health import remediations, taints, validations
 from service.fleet.node_views import NodeRecord
 
 from ..context import Info
-from ..health_types import TaintInput
+from ..health_types import Remediation, TaintInput, ValidationInput, remediation_id
 from ..types import Gpu, Node
 
 
@@ -80,3 +80,51 @@ class HealthMutations:
             return await _node(conn, str(node_id))
 
         return Node.of(await info.context.write(work))
+
+    @strawberry.mutation(
+        description=(
+            "The operator's automation takes a PENDING remediation: IN_PROGRESS. Any other state "
+            "(a second start included) is CONFLICT, nothing changed."
+        )
+    )
+    async def start_remediation(self, info: Info, id: strawberry.ID) -> Remediation:
+        number = remediation_id(id)
+
+        async def work(conn: Connection) -> remediations.Remediation:
+            return await remediations.start(conn, number, info.context.actor)
+
+        return Remediation.of(await info.context.write(work))
+
+    @strawberry.mutation(
+        description=(
+            "The action of an IN_PROGRESS remediation was carried out: AWAITING_VALIDATION (DONE "
+            "when the policy requires no test), or ESCALATED when it did not succeed. Any other "
+            "state is CONFLICT (a PENDING one must be started first)."
+        )
+    )
+    async def finish_remediation(
+        self, info: Info, id: strawberry.ID, succeeded: bool, note: str | None = None
+    ) -> Remediation:
+        number = remediation_id(id)
+
+        async def work(conn: Connection) -> remediations.Remediation:
+            return await remediations.finish(conn, number, succeeded, note, info.context.actor)
+
+        return Remediation.of(await info.context.write(work))
+
+    @strawberry.mutation(
+        description=(
+            "Agent (or an operator's tool): a validation ran on GPUs of a node. The remediation "
+            "awaiting it is answered as it now stands (DONE once every required test passed, "
+            "ESCALATED after the allowed failures); null when none awaits one there (a failure "
+            "then taints the GPUs validation-<test>, a later pass lifts it)."
+        )
+    )
+    async def record_validation(self, info: Info, input: ValidationInput) -> Remediation | None:
+        result = input.to_result()
+
+        async def work(conn: Connection) -> remediations.Remediation | None:
+            return await validations.record(conn, result, info.context.actor)
+
+        found = await info.context.write(work)
+        return None if found is None else Remediation.of(found)

@@ -1,17 +1,26 @@
-"""Read-only fields of fleet health: the shards NO_EXECUTE taints move."""
+"""Read-only fields of fleet health: remediations, the shards NO_EXECUTE taints move."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import strawberry
 
 from service import paging
 from service.database import connections
 from service.fleet.health import moves
+from service.fleet.health import remediations as remediation_records
+from service.fleet.health.remediations import RemediationState
 
 from ..context import Info
-from ..health_types import Taint
+from ..health_types import (
+    Remediation,
+    Taint,
+    ValidationRequest,
+    remediation_id,
+    validations_to_run,
+)
 from ..pages import answer, paged
 from ..types import Allocation
 
@@ -69,3 +78,38 @@ class HealthQueries:
                 after=None if after is None else str(after),
             )
         return answer(paging.cut(found, request, lambda m: m.shard.shard_id), ShardToMove.of)
+
+    @strawberry.field(
+        description=paged(
+            "Remediations, sorted by id (oldest first), optionally in one state or of one node.",
+            cursor="remediation id",
+        )
+    )
+    async def remediations(
+        self,
+        info: Info,
+        state: RemediationState | None = None,
+        node_id: strawberry.ID | None = None,
+        first: int | None = None,
+        after: strawberry.ID | None = None,
+    ) -> list[Remediation]:
+        request = info.context.page_request(first)
+        async with connections.autocommit(info.context.engine) as conn:
+            found = await remediation_records.list_remediations(
+                conn,
+                state=state,
+                node_id=None if node_id is None else str(node_id),
+                first=request.limit,
+                after=None if after is None else remediation_id(after, "after"),
+            )
+        return answer(paging.cut(found, request, lambda r: str(r.id)), Remediation.of)
+
+    @strawberry.field(
+        graphql_type=list[ValidationRequest],
+        description=(
+            "Agent: the validations its node should run now (Node.validationsToRun, for an agent "
+            "token, which reads no nodes)."
+        ),
+    )
+    def validations_to_run(self, info: Info, node_id: strawberry.ID) -> Any:
+        return validations_to_run(str(node_id), info)
