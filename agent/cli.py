@@ -145,9 +145,13 @@ async def _serve(config: AgentConfig, survey: Survey, xids: XidInbox) -> None:
         config.node_id,
         config.service_url,
     )
+    agent = Agent(config, client, survey, xids=xids)
     try:
-        await run_until_stopped(Agent(config, client, survey, xids=xids).run(), stop)
+        await run_until_stopped(agent.run(), stop)
     finally:
+        # A validation still running is stopped with the agent (its test killed).
+        if agent.validations is not None:
+            await agent.validations.stop()
         await client.aclose()
     log.info("llmgw-agent stopped")
 

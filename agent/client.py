@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from agent.running_shards import RunningShard, ShardToStop
+from agent.validations import ValidationOutcome, ValidationRequest
 
 
 def load_operation(name: str) -> str:
@@ -103,6 +104,8 @@ class InventoryClient:
         # The fenced ones always ask for the pins (an empty list without weights).
         self._register_fenced = load_operation("register_node_fenced")
         self._heartbeat_fenced = load_operation("heartbeat_fenced")
+        self._validations_to_run = load_operation("validations_to_run")
+        self._record_validation = load_operation("record_validation")
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -128,6 +131,21 @@ class InventoryClient:
             variables = {"nodeId": node_id, **fencing.variables()}
             data = await self._execute(self._heartbeat_fenced, variables)
         return _status(data["heartbeat"])
+
+    async def validations_to_run(self, node_id: str) -> list[ValidationRequest]:
+        """The tests the inventory asks this node to run now (agent/validations.py)."""
+        data = await self._execute(self._validations_to_run, {"nodeId": node_id})
+        return [
+            ValidationRequest(
+                str(v["test"]),
+                tuple(int(i) for i in v["gpuIndices"]),
+                None if v.get("remediationId") is None else str(v["remediationId"]),
+            )
+            for v in data.get("validationsToRun") or ()
+        ]
+
+    async def record_validation(self, node_id: str, outcome: ValidationOutcome) -> None:
+        await self._execute(self._record_validation, {"input": outcome.as_input(node_id)})
 
     async def _execute(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from agent.discovery.gpu_file import GpuFile, GpuFileError, read_gpu_file
 from agent.discovery.identity import default_mgmt_addr, read_machine_id
 from agent.running_shards import is_loopback_url
+from agent.validations import ValidationCommand
 
 DEFAULT_CONFIG_PATH = "/etc/llmgw/agent.toml"
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8080/graphql"
@@ -77,6 +78,9 @@ class AgentConfig:
     # in its arguments are replaced. None: stops are logged only.
     stop_command: tuple[str, ...] | None = None
     stop_timeout: float = 30.0
+    # The command of each validation test the inventory may ask for
+    # (agent/validations.py); none: the node runs no tests itself.
+    validations: Mapping[str, ValidationCommand] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,45 @@ def _stop_command(s: _Setting) -> tuple[str, ...]:
     return argv
 
 
+def _validations(s: _Setting) -> dict[str, ValidationCommand]:
+    """[validations.<test>] tables: command (a list; {gpus} becomes the GPU indices) and timeout.
+
+    From the environment: `test=command args;test=command args` (each split
+    as a shell would), with the default timeout.
+    """
+    value = s.value
+    if s.env_text is not None:
+        tables: dict[str, object] = {}
+        for item in (p.strip() for p in s.env_text.split(";") if p.strip()):
+            test, sep, command = item.partition("=")
+            if not sep or not test.strip():
+                s.fail(f"{item!r} is not test=command")
+            tables[test.strip()] = {"command": shlex.split(command)}
+        value = tables
+    if not isinstance(value, dict):
+        s.fail("must be a table of [validations.<test>] tables")
+    commands: dict[str, ValidationCommand] = {}
+    for test, table in value.items():
+        entry = s.at(f".{test}", table)
+        if not isinstance(table, dict):
+            entry.fail("must be a table with command and timeout")
+        for key in table:
+            if key not in ("command", "timeout"):
+                entry.at(f".{key}", table[key]).fail("unknown key (a test has command and timeout)")
+        if "command" not in table:
+            entry.fail(
+                'command is required, e.g. ["dcgmi", "diag", "-r", "3", "-j", "-i", "{gpus}"]'
+            )
+        argv = _names(entry.at(".command", table["command"]))
+        if not argv:
+            entry.at(".command", table["command"]).fail("must name a program")
+        timeout = _seconds(entry.at(".timeout", table["timeout"])) if "timeout" in table else None
+        commands[str(test)] = (
+            ValidationCommand(argv) if timeout is None else ValidationCommand(argv, timeout)
+        )
+    return commands
+
+
 _PARSERS: dict[str, Callable[[_Setting], object]] = {
     "service_url": _url,
     "token": _text,
@@ -275,6 +318,7 @@ _PARSERS: dict[str, Callable[[_Setting], object]] = {
     "running_shards": _running_shards,
     "stop_command": _stop_command,
     "stop_timeout": _seconds,
+    "validations": _validations,
 }
 
 KEYS = tuple(_PARSERS)

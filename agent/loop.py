@@ -30,6 +30,7 @@ from agent.discovery.xids import XidInbox, with_xids
 from agent.report import Report, utc_now
 from agent.running_shards import RunningShard, RunningShardsSource, StopCommands, log_stops
 from agent.threads import in_daemon_thread
+from agent.validations import ValidationOutcome, Validations
 
 log = logging.getLogger("llmgw.agent")
 
@@ -130,6 +131,9 @@ class Agent:
         # whatever deletes weights on this node must keep these.
         self._watches_weights = bool(config.model_dirs)
         self.pinned: dict[str, tuple[str, ...]] = {}
+        # Validation before re-admission (agent/validations.py): asked after
+        # each full report when the node has commands for tests.
+        self.validations = Validations(config.validations) if config.validations else None
 
     async def survey(self) -> Report | None:
         """The node as it is now; None if discovery itself broke (a bug, logged)."""
@@ -242,6 +246,7 @@ class Agent:
                 self._rejected_digest = None
                 self._rejections.reset()
                 log.debug("report sent for node %s", status.id)
+                await self._validate()
             else:
                 status = await self.client.heartbeat(
                     self.config.node_id, fencing, self._watches_weights
@@ -281,6 +286,21 @@ class Agent:
         if fencing is not None:
             await self._after_fenced(status)
         return self.config.heartbeat_interval
+
+    async def _validate(self) -> None:
+        """Start the tests the inventory asks for now; they report by themselves when done."""
+        if self.validations is None:
+            return
+        node_id = self.config.node_id
+
+        async def report(outcome: ValidationOutcome) -> None:
+            await self.client.record_validation(node_id, outcome)
+
+        try:
+            await self.validations.check(lambda: self.client.validations_to_run(node_id), report)
+        except (ServiceUnavailable, ServiceError, ReportRejected) as e:
+            # Asked again after the next report.
+            log.warning("could not ask which validations to run: %s", e)
 
     async def _fencing(self) -> Fencing | None:
         """The fenced operation's variables, or None when running_shards is not configured."""

@@ -144,6 +144,8 @@ def _gpu_input(gpu: Gpu, gpu_class: str | None) -> dict[str, Any]:
         entry["nvlinkDomain"] = gpu.nvlink_domain
     if gpu.near_hcas is not None:
         entry["nearHcas"] = list(gpu.near_hcas)
+    if gpu.recovery_action is not None:
+        entry["recoveryAction"] = gpu.recovery_action
     return entry
 
 

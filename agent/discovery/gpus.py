@@ -37,6 +37,19 @@ HEALTH_REASONS = (
 
 _MIB = 1 << 20
 
+# nvmlGpuRecoveryAction_t, by value: what the driver says a GPU needs (what an
+# XID 154 announces). The service maps it to a remediation.
+RECOVERY_ACTIONS = {
+    0: "NONE",
+    1: "GPU_RESET",
+    2: "NODE_REBOOT",
+    3: "DRAIN_P2P",
+    4: "DRAIN_AND_RESET",
+    5: "RECOVER_IMEX_DOMAIN",
+    6: "BUS_RESET",
+    7: "SYSTEM_REBOOT",
+}
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -52,6 +65,9 @@ class Gpu:
     nvlink_peers: tuple[int, ...] | None = None
     nvlink_domain: str | None = None
     near_hcas: tuple[str, ...] | None = None
+    # The driver's recovery action (RECOVERY_ACTIONS' names); None when the
+    # driver or binding cannot say.
+    recovery_action: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -201,6 +217,8 @@ def _read_gpu(
         names = ", ".join(f"{p.pid} ({_process_label(root, int(p.pid))})" for p in foreign)
         warn(f"GPU {index}: used by a process that is not the node's engine: {names}")
 
+    recovery = q.ask("recovery action", lambda: _recovery_action(nvml, handle, warn))
+
     for fault in q.faults:
         warn(fault)
     if q.faults:
@@ -212,7 +230,33 @@ def _read_gpu(
         memory_mb=memory,
         pci_bus_id=bus_id,
         health_reasons=tuple(reasons),
+        recovery_action=recovery,
     )
+
+
+def _recovery_action(nvml: Any, handle: Any, warn: Callable[[str], None]) -> str | None:
+    """What the driver says the GPU needs (RECOVERY_ACTIONS), or None when it cannot say.
+
+    Through nvmlDeviceGetGpuRecoveryAction where the binding has one, else the
+    field value NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvidia-ml-py 13 has only
+    the field: R565 drivers and later); an older binding or driver answers
+    nothing, which is unknown, not NONE.
+    """
+    direct = getattr(nvml, "nvmlDeviceGetGpuRecoveryAction", None)
+    if direct is not None:
+        code = int(direct(handle))
+    else:
+        field = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            return None
+        [value] = nvml.nvmlDeviceGetFieldValues(handle, [field])
+        if value.nvmlReturn != getattr(nvml, "NVML_SUCCESS", 0):
+            return None
+        code = int(value.value.uiVal)
+    found = RECOVERY_ACTIONS.get(code)
+    if found is None:
+        warn(f"the driver names recovery action {code}, which this agent does not know")
+    return found
 
 
 def _compute_processes(nvml: Any, handle: Any) -> list[Any]:

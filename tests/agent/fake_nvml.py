@@ -89,6 +89,11 @@ CONSTANTS = {
     "NVML_NVLINK_DEVICE_TYPE_SWITCH": 2,
     "NVML_GPU_FABRIC_STATE_COMPLETED": 3,
     "nvmlEventTypeXidCriticalError": 8,
+    # The driver's recovery action, as a field value (nvidia-ml-py 13 has no
+    # nvmlDeviceGetGpuRecoveryAction of its own).
+    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": 230,
+    "NVML_SUCCESS": 0,
+    "NVML_ERROR_NOT_SUPPORTED": 3,
 }
 NVLINK_GPU, NVLINK_SWITCH = 0, 2
 
@@ -140,6 +145,10 @@ class FakeGpu:
     fabric: Any = field(default_factory=NVMLError_NotSupported)
     # What nvmlDeviceRegisterEvents raises for it (NotSupported on some GPUs).
     events_error: Exception | None = None
+    # The driver's recovery action (nvmlGpuRecoveryAction_t: 0 NONE, 1 GPU_RESET,
+    # 2 NODE_REBOOT, 3 DRAIN_P2P, 4 DRAIN_AND_RESET...), or None when the driver
+    # does not know the field (NVML_ERROR_NOT_SUPPORTED in the field's return).
+    recovery_action: int | None = 0
 
     def answer(self, value: Any) -> Any:
         if isinstance(value, BaseException):
@@ -260,6 +269,21 @@ class FakeNvml:
         struct.cliqueId = fabric.clique_id
         struct.state = fabric.state
         return 0
+
+    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, field_ids: list[int]) -> list[Any]:
+        """As the binding answers: one value per field, each with its own nvmlReturn."""
+        values = []
+        for field_id in field_ids:
+            assert field_id == CONSTANTS["NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"], field_id
+            known = gpu.recovery_action is not None
+            values.append(
+                SimpleNamespace(
+                    fieldId=field_id,
+                    nvmlReturn=0 if known else CONSTANTS["NVML_ERROR_NOT_SUPPORTED"],
+                    value=SimpleNamespace(uiVal=gpu.recovery_action or 0),
+                )
+            )
+        return values
 
     def raise_xid(self, index: int, xid: int) -> None:
         """The driver reports an XID on GPU `index`, as a test's event."""

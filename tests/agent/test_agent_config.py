@@ -17,6 +17,7 @@ from agent.config import (
 )
 from agent.discovery.gpu_file import GpuFile
 from agent.discovery.gpus import Gpu
+from agent.validations import ValidationCommand
 
 
 def documented_config() -> str:
@@ -67,6 +68,9 @@ def test_the_documented_file_loads_with_every_key_bound(tmp_path: Path, token_fi
         running_shards="/run/llmgw/running-shards.json",
         stop_command=("/usr/local/bin/stop-shard", "{shard_id}", "{fence}"),
         stop_timeout=30,
+        validations={
+            "dcgm_diag": ValidationCommand(("dcgmi", "diag", "-r", "3", "-j", "-i", "{gpus}"), 1800)
+        },
     )
 
 
@@ -112,6 +116,7 @@ def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
         "LLMGW_AGENT_RUNNING_SHARDS": "http://127.0.0.1:9101/running-shards",
         "LLMGW_AGENT_STOP_COMMAND": "/usr/local/bin/stop-shard {shard_id} {fence}",
         "LLMGW_AGENT_STOP_TIMEOUT": "20",
+        "LLMGW_AGENT_VALIDATIONS": "dcgm_diag=dcgmi diag -r 3 -j -i {gpus}; nccl=/opt/nccl -g 1",
         "PATH": "/usr/bin",  # not the agent's: ignored
     }
     assert {v for v in env if v.startswith("LLMGW_AGENT_")} == set(ENV_VARS) - {
@@ -139,6 +144,10 @@ def test_every_key_can_be_set_from_the_environment(tmp_path: Path) -> None:
         running_shards="http://127.0.0.1:9101/running-shards",
         stop_command=("/usr/local/bin/stop-shard", "{shard_id}", "{fence}"),
         stop_timeout=20,
+        validations={
+            "dcgm_diag": ValidationCommand(("dcgmi", "diag", "-r", "3", "-j", "-i", "{gpus}")),
+            "nccl": ValidationCommand(("/opt/nccl", "-g", "1")),
+        },
     )
 
 

@@ -33,14 +33,17 @@ def schema() -> GraphQLSchema:
 
 def test_the_agent_ships_its_operations() -> None:
     # The fenced two are sent instead when running_shards is configured; the
-    # _pins two when model_dirs is (the answer names the weights' pins).
+    # _pins two when model_dirs is (the answer names the weights' pins); the
+    # validation two when validations are (agent/validations.py).
     assert OPERATIONS == [
         "heartbeat",
         "heartbeat_fenced",
         "heartbeat_pins",
+        "record_validation",
         "register_node",
         "register_node_fenced",
         "register_node_pins",
+        "validations_to_run",
     ]
 
 
@@ -67,7 +70,7 @@ def test_the_report_is_a_valid_node_input(schema: GraphQLSchema, tmp_path: Path)
     )
     disks = FakeDisks(node)
     host = Host(
-        nvml=FakeNvml([h100(0), h100(1, ecc_uncorrected=1)]),
+        nvml=FakeNvml([h100(0), h100(1, ecc_uncorrected=1, recovery_action=1)]),
         statvfs=disks.statvfs,
         stat=disks.stat,
         version_of=lambda dist: "0.11.0",

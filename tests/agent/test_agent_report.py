@@ -71,6 +71,8 @@ def test_a_full_report_uses_the_contracts_names(node: Path) -> None:
         "healthReasons": [],
         # The plain fake GPU has no NVLink (NotSupported) and no sysfs entry.
         "nvlinkPeers": [],
+        # The driver's recovery action (NVML's field): nothing to do.
+        "recoveryAction": "NONE",
     }
     assert sent["fabrics"] == [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
     assert sent["storage"] == [

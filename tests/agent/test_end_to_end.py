@@ -22,6 +22,7 @@ from agent.discovery.weights import WeightsScanner
 from agent.discovery.xids import XidInbox, XidListener
 from agent.loop import Agent, run_until_stopped
 from agent.report import Host, build_report
+from tests.agent.conftest import Dcgmi
 from tests.waiting import until
 
 ENGINE_PID, FOREIGN_PID = 4100, 5200
@@ -264,6 +265,76 @@ async def test_an_xid_reaches_the_service_within_seconds_and_stays(
         assert [e["detail"]["xid"] for e in answer["data"]["events"]] == [79, 13]
         node = await eventually(live_service.url, lambda n: True, "the node")
         assert healthy(node) == [0, 1, 3]
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+        listener.stop(timeout=10)
+        await client.aclose()
+
+
+REMEDIATIONS = "{ remediations { gpuIndices action state trigger } }"
+GPU_1 = """
+query { node(id: "gpu-07") {
+  gpus { index healthy recoveryAction recommendedAction taints { key source } } freeGpus { index }
+} }
+"""
+
+
+async def test_xid_154_takes_the_drivers_verdict_and_the_agent_validates_the_gpu_back(
+    live_service: Any, tmp_path: Path, dcgmi: Dcgmi
+) -> None:
+    """XID 154 with the driver's recovery action NODE_REBOOT: a REBOOT_NODE remediation and
+    a taint on that GPU; the node reboots, the agent runs the DCGM diagnostic the policy
+    asks for (a fake dcgmi that passes), and the GPU takes work again."""
+    root = make_node(tmp_path / "node")
+    nvml = FakeNvml([h100(i) for i in range(4)])
+    config = AgentConfig(
+        node_id="gpu-07",
+        hostname="gpu-07.dc1",
+        mgmt_addr="10.0.0.7",
+        service_url=live_service.url,
+        heartbeat_interval=0.05,
+        scan_interval=0.1,
+        # Full reports (after which the agent asks what to validate) often.
+        full_report_interval=0.3,
+        root=str(root),
+        validations={"dcgm_diag": dcgmi("pass", log=tmp_path / "dcgmi.log")},
+    )
+    disks = FakeDisks(root)
+    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
+    scanner = WeightsScanner(config.root)
+    client = InventoryClient(config.service_url, None, config.request_timeout)
+    inbox = XidInbox()
+    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
+    listener.start()
+    agent = Agent(config, client, lambda: build_report(config, host, scanner), xids=inbox)
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
+    try:
+        await eventually(live_service.url, lambda n: len(n["gpus"]) == 4, "the node registered")
+        # The driver decides GPU 1 needs a reboot, and says so with XID 154.
+        nvml.gpus[1].recovery_action = 2
+        nvml.raise_xid(1, 154)
+        await eventually(live_service.url, lambda n: 1 not in healthy(n), "the XID 154")
+        gpu = (await scheduler(live_service.url, GPU_1))["node"]["gpus"][1]
+        assert gpu["recoveryAction"] == "NODE_REBOOT"
+        assert gpu["recommendedAction"] == "REBOOT_NODE"
+        assert gpu["taints"] == [{"key": "xid-154", "source": "XID"}]
+        assert (await scheduler(live_service.url, REMEDIATIONS))["remediations"] == [
+            {"gpuIndices": [1], "action": "REBOOT_NODE", "state": "PENDING", "trigger": "xid-154"}
+        ]
+
+        # The node reboots: a new boot id, and the driver has nothing left to ask.
+        nvml.gpus[1].recovery_action = 0
+        (root / "proc/sys/kernel/random/boot_id").write_text(
+            "9e0c7d1a-4b2f-4f55-8d7e-1a2b3c4d5e6f\n"
+        )
+        await eventually(live_service.url, lambda n: 1 in healthy(n), "the GPU validated back")
+        remediation = (await scheduler(live_service.url, REMEDIATIONS))["remediations"][0]
+        assert remediation["state"] == "DONE"
+        assert (tmp_path / "dcgmi.log").read_text().split("\n")[0] == "diag -r 3 -j -i 1"
+        node = (await scheduler(live_service.url, GPU_1))["node"]
+        assert node["gpus"][1]["taints"] == [] and {"index": 1} in node["freeGpus"]
     finally:
         stop.set()
         await asyncio.wait_for(running, timeout=10)

@@ -200,6 +200,24 @@ def test_without_nvidia_ml_py_installed_there_are_no_gpus(root: Path) -> None:
     assert gpus == [] and warnings == ["nvidia-ml-py is not installed: reporting no GPUs"]
 
 
+def test_the_drivers_recovery_action_is_read_from_its_field(root: Path) -> None:
+    """nvidia-ml-py 13 reads the recovery action as the field value
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (it has no nvmlDeviceGetGpuRecoveryAction)."""
+    nvml = FakeNvml([h100(i) for i in range(4)])
+    nvml.gpus[1].recovery_action = 2  # NODE_REBOOT
+    nvml.gpus[2].recovery_action = None  # a driver before the field: unknown
+    nvml.gpus[3].recovery_action = 4  # DRAIN_AND_RESET
+
+    gpus, warnings = discover(nvml, root)
+
+    assert [g.recovery_action for g in gpus] == ["NONE", "NODE_REBOOT", None, "DRAIN_AND_RESET"]
+    assert warnings == []
+    # The real binding's values, which the agent's names follow.
+    assert pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT == 2
+    assert pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET == 4
+    assert pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == 230
+
+
 def test_the_real_binding_has_every_name_the_fake_offers() -> None:
     # The fake defines only what the agent calls; had the agent used a name the
     # real pynvml lacks, it would work here and fail on the first real node.

@@ -101,7 +101,7 @@ def test_the_report_sends_the_topology_under_the_contracts_names(
 
     entries = report.node_input["gpus"]
     expected = {"index", "name", "uuid", "pciBusId", "memoryMb", "healthy", "healthReasons"}
-    expected |= {"numaNode", "nvlinkPeers", "nearHcas"}
+    expected |= {"numaNode", "nvlinkPeers", "nearHcas", "recoveryAction"}
     if build is gb200_tray:
         expected.add("nvlinkDomain")
     assert [set(e) for e in entries] == [expected] * len(entries)

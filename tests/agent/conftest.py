@@ -1,0 +1,38 @@
+"""Fixtures of the agent's tests: process edges stood in for (a fake `dcgmi` on PATH)."""
+
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agent.validations import ValidationCommand
+
+FAKE_DCGMI = str(Path(__file__).with_name("fake_dcgmi.py"))
+# The command an operator configures (docs/agent/configuration.md), run as is:
+# the fake answers as `dcgmi` on PATH, so the agent's lookup and exec are real.
+DCGMI_COMMAND = ("dcgmi", "diag", "-r", "3", "-j", "-i", "{gpus}")
+Dcgmi = Callable[..., ValidationCommand]
+
+
+@pytest.fixture
+def dcgmi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Dcgmi:
+    """Put a fake `dcgmi` that passes, fails or hangs first on PATH; the command that runs it."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def install(outcome: str, timeout: float = 10, log: Path | None = None) -> ValidationCommand:
+        script = bin_dir / "dcgmi"
+        logged = f"FAKE_DCGMI_LOG={shlex.quote(str(log))} " if log is not None else ""
+        script.write_text(
+            "#!/bin/sh\n"
+            f"{logged}FAKE_DCGMI={outcome} exec {shlex.quote(sys.executable)} "
+            f'{shlex.quote(FAKE_DCGMI)} "$@"\n'
+        )
+        script.chmod(0o755)
+        return ValidationCommand(DCGMI_COMMAND, timeout)
+
+    return install
