@@ -9,7 +9,10 @@ after their own writes), allocations (a scheduler reads back what it placed),
 events (a cursor must not skip what a lagging replica has not replayed yet),
 tokens, weightsEvictable (an eviction tool must never see a pin as absent),
 shardsToMove (engines are stopped and replicas released from it: a shard
-tainted a moment ago must not be missing from it).
+tainted a moment ago must not be missing from it), remediations (the
+operator's automation starts what it lists: one started a moment ago must not
+read PENDING) and validationsToRun (an agent would run a test that already
+passed).
 
 A new read-only query that tolerates staleness joins the table, and reads
 through Context.read (or FastRequest.read): nothing else changes. Both routes

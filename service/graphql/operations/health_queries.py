@@ -94,14 +94,16 @@ class HealthQueries:
         after: strawberry.ID | None = None,
     ) -> list[Remediation]:
         request = info.context.page_request(first)
-        async with connections.autocommit(info.context.engine) as conn:
-            found = await remediation_records.list_remediations(
+        start = None if after is None else remediation_id(after, "after")
+        found = await info.context.read(
+            lambda conn: remediation_records.list_remediations(
                 conn,
                 state=state,
                 node_id=None if node_id is None else str(node_id),
                 first=request.limit,
-                after=None if after is None else remediation_id(after, "after"),
+                after=start,
             )
+        )
         return answer(paging.cut(found, request, lambda r: str(r.id)), Remediation.of)
 
     @strawberry.field(
