@@ -1,7 +1,7 @@
 """Remediations and validation results: the policy's work, and the tests that re-admit a GPU
 
 Revision ID: 0014c
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-06 05:00:00
 
 Issue 38. A fault the remediation policy acts on (service/fleet/health/policy.py)
@@ -11,7 +11,7 @@ or SUPPRESSED by the circuit breaker; its taint is lifted only once the tests
 the policy requires have passed (validation_results). gpus.recovery_action
 keeps the driver's recovery action as the agent read it, which XID 154 asks
 for. Numbered within issue 38's 0014, chained after main's head at landing
-(0017) so there is one head.
+(0018) so there is one head.
 """
 
 from collections.abc import Sequence
@@ -22,7 +22,7 @@ from sqlalchemy.dialects import postgresql
 from alembic import op
 
 revision: str = "0014c"
-down_revision: str | None = "0017"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
