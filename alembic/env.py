@@ -7,6 +7,7 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 
 from alembic import context
+from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
 from service.database.db import asyncpg_url, engine_for
 from service.database.migrations import MIGRATION_LOCK_KEY
 from service.tables import metadata

@@ -260,6 +260,7 @@ _NODES_BY_STATE = text("SELECT state, count(*) AS n FROM nodes GROUP BY state")
 _REMEDIATIONS = text(
     "SELECT state, action, count(*) AS n FROM remediations GROUP BY state, action ORDER BY 1, 2"
 )
+_DRIFT = text("SELECT kind, count(*) AS n FROM drift_findings GROUP BY kind ORDER BY 1")
 _TAINTS = text(
     "SELECT effect, source, count(*) AS n FROM taints GROUP BY effect, source ORDER BY 1, 2"
 )
@@ -342,6 +343,12 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
             ((("effect", r.effect), ("source", r.source)), int(r.n))
             for r in await conn.execute(_TAINTS)
         ],
+    )
+    out.family(
+        "inventory_drift_findings",
+        "gauge",
+        "Nodes' differences from their hardware profile, by kind.",
+        [((("kind", r.kind),), int(r.n)) for r in await conn.execute(_DRIFT)],
     )
     nodes = list(await conn.execute(_PER_NODE))
     known_disk = [n for n in nodes if n.local_disk_total is not None]

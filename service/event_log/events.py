@@ -67,6 +67,10 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "remediation_done",
         "remediation_escalated",
         "validation_recorded",
+        "drift_found",
+        "drift_cleared",
+        "hardware_profile_set",
+        "hardware_profile_removed",
     }
 )
 

@@ -18,6 +18,7 @@ from service.event_log.events import note_recorded, record_event
 from service.fleet import gpu_health
 from service.fleet.gpu_changes import check_reason
 from service.fleet.gpu_health import ReportedXid
+from service.fleet.health import drift
 from service.fleet.node_views import (
     BEAT_COLUMNS,
     BeatRecord,
@@ -216,6 +217,8 @@ async def register_node(
     )
     note_recorded(list(recorded.scalars()))
     xids = await gpu_health.after_report(conn, report, row.rebooted, actor)
+    # What it now has against what its profile says (one statement without a profile).
+    await drift.evaluate(conn, [report.id], actor)
     return Registration(report.id, created, changed, node, xids)
 
 

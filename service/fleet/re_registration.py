@@ -21,6 +21,7 @@ takes the transactional path, which handles every case:
 | rebooted | a new boot id clears sticky GPU health (service/fleet/gpu_health.py) |
 | gpus_changed | pools are counted from the GPUs, under the lock (nodes._REPLACE_REPORT) |
 | fabrics_changed | every pool of the node carries its fabrics and their rates (gpu_pools.attached_fabrics), written with the counts |
+| profiled | a hardware profile selects the node, or it had drifted: the stored report is compared with the profile (service/fleet/health/drift.py) |
 | written_meanwhile | the row changed while this statement waited for its lock (below) |
 
 Reports carrying XIDs never try (reason `xids`): their events, sticky
@@ -130,6 +131,10 @@ _ONE_STATEMENT = text(
                     ON f.fabric = i.fabric
                 WHERE f.fabric IS NULL OR i.fabric IS NULL OR f.rate_gbps IS DISTINCT FROM i.rate_gbps
             ) THEN 'fabrics_changed'
+            WHEN EXISTS (SELECT 1 FROM drift_findings WHERE node_id = :id)
+                OR EXISTS (SELECT 1 FROM hardware_profiles p
+                           WHERE CAST(:labels AS jsonb) ->> p.selector_key = p.selector_value)
+                THEN 'profiled'
             ELSE 'changed'
         END AS verdict
         FROM (SELECT 1) AS one LEFT JOIN old ON true

@@ -12,7 +12,7 @@ from typing import Any
 import strawberry
 
 from service.errors import InvalidInput
-from service.fleet.health import policy, remediations, validations
+from service.fleet.health import drift, policy, remediations, validations
 from service.fleet.health.remediations import Remediation as RemediationRecord
 from service.fleet.health.taints import TaintRequest
 from service.scheduling import taints
@@ -209,3 +209,37 @@ def validations_to_run(node_id: str, info: Info) -> Any:
         return [ValidationRequest.of(v) for v in found]
 
     return now_or_later(info.context.loaders.validations, node_id, requests)
+
+
+strawberry.enum(policy.DriftKind, name="DriftKind")
+
+
+@strawberry.type(description="Where a node's report differs from its hardware profile.")
+class DriftFinding:
+    kind: policy.DriftKind
+    expected: str
+    observed: str
+    since: datetime
+    gpu_indices: list[int] | None = strawberry.field(
+        description="The GPUs that explain it (the policy's taint goes there); null: the node."
+    )
+
+    @classmethod
+    def of(cls, f: drift.Finding) -> DriftFinding:
+        assert f.since is not None  # read back from drift_findings
+        return cls(
+            kind=f.kind,
+            expected=f.expected,
+            observed=f.observed,
+            since=f.since,
+            gpu_indices=None if f.gpu_indices is None else list(f.gpu_indices),
+        )
+
+
+def node_drift(node_id: str, info: Info) -> Any:
+    """Node.drift, batched per request through the loader."""
+
+    def findings(found: list[drift.Finding]) -> list[DriftFinding]:
+        return [DriftFinding.of(f) for f in found]
+
+    return now_or_later(info.context.loaders.drift, node_id, findings)

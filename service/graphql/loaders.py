@@ -24,7 +24,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 from service.database import read_routing
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
-from service.fleet.health import taints, validations
+from service.fleet.health import drift, taints, validations
 from service.scheduling import allocations
 
 K = TypeVar("K")
@@ -114,6 +114,11 @@ class Loaders:
     def validations(self) -> DataLoader[Any, Any]:
         """The tests each node should run now (fleet/health/validations.py), for Node.validationsToRun."""
         return self._make(validations.to_run, list)
+
+    @functools.cached_property
+    def drift(self) -> DataLoader[Any, Any]:
+        """Each node's drift findings (fleet/health/drift.py), for Node.drift."""
+        return self._make(drift.drift_of, list)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

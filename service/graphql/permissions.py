@@ -57,6 +57,7 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "remediations": "reader",
         # The node's own agent asks what to validate (node-bound).
         "validationsToRun": "agent",
+        "hardwareProfiles": "reader",
     },
     "Mutation": {
         "registerNode": "agent",
@@ -76,6 +77,8 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "finishRemediation": "operator",
         # The node's own agent, or an operator's tool (operators hold every role).
         "recordValidation": "agent",
+        "setHardwareProfile": "operator",
+        "removeHardwareProfile": "operator",
         "allocate": "scheduler",
         "place": "scheduler",
         "releaseShard": "scheduler",

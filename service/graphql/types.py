@@ -22,7 +22,14 @@ from service.scheduling.weights_lifecycle import WeightsState
 
 from .context import Context, Info
 from .fencing_types import ShardToStop
-from .health_types import Taint, ValidationRequest, node_taints, validations_to_run
+from .health_types import (
+    DriftFinding,
+    Taint,
+    ValidationRequest,
+    node_drift,
+    node_taints,
+    validations_to_run,
+)
 from .loaders import now_or_later, ready
 from .scalars import Bytes
 
@@ -399,6 +406,16 @@ class Node:
     )
     def validations_to_run(self, info: Info) -> Any:
         return validations_to_run(str(self.id), info)
+
+    @strawberry.field(
+        graphql_type=list[DriftFinding],
+        description=(
+            "Where the node's report differs from its hardware profile; empty when it matches "
+            "or no profile applies."
+        ),
+    )
+    def drift(self, info: Info) -> Any:
+        return node_drift(str(self.id), info)
 
     incarnation: int = strawberry.field(
         default=1,

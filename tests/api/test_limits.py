@@ -81,6 +81,7 @@ NOT_GROWING = {
     "gpuClasses": "one entry per GPU class",
     "weightsEvictable": "one node's weights: at most reports.MAX_WEIGHTS",
     "validationsToRun": "one node's: a test per required validation of its few remediations",
+    "hardwareProfiles": "one entry per profile an operator wrote",
 }
 
 

@@ -15,6 +15,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
+from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
 from service.database.migrations import downgrade, head_revision, upgrade
 from service.tables import metadata
 from tests.conftest import REPO, create_database, drop_database

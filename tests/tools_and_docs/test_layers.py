@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("configuration", ("service.config",)),
     ("event log", ("service.event_log",)),
     ("scheduling", ("service.scheduling",)),
-    ("schema", ("service.tables",)),
+    ("schema", ("service.tables", "service.health_tables")),
     ("metrics", ("service.metrics",)),
     ("fleet", ("service.fleet",)),
     ("access", ("service.access_control", "service.readiness")),

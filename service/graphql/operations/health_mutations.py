@@ -8,11 +8,12 @@ from service.database.connections import Connection
 from service.errors import NodeNotFound
 from service.fleet import node_views
 from service.fleet.hardware import GpuRecord, gpus_of
-from service.fleet.health import remediations, taints, validations
+from service.fleet.health import drift, remediations, taints, validations
 from service.fleet.node_views import NodeRecord
 
 from ..context import Info
 from ..health_types import Remediation, TaintInput, ValidationInput, remediation_id
+from ..profile_types import HardwareProfile, HardwareProfileInput
 from ..types import Gpu, Node
 
 
@@ -128,3 +129,33 @@ class HealthMutations:
 
         found = await info.context.write(work)
         return None if found is None else Remediation.of(found)
+
+    @strawberry.mutation(
+        description=(
+            "Create or replace a hardware profile: what the nodes with its selector's label should "
+            "have. Those nodes (and the ones its old selector picked) are compared again at once: "
+            "Node.drift, the drift_found and drift_cleared events, the policy's DRIFT taints."
+        )
+    )
+    async def set_hardware_profile(
+        self, info: Info, input: HardwareProfileInput
+    ) -> HardwareProfile:
+        profile = input.to_profile()
+
+        async def work(conn: Connection) -> None:
+            await drift.set_profile(conn, profile, info.context.actor)
+
+        await info.context.write(work)
+        return HardwareProfile.of(profile)
+
+    @strawberry.mutation(
+        description=(
+            "Remove a hardware profile (false: there was none); its nodes' drift clears, or "
+            "follows another profile that selects them."
+        )
+    )
+    async def remove_hardware_profile(self, info: Info, name: str) -> bool:
+        async def work(conn: Connection) -> bool:
+            return await drift.remove_profile(conn, name, info.context.actor)
+
+        return await info.context.write(work)

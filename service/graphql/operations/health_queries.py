@@ -9,7 +9,7 @@ import strawberry
 
 from service import paging
 from service.database import connections
-from service.fleet.health import moves
+from service.fleet.health import drift, moves
 from service.fleet.health import remediations as remediation_records
 from service.fleet.health.remediations import RemediationState
 
@@ -22,6 +22,7 @@ from ..health_types import (
     validations_to_run,
 )
 from ..pages import answer, paged
+from ..profile_types import HardwareProfile
 from ..types import Allocation
 
 
@@ -115,3 +116,9 @@ class HealthQueries:
     )
     def validations_to_run(self, info: Info, node_id: strawberry.ID) -> Any:
         return validations_to_run(str(node_id), info)
+
+    @strawberry.field(description="The operators' hardware profiles, by name.")
+    async def hardware_profiles(self, info: Info) -> list[HardwareProfile]:
+        async with connections.autocommit(info.context.engine) as conn:
+            found = await drift.profiles(conn)
+        return [HardwareProfile.of(p) for p in found]
