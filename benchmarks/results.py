@@ -195,6 +195,20 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
         else:
             out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
+    # Issue 38: 1% of the GPUs tainted costs place and freeGpus at most 10%.
+    for name, row_name in (
+        ("place with 1% of GPUs tainted <= 1.1x untainted, 10k nodes (issue 38)",
+         "place 1x H100-80GB with 1% of GPUs tainted p50, 1 caller in-process"),
+        ("freeGpus with 1% of GPUs tainted <= 1.1x untainted, 10k nodes (issue 38)",
+         "freeGpus(H100-80GB, minFree 4, first 50) with 1% of GPUs tainted p50, "
+         "1 caller in-process"),
+    ):  # fmt: skip
+        row = _find(rows, 10_000, row_name)
+        if row is not None:
+            out.append(Verdict(name, _judged(row.ratio <= 1.1), f"x{row.ratio:.2f}"))
+        else:
+            out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
     for name, prefix, section in PER_SIZE:
         judged = False
         for size in sizes:

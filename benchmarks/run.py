@@ -41,7 +41,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas",
+    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints",
 )  # fmt: skip
 
 
@@ -93,6 +93,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         read_replicas,
         real_cluster,
         statements,
+        taints,
         writes,
     )
 
@@ -140,6 +141,9 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "groups" in sections:
                 print(f"[{size}] placeGroup and fitGroup against place (issue 39)", flush=True)
                 await groups.measure_groups(bench)
+            if "taints" in sections:
+                print(f"[{size}] place and freeGpus with 1% of GPUs tainted (issue 38)", flush=True)
+                await taints.measure_taints(bench)
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)
