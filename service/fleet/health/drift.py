@@ -125,6 +125,10 @@ def _gb(rate: int) -> str:
     return f"{rate} Gb/s"
 
 
+def _names(hcas: Sequence[str]) -> str:
+    return ", ".join(sorted(hcas))
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -163,9 +167,10 @@ def findings(
         slow = [f for f in fabrics if f.rate_gbps < profile.hca_rate_gbps]
         if slow:
             slow_hcas = {hca for f in slow for hca in f.hcas}
+            # Each slow rail as a person reads it, in the fabrics' order
+            # (_FABRICS sorts them): a report, not a choice between fabrics.
             observed = "; ".join(
-                f"{', '.join(sorted(f.hcas))} ({f.fabric}) at {_gb(f.rate_gbps)}"
-                for f in sorted(slow, key=lambda f: f.fabric)
+                f"{_names(f.hcas)} ({f.fabric}) at {_gb(f.rate_gbps)}" for f in slow
             )
             # The rail: the GPUs whose near HCAs run slow; unknown rails, the node.
             rail = [g.idx for g in gpus if set(g.near_hcas or ()) & slow_hcas]
