@@ -51,17 +51,6 @@ class ReportedXid:
     xid: int
 
 
-@dataclass(frozen=True)
-class _Gpu:
-    idx: int
-    uuid: str | None
-    gpu_class: str
-    usable: bool
-    sticky: tuple[str, ...]
-    shard_id: str | None
-    replica_id: str | None
-
-
 _SET_STICKY = text(
     """
     UPDATE gpus g SET sticky_reasons = r.sticky
