@@ -46,6 +46,17 @@ class FabricMembers:
     node_ids: tuple[str, ...]
 
 
+def on_fabric(node_id: str) -> str:
+    """The node is on :fabric: probed per walked node by its key (service/database/plan_shapes.py)."""
+    return key_row_exists("fabric_attachments", {"node_id": node_id, "fabric": ":fabric"})
+
+
+def fresh(node_id: str) -> str:
+    """The node's GPU facts are within :max_age (service/scheduling/freshness.py): one
+    primary-key probe per walked node."""
+    return f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = {node_id} AND {gpu_facts_fresh('n')})"
+
+
 def free_gpus_query(
     *,
     gpu_class: str | None,
@@ -84,17 +95,8 @@ def free_gpus_query(
         raise InvalidInput("minFree", min_free, "must be at least 1")
     params: dict[str, Any] = {"min_free": min_free, "first": first}
 
-    def on_fabric(node_id: str) -> str:
-        # Probed per walked node by its key (service/database/plan_shapes.py).
-        return key_row_exists("fabric_attachments", {"node_id": node_id, "fabric": ":fabric"})
-
     if fabric is not None:
         params["fabric"] = fabric
-
-    def fresh(node_id: str) -> str:
-        # Freshness (service/scheduling/freshness.py): one primary-key probe per walked node.
-        return f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = {node_id} AND {gpu_facts_fresh('n')})"
-
     if max_age is not None:
         check_max_age(max_age)
         params["max_age"] = max_age
@@ -183,15 +185,11 @@ def tolerated_gpus_query(
     on_it = ""
     if fabric is not None:
         params["fabric"] = fabric
-        on_it += " AND " + key_row_exists(
-            "fabric_attachments", {"node_id": "w.node_id", "fabric": ":fabric"}
-        )
+        on_it += f" AND {on_fabric('w.node_id')}"
     if max_age is not None:
         check_max_age(max_age)
         params["max_age"] = max_age
-        on_it += (
-            f" AND EXISTS (SELECT 1 FROM nodes n WHERE n.id = w.node_id AND {gpu_facts_fresh('n')})"
-        )
+        on_it += f" AND {fresh('w.node_id')}"
     sql = f"""
         WITH RECURSIVE {walk}
         SELECT page.node_id, page.indices FROM (
