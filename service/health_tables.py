@@ -112,9 +112,12 @@ hardware_profiles = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
-# Where a node differs from its profile (Node.drift), one row per kind; the
-# policy's taint for it is on taint_on (NULL: the node) when tainted, so the
-# taint lifted when it clears is the one it put.
+# Where a node differs from its profile (Node.drift), one row per kind. The
+# policy's taint for it is its remediation's (remediation_id, migration
+# 0019), ended when the finding clears; taint_on is where the scope put it
+# (NULL: the node). tainted: the finding holds the taint itself, when no
+# remediation could (a node that reports no GPUs), or it was found before
+# drift made remediations.
 drift_findings = Table(
     "drift_findings",
     metadata,
@@ -127,6 +130,7 @@ drift_findings = Table(
     Column("taint_on", ARRAY(Integer)),
     Column("tainted", Boolean, nullable=False),
     Column("since", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("remediation_id", BigInteger, ForeignKey("remediations.id", ondelete="SET NULL")),
     PrimaryKeyConstraint("node_id", "kind"),
     CheckConstraint(
         "kind IN ('GPU_MISSING', 'GPU_CLASS_CHANGED', 'HCA_MISSING', 'HCA_RATE_LOW',"

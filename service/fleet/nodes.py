@@ -196,6 +196,10 @@ async def register_node(
         # The common case: an agent re-sending what it sent before. Only the
         # node row's last_seen moved; nothing else is rewritten.
         xids = await gpu_health.after_report(conn, report, row.rebooted, actor)
+        if row.rebooted:
+            # The same hardware after a reboot judges the drift remediations
+            # the reboot carried out (drift.py: still drifting, ESCALATED).
+            await drift.evaluate(conn, [report.id], actor)
         return Registration(report.id, created, changed, node, xids)
 
     events: list[dict[str, str | None]] = []

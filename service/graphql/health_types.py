@@ -223,6 +223,13 @@ class DriftFinding:
     gpu_indices: list[int] | None = strawberry.field(
         description="The GPUs that explain it (the policy's taint goes there); null: the node."
     )
+    remediation_id: strawberry.ID | None = strawberry.field(
+        default=None,
+        description=(
+            "The remediation the finding made (its action, state and taint); null when the "
+            "policy's rule for its kind does nothing or the node reports no GPUs."
+        ),
+    )
 
     @classmethod
     def of(cls, f: drift.Finding) -> DriftFinding:
@@ -233,6 +240,9 @@ class DriftFinding:
             observed=f.observed,
             since=f.since,
             gpu_indices=None if f.gpu_indices is None else list(f.gpu_indices),
+            remediation_id=None
+            if f.remediation_id is None
+            else strawberry.ID(str(f.remediation_id)),
         )
 
 

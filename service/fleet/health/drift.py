@@ -5,9 +5,11 @@ GPU count and class, HCA count and rate, NVLink group size, memory) and the
 label that picks its nodes. Each stored report of such a node is compared
 with it; every difference is a finding (Node.drift: GPU_MISSING,
 GPU_CLASS_CHANGED, HCA_MISSING, HCA_RATE_LOW, NVLINK_DEGRADED, MEMORY_LOW),
-an event when it appears (drift_found) and when it clears (drift_cleared),
-and the remediation policy's taint for its kind (policy.DRIFT_RULES, source
-DRIFT, key drift-<kind>) on the smallest scope that explains it:
+an event when it appears (drift_found) and when it clears (drift_cleared).
+A new finding is a remediation of the policy's rule for its kind
+(policy.DRIFT_RULES) through the circuit breaker, as an XID's is, whose
+taint (source DRIFT, key drift-<kind>) goes on the smallest scope that
+explains it:
 
 - a rail whose HCA runs below its rate: the GPUs of that rail (their
   near_hcas), so multi-node shapes avoid them while the node's other GPUs
@@ -19,7 +21,8 @@ DRIFT, key drift-<kind>) on the smallest scope that explains it:
 
 A rule of scope NODE taints the node whatever the finding; effect none
 records the finding and taints nothing. A report that shows the node as its
-profile says again clears the finding and lifts its taint.
+profile says again clears the finding, ends its remediation DONE and lifts
+its taint (drift_changes.py: what each change does).
 
 Unknown is not drift: a node that reports no HCAs is not HCA_MISSING (an
 agent that was not asked to look at adapters reports none), GPUs whose NVLink
@@ -35,20 +38,19 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import Row
 
-from service.bounds import MAX_ID_LENGTH, MAX_TEXT_LENGTH
+from service.bounds import MAX_ID_LENGTH
 from service.database.connections import Connection
 from service.errors import InvalidInput
 from service.event_log.events import record_event
-from service.fleet.health.policy import DriftKind, Rule, Scope, current
-from service.fleet.health.taints import TaintRequest, lift_taint, put_taint
+from service.fleet.health.drift_changes import Finding as Finding
+from service.fleet.health.drift_changes import FindingChange
+from service.fleet.health.policy import DriftKind, current
 from service.scheduling.rejections import index_ranges
-from service.scheduling.taints import TaintSource
 
 # Profile fields that are counts or sizes, by their GraphQL input name.
 _LIMITS = {
@@ -70,20 +72,6 @@ class HardwareProfile:
     hca_rate_gbps: int | None = None
     nvlink_group_size: int | None = None
     memory_total_mb: int | None = None
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: DriftKind
-    expected: str
-    observed: str
-    # The GPUs that explain it; None: the node as a whole.
-    gpu_indices: tuple[int, ...] | None
-    since: datetime | None = None
-
-
-def taint_key(kind: DriftKind) -> str:
-    return "drift-" + kind.value.lower().replace("_", "-")
 
 
 def check_profile(profile: HardwareProfile) -> None:
@@ -201,19 +189,6 @@ def findings(
     return out
 
 
-def _scope(rule: Rule, finding: Finding, gpus: Sequence[Row[Any]]) -> tuple[int, ...] | None:
-    """The GPUs the rule's taint covers (None: the node)."""
-    if rule.scope is Scope.NODE or finding.gpu_indices is None:
-        return None
-    if rule.scope is Scope.NVLINK_GROUP:
-        groups = {g.nvlink_group for g in gpus if g.idx in finding.gpu_indices}
-        groups.discard(None)
-        return tuple(
-            sorted({*finding.gpu_indices, *(g.idx for g in gpus if g.nvlink_group in groups)})
-        )
-    return finding.gpu_indices
-
-
 _PROFILES = text(
     """
     SELECT n.id AS node_id, n.memory_total_mb, p.name, p.selector_key, p.selector_value,
@@ -244,22 +219,11 @@ _FABRICS = text(
 )
 _STORED = text(
     """
-    SELECT node_id, kind, expected, observed, gpu_indices, taint_on, tainted, since
+    SELECT node_id, kind, expected, observed, gpu_indices, taint_on, tainted, since,
+           remediation_id
     FROM drift_findings WHERE node_id = ANY(CAST(:ids AS text[]))
     """
 )
-_UPSERT = text(
-    """
-    INSERT INTO drift_findings AS f
-        (node_id, kind, expected, observed, gpu_indices, taint_on, tainted)
-    VALUES (:node_id, :kind, :expected, :observed, :gpu_indices, :taint_on, :tainted)
-    ON CONFLICT (node_id, kind) DO UPDATE
-    SET expected = excluded.expected, observed = excluded.observed,
-        gpu_indices = excluded.gpu_indices, taint_on = excluded.taint_on,
-        tainted = excluded.tainted
-    """
-)
-_DELETE = text("DELETE FROM drift_findings WHERE node_id = :node_id AND kind = :kind")
 
 
 def profile_of_row(r: Row[Any]) -> HardwareProfile:
@@ -308,83 +272,19 @@ async def evaluate(conn: Connection, node_ids: Sequence[str], actor: str | None)
         before = stored[node.node_id]
         for kind in DriftKind:
             old, new = before.get(kind.value), now.get(kind)
-            if old is None and new is None:
-                continue
-            rule = rules[kind]
-            key = taint_key(kind)
-            if new is None:
-                assert old is not None
-                await conn.execute(_DELETE, {"node_id": node.node_id, "kind": kind.value})
-                await record_event(
-                    conn,
-                    "drift_cleared",
-                    node_id=node.node_id,
-                    actor=actor,
-                    reason=f"{kind.value}: now as the profile says ({old.expected})",
-                    detail={"kind": kind.value, "expected": old.expected, "was": old.observed},
-                )
-                if old.tainted:
-                    await lift_taint(conn, node.node_id, _on(old.taint_on), key, actor)
-                continue
-            on = _scope(rule, new, node_gpus)
-            taints = rule.effect is not None
-            moved = (
-                old is None
-                or _on(old.taint_on) != (None if on is None else list(on))
-                or old.tainted != taints
-            )
-            if (
-                old is not None
-                and not moved
-                and (old.expected, old.observed) == (new.expected, new.observed)
-            ):
-                continue
-            await conn.execute(
-                _UPSERT,
-                {
-                    "node_id": node.node_id,
-                    "kind": kind.value,
-                    "expected": new.expected,
-                    "observed": new.observed[:MAX_TEXT_LENGTH],
-                    "gpu_indices": None if new.gpu_indices is None else list(new.gpu_indices),
-                    "taint_on": None if on is None else list(on),
-                    "tainted": taints,
-                },
-            )
-            reason = f"{kind.value}: expected {new.expected}, observed {new.observed}"[
-                :MAX_TEXT_LENGTH
-            ]
-            if old is None:
-                await record_event(
-                    conn,
-                    "drift_found",
-                    node_id=node.node_id,
-                    actor=actor,
-                    reason=reason,
-                    detail={
-                        "kind": kind.value,
-                        "expected": new.expected,
-                        "observed": new.observed,
-                        "gpuIndices": None if new.gpu_indices is None else list(new.gpu_indices),
-                    },
-                )
-            elif old.tainted and moved:
-                # The finding moved (another rail, another group): its taint moves with it.
-                await lift_taint(conn, node.node_id, _on(old.taint_on), key, actor)
-            # Put again when only the numbers changed: the taint's reason says them.
-            if rule.effect is not None:
-                request = TaintRequest(key, None, rule.effect, reason, TaintSource.DRIFT)
-                await put_taint(conn, node.node_id, on, request, actor)
-
-
-def _on(stored: Sequence[int] | None) -> list[int] | None:
-    """A finding's taint_on column: the GPUs its taint is on, NULL for the node."""
-    return None if stored is None else list(stored)
+            change = FindingChange(conn, node.node_id, kind, actor)
+            if new is not None and old is None:
+                await change.found(new, rules[kind], node_gpus)
+            elif new is not None and old is not None:
+                await change.persists(old, new, rules[kind], node_gpus)
+            elif old is not None:
+                await change.cleared(old)
 
 
 _OF_NODES = text(
     """
-    SELECT node_id, kind, expected, observed, gpu_indices, since FROM drift_findings
+    SELECT node_id, kind, expected, observed, gpu_indices, since, remediation_id
+    FROM drift_findings
     WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, kind
     """
 )
@@ -401,6 +301,7 @@ async def drift_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[
                 r.observed,
                 None if r.gpu_indices is None else tuple(r.gpu_indices),
                 r.since,
+                r.remediation_id,
             )
         )
     return out

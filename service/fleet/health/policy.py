@@ -164,20 +164,46 @@ HEALTH_RULES: Mapping[str, Rule] = {
         _A.RESET_GPU, effect=None, why="a row remap waits for the next reset"
     ),
 }
+# Drift (service/fleet/health/drift.py): each new finding is a remediation
+# through act_on like an XID's (the breaker, the 7-day escalation), its
+# action the one a person would take first:
 DRIFT_RULES: Mapping[DriftKind, Rule] = {
-    # A node short of a GPU (or of its class) serves small shards still: a
-    # shape that needs the node's full NVLink group tolerates nothing of it
-    # (the taint is on the node), the others may tolerate the drift key.
+    # A GPU gone from the enumeration has most often fallen off the bus
+    # (XID 79, whose catalog action is RESTART_BM): a reboot re-enumerates the
+    # PCIe bus. Still missing after it, the remediation is ESCALATED. A node
+    # short of a GPU serves small shards still: a shape that needs the node's
+    # full NVLink group tolerates nothing of it (the taint is on the node),
+    # the others may tolerate the drift key.
     DriftKind.GPU_MISSING: Rule(_A.REBOOT_NODE, Scope.NODE, why="a GPU is missing"),
+    # Another board (or one that reports less memory) is the vendor's to explain.
     DriftKind.GPU_CLASS_CHANGED: Rule(_A.CONTACT_SUPPORT, Scope.NODE, why="GPU class changed"),
-    # A rail's adapter: the GPUs of that rail, for multi-node shapes.
+    # An adapter gone or trained below its rate is a card, a cable or a
+    # transceiver: a person's work, not a reset's. A rail's adapter taints
+    # the GPUs of that rail, for multi-node shapes (the node when the rail
+    # is unknown, as for a missing HCA).
     DriftKind.HCA_MISSING: Rule(_A.CONTACT_SUPPORT, Scope.GPU, why="an HCA is missing"),
     DriftKind.HCA_RATE_LOW: Rule(_A.CONTACT_SUPPORT, Scope.GPU, why="an HCA runs below its rate"),
+    # NVLink trains at a GPU reset (XID 74's catalog action).
     DriftKind.NVLINK_DEGRADED: _reset("an NVLink group is smaller", Scope.NVLINK_GROUP),
+    # A DIMM gone: the node still runs, used last until a person replaces it.
     DriftKind.MEMORY_LOW: Rule(
         _A.CONTACT_SUPPORT, Scope.NODE, TaintEffect.PREFER_NO_SCHEDULE, "memory is low"
     ),
 }
+# A drift finding's trigger: the key of its remediation and of its taint
+# (drift-gpu-missing). Drift remediations are judged by the node's next
+# report, not by the validation tests (remediations.py says how).
+DRIFT_TRIGGER = "drift-"
+
+
+def drift_trigger(kind: DriftKind) -> str:
+    return DRIFT_TRIGGER + kind.value.lower().replace("_", "-")
+
+
+def is_drift(trigger: str) -> bool:
+    return trigger.startswith(DRIFT_TRIGGER)
+
+
 DEFAULT_TESTS = ("dcgm_diag",)
 
 

@@ -1,7 +1,8 @@
 """Remediations: the policy's work for the operator's automation, and its state machine.
 
-A fault the policy acts on (policy.Rule.acts: an XID, a health reason) on GPUs
-of a node becomes a remediation, in the transaction that reported it:
+A fault the policy acts on (policy.Rule.acts: an XID, a health reason, a new
+drift finding) on GPUs of a node becomes a remediation, in the transaction
+that reported it:
 
     PENDING --startRemediation--> IN_PROGRESS --finishRemediation--> AWAITING_VALIDATION --> DONE
                                                (succeeded: false) --> ESCALATED
@@ -15,12 +16,21 @@ left clears. Each step is an event naming who did it.
 
 - One at a time per GPU: a fault on a GPU that already has an open
   remediation joins it (its action is raised to the more drastic one).
+  Drift is apart (policy.is_drift): each finding has its own remediation,
+  which the finding's clearing ends, so a drift finding joins nothing and no
+  XID joins a drift remediation (whose end would not clear the XID's health).
+- A drift remediation is judged by the node's reports, not by the validation
+  tests (a DCGM diagnostic cannot see a missing GPU, and its pass must not
+  lift the taint of a finding that still stands): carried out, it waits
+  (AWAITING_VALIDATION) for the node's next report; drift.py makes it DONE
+  when the finding clears, ESCALATED when the report still shows it.
 - ESCALATED: a second remediation of a GPU within the policy's window (7
   days) after one was DONE is CONTACT_SUPPORT from the start, and keeps its
   taint (at least NO_SCHEDULE) until an operator lifts it.
 - SUPPRESSED: the circuit breaker. The GPUs of a class the policy tainted in
   the last hour may not exceed the policy's fraction of the class (but may
-  always reach its floor): past it, the remediation is recorded SUPPRESSED,
+  always reach its floor; a GPU counts once however many remediations
+  tainted it): past it, the remediation is recorded SUPPRESSED,
   its taint is not applied, and an event and the metric say so. A burst of
   XIDs that is the monitoring's fault, not the GPUs', then takes out a
   bounded share of the fleet. Serialized per class (an advisory lock, after
@@ -46,7 +56,15 @@ from service.bounds import MAX_TEXT_LENGTH
 from service.database.connections import Connection, cached_text
 from service.errors import InventoryError
 from service.event_log.events import record_event
-from service.fleet.health.policy import SEVERITY, RemediationAction, Rule, Scope, current
+from service.fleet.health.policy import (
+    DRIFT_TRIGGER,
+    SEVERITY,
+    RemediationAction,
+    Rule,
+    Scope,
+    current,
+    is_drift,
+)
 from service.fleet.health.taints import TaintRequest, lift_taint, put_taint
 from service.scheduling.gpu_pools import refresh_pools
 from service.scheduling.taints import TaintEffect, TaintSource
@@ -157,11 +175,13 @@ class Fault:
 
 
 _GPUS = text("SELECT idx, gpu_class, nvlink_group FROM gpus WHERE node_id = :node_id ORDER BY idx")
+# Remediations a drift finding holds (policy.is_drift), in SQL.
+NOT_DRIFT_SQL = f"r.trigger NOT LIKE '{DRIFT_TRIGGER}%'"
 _OPEN_ON = text(
     f"""
     SELECT {COLUMNS} FROM remediations r
     WHERE r.node_id = :node_id AND r.state IN {_OPEN_SQL}
-      AND r.gpu_indices && CAST(:indices AS int[])
+      AND r.gpu_indices && CAST(:indices AS int[]) AND {NOT_DRIFT_SQL}
     ORDER BY r.id
     """
 )
@@ -173,14 +193,22 @@ _DONE_RECENTLY = text(
                      AND r.created_at > now() - make_interval(secs => :window))
     """
 )
-# The breaker's count, under the class's advisory lock: GPUs the policy
-# tainted in the last hour, and the class's size.
+# The breaker's count, under the class's advisory lock: the GPUs the policy
+# tainted in the last hour (each once, however many of its remediations did:
+# a node's drift findings all cover its GPUs), those of this node among
+# them, and the class's size.
 _BREAKER_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('llmgw-breaker:' || :cls, 0))")
 _BREAKER = text(
     """
-    SELECT (SELECT coalesce(sum(cardinality(r.gpu_indices)), 0) FROM remediations r
-            WHERE r.gpu_class = :cls AND r.taint_key IS NOT NULL
-              AND r.created_at > now() - interval '1 hour') AS tainted,
+    WITH counted AS (
+        SELECT DISTINCT r.node_id, i.idx FROM remediations r
+        CROSS JOIN LATERAL unnest(r.gpu_indices) AS i(idx)
+        WHERE r.gpu_class = :cls AND r.taint_key IS NOT NULL
+          AND r.created_at > now() - interval '1 hour'
+    )
+    SELECT (SELECT count(*) FROM counted) AS tainted,
+           (SELECT coalesce(array_agg(idx), '{}') FROM counted
+            WHERE node_id = :node_id) AS here,
            (SELECT coalesce(sum(p.total), 0) FROM gpu_pools p WHERE p.gpu_class = :cls) AS total
     """
 )
@@ -195,7 +223,7 @@ _INSERT = text(
 _RAISE_ACTION = text("UPDATE remediations SET action = :action WHERE id = :id")
 
 
-def _scoped(rule: Rule, at_fault: Sequence[int], gpus: Sequence[Row[Any]]) -> tuple[int, ...]:
+def scoped(rule: Rule, at_fault: Sequence[int], gpus: Sequence[Row[Any]]) -> tuple[int, ...]:
     """The GPUs a rule's scope covers: the ones at fault, their NVLink groups, or the node's."""
     if rule.scope is Scope.NODE:
         return tuple(g.idx for g in gpus)
@@ -203,6 +231,13 @@ def _scoped(rule: Rule, at_fault: Sequence[int], gpus: Sequence[Row[Any]]) -> tu
         groups = {g.nvlink_group for g in gpus if g.idx in at_fault and g.nvlink_group is not None}
         return tuple(sorted({*at_fault, *(g.idx for g in gpus if g.nvlink_group in groups)}))
     return tuple(sorted(set(at_fault)))
+
+
+def effect_of(rule: Rule, escalated: bool) -> TaintEffect | None:
+    """The taint a remediation holds: the rule's; at least NO_SCHEDULE once ESCALATED."""
+    if escalated and (rule.effect is None or rule.effect is TaintEffect.PREFER_NO_SCHEDULE):
+        return TaintEffect.NO_SCHEDULE
+    return rule.effect
 
 
 def _detail(r: Remediation, **more: object) -> dict[str, object]:
@@ -235,18 +270,19 @@ async def act_on(
         for f in faults
         if f.rule.acts
         for g in gpus
-        if g.idx in _scoped(f.rule, f.gpu_indices, gpus)
+        if g.idx in scoped(f.rule, f.gpu_indices, gpus)
     }
     for gpu_class in sorted(tainting):
         await conn.execute(_BREAKER_LOCK, {"cls": gpu_class})
     for fault in faults:
         made.append(None)
         rule = fault.rule
-        indices = _scoped(rule, fault.gpu_indices, gpus) if rule.acts else ()
+        indices = scoped(rule, fault.gpu_indices, gpus) if rule.acts else ()
         if not indices:
             continue
         params = {"node_id": node_id, "indices": list(indices)}
-        joined = [of_row(r) for r in await conn.execute(_OPEN_ON, params)]
+        drifting = is_drift(fault.trigger)
+        joined = [] if drifting else [of_row(r) for r in await conn.execute(_OPEN_ON, params)]
         if joined:
             # One at a time: the fault joins the open remediation, whose
             # action rises to the more drastic one.
@@ -260,19 +296,18 @@ async def act_on(
         )
         classes = {g.gpu_class for g in gpus if g.idx in indices}
         gpu_class = min(classes) if classes else None
-        effect = rule.effect
+        effect = effect_of(rule, escalated)
         action = rule.action
         state = RemediationState.PENDING
         if escalated:
             action = RemediationAction.CONTACT_SUPPORT
             state = RemediationState.ESCALATED
-            if effect is None or effect is TaintEffect.PREFER_NO_SCHEDULE:
-                effect = TaintEffect.NO_SCHEDULE
         suppressed = False
         if effect is not None and gpu_class is not None:
-            counts = (await conn.execute(_BREAKER, {"cls": gpu_class})).one()
+            counts = (await conn.execute(_BREAKER, {"cls": gpu_class, "node_id": node_id})).one()
             limit = policy.breaker_limit(int(counts.total))
-            suppressed = int(counts.tainted) + len(indices) > limit
+            taking = len(set(indices) - set(counts.here))
+            suppressed = int(counts.tainted) + taking > limit
         if suppressed:
             state = RemediationState.SUPPRESSED
             effect = None
@@ -329,6 +364,22 @@ _MOVE = text(
 )
 
 
+_RESCOPE = text(
+    f"""
+    UPDATE remediations r SET gpu_indices = :indices, scope = :scope WHERE r.id = :id
+    RETURNING {COLUMNS}
+    """
+)
+
+
+async def rescope(
+    conn: Connection, r: Remediation, indices: Sequence[int], scope: Scope
+) -> Remediation:
+    """A locked remediation now covers these GPUs (a drift finding that moved to another rail)."""
+    row = await conn.execute(_RESCOPE, {"id": r.id, "indices": list(indices), "scope": scope.value})
+    return of_row(row.one())
+
+
 async def get(conn: Connection, remediation_id: int) -> Remediation:
     """The remediation, its node's row locked first (as every writer of the node's taints locks it)."""
     row = (
@@ -378,8 +429,12 @@ async def move(
 async def awaiting_validation(
     conn: Connection, r: Remediation, actor: str | None, reason: str, kind: str
 ) -> Remediation:
-    """The action was carried out: wait for the policy's tests, or DONE when it requires none."""
-    state = RemediationState.AWAITING_VALIDATION if current().validations else RemediationState.DONE
+    """The action was carried out: wait for the policy's tests, or DONE when it requires none.
+
+    A drift remediation waits whatever the tests: the node's next report judges it.
+    """
+    waits = bool(current().validations) or is_drift(r.trigger)
+    state = RemediationState.AWAITING_VALIDATION if waits else RemediationState.DONE
     return await move(conn, r, state, actor, reason, kind)
 
 

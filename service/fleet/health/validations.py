@@ -14,6 +14,8 @@ reports with recordValidation; operators' tools may report too.
 - A failure: the remediation keeps waiting, its taint in place (a retest
   that passes clears it), until the policy's allowed failures are used up:
   then ESCALATED (CONTACT_SUPPORT), taint kept.
+- Drift remediations are not validated by tests but by the node's next
+  report (remediations.py): no test is listed for them, no result counts.
 - A result for GPUs no remediation waits on is recorded; a failure taints
   them (source VALIDATION, key validation-<test>) and a later pass of the
   same test lifts that taint.
@@ -33,7 +35,13 @@ from service.event_log.events import record_event
 from service.fleet.gpu_changes import lock_gpus
 from service.fleet.health import remediations
 from service.fleet.health.policy import RemediationAction, current
-from service.fleet.health.remediations import COLUMNS, Remediation, RemediationState, of_row
+from service.fleet.health.remediations import (
+    COLUMNS,
+    NOT_DRIFT_SQL,
+    Remediation,
+    RemediationState,
+    of_row,
+)
 from service.fleet.health.taints import TaintRequest, lift_taint, put_taint
 from service.scheduling.rejections import index_ranges, shown
 from service.scheduling.taints import TaintEffect, TaintSource
@@ -101,7 +109,7 @@ _WAITING = text(
     f"""
     SELECT {COLUMNS} FROM remediations r
     WHERE r.node_id = :node_id AND r.state = 'AWAITING_VALIDATION'
-      AND r.gpu_indices && CAST(:indices AS int[])
+      AND r.gpu_indices && CAST(:indices AS int[]) AND {NOT_DRIFT_SQL}
     ORDER BY r.id DESC LIMIT 1
     FOR UPDATE
     """
@@ -219,14 +227,17 @@ async def _unremediated(
     )
 
 
+# A drift remediation is judged by the node's reports, not by these tests
+# (remediations.py): none is listed for it, and no result counts towards it.
 _TO_RUN = text(
-    """
+    f"""
     SELECT r.id, r.gpu_indices, r.node_id,
            ARRAY(SELECT DISTINCT v.test FROM validation_results v
                  WHERE v.remediation_id = r.id AND v.passed AND v.at >= r.since
                    AND v.gpu_indices @> r.gpu_indices) AS passed
     FROM remediations r
     WHERE r.node_id = ANY(CAST(:ids AS text[])) AND r.state = 'AWAITING_VALIDATION'
+      AND {NOT_DRIFT_SQL}
     ORDER BY r.node_id, r.id
     """
 )
