@@ -19,7 +19,7 @@ from typing import Any
 from agent import __version__
 from agent.config import AgentConfig
 from agent.discovery.engines import engine_versions
-from agent.discovery.fabrics import discover_fabrics
+from agent.discovery.fabrics import discover_fabrics, hca_discovery
 from agent.discovery.gpu_file import GpuFile
 from agent.discovery.gpus import Gpu, discover_gpus, load_nvml
 from agent.discovery.identity import BOOT_ID, read_boot_id
@@ -184,8 +184,10 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
     if isinstance(config.gpu_source, GpuFile) and config.gpu_source.fabrics is not None:
         # A demo or lab node: the file declares the adapters and their rate.
         fabrics = list(config.gpu_source.fabrics)
+        report["hcaDiscovery"] = "LOOKED"
     else:
         fabrics = discover_fabrics(root, config.fabrics, warn)
+        report["hcaDiscovery"] = hca_discovery(root, config.fabrics)
     if not isinstance(config.gpu_source, GpuFile):
         # Near HCAs are looked for among the adapters reported below only.
         hcas = [hca for a in fabrics for hca in a.hcas]

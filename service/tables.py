@@ -109,11 +109,18 @@ nodes = Table(
     ),
     # Why the last report's times were not taken as the agent sent them; NULL: they were.
     Column("observed_at_correction", Text),
+    # Whether the agent looked for InfiniBand adapters (reports.HcaDiscovery;
+    # migration 0019): NOT_ASKED, its HCAs are unknown, not missing. NULL: an
+    # agent that does not say.
+    Column("hca_discovery", Text),
     CheckConstraint(id_length_check("id"), name="id_length"),
     CheckConstraint(ADMIN_STATE_CHECK, name="admin_state"),
     CheckConstraint(LIVENESS_CHECK, name="liveness"),
     CheckConstraint("memory_total_mb >= 0", name="memory"),
     CheckConstraint("incarnation >= 1", name="incarnation"),
+    CheckConstraint(
+        "hca_discovery IN ('LOOKED', 'NO_INFINIBAND', 'NOT_ASKED')", name="hca_discovery"
+    ),
     CheckConstraint(
         "local_disk_free BETWEEN 0 AND local_disk_total "
         "AND shared_disk_free BETWEEN 0 AND shared_disk_total",

@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # agent.config reads the GPU file, which holds FabricAttachme
     from agent.config import FabricConfig
 
 
+INFINIBAND = "/sys/class/infiniband"
+
+
 @dataclass(frozen=True)
 class FabricAttachment:
     fabric: str
@@ -38,7 +41,7 @@ def _read(path: Path) -> str | None:
 
 def active_port_rates(root: str, hca: str) -> list[float] | None:
     """Rates in Gb/s of the adapter's ACTIVE ports; None when the adapter is absent."""
-    ports = host_path(root, f"/sys/class/infiniband/{hca}/ports")
+    ports = host_path(root, f"{INFINIBAND}/{hca}/ports")
     if not ports.is_dir():
         return None
     rates = []
@@ -50,6 +53,21 @@ def active_port_rates(root: str, hca: str) -> list[float] | None:
         if "ACTIVE" in state.upper() and rate:
             rates.append(float(rate.group(1)))
     return rates
+
+
+def hca_discovery(root: str, fabrics: Iterable[FabricConfig]) -> str:
+    """Whether this agent looked for InfiniBand adapters (NodeInput.hcaDiscovery).
+
+    The operator turns discovery on by naming fabrics ([[fabrics]]): with
+    none, the agent was not asked and its node's adapters are unknown
+    (NOT_ASKED), which the inventory's drift must not read as all missing.
+    Asked, it reads /sys/class/infiniband: absent (no driver loaded, no
+    adapter), every configured adapter is missing (NO_INFINIBAND); present,
+    the fabrics it reports are what it found (LOOKED).
+    """
+    if not any(True for _ in fabrics):
+        return "NOT_ASKED"
+    return "LOOKED" if host_path(root, INFINIBAND).is_dir() else "NO_INFINIBAND"
 
 
 def discover_fabrics(

@@ -78,6 +78,7 @@ NODE: Mapping[str, str] = {
     "schedulable": node_schedulable("n"),
     "agent_version": "n.agent_version",
     "knows_its_weights": "n.knows_its_weights",
+    "hca_discovery": "n.hca_discovery",
     "boot_id": "n.boot_id",
     "incarnation": "n.incarnation",
     "last_seen": timestamp("n.last_seen"),

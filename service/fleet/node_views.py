@@ -64,6 +64,8 @@ class NodeRecord:
     fabrics_observed_at: datetime | None = None
     storage_observed_at: datetime | None = None
     observed_at_correction: str | None = None
+    # Whether the agent looked for HCAs (reports.HcaDiscovery); None: it did not say.
+    hca_discovery: str | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -147,9 +149,10 @@ NODE_COLUMNS = """
     n.admin_reason, n.admin_actor, n.liveness_reason, n.last_seen, n.registered_at,
     n.agent_version, n.engine_versions::text AS engine_versions, n.local_disk_free, n.local_disk_total,
     n.shared_disk_free, n.shared_disk_total, n.knows_its_weights, n.boot_id, n.incarnation,
-    n.gpus_observed_at, n.fabrics_observed_at, n.storage_observed_at, n.observed_at_correction
+    n.gpus_observed_at, n.fabrics_observed_at, n.storage_observed_at, n.observed_at_correction,
+    n.hca_discovery
 """
-_NODE_WIDTH = 24
+_NODE_WIDTH = 25
 
 
 def by_key(mapping: dict[str, str]) -> list[tuple[str, str]]:
@@ -194,6 +197,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         engine_versions, local_free, local_total, shared_free, shared_total, knows, boot_id,
         incarnation,
         gpus_observed_at, fabrics_observed_at, storage_observed_at, observed_at_correction,
+        hca_discovery,
     ) = row[:_NODE_WIDTH]  # fmt: skip
     reason, actor = shown_reason(state, admin_reason, admin_actor, liveness_reason)
     record: NodeRecord = object.__new__(NodeRecord)
@@ -221,6 +225,7 @@ def node_from_row(row: Row[Any]) -> NodeRecord:
         fabrics_observed_at=fabrics_observed_at,
         storage_observed_at=storage_observed_at,
         observed_at_correction=observed_at_correction,
+        hca_discovery=hca_discovery,
     )
     return record
 

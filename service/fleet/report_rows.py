@@ -83,7 +83,7 @@ def upsert_node(source: str) -> str:
             id, hostname, mgmt_addr, labels, memory_total_mb, agent_version, engine_versions,
             local_disk_free, local_disk_total, shared_disk_free, shared_disk_total,
             knows_its_weights, report_digest, boot_id, gpus_observed_at, fabrics_observed_at,
-            storage_observed_at, observed_at_correction
+            storage_observed_at, observed_at_correction, hca_discovery
         )
         SELECT CAST(:id AS text), CAST(:hostname AS text), CAST(:mgmt_addr AS text),
                CAST(:labels AS jsonb), CAST(:memory_total_mb AS integer),
@@ -94,7 +94,7 @@ def upsert_node(source: str) -> str:
                CAST(:boot_id AS text), CAST(:gpus_observed_at AS timestamptz),
                CAST(:fabrics_observed_at AS timestamptz),
                CAST(:storage_observed_at AS timestamptz),
-               CAST(:observed_at_correction AS text)
+               CAST(:observed_at_correction AS text), CAST(:hca_discovery AS text)
         FROM {source}
         ON CONFLICT (id) DO UPDATE SET
             hostname = excluded.hostname,
@@ -117,6 +117,7 @@ def upsert_node(source: str) -> str:
             fabrics_observed_at = excluded.fabrics_observed_at,
             storage_observed_at = excluded.storage_observed_at,
             observed_at_correction = excluded.observed_at_correction,
+            hca_discovery = excluded.hca_discovery,
             reported_at = CASE WHEN n.report_digest IS DISTINCT FROM excluded.report_digest
                                THEN now() ELSE n.reported_at END,
             liveness = 'alive',
@@ -253,6 +254,7 @@ def node_parameters(report: NodeReport, digest: str) -> dict[str, Any]:
         "knows_its_weights": bool(report.weights),
         "digest": digest,
         "boot_id": report.boot_id,
+        "hca_discovery": report.hca_discovery,
         **fact_time_parameters(report),
     }
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from service.bounds import (
@@ -59,6 +60,21 @@ class GpuReport:
     # The driver's recovery action (NVML: GPU_RESET, NODE_REBOOT...), None
     # when unknown: what an XID 154 asks for (service/fleet/health/policy.py).
     recovery_action: str | None = None
+
+
+class HcaDiscovery(Enum):
+    """Whether the agent looked for InfiniBand adapters (NodeInput.hcaDiscovery).
+
+    What drift may conclude from a report without HCAs (drift.findings):
+    LOOKED (it was configured with fabrics and read /sys/class/infiniband)
+    and NO_INFINIBAND (configured, but the kernel shows no InfiniBand at
+    all) mean the adapters it did not report are not there; NOT_ASKED (no
+    fabrics configured) means they are unknown.
+    """
+
+    LOOKED = "LOOKED"
+    NO_INFINIBAND = "NO_INFINIBAND"
+    NOT_ASKED = "NOT_ASKED"
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,9 @@ class NodeReport:
     engine_versions: tuple[tuple[str, str], ...] = ()
     # /proc/sys/kernel/random/boot_id: a new one says the node's GPUs were reset.
     boot_id: str | None = None
+    # Whether the agent looked for HCAs (an HcaDiscovery value, kept as text
+    # like every leaf of the digest); None from an agent that does not say.
+    hca_discovery: str | None = None
     # When the agent sent the report and observed each block, by its clock;
     # when the service received it, by the service's, and the skew allowed
     # between the two (service/fleet/observed_at.py).

@@ -12,6 +12,7 @@ from service.fleet.reports import (
     FabricReport,
     FilesystemReport,
     GpuReport,
+    HcaDiscovery,
     NodeReport,
     WeightsReport,
 )
@@ -156,6 +157,14 @@ class NodeInput:
             "rebooted, so its GPUs were reset."
         ),
     )
+    hca_discovery: HcaDiscovery | None = strawberry.field(
+        default=None,
+        description=(
+            "Whether the agent looked for InfiniBand adapters (LOOKED, NO_INFINIBAND) or was not "
+            "asked to (NOT_ASKED: its HCAs are unknown, not missing). Null: an agent that does "
+            "not say; its HCAs count as looked for only when it reports at least one."
+        ),
+    )
     sent_at: datetime | None = strawberry.field(
         default=None,
         description=(
@@ -235,6 +244,7 @@ class NodeInput:
             agent_version=self.agent_version,
             engine_versions=tuple((kv.key, kv.value) for kv in self.engine_versions or ()),
             boot_id=None if self.boot_id is None else str(self.boot_id),
+            hca_discovery=None if self.hca_discovery is None else self.hca_discovery.value,
             sent_at=self.sent_at,
             gpus_observed_at=self.gpus_observed_at,
             fabrics_observed_at=self.fabrics_observed_at,

@@ -14,6 +14,7 @@ from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, We
 from service.fleet.health.policy import DriverRecoveryAction, RemediationAction
 from service.fleet.node_views import NodeRecord
 from service.fleet.reports import Disk as DiskRecord
+from service.fleet.reports import HcaDiscovery
 from service.node_states import NodeState as NodeState
 from service.scheduling.allocations import ShardRecord
 from service.scheduling.availability import is_free
@@ -227,6 +228,17 @@ class Filesystem:
     )
 
 
+strawberry.enum(
+    HcaDiscovery,
+    description=(
+        "Whether the agent looked for InfiniBand adapters: LOOKED (it was configured with "
+        "fabrics and read /sys/class/infiniband), NO_INFINIBAND (configured, but the kernel "
+        "shows no InfiniBand: no driver or no adapter), NOT_ASKED (no fabrics configured: the "
+        "node's HCAs are unknown, and drift does not call them missing)."
+    ),
+)
+
+
 # The domain's enum, registered as the GraphQL enum of the same name (its
 # member names are the GraphQL values).
 strawberry.enum(
@@ -284,6 +296,7 @@ def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
 # By value, as NodeState(value) finds it without the enum's call on every
 # heartbeat; an unknown value is a KeyError there.
 _NODE_STATES: Final = {state.value: state for state in NodeState}
+_HCA_DISCOVERY: Final = {d.value: d for d in HcaDiscovery}
 
 # Each plain field of Node, by its Python name, as read from a NodeRecord: the
 # one definition Node.of builds a Node from, and the compiled agent mutations
@@ -314,6 +327,7 @@ NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     "fabrics_observed_at": attrgetter("fabrics_observed_at"),
     "storage_observed_at": attrgetter("storage_observed_at"),
     "observed_at_correction": attrgetter("observed_at_correction"),
+    "hca_discovery": lambda node: _HCA_DISCOVERY.get(node.hca_discovery or ""),
 }
 
 # The fields of NODE_FIELDS whose readers need only what a heartbeat returns
@@ -371,6 +385,15 @@ class Node:
     storage_observed_at: datetime | None = strawberry.field(
         default=None, description="When the agent last observed storage, on the service's clock."
     )
+    hca_discovery: HcaDiscovery | None = strawberry.field(
+        default=None,
+        description=(
+            "Whether the agent looked for InfiniBand adapters. NOT_ASKED: the node's HCAs are "
+            "unknown, so a hardware profile's hcaCount is not compared (no HCA_MISSING in drift). "
+            "Null: an agent that does not say; its HCAs count as looked for only when it reports "
+            "at least one."
+        ),
+    )
     observed_at_correction: str | None = strawberry.field(
         default=None,
         description=(
@@ -411,7 +434,8 @@ class Node:
         graphql_type=list[DriftFinding],
         description=(
             "Where the node's report differs from its hardware profile; empty when it matches "
-            "or no profile applies."
+            "or no profile applies. What the report leaves unknown is not compared: HCAs when "
+            "hcaDiscovery is NOT_ASKED, NVLink groups without peers, an unreported memory size."
         ),
     )
     def drift(self, info: Info) -> Any:

@@ -7,7 +7,7 @@ import pytest
 from fake_root import TIB, FakeDisks, add_hca, make_node, write
 
 from agent.config import FabricConfig
-from agent.discovery.fabrics import discover_fabrics
+from agent.discovery.fabrics import discover_fabrics, hca_discovery
 from agent.discovery.memory import read_meminfo
 from agent.discovery.mountinfo import read_mountinfo
 from agent.discovery.storage import Filesystem, discover_storage, present_model_dirs
@@ -187,3 +187,15 @@ def test_slow_legacy_rates_are_whole_gigabits(node: Path) -> None:
     add_hca(node, "mlx4_0", {1: ("4: ACTIVE", "2.5 Gb/sec (1X SDR)")})
     (fabric,) = discover_fabrics(str(node), [FabricConfig("old", ("mlx4_0",))], print)
     assert fabric.rate_gbps == 2
+
+
+def test_the_agent_says_whether_it_looked_for_hcas(node: Path, tmp_path: Path) -> None:
+    # Fabrics configured and the kernel shows InfiniBand: it looked.
+    assert hca_discovery(str(node), [FabricConfig("ib-a", ("mlx5_0",))]) == "LOOKED"
+    # No fabrics configured: not asked, whatever the node has (its HCAs are unknown).
+    assert hca_discovery(str(node), []) == "NOT_ASKED"
+    # Configured, and no /sys/class/infiniband at all (no driver, no adapter):
+    # every configured adapter is missing.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert hca_discovery(str(bare), [FabricConfig("ib-a", ("mlx5_0",))]) == "NO_INFINIBAND"

@@ -164,3 +164,35 @@ async def test_a_bad_profile_is_refused_naming_the_field(api: Api, engine: Async
         assert (error["extensions"]["code"], error["extensions"]["field"]) == ("BAD_INPUT", field)
     assert await stored(engine) == before
     assert (await api("{ hardwareProfiles { name } }"))["hardwareProfiles"] == []
+
+
+async def test_hcas_are_missing_only_when_the_agent_looked(api: Api, engine: AsyncEngine) -> None:
+    await api(SET, {"p": {"name": "hgx-h100", "selector": HGX, "hcaCount": 2}})
+
+    async def report(discovery: str | None, fabrics: list[dict[str, Any]]) -> list[Any]:
+        sent = node_input("hgx-1", labels=LABELS, fabrics=fabrics, hcaDiscovery=discovery)
+        await api(REGISTER, {"input": sent})
+        found = await api('{ node(id: "hgx-1") { hcaDiscovery drift { kind observed } } }')
+        assert found["node"]["hcaDiscovery"] == discovery
+        return [(d["kind"], d["observed"]) for d in found["node"]["drift"]]
+
+    # Not asked to look (no fabrics configured): the HCAs are unknown, not missing.
+    assert await report("NOT_ASKED", []) == []
+    # Asked, and the kernel shows no InfiniBand at all: both are missing.
+    assert await report("NO_INFINIBAND", []) == [
+        ("HCA_MISSING", "0 HCAs (no /sys/class/infiniband: no InfiniBand driver or adapter)")
+    ]
+    # Looked and found one of two.
+    assert await report("LOOKED", [RAILS[0]]) == [("HCA_MISSING", "1 HCA")]
+    assert await report("LOOKED", RAILS) == []
+    # An agent that does not say (older than hcaDiscovery): as before, no
+    # adapter reported reads as not looked for, one reported as looked.
+    assert await report(None, []) == []
+    assert await report(None, [RAILS[0]]) == [("HCA_MISSING", "1 HCA")]
+
+    before = await stored(engine)
+    error = await api.fails(
+        REGISTER, {"input": node_input("hgx-1", labels=LABELS, hcaDiscovery="MAYBE")}
+    )
+    assert "MAYBE" in error["message"] and "HcaDiscovery" in error["message"]
+    assert await stored(engine) == before

@@ -24,8 +24,9 @@ records the finding and taints nothing. A report that shows the node as its
 profile says again clears the finding, ends its remediation DONE and lifts
 its taint (drift_changes.py: what each change does).
 
-Unknown is not drift: a node that reports no HCAs is not HCA_MISSING (an
-agent that was not asked to look at adapters reports none), GPUs whose NVLink
+Unknown is not drift: a node whose agent was not asked to look for HCAs
+(NodeInput.hcaDiscovery NOT_ASKED; an agent that does not say and reports
+none) is not HCA_MISSING (hcas_known), GPUs whose NVLink
 peers are unknown are not NVLINK_DEGRADED, an unreported memory size is not
 MEMORY_LOW. A node several profiles select is compared with the first by name.
 
@@ -50,6 +51,7 @@ from service.event_log.events import record_event
 from service.fleet.health.drift_changes import Finding as Finding
 from service.fleet.health.drift_changes import FindingChange
 from service.fleet.health.policy import DriftKind, current
+from service.fleet.reports import HcaDiscovery
 from service.scheduling.rejections import index_ranges
 
 # Profile fields that are counts or sizes, by their GraphQL input name.
@@ -121,11 +123,27 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def hcas_known(hcas: int, discovery: str | None) -> bool:
+    """Whether a report's HCAs can be compared with a profile's count (unknown is not drift).
+
+    The agent says whether it looked (reports.HcaDiscovery): it looked, or was
+    configured to and the kernel shows no InfiniBand, and every adapter it
+    did not report is missing; it was not asked, and none is known. An agent
+    that does not say (older than the field) counts as having looked only
+    when it reports at least one adapter: it reports none when it was not
+    asked, which must not read as all missing.
+    """
+    if discovery is None:
+        return hcas > 0
+    return discovery != HcaDiscovery.NOT_ASKED.value
+
+
 def findings(
     profile: HardwareProfile,
     gpus: Sequence[Row[Any]],
     fabrics: Sequence[Row[Any]],
     memory_total_mb: int | None,
+    hca_discovery: str | None = None,
 ) -> dict[DriftKind, Finding]:
     """What differs between a node's stored report and its profile (pure: the one definition)."""
     out: dict[DriftKind, Finding] = {}
@@ -147,10 +165,15 @@ def findings(
             observed = f"{classes} on GPU {index_ranges(g.idx for g in other)}"
             found(DriftKind.GPU_CLASS_CHANGED, profile.gpu_class, observed, [g.idx for g in other])
     hcas = {hca for f in fabrics for hca in f.hcas}
-    if profile.hca_count is not None and hcas and len(hcas) < profile.hca_count:
-        found(
-            DriftKind.HCA_MISSING, _count(profile.hca_count, "HCA"), _count(len(hcas), "HCA"), None
-        )
+    if (
+        profile.hca_count is not None
+        and hcas_known(len(hcas), hca_discovery)
+        and len(hcas) < profile.hca_count
+    ):
+        observed = _count(len(hcas), "HCA")
+        if hca_discovery == HcaDiscovery.NO_INFINIBAND.value:
+            observed += " (no /sys/class/infiniband: no InfiniBand driver or adapter)"
+        found(DriftKind.HCA_MISSING, _count(profile.hca_count, "HCA"), observed, None)
     if profile.hca_rate_gbps is not None:
         slow = [f for f in fabrics if f.rate_gbps < profile.hca_rate_gbps]
         if slow:
@@ -191,7 +214,7 @@ def findings(
 
 _PROFILES = text(
     """
-    SELECT n.id AS node_id, n.memory_total_mb, p.name, p.selector_key, p.selector_value,
+    SELECT n.id AS node_id, n.memory_total_mb, n.hca_discovery, p.name, p.selector_key, p.selector_value,
            p.gpu_count, p.gpu_class, p.hca_count, p.hca_rate_gbps, p.nvlink_group_size,
            p.memory_total_mb AS profile_memory,
            EXISTS (SELECT 1 FROM drift_findings f WHERE f.node_id = n.id) AS drifted
@@ -266,7 +289,11 @@ async def evaluate(conn: Connection, node_ids: Sequence[str], actor: str | None)
             {}
             if node.name is None
             else findings(
-                profile_of_row(node), node_gpus, fabrics[node.node_id], node.memory_total_mb
+                profile_of_row(node),
+                node_gpus,
+                fabrics[node.node_id],
+                node.memory_total_mb,
+                node.hca_discovery,
             )
         )
         before = stored[node.node_id]
