@@ -9,10 +9,12 @@ the driver's recovery action for XID 154, the operator's overrides): one
 that taints leaves a sticky reason `xid_<n>` on the GPU (gpus.sticky_reasons)
 that later healthy reports do not clear, a remediation (PENDING), and the
 policy's taint (service/fleet/health/remediations.py), unless the circuit
-breaker suppresses them. A reboot (a new boot id) or an operator's reset
-(clearGpuHealth) carries out the remediation; the sticky reason and the taint
-go once the validation the policy requires has passed. Sticky reasons no
-remediation holds go with a reboot, as before. Each is recorded as an event.
+breaker suppresses them. A reboot (a new boot id), a reset the agent saw
+(GpuInput.resetSeen: agent/discovery/resets.py says how) or an operator's
+reset (clearGpuHealth) carries out the remediation; the sticky reason and the
+taint go once the validation the policy requires has passed. Sticky reasons
+no remediation holds go with a reboot, or that GPU's reset, as before. Each
+is recorded as an event.
 
 An application's XID (13, 31, 43, 45...) says the program misbehaved, not the
 GPU: it is recorded and counted, and the GPU stays usable.
@@ -97,11 +99,14 @@ async def after_report(
     remediation holds are cleared.
     """
     faults = _faults(report)
-    if not (faults or rebooted):
+    resets = {g.index: g.reset_seen for g in report.gpus if g.reset_seen}
+    if not (faults or rebooted or resets):
         return ()
     gpus = await lock_gpus(conn, report.id)
     sticky = {i: list(g.sticky) for i, g in gpus.items()}
     events: list[dict[str, object]] = []
+    # Resets, like a reboot, come before the report's XIDs (which happened after).
+    why_reset: dict[int, str] = {}
     if rebooted:
         await remediations.carried_out(
             conn,
@@ -111,15 +116,25 @@ async def after_report(
             actor,
             "the node rebooted (new boot id)",
         )
+        why_reset = {i: "the node rebooted (new boot id): its GPUs were reset" for i in gpus}
+    else:
+        for index, seen in sorted(resets.items()):
+            reason = f"GPU {index} was reset (the agent saw it: {seen})"
+            await remediations.carried_out(
+                conn, report.id, (RemediationAction.RESET_GPU,), (index,), actor, reason
+            )
+            why_reset[index] = reason
+    if why_reset:
         held = await remediations.covered_sticky(conn, report.id)
-        for gpu in gpus.values():
+        for index, reason in sorted(why_reset.items()):
+            gpu = gpus[index]  # the report's GPUs are stored
             cleared = [r for r in gpu.sticky if (gpu.idx, r) not in held]
             if cleared:
                 sticky[gpu.idx] = [r for r in gpu.sticky if (gpu.idx, r) in held]
                 events.append(
                     {
                         "kind": "gpu_health_cleared",
-                        "reason": "the node rebooted (new boot id): its GPUs were reset",
+                        "reason": reason,
                         "detail": gpu_detail(gpu, cleared=cleared),
                     }
                 )

@@ -196,9 +196,9 @@ async def register_node(
         # The common case: an agent re-sending what it sent before. Only the
         # node row's last_seen moved; nothing else is rewritten.
         xids = await gpu_health.after_report(conn, report, row.rebooted, actor)
-        if row.rebooted:
-            # The same hardware after a reboot judges the drift remediations
-            # the reboot carried out (drift.py: still drifting, ESCALATED).
+        if row.rebooted or any(g.reset_seen for g in report.gpus):
+            # The same hardware after a reboot or a reset judges the drift
+            # remediations it carried out (drift.py: still drifting, ESCALATED).
             await drift.evaluate(conn, [report.id], actor)
         return Registration(report.id, created, changed, node, xids)
 

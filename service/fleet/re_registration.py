@@ -24,7 +24,8 @@ takes the transactional path, which handles every case:
 | profiled | a hardware profile selects the node, or it had drifted: the stored report is compared with the profile (service/fleet/health/drift.py) |
 | written_meanwhile | the row changed while this statement waited for its lock (below) |
 
-Reports carrying XIDs never try (reason `xids`): their events, sticky
+Reports carrying XIDs never try (reason `xids`), nor those carrying a GPU
+reset the agent saw (reason `resets`): their events, remediations, sticky
 reasons and pools are gpu_health.after_report's.
 Reports carrying the agent's incarnation or running shards never come here
 (reason `fencing`): their checks and reconciliation share the report's
@@ -282,8 +283,8 @@ async def _in_one_statement(
 async def _store(
     engine: AsyncEngine, report: NodeReport, actor: str | None = None
 ) -> nodes.Registration:
-    reason = "xids"
-    if not any(g.xids for g in report.gpus):
+    reason = "xids" if any(g.xids for g in report.gpus) else "resets"
+    if not any(g.xids or g.reset_seen for g in report.gpus):
         outcome = await retried(lambda: _in_one_statement(engine, report, actor), engine)
         if isinstance(outcome, InOneStatement):
             metrics.count_registration(ONE_STATEMENT, outcome.reason)

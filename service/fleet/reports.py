@@ -60,6 +60,9 @@ class GpuReport:
     # The driver's recovery action (NVML: GPU_RESET, NODE_REBOOT...), None
     # when unknown: what an XID 154 asks for (service/fleet/health/policy.py).
     recovery_action: str | None = None
+    # How the agent saw this GPU reset since its last report (None: it did
+    # not): carries out its RESET_GPU remediations (service/fleet/gpu_health.py).
+    reset_seen: str | None = None
 
 
 class HcaDiscovery(Enum):
@@ -200,6 +203,8 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 _NOT_CONTENT = frozenset(
     {
         "xids",
+        # A reset is an event like an XID.
+        "reset_seen",
         "boot_id",
         "sent_at",
         "gpus_observed_at",
@@ -391,6 +396,12 @@ def validate_report(report: NodeReport) -> None:
                 gpu.recovery_action,
                 f"not a recovery action ({', '.join(RECOVERY_ACTIONS)})",
             )
+        if gpu.reset_seen is not None:
+            if not gpu.reset_seen.strip():
+                raise InvalidInput(
+                    f"{where}.resetSeen", gpu.reset_seen, "say how the reset was seen, or null"
+                )
+            _check_text(f"{where}.resetSeen", gpu.reset_seen)
 
     _check_count("input.fabrics", report.fabrics, MAX_FABRICS)
     fabrics: set[str] = set()

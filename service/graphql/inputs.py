@@ -91,6 +91,14 @@ class GpuInput:
             "an XID 154 asks for. Null: unknown (an older driver or agent)."
         ),
     )
+    reset_seen: str | None = strawberry.field(
+        default=None,
+        description=(
+            'How the agent saw this GPU reset since its last report (e.g. "the pending row '
+            'remap was applied"); null: it saw none. Like a reboot for the whole node, it '
+            "carries out the GPU's open RESET_GPU remediations: they wait for validation."
+        ),
+    )
 
 
 @strawberry.input
@@ -210,6 +218,7 @@ class NodeInput:
                     near_hcas=None if g.near_hcas is None else tuple(g.near_hcas),
                     xids=tuple(g.xids or ()),
                     recovery_action=None if g.recovery_action is None else g.recovery_action.value,
+                    reset_seen=g.reset_seen,
                 )
                 for g in self.gpus
             ),

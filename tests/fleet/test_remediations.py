@@ -51,10 +51,12 @@ query E($kinds: [String!]) { events(kinds: $kinds) { kind actor reason detail } 
 
 
 def report(boot: str, xids: dict[int, list[int]] | None = None, node: str = "gpu-01",
-           **more: Any) -> dict[str, Any]:  # fmt: skip
+           resets: dict[int, str] | None = None, **more: Any) -> dict[str, Any]:  # fmt: skip
     listed = gpus(H100)
     for index, numbers in (xids or {}).items():
         listed[index] = {**listed[index], "xids": numbers}
+    for index, seen in (resets or {}).items():
+        listed[index] = {**listed[index], "resetSeen": seen}
     return {"input": node_input(node, gpus=listed, bootId=boot, **more)}
 
 
@@ -338,6 +340,56 @@ async def test_a_node_wide_remediation_needs_the_test_on_all_its_gpus(
     answer = (await api(VALIDATE, validation(list(range(8)), True)))["recordValidation"]
     assert answer["state"] == "DONE"
     assert (await api('{ node(id: "gpu-01") { taints { key } } }'))["node"]["taints"] == []
+
+
+async def test_a_reset_the_agent_saw_finishes_the_gpus_reset_gpu_remediation(
+    api: Api, engine: AsyncEngine
+) -> None:
+    # XID 95 on GPU 5 (RESET_GPU), XID 79 on GPU 3 (REBOOT_NODE).
+    await api(REGISTER, report("boot-a", {5: [95], 3: [79]}))
+    reboot, reset = sorted(await remediations(api), key=lambda r: r["gpuIndices"])
+    assert (reset["action"], reset["gpuIndices"]) == ("RESET_GPU", [5])
+    await api(START, {"id": reset["id"]})
+
+    # The agent saw GPU 5 reset (same boot): that remediation waits for
+    # validation, the reboot's does not move, and GPU 5's sticky health held
+    # by the waiting remediation stays until the validation passes.
+    seen = "the pending row remap was applied"
+    await api(REGISTER, report("boot-a", resets={5: seen}))
+    states = {r["id"]: r["state"] for r in await remediations(api)}
+    assert states == {reset["id"]: "AWAITING_VALIDATION", reboot["id"]: "PENDING"}
+    [told] = (await api(EVENTS, {"kinds": ["remediation_finished"]}))["events"]
+    assert told["reason"] == f"GPU 5 was reset (the agent saw it: {seen})"
+    assert told["detail"]["was"] == "IN_PROGRESS"
+    node = (await api(NODE, {"id": "gpu-01"}))["node"]
+    assert node["validationsToRun"] == [
+        {"test": "dcgm_diag", "gpuIndices": [5], "remediationId": reset["id"]}
+    ]
+    assert node["gpus"][5]["healthReasons"] == ["xid_95"]
+    passed = (await api(VALIDATE, validation([5], True)))["recordValidation"]
+    assert passed["state"] == "DONE"
+    node = (await api(NODE, {"id": "gpu-01"}))["node"]
+    assert node["gpus"][5]["taints"] == [] and node["gpus"][5]["healthy"]
+    assert [t["key"] for t in node["gpus"][3]["taints"]] == ["xid-79"]
+    # Sent again (an agent that did not hear the answer), it moves nothing more.
+    await api(REGISTER, report("boot-a", resets={5: seen}))
+    assert {r["id"]: r["state"] for r in await remediations(api)} == {
+        reset["id"]: "DONE", reboot["id"]: "PENDING"
+    }  # fmt: skip
+    assert await inconsistencies(engine) == []
+
+
+@pytest.mark.parametrize(("seen", "why"), [("", "say how"), ("x" * 1025, "longer than")])
+async def test_a_bad_reset_is_refused_naming_the_field(
+    api: Api, engine: AsyncEngine, seen: str, why: str
+) -> None:
+    await api(REGISTER, report("boot-a", {5: [95]}))
+    before = await stored(engine)
+    error = await api.fails(REGISTER, report("boot-a", resets={5: seen}))
+    assert error["extensions"]["code"] == "BAD_INPUT"
+    assert error["extensions"]["field"] == "input.gpus[5].resetSeen"
+    assert why in error["message"]
+    assert await stored(engine) == before
 
 
 async def stored(engine: AsyncEngine) -> tuple[Any, ...]:
