@@ -15,6 +15,7 @@ from agent import __version__
 from agent.client import InventoryClient, ServiceError, ServiceUnavailable
 from agent.config import AgentConfig, ConfigError, config_path, load_config
 from agent.discovery.gpu_file import GpuFile
+from agent.discovery.resets import ResetWatch
 from agent.discovery.weights import WeightsScanner
 from agent.discovery.xids import XidInbox, XidListener
 from agent.loop import Agent, run_until_stopped
@@ -106,7 +107,7 @@ def main(
         listener = XidListener(host.nvml, xids, warn=log.warning)
         listener.start()
     try:
-        asyncio.run(_serve(config, survey, xids))
+        asyncio.run(_serve(config, survey, xids, host.resets))
     finally:
         if listener is not None:
             listener.stop(timeout=1.0)
@@ -133,7 +134,7 @@ async def _register_once(
     return 0
 
 
-async def _serve(config: AgentConfig, survey: Survey, xids: XidInbox) -> None:
+async def _serve(config: AgentConfig, survey: Survey, xids: XidInbox, resets: ResetWatch) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -145,7 +146,7 @@ async def _serve(config: AgentConfig, survey: Survey, xids: XidInbox) -> None:
         config.node_id,
         config.service_url,
     )
-    agent = Agent(config, client, survey, xids=xids)
+    agent = Agent(config, client, survey, xids=xids, resets=resets)
     try:
         await run_until_stopped(agent.run(), stop)
     finally:

@@ -26,6 +26,7 @@ from agent.client import (
     ServiceUnavailable,
 )
 from agent.config import AgentConfig
+from agent.discovery.resets import ResetWatch, with_resets
 from agent.discovery.xids import XidInbox, with_xids
 from agent.report import Report, utc_now
 from agent.running_shards import RunningShard, RunningShardsSource, StopCommands, log_stops
@@ -83,6 +84,7 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = random.random,
         xids: XidInbox | None = None,
+        resets: ResetWatch | None = None,
         running_source: RunningShardsSource | None = None,
         wall_clock: Callable[[], datetime] = utc_now,
     ) -> None:
@@ -111,6 +113,9 @@ class Agent:
         # a full report at once.
         self._xids = xids
         self._xid_arrived: asyncio.Event | None = None
+        # GPU resets seen between scans (agent/discovery/resets.py): sent with
+        # the next report, as XIDs are.
+        self._resets = resets
         # Fencing (agent/running_shards.py): the incarnation last seen, what
         # the engines run, and the command that stops what must stop.
         if running_source is None and config.running_shards is not None:
@@ -155,12 +160,13 @@ class Agent:
         report = await self.survey()
         if report is None:
             raise RuntimeError("discovery failed; see the log")
-        xids = self._xids.take() if self._xids is not None else {}
+        xids, resets = self._take_owed()
         try:
-            status = await self.client.register_node(self._sent(with_xids(report.node_input, xids)))
+            status = await self.client.register_node(
+                self._sent(_with_owed(report.node_input, xids, resets))
+            )
         except BaseException:
-            if self._xids is not None:
-                self._xids.give_back(xids)
+            self._give_back_owed(xids, resets)
             raise
         self._note(status)
         return status
@@ -185,6 +191,22 @@ class Agent:
 
     def _xids_waiting(self) -> bool:
         return self._xids is not None and self._xids.waiting()
+
+    def _owed(self) -> bool:
+        """XIDs or resets heard that the service does not have yet: a report is due."""
+        return self._xids_waiting() or (self._resets is not None and self._resets.waiting())
+
+    def _take_owed(self) -> tuple[dict[int, list[int]], dict[str, str]]:
+        xids = self._xids.take() if self._xids is not None else {}
+        resets = self._resets.take() if self._resets is not None else {}
+        return xids, resets
+
+    def _give_back_owed(self, xids: dict[int, list[int]], resets: dict[str, str]) -> None:
+        """Not stored: they go with the next report that is."""
+        if self._xids is not None:
+            self._xids.give_back(xids)
+        if self._resets is not None:
+            self._resets.give_back(resets)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, or less when an XID arrives.
@@ -217,7 +239,7 @@ class Agent:
         due = (
             report.changed_since(self.sent)
             or now - self._sent_at >= self.config.full_report_interval
-            or self._xids_waiting()
+            or self._owed()
         )
         return "register" if due and not held_back else "heartbeat"
 
@@ -226,19 +248,18 @@ class Agent:
         action = self._action(report, now)
         if action == "wait":
             return min(self.config.heartbeat_interval, self._retry_register_at - now)
-        xids = self._xids.take() if action == "register" and self._xids is not None else {}
+        xids, resets = self._take_owed() if action == "register" else ({}, {})
         fencing = await self._fencing()
         try:
             if action == "register":
-                node_input = with_xids(report.node_input, xids) if xids else report.node_input
+                node_input = _with_owed(report.node_input, xids, resets)
                 try:
                     status = await self.client.register_node(
                         self._sent(node_input), fencing, self._watches_weights
                     )
                 except BaseException:
-                    # Not stored: the XIDs go with the next report that is.
-                    if self._xids is not None:
-                        self._xids.give_back(xids)
+                    # Not stored: the XIDs and resets go with the next report that is.
+                    self._give_back_owed(xids, resets)
                     raise
                 self.registered = True
                 self.sent = report
@@ -370,6 +391,14 @@ class Agent:
             reason = f" ({status.state_reason})" if status.state_reason else ""
             log.info("node %s is %s%s", status.id, status.state, reason)
             self._state = state
+
+
+def _with_owed(
+    node_input: dict[str, Any], xids: dict[int, list[int]], resets: dict[str, str]
+) -> dict[str, Any]:
+    """The report as sent: its GPUs carrying the XIDs and resets heard for them."""
+    with_both = with_xids(node_input, xids) if xids else node_input
+    return with_resets(with_both, resets)
 
 
 async def run_until_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:

@@ -24,6 +24,7 @@ from agent.discovery.gpu_file import GpuFile
 from agent.discovery.gpus import Gpu, discover_gpus, load_nvml
 from agent.discovery.identity import BOOT_ID, read_boot_id
 from agent.discovery.memory import read_meminfo
+from agent.discovery.resets import ResetWatch
 from agent.discovery.rootfs import host_path
 from agent.discovery.storage import (
     DeviceFigures,
@@ -57,6 +58,8 @@ class Host:
     version_of: Callable[[str], str] = version
     # The wall clock observedAt times are read from.
     clock: Callable[[], datetime] = utc_now
+    # GPU resets seen between scans, owed to the service (agent/discovery/resets.py).
+    resets: ResetWatch = field(default_factory=ResetWatch)
 
     @classmethod
     def this_machine(cls) -> "Host":
@@ -181,6 +184,7 @@ def build_report(config: AgentConfig, host: Host, weights: WeightsScanner) -> Re
         gpus = list(config.gpu_source.gpus)
     else:
         gpus = discover_gpus(host.nvml, root, config.engine_processes, warn)
+        host.resets.observe((g.uuid, g.reset_marks) for g in gpus if g.reset_marks is not None)
     if isinstance(config.gpu_source, GpuFile) and config.gpu_source.fabrics is not None:
         # A demo or lab node: the file declares the adapters and their rate.
         fabrics = list(config.gpu_source.fabrics)

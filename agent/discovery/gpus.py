@@ -11,9 +11,10 @@ import importlib
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from agent.discovery.resets import ResetMarks
 from agent.discovery.rootfs import host_path
 
 T = TypeVar("T")
@@ -68,6 +69,9 @@ class Gpu:
     # The driver's recovery action (RECOVERY_ACTIONS' names); None when the
     # driver or binding cannot say.
     recovery_action: str | None = None
+    # What a reset changes, as this scan read it (agent/discovery/resets.py):
+    # compared with the next scan's, not with another GPU's.
+    reset_marks: ResetMarks | None = field(default=None, compare=False)
 
     @property
     def healthy(self) -> bool:
@@ -218,6 +222,14 @@ def _read_gpu(
         warn(f"GPU {index}: used by a process that is not the node's engine: {names}")
 
     recovery = q.ask("recovery action", lambda: _recovery_action(nvml, handle, warn))
+    marks = ResetMarks(
+        volatile_uncorrected_ecc=None if ecc is None else int(ecc),
+        remap_pending=None if rows is None or len(rows) < 4 else bool(rows[2]),
+        retired_pages_pending=(
+            None if retired is None else retired == getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+        ),
+        recovery_action=recovery,
+    )
 
     for fault in q.faults:
         warn(fault)
@@ -231,6 +243,7 @@ def _read_gpu(
         pci_bus_id=bus_id,
         health_reasons=tuple(reasons),
         recovery_action=recovery,
+        reset_marks=marks,
     )
 
 

@@ -340,3 +340,69 @@ async def test_xid_154_takes_the_drivers_verdict_and_the_agent_validates_the_gpu
         await asyncio.wait_for(running, timeout=10)
         listener.stop(timeout=10)
         await client.aclose()
+
+
+async def test_a_gpu_reset_the_agent_sees_carries_out_the_reset_and_validates_the_gpu_back(
+    live_service: Any, tmp_path: Path, dcgmi: Dcgmi
+) -> None:
+    """XID 154 with the driver's recovery action GPU_RESET: a RESET_GPU remediation; the GPU
+    is reset (no reboot: the same boot id), which the agent sees in NVML (the driver no
+    longer asks for a reset), the service carries the remediation out, the agent runs the
+    DCGM diagnostic, and the GPU takes work again."""
+    root = make_node(tmp_path / "node")
+    nvml = FakeNvml([h100(i) for i in range(4)])
+    config = AgentConfig(
+        node_id="gpu-07",
+        hostname="gpu-07.dc1",
+        mgmt_addr="10.0.0.7",
+        service_url=live_service.url,
+        heartbeat_interval=0.05,
+        scan_interval=0.1,
+        full_report_interval=0.3,
+        root=str(root),
+        validations={"dcgm_diag": dcgmi("pass", log=tmp_path / "dcgmi.log")},
+    )
+    disks = FakeDisks(root)
+    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
+    scanner = WeightsScanner(config.root)
+    client = InventoryClient(config.service_url, None, config.request_timeout)
+    inbox = XidInbox()
+    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
+    listener.start()
+    agent = Agent(
+        config,
+        client,
+        lambda: build_report(config, host, scanner),
+        xids=inbox,
+        resets=host.resets,
+    )
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
+    try:
+        await eventually(live_service.url, lambda n: len(n["gpus"]) == 4, "the node registered")
+        nvml.gpus[1].recovery_action = 1  # GPU_RESET
+        nvml.raise_xid(1, 154)
+        await eventually(live_service.url, lambda n: 1 not in healthy(n), "the XID 154")
+        assert (await scheduler(live_service.url, REMEDIATIONS))["remediations"] == [
+            {"gpuIndices": [1], "action": "RESET_GPU", "state": "PENDING", "trigger": "xid-154"}
+        ]
+
+        # nvidia-smi -r -i 1: the driver has nothing left to ask; the boot id stays.
+        nvml.gpus[1].recovery_action = 0
+        await eventually(live_service.url, lambda n: 1 in healthy(n), "the GPU validated back")
+        remediation = (await scheduler(live_service.url, REMEDIATIONS))["remediations"][0]
+        assert remediation["state"] == "DONE"
+        events = '{ events(kinds: ["remediation_finished"]) { reason } }'
+        [finished] = (await scheduler(live_service.url, events))["events"]
+        assert finished["reason"] == (
+            "GPU 1 was reset (the agent saw it: the driver's recovery action went from "
+            "GPU_RESET to NONE)"
+        )
+        assert (tmp_path / "dcgmi.log").read_text().split("\n")[0] == "diag -r 3 -j -i 1"
+        node = (await scheduler(live_service.url, GPU_1))["node"]
+        assert node["gpus"][1]["taints"] == [] and {"index": 1} in node["freeGpus"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+        listener.stop(timeout=10)
+        await client.aclose()
