@@ -10,8 +10,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from tests.conftest import Api
+from tests.conftest import Api, StatementCounter
 from tests.reports import PLACE, REGISTER, node_input
+from tests.scheduling.test_place import statements_sent
 from tests.topology import IB_A, IB_B, gb200_tray, hgx_h100
 
 GROUP_FIELDS = """
@@ -445,3 +446,24 @@ async def test_one_roles_replicas_spread_over_numa_nodes_where_the_shape_allows(
     grown = (await api(SCALE_GROUP, {"id": "numa", "role": "prefill", "replicas": 1}))["scaleGroup"]
     added = next(m for m in grown["members"] if m["replicaId"] == "numa-prefill-2")
     assert added["allocations"][0]["gpuIndices"] in ([3], [7])
+
+
+async def test_a_group_is_placed_in_a_fixed_number_of_statements(
+    api: Api, count_statements: StatementCounter
+) -> None:
+    """placeGroup's round trips, counted: each one waits in a busy machine's run queue.
+
+    Its ratio to one place (benchmarks/groups.py) grows with them under load,
+    so the count is held here: whether the group or its ids are in use, the
+    window read, the savepoint, the group's rows, the members' nodes locked
+    with their GPUs and NUMA nodes, one store of every member, the
+    savepoint's release and the group read back.
+    """
+    await register_boards(api, 3)
+    count_statements.statements.clear()
+    placed = await place_group(api, disaggregated("pd"))
+    assert placed["__typename"] == "GroupPlaced", placed
+    sent = statements_sent(count_statements)
+    assert len(sent) == 8, sent
+    assert sum("FOR NO KEY UPDATE" in s for s in sent) == 1, sent
+    assert sum("INSERT INTO shards" in s for s in sent) == 1, sent

@@ -17,10 +17,9 @@ from service.scheduling.allocations import (
     allocate_on_locked_nodes,
 )
 from service.scheduling.placement.claims import Busy
-from service.scheduling.placement.numa import numa_nodes, spread_order
+from service.scheduling.placement.numa import numa_of, spread_order
 from service.scheduling.placement.plan import Plan, shard_ids
-from service.scheduling.placement.statements import LOCK_SCHEDULABLE_OR_SKIP, free_indices
-from service.scheduling.taints import tolerations_json
+from service.scheduling.placement.statements import LOCK_WITH_GPUS_OR_SKIP
 from service.scheduling.verdicts import PlaceRequest
 
 
@@ -55,23 +54,24 @@ async def claim_members(
     again. Answers in the order given.
     """
     node_ids = sorted({node_id for _, plan, _ in members for node_id, _ in plan.nodes})
-    schedulable = {
-        r.id: r.schedulable for r in await conn.execute(LOCK_SCHEDULABLE_OR_SKIP, {"ids": node_ids})
-    }
-    if len(schedulable) < len(node_ids):
-        return Busy(set(node_ids) - set(schedulable))
-    if not all(schedulable.values()):
-        return None
     request = members[0][0]
-    rows = await conn.execute(
-        free_indices(False),
-        {"ids": node_ids, "cls": request.gpu_class, "tolerations": tolerations_json(())},
+    # One round trip: the nodes locked, with their GPUs and NUMA nodes
+    # (statements.LOCK_WITH_GPUS_OR_SKIP, which says why reading them on the
+    # lock's snapshot is safe).
+    rows = list(
+        await conn.execute(LOCK_WITH_GPUS_OR_SKIP, {"ids": node_ids, "cls": request.gpu_class})
     )
-    free = {r.node_id: list(r.indices) for r in rows}
+    if len(rows) < len(node_ids):
+        return Busy(set(node_ids) - {r.id for r in rows})
+    if not all(r.schedulable for r in rows):
+        return None
+    free = {r.id: list(r.indices) for r in rows}
+    numa: dict[tuple[str, int], int | None] = {}
+    for r in rows:
+        numa |= numa_of(r.id, r)
     taken: dict[tuple[str, str], list[int]] = {k: list(v) for k, v in (held or {}).items()}
     kin_nodes = [(kin, plan.nodes[0][0]) for _, plan, kin in members]
     spread = {n for k, n in kin_nodes if taken.get((k, n)) or kin_nodes.count((k, n)) > 1}
-    numa = await numa_nodes(conn, sorted(spread)) if spread else {}
     wanted: list[AllocationRequest] = []
     for request, plan, kin in members:
         ((node_id, count),) = plan.nodes

@@ -7,20 +7,38 @@ a whole group in one round (member_claims.claim_members).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import text
 
 from service.database.connections import Connection
 
-_NUMA = text("SELECT node_id, idx, numa_node FROM gpus WHERE node_id = ANY(CAST(:ids AS text[]))")
+
+def numa_columns(node: str) -> str:
+    """SQL: columns gpu_indices and numa_nodes, node `node`'s GPUs by index and each one's NUMA node."""
+    return f"""ARRAY(SELECT g.idx FROM gpus g WHERE g.node_id = {node} ORDER BY g.idx) AS gpu_indices,
+           ARRAY(SELECT g.numa_node FROM gpus g WHERE g.node_id = {node} ORDER BY g.idx)
+               AS numa_nodes"""
+
+
+_NUMA = text(
+    f"SELECT i.node_id, {numa_columns('i.node_id')} FROM unnest(CAST(:ids AS text[])) AS i(node_id)"
+)
 
 # Each GPU's NUMA node, by (node id, index).
 NumaNodes = Mapping[tuple[str, int], int | None]
 
 
+def numa_of(node_id: str, row: Any) -> dict[tuple[str, int], int | None]:
+    """NumaNodes of the node `node_id` from a row with numa_columns."""
+    return {(node_id, i): numa for i, numa in zip(row.gpu_indices, row.numa_nodes, strict=True)}
+
+
 async def numa_nodes(conn: Connection, node_ids: Sequence[str]) -> NumaNodes:
-    rows = await conn.execute(_NUMA, {"ids": sorted(node_ids)})
-    return {(r.node_id, r.idx): r.numa_node for r in rows}
+    numa: dict[tuple[str, int], int | None] = {}
+    for row in await conn.execute(_NUMA, {"ids": sorted(node_ids)}):
+        numa |= numa_of(row.node_id, row)
+    return numa
 
 
 def spread_order(

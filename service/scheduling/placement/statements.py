@@ -29,6 +29,7 @@ from service.scheduling.availability import (
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.gpu_pools import attached_fabrics, node_attachments
 from service.scheduling.placement import weights
+from service.scheduling.placement.numa import numa_columns
 from service.scheduling.placement.plan import Plan, plan_placement
 from service.scheduling.ranking import flexibility_sql, order_sql
 from service.scheduling.taints import last_resort_term_sql, tolerations_json
@@ -409,35 +410,56 @@ LOCK_OR_SKIP = text(
     FOR NO KEY UPDATE SKIP LOCKED
     """
 )
-# The same, and whether each node locked takes placement now.
-LOCK_SCHEDULABLE_OR_SKIP = text(
-    f"""
-    SELECT n.id, {node_schedulable("n")} AS schedulable FROM nodes n
-    WHERE n.id = ANY(CAST(:ids AS text[]))
-    ORDER BY n.id
-    FOR NO KEY UPDATE SKIP LOCKED
-    """
-)
 
 
-@lru_cache(maxsize=2)
-def free_indices(tolerating: bool) -> TextClause:
-    """The GPUs of the class the request is offered on locked nodes, in the order a claim takes them.
+@lru_cache(maxsize=4)
+def offered_indices_sql(tolerating: bool, node: str) -> str:
+    """SQL: the GPUs of class :cls node `node` offers the request, in the order a claim takes them.
 
     Last-resort GPUs (a PREFER_NO_SCHEDULE taint the request does not
     tolerate) after the others, then by index: a shard takes them only when
     the rest do not suffice.
     """
+    return f"""ARRAY(
+        SELECT g.idx FROM gpus g
+        WHERE g.node_id = {node} AND g.gpu_class = :cls AND {gpu_offered("g", tolerating)}
+        ORDER BY {gpu_last_resort("g", tolerating)}, g.idx)"""
+
+
+@lru_cache(maxsize=2)
+def free_indices(tolerating: bool) -> TextClause:
+    """Per node of :ids, offered_indices_sql: read on nodes this transaction has locked."""
     return text(
         f"""
-        SELECT g.node_id,
-               array_agg(g.idx ORDER BY {gpu_last_resort("g", tolerating)}, g.idx) AS indices
-        FROM gpus g
-        WHERE g.node_id = ANY(CAST(:ids AS text[])) AND g.gpu_class = :cls
-          AND {gpu_offered("g", tolerating)}
-        GROUP BY g.node_id
+        SELECT i.node_id, {offered_indices_sql(tolerating, "i.node_id")} AS indices
+        FROM unnest(CAST(:ids AS text[])) AS i(node_id)
         """
     )
+
+
+# The nodes of :ids no other transaction holds, locked, in one round trip with
+# what a claim on them reads: whether each takes placement now (checked on
+# the row as locked), the GPUs of class :cls it offers a request without
+# tolerations (offered_indices_sql) and each GPU's NUMA node
+# (numa.numa_columns). For placement groups' one-round claim
+# (member_claims.claim_members): one round trip where there were three. The
+# GPUs are read on the statement's snapshot, taken before the locks, so a
+# claim on a node that committed in between is not seen: the store statement
+# that follows checks every GPU afresh under the locks (a GPU held meanwhile
+# writes nothing, and the caller plans again).
+LOCK_WITH_GPUS_OR_SKIP = text(
+    f"""
+    WITH locked AS MATERIALIZED (
+        SELECT n.id, {node_schedulable("n")} AS schedulable FROM nodes n
+        WHERE n.id = ANY(CAST(:ids AS text[]))
+        ORDER BY n.id
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
+    SELECT l.id, l.schedulable, {offered_indices_sql(False, "l.id")} AS indices,
+           {numa_columns("l.id")}
+    FROM locked l
+    """
+)
 
 
 REPLICA = text(
