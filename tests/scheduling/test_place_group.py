@@ -454,16 +454,29 @@ async def test_a_group_is_placed_in_a_fixed_number_of_statements(
     """placeGroup's round trips, counted: each one waits in a busy machine's run queue.
 
     Its ratio to one place (benchmarks/groups.py) grows with them under load,
-    so the count is held here: whether the group or its ids are in use, the
-    window read, the savepoint, the group's rows, the members' nodes locked
-    with their GPUs and NUMA nodes, one store of every member, the
-    savepoint's release and the group read back.
+    so the count is held here: the window read, the savepoint, the group's
+    rows written by the statement that asks whether its groupId or ids are in
+    use, the members' nodes locked with their GPUs and NUMA nodes, one store
+    of every member, the savepoint's release and the group read back.
     """
-    await register_boards(api, 3)
+    await register_boards(api, 5)
     count_statements.statements.clear()
     placed = await place_group(api, disaggregated("pd"))
     assert placed["__typename"] == "GroupPlaced", placed
     sent = statements_sent(count_statements)
-    assert len(sent) == 8, sent
+    assert len(sent) == 7, sent
     assert sum("FOR NO KEY UPDATE" in s for s in sent) == 1, sent
     assert sum("INSERT INTO shards" in s for s in sent) == 1, sent
+    # With room for it again, the same input is answered what is stored and
+    # another input is CONFLICT, nothing held twice.
+    assert await place_group(api, disaggregated("pd")) == placed
+    other = await place_group(api, disaggregated("pd", level="FABRIC"))
+    assert other["__typename"] == "AllocationRejected" and other["code"] == "CONFLICT"
+    # An id of the group held by a replica placed on its own: CONFLICT naming it.
+    alone = {"replicaId": "pd2-decode-1", "gpuClass": "H100-80GB", "gpusPerShard": 1}
+    assert (await api(PLACE, {"input": alone}))["place"]["__typename"] == "Allocated"
+    clash = await place_group(api, disaggregated("pd2"))
+    assert clash["__typename"] == "AllocationRejected" and clash["code"] == "CONFLICT"
+    assert "pd2-decode-1" in clash["message"]
+    held = (await api("{ allocations { shardId } }"))["allocations"]
+    assert len(held) == 6 + 1

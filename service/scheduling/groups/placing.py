@@ -61,21 +61,32 @@ MAX_ROUNDS = 64
 # read changed; a plan that fails so this many times running is not retried.
 MAX_STALE = 4
 
-# The group's row and its members' rows in one statement, answering the
-# group's generation per member row; no row when the groupId is already
-# stored (a concurrent call placed it first). The members' foreign key is
-# checked at the end of the statement, when the group's row is there.
+# Whether the groupId is stored, the member ids some other replica already
+# uses (placed by place() or allocate()), and, when neither, the group's row
+# and its members' rows written, answering the group's generation: one
+# statement. No generation when the groupId is stored (or a concurrent call
+# stored it first: the insert waits for it) or an id is used. The members'
+# foreign key is checked at the end of the statement, when the group's row
+# is there.
+_START = """
+    SELECT EXISTS (SELECT 1 FROM placement_groups WHERE group_id = :group_id) AS placed,
+           ARRAY(SELECT DISTINCT s.replica_id FROM shards s
+                 WHERE s.replica_id = ANY(CAST(:ids AS text[])) ORDER BY 1) AS used
+"""
 _INSERT_GROUP = text(
-    """
-    WITH g AS (
-        INSERT INTO placement_groups (group_id, spec) VALUES (:group_id, CAST(:spec AS jsonb))
+    f"""
+    WITH start AS ({_START}), g AS (
+        INSERT INTO placement_groups (group_id, spec)
+        SELECT :group_id, CAST(:spec AS jsonb) FROM start
+        WHERE NOT start.placed AND cardinality(start.used) = 0
         ON CONFLICT (group_id) DO NOTHING RETURNING group_id, generation
+    ), m AS (
+        INSERT INTO group_members (replica_id, group_id, role, n)
+        SELECT m.replica_id, g.group_id, m.role, m.n
+        FROM g, unnest(CAST(:ids AS text[]), CAST(:roles AS text[]), CAST(:ns AS int[]))
+            AS m(replica_id, role, n)
     )
-    INSERT INTO group_members (replica_id, group_id, role, n)
-    SELECT m.replica_id, g.group_id, m.role, m.n
-    FROM g, unnest(CAST(:ids AS text[]), CAST(:roles AS text[]), CAST(:ns AS int[]))
-        AS m(replica_id, role, n)
-    RETURNING (SELECT generation FROM g) AS generation
+    SELECT start.placed, start.used, (SELECT generation FROM g) AS generation FROM start
     """
 )
 _INSERT_MEMBERS = text(
@@ -85,15 +96,9 @@ _INSERT_MEMBERS = text(
            unnest(CAST(:ns AS int[]))
     """
 )
-# Before a group is placed: whether its groupId is stored, and the member
-# ids some other replica already uses (placed by place() or allocate()).
-_STARTING = text(
-    """
-    SELECT EXISTS (SELECT 1 FROM placement_groups WHERE group_id = :group_id) AS placed,
-           ARRAY(SELECT DISTINCT s.replica_id FROM shards s
-                 WHERE s.replica_id = ANY(CAST(:ids AS text[])) ORDER BY 1) AS used
-    """
-)
+# Whether a group that found no room is stored after all (a retry) or its
+# ids are used: the check _INSERT_GROUP makes before it writes, made alone.
+_STARTING = text(_START)
 _LOCK_GROUP = text(
     "SELECT group_id, spec, generation FROM placement_groups WHERE group_id = :group_id FOR UPDATE"
 )
@@ -127,8 +132,11 @@ class GroupGenerationConflict(InventoryError):
         }
 
 
+@dataclass(frozen=True)
 class _Taken:
-    """Another call stored the same groupId between our read and our insert."""
+    """Nothing written: the groupId is stored (by a retry, or a concurrent call), or `used` ids are."""
+
+    used: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -137,9 +145,6 @@ class _Held:
 
     plan: GroupPlan
     generation: int | None
-
-
-_TAKEN = _Taken()
 
 
 def requests_of(group: GroupRequest) -> dict[str, PlaceRequest]:
@@ -282,10 +287,10 @@ async def _hold(
         try:
             if write_rows:
                 spec = json.dumps(group.spec())
-                inserted = (await conn.execute(_INSERT_GROUP, {**rows, "spec": spec})).first()
-                if inserted is None:
+                inserted = (await conn.execute(_INSERT_GROUP, {**rows, "spec": spec})).one()
+                if inserted.generation is None:
                     await savepoint.rollback()
-                    return _TAKEN
+                    return _Taken(tuple(inserted.used))
                 generation = int(inserted.generation)
             else:
                 await conn.execute(_INSERT_MEMBERS, rows)
@@ -327,32 +332,51 @@ async def place_group(
     problem = validate_group(group)
     if problem is not None:
         return problem
-    ids = [member_id(group.group_id, r.role, n) for r in group.roles for n in range(r.replicas)]
     for _ in range(2):
-        start = (await conn.execute(_STARTING, {"group_id": group.group_id, "ids": ids})).one()
-        if start.placed:
-            stored = await read_group(conn, group.group_id)
-            if stored is not None:
-                return await _answer_stored(conn, group, stored)
-        used = list(start.used)
-        if used:
-            return Rejection(
-                RejectionCode.CONFLICT,
-                f"replica id {shown(used[0])} of group {shown(group.group_id)} is already held "
-                "by a replica placed on its own; release it or use a new groupId",
-            )
+        # Whether the groupId is stored or its ids used is asked by the
+        # statement that writes the group's rows (_INSERT_GROUP), after the
+        # plan: a round trip fewer for every group placed. A plan that finds
+        # no room asks it alone: a retry of a stored group is answered what is
+        # stored however full the cluster is now.
         outcome = await _hold(conn, group, actor, write_rows=True)
         if isinstance(outcome, Misfit):
+            ids = [
+                member_id(group.group_id, r.role, n) for r in group.roles for n in range(r.replicas)
+            ]
+            start = (await conn.execute(_STARTING, {"group_id": group.group_id, "ids": ids})).one()
+            refused = await _refused(conn, group, start.placed, start.used)
+            if refused is not None:
+                return refused
             board = await read_board(conn, group, requests_of(group))
             return await _unplaceable(conn, group, board, outcome)
         if isinstance(outcome, _Taken):
-            # A concurrent call placed the same groupId first: answer what it stored.
+            refused = await _refused(conn, group, True, outcome.used)
+            if refused is not None:
+                return refused
+            # Stored by a concurrent call and released since: plan again.
             continue
         assert outcome.generation is not None
         placed = await read_group(conn, group.group_id, (group.spec(), outcome.generation))
         assert placed is not None
         return placed
     raise TransactionConflict(2)
+
+
+async def _refused(
+    conn: Connection, group: GroupRequest, placed: bool, used: Sequence[str]
+) -> StoredGroup | Rejection | None:
+    """The answer to a group whose groupId is stored (what is stored, or CONFLICT) or whose ids are used."""
+    if placed:
+        stored = await read_group(conn, group.group_id)
+        if stored is not None:
+            return await _answer_stored(conn, group, stored)
+    if used:
+        return Rejection(
+            RejectionCode.CONFLICT,
+            f"replica id {shown(used[0])} of group {shown(group.group_id)} is already held "
+            "by a replica placed on its own; release it or use a new groupId",
+        )
+    return None
 
 
 def group_of(stored: StoredGroup) -> GroupRequest:
