@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from sqlalchemy import text
 
-from service.database.connections import Connection
+from service.database.connections import Connection, keep_until_commit
 from service.database.transactions import TransactionConflict
 from service.errors import InventoryError
 from service.scheduling.allocations import release_replica
@@ -300,7 +300,8 @@ async def _hold(
                 await savepoint.rollback()
             raise
         if claimed is True:
-            await savepoint.commit()
+            # No RELEASE: the savepoint's work commits with the transaction.
+            await keep_until_commit(savepoint)
             return _Held(plan, generation)
         await savepoint.rollback()
         if isinstance(claimed, Busy):
