@@ -33,6 +33,15 @@ tests/scheduling/test_page_costs.py checks every page in both states.
   key LIMIT 1` after a row comparison, which btree answers from the index
   in any statistics state): a count over a class's pools that costs what
   the kinds of pool cost, not the pools.
+- unseen_limit: a page's LIMIT given as a value the planner cannot read (a
+  one-row subquery), so that it plans for the first tenth of the rows: in
+  any statistics state, the walk of an index in the page's order, which
+  stops at the page, rather than a read of every match and a sort. Written
+  as a number (or a parameter, which a custom plan reads), a page of 1,000
+  on a table never analyzed nor vacuumed is planned for the handful of
+  matches the planner guesses, all of them, and a bitmap scan and a sort
+  of every one (every pool of a class, for each page) costs less than an
+  index walk whose rows it believes each need a heap fetch.
 - key_row: a related row whose columns the page shows (a verdict's node
   and pool), joined LATERAL behind OFFSET 0, which PostgreSQL does not
   flatten into the outer join: a primary-key descent per row. Only for a
@@ -111,6 +120,11 @@ def distinct_keys(
 def leading_key_is(column: str, value: str, cast: str = "text") -> str:
     """SQL: `column` equals `value`, for a statement that also orders by `column` first."""
     return f"{column} = ANY(ARRAY[CAST({value} AS {cast})])"
+
+
+def unseen_limit(count: str) -> str:
+    """SQL: `LIMIT count`, planned as a fast start whatever `count` (an integer expression) is."""
+    return f"LIMIT (SELECT CAST({count} AS bigint))"
 
 
 def key_row_exists(table: str, key: Mapping[str, str]) -> str:

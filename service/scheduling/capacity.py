@@ -15,7 +15,12 @@ from typing import Any
 from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
-from service.database.plan_shapes import key_row_exists, leading_key_is, ordered_walk
+from service.database.plan_shapes import (
+    key_row_exists,
+    leading_key_is,
+    ordered_walk,
+    unseen_limit,
+)
 from service.errors import InvalidInput
 from service.scheduling.availability import PoolOffer, pool_offers, pool_withholds
 from service.scheduling.freshness import check_max_age, gpu_facts_fresh
@@ -83,7 +88,10 @@ def free_gpus_query(
       `first` rows: no grouping, no sort of the rest of the list. The class
       is tested with plan_shapes.leading_key_is, so the primary key (node,
       class), which would walk every pool of every class and the full
-      ones, cannot give the order.
+      ones, cannot give the order; and the LIMIT is plan_shapes.unseen_limit,
+      so a table never analyzed nor vacuumed is walked too, not read whole
+      with a bitmap scan and sorted for every page (what its planner chose
+      at 10,000 nodes with `LIMIT :first`).
     - Without a class, a node's pools are summed. The walk goes node by
       node (plan_shapes.ordered_walk over the primary key), so it too stops
       at the page's end, where a GROUP BY over every pool would be hashed
@@ -116,7 +124,7 @@ def free_gpus_query(
         sql = f"""
             SELECT p.node_id, p.free_indices AS indices FROM gpu_pools p
             WHERE {" AND ".join(where)}
-            ORDER BY p.gpu_class, p.node_id LIMIT :first
+            ORDER BY p.gpu_class, p.node_id {unseen_limit(":first")}
         """
         return sql, params
     params["after"] = after if after is not None else ""
