@@ -116,6 +116,18 @@ _GPUS = text(
 )
 
 
+def recommended_action(sticky: Sequence[str], recovery: str | None) -> RemediationAction:
+    """Gpu.recommendedAction of a GPU row (its sticky reasons, its driver's recovery action):
+    the policy's word (policy.recommended); NONE for a GPU with neither, without asking it.
+    Also the compiled page's (service/fleet/node_pages.py), for the GPUs has_faults_sql picks."""
+    return recommended(sticky, recovery) if sticky or recovery else RemediationAction.NONE
+
+
+def has_faults_sql(g: str) -> str:
+    """SQL: the GPU row `g` has what recommended_action asks the policy about."""
+    return f"(cardinality({g}.sticky_reasons) > 0 OR {g}.recovery_action IS NOT NULL)"
+
+
 async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[GpuRecord]]:
     out: dict[str, list[GpuRecord]] = defaultdict(list)
     shards: dict[str, ShardRecord] = {}
@@ -149,7 +161,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
             tuple(reasons), held_by, shard, cordon_reason, tuple(sticky), numa_node, peers, group,
             domain, near, withheld, last_resort, taints_from_json(taints, idx),
             None if recovery is None else DriverRecoveryAction(recovery),
-            recommended(sticky, recovery) if sticky or recovery else RemediationAction.NONE,
+            recommended_action(sticky, recovery),
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

@@ -157,6 +157,15 @@ class Remediation:
         )
 
 
+def open_remediations(node_id: str, info: Info) -> Any:
+    """Node.remediations, batched per request through the loader."""
+
+    def listed(found: list[RemediationRecord]) -> list[Remediation]:
+        return [Remediation.of(r) for r in found]
+
+    return now_or_later(info.context.loaders.open_remediations, node_id, listed)
+
+
 @strawberry.type(description="A test the node's agent should run now, after a remediation.")
 class ValidationRequest:
     test: str

@@ -24,7 +24,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 from service.database import read_routing
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
-from service.fleet.health import drift, taints, validations
+from service.fleet.health import drift, remediations, taints, validations
 from service.scheduling import allocations
 
 K = TypeVar("K")
@@ -66,6 +66,8 @@ _NODE_DETAILS = {
     "hasWeights": "weights",
     "allocations": "shards_on_node",
     "taints": "taints",
+    "drift": "drift",
+    "remediations": "open_remediations",
 }
 
 
@@ -119,6 +121,11 @@ class Loaders:
     def drift(self) -> DataLoader[Any, Any]:
         """Each node's drift findings (fleet/health/drift.py), for Node.drift."""
         return self._make(drift.drift_of, list)
+
+    @functools.cached_property
+    def open_remediations(self) -> DataLoader[Any, Any]:
+        """Each node's open remediations (fleet/health/remediations.py), for Node.remediations."""
+        return self._make(remediations.open_of, list)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

@@ -25,10 +25,12 @@ from .context import Context, Info
 from .fencing_types import ShardToStop
 from .health_types import (
     DriftFinding,
+    Remediation,
     Taint,
     ValidationRequest,
     node_drift,
     node_taints,
+    open_remediations,
     validations_to_run,
 )
 from .loaders import now_or_later, ready
@@ -413,9 +415,12 @@ class Node:
     def shards_to_stop(self, info: Info) -> list[ShardToStop]:
         return [ShardToStop.of(s) for s in info.context.shards_to_stop.get(str(self.id), ())]
 
+    # Node.taints, drift and remediations: a page of nodes builds them itself
+    # (node_pages.py, from fleet/health/'s SQL for them).
     @strawberry.field(
         graphql_type=list[Taint],
         description="The node's own taints, on all its GPUs; a cordon or drain shows as one.",
+        metadata={RECORD: "taints"},
     )
     def taints(self, info: Info) -> Any:
         return node_taints(str(self.id), info)
@@ -437,9 +442,21 @@ class Node:
             "or no profile applies. What the report leaves unknown is not compared: HCAs when "
             "hcaDiscovery is NOT_ASKED, NVLink groups without peers, an unreported memory size."
         ),
+        metadata={RECORD: "drift"},
     )
     def drift(self, info: Info) -> Any:
         return node_drift(str(self.id), info)
+
+    @strawberry.field(
+        graphql_type=list[Remediation],
+        description=(
+            "The node's open remediations (PENDING, IN_PROGRESS, AWAITING_VALIDATION), by id: "
+            "gpuIndices says which of its GPUs each one is for."
+        ),
+        metadata={RECORD: "remediations"},
+    )
+    def remediations(self, info: Info) -> Any:
+        return open_remediations(str(self.id), info)
 
     incarnation: int = strawberry.field(
         default=1,

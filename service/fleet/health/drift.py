@@ -308,13 +308,25 @@ async def evaluate(conn: Connection, node_ids: Sequence[str], actor: str | None)
                 await change.cleared(old)
 
 
+# A node's findings are listed in kind order: Node.drift, read here and
+# built by the compiled page (drift_sql).
+_ORDER = "kind"
 _OF_NODES = text(
-    """
+    f"""
     SELECT node_id, kind, expected, observed, gpu_indices, since, remediation_id
     FROM drift_findings
-    WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, kind
+    WHERE node_id = ANY(CAST(:ids AS text[])) ORDER BY node_id, {_ORDER}
     """
 )
+
+
+def drift_sql(n: str, entry: str) -> str:
+    """SQL json: `entry` (over drift_findings `d`) for each finding of the node row `n`, as
+    drift_of lists them; [] for none. The compiled page's Node.drift (service/fleet/node_pages.py)."""
+    return (
+        f"(SELECT coalesce(json_agg({entry} ORDER BY d.{_ORDER}), '[]')"
+        f" FROM drift_findings d WHERE d.node_id = {n}.id)"
+    )
 
 
 async def drift_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[Finding]]:

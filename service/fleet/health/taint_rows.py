@@ -11,31 +11,77 @@ import json
 from datetime import datetime
 from typing import Any
 
-from service.scheduling.taints import CORDON_KEY, Taint, TaintEffect, TaintSource
+from service.scheduling.taints import CORDON_KEY, DRAIN_KEY, Taint, TaintEffect, TaintSource
 
 _CORDON = f"'{CORDON_KEY}', NULL, '{TaintEffect.NO_SCHEDULE.value}', '{TaintSource.OPERATOR.value}'"
 
 
-def gpu_taints_json(g: str) -> str:
-    """SQL json: the GPU row `g`'s own taints (its node's aside), cordon first, then by key; NULL for none.
+def gpu_cordon_taint(g: str) -> str:
+    """SQL: the columns key, value, effect, source, reason, actor, since of the GPU row `g`'s
+    cordon shown as a taint; a row only WHERE gpu_cordoned(g)."""
+    return f"{_CORDON}, {g}.cordon_reason, {g}.cordon_actor, coalesce({g}.cordon_since, now())"
+
+
+def gpu_cordoned(g: str) -> str:
+    return f"{g}.cordon_reason IS NOT NULL"
+
+
+# The columns of a taint row (TAINT_ROW), as gpu_taints_sql and node_taints_sql name them.
+TAINT_ROW = "x(cordon, key, value, effect, source, reason, actor, since)"
+
+
+def gpu_taints_sql(g: str, entry: str) -> str:
+    """SQL json: `entry` (over TAINT_ROW) for each of the GPU row `g`'s own taints (its node's
+    aside), cordon first, then by key; NULL for none.
 
     The taints table is read only for a GPU whose marks say it has some
     (gpus.withheld, gpus.last_resort): a page of untainted GPUs pays a
-    column test each.
+    column test each. Also the compiled page's Gpu.taints (service/fleet/node_pages.py).
     """
-    return f"""(CASE WHEN {g}.withheld OR {g}.last_resort OR {g}.cordon_reason IS NOT NULL THEN (
-        SELECT json_agg(json_build_object('key', x.key, 'value', x.value, 'effect', x.effect,
-                                          'source', x.source, 'reason', x.reason,
-                                          'actor', x.actor, 'since', x.since)
-                        ORDER BY x.cordon DESC, x.key)
-        FROM (SELECT true AS cordon, {_CORDON}, {g}.cordon_reason, {g}.cordon_actor,
-                     coalesce({g}.cordon_since, now())
-              WHERE {g}.cordon_reason IS NOT NULL
+    return f"""(CASE WHEN {g}.withheld OR {g}.last_resort OR {gpu_cordoned(g)} THEN (
+        SELECT json_agg({entry} ORDER BY x.cordon DESC, x.key)
+        FROM (SELECT true AS cordon, {gpu_cordon_taint(g)} WHERE {gpu_cordoned(g)}
               UNION ALL
               SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since
               FROM taints t WHERE t.node_id = {g}.node_id AND t.gpu_index = {g}.idx
-             ) AS x(cordon, key, value, effect, source, reason, actor, since)
+             ) AS {TAINT_ROW}
     ) END)"""
+
+
+def gpu_taints_json(g: str) -> str:
+    """SQL json: gpu_taints_sql's taints as taint_of reads them (hardware.gpus_of)."""
+    return gpu_taints_sql(
+        g,
+        "json_build_object('key', x.key, 'value', x.value, 'effect', x.effect,"
+        " 'source', x.source, 'reason', x.reason, 'actor', x.actor, 'since', x.since)",
+    )
+
+
+def node_admin_taint(n: str) -> str:
+    """SQL: the columns key, value, effect, source, reason, actor, since of the node row `n`'s
+    cordon or drain shown as a taint; a row only WHERE node_admin_tainted(n)."""
+    return (
+        f"CASE {n}.admin_state WHEN 'cordoned' THEN '{CORDON_KEY}' ELSE '{DRAIN_KEY}' END, NULL,"
+        f" '{TaintEffect.NO_SCHEDULE.value}', '{TaintSource.OPERATOR.value}',"
+        f" coalesce({n}.admin_reason, {n}.admin_state), {n}.admin_actor,"
+        f" coalesce({n}.admin_since, now())"
+    )
+
+
+def node_admin_tainted(n: str) -> str:
+    return f"{n}.admin_state IS NOT NULL"
+
+
+def node_taints_sql(n: str, entry: str) -> str:
+    """SQL json: `entry` (over TAINT_ROW) for each of the node row `n`'s own taints (not its
+    GPUs'), its cordon or drain included, by key (as fleet/health/taints.taints_of lists them);
+    [] for none. The compiled page's Node.taints (service/fleet/node_pages.py)."""
+    return f"""(SELECT coalesce(json_agg({entry} ORDER BY x.key), '[]')
+        FROM (SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since
+              FROM taints t WHERE t.node_id = {n}.id AND t.gpu_index IS NULL
+              UNION ALL
+              SELECT true, {node_admin_taint(n)} WHERE {node_admin_tainted(n)}
+             ) AS {TAINT_ROW})"""
 
 
 def taint_of(item: dict[str, Any], gpu_index: int | None = None) -> Taint:

@@ -26,6 +26,12 @@ from service.database.connections import Connection
 from service.errors import InvalidInput
 from service.event_log.events import note_recorded
 from service.fleet.gpu_changes import check_reason, lock_gpus, record_events
+from service.fleet.health.taint_rows import (
+    gpu_cordon_taint,
+    gpu_cordoned,
+    node_admin_taint,
+    node_admin_tainted,
+)
 from service.scheduling.gpu_pools import refresh_taint_marks
 from service.scheduling.rejections import index_ranges, shown
 from service.scheduling.taints import (
@@ -341,16 +347,11 @@ _OF_NODES = text(
     SELECT node_id, gpu_index, key, value, effect, source, reason, actor, since
     FROM taints WHERE node_id = ANY(CAST(:ids AS text[]))
     UNION ALL
-    SELECT node_id, idx, '{CORDON_KEY}', NULL, '{TaintEffect.NO_SCHEDULE.value}',
-           '{TaintSource.OPERATOR.value}', cordon_reason, cordon_actor,
-           coalesce(cordon_since, now())
-    FROM gpus WHERE node_id = ANY(CAST(:ids AS text[])) AND cordon_reason IS NOT NULL
+    SELECT g.node_id, g.idx, {gpu_cordon_taint("g")}
+    FROM gpus g WHERE g.node_id = ANY(CAST(:ids AS text[])) AND {gpu_cordoned("g")}
     UNION ALL
-    SELECT id, NULL,
-           CASE admin_state WHEN 'cordoned' THEN '{CORDON_KEY}' ELSE '{DRAIN_KEY}' END, NULL,
-           '{TaintEffect.NO_SCHEDULE.value}', '{TaintSource.OPERATOR.value}',
-           coalesce(admin_reason, admin_state), admin_actor, coalesce(admin_since, now())
-    FROM nodes WHERE id = ANY(CAST(:ids AS text[])) AND admin_state IS NOT NULL
+    SELECT n.id, NULL, {node_admin_taint("n")}
+    FROM nodes n WHERE n.id = ANY(CAST(:ids AS text[])) AND {node_admin_tainted("n")}
     ORDER BY 1, 2 NULLS FIRST, 3
     """
 )
