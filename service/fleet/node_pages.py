@@ -14,8 +14,10 @@ whether the answer must carry PAGE_TRUNCATED.
 Two pages: list_nodes' page (NodePage) and free_gpus' entries with their
 nodes (FreeGpusPage). What a selection may name: the attributes below, by the records' own names
 (NodeRecord, GpuRecord, FilesystemRecord, ShardRecord, FabricRecord,
-WeightsRecord), each with the expression of the JSON value that attribute
-holds. Anything else is not this module's to answer; the caller (the GraphQL
+WeightsRecord; fleet health's Taint, drift Finding and Remediation), each with
+the expression of the JSON value that attribute holds; fleet health's lists
+come from service/fleet/health/'s SQL for them, and Gpu.recommendedAction
+from the remediation policy itself (recommend). Anything else is not this module's to answer; the caller (the GraphQL
 layer) answers such a selection from the records as before.
 
 The page is the one node_views.list_nodes reads (same filter, same order,
@@ -26,11 +28,18 @@ one snapshot, where the row path reads nodes and details in separate ones.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from service.database.connections import Connection, cached_text
+from service.fleet.hardware import has_faults_sql, recommended_action
+from service.fleet.health.drift import drift_sql
+from service.fleet.health.policy import RemediationAction
+from service.fleet.health.remediations import open_sql
+from service.fleet.health.taint_rows import gpu_taints_sql, node_taints_sql
 from service.fleet.node_views import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
 from service.node_states import state_actor_sql, state_reason_sql
@@ -147,6 +156,71 @@ WEIGHTS: Mapping[str, str] = {
     "observed_at": timestamp("w.observed_at"),
     "pinned_by": pinned_by("w"),
 }
+# A taint (service.scheduling.taints.Taint) over taint_rows.TAINT_ROW `x`: a
+# GPU's own (Gpu.taints) or a node's (Node.taints).
+TAINT: Mapping[str, str] = {
+    "key": "x.key",
+    "value": "x.value",
+    "effect": "x.effect",
+    "source": "x.source",
+    "reason": "x.reason",
+    "actor": "x.actor",
+    "since": timestamp("x.since"),
+}
+# A drift finding (Node.drift) over drift_findings `d`.
+DRIFT: Mapping[str, str] = {
+    "kind": "d.kind",
+    "expected": "d.expected",
+    "observed": "d.observed",
+    "since": timestamp("d.since"),
+    "gpu_indices": "d.gpu_indices",
+}
+# An open remediation (Node.remediations) over remediations `r`: its id is an ID (text).
+REMEDIATION: Mapping[str, str] = {
+    "id": "r.id::text",
+    "node_id": "r.node_id",
+    "gpu_indices": "r.gpu_indices",
+    "gpu_class": "r.gpu_class",
+    "action": "r.action",
+    "state": "r.state",
+    "scope": "r.scope",
+    "cause": "r.cause",
+    "trigger": "r.trigger",
+    "taint_key": "r.taint_key",
+    "attempts": "r.attempts",
+    "failures": "r.failures",
+    "created_at": timestamp("r.created_at"),
+    "since": timestamp("r.since"),
+}
+# A node's fleet-health lists, by attribute: their kind and the domain's SQL
+# for them (which rows, in which order), given the node's alias and the entry.
+HEALTH_LISTS: Mapping[str, tuple[Mapping[str, str], Any]] = {
+    "taints": (TAINT, node_taints_sql),
+    "drift": (DRIFT, drift_sql),
+    "remediations": (REMEDIATION, open_sql),
+}
+
+# Gpu.recommendedAction is the remediation policy's word (hardware.recommended_action,
+# Python over the policy the service installed), never restated in SQL: a
+# GPU with faults is written as a mark holding its sticky reasons and
+# recovery action, which the page replaces (_recommend) before it is passed
+# on; the others are NONE. The mark's key starts with U+0001, which no key
+# of a page can hold otherwise (keys are the selection's, or these), and an
+# object's opening `{"` is never inside a JSON string, where `"` is escaped.
+_MARK = "\\u0001recommended"
+_MARKED = re.compile(r'\{"' + re.escape(_MARK) + r'" : (\[.*?\]), "recovery" : (null|"[^"]*")\}')
+
+
+def _recommend(found: re.Match[str]) -> str:
+    sticky, recovery = json.loads(found[1]), json.loads(found[2])
+    return json.dumps(recommended_action(sticky, recovery).name)
+
+
+def recommend(text: str) -> str:
+    """A page's or node's JSON with each GPU's recommendedAction mark replaced by the policy's."""
+    return _MARKED.sub(_recommend, text) if _MARK in text else text
+
+
 # A node's disks (NodeRecord.local_disk / shared_disk): null when unknown.
 DISKS: Mapping[str, tuple[str, str]] = {
     "local_disk": ("n.local_disk_free", "n.local_disk_total"),
@@ -245,6 +319,10 @@ async def _json_page(
     return JsonPage(row.entries, None)
 
 
+def _recommended(page: JsonPage) -> JsonPage:
+    return JsonPage(recommend(page.entries), page.truncated)
+
+
 class Unsupported(ValueError):
     """The selection names something this module cannot build."""
 
@@ -252,6 +330,8 @@ class Unsupported(ValueError):
 class _Statement:
     def __init__(self) -> None:
         self.params: dict[str, Any] = {}
+        # Whether the JSON holds recommendedAction marks, for recommend().
+        self.recommends = False
 
     def param(self, value: Any) -> str:
         name = f"p{len(self.params)}"
@@ -269,6 +349,13 @@ class _Statement:
         if value.constant is not None:
             return self.param(value.constant)
         attribute = value.attribute
+        if kind is GPU and attribute == "recommended_action" and value.selection is None:
+            self.recommends = True
+            none = self.param(RemediationAction.NONE.name)
+            return (
+                f"CASE WHEN {has_faults_sql('g')} THEN json_build_object(chr(1) || 'recommended',"
+                f" g.sticky_reasons, 'recovery', g.recovery_action) ELSE to_json({none}) END"
+            )
         if value.selection is None:
             expression = kind.get(attribute)
             if expression is None:
@@ -295,6 +382,11 @@ class _Statement:
         if kind is NODE and attribute in KEY_VALUE_LISTS:
             entry = self.object(KEY_VALUE, value.selection)
             return by_key_sql(KEY_VALUE_LISTS[attribute], entry)
+        if kind is NODE and attribute in HEALTH_LISTS:
+            item, rows = HEALTH_LISTS[attribute]
+            return str(rows("n", self.object(item, value.selection)))
+        if kind is GPU and attribute == "taints":
+            return f"coalesce({gpu_taints_sql('g', self.object(TAINT, value.selection))}, '[]')"
         if kind is NODE and attribute in _LISTS:
             item, source, order = _LISTS[attribute]
             return (
@@ -326,6 +418,7 @@ class FreeGpusPage:
         statement = _Statement()
         self._entry = statement.object(FREE_GPUS, selection)  # raises Unsupported
         self._params = statement.params
+        self._recommends = statement.recommends
 
     async def fetch(
         self,
@@ -342,9 +435,10 @@ class FreeGpusPage:
             gpu_class=gpu_class, fabric=fabric, min_free=min_free, first=request.limit, after=after
         )
         # free_gpus_query names its parameters by word, ours are p<n>: no clash.
-        return await _json_page(
+        page = await _json_page(
             conn, self._entry, query, "q", "node_id", {**params, **self._params}, request
         )
+        return _recommended(page) if self._recommends else page
 
 
 class NodePage:
@@ -354,6 +448,7 @@ class NodePage:
         statement = _Statement()
         self._node = statement.object(NODE, selection)  # raises Unsupported
         self._params = statement.params
+        self._recommends = statement.recommends
 
     async def fetch(
         self,
@@ -365,7 +460,7 @@ class NodePage:
         """The page list_nodes reads, each node as the selection says, as a JSON array."""
         clause, params = page_clause(node_filter, request.limit, after)
         # page_clause names its parameters by word, ours are p<n>: no clash.
-        return await _json_page(
+        page = await _json_page(
             conn,
             self._node,
             f"SELECT * FROM nodes n {clause}",
@@ -374,6 +469,7 @@ class NodePage:
             {**params, **self._params},
             request,
         )
+        return _recommended(page) if self._recommends else page
 
 
 class OneNode:
@@ -388,8 +484,11 @@ class OneNode:
             " WHERE n.id = ANY(CAST(:node_ids AS text[]))"
         )
         self._params = statement.params
+        self._recommends = statement.recommends
 
     async def fetch(self, conn: Connection, node_ids: Sequence[str]) -> dict[str, str]:
         """Each node's JSON object (text) by id; an id of no node is left out."""
         rows = await conn.execute(self._sql, {**self._params, "node_ids": list(node_ids)})
+        if self._recommends:
+            return {row[0]: recommend(row[1]) for row in rows}
         return {row[0]: row[1] for row in rows}

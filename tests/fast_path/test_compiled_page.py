@@ -541,3 +541,152 @@ async def test_timestamps_are_written_as_the_datetime_scalar_writes_them(
         assert [r["built"] for r in rows] == [serialize(r["at"]) for r in rows], zone
     # PostgreSQL's own JSON would not do: another zone, a trimmed fraction.
     assert any(json.loads(r["to_json"]) != r["built"] for r in rows)
+
+
+# Fleet health's marks (issue 38): taints on nodes and GPUs, drift, open remediations,
+# each GPU's recommended action; every field of each, under aliases, with __typename.
+TAINT_FIELDS = "__typename key value effect source reason actor since"
+HEALTH = f"""
+query Health($first: Int, $after: ID) {{
+  page: nodes(first: $first, after: $after) {{
+    id state
+    taints {{ {TAINT_FIELDS} }}
+    drift {{ __typename kind expected observed since gpuIndices }}
+    open: remediations {{ __typename id nodeId gpuIndices gpuClass action state scope cause
+                         trigger taintKey attempts failures createdAt since }}
+    gpus {{ index stickyReasons cordonReason recommendedAction
+           marks: taints {{ {TAINT_FIELDS} }} }}
+  }}
+}}
+"""
+START_REMEDIATION = "mutation S($id: ID!) { startRemediation(id: $id) { state } }"
+VALIDATE = "mutation V($v: ValidationInput!) { recordValidation(input: $v) { state } }"
+PROFILE = "mutation P($p: HardwareProfileInput!) { setHardwareProfile(input: $p) { name } }"
+
+
+def with_faults(count: int, faults: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**g, **faults.get(g["index"], {})} for g in gpus(H100, count)]
+
+
+async def a_cluster_with_marks(api: Any) -> None:
+    """Every kind of mark, through the API as agents and operators make them: XIDs whose
+    remediations are PENDING, IN_PROGRESS, AWAITING_VALIDATION, DONE and ESCALATED; a
+    driver's recovery action alone; operators' taints of each effect on GPUs and on a node,
+    beside cordons and a drain; a node drifting from its hardware profile in three ways."""
+    # gpu-01: XIDs 48 and 79 on GPU 3 (REBOOT_NODE, PENDING), XID 95 on GPU 5 with the
+    # driver asking for a reboot (then started), XID 94 on GPU 6 (RESTART_APP: no taint, nothing sticks), the driver asking GPU 1 for a
+    # reset with no XID, GPU 2 cordoned and tainted, GPU 3 tainted by an operator too.
+    faults = {3: {"xids": [48, 79]}, 5: {"xids": [95], "recoveryAction": "NODE_REBOOT"},
+              6: {"xids": [94]}, 1: {"recoveryAction": "GPU_RESET"}}  # fmt: skip
+    await api(REGISTER, {"input": node_input("gpu-01", gpus=with_faults(8, {}), bootId="a")})
+    await api(REGISTER, {"input": node_input("gpu-01", gpus=with_faults(8, faults), bootId="a")})
+    listed = await api("{ remediations { id gpuIndices } }")
+    [reset] = [r["id"] for r in listed["remediations"] if r["gpuIndices"] == [5]]
+    await api(START_REMEDIATION, {"id": reset})
+    await api('mutation { cordonGpu(nodeId: "gpu-01", index: 2, reason: "fan") { index } }')
+    for indices, key, effect in (([2, 3], "burn-in", "PREFER_NO_SCHEDULE"),
+                                 ([2], "dedicated", "NO_EXECUTE")):  # fmt: skip
+        await api(
+            "mutation T($i: [Int!]!, $t: TaintInput!) "
+            '{ taintGpus(nodeId: "gpu-01", indices: $i, taint: $t) { index } }',
+            {"i": indices, "t": {"key": key, "effect": effect, "reason": f'{key} "quoted"'}},
+        )
+    # gpu-02: XID 48 on GPU 0, a reboot (AWAITING_VALIDATION), a failed validation; XID 48
+    # on GPU 1, a reboot and a pass (DONE), and again within 7 days (ESCALATED).
+    await api(REGISTER, {"input": node_input("gpu-02", gpus=with_faults(8, {}), bootId="a")})
+    await api(REGISTER, {"input": node_input("gpu-02", bootId="a",
+                                             gpus=with_faults(8, {1: {"xids": [48]}}))})  # fmt: skip
+    await api(REGISTER, {"input": node_input("gpu-02", gpus=with_faults(8, {}), bootId="b")})
+    passed = {"nodeId": "gpu-02", "gpuIndices": [1], "test": "dcgm_diag", "passed": True}
+    await api(VALIDATE, {"v": passed})
+    await api(REGISTER, {"input": node_input("gpu-02", bootId="b",
+                                             gpus=with_faults(8, {0: {"xids": [48]},
+                                                                  1: {"xids": [48]}}))})  # fmt: skip
+    await api(REGISTER, {"input": node_input("gpu-02", gpus=with_faults(8, {}), bootId="c")})
+    failed = {"nodeId": "gpu-02", "gpuIndices": [0], "test": "dcgm_diag", "passed": False}
+    await api(VALIDATE, {"v": failed})
+    # gpu-03: tainted whole by an operator, and cordoned; gpu-04 draining.
+    await api(REGISTER, {"input": node_input("gpu-03")})
+    await api(
+        'mutation { taintNode(nodeId: "gpu-03", taint: {key: "dedicated", value: "infer",'
+        ' effect: NO_EXECUTE, reason: "inference only"}) { id } }'
+    )
+    await api('mutation { cordonNode(id: "gpu-03", reason: "kernel upgrade") { id } }')
+    await api(REGISTER, {"input": node_input("gpu-04")})
+    await api('mutation { drainNode(id: "gpu-04", reason: "RMA") { id } }')
+    # hgx-1: a profile of eight GPUs, 2 TB and 400 Gb/s rails; it reports seven, 1 TB,
+    # and a rail at 200.
+    profile = {"name": "hgx", "selector": {"key": "profile", "value": "hgx"}, "gpuCount": 8,
+               "hcaRateGbps": 400, "memoryTotalMb": 2_000_000}  # fmt: skip
+    await api(PROFILE, {"p": profile})
+    rails = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400},
+             {"fabric": "ib-b", "hcas": ["mlx5_1"], "rateGbps": 200}]  # fmt: skip
+    near = [{**g, "nearHcas": ["mlx5_0" if g["index"] < 4 else "mlx5_1"]} for g in gpus(H100, 7)]
+    await api(REGISTER, {"input": node_input(
+        "hgx-1", gpus=near, fabrics=rails, memoryTotalMb=1_000_000,
+        labels=[{"key": "profile", "value": "hgx"}])})  # fmt: skip
+
+
+async def test_fleet_health_marks_read_the_same_built_by_postgresql(
+    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
+    api: Any,
+    count_statements: StatementCounter,
+) -> None:
+    """Taints, drift, open remediations and the policy's recommended action: one statement
+    per page and per node, the same JSON as Strawberry's resolvers give, on marks of every
+    kind (the recommended action written by the policy itself, node_pages.recommend)."""
+    await a_cluster_with_marks(api)
+    before = answered("page")
+    answer, statements = await both_ways(both, count_statements, HEALTH)
+    assert statements == 1 and answered("page") - before == 1
+    page = {n["id"]: n for n in answer["data"]["page"]}
+
+    gpu_01 = page["gpu-01"]["gpus"]
+    assert [g["recommendedAction"] for g in gpu_01] == [
+        "NONE", "RESET_GPU", "NONE", "REBOOT_NODE", "NONE", "REBOOT_NODE", "NONE", "NONE"
+    ]  # fmt: skip
+    assert gpu_01[3]["stickyReasons"] == ["xid_48", "xid_79"]
+    # The cordon first, then by key; the operator's beside the policy's.
+    assert [(t["key"], t["effect"], t["source"]) for t in gpu_01[2]["marks"]] == [
+        ("cordon", "NO_SCHEDULE", "OPERATOR"),
+        ("burn-in", "PREFER_NO_SCHEDULE", "OPERATOR"),
+        ("dedicated", "NO_EXECUTE", "OPERATOR"),
+    ]
+    # XID 79 joined XID 48's remediation (raising its action) under XID 48's taint.
+    assert [(t["key"], t["source"]) for t in gpu_01[3]["marks"]] == [
+        ("burn-in", "OPERATOR"), ("xid-48", "XID")
+    ]  # fmt: skip
+    assert [(r["gpuIndices"], r["action"], r["state"]) for r in page["gpu-01"]["open"]] == [
+        ([3], "REBOOT_NODE", "PENDING"), ([5], "RESET_GPU", "IN_PROGRESS"),
+        ([6], "RESTART_APP", "PENDING"),
+    ]  # fmt: skip
+    # DONE and ESCALATED are not open; the escalated GPU keeps its taint.
+    assert [(r["gpuIndices"], r["state"]) for r in page["gpu-02"]["open"]] == [
+        ([0], "AWAITING_VALIDATION")
+    ]
+    assert page["gpu-02"]["open"][0]["failures"] == 1
+    assert [t["key"] for t in page["gpu-02"]["gpus"][1]["marks"]] == ["xid-48"]
+    # A node's own taints: an operator's and its cordon or drain, by key.
+    assert [(t["key"], t["value"], t["effect"]) for t in page["gpu-03"]["taints"]] == [
+        ("cordon", None, "NO_SCHEDULE"), ("dedicated", "infer", "NO_EXECUTE")
+    ]  # fmt: skip
+    assert [(t["key"], t["reason"]) for t in page["gpu-04"]["taints"]] == [("drain", "RMA")]
+    assert [(d["kind"], d["gpuIndices"]) for d in page["hgx-1"]["drift"]] == [
+        ("GPU_MISSING", None), ("HCA_RATE_LOW", [4, 5, 6]), ("MEMORY_LOW", None)
+    ]  # fmt: skip
+    assert page["gpu-04"]["drift"] == [] and page["gpu-04"]["open"] == []
+
+    # Pages by `first`, and each node by id through the compiled node route.
+    for after in (None, "gpu-02"):
+        _, statements = await both_ways(
+            both, count_statements, HEALTH, {"first": 2, "after": after}
+        )
+        assert statements == 1
+    one = HEALTH.replace("query Health($first: Int, $after: ID)", "query One($id: ID!)").replace(
+        "page: nodes(first: $first, after: $after)", "one: node(id: $id)"
+    )
+    nodes = answered("node")
+    for node_id in page:
+        _, statements = await both_ways(both, count_statements, one, {"id": node_id})
+        assert statements == 1
+    assert answered("node") - nodes == len(page)

@@ -406,12 +406,19 @@ class Cluster:
     @staticmethod
     def report(i: int) -> dict[str, Any]:
         # Every tenth node is an A100 node, one in 97 has a sick GPU, every
-        # other one is on the fabric.
+        # other one is on the fabric. Issue 38: every other such GPU reports XID 79
+        # too (a taint, a remediation) and its node has less memory than its
+        # profile (BIG_PROFILE) says (drift, a taint). Few: shardsToMove reads
+        # every taint (fleet/health/moves.py), which a bigger taints table shows.
         model = A100 if i % 10 == 9 else H100
         entries = gpus(model)
         if i % 97 == 0:
             entries[2] = {**entries[2], "healthy": False, "healthReasons": ["ecc"]}
-        return node_input(node_id(i), gpus=entries, fabrics=IB if i % 2 == 0 else [])
+        more: dict[str, Any] = {}
+        if i % 194 == 0:
+            entries[2]["xids"] = [79]
+            more = {"labels": [BIG_PROFILE["selector"]], "memoryTotalMb": 1_000_000}
+        return node_input(node_id(i), gpus=entries, fabrics=IB if i % 2 == 0 else [], **more)
 
     async def taint(self, ids: Sequence[int]) -> None:
         """Taints as operators set them (TOLERATIONS' keys), many to a request."""
@@ -483,8 +490,16 @@ LAYOUTS: dict[str, Callable[[int], list[int]]] = {
 }
 
 
+BIG_PROFILE = {"name": "big", "selector": {"key": "profile", "value": "big"},
+               "memoryTotalMb": 2_000_000}  # fmt: skip
+
+
 async def load(cluster: Cluster, layout: str) -> None:
     ids = list(range(NODES_IN_CLUSTER))
+    await cluster.send(
+        "mutation($p: HardwareProfileInput!) { setHardwareProfile(input: $p) { name } }",
+        {"p": BIG_PROFILE},
+    )
     batches = [ids[k : k + REGISTER_BATCH] for k in range(0, len(ids), REGISTER_BATCH)]
     for k in range(0, len(batches), 4):
         await asyncio.gather(*(cluster.register(b) for b in batches[k : k + 4]))
@@ -567,7 +582,7 @@ STATES = {
 }
 TABLES = (
     "nodes", "gpus", "gpu_pools", "allocated_gpus", "shards", "fabric_attachments", "filesystems",
-    "weights", "events", "taints",
+    "weights", "events", "taints", "remediations", "drift_findings",
 )  # fmt: skip
 
 

@@ -8,13 +8,14 @@ Which documents: a query with one root field, `nodes` (filter, first, after)
 or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
 after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
-leaves (IDs, strings, integers, booleans, Bytes, DateTime, the NodeState
-enum), lists of leaves, localDisk/sharedDisk, labels and engineVersions
+leaves (IDs, strings, integers, booleans, Bytes, DateTime, the enums of
+stored columns, _STORED_VALUES), lists of leaves, localDisk/sharedDisk, labels and engineVersions
 (node_views.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
 (service/fleet/topology.py's definitions), and the detail
-lists gpus (with allocation), freeGpus without gpuClass
-(service/scheduling/availability.py's gpu_free), storage, allocations, fabrics and
-weights with their leaves. Aliases and __typename too; no directives,
+lists gpus (with allocation, taints and recommendedAction), freeGpus without gpuClass
+(service/scheduling/availability.py's gpu_free), storage, allocations, fabrics,
+weights, and fleet health's taints, drift and remediations (service/fleet/health/'s
+SQL for them) with their leaves. Aliases and __typename too; no directives,
 fragments or repeated response keys. Everything else (a field given
 arguments, hasWeights or hcasFor) runs through graphql-core as before.
 The same selections of one node by id: compiled_node.py.
@@ -72,10 +73,11 @@ from graphql import (
 from service import node_states
 from service.database.connections import NativeConnection
 from service.fleet import node_pages
+from service.fleet.health import policy, remediations
 from service.graphql.operations.queries import free_gpus_arguments, nodes_arguments
 from service.graphql.private_api import core_schema
 from service.paging import PageRequest
-from service.scheduling import weights_lifecycle
+from service.scheduling import taints, weights_lifecycle
 
 from .documents import only_root_field
 from .fast_request import FastRequest
@@ -105,11 +107,19 @@ _PYTHON_NAMES: Mapping[str, str] = {
 # (node_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
 _LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes", "DateTime"})
 
-# The enums a page writes from a stored `state` column, with every value
-# that column can hold: a node's state and a weights row's.
-_STORED_STATES: Mapping[str, Collection[str]] = {
+# The enums a page writes from a stored column, with every value that column
+# can hold: a node's state and a weights row's; a taint's effect and source,
+# a drift finding's kind, a remediation's action and state (the columns'
+# CHECKs and their writers hold them to the domain's enums); and
+# Gpu.recommendedAction, which the policy writes (node_pages.recommend).
+_STORED_VALUES: Mapping[str, Collection[str]] = {
     "NodeState": node_states.STATES,
     "WeightsState": weights_lifecycle.STATES.keys(),
+    "TaintEffect": [e.value for e in taints.TaintEffect],
+    "TaintSource": [s.value for s in taints.TaintSource],
+    "DriftKind": [k.value for k in policy.DriftKind],
+    "RemediationAction": [a.value for a in policy.RemediationAction],
+    "RemediationState": [s.value for s in remediations.RemediationState],
 }
 
 _NOT_GIVEN: Any = object()
@@ -318,9 +328,9 @@ class _Compiler:
             if _is_list(type_):
                 raise _Declined
             names = {_enum_value(v.value): n for n, v in named.values.items()}
-            # Every state the database can hold must have its name.
-            stored = _STORED_STATES.get(named.name)
-            if attribute != "state" or stored is None or not set(stored) <= set(names):
+            # Every value the database can hold must have its name.
+            stored = _STORED_VALUES.get(named.name)
+            if stored is None or not set(stored) <= set(names):
                 raise _Declined
             return node_pages.Value(key, attribute, names=names)
         if named.name not in _LEAVES:
