@@ -2,7 +2,7 @@
 
 Nodes of four GPU classes on two fabrics; unhealthy GPUs; a cordoned, a
 draining, an unreachable and a lost node; taints of each effect on GPUs and
-on a node; a node that knows no disk and no
+on a node; XIDs with remediations in three states, and drift; a node that knows no disk and no
 weights; local and shared disk; weights; allocations made by `allocate` and
 by `place`; events; tokens of every role, one revoked. Registered through
 the GraphQL API as agents and schedulers do, so the rows are the ones the
@@ -107,7 +107,8 @@ NODES = (
     _node("gpu-03", _gpus(A100, 4), fabrics=_fabric("ib-b"), storage=_disk(900)),
     _node("gpu-04", _linked(_gpus(L40S, 4, unhealthy=(0,)), []), storage=_disk(100, shared=True)),
     _node("gpu-05", _linked(_gpus(H200, 8), [[0, 1, 2, 3], [4, 5], [6, 7]]),
-          fabrics=_fabric("ib-a") + _fabric("ib-b")),
+          fabrics=_fabric("ib-a") + _fabric("ib-b"),
+          labels=[{"key": "profile", "value": "hgx-h200"}]),
     _node("gpu-06", _gpus(H100, 2)),
     _node("gpu-07", _gpus(A100, 2), fabrics=_fabric("ib-b")),
 )  # fmt: skip
@@ -134,6 +135,28 @@ TAINTS = (
     (TAINT_NODE, {"node": "gpu-06",
                   "taint": {"key": "dedicated", "value": "infer", "effect": "NO_EXECUTE",
                             "reason": "inference only"}}),
+)  # fmt: skip
+
+
+def _faults(boot: str, faults: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    gpu_05 = NODES[4]
+    listed = [{**g, **faults.get(g["index"], {})} for g in gpu_05["gpus"]]
+    return {"input": {**gpu_05, "gpus": listed, "bootId": boot}}
+
+
+PROFILE = "mutation($p: HardwareProfileInput!) { setHardwareProfile(input: $p) { name } }"
+START = "mutation($id: ID!) { startRemediation(id: $id) { id } }"
+# Fleet health on gpu-05 (issue 38; it is UNREACHABLE, so no place changes):
+# XIDs 79 and 95 carried out by a reboot (AWAITING_VALIDATION), then XID 48
+# (PENDING) and XID 64 (started: IN_PROGRESS), the driver asking GPU 0 for a
+# reset; and a profile of 16 GPUs for its 8 (GPU_MISSING).
+HEALTH = (
+    (PROFILE, {"p": {"name": "hgx-h200", "selector": {"key": "profile", "value": "hgx-h200"},
+                     "gpuCount": 16}}),
+    (REGISTER, _faults("boot-a", {6: {"xids": [79]}, 7: {"xids": [95]}})),
+    (REGISTER, _faults("boot-b", {})),
+    (REGISTER, _faults("boot-b", {5: {"xids": [48]}, 4: {"xids": [64]},
+                                  0: {"recoveryAction": "GPU_RESET"}})),
 )  # fmt: skip
 
 # (role, bound node, description, revoked)
@@ -172,6 +195,11 @@ async def seed(engine: AsyncEngine, send: Send) -> None:
         await ok(REGISTER, {"input": node})
     for query, variables in TAINTS:
         await ok(query, variables)
+    for query, variables in HEALTH:
+        await ok(query, variables)
+    listed = await send("{ remediations(state: PENDING) { id gpuIndices } }", {})
+    [started] = [r["id"] for r in listed["data"]["remediations"] if r["gpuIndices"] == [4]]
+    await ok(START, {"id": started})
     await ok(CORDON, {"id": "gpu-03", "r": "kernel upgrade"})
     await ok(DRAIN, {"id": "gpu-04", "r": "RMA of GPU 0"})
     shards = [

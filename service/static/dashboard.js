@@ -17,7 +17,11 @@ const STATES = ["READY", "CORDONED", "DRAINING", "UNREACHABLE", "LOST"];
 const NODES_QUERY = `query DashboardNodes($after: ID) {
   nodes(after: $after) {
     id hostname state schedulable stateReason stateChangedBy lastSeen
-    gpus { index gpuClass healthy healthReasons cordonReason stickyReasons }
+    taints { key effect source reason }
+    drift { kind expected observed gpuIndices }
+    remediations { id gpuIndices action state }
+    gpus { index gpuClass healthy healthReasons cordonReason stickyReasons recommendedAction
+           taints { key effect source reason } }
     freeGpus { gpuClass }
     fabrics { fabric }
     localDisk { freeBytes totalBytes }

@@ -213,6 +213,23 @@ def test_the_dashboards_and_ctl_nodes_pages_are_answered_by_the_compiled_page(
     page, node = answered("page"), answered("node")
     dashboard = _dashboard_query("NODES_QUERY")
     same(both, dashboard, {"after": None})
+    # With fleet health's marks (issue 38), on the seed's varied ones: taints of each
+    # effect on GPUs and on a node, drift, remediations in each open state, and the
+    # policy's recommended actions.
+    nodes = {n["id"]: n for n in both[1].last_reference.body["data"]["nodes"]}
+    gpu_05 = nodes["gpu-05"]
+    assert [d["kind"] for d in gpu_05["drift"]] == ["GPU_MISSING"]
+    assert [(r["gpuIndices"], r["action"], r["state"]) for r in gpu_05["remediations"]] == [
+        ([6], "REBOOT_NODE", "AWAITING_VALIDATION"), ([7], "RESET_GPU", "AWAITING_VALIDATION"),
+        ([4], "RESET_GPU", "IN_PROGRESS"), ([5], "RESET_GPU", "PENDING"),
+    ]  # fmt: skip
+    assert [g["recommendedAction"] for g in gpu_05["gpus"]] == [
+        "RESET_GPU", "NONE", "NONE", "NONE", "RESET_GPU", "RESET_GPU", "REBOOT_NODE", "RESET_GPU"
+    ]  # fmt: skip
+    assert [t["effect"] for t in nodes["gpu-06"]["taints"]] == ["NO_EXECUTE"]
+    assert {t["effect"] for n in nodes.values() for g in n["gpus"] for t in g["taints"]} == {
+        "NO_SCHEDULE", "PREFER_NO_SCHEDULE"
+    }  # fmt: skip
     same(both, dashboard, {"after": "gpu-03"})
     # ctl pages by `first` (PAGE; the comparison's apps allow pages of MAX_PAGE_SIZE).
     same(both, CTL_NODES, {"first": MAX_PAGE_SIZE, "after": None})
