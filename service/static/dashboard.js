@@ -17,11 +17,11 @@ const STATES = ["READY", "CORDONED", "DRAINING", "UNREACHABLE", "LOST"];
 const NODES_QUERY = `query DashboardNodes($after: ID) {
   nodes(after: $after) {
     id hostname state schedulable stateReason stateChangedBy lastSeen
-    taints { key effect source reason }
+    taints { key value effect source reason }
     drift { kind expected observed gpuIndices }
     remediations { id gpuIndices action state }
     gpus { index gpuClass healthy healthReasons cordonReason stickyReasons recommendedAction
-           taints { key effect source reason } }
+           taints { key value effect source reason } }
     freeGpus { gpuClass }
     fabrics { fabric }
     localDisk { freeBytes totalBytes }
@@ -36,7 +36,11 @@ const SUMMARY_QUERY = `query DashboardSummary {
 const NODE_QUERY = `query DashboardNode($id: ID!) {
   node(id: $id) {
     id state
-    gpus { index gpuClass healthy healthReasons stickyReasons cordonReason allocation { shardId replicaId } }
+    taints { key value effect source reason }
+    drift { kind expected observed gpuIndices }
+    remediations { id gpuIndices action state }
+    gpus { index gpuClass healthy healthReasons stickyReasons cordonReason allocation { shardId replicaId }
+           recommendedAction taints { key value effect source reason } }
     weights { path state sizeBytes totalBytes pinnedBy }
   }
 }`;
@@ -430,7 +434,7 @@ function nodeRow(node) {
       el("div", { class: "hostname" }, node.hostname),
     ),
     el("td", {}, el("span", { class: `state state-${node.state}` }, node.state)),
-    el("td", { class: "reason" }, ...reason),
+    el("td", { class: "reason" }, ...reason, ...nodeMarks(node)),
     el(
       "td",
       { class: "gpus" },
@@ -442,7 +446,7 @@ function nodeRow(node) {
                 el("div", { class: "unschedulable", title: `not schedulable: the node is ${node.state}` }, `${c.free} / ${c.total} ${cls}`),
           )
         : [el("span", { class: "unknown" }, "none")]),
-      ...gpuMarks(node.gpus),
+      ...gpuMarks(node),
     ),
     el("td", { class: "fabrics" }, node.fabrics.map((f) => f.fabric).join(", ") || "—"),
     disk,
@@ -463,14 +467,21 @@ function nvlinkCell(node) {
   );
 }
 
-// Unhealthy GPUs, cordoned ones and those whose health waits for a reset, marked
-// under the counts: the GPUs the summary counts as unhealthy, found by node.
-function gpuMarks(gpus) {
-  return gpus
-    .filter((g) => g.cordonReason || g.stickyReasons.length || !g.healthy)
+// Unhealthy GPUs, cordoned ones, those whose health waits for a reset, and
+// those fleet health marks (below), marked under the counts: the GPUs the
+// summary counts as unhealthy, found by node.
+function gpuMarks(node) {
+  return node.gpus
+    .filter((g) => g.cordonReason || g.stickyReasons.length || !g.healthy || healthMarks(node, g).length)
     .map((g) => {
       const passing = g.healthReasons.filter((r) => !g.stickyReasons.includes(r));
-      const kinds = [!g.healthy && "unhealthy", g.cordonReason && "cordoned", g.stickyReasons.length && "sticky"];
+      const marks = healthMarks(node, g);
+      const kinds = [
+        !g.healthy && "unhealthy",
+        g.cordonReason && "cordoned",
+        g.stickyReasons.length && "sticky",
+        ownTaints(g.taints, GPU_TAINTS_SHOWN_ELSEWHERE).length && "tainted",
+      ];
       return el(
         "div",
         { class: ["gpu-mark", ...kinds.filter(Boolean)].join(" "), "data-gpu-index": g.index },
@@ -478,8 +489,79 @@ function gpuMarks(gpus) {
         ...passing.map((r) => el("span", { class: "unhealthy", title: "unhealthy: reported by the node's agent" }, r)),
         ...g.stickyReasons.map((r) => el("span", { class: "sticky", title: "unhealthy until the GPU is reset" }, r)),
         ...(g.cordonReason ? [el("span", { class: "cordoned", title: g.cordonReason }, "cordoned")] : []),
+        ...marks,
       );
     });
+}
+
+// ---- fleet health's marks (docs/operations/dashboard.md) ----
+// Each reads as words (what, its effect or state, who or what set it, why);
+// colour only repeats what the words say.
+
+// A cordon or drain is also a taint (keys cordon and drain, Taint's
+// description in the schema): the node's state and the GPU's cordoned mark
+// say so already.
+const NODE_TAINTS_SHOWN_ELSEWHERE = ["cordon", "drain"];
+const GPU_TAINTS_SHOWN_ELSEWHERE = ["cordon"];
+
+function ownTaints(taints, shownElsewhere) {
+  return (taints || []).filter((t) => !shownElsewhere.includes(t.key));
+}
+
+function taintMark(t) {
+  return el(
+    "div",
+    { class: `mark taint effect-${t.effect}` },
+    el("span", { class: "mark-kind" }, "taint"),
+    ` ${t.key}${t.value === null || t.value === undefined ? "" : `=${t.value}`} `,
+    el("span", { class: "effect" }, t.effect),
+    ` by ${t.source}: ${t.reason}`,
+  );
+}
+
+function remediationMark(r) {
+  return el(
+    "div",
+    { class: `mark remediation state-${r.state}`, "data-remediation-id": r.id },
+    el("span", { class: "mark-kind" }, "remediation"),
+    ` ${r.action} `,
+    el("span", { class: "remediation-state" }, r.state),
+  );
+}
+
+// The GPU's own taints, what the remediation policy recommends for it, and the
+// node's open remediations that name it.
+function healthMarks(node, g) {
+  const remediations = (node.remediations || []).filter((r) => r.gpuIndices.includes(g.index));
+  return [
+    ...ownTaints(g.taints, GPU_TAINTS_SHOWN_ELSEWHERE).map(taintMark),
+    ...(g.recommendedAction && g.recommendedAction !== "NONE"
+      ? [el("div", { class: "mark recommended" }, el("span", { class: "mark-kind" }, "recommended"), ` ${g.recommendedAction}`)]
+      : []),
+    ...remediations.map(remediationMark),
+  ];
+}
+
+// The node's own taints, its drift from its hardware profile, and open
+// remediations for GPUs it does not report (a missing GPU's).
+function nodeMarks(node) {
+  const indices = new Set(node.gpus.map((g) => g.index));
+  return [
+    ...ownTaints(node.taints, NODE_TAINTS_SHOWN_ELSEWHERE).map(taintMark),
+    ...(node.drift || []).map((d) =>
+      el(
+        "div",
+        { class: "mark drift" },
+        el("span", { class: "mark-kind" }, "drift"),
+        ` ${d.kind}: expected ${d.expected}, observed ${d.observed}`,
+        d.gpuIndices ? ` (GPUs ${d.gpuIndices.join(", ")})` : "",
+      ),
+    ),
+    ...(node.remediations || []).filter((r) => !r.gpuIndices.some((i) => indices.has(i))).map(remediationMark),
+  ].map((mark) => {
+    mark.classList.add("node-mark");
+    return mark;
+  });
 }
 
 function renderNodeView() {
@@ -489,9 +571,13 @@ function renderNodeView() {
   if (!view.selected) return;
   document.getElementById("node-view-title").textContent = node ? node.id : `${view.selected} (not registered)`;
   const gpus = node ? node.gpus : [];
+  const marks = node ? nodeMarks(node) : [];
+  document.getElementById("node-marks").replaceChildren(...marks);
+  document.getElementById("node-marks").hidden = marks.length === 0;
   document.querySelector("#node-gpus tbody").replaceChildren(
-    ...gpus.map((g) =>
-      el(
+    ...gpus.map((g) => {
+      const health = healthMarks(node, g);
+      return el(
         "tr",
         { "data-gpu-index": g.index },
         el("td", { class: "num" }, g.index),
@@ -500,8 +586,9 @@ function renderNodeView() {
         el("td", { class: "sticky" }, g.stickyReasons.join(", ") || "—"),
         el("td", { class: "cordoned" }, g.cordonReason || "—"),
         el("td", {}, g.allocation ? `${g.allocation.shardId} (replica ${g.allocation.replicaId})` : "—"),
-      ),
-    ),
+        el("td", { class: "marks" }, ...(health.length ? health : ["—"])),
+      );
+    }),
   );
   renderNodeWeights(node ? node.weights : []);
   const xids = view.selectedNode ? [...view.selectedNode.events].reverse() : [];
@@ -687,8 +774,13 @@ async function start() {
 }
 
 async function goLive() {
+  // One subscription per page: the look started before the token was typed
+  // in may end after the one made with it opened the subscription, and must
+  // neither say "connecting" nor "polling" over it.
+  if (socket) return;
   setMode("connecting", "looking for the events subscription");
   const subscription = await eventsSubscription();
+  if (socket) return;
   if (subscription.query) {
     connectLive(subscription.query);
   } else {

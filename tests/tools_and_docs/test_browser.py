@@ -333,6 +333,12 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
 MARKS = """
 [...document.querySelectorAll('tr[data-node-id="gpu-01"] .gpu-mark')].map(d => d.innerText.trim())
 """
+# A GPU's marks after XID 79 (fleet health: tests/tools_and_docs/test_dashboard_health.py).
+XID_79_TAINT = (
+    "taint xid-79 NO_SCHEDULE by XID: xid 79: the GPU has fallen off the bus: it answers nothing"
+    " until a reboot"
+)
+XID_79_MARKS = f"{XID_79_TAINT}\nrecommended REBOOT_NODE\nremediation REBOOT_NODE PENDING"
 NODE_VIEW = """
 ({
   title: document.getElementById('node-view-title').innerText,
@@ -368,7 +374,9 @@ async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recen
         await page.wait_for(
             "document.querySelectorAll('#nodes tbody tr').length === 2", "two node rows"
         )
-        marks = ["GPU 0 ecc_uncorrected", "GPU 2 xid_79", "GPU 3 cordoned"]
+        # The XID 79 GPU: sticky, the policy's taint, the reboot it recommends and the
+        # remediation waiting for it (tests/tools_and_docs/test_dashboard_health.py).
+        marks = ["GPU 0 ecc_uncorrected", f"GPU 2 xid_79\n{XID_79_MARKS}", "GPU 3 cordoned"]
         assert await page.evaluate(MARKS) == marks
         rows = await page.evaluate(ROWS)
         assert rows["gpu-01"]["gpus"].startswith("1 / 4 L40S-48GB")
@@ -444,8 +452,11 @@ async def test_the_dashboard_on_the_demo_cluster_marks_the_xid_gpu_and_the_cordo
         assert rows["hgx-04"]["state"] == "CORDONED"
         assert rows["hgx-04"]["reason"].startswith("PSU swap")
         assert rows["hgx-03"]["gpus"].startswith("7 / 8 H100-80GB")
-        # The GPU the summary counts as unhealthy is found on its node: XID 79, sticky.
-        assert marks["hgx-03"] == [["gpu-mark unhealthy sticky", "GPU 5 xid_79"]]
+        # The GPU the summary counts as unhealthy is found on its node: XID 79, sticky,
+        # tainted by the policy, which recommends a reboot and has a remediation waiting.
+        assert marks["hgx-03"] == [
+            ["gpu-mark unhealthy sticky tainted", f"GPU 5 xid_79\n{XID_79_MARKS}"]
+        ]
         assert {node: m for node, m in marks.items() if m} == {"hgx-03": marks["hgx-03"]}
         assert (rows["hgx-01"]["fabrics"], rows["hgx-03"]["fabrics"]) == ("ib-a", "ib-b")
         assert (await page.evaluate(SUMMARY))["H100-80GB"] == [32, 23, 0, 1, 8]
