@@ -77,6 +77,19 @@ def register(service: LiveService, node_id: str, **fields: Any) -> None:
     call(service, REGISTER, {"input": node_input(node_id, **fields)})
 
 
+async def open_dashboard(page: Page, service: LiveService, fragment: str = "") -> None:
+    """The dashboard (at `fragment`, e.g. "#node=gpu-01"), with the token typed into its Token field."""
+    await page.goto(service.url.removesuffix("graphql") + fragment)
+    await type_token(page)
+
+
+async def type_token(page: Page) -> None:
+    await page.evaluate(
+        f"document.getElementById('token').value = {json.dumps(TOKEN)};"
+        "document.getElementById('token-form').requestSubmit()"
+    )
+
+
 def origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
@@ -271,10 +284,7 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
             "the page to say it needs a token",
         )
         # The operator pastes a token once; the page keeps it in this browser.
-        await page.evaluate(
-            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-            "document.getElementById('token-form').requestSubmit()"
-        )
+        await type_token(page)
         await page.wait_for(
             "document.querySelectorAll('#nodes tbody tr').length === 3", "three node rows"
         )
@@ -366,11 +376,7 @@ async def test_the_dashboard_marks_cordoned_and_xid_gpus_and_lists_a_nodes_recen
     )
 
     async with chromium() as page:
-        await page.goto(service.url.removesuffix("graphql"))
-        await page.evaluate(
-            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-            "document.getElementById('token-form').requestSubmit()"
-        )
+        await open_dashboard(page, service)
         await page.wait_for(
             "document.querySelectorAll('#nodes tbody tr').length === 2", "two node rows"
         )
@@ -435,10 +441,7 @@ async def test_the_dashboard_on_the_demo_cluster_marks_the_xid_gpu_and_the_cordo
         # Not "Nodes (0)": the cluster is not empty, it was not read.
         count = await page.evaluate("document.getElementById('count').innerText")
         assert count == "(a token is needed to read them)"
-        await page.evaluate(
-            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-            "document.getElementById('token-form').requestSubmit()"
-        )
+        await type_token(page)
         await page.wait_for(
             "document.querySelectorAll('#nodes tbody tr').length === 5", "the demo's five nodes"
         )

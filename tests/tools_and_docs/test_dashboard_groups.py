@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from tests.chromium import chromium
 from tests.conftest import LiveService
 from tests.tools_and_docs.test_browser import (
     SCREENSHOTS,
-    TOKEN,
     call,
+    open_dashboard,
     pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
     service,  # noqa: F401  (the fixture)
@@ -43,11 +41,7 @@ async def test_a_groups_view_shows_its_members_and_kv_paths(
     assert placed["placeGroup"]["__typename"] == "GroupPlaced", placed
 
     async with chromium() as page:
-        await page.goto(service.url.removesuffix("graphql"))
-        await page.evaluate(
-            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-            "document.getElementById('token-form').requestSubmit()"
-        )
+        await open_dashboard(page, service)
         await page.wait_for(
             "document.querySelectorAll('#groups tbody tr').length === 1", "the group listed"
         )

@@ -9,7 +9,6 @@ state, who set it, why), not as a colour alone.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tests.chromium import Page, chromium
@@ -17,10 +16,10 @@ from tests.conftest import LiveService
 from tests.reports import H100, L40S, gpus
 from tests.tools_and_docs.test_browser import (
     SCREENSHOTS,
-    TOKEN,
     XID_79_TAINT,
     assert_nothing_came_from_outside,
     call,
+    open_dashboard,
     pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
     service,  # noqa: F401  (the fixture)
@@ -72,11 +71,7 @@ async def test_the_dashboard_marks_taints_drift_and_remediations_as_they_happen(
     register(service, "gpu-02", gpus=gpus(L40S, 4))
 
     async with chromium() as page:
-        await page.goto(service.url.removesuffix("graphql"))
-        await page.evaluate(
-            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-            "document.getElementById('token-form').requestSubmit()"
-        )
+        await open_dashboard(page, service)
         await page.wait_for(
             "document.getElementById('status').innerText === 'live'", "the events subscription"
         )

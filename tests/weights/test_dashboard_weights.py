@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 from tests.chromium import chromium
 from tests.conftest import LiveService
 from tests.reports import GB, PLACE, placement
 from tests.tools_and_docs.test_browser import (
     SCREENSHOTS,
-    TOKEN,
     call,
+    open_dashboard,
     pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
     service,  # noqa: F401  (the fixture)
@@ -39,11 +37,7 @@ async def test_the_node_view_lists_weights_with_state_progress_and_pins(
     assert placed["place"]["__typename"] == "Allocated"
 
     async with chromium() as page:
-        await page.goto(service.url.removesuffix("graphql") + "#node=gpu-01")
-        await page.evaluate(
-            f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-            "document.getElementById('token-form').requestSubmit()"
-        )
+        await open_dashboard(page, service, "#node=gpu-01")
         await page.wait_for(
             "document.querySelectorAll('#node-weights tbody tr').length === 2", "the node's weights"
         )
