@@ -690,3 +690,11 @@ async def test_fleet_health_marks_read_the_same_built_by_postgresql(
         _, statements = await both_ways(both, count_statements, one, {"id": node_id})
         assert statements == 1
     assert answered("node") - nodes == len(page)
+    # The schedulers' question with its nodes' marks: the same builder, one statement.
+    free = (
+        "{ freeGpus(minFree: 1) { gpuIndices node { id drift { kind } remediations { state }"
+        " gpus { index recommendedAction taints { key effect } } } } }"
+    )
+    answer, statements = await both_ways(both, count_statements, free)
+    assert statements == 1
+    assert "REBOOT_NODE" in json.dumps(answer)
