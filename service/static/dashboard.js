@@ -476,12 +476,8 @@ function gpuMarks(node) {
     .map((g) => {
       const passing = g.healthReasons.filter((r) => !g.stickyReasons.includes(r));
       const marks = healthMarks(node, g);
-      const kinds = [
-        !g.healthy && "unhealthy",
-        g.cordonReason && "cordoned",
-        g.stickyReasons.length && "sticky",
-        ownTaints(g.taints, GPU_TAINTS_SHOWN_ELSEWHERE).length && "tainted",
-      ];
+      const tainted = ownTaints(g.taints, GPU_TAINTS_SHOWN_ELSEWHERE).length && "tainted";
+      const kinds = [!g.healthy && "unhealthy", g.cordonReason && "cordoned", g.stickyReasons.length && "sticky", tainted];
       return el(
         "div",
         { class: ["gpu-mark", ...kinds.filter(Boolean)].join(" "), "data-gpu-index": g.index },
