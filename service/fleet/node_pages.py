@@ -174,6 +174,7 @@ DRIFT: Mapping[str, str] = {
     "observed": "d.observed",
     "since": timestamp("d.since"),
     "gpu_indices": "d.gpu_indices",
+    "remediation_id": "d.remediation_id::text",
 }
 # An open remediation (Node.remediations) over remediations `r`: its id is an ID (text).
 REMEDIATION: Mapping[str, str] = {

@@ -19,7 +19,7 @@ const NODES_QUERY = `query DashboardNodes($after: ID) {
     id hostname state schedulable stateReason stateChangedBy lastSeen
     taints { key value effect source reason }
     drift { kind expected observed gpuIndices }
-    remediations { id gpuIndices action state }
+    remediations { id gpuIndices action state scope trigger }
     gpus { index gpuClass healthy healthReasons cordonReason stickyReasons recommendedAction
            taints { key value effect source reason } }
     freeGpus { gpuClass }
@@ -38,7 +38,7 @@ const NODE_QUERY = `query DashboardNode($id: ID!) {
     id state
     taints { key value effect source reason }
     drift { kind expected observed gpuIndices }
-    remediations { id gpuIndices action state }
+    remediations { id gpuIndices action state scope trigger }
     gpus { index gpuClass healthy healthReasons stickyReasons cordonReason allocation { shardId replicaId }
            recommendedAction taints { key value effect source reason } }
     weights { path state sizeBytes totalBytes pinnedBy }
@@ -515,33 +515,41 @@ function taintMark(t) {
   );
 }
 
-function remediationMark(r) {
+// An open remediation: its action and state, and what set it off (xid-79,
+// drift-gpu-missing: also its taint's key).
+function remediationMark(r, gpus) {
   return el(
     "div",
     { class: `mark remediation state-${r.state}`, "data-remediation-id": r.id },
     el("span", { class: "mark-kind" }, "remediation"),
     ` ${r.action} `,
     el("span", { class: "remediation-state" }, r.state),
+    `: ${r.trigger}${gpus ? ` (GPUs ${r.gpuIndices.join(", ")})` : ""}`,
   );
+}
+
+// A remediation of the whole node (scope NODE), or of GPUs the node no longer
+// reports, is the node's mark; the others are marks of the GPUs they name.
+function onNode(node, r) {
+  return r.scope === "NODE" || !r.gpuIndices.some((i) => node.gpus.some((g) => g.index === i));
 }
 
 // The GPU's own taints, what the remediation policy recommends for it, and the
 // node's open remediations that name it.
 function healthMarks(node, g) {
-  const remediations = (node.remediations || []).filter((r) => r.gpuIndices.includes(g.index));
+  const remediations = (node.remediations || []).filter((r) => !onNode(node, r) && r.gpuIndices.includes(g.index));
   return [
     ...ownTaints(g.taints, GPU_TAINTS_SHOWN_ELSEWHERE).map(taintMark),
     ...(g.recommendedAction && g.recommendedAction !== "NONE"
       ? [el("div", { class: "mark recommended" }, el("span", { class: "mark-kind" }, "recommended"), ` ${g.recommendedAction}`)]
       : []),
-    ...remediations.map(remediationMark),
+    ...remediations.map((r) => remediationMark(r, false)),
   ];
 }
 
-// The node's own taints, its drift from its hardware profile, and open
-// remediations for GPUs it does not report (a missing GPU's).
+// The node's own taints, its drift from its hardware profile, and its own
+// open remediations (onNode).
 function nodeMarks(node) {
-  const indices = new Set(node.gpus.map((g) => g.index));
   return [
     ...ownTaints(node.taints, NODE_TAINTS_SHOWN_ELSEWHERE).map(taintMark),
     ...(node.drift || []).map((d) =>
@@ -553,7 +561,7 @@ function nodeMarks(node) {
         d.gpuIndices ? ` (GPUs ${d.gpuIndices.join(", ")})` : "",
       ),
     ),
-    ...(node.remediations || []).filter((r) => !r.gpuIndices.some((i) => indices.has(i))).map(remediationMark),
+    ...(node.remediations || []).filter((r) => onNode(node, r)).map((r) => remediationMark(r, true)),
   ].map((mark) => {
     mark.classList.add("node-mark");
     return mark;

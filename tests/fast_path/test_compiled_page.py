@@ -551,7 +551,7 @@ query Health($first: Int, $after: ID) {{
   page: nodes(first: $first, after: $after) {{
     id state
     taints {{ {TAINT_FIELDS} }}
-    drift {{ __typename kind expected observed since gpuIndices }}
+    drift {{ __typename kind expected observed since gpuIndices remediationId }}
     open: remediations {{ __typename id nodeId gpuIndices gpuClass action state scope cause
                          trigger taintKey attempts failures createdAt since }}
     gpus {{ index stickyReasons cordonReason recommendedAction

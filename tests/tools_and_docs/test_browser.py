@@ -348,7 +348,7 @@ XID_79_TAINT = (
     "taint xid-79 NO_SCHEDULE by XID: xid 79: the GPU has fallen off the bus: it answers nothing"
     " until a reboot"
 )
-XID_79_MARKS = f"{XID_79_TAINT}\nrecommended REBOOT_NODE\nremediation REBOOT_NODE PENDING"
+XID_79_MARKS = f"{XID_79_TAINT}\nrecommended REBOOT_NODE\nremediation REBOOT_NODE PENDING: xid-79"
 NODE_VIEW = """
 ({
   title: document.getElementById('node-view-title').innerText,

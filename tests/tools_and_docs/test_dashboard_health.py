@@ -83,7 +83,11 @@ async def test_the_dashboard_marks_taints_drift_and_remediations_as_they_happen(
         register(service, "gpu-01", **report("gpu-01", gpu3={"xids": [79]}))
         marks = await marks_until(page, "m['gpu-01'].gpus['3']", "GPU 3's XID marks")
         assert marks["gpu-01"]["gpus"] == {
-            "3": [XID_79_TAINT, "recommended REBOOT_NODE", "remediation REBOOT_NODE PENDING"]
+            "3": [
+                XID_79_TAINT,
+                "recommended REBOOT_NODE",
+                "remediation REBOOT_NODE PENDING: xid-79",
+            ]
         }
 
         # Another operator taints gpu-02 whole and one of its GPUs.
@@ -100,23 +104,27 @@ async def test_the_dashboard_marks_taints_drift_and_remediations_as_they_happen(
             "gpus": {"1": ["taint burn-in PREFER_NO_SCHEDULE by OPERATOR: new card"]},
         }
 
-        # gpu-01 comes back with seven of its profile's eight GPUs: drift, and the
-        # policy's taint on the node.
+        # gpu-01 comes back with seven of its profile's eight GPUs: drift, the policy's
+        # taint on the node and its remediation of the node (a reboot re-enumerates).
         register(service, "gpu-01", **report("gpu-01", count=7, gpu3={"xids": [79]}))
-        marks = await marks_until(page, "m['gpu-01'].node.length >= 2", "gpu-01's drift")
+        marks = await marks_until(page, "m['gpu-01'].node.length >= 3", "gpu-01's drift")
         node_marks = marks["gpu-01"]["node"]
         assert node_marks == [
             "taint drift-gpu-missing NO_SCHEDULE by DRIFT: GPU_MISSING: expected 8 GPUs,"
             " observed 7 GPUs",
             "drift GPU_MISSING: expected 8 GPUs, observed 7 GPUs",
+            "remediation REBOOT_NODE PENDING: drift-gpu-missing (GPUs 0, 1, 2, 3, 4, 5, 6)",
         ]
+        # Not repeated on each GPU: GPU 3 keeps its own.
+        assert list(marks["gpu-01"]["gpus"]) == ["3"]
 
         # The operator's automation starts the remediation: its state follows.
-        [remediation] = call(service, "{ remediations { id } }", {})["remediations"]
-        call(service, START, {"id": remediation["id"]})
+        listed = call(service, "{ remediations { id trigger } }", {})["remediations"]
+        [xid] = [r["id"] for r in listed if r["trigger"] == "xid-79"]
+        call(service, START, {"id": xid})
         marks = await marks_until(
             page,
-            "m['gpu-01'].gpus['3'].includes('remediation REBOOT_NODE IN_PROGRESS')",
+            "m['gpu-01'].gpus['3'].includes('remediation REBOOT_NODE IN_PROGRESS: xid-79')",
             "the remediation in progress",
         )
         await page.screenshot(SCREENSHOTS / "dashboard-fleet-health.png")
@@ -132,7 +140,7 @@ async def test_the_dashboard_marks_taints_drift_and_remediations_as_they_happen(
         shown = await page.evaluate(NODE_VIEW)
         await page.screenshot(SCREENSHOTS / "dashboard-fleet-health-node.png")
         assert shown["gpus"][3] == [
-            XID_79_TAINT, "recommended REBOOT_NODE", "remediation REBOOT_NODE IN_PROGRESS"
+            XID_79_TAINT, "recommended REBOOT_NODE", "remediation REBOOT_NODE IN_PROGRESS: xid-79"
         ]  # fmt: skip
         assert [g for i, g in enumerate(shown["gpus"]) if i != 3] == [[]] * 6
         assert shown["node"] == node_marks
