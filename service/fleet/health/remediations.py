@@ -43,7 +43,6 @@ CONFLICT naming the id and the state, and changes nothing.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -85,7 +84,8 @@ OPEN = (
     RemediationState.IN_PROGRESS,
     RemediationState.AWAITING_VALIDATION,
 )
-_OPEN_SQL = "(" + ", ".join(f"'{s.value}'" for s in OPEN) + ")"
+# SQL: the OPEN states, for `state IN OPEN_SQL`.
+OPEN_SQL = "(" + ", ".join(f"'{s.value}'" for s in OPEN) + ")"
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ NOT_DRIFT_SQL = f"r.trigger NOT LIKE '{DRIFT_TRIGGER}%'"
 _OPEN_ON = text(
     f"""
     SELECT {COLUMNS} FROM remediations r
-    WHERE r.node_id = :node_id AND r.state IN {_OPEN_SQL}
+    WHERE r.node_id = :node_id AND r.state IN {OPEN_SQL}
       AND r.gpu_indices && CAST(:indices AS int[]) AND {NOT_DRIFT_SQL}
     ORDER BY r.id
     """
@@ -557,7 +557,7 @@ async def covered_sticky(conn: Connection, node_id: str) -> set[tuple[int, str]]
     rows = await conn.execute(
         text(
             f"SELECT r.gpu_indices, r.trigger FROM remediations r"
-            f" WHERE r.node_id = :node_id AND r.state IN {_OPEN_SQL}"
+            f" WHERE r.node_id = :node_id AND r.state IN {OPEN_SQL}"
         ),
         {"node_id": node_id},
     )
@@ -592,30 +592,3 @@ async def list_remediations(
         params,
     )
     return [of_row(r) for r in rows]
-
-
-# A node's open remediations (Node.remediations), by id: read here and built
-# by the compiled page (open_sql) from the same predicate and order.
-_OPEN_OF = f"r.state IN {_OPEN_SQL}"
-_OPEN_OF_NODES = text(
-    f"SELECT {COLUMNS} FROM remediations r"
-    f" WHERE r.node_id = ANY(CAST(:ids AS text[])) AND {_OPEN_OF} ORDER BY r.node_id, r.id"
-)
-
-
-async def open_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[Remediation]]:
-    """Each node's open remediations (PENDING, IN_PROGRESS, AWAITING_VALIDATION), by id."""
-    out: dict[str, list[Remediation]] = defaultdict(list)
-    for r in await conn.execute(_OPEN_OF_NODES, {"ids": list(node_ids)}):
-        out[r.node_id].append(of_row(r))
-    return out
-
-
-def open_sql(n: str, entry: str) -> str:
-    """SQL json: `entry` (over remediations `r`) for each open remediation of the node row `n`,
-    as open_of lists them; [] for none. The compiled page's Node.remediations
-    (service/fleet/node_pages.py)."""
-    return (
-        f"(SELECT coalesce(json_agg({entry} ORDER BY r.id), '[]')"
-        f" FROM remediations r WHERE r.node_id = {n}.id AND {_OPEN_OF})"
-    )
