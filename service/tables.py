@@ -343,6 +343,15 @@ taints = Table(
     ),
 )
 
+# The nodes a NO_EXECUTE taint is on: where shardsToMove looks (service/fleet/health/moves.py).
+# Without it that read is a pass over every taint, which grows with the fleet's
+# XID and operator taints (one node in 29 with an XID taint took it past a page's cost).
+Index(
+    "ix_taints_no_execute",
+    taints.c.node_id,
+    postgresql_where=text(f"effect = '{TaintEffect.NO_EXECUTE.value}'"),
+)
+
 fabric_attachments = Table(
     "fabric_attachments",
     metadata,
