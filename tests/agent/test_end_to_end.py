@@ -7,7 +7,8 @@ service's database is the code that ships.
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,45 @@ async def eventually(
                 await asyncio.sleep(0.05)
     except TimeoutError:
         pytest.fail(f"never saw {what}; last seen: {node}")
+
+
+@asynccontextmanager
+async def agent_hearing_xids(
+    url: str, root: Path, nvml: FakeNvml, **settings: Any
+) -> AsyncIterator[None]:
+    """The agent's loop for node gpu-07 on `root`, with its XID listener, running against
+    the service at `url` until the block ends; `settings` (intervals, validations) go to its AgentConfig."""
+    config = AgentConfig(
+        node_id="gpu-07",
+        hostname="gpu-07.dc1",
+        mgmt_addr="10.0.0.7",
+        service_url=url,
+        root=str(root),
+        **settings,
+    )
+    disks = FakeDisks(root)
+    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
+    scanner = WeightsScanner(config.root)
+    client = InventoryClient(config.service_url, None, config.request_timeout)
+    inbox = XidInbox()
+    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
+    listener.start()
+    agent = Agent(
+        config,
+        client,
+        lambda: build_report(config, host, scanner),
+        xids=inbox,
+        resets=host.resets,
+    )
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, timeout=10)
+        listener.stop(timeout=10)
+        await client.aclose()
 
 
 PLACE_WITH_WEIGHTS = """
@@ -226,29 +266,16 @@ async def test_an_xid_reaches_the_service_within_seconds_and_stays(
 ) -> None:
     root = make_node(tmp_path / "node")
     nvml = FakeNvml([h100(i) for i in range(4)])
-    config = AgentConfig(
-        node_id="gpu-07",
-        hostname="gpu-07.dc1",
-        mgmt_addr="10.0.0.7",
-        service_url=live_service.url,
+    async with agent_hearing_xids(
+        live_service.url,
+        root,
+        nvml,
         # Every interval longer than the test's patience: only the XID itself
         # can make the agent report it.
         heartbeat_interval=PATIENCE * 4,
         scan_interval=PATIENCE * 4,
         full_report_interval=PATIENCE * 8,
-        root=str(root),
-    )
-    disks = FakeDisks(root)
-    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
-    scanner = WeightsScanner(config.root)
-    client = InventoryClient(config.service_url, None, config.request_timeout)
-    inbox = XidInbox()
-    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
-    listener.start()
-    agent = Agent(config, client, lambda: build_report(config, host, scanner), xids=inbox)
-    stop = asyncio.Event()
-    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
-    try:
+    ):
         await eventually(live_service.url, lambda n: len(n["gpus"]) == 4, "the node registered")
         nvml.raise_xid(2, 79)
         node = await eventually(live_service.url, lambda n: 2 not in healthy(n), "the XID")
@@ -265,11 +292,6 @@ async def test_an_xid_reaches_the_service_within_seconds_and_stays(
         assert [e["detail"]["xid"] for e in answer["data"]["events"]] == [79, 13]
         node = await eventually(live_service.url, lambda n: True, "the node")
         assert healthy(node) == [0, 1, 3]
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, timeout=10)
-        listener.stop(timeout=10)
-        await client.aclose()
 
 
 REMEDIATIONS = "{ remediations { gpuIndices action state trigger } }"
@@ -288,29 +310,16 @@ async def test_xid_154_takes_the_drivers_verdict_and_the_agent_validates_the_gpu
     asks for (a fake dcgmi that passes), and the GPU takes work again."""
     root = make_node(tmp_path / "node")
     nvml = FakeNvml([h100(i) for i in range(4)])
-    config = AgentConfig(
-        node_id="gpu-07",
-        hostname="gpu-07.dc1",
-        mgmt_addr="10.0.0.7",
-        service_url=live_service.url,
+    async with agent_hearing_xids(
+        live_service.url,
+        root,
+        nvml,
         heartbeat_interval=0.05,
         scan_interval=0.1,
         # Full reports (after which the agent asks what to validate) often.
         full_report_interval=0.3,
-        root=str(root),
         validations={"dcgm_diag": dcgmi("pass", log=tmp_path / "dcgmi.log")},
-    )
-    disks = FakeDisks(root)
-    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
-    scanner = WeightsScanner(config.root)
-    client = InventoryClient(config.service_url, None, config.request_timeout)
-    inbox = XidInbox()
-    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
-    listener.start()
-    agent = Agent(config, client, lambda: build_report(config, host, scanner), xids=inbox)
-    stop = asyncio.Event()
-    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
-    try:
+    ):
         await eventually(live_service.url, lambda n: len(n["gpus"]) == 4, "the node registered")
         # The driver decides GPU 1 needs a reboot, and says so with XID 154.
         nvml.gpus[1].recovery_action = 2
@@ -335,11 +344,6 @@ async def test_xid_154_takes_the_drivers_verdict_and_the_agent_validates_the_gpu
         assert (tmp_path / "dcgmi.log").read_text().split("\n")[0] == "diag -r 3 -j -i 1"
         node = (await scheduler(live_service.url, GPU_1))["node"]
         assert node["gpus"][1]["taints"] == [] and {"index": 1} in node["freeGpus"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, timeout=10)
-        listener.stop(timeout=10)
-        await client.aclose()
 
 
 async def test_a_gpu_reset_the_agent_sees_carries_out_the_reset_and_validates_the_gpu_back(
@@ -351,34 +355,16 @@ async def test_a_gpu_reset_the_agent_sees_carries_out_the_reset_and_validates_th
     DCGM diagnostic, and the GPU takes work again."""
     root = make_node(tmp_path / "node")
     nvml = FakeNvml([h100(i) for i in range(4)])
-    config = AgentConfig(
-        node_id="gpu-07",
-        hostname="gpu-07.dc1",
-        mgmt_addr="10.0.0.7",
-        service_url=live_service.url,
+    async with agent_hearing_xids(
+        live_service.url,
+        root,
+        nvml,
         heartbeat_interval=0.05,
         scan_interval=0.1,
+        # Full reports (after which the agent asks what to validate) often.
         full_report_interval=0.3,
-        root=str(root),
         validations={"dcgm_diag": dcgmi("pass", log=tmp_path / "dcgmi.log")},
-    )
-    disks = FakeDisks(root)
-    host = Host(nvml=nvml, statvfs=disks.statvfs, stat=disks.stat)
-    scanner = WeightsScanner(config.root)
-    client = InventoryClient(config.service_url, None, config.request_timeout)
-    inbox = XidInbox()
-    listener = XidListener(nvml, inbox, wait_ms=20, warn=logging.getLogger("test").warning)
-    listener.start()
-    agent = Agent(
-        config,
-        client,
-        lambda: build_report(config, host, scanner),
-        xids=inbox,
-        resets=host.resets,
-    )
-    stop = asyncio.Event()
-    running = asyncio.ensure_future(run_until_stopped(agent.run(), stop))
-    try:
+    ):
         await eventually(live_service.url, lambda n: len(n["gpus"]) == 4, "the node registered")
         nvml.gpus[1].recovery_action = 1  # GPU_RESET
         nvml.raise_xid(1, 154)
@@ -401,8 +387,3 @@ async def test_a_gpu_reset_the_agent_sees_carries_out_the_reset_and_validates_th
         assert (tmp_path / "dcgmi.log").read_text().split("\n")[0] == "diag -r 3 -j -i 1"
         node = (await scheduler(live_service.url, GPU_1))["node"]
         assert node["gpus"][1]["taints"] == [] and {"index": 1} in node["freeGpus"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, timeout=10)
-        listener.stop(timeout=10)
-        await client.aclose()

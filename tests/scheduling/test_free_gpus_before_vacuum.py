@@ -22,16 +22,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
-import httpx
 import pytest
 
-from service.config import Settings
-from service.database.db import create_engine, dispose, libpq_url
-from service.database.migrations import upgrade
-from service.web.app import create_app
-from tests.conftest import create_database, drop_database
 from tests.reports import A100, H100, H200, L40S, gpus, node_input
-from tests.scheduling.test_page_costs import Cluster, Read, node_id
+from tests.scheduling.test_page_costs import Cluster, Read, api_on, node_id, unanalyzed_database
 
 # Four pools per node: 10,000 rows in gpu_pools, as at the benchmark's 10,000
 # nodes, where the planner without statistics took the bitmap scan and sort.
@@ -69,25 +63,14 @@ class FourClasses(Cluster):
 
 @pytest.fixture
 def fresh_database(server_url: str) -> Iterator[str]:
-    url = create_database(server_url, prefix="llmgw_unvacuumed")
-    upgrade(url)
-    try:
+    with unanalyzed_database(server_url, "llmgw_unvacuumed") as url:
         yield url
-    finally:
-        drop_database(server_url, url)
 
 
 @pytest.fixture
 async def cluster(fresh_database: str) -> AsyncIterator[tuple[FourClasses, str]]:
-    settings = Settings(max_page_size=PAGE)
-    engine = create_engine(fresh_database, settings)
-    app = create_app(settings, engine=engine)
-    transport = httpx.ASGITransport(app=app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
-            yield FourClasses(client), libpq_url(fresh_database)
-    finally:
-        await dispose(engine)
+    async with api_on(fresh_database, FourClasses, PAGE) as both:
+        yield both
 
 
 async def test_every_page_of_the_whole_answer_costs_the_page_before_any_vacuum(

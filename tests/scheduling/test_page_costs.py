@@ -26,9 +26,10 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 import httpx
@@ -479,6 +480,9 @@ class Cluster:
         return found
 
 
+C = TypeVar("C", bound=Cluster)
+
+
 def _first_nodes_held(i: int) -> list[int]:
     # The first third of the nodes fully held (their healthy H100s, but for
     # the GPU an XID tainted).
@@ -519,10 +523,10 @@ async def load(cluster: Cluster, layout: str) -> None:
     await cluster.taint(ids)
 
 
-@pytest.fixture
-def fresh_database(server_url: str) -> Iterator[str]:
+@contextmanager
+def unanalyzed_database(server_url: str, prefix: str) -> Iterator[str]:
     """A database just created and migrated: no statistics, as a new cluster's."""
-    url = create_database(server_url, prefix="llmgw_pages")
+    url = create_database(server_url, prefix=prefix)
     upgrade(url)
     try:
         yield url
@@ -530,17 +534,30 @@ def fresh_database(server_url: str) -> Iterator[str]:
         drop_database(server_url, url)
 
 
-@pytest.fixture
-async def cluster(fresh_database: str) -> AsyncIterator[tuple[Cluster, str]]:
-    settings = Settings(max_page_size=PAGE)
-    engine = create_engine(fresh_database, settings)
+@asynccontextmanager
+async def api_on(url: str, kind: type[C], page: int) -> AsyncIterator[tuple[C, str]]:
+    """The service on `url` (pages up to `page`) as a `kind` of Cluster, and a libpq DSN."""
+    settings = Settings(max_page_size=page)
+    engine = create_engine(url, settings)
     app = create_app(settings, engine=engine)
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
-            yield Cluster(client), libpq_url(fresh_database)
+            yield kind(client), libpq_url(url)
     finally:
         await dispose(engine)
+
+
+@pytest.fixture
+def fresh_database(server_url: str) -> Iterator[str]:
+    with unanalyzed_database(server_url, "llmgw_pages") as url:
+        yield url
+
+
+@pytest.fixture
+async def cluster(fresh_database: str) -> AsyncIterator[tuple[Cluster, str]]:
+    async with api_on(fresh_database, Cluster, PAGE) as both:
+        yield both
 
 
 async def table_rows(raw: Any, table: str) -> int:
