@@ -407,18 +407,18 @@ class Cluster:
     @staticmethod
     def report(i: int) -> dict[str, Any]:
         # Every tenth node is an A100 node, one in 97 has a sick GPU, every
-        # other one is on the fabric. Issue 38: one in 29 has a GPU that
-        # reported XID 79 (a taint, a remediation: a taints table of several
-        # pages, which a read of every taint would show), and one in 194 has
-        # less memory than its profile (BIG_PROFILE) says (drift, a taint).
+        # other one is on the fabric. Issue 38: every other such GPU reports XID 79
+        # too (a taint, a remediation) and its node has less memory than its
+        # profile (BIG_PROFILE) says (drift, a taint). Few: at this size a taints
+        # table of a few pages is one the planner rightly reads whole once
+        # analyzed, which says nothing of a fleet's (moves.py's index is for that).
         model = A100 if i % 10 == 9 else H100
         entries = gpus(model)
         if i % 97 == 0:
             entries[2] = {**entries[2], "healthy": False, "healthReasons": ["ecc"]}
-        if i % 29 == 0:
-            entries[2] = {**entries[2], "xids": [79]}
         more: dict[str, Any] = {}
         if i % 194 == 0:
+            entries[2]["xids"] = [79]
             more = {"labels": [BIG_PROFILE["selector"]], "memoryTotalMb": 1_000_000}
         return node_input(node_id(i), gpus=entries, fabrics=IB if i % 2 == 0 else [], **more)
 
@@ -484,11 +484,8 @@ C = TypeVar("C", bound=Cluster)
 
 
 def _first_nodes_held(i: int) -> list[int]:
-    # The first third of the nodes fully held (their healthy H100s, but for
-    # the GPU an XID tainted).
-    if i >= NODES_IN_CLUSTER // 3 or i % 97 == 0 or i % 10 == 9:
-        return []
-    return [g for g in range(8) if g != 2] if i % 29 == 0 else list(range(8))
+    # The first third of the nodes fully held (their healthy H100s).
+    return list(range(8)) if i < NODES_IN_CLUSTER // 3 and i % 97 and i % 10 != 9 else []
 
 
 LAYOUTS: dict[str, Callable[[int], list[int]]] = {

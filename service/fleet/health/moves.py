@@ -58,7 +58,8 @@ async def shards_to_move(
 ) -> list[ShardToMove]:
     """A page of the shards NO_EXECUTE taints move, by shard id; `after`: the last of the page before.
 
-    Only nodes with a NO_EXECUTE taint are read (the taints table is small),
+    Only nodes with a NO_EXECUTE taint are read (found through
+    ix_taints_no_execute once the taints table is larger than a few pages),
     and on them the shards whose stop time is known: a shard that tolerates
     every such taint for ever is not stale.
     """
