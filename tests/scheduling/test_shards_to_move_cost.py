@@ -1,0 +1,114 @@
+"""ctl allocations --stale (shardsToMove) costs its page on a fleet's taints table, in every statistics state.
+
+shardsToMove starts from the nodes a NO_EXECUTE taint is on. A fleet's
+taints table is mostly other taints (XIDs, burn-in, drift: NO_SCHEDULE and
+PREFER_NO_SCHEDULE), and NO_EXECUTE ones are rare; read as a pass over every
+taint, the page cost the table (migration 0020's ix_taints_no_execute is the
+way in). test_page_costs loads a taints table of a few pages, which the
+planner rightly reads whole once analyzed; here it is made many pages
+(every GPU of the cluster carries a PREFER_NO_SCHEDULE taint, through
+taintGpus), and the page must still cost its entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg  # type: ignore[import-untyped]
+import pytest
+
+from service.ctl.capacity import SHARDS_TO_MOVE
+from tests.scheduling.test_page_costs import (
+    PAGE,
+    REGISTER_BATCH,
+    Cluster,
+    Read,
+    api_on,
+    node_id,
+    over_bound,
+    unanalyzed_database,
+)
+
+NODES = 1500
+# One node in 100 carries a NO_EXECUTE taint; which nodes hold a shard (on GPUs 4-7,
+# healthy and untainted on every node) is the layout.
+NO_EXECUTE = range(5, NODES, 100)
+LAYOUTS = {
+    "every fifth node holds a shard": range(0, NODES, 5),
+    "the first third hold a shard": range(NODES // 3),
+}
+STATES = {
+    "before ANALYZE": "",
+    "after ANALYZE": "ANALYZE",
+    "after VACUUM ANALYZE": "VACUUM ANALYZE",
+}
+
+
+@pytest.fixture
+def fresh_database(server_url: str) -> Iterator[str]:
+    with unanalyzed_database(server_url, "llmgw_moves") as url:
+        yield url
+
+
+@pytest.fixture
+async def cluster(fresh_database: str) -> AsyncIterator[tuple[Cluster, str]]:
+    async with api_on(fresh_database, Cluster, PAGE) as both:
+        yield both
+
+
+async def mutate(api: Cluster, fields: list[str]) -> None:
+    for k in range(0, len(fields), REGISTER_BATCH):
+        body = await api.send("mutation { " + " ".join(fields[k : k + REGISTER_BATCH]) + " }", {})
+        assert not body.get("errors"), body
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_the_stale_list_costs_its_page_however_many_other_taints_there_are(
+    cluster: tuple[Cluster, str], layout: str
+) -> None:
+    api, dsn = cluster
+    raw = await asyncpg.connect(dsn)
+    try:
+        for table in ("taints", "shards", "nodes", "gpus"):
+            await raw.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        ids = list(range(NODES))
+        for k in range(0, NODES, REGISTER_BATCH):
+            await api.register(ids[k : k + REGISTER_BATCH])
+        holding = list(LAYOUTS[layout])
+        for k in range(0, len(holding), REGISTER_BATCH):
+            await api.allocate([(i, [4, 5, 6, 7]) for i in holding[k : k + REGISTER_BATCH]])
+        await mutate(
+            api,
+            [
+                f'g{i}: taintGpus(nodeId: "{node_id(i)}", indices: [0, 1, 2, 3, 4, 5, 6, 7],'
+                ' taint: {key: "burn-in", effect: PREFER_NO_SCHEDULE, reason: "new"}) { index }'
+                for i in ids
+            ],
+        )
+        await mutate(
+            api,
+            [
+                f'n{i}: taintNode(nodeId: "{node_id(i)}", taint: {{key: "maintenance",'
+                ' effect: NO_EXECUTE, reason: "firmware"}) { id }'
+                for i in NO_EXECUTE
+            ],
+        )
+        taints = await raw.fetchval("SELECT count(*) FROM taints")
+        pages = await raw.fetchval("SELECT pg_relation_size('taints') / 8192")
+        assert taints > 8 * NODES and pages > 50, (taints, pages)
+
+        read = Read("ctl stale allocations: shards to move", SHARDS_TO_MOVE, {"first": PAGE})
+        expected = sorted(f"s-{i}" for i in NO_EXECUTE if i in holding)
+        assert expected, "no shard on a NO_EXECUTE node: the list would be empty"
+        found: list[str] = []
+        for state, statement in STATES.items():
+            if statement:
+                await raw.execute(statement)
+            page = (await api.send(SHARDS_TO_MOVE, {"first": PAGE}))["data"]["shardsToMove"]
+            assert [s["shardId"] for s in page] == expected[:PAGE], state
+            assert {s["taint"]["key"] for s in page} == {"maintenance"}
+            costs = await api.costs(raw, read)
+            found.extend(f"{state}: {o}" for o in await over_bound(raw, read, costs))
+        assert not found, "\n".join(found)
+    finally:
+        await raw.close()
