@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Api
-from tests.reports import GB, H100, REGISTER, TB, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import GB, H100, REGISTER, TB, gpus, node_input
 
 SNAPSHOT = """
 query($id: ID!) { node(id: $id) {

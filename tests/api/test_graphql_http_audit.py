@@ -23,7 +23,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control import tokens
-from tests.conftest import REPO, LiveService
+from tests.support import REPO
+from tests.support.live_service import LiveService
 
 GRAPHQL_HTTP = "graphql-http@1.23.1"
 GRAPHQL_JS = "graphql@16.11.0"  # graphql-http's peer dependency

@@ -26,9 +26,9 @@ from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.event_log.event_stream import LISTENER_NAME, EventStream
 from service.event_log.events import EventFilter, record_event
-from tests.conftest import Api
 from tests.fleet.test_liveness import IB_A, place
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 # Short, but with room for a loaded CI machine: heartbeats the test sends
 # every ~0.1 s must never look like a second of silence.

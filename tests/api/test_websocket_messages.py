@@ -27,7 +27,9 @@ import pytest
 import websockets
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import REPO, TABLES, free_port
+from tests.support import REPO
+from tests.support.databases import empty
+from tests.support.live_service import free_port
 
 PROTOCOL = "graphql-transport-ws"
 LEGACY = "graphql-ws"
@@ -46,7 +48,7 @@ class LoggedService:
 async def no_tokens(engine: AsyncEngine) -> None:
     """An empty inventory: no token left in force by an earlier test."""
     async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+        await empty(conn)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from service.graphql.fast.compiled_heartbeat import compile_heartbeat
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
-from tests.reports import (
+from tests.support.reports import (
     A100,
     ALLOCATE,
     GB,

@@ -33,7 +33,7 @@ from service.graphql.types import BEAT_FIELDS, NODE_FIELDS, Node
 from service.metrics import COUNTERS
 from service.web import app as app_module
 from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, OPERATIONS, PAGE, same_answer
-from tests.reports import A100, PLACE, REGISTER, gpus, node_input
+from tests.support.reports import A100, PLACE, REGISTER, gpus, node_input
 
 AGENT_HEARTBEAT_PINS = (OPERATIONS / "heartbeat_pins.graphql").read_text()
 

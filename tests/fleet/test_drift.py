@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.consistency import inconsistencies
 from tests.fleet.test_remediations import stored
 from tests.operations.test_metrics import scrape
-from tests.reports import H100, L40S, PLACE, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import H100, L40S, PLACE, REGISTER, gpus, node_input
 
 SET = """
 mutation S($p: HardwareProfileInput!) {

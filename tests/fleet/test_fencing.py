@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.fleet.liveness import SweepResult, sweep
-from tests.conftest import Api
 from tests.fleet.test_liveness import IB_A, LOST_AFTER, UNREACHABLE_AFTER, silence
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support.api import Api
+from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 
 BEAT = """
 mutation Beat($id: ID!, $incarnation: Int, $running: [RunningShardInput!]) {

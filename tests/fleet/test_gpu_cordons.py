@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     PLACE,
@@ -20,7 +20,7 @@ from tests.reports import (
     node_input,
     shard,
 )
-from tests.reports import H100 as H100_MODEL
+from tests.support.reports import H100 as H100_MODEL
 
 H100 = "H100-80GB"
 CORDON = """

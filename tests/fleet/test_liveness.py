@@ -19,8 +19,8 @@ from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.fleet.liveness import SweepResult, Watch, sweep
 from service.scheduling.gpu_pools import refresh_pools
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 UNREACHABLE_AFTER = 30.0
 LOST_AFTER = 300.0

@@ -13,7 +13,7 @@ from service.fleet.health import policy
 from service.fleet.health.policy import RemediationAction, Scope, parse
 from service.scheduling.taints import TaintEffect
 from service.web.app import create_app
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_the_catalog_and_the_drivers_verdict() -> None:

@@ -15,10 +15,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.fleet.health import policy
-from tests.conftest import Api
-from tests.consistency import inconsistencies
 from tests.operations.test_metrics import scrape
-from tests.reports import H100, PLACE, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import H100, PLACE, REGISTER, gpus, node_input
 
 REMEDIATIONS = """
 query R($state: RemediationState, $node: ID) {

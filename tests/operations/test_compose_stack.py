@@ -32,7 +32,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.compose_stacks import (
+from tests.support.compose_stacks import (
     build_service_image,
     remove_image_tags,
     require_docker,
@@ -40,10 +40,10 @@ from tests.compose_stacks import (
     stack_environment,
     wait_for,
 )
-from tests.reports import REGISTER, node_input
+from tests.support.reports import REGISTER, node_input
 
 TOKEN = "e2e-operator-token-0123456789abcdef"
-# Per run (tests/compose_stacks.py says why).
+# Per run (tests/support/compose_stacks.py says why).
 PROJECT = f"llmgw-e2e-{os.getpid()}"
 IMAGE = f"llmgw-inventory:e2e-{os.getpid()}"
 

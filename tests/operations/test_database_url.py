@@ -21,8 +21,9 @@ import pytest
 from service.config import SettingError, Settings
 from service.database import database_url
 from service.database.database_wait import DatabaseStartupError, wait_until_reachable
-from tests.conftest import REPO, free_port
-from tests.pg_cluster import StandbyPair
+from tests.support import REPO
+from tests.support.live_service import free_port
+from tests.support.pg_cluster import StandbyPair
 
 SECRET = "s3cr%3At-pw"  # percent-encoded, as in a real URL: ':' inside a password
 

@@ -14,7 +14,7 @@ import yaml
 
 from service.cli import uvicorn_options
 from service.config import Settings
-from tests.conftest import REPO
+from tests.support import REPO
 
 DOCKER_COMPOSE = shutil.which("docker-compose")
 

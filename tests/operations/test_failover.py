@@ -28,10 +28,10 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.conftest import LiveService, free_port
-from tests.pg_cluster import StandbyPair, running_pair
-from tests.reports import REGISTER, node_input
-from tests.waiting import until_sync
+from tests.support.live_service import LiveService, free_port
+from tests.support.pg_cluster import StandbyPair, running_pair
+from tests.support.reports import REGISTER, node_input
+from tests.support.waiting import until_sync
 
 WRITE_EVERY = 0.05
 FOLLOW_WITHIN = 30.0

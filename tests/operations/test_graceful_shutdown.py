@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from tests.conftest import LiveService, free_port
-from tests.reports import REGISTER, node_input
-from tests.waiting import until_sync
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import REGISTER, node_input
+from tests.support.waiting import until_sync
 
 DRAIN = 1.5
 

@@ -55,11 +55,17 @@ import httpx
 import pytest
 import yaml
 
-from tests.compose_stacks import remove_image_tags, require_docker, run, stack_environment, wait_for
-from tests.conftest import REPO
-from tests.reports import PLACE, REGISTER, node_input
+from tests.support import REPO
+from tests.support.compose_stacks import (
+    remove_image_tags,
+    require_docker,
+    run,
+    stack_environment,
+    wait_for,
+)
+from tests.support.reports import PLACE, REGISTER, node_input
 
-# Per run (tests/compose_stacks.py says why).
+# Per run (tests/support/compose_stacks.py says why).
 PROJECT = f"llmgw-ha-{os.getpid()}"
 IMAGE = f"llmgw-inventory:ha-{os.getpid()}"
 HA_IMAGES = f"llmgw-ha-{os.getpid()}"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.compose_stacks import (
+from tests.support.compose_stacks import (
     REPO,
     base_images,
     clean_environment,

@@ -8,7 +8,8 @@ import sys
 import httpx
 
 from service.web.heap import YOUNG_THRESHOLD
-from tests.conftest import REPO, LiveService
+from tests.support import REPO
+from tests.support.live_service import LiveService
 
 
 def _sample(metrics: str, name: str) -> float:

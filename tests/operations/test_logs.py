@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import REPO, free_port
+from tests.support import REPO
+from tests.support.live_service import free_port
 
 
 def test_a_json_logging_service_writes_only_json_with_request_ids(

@@ -9,9 +9,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.event_log.event_announcements import drain_announcements
 from service.metrics import count_rejection
-from tests.conftest import Api, StatementCounter
 from tests.fleet.test_liveness import IB_A, place
-from tests.reports import GB, REGISTER, TB, node_input
+from tests.support.api import Api
+from tests.support.reports import GB, REGISTER, TB, node_input
+from tests.support.statements import StatementCounter
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,

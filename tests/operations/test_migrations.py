@@ -18,7 +18,8 @@ from sqlalchemy import inspect
 from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
 from service.database.migrations import downgrade, head_revision, upgrade
 from service.tables import metadata
-from tests.conftest import REPO, create_database, drop_database
+from tests.support import REPO
+from tests.support.databases import create_database, drop_database
 
 
 @pytest.fixture
@@ -166,8 +167,8 @@ async def _register_mixed_cluster(url: str) -> list[tuple[object, ...]]:
     from service.config import Settings
     from service.database.db import create_engine, dispose
     from service.web.app import create_app
-    from tests.reports import REGISTER, node_input
-    from tests.topology import IB_A, IB_B, gb200_tray, hgx_h100
+    from tests.support.reports import REGISTER, node_input
+    from tests.support.topology import IB_A, IB_B, gb200_tray, hgx_h100
 
     slow = dict(IB_B, rateGbps=200)
     reports = [

@@ -29,8 +29,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.web.app import create_app
 from service.web.tracing import Tracing, from_environment, wanted, with_exporter
-from tests.conftest import REPO, free_port
-from tests.reports import PLACE, REGISTER, node_input
+from tests.support import REPO
+from tests.support.live_service import free_port
+from tests.support.reports import PLACE, REGISTER, node_input
 
 # The scheduler's span, as its own OpenTelemetry SDK would send it on (W3C trace context).
 CALLER_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736

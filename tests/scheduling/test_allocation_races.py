@@ -28,8 +28,16 @@ from service.fleet.reports import GpuReport, NodeReport
 from service.scheduling import allocations
 from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.web.app import create_app
-from tests.conftest import Api
-from tests.reports import ALLOCATE, PLACE, REGISTER, allocation, node_input, placement, shard
+from tests.support.api import Api
+from tests.support.reports import (
+    ALLOCATE,
+    PLACE,
+    REGISTER,
+    allocation,
+    node_input,
+    placement,
+    shard,
+)
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
 CORDON = 'mutation { cordonNode(id: "gpu-07", reason: "kernel upgrade") { state } }'

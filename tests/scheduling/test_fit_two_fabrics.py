@@ -18,9 +18,18 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Api
-from tests.one_definition import ROOT, second_definitions
-from tests.reports import ALLOCATE, H100, PLACE, REGISTER, allocation, gpus, node_input, shard
+from tests.support.api import Api
+from tests.support.one_definition import ROOT, second_definitions
+from tests.support.reports import (
+    ALLOCATE,
+    H100,
+    PLACE,
+    REGISTER,
+    allocation,
+    gpus,
+    node_input,
+    shard,
+)
 
 FIT = "query F($shape: PlaceInput!) { fit(shape: $shape) { replicas } }"
 RELEASE = "mutation R($id: ID!) { releaseReplica(replicaId: $id) }"

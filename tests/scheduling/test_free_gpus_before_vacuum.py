@@ -24,8 +24,8 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from tests.reports import A100, H100, H200, L40S, gpus, node_input
 from tests.scheduling.test_page_costs import Cluster, Read, api_on, node_id, unanalyzed_database
+from tests.support.reports import A100, H100, H200, L40S, gpus, node_input
 
 # Four pools per node: 10,000 rows in gpu_pools, as at the benchmark's 10,000
 # nodes, where the planner without statistics took the bitmap scan and sort.

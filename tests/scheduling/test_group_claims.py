@@ -39,11 +39,19 @@ from service.scheduling.placement import (
     place_several_without_waiting,
 )
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
-from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink, with_peers
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.topology import (
+    IB_A,
+    IB_B,
+    bridged_pairs,
+    gb200_tray,
+    hgx_h100,
+    no_nvlink,
+    with_peers,
+)
 
 T = TypeVar("T")
 Calls = list[tuple[PlaceRequest, str | None]]

@@ -23,11 +23,11 @@ from service.scheduling.groups.fitting import count_groups
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.reads import read_board
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.scheduling.test_fit_two_fabrics import FABRIC_LAYOUTS
 from tests.scheduling.test_fit_two_fabrics import random_cluster as two_fabric_cluster
-from tests.topology import bridged_pairs, hgx_h100
+from tests.support.api import Api
+from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.topology import bridged_pairs, hgx_h100
 
 FIT_GROUP = "query F($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }"
 PLACE_GROUP = """

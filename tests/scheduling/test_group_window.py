@@ -25,11 +25,11 @@ from service.scheduling.groups.fitting import count_groups
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.planning import Misfit, plan_group
 from service.scheduling.groups.reads import read_board, read_window, windowed
-from tests.conftest import Api
-from tests.reports import H100, REGISTER, gpus, node_input
 from tests.scheduling.test_fit_two_fabrics import TAINT_GPUS, random_cluster
 from tests.scheduling.test_group_fit import PLACE_GROUP, RELEASE_GROUP, request_of, role
-from tests.topology import bridged_pairs, hgx_h100
+from tests.support.api import Api
+from tests.support.reports import H100, REGISTER, gpus, node_input
+from tests.support.topology import bridged_pairs, hgx_h100
 
 CORDON = 'mutation C($id: ID!) { cordonNode(id: $id, reason: "maintenance") { id } }'
 

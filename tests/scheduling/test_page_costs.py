@@ -59,8 +59,8 @@ from service.scheduling.placement.statements import SURVEY_COUNT, request_params
 from service.scheduling.pool_census import MOST_KINDS
 from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
-from tests.conftest import create_database, drop_database
-from tests.reports import A100, H100, gpus, node_input
+from tests.support.databases import create_database, drop_database
+from tests.support.reports import A100, H100, gpus, node_input
 
 NODES_IN_CLUSTER = 1500
 PAGE = 10

@@ -16,8 +16,8 @@ from service.scheduling import placement as placement_module
 from service.scheduling.allocations import Allocated
 from service.scheduling.placement import statements as placement_statements
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api, StatementCounter
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     GB,
@@ -31,6 +31,7 @@ from tests.reports import (
     placement,
     shard,
 )
+from tests.support.statements import StatementCounter
 
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}
 IB_B = {"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 400}

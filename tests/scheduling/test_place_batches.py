@@ -24,12 +24,13 @@ from service.scheduling.place_batches import COUNTS, PlaceQueue
 from service.scheduling.placement import Unplaceable
 from service.scheduling.rejections import Rejection
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api, StatementCounter
-from tests.consistency import inconsistencies
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
-from tests.topology import bridged_pairs, no_nvlink
-from tests.waiting import until
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support.statements import StatementCounter
+from tests.support.topology import bridged_pairs, no_nvlink
+from tests.support.waiting import until
 
 
 async def register(api: Api, *node_ids: str) -> None:

@@ -10,10 +10,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from tests.conftest import Api, StatementCounter
-from tests.reports import PLACE, REGISTER, node_input
 from tests.scheduling.test_place import statements_sent
-from tests.topology import IB_A, IB_B, gb200_tray, hgx_h100
+from tests.support.api import Api
+from tests.support.reports import PLACE, REGISTER, node_input
+from tests.support.statements import StatementCounter
+from tests.support.topology import IB_A, IB_B, gb200_tray, hgx_h100
 
 GROUP_FIELDS = """
 groupId generation

@@ -11,8 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.scheduling import availability
 from service.scheduling.capacity import free_gpus, free_gpus_query
 from service.scheduling.gpu_pools import refresh_pools
-from tests.conftest import Api, StatementCounter
-from tests.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
+from tests.support.statements import StatementCounter
 
 FREE = """
 query($cls: String, $fabric: String, $min: Int, $first: Int, $after: ID) {

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.conftest import Api
-from tests.reports import (
+from tests.scheduling.test_place import place, register
+from tests.support.api import Api
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     H100,
@@ -15,8 +16,7 @@ from tests.reports import (
     placement,
     shard,
 )
-from tests.scheduling.test_place import place, register
-from tests.topology import (
+from tests.support.topology import (
     IB_A,
     IB_B,
     bridged_pairs,

@@ -1,7 +1,7 @@
 """An operator's browser, with no network but the service: GraphiQL answers, the dashboard shows the cluster.
 
 Headless Chromium from Debian's `chromium` package, driven over the DevTools
-protocol (tests/chromium.py); every host name but 127.0.0.1 fails to resolve,
+protocol (tests/support/chromium.py); every host name but 127.0.0.1 fails to resolve,
 as on an air-gapped cluster. Screenshots land in screenshots/ for a person to
 look at.
 """
@@ -27,12 +27,13 @@ import httpx
 import pytest
 
 from service.web.assets import VENDOR_DIR, missing_or_altered, pinned_assets
-from tests.chromium import CHROMIUM, Page, chromium
-from tests.conftest import REPO, LiveService, free_port
-from tests.reports import L40S, REGISTER, TB, gpus, node_input
+from tests.support import REPO
+from tests.support.chromium import CHROMIUM, Page, chromium
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import L40S, REGISTER, TB, gpus, node_input
+from tests.support.topology import bridged_pairs
+from tests.support.vendor_assets import local_assets
 from tests.tools_and_docs.test_first_ten_minutes import needs_dev_venv
-from tests.topology import bridged_pairs
-from tests.vendor_assets import local_assets
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,

@@ -16,9 +16,9 @@ import pytest
 
 from service.cli import build_parser
 from service.config import Settings
-from tests.conftest import LiveService, free_port
-from tests.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
-from tests.topology import hgx_h100
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
+from tests.support.topology import hgx_h100
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,

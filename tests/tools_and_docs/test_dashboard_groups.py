@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tests.chromium import chromium
-from tests.conftest import LiveService
+from tests.support.chromium import chromium
+from tests.support.live_service import LiveService
+from tests.support.topology import hgx_h100
 from tests.tools_and_docs.test_browser import (
     SCREENSHOTS,
     call,
@@ -12,7 +13,6 @@ from tests.tools_and_docs.test_browser import (
     register,
     service,  # noqa: F401  (the fixture)
 )
-from tests.topology import hgx_h100
 
 PLACE_GROUP = "mutation P($g: PlaceGroupInput!) { placeGroup(input: $g) { __typename } }"
 ROWS = """

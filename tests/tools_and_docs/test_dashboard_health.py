@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chromium import Page, chromium
-from tests.conftest import LiveService
-from tests.reports import H100, L40S, gpus
+from tests.support.chromium import Page, chromium
+from tests.support.live_service import LiveService
+from tests.support.reports import H100, L40S, gpus
 from tests.tools_and_docs.test_browser import (
     SCREENSHOTS,
     XID_79_TAINT,

@@ -21,7 +21,7 @@ import pytest
 
 from dev import installed_from
 from service.cli import build_parser
-from tests.reports import REGISTER, node_input
+from tests.support.reports import REGISTER, node_input
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

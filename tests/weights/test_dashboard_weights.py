@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tests.chromium import chromium
-from tests.conftest import LiveService
-from tests.reports import GB, PLACE, placement
+from tests.support.chromium import chromium
+from tests.support.live_service import LiveService
+from tests.support.reports import GB, PLACE, placement
 from tests.tools_and_docs.test_browser import (
     SCREENSHOTS,
     call,

@@ -15,8 +15,17 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.scheduling import place_batches
-from tests.conftest import Api
-from tests.reports import ALLOCATE, EXPLAIN, GB, PLACE, REGISTER, allocation, node_input, placement
+from tests.support.api import Api
+from tests.support.reports import (
+    ALLOCATE,
+    EXPLAIN,
+    GB,
+    PLACE,
+    REGISTER,
+    allocation,
+    node_input,
+    placement,
+)
 
 LLAMA = "/models/llama-70b"
 DIGEST = "sha256:" + "ab" * 32
