@@ -36,6 +36,7 @@ from tests.support.databases import (
     migrated_template,
 )
 from tests.support.live_service import LiveService, free_port
+from tests.support.page_costs import Templates
 from tests.support.statements import StatementCounter
 
 tiers.install()
@@ -161,6 +162,17 @@ def template_database(server_url: str) -> Iterator[str]:
         yield name
     finally:
         drop_template(server_url, name)
+
+
+@pytest.fixture(scope="session")
+def page_cost_templates(server_url: str, template_database: str) -> Iterator[Templates]:
+    """Page-cost clusters, each built once per session and cloned per case
+    (tests/support/page_costs.py); a test that uses them is marked page_costs."""
+    templates = Templates(server_url, template_database)
+    try:
+        yield templates
+    finally:
+        templates.drop_all()
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from agent.validations import (
 )
 from tests.support.dcgmi import Dcgmi
 
+pytestmark = pytest.mark.process
+
 
 async def test_a_passing_diagnostic_passes_with_its_output(tmp_path: Path, dcgmi: Dcgmi) -> None:
     log = tmp_path / "argv"

@@ -31,7 +31,7 @@ from service.graphql.fast.outcomes import Answered, Declined, Outcome
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
 from service.web.app import create_app
-from tests.fast_path.test_fast_path import _module_imports
+from tests.support.module_imports import _module_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from service.graphql.fast.variables import Declined, compile_variables
 from service.graphql.schema import schema
-from tests.fast_path.test_direct_execution import FULL_REPORT
+from tests.support.direct_execution import FULL_REPORT
 from tests.support.reports import ALLOCATE, PLACE, allocation, placement, shard
 
 CORE = schema._schema

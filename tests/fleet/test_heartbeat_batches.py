@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.fleet.test_liveness import LOST_AFTER, run_sweep, silence
 from tests.support.api import Api
+from tests.support.liveness import LOST_AFTER, run_sweep, silence
 from tests.support.reports import REGISTER, node_input
 from tests.support.statements import StatementCounter
 

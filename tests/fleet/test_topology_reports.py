@@ -11,8 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.fleet import topology as topology_rules
 from service.fleet.hardware import gpus_of
 from service.fleet.topology import describe_groups, nvlink_groups
-from tests.scheduling.test_scheduler_queries import hold
 from tests.support.api import Api
+from tests.support.holds import hold
 from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.support.topology import (
     IB_A,

@@ -42,6 +42,8 @@ from tests.support.compose_stacks import (
 )
 from tests.support.reports import REGISTER, node_input
 
+pytestmark = pytest.mark.docker
+
 TOKEN = "e2e-operator-token-0123456789abcdef"
 # Per run (tests/support/compose_stacks.py says why).
 PROJECT = f"llmgw-e2e-{os.getpid()}"

@@ -65,6 +65,8 @@ from tests.support.compose_stacks import (
 )
 from tests.support.reports import PLACE, REGISTER, node_input
 
+pytestmark = pytest.mark.docker
+
 # Per run (tests/support/compose_stacks.py says why).
 PROJECT = f"llmgw-ha-{os.getpid()}"
 IMAGE = f"llmgw-inventory:ha-{os.getpid()}"

@@ -29,6 +29,8 @@ from tests.support.compose_stacks import (
     run,
 )
 
+pytestmark = pytest.mark.docker
+
 PROJECT = f"llmgw-witness-{os.getpid()}"
 ETCD_IMAGE = f"llmgw-witness-{os.getpid()}/etcd:3.4"
 KEY = "/patroni/llmgw/leader"

@@ -10,8 +10,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from tests.scheduling.test_place import statements_sent
 from tests.support.api import Api
+from tests.support.placing import statements_sent
 from tests.support.reports import PLACE, REGISTER, node_input
 from tests.support.statements import StatementCounter
 from tests.support.topology import IB_A, IB_B, gb200_tray, hgx_h100

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.scheduling.test_place import place, register
 from tests.support.api import Api
+from tests.support.placing import hold_gpus as hold
+from tests.support.placing import place, register
 from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
@@ -29,11 +30,6 @@ from tests.support.topology import (
 EXPLAIN_DOMAIN = EXPLAIN.replace(
     "placeable message fabric", "placeable message fabric nvlinkDomain"
 )
-
-
-async def hold(api: Api, node_id: str, *indices: int) -> None:
-    request = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *indices))
-    assert (await api(ALLOCATE, request))["allocate"]["__typename"] == "Allocated"
 
 
 async def explain(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:

@@ -41,6 +41,7 @@ FIXTURE_MARKERS = {
     "live_service_factory": "process",
     "service_url": "process",
     "own_postgres": "process",
+    "page_cost_templates": "page_costs",
 }
 
 # Tests that run in one xdist worker, one after another (pytest-xdist's

@@ -16,7 +16,7 @@ from pathlib import Path
 from service import demo_cluster
 from service.ctl.client import Client
 from tests.support.live_service import LiveService
-from tests.tools_and_docs.test_readme_walkthrough import blocks
+from tests.support.readme import blocks
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "scheduler" / "client.md"
