@@ -17,6 +17,8 @@ from service.access_control.bind_policy import bind_decision, is_loopback
 from tests.support import REPO
 from tests.support.live_service import free_port
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
 def test_loopback_is_always_allowed(host: str) -> None:

@@ -26,6 +26,8 @@ from service.access_control import tokens
 from tests.support import REPO
 from tests.support.live_service import LiveService
 
+pytestmark = pytest.mark.process
+
 GRAPHQL_HTTP = "graphql-http@1.23.1"
 GRAPHQL_JS = "graphql@16.11.0"  # graphql-http's peer dependency
 

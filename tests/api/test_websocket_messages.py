@@ -31,6 +31,8 @@ from tests.support import REPO
 from tests.support.databases import empty
 from tests.support.live_service import free_port
 
+pytestmark = pytest.mark.process
+
 PROTOCOL = "graphql-transport-ws"
 LEGACY = "graphql-ws"
 

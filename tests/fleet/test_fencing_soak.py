@@ -33,6 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.reports import REGISTER, node_input
 
+pytestmark = pytest.mark.serial
+
 SECONDS = float(os.environ.get("SOAK_SECONDS", "12"))
 NODES = [f"soak-{i:02d}" for i in range(8)]
 SCHEDULERS = 32

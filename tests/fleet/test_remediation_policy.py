@@ -103,6 +103,7 @@ def test_a_file_that_cannot_be_used_names_the_line(text: str, says: str) -> None
     assert says in message, message
 
 
+@pytest.mark.process
 def test_the_service_does_not_start_with_a_bad_policy(tmp_path: Path) -> None:
     bad = tmp_path / "policy.toml"
     bad.write_text('[xid.79]\naction = "REBOOT_NODE"\nscope = "RACK"\n')

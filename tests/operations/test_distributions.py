@@ -27,6 +27,8 @@ from tests.support import REPO
 from tests.support.live_service import LiveService
 from tests.support.reports import REGISTER, node_input
 
+pytestmark = pytest.mark.process
+
 # What the service needs and a node must not carry (their PyPI names).
 SERVICE_ONLY = {
     "sqlalchemy",

@@ -33,6 +33,8 @@ from tests.support.pg_cluster import StandbyPair, running_pair
 from tests.support.reports import REGISTER, node_input
 from tests.support.waiting import until_sync
 
+pytestmark = [pytest.mark.serial, pytest.mark.process]
+
 WRITE_EVERY = 0.05
 FOLLOW_WITHIN = 30.0
 

@@ -42,6 +42,8 @@ from tests.support.pg_cluster import StandbyPair, running_pair
 from tests.support.reports import REGISTER, node_input
 from tests.support.waiting import until
 
+pytestmark = [pytest.mark.serial, pytest.mark.process]
+
 
 @pytest.fixture
 def pair() -> Iterator[StandbyPair]:

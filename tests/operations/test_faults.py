@@ -28,6 +28,8 @@ from tests.support.consistency import inconsistencies, report_signature
 from tests.support.live_service import LiveService, free_port
 from tests.support.reports import A100, H100, REGISTER, gpus, node_input
 
+pytestmark = [pytest.mark.serial, pytest.mark.process]
+
 
 def wait_until(condition: Callable[[], bool], within: float, what: str) -> None:
     """Poll for a state the test needs; fails with `what` instead of hanging."""

@@ -18,6 +18,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
@@ -25,6 +26,8 @@ from websockets.sync.client import connect as ws_connect
 from tests.support.live_service import LiveService, free_port
 from tests.support.reports import REGISTER, node_input
 from tests.support.waiting import until_sync
+
+pytestmark = pytest.mark.process
 
 DRAIN = 1.5
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 from sqlalchemy import text
 
 from service.config import Settings
@@ -40,6 +41,8 @@ from service.database.embedded import EmbeddedPostgres, postmaster_pid
 from tests.support.consistency import inconsistencies
 from tests.support.live_service import LiveService, free_port
 from tests.support.reports import H100, PLACE, REGISTER, gpus, node_input, placement
+
+pytestmark = [pytest.mark.serial, pytest.mark.process]
 
 SCHEDULERS = 8
 # Room for 128 one-GPU replicas: the cluster must not fill up, or places stop

@@ -75,6 +75,7 @@ def test_upgrade_from_empty_to_head_then_back_to_base(empty_database: str) -> No
     assert head_revision() is not None
 
 
+@pytest.mark.process
 def test_replicas_migrating_at_once_do_not_collide(empty_database: str) -> None:
     # Separate processes, as replicas starting together are: alembic's
     # context is process-global, so threads would not be the real thing.

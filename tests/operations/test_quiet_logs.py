@@ -30,6 +30,8 @@ from tests.support.api import Api
 from tests.support.live_service import free_port
 from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def log_records(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:

@@ -120,6 +120,7 @@ def read_from(body: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+@pytest.mark.process
 async def test_staleness_tolerant_reads_go_to_the_replica_and_say_so(
     service: Service, cluster: tuple[StandbyPair, Server]
 ) -> None:
@@ -160,6 +161,7 @@ async def test_staleness_tolerant_reads_go_to_the_replica_and_say_so(
     assert "extensions" not in registered.json(), registered.text
 
 
+@pytest.mark.process
 async def test_reads_move_to_the_primary_once_the_replica_is_further_behind_than_allowed(
     service: Service, cluster: tuple[StandbyPair, Server]
 ) -> None:

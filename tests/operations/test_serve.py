@@ -21,6 +21,8 @@ from tests.support import REPO
 from tests.support.live_service import free_port
 from tests.support.reports import REGISTER, node_input
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def data_dir() -> Iterator[Path]:

@@ -256,6 +256,7 @@ def serve(database_url: str, env: dict[str, str], log: Any) -> tuple[subprocess.
             time.sleep(0.2)
 
 
+@pytest.mark.process
 def test_serve_exports_a_place_to_the_otlp_endpoint_the_variables_name(
     database_url: str, engine: AsyncEngine, collector: Collector, tmp_path: Any
 ) -> None:
@@ -305,6 +306,7 @@ def test_serve_exports_a_place_to_the_otlp_endpoint_the_variables_name(
     assert len(children) >= 3
 
 
+@pytest.mark.process
 def test_serve_with_a_wrong_otel_setting_warns_once_and_serves(
     database_url: str, engine: AsyncEngine, tmp_path: Any
 ) -> None:

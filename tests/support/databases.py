@@ -34,7 +34,7 @@ TEMPLATE_ENV = "LLMGW_TEST_TEMPLATE"
 # The embedded server is the tests' own, thrown away after the run: nothing in
 # it must survive a crash of the machine, so it does not wait for the disk.
 # (Tests of durability start servers of their own: own_postgres, pg_cluster.py.)
-THROWAWAY_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+THROWAWAY_SETTINGS = {"fsync": "off", "full_page_writes": "off"}
 
 
 def with_database(url: str, name: str) -> str:

@@ -23,6 +23,8 @@ from service.cli import build_parser
 from tests.support.dev_venv import REPO, needs_dev_venv
 from tests.support.reports import REGISTER, node_input
 
+pytestmark = pytest.mark.process
+
 README = (REPO / "README.md").read_text()
 DOCS = "\n".join(page.read_text() for page in sorted((REPO / "docs").rglob("*.md")))
 

@@ -26,6 +26,8 @@ import pytest
 from tests.support.dev_venv import needs_dev_venv
 from tests.support.readme import Block, blocks
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 SHOWN_URL = "http://127.0.0.1:8080"
