@@ -97,6 +97,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.mark_collected(items)
     if config.getoption("fast"):
@@ -104,6 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if outside:
             config.hook.pytest_deselected(items=outside)
             items[:] = [i for i in items if i not in set(outside)]
+    tiers.group_for_xdist(config, items)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -103,6 +103,7 @@ def test_the_proxy_closes_an_idle_connection_before_a_replica_would() -> None:
     assert int(idle.group(1)) < uvicorn_options(Settings())["timeout_keep_alive"]
 
 
+@pytest.mark.docker
 def test_the_demo_agent_reports_to_the_proxy_with_the_services_token(
     compose: dict[str, Any],
 ) -> None:

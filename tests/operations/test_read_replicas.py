@@ -40,6 +40,8 @@ from tests.support.pg_cluster import Server, StandbyPair, running_pair
 from tests.support.reports import H100, REGISTER, gpus, node_input
 from tests.support.waiting import until
 
+pytestmark = pytest.mark.process
+
 MAX_LAG = 1.0
 FREE_GPUS = '{ freeGpus(gpuClass: "H100-80GB") { node { id } gpuIndices } }'
 NODES = "{ nodes { id } }"
@@ -120,7 +122,6 @@ def read_from(body: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-@pytest.mark.process
 async def test_staleness_tolerant_reads_go_to_the_replica_and_say_so(
     service: Service, cluster: tuple[StandbyPair, Server]
 ) -> None:
@@ -161,7 +162,6 @@ async def test_staleness_tolerant_reads_go_to_the_replica_and_say_so(
     assert "extensions" not in registered.json(), registered.text
 
 
-@pytest.mark.process
 async def test_reads_move_to_the_primary_once_the_replica_is_further_behind_than_allowed(
     service: Service, cluster: tuple[StandbyPair, Server]
 ) -> None:

@@ -169,6 +169,34 @@ def install() -> None:
         setattr(os, name, guarded_spawn)
 
 
+def group_for_xdist(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Suffix each grouped test's nodeid with its xdist_group, as --dist loadgroup reads it.
+
+    pytest-xdist 3.8 does this by assigning `item._nodeid`, which pytest 9.2's
+    nodes no longer read (their nodeid is `str(item._id)`): every group was
+    silently spread over the workers, and a page-cost cluster was built by
+    each worker that got one of its cases. So it is done here too, after
+    xdist's own hook and after mark_collected added the groups of markers.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import coerce_node_id
+
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        if not names or "@" in item.nodeid:
+            continue
+        suffixed = f"{item.nodeid}@{'_'.join(sorted(names))}"
+        if hasattr(item, "_id"):
+            item._id = coerce_node_id(suffixed)
+        else:
+            item._nodeid = suffixed
+        assert item.nodeid == suffixed, "pytest changed how a node's id is kept"
+
+
 def mark_collected(items: list[pytest.Item]) -> None:
     """Markers from the fixtures a test uses, and the xdist group of its marker."""
     for item in items:
