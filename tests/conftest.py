@@ -302,8 +302,10 @@ def count_statements(engine: AsyncEngine) -> Iterator[StatementCounter]:
 
 
 @pytest.fixture
-def live_service_factory(database_url: str) -> Iterator[Any]:
-    """Start service processes on the session database; all are stopped after the test."""
+def live_service_factory(database_url: str, engine: AsyncEngine) -> Iterator[Any]:
+    """Start service processes on the session database (emptied for this test, as every
+    test's: a test that found an earlier one's nodes passed or failed by the order it ran
+    in); all are stopped after the test."""
     started: list[LiveService] = []
 
     def start(env: dict[str, str] | None = None) -> LiveService:

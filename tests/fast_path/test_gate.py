@@ -199,6 +199,7 @@ def _imported_with(direct_execution: str) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.process
 def test_switched_off_the_fast_package_is_not_even_imported() -> None:
     assert _imported_with("false") == []
     # Switched on, the app installs it: the check above can fail.

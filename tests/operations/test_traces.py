@@ -183,6 +183,7 @@ def test_traces_are_off_unless_the_standard_variables_ask() -> None:
     assert not wanted({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"})
 
 
+@pytest.mark.process
 def test_with_traces_off_the_app_loads_nothing_of_opentelemetry() -> None:
     # In a fresh process: this one imported OpenTelemetry for the tests above.
     probe = (

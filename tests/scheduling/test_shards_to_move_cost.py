@@ -53,7 +53,9 @@ pytestmark = pytest.mark.xdist_group("page_costs_moves")
 
 
 async def registered(url: str) -> None:
-    """What both layouts start from, built once: autovacuum off, the nodes registered through the API."""
+    """What both layouts start from, built once: autovacuum off, the nodes registered and
+    every GPU tainted PREFER_NO_SCHEDULE (which allocate's explicit GPUs do not refuse:
+    such GPUs are offered to everyone, used last), through the API."""
     async with api_on(url, Cluster, PAGE) as (api, dsn):
         raw = await asyncpg.connect(dsn)
         try:
@@ -63,6 +65,14 @@ async def registered(url: str) -> None:
         ids = list(range(NODES))
         for k in range(0, NODES, REGISTER_BATCH):
             await api.register(ids[k : k + REGISTER_BATCH])
+        await mutate(
+            api,
+            [
+                f'g{i}: taintGpus(nodeId: "{node_id(i)}", indices: [0, 1, 2, 3, 4, 5, 6, 7],'
+                ' taint: {key: "burn-in", effect: PREFER_NO_SCHEDULE, reason: "new"}) { index }'
+                for i in ids
+            ],
+        )
 
 
 @pytest.fixture
@@ -94,18 +104,9 @@ async def test_the_stale_list_costs_its_page_however_many_other_taints_there_are
     raw = await asyncpg.connect(dsn)
     try:
         await as_built(raw, template)
-        ids = list(range(NODES))
         holding = list(LAYOUTS[layout])
         for k in range(0, len(holding), REGISTER_BATCH):
             await api.allocate([(i, [4, 5, 6, 7]) for i in holding[k : k + REGISTER_BATCH]])
-        await mutate(
-            api,
-            [
-                f'g{i}: taintGpus(nodeId: "{node_id(i)}", indices: [0, 1, 2, 3, 4, 5, 6, 7],'
-                ' taint: {key: "burn-in", effect: PREFER_NO_SCHEDULE, reason: "new"}) { index }'
-                for i in ids
-            ],
-        )
         await mutate(
             api,
             [

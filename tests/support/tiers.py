@@ -84,7 +84,7 @@ class _Guard:
             if allowed(self.marks, needed):
                 return
             message = (
-                f"{self.item.nodeid} started `{' '.join(map(str, argv))[:200]}` without"
+                f"{self.item.nodeid} started `{' '.join(map(str, argv))[:200]!r}` without"
                 f" @pytest.mark.{needed}: mark the test (or its module's pytestmark) so that"
                 " `dev.py test --fast` leaves it out (docs/contributing/development.md, Tiers)"
             )
