@@ -128,7 +128,8 @@ async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEn
 
 TABLES = (
     "allocated_gpus, shards, gpu_pools, gpus, fabric_attachments, filesystems, weights, "
-    "events, api_tokens, taints, validation_results, remediations, drift_findings, "
+    "events, api_tokens, taints, validation_results, remediation_faults, remediations, "
+    "drift_findings, "
     "hardware_profiles, nodes, group_members, "
     "placement_groups, replicas"
 )
