@@ -182,8 +182,8 @@ _JOIN = text(
     """
 )
 # Whether the taint is already on every GPU (or on the node: on_node) with
-# this effect: a fault seen again puts nothing again, and a join takes no new
-# place under the breaker.
+# this effect: a fault seen again puts nothing again, and takes no new place
+# under the breaker.
 _IN_PLACE = text(
     """
     SELECT count(*) = CASE WHEN CAST(:on_node AS boolean) THEN 1
@@ -310,7 +310,7 @@ async def _act(
             )
         ).scalar_one()
     )
-    if effect is not None and gpu_class is not None and not (joining and in_place):
+    if effect is not None and gpu_class is not None and not in_place:
         verdict = await _breaker(conn, node_id, gpu_class, part, policy)
     taint_key = None if effect is None or verdict.suppressed else fault.trigger
     cause = fault.cause[:MAX_TEXT_LENGTH]
