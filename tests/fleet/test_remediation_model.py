@@ -582,6 +582,31 @@ async def step(api: Api, model: Model, rng: random.Random) -> str:
     return f"untaint {node} {'node' if index is None else f'GPU {index}'} {key}"
 
 
+def recommended_beyond_remediations(
+    nodes: dict[str, Any], found: list[tuple[Any, ...]]
+) -> list[str]:
+    """The GPUs whose sticky faults recommend more than any remediation holding them asks.
+
+    remediation.md: the sticky faults of a GPU never recommend more than the
+    action of the remediation that holds them (open, or ESCALATED: a
+    person's), so the reset or reboot they need is what finishes it. Checked
+    on the service's answers alone.
+    """
+    beyond = []
+    for node, view in nodes.items():
+        for index, reasons, recommended, _ in view["gpus"]:
+            if not reasons:
+                continue
+            holding = [
+                action
+                for _, on, gpus_of, action, state, _, _ in found
+                if on == node and index in gpus_of and state in (*OPEN, "ESCALATED")
+            ]
+            if not any(SEVERITY.index(a) >= SEVERITY.index(recommended) for a in holding):
+                beyond.append(f"{node} GPU {index}: {recommended}, remediations {holding}")
+    return beyond
+
+
 def _seeds() -> list[int]:
     given = os.environ.get("REMEDIATION_MODEL_SEEDS")
     if not given:
@@ -660,6 +685,7 @@ async def test_the_service_does_what_the_docs_say(
         assert found == model.remediation_view(), said
         for n in NODES:
             assert nodes[n.id] == model.node_view(n.id), f"node {n.id}, {said}"
+        assert recommended_beyond_remediations(nodes, found) == [], said
     # The dashboard's node list, built by PostgreSQL (the compiled page) and by
     # Strawberry's resolvers: the same, and what the model says.
     page = dashboard_query("NODES_QUERY")
