@@ -11,8 +11,8 @@ A reboot (a new boot id) finishes the PENDING or IN_PROGRESS REBOOT_NODE and
 RESET_GPU remediations of the node by itself, and an operator's
 clearGpuHealth (a reset by hand) the RESET_GPU ones of that GPU. DONE comes
 when every test the policy requires has passed since it began waiting
-(validations.py); then its taint is lifted and the sticky health its fault
-left clears. Each step is an event naming who did it.
+(validations.py); then its taints are lifted and the sticky health its
+faults left clears. Each step is an event naming who did it.
 
 - One at a time per GPU: a fault on GPUs that already have an open
   remediation joins it for those GPUs (faults.py: its taint goes on them,
