@@ -33,7 +33,8 @@ class ShardToMove:
 _NO_EXECUTE = f"'{TaintEffect.NO_EXECUTE.value}'"
 
 
-def _query(node_id: str | None, after: str | None) -> str:
+def shards_to_move_sql(node_id: str | None, after: str | None) -> str:
+    """shards_to_move's statement: with `node_id`, on that node only; with `after`, past that shard id."""
     where = [f"s.node_id IN (SELECT t.node_id FROM taints t WHERE t.effect = {_NO_EXECUTE})"]
     if node_id is not None:
         where.append("s.node_id = :node_id")
@@ -64,7 +65,7 @@ async def shards_to_move(
     every such taint for ever is not stale.
     """
     params: dict[str, Any] = {"first": first, "node_id": node_id, "after": after}
-    rows = await conn.execute(cached_text(_query(node_id, after)), params)
+    rows = await conn.execute(cached_text(shards_to_move_sql(node_id, after)), params)
     found: list[ShardToMove] = []
     for r in rows:
         taint = r.taint

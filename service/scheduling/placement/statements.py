@@ -242,7 +242,8 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     return ranked + " LIMIT :limit"
 
 
-def _candidates_sql(request: PlaceRequest) -> str:
+def candidates_sql(request: PlaceRequest) -> str:
+    """The window of candidates place() and explain() plan from: _ranked_sql's nodes with their facts."""
     return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
 
 
@@ -544,7 +545,7 @@ async def _fetch(
         "scan": scan,
         "skip": sorted(skip),
     }
-    rows = list(await conn.execute(cached_text(_candidates_sql(request)), params))
+    rows = list(await conn.execute(cached_text(candidates_sql(request)), params))
     facts = [f for f in (facts_of(r) for r in rows) if judge(f, request).fits]
     return facts, len(rows) >= limit
 
