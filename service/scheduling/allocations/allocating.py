@@ -37,11 +37,11 @@ from service.scheduling.fabric_choice import choose_fabric
 from service.scheduling.generations import current_generation
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
 from service.scheduling.taints import (
-    SOFT_EFFECT_SQL,
+    first_taint,
     label,
     stored_tolerations,
-    tolerated_sql,
     tolerations_json,
+    withholding,
 )
 
 _LOCK_NODES = text(
@@ -64,12 +64,8 @@ _GPUS_ASKED = text(
     f"""
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
            {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by,
-           (SELECT json_build_object('key', t.key, 'value', t.value, 'effect', t.effect,
-                                     'source', t.source, 'reason', t.reason, 'node', t.gpu_index IS NULL)
-            FROM taints t WHERE g.withheld AND t.node_id = g.node_id
-              AND (t.gpu_index IS NULL OR t.gpu_index = g.idx) AND t.effect <> {SOFT_EFFECT_SQL}
-              AND NOT {tolerated_sql("t")}
-            ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) AS taint
+           CASE WHEN g.withheld THEN {first_taint("g.node_id", "g.idx", withholding("t", True))}
+           END AS taint
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -409,7 +405,7 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
             )
         if gpu.taint is not None:
             t = gpu.taint
-            on = "its node has" if t["node"] else "it has"
+            on = "its node has" if t["gpu"] is None else "it has"
             return Rejection(
                 RejectionCode.GPU_TAINTED,
                 f"{where}: {on} the taint {label(t['key'], t['value'], t['effect'])} "

@@ -52,6 +52,7 @@ from service.scheduling.placement.statements import facts_of, request_params
 from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
+from service.scheduling.taints import judged_taint
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
 
@@ -204,7 +205,8 @@ def survey_groups_sql(
            array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
         SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
-               {offer.last_resort} AS last_resort, CAST({offer.taint} AS jsonb) AS taint,
+               {offer.last_resort} AS last_resort,
+               {judged_taint(f"CAST({offer.taint} AS jsonb)")} AS taint,
                {state} AS state,{"".join(f" {sql} AS {name}," for name, sql in extra.items())}
                {disk}, {disk_ok} AS disk_ok,
                {knows} AS knows_its_weights, {holds} AS holds_weights, {copy} AS weights_copy,

@@ -48,12 +48,12 @@ SELECT
         ) AS m
         WHERE
           t.node_id = s.node_id
-          AND t.effect = 'NO_EXECUTE'
           AND (
             t.gpu_index IS NULL OR t.gpu_index = ANY(
               s.gpu_indices
             )
           )
+          AND t.effect = 'NO_EXECUTE'
       ) <= CURRENT_TIMESTAMP,
       FALSE
     )

@@ -41,12 +41,12 @@ SELECT
     FROM taints AS t
     WHERE
       t.node_id = s.node_id
-      AND t.effect = 'NO_EXECUTE'
       AND (
         t.gpu_index IS NULL OR t.gpu_index = ANY(
           s.gpu_indices
         )
       )
+      AND t.effect = 'NO_EXECUTE'
     ORDER BY
       t.gpu_index NULLS FIRST,
       t.key
@@ -81,12 +81,12 @@ CROSS JOIN LATERAL (
       ) AS m
       WHERE
         t.node_id = s.node_id
-        AND t.effect = 'NO_EXECUTE'
         AND (
           t.gpu_index IS NULL OR t.gpu_index = ANY(
             s.gpu_indices
           )
         )
+        AND t.effect = 'NO_EXECUTE'
     ) AS stop_by
 ) AS x
 WHERE

@@ -56,12 +56,12 @@ CROSS JOIN LATERAL (
       ) AS m
       WHERE
         t.node_id = s.node_id
-        AND t.effect = 'NO_EXECUTE'
         AND (
           t.gpu_index IS NULL OR t.gpu_index = ANY(
             s.gpu_indices
           )
         )
+        AND t.effect = 'NO_EXECUTE'
     ) AS stop_by
 ) AS x
 WHERE

@@ -19,48 +19,54 @@ SELECT
   END AS health_reasons,
   g.cordon_reason,
   a.shard_id AS held_by,
-  (
-    SELECT
-      json_build_object(
-        'key',
-        t.key,
-        'value',
-        t.value,
-        'effect',
-        t.effect,
-        'source',
-        t.source,
-        'reason',
-        t.reason,
-        'node',
-        t.gpu_index IS NULL
-      )
-    FROM taints AS t
-    WHERE
-      g.withheld
-      AND t.node_id = g.node_id
-      AND (
-        t.gpu_index IS NULL OR t.gpu_index = g.idx
-      )
-      AND t.effect <> 'PREFER_NO_SCHEDULE'
-      AND NOT EXISTS(
-        SELECT
-          1
-        FROM jsonb_to_recordset(CAST(:tolerations AS JSONB)) AS o(key TEXT, operator TEXT, value TEXT, effect TEXT, seconds INT)
-        WHERE
-          o.key = t.key
-          AND (
-            o.operator = 'EXISTS' OR o.value IS NOT DISTINCT FROM t.value
-          )
-          AND (
-            o.effect IS NULL OR o.effect = t.effect
-          )
-      )
-    ORDER BY
-      t.gpu_index NULLS FIRST,
-      t.key
-    LIMIT 1
-  ) AS taint
+  CASE
+    WHEN g.withheld
+    THEN (
+      SELECT
+        json_build_object(
+          'key',
+          t.key,
+          'value',
+          t.value,
+          'effect',
+          t.effect,
+          'source',
+          t.source,
+          'reason',
+          t.reason,
+          'actor',
+          t.actor,
+          'since',
+          t.since,
+          'gpu',
+          t.gpu_index
+        )
+      FROM taints AS t
+      WHERE
+        t.node_id = g.node_id
+        AND (
+          t.gpu_index IS NULL OR t.gpu_index = g.idx
+        )
+        AND t.effect <> 'PREFER_NO_SCHEDULE'
+        AND NOT EXISTS(
+          SELECT
+            1
+          FROM jsonb_to_recordset(CAST(:tolerations AS JSONB)) AS o(key TEXT, operator TEXT, value TEXT, effect TEXT, seconds INT)
+          WHERE
+            o.key = t.key
+            AND (
+              o.operator = 'EXISTS' OR o.value IS NOT DISTINCT FROM t.value
+            )
+            AND (
+              o.effect IS NULL OR o.effect = t.effect
+            )
+        )
+      ORDER BY
+        t.gpu_index NULLS FIRST,
+        t.key
+      LIMIT 1
+    )
+  END AS taint
 FROM jsonb_to_recordset(CAST(:pairs AS JSONB)) AS r(node_id TEXT, idx INT)
 LEFT JOIN gpus AS g
   ON g.node_id = r.node_id AND g.idx = r.idx

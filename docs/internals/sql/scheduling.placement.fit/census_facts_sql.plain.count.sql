@@ -35,6 +35,10 @@ SELECT
                 t.source,
                 'reason',
                 t.reason,
+                'actor',
+                t.actor,
+                'since',
+                t.since,
                 'gpu',
                 t.gpu_index
               )

@@ -28,55 +28,61 @@ FROM (
       p.withheld - cardinality(p_tolerated.indices)
     ) AS withheld,
     p_tolerated.last_resort AS last_resort,
-    CAST((
-      CASE
-        WHEN p.withheld = 0
-        THEN NULL
-        ELSE (
-          SELECT
-            json_build_object(
-              'key',
-              t.key,
-              'value',
-              t.value,
-              'effect',
-              t.effect,
-              'source',
-              t.source,
-              'reason',
-              t.reason,
-              'gpu',
-              t.gpu_index
-            )
-          FROM taints AS t
-          WHERE
-            t.node_id = p.node_id
-            AND (
-              t.gpu_index IS NULL OR t.gpu_index = ANY(
-                p.withheld_indices
+    (
+      CAST((
+        CASE
+          WHEN p.withheld = 0
+          THEN NULL
+          ELSE (
+            SELECT
+              json_build_object(
+                'key',
+                t.key,
+                'value',
+                t.value,
+                'effect',
+                t.effect,
+                'source',
+                t.source,
+                'reason',
+                t.reason,
+                'actor',
+                t.actor,
+                'since',
+                t.since,
+                'gpu',
+                t.gpu_index
               )
-            )
-            AND t.effect <> 'PREFER_NO_SCHEDULE'
-            AND NOT EXISTS(
-              SELECT
-                1
-              FROM jsonb_to_recordset(CAST(:tolerations AS JSONB)) AS o(key TEXT, operator TEXT, value TEXT, effect TEXT, seconds INT)
-              WHERE
-                o.key = t.key
-                AND (
-                  o.operator = 'EXISTS' OR o.value IS NOT DISTINCT FROM t.value
+            FROM taints AS t
+            WHERE
+              t.node_id = p.node_id
+              AND (
+                t.gpu_index IS NULL OR t.gpu_index = ANY(
+                  p.withheld_indices
                 )
-                AND (
-                  o.effect IS NULL OR o.effect = t.effect
-                )
-            )
-          ORDER BY
-            t.gpu_index NULLS FIRST,
-            t.key
-          LIMIT 1
-        )
-      END
-    ) AS JSONB) AS taint,
+              )
+              AND t.effect <> 'PREFER_NO_SCHEDULE'
+              AND NOT EXISTS(
+                SELECT
+                  1
+                FROM jsonb_to_recordset(CAST(:tolerations AS JSONB)) AS o(key TEXT, operator TEXT, value TEXT, effect TEXT, seconds INT)
+                WHERE
+                  o.key = t.key
+                  AND (
+                    o.operator = 'EXISTS' OR o.value IS NOT DISTINCT FROM t.value
+                  )
+                  AND (
+                    o.effect IS NULL OR o.effect = t.effect
+                  )
+              )
+            ORDER BY
+              t.gpu_index NULLS FIRST,
+              t.key
+            LIMIT 1
+          )
+        END
+      ) AS JSONB) - 'actor' - 'since'
+    ) AS taint,
     CASE
       WHEN p.schedulable
       THEN 'ready'

@@ -24,42 +24,48 @@ FROM (
     p.free AS free,
     p.withheld AS withheld,
     p.last_resort AS last_resort,
-    CAST((
-      CASE
-        WHEN p.withheld = 0
-        THEN NULL
-        ELSE (
-          SELECT
-            json_build_object(
-              'key',
-              t.key,
-              'value',
-              t.value,
-              'effect',
-              t.effect,
-              'source',
-              t.source,
-              'reason',
-              t.reason,
-              'gpu',
-              t.gpu_index
-            )
-          FROM taints AS t
-          WHERE
-            t.node_id = p.node_id
-            AND (
-              t.gpu_index IS NULL OR t.gpu_index = ANY(
-                p.withheld_indices
+    (
+      CAST((
+        CASE
+          WHEN p.withheld = 0
+          THEN NULL
+          ELSE (
+            SELECT
+              json_build_object(
+                'key',
+                t.key,
+                'value',
+                t.value,
+                'effect',
+                t.effect,
+                'source',
+                t.source,
+                'reason',
+                t.reason,
+                'actor',
+                t.actor,
+                'since',
+                t.since,
+                'gpu',
+                t.gpu_index
               )
-            )
-            AND t.effect <> 'PREFER_NO_SCHEDULE'
-          ORDER BY
-            t.gpu_index NULLS FIRST,
-            t.key
-          LIMIT 1
-        )
-      END
-    ) AS JSONB) AS taint,
+            FROM taints AS t
+            WHERE
+              t.node_id = p.node_id
+              AND (
+                t.gpu_index IS NULL OR t.gpu_index = ANY(
+                  p.withheld_indices
+                )
+              )
+              AND t.effect <> 'PREFER_NO_SCHEDULE'
+            ORDER BY
+              t.gpu_index NULLS FIRST,
+              t.key
+            LIMIT 1
+          )
+        END
+      ) AS JSONB) - 'actor' - 'since'
+    ) AS taint,
     n.state AS state,
     CAST(NULL AS BIGINT) AS local_disk_free,
     CAST(NULL AS BIGINT) AS local_disk_total,
