@@ -45,10 +45,10 @@ from service.scheduling.availability import (
     PoolOffer,
     pool_withholding_taint,
 )
-from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
+from service.scheduling.freshness import gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
-from service.scheduling.placement.statements import facts_of, request_params
+from service.scheduling.placement.statements import facts_of, node_facts, request_params
 from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
@@ -137,8 +137,10 @@ def survey_groups_sql(
         if wants_fabrics
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
+    # Each fact of the node's row as statements.node_facts reads it, where the request reads it.
+    node = node_facts("n")
     holds = weights.holds("p.node_id") if request.weights is not None else "false"
-    knows = "n.knows_its_weights" if request.weights is not None else "false"
+    knows = node["knows_its_weights"] if request.weights is not None else "false"
     # The node's copy of the weights, as place ranks and judges it (placement/weights.py).
     copy = (
         f"CAST({weights.copy_of('p.node_id')} AS jsonb)"
@@ -146,18 +148,18 @@ def survey_groups_sql(
         else "CAST(NULL AS jsonb)"
     )
     label_ok = (
-        "(n.labels ->> CAST(:label_key AS text)) IS NOT DISTINCT FROM CAST(:label_value AS text)"
+        f"({node['label_value']}) IS NOT DISTINCT FROM CAST(:label_value AS text)"
         if request.label is not None
         else "true"
     )
-    label = "n.labels ->> CAST(:label_key AS text)" if request.label is not None else "NULL"
+    label = node["label_value"] if request.label is not None else "NULL"
     disk_ok = (
         "(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)"
         if request.min_local_disk_free is not None
         else "true"
     )
     fresh, age = (
-        (gpu_facts_fresh("n"), gpu_facts_age("n"))
+        (gpu_facts_fresh("n"), node["gpus_facts_age"])
         if request.max_age is not None
         else ("true", "CAST(NULL AS float8)")
     )
@@ -169,7 +171,7 @@ def survey_groups_sql(
     reads_node = reads_node or request.min_local_disk_free is not None
     reads_node = reads_node or request.max_age is not None
     if reads_node:
-        state, source = "n.state", "gpu_pools p JOIN nodes n ON n.id = p.node_id"
+        state, source = node["state"], "gpu_pools p JOIN nodes n ON n.id = p.node_id"
     else:
         state = (
             f"CASE WHEN p.schedulable THEN '{SCHEDULABLE_STATE}'"
@@ -177,7 +179,7 @@ def survey_groups_sql(
         )
         source = "gpu_pools p"
     disk = (
-        "n.local_disk_free, n.local_disk_total"
+        f"{node['local_disk_free']} AS local_disk_free, {node['local_disk_total']} AS local_disk_total"
         if request.min_local_disk_free is not None
         else "CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total"
     )

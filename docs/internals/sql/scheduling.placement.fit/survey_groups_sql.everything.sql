@@ -84,8 +84,8 @@ FROM (
       ) AS JSONB) - 'actor' - 'since'
     ) AS taint,
     n.state AS state,
-    n.local_disk_free,
-    n.local_disk_total,
+    n.local_disk_free AS local_disk_free,
+    n.local_disk_total AS local_disk_total,
     (
       n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk
     ) AS disk_ok,

@@ -88,9 +88,10 @@ SELECT
   n.local_disk_free,
   n.local_disk_total,
   n.knows_its_weights,
+  n.labels ->> CAST(:label_key AS TEXT) AS label_value,
+  EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age,
   c.holds_weights,
   c.weights_copy,
-  EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age,
   ARRAY(SELECT
     fa.fabric
   FROM fabric_attachments AS fa
@@ -105,7 +106,6 @@ SELECT
     fa.node_id = c.node_id
   ORDER BY
     fa.fabric) AS fabric_rates,
-  n.labels ->> CAST(:label_key AS TEXT) AS label_value,
   CAST(NULL AS JSON) AS topology
 FROM ranked AS c
 LEFT JOIN LATERAL (

@@ -196,8 +196,8 @@ SELECT
   k.local_disk_total,
   k.knows_its_weights,
   k.label_value,
-  CAST(NULL AS JSON) AS topology,
   k.gpus_facts_age,
+  CAST(NULL AS JSON) AS topology,
   ARRAY(SELECT
     fa.fabric
   FROM fabric_attachments AS fa

@@ -187,8 +187,8 @@ SELECT
   k.local_disk_total AS picked_local_disk_total,
   k.knows_its_weights AS picked_knows_its_weights,
   k.label_value AS picked_label_value,
-  CAST(NULL AS JSON) AS picked_topology,
   k.gpus_facts_age AS picked_gpus_facts_age,
+  CAST(NULL AS JSON) AS picked_topology,
   ARRAY(SELECT
     fa.fabric
   FROM fabric_attachments AS fa

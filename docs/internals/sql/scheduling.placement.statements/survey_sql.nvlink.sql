@@ -81,6 +81,7 @@ SELECT
   n.local_disk_free,
   n.local_disk_total,
   n.knows_its_weights,
+  n.labels ->> CAST(:label_key AS TEXT) AS label_value,
   EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age,
   (
     CAST(:weights AS TEXT) IS NOT NULL
@@ -113,7 +114,6 @@ SELECT
     fa.node_id = p.node_id
   ORDER BY
     fa.fabric) AS fabric_rates,
-  n.labels ->> CAST(:label_key AS TEXT) AS label_value,
   (
     SELECT
       json_build_object(
