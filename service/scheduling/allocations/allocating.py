@@ -22,7 +22,9 @@ from service.scheduling.allocations.records import (
 from service.scheduling.allocations.requests import AllocationRequest, validate_request
 from service.scheduling.allocations.storing import (
     NotStored,
+    Rows,
     Tombstoned,
+    Wanted,
     store,
     store_calls,
     store_statement,
@@ -145,40 +147,69 @@ def _one_node_checks(call: str, replica_id: str) -> str:
 # is written and allocate() reads the facts again to say which, so the
 # wording stays in one place (_check_gpus).
 _STORE = store_statement(
-    f"""
-    want_shards AS (
-        SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               r.*, CAST(:weights AS text) AS weights, {stored_tolerations()} AS tolerations
-        FROM jsonb_to_recordset(CAST(:shards AS jsonb))
-            AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
-    ), want_gpus AS (
-        SELECT 0 AS call, r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
-            AS r(node_id text, idx int, shard_id text)
-    ), go AS (
-        SELECT 0 AS call,
-               NOT CAST(:check AS boolean) OR {_one_node_checks("0", "CAST(:replica_id AS text)")}
-               AS ok
-    )"""
+    Wanted(
+        shards=Rows(
+            {
+                "call": "0",
+                "replica_id": "CAST(:replica_id AS text)",
+                "actor": "CAST(:actor AS text)",
+                "shard_id": "r.shard_id",
+                "node_id": "r.node_id",
+                "gpu_indices": "r.gpu_indices",
+                "fabric": "r.fabric",
+                "hcas": "r.hcas",
+                "weights": "CAST(:weights AS text)",
+                "tolerations": stored_tolerations(),
+            },
+            "FROM jsonb_to_recordset(CAST(:shards AS jsonb))"
+            " AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])",
+        ),
+        gpus=Rows(
+            {"call": "0", "node_id": "r.node_id", "idx": "r.idx", "shard_id": "r.shard_id"},
+            "FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(node_id text, idx int, shard_id text)",
+        ),
+        go=Rows(
+            {
+                "call": "0",
+                "ok": "NOT CAST(:check AS boolean) OR "
+                + _one_node_checks("0", "CAST(:replica_id AS text)"),
+            }
+        ),
+    )
 )
 
 # allocate()'s common case for several replicas in one statement (calls
 # numbered in the order given): each on one node, none tolerating a taint
 # (:tolerations is empty), each checked by _one_node_checks.
 _STORE_SEVERAL = store_statement(
-    f"""
-    want_shards AS (
-        SELECT r.call, r.replica_id, CAST(:actor AS text) AS actor, r.shard_id, r.node_id,
-               r.gpu_indices, r.fabric, r.hcas, r.weights, {stored_tolerations()} AS tolerations
-        FROM jsonb_to_recordset(CAST(:shards AS jsonb)) AS r(
-            call int, replica_id text, shard_id text, node_id text, gpu_indices int[],
-            fabric text, hcas text[], weights text)
-    ), want_gpus AS (
-        SELECT r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
-            AS r(call int, node_id text, idx int, shard_id text)
-    ), go AS (
-        SELECT c.call, {_one_node_checks("c.call", "c.replica_id")} AS ok
-        FROM (SELECT DISTINCT w.call, w.replica_id FROM want_shards w) c
-    )"""
+    Wanted(
+        shards=Rows(
+            {
+                "call": "r.call",
+                "replica_id": "r.replica_id",
+                "actor": "CAST(:actor AS text)",
+                "shard_id": "r.shard_id",
+                "node_id": "r.node_id",
+                "gpu_indices": "r.gpu_indices",
+                "fabric": "r.fabric",
+                "hcas": "r.hcas",
+                "weights": "r.weights",
+                "tolerations": stored_tolerations(),
+            },
+            "FROM jsonb_to_recordset(CAST(:shards AS jsonb)) AS r(call int, replica_id text,"
+            " shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[],"
+            " weights text)",
+        ),
+        gpus=Rows(
+            {"call": "r.call", "node_id": "r.node_id", "idx": "r.idx", "shard_id": "r.shard_id"},
+            "FROM jsonb_to_recordset(CAST(:gpus AS jsonb))"
+            " AS r(call int, node_id text, idx int, shard_id text)",
+        ),
+        go=Rows(
+            {"call": "c.call", "ok": _one_node_checks("c.call", "c.replica_id")},
+            "FROM (SELECT DISTINCT w.call, w.replica_id FROM want_shards w) c",
+        ),
+    )
 )
 
 
