@@ -138,6 +138,9 @@ def free_gpus_query(
       whole when the planner guesses few groups.
     Either walk passes over nodes that offer fewer than minFree (or are not
     on the fabric) and reads nothing else.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.capacity/free_gpus_query.class.sql
+    (every shape beside it).
     """
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
@@ -195,6 +198,9 @@ def tolerated_gpus_query(
     (availability.PoolOffer: the free GPUs and the tolerated withheld ones),
     kept when that is at least minFree. A page costs its rows and the
     tainted nodes it passes over, not the cluster.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.capacity/tolerated_gpus_query.class.sql
+    (every shape beside it).
     """
     params: dict[str, Any] = {"min_free": min_free, "first": first, "after": after or ""}
     start = "CAST(:after AS text)"

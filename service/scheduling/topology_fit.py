@@ -281,6 +281,9 @@ def claim_wanted(
     smallest groups first and leave the last one touched smaller still, so
     it stays first, with its higher indices in the same order.
     tests/scheduling/test_group_claims.py checks it against one-by-one claims.
+
+    The statement these CTEs make looks like this: docs/internals/sql/scheduling.placement.statements/claim_statement.plain.sql
+    (every shape beside it).
     """
     if not several:
         # A call alone (most calls, when schedulers are few) pays for none

@@ -111,6 +111,26 @@ def _built(builder: Callable[..., object], shape: str, sql: str | TextClause) ->
     return Statement(f"{_module_of(builder)}/{name}.{shape}.sql", f"{name}, {shape}", body)
 
 
+# Every builder the grid renders.
+BUILDERS: tuple[Callable[..., object], ...] = (
+    statements.candidates_sql,
+    statements.pick_sql,
+    statements.pick_several_sql,
+    statements.survey_sql,
+    statements.claim_statement,
+    statements.free_indices,
+    claims.usable_gpus_sql,
+    fit.survey_groups_sql,
+    fit.census_facts_sql,
+    group_reads.board_sql,
+    group_reads.board_census_sql,
+    group_reads.window_sql,
+    capacity.free_gpus_query,
+    capacity.tolerated_gpus_query,
+    moves.shards_to_move_sql,
+)
+
+
 def built_statements() -> Iterator[Statement]:
     """The statements the builders make, over the grid."""
     for shape, request in SHAPES.items():
@@ -186,7 +206,11 @@ def defined_statements() -> Iterator[Statement]:
 
 
 def every_statement() -> list[Statement]:
-    found = [*built_statements(), *defined_statements()]
+    built = list(built_statements())
+    # A builder rendered here is listed in BUILDERS (whose docstrings name their files).
+    names = {f"{_module_of(b)}/{b.__name__}." for b in BUILDERS}
+    assert all(any(s.path.startswith(n) for n in names) for s in built)
+    found = [*built, *defined_statements()]
     paths = [s.path for s in found]
     assert len(paths) == len(set(paths)), sorted(p for p in paths if paths.count(p) > 1)
     return found
@@ -233,6 +257,18 @@ def test_the_golden_files_are_the_statements_as_built() -> None:
         f"docs/internals/sql/ is out of date: run `{REGENERATE}` and review the SQL it changes.\n"
         f"missing: {missing}\nno longer built: {extra}\nchanged: {stale}"
     )
+
+
+def test_each_builder_names_its_golden_files() -> None:
+    # As OpenStack Placement's objects do: beside the builder, where to read
+    # the SQL it makes ("The SQL generated below looks like this: ...").
+    # (store_statement and claim_wanted point at their statements' files too.)
+    unnamed = []
+    for builder in BUILDERS:
+        folder = f"docs/internals/sql/{_module_of(builder)}/{builder.__name__}."
+        if folder not in (builder.__doc__ or ""):
+            unnamed.append(f"{builder.__module__}.{builder.__name__}")
+    assert not unnamed, f"say where the golden files are in the docstring of: {unnamed}"
 
 
 def test_the_grid_covers_every_option_of_a_request() -> None:

@@ -31,7 +31,11 @@ class ShardToMove:
 
 
 def shards_to_move_sql(node_id: str | None, after: str | None) -> str:
-    """shards_to_move's statement: with `node_id`, on that node only; with `after`, past that shard id."""
+    """shards_to_move's statement: with `node_id`, on that node only; with `after`, past that shard id.
+
+    The SQL generated below looks like this: docs/internals/sql/fleet.health.moves/shards_to_move_sql.all.sql
+    (every shape beside it).
+    """
     where = [f"s.node_id IN (SELECT t.node_id FROM taints t WHERE {evicting('t')})"]
     if node_id is not None:
         where.append("s.node_id = :node_id")

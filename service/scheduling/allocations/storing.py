@@ -148,6 +148,9 @@ def store_statement(wanted: Wanted) -> TextClause:
     CONFLICT DO NOTHING (an insert that meets an uncommitted row still waits
     for it, so the primary key of allocated_gpus stays the final guard).
     Shard ids must differ between the calls of one statement.
+
+    The SQL generated below looks like this, with allocate's CTEs: docs/internals/sql/scheduling.allocations.allocating/_STORE.sql
+    (the claim's: its claim_statement files).
     """
     return text(
         f"""

@@ -189,6 +189,9 @@ def usable_gpus_sql(request: PlaceRequest, domain: bool) -> str:
     """_usable_gpus' statement with topology: the fit order of the nodes :ids, node by node.
 
     `domain`: only the GPUs of the plan's NVLink domain (:domain).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.claims/usable_gpus_sql.nvlink.sql
+    (every shape beside it).
     """
     order = fit_order(request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=domain)
     return f"{order} ORDER BY 1, 4"

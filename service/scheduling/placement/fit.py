@@ -128,6 +128,9 @@ def survey_groups_sql(
     and judge locality by them). `extra`: more columns (name: SQL over the
     pool `p` and, when the request reads it, the node `n`) that split the
     groups too: placement groups' NVLink domain and locality label.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.fit/survey_groups_sql.plain.sql
+    (every shape beside it).
     """
     extra = dict(extra or {})
     wants_fabrics = all_fabrics or request.fabric is not None or request.shards > 1
@@ -402,6 +405,9 @@ def census_facts_sql(
     (fitGroup's board): every kind, uncounted, the first :ids ids of each
     (all of them for a NULL :ids). `all_fabrics` and `extra` as
     survey_groups_sql's, with `extra` over the kind `c`.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.fit/census_facts_sql.plain.count.sql
+    (every shape beside it).
     """
     topology = (
         f"CAST({pool_facts('c.free_groups', 'c.nvlink_known')} AS json)"

@@ -265,7 +265,11 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
 
 
 def candidates_sql(request: PlaceRequest) -> str:
-    """The window of candidates place() and explain() plan from: _ranked_sql's nodes with their facts."""
+    """The window of candidates place() and explain() plan from: _ranked_sql's nodes with their facts.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/candidates_sql.plain.sql
+    (every shape beside it).
+    """
     return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
 
 
@@ -283,6 +287,9 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     and a claim on the node may have committed in between (see
     _REPLACE_REPORT in service/fleet/nodes.py). The free GPUs are counted by the
     next statement, the claim (claim_statement).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/pick_sql.plain.sql
+    (every shape beside it).
     """
     return f"""
     WITH stored AS (
@@ -337,6 +344,9 @@ def pick_several_sql(request: PlaceRequest) -> str:
     nodes' free GPUs afresh under the lock, and with topology its fit order
     too (the window is drawn before the topology check, as pick_sql draws
     it).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/pick_several_sql.plain.sql
+    (every shape beside it).
     """
     return f"""
     WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
@@ -368,6 +378,9 @@ def survey_sql(request: PlaceRequest) -> str:
     as a join, before ANALYZE the planner guessed a handful of pools, sorted
     every pool of the class and looked each one's node up, for a page of a
     hundred.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/survey_sql.plain.sql
+    (every shape beside it).
     """
     walk = ordered_walk("walk", "gpu_pools", "node_id", "t.gpu_class = :cls", "''")
     pool = key_row("gpu_pools", "p", {"node_id": "page.node_id", "gpu_class": ":cls"})
@@ -399,6 +412,9 @@ def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
     pools and events in the same round trip. A call the nodes have no room
     for (a claim committed between the pick's snapshot and its lock)
     writes nothing.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/claim_statement.plain.sql
+    (every shape beside it).
     """
     return _cached_claim(
         request.nvlink_shards,
@@ -437,7 +453,11 @@ def offered_indices_sql(tolerating: bool, node: str) -> str:
 
 @lru_cache(maxsize=2)
 def free_indices(tolerating: bool) -> TextClause:
-    """Per node of :ids, offered_indices_sql: read on nodes this transaction has locked."""
+    """Per node of :ids, offered_indices_sql: read on nodes this transaction has locked.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/free_indices.plain.sql
+    (every shape beside it).
+    """
     return text(
         f"""
         SELECT i.node_id, {offered_indices_sql(tolerating, "i.node_id")} AS indices
