@@ -146,6 +146,15 @@ def _one_node_checks(call: str, replica_id: str) -> str:
 # plain one-node allocation needs (_one_node_checks). When one fails nothing
 # is written and allocate() reads the facts again to say which, so the
 # wording stays in one place (_check_gpus).
+# The fields of a shard and of a GPU as allocate() sends them (:shards, :gpus).
+_SHARD_FIELDS = {
+    "shard_id": "text", "node_id": "text", "gpu_indices": "int[]", "fabric": "text",
+    "hcas": "text[]",
+}  # fmt: skip
+_GPU_FIELDS = {"node_id": "text", "idx": "int", "shard_id": "text"}
+
+_SHARDS, _SHARDS_FROM = Rows.of_json(":shards", _SHARD_FIELDS)
+_GPUS, _GPUS_FROM = Rows.of_json(":gpus", _GPU_FIELDS)
 _STORE = store_statement(
     Wanted(
         shards=Rows(
@@ -153,21 +162,13 @@ _STORE = store_statement(
                 "call": "0",
                 "replica_id": "CAST(:replica_id AS text)",
                 "actor": "CAST(:actor AS text)",
-                "shard_id": "r.shard_id",
-                "node_id": "r.node_id",
-                "gpu_indices": "r.gpu_indices",
-                "fabric": "r.fabric",
-                "hcas": "r.hcas",
+                **_SHARDS,
                 "weights": "CAST(:weights AS text)",
                 "tolerations": stored_tolerations(),
             },
-            "FROM jsonb_to_recordset(CAST(:shards AS jsonb))"
-            " AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])",
+            _SHARDS_FROM,
         ),
-        gpus=Rows(
-            {"call": "0", "node_id": "r.node_id", "idx": "r.idx", "shard_id": "r.shard_id"},
-            "FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS r(node_id text, idx int, shard_id text)",
-        ),
+        gpus=Rows({"call": "0", **_GPUS}, _GPUS_FROM),
         go=Rows(
             {
                 "call": "0",
@@ -181,30 +182,22 @@ _STORE = store_statement(
 # allocate()'s common case for several replicas in one statement (calls
 # numbered in the order given): each on one node, none tolerating a taint
 # (:tolerations is empty), each checked by _one_node_checks.
+# Each row also names its call, and a shard its replica and weights.
+_CALLS_SHARDS, _CALLS_SHARDS_FROM = Rows.of_json(
+    ":shards", {"call": "int", "replica_id": "text", **_SHARD_FIELDS, "weights": "text"}
+)
+_CALLS_GPUS, _CALLS_GPUS_FROM = Rows.of_json(":gpus", {"call": "int", **_GPU_FIELDS})
 _STORE_SEVERAL = store_statement(
     Wanted(
         shards=Rows(
             {
-                "call": "r.call",
-                "replica_id": "r.replica_id",
+                **_CALLS_SHARDS,
                 "actor": "CAST(:actor AS text)",
-                "shard_id": "r.shard_id",
-                "node_id": "r.node_id",
-                "gpu_indices": "r.gpu_indices",
-                "fabric": "r.fabric",
-                "hcas": "r.hcas",
-                "weights": "r.weights",
                 "tolerations": stored_tolerations(),
             },
-            "FROM jsonb_to_recordset(CAST(:shards AS jsonb)) AS r(call int, replica_id text,"
-            " shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[],"
-            " weights text)",
+            _CALLS_SHARDS_FROM,
         ),
-        gpus=Rows(
-            {"call": "r.call", "node_id": "r.node_id", "idx": "r.idx", "shard_id": "r.shard_id"},
-            "FROM jsonb_to_recordset(CAST(:gpus AS jsonb))"
-            " AS r(call int, node_id text, idx int, shard_id text)",
-        ),
+        gpus=Rows(_CALLS_GPUS, _CALLS_GPUS_FROM),
         go=Rows(
             {"call": "c.call", "ok": _one_node_checks("c.call", "c.replica_id")},
             "FROM (SELECT DISTINCT w.call, w.replica_id FROM want_shards w) c",

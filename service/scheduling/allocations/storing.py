@@ -69,6 +69,17 @@ class Rows:
     columns: Mapping[str, str]
     source: str = ""
 
+    @staticmethod
+    def of_json(parameter: str, typed: Mapping[str, str]) -> tuple[dict[str, str], str]:
+        """(columns, source) of the rows of a JSON array parameter (`:shards`), its fields `typed`.
+
+        The columns are r.<field> by name, for a caller to put among its own;
+        the source is the FROM that reads them (jsonb_to_recordset).
+        """
+        fields = ", ".join(f"{name} {kind}" for name, kind in typed.items())
+        columns = {name: f"r.{name}" for name in typed}
+        return columns, f"FROM jsonb_to_recordset(CAST({parameter} AS jsonb)) AS r({fields})"
+
     def sql(self) -> str:
         listed = ", ".join(
             sql if sql == name or sql.endswith(f".{name}") else f"{sql} AS {name}"

@@ -10,13 +10,13 @@ WITH want_gpus AS (
   SELECT
     r.call,
     r.replica_id,
-    CAST(:actor AS TEXT) AS actor,
     r.shard_id,
     r.node_id,
     r.gpu_indices,
     r.fabric,
     r.hcas,
     r.weights,
+    CAST(:actor AS TEXT) AS actor,
     NULLIF(CAST(:tolerations AS JSONB), CAST('[]' AS JSONB)) AS tolerations
   FROM jsonb_to_recordset(CAST(:shards AS JSONB)) AS r(call INT, replica_id TEXT, shard_id TEXT, node_id TEXT, gpu_indices INT[], fabric TEXT, hcas TEXT[], weights TEXT)
 ), go AS (
