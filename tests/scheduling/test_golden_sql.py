@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import service
 from service.fleet.health import moves
 from service.scheduling import capacity
+from service.scheduling.allocations import records
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups import reads as group_reads
 from service.scheduling.placement import claims, fit, statements
@@ -128,6 +129,7 @@ BUILDERS: tuple[Callable[..., object], ...] = (
     capacity.free_gpus_query,
     capacity.tolerated_gpus_query,
     moves.shards_to_move_sql,
+    records.allocations_page_sql,
 )
 
 
@@ -180,6 +182,15 @@ def built_statements() -> Iterator[Statement]:
                 )
                 shape = f"{'class' if cls else 'any_class'}{'.narrowed' if narrowed else ''}"
                 yield _built(query, shape, sql)
+    for shape, asked in {
+        "all": {},
+        "node_and_after": {"node_id": True, "after": True},
+        "replica": {"replica_id": True},
+        "held": {"held": True},
+    }.items():
+        flags = {"node_id": False, "replica_id": False, "after": False, "held": False, **asked}
+        sql = records.allocations_page_sql(**flags)
+        yield _built(records.allocations_page_sql, shape, sql)
     for narrowed in (False, True):
         node, after = ("node-1", "shard-1") if narrowed else (None, None)
         shape = "node_and_after" if narrowed else "all"
