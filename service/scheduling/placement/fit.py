@@ -110,6 +110,20 @@ def after(f: NodeFacts, request: PlaceRequest, shards: int) -> NodeFacts:
     return replace(f, free=f.free - gpus, topology=topology, last_resort=last_resort)
 
 
+def _pool_state(schedulable: str, node_id: str) -> str:
+    """SQL: the state judge() reads of a pool's node, its row looked up only for a node that takes no placement.
+
+    `schedulable`: the pool's (or the kind of pool's) column, which every
+    write keeps equal to availability.node_schedulable (gpu_pools.py), so a
+    schedulable node's state is known without its row; the others are read
+    for the state their verdict names.
+    """
+    return (
+        f"CASE WHEN {schedulable} THEN '{SCHEDULABLE_STATE}'"
+        f" ELSE (SELECT n.state FROM nodes n WHERE n.id = {node_id}) END"
+    )
+
+
 def survey_groups_sql(
     request: PlaceRequest, *, all_fabrics: bool = False, extra: Mapping[str, str] | None = None
 ) -> str:
@@ -176,10 +190,7 @@ def survey_groups_sql(
     if reads_node:
         state, source = node["state"], "gpu_pools p JOIN nodes n ON n.id = p.node_id"
     else:
-        state = (
-            f"CASE WHEN p.schedulable THEN '{SCHEDULABLE_STATE}'"
-            " ELSE (SELECT n.state FROM nodes n WHERE n.id = p.node_id) END"
-        )
+        state = _pool_state("p.schedulable", "p.node_id")
         source = "gpu_pools p"
     disk = (
         f"{node['local_disk_free']} AS local_disk_free, {node['local_disk_total']} AS local_disk_total"
@@ -433,8 +444,7 @@ def census_facts_sql(
     columns = "".join(f", {sql} AS {name}" for name, sql in (extra or {}).items())
     return f"""
     SELECT {first} AS node_id,
-           CASE WHEN c.schedulable THEN '{SCHEDULABLE_STATE}'
-                ELSE (SELECT n.state FROM nodes n WHERE n.id = {first}) END AS state,
+           {_pool_state("c.schedulable", first)} AS state,
            CAST(NULL AS text) AS state_reason, c.free, c.withheld, c.last_resort,
            (SELECT {taint} FROM gpu_pools r WHERE r.node_id = {first} AND r.gpu_class = :cls)
                AS taint,
