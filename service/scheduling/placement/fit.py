@@ -48,7 +48,12 @@ from service.scheduling.availability import (
 from service.scheduling.freshness import gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
-from service.scheduling.placement.statements import facts_of, node_facts, request_params
+from service.scheduling.placement.statements import (
+    disk_fits,
+    facts_of,
+    node_facts,
+    request_params,
+)
 from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
@@ -170,11 +175,7 @@ def survey_groups_sql(
         else "true"
     )
     label = node["label_value"] if request.label is not None else "NULL"
-    disk_ok = (
-        "(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)"
-        if request.min_local_disk_free is not None
-        else "true"
-    )
+    disk_ok = disk_fits("n") if request.min_local_disk_free is not None else "true"
     fresh, age = (
         (gpu_facts_fresh("n"), node["gpus_facts_age"])
         if request.max_age is not None

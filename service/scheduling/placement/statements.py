@@ -67,6 +67,14 @@ def node_facts(n: str) -> dict[str, str]:
     }
 
 
+def disk_fits(n: str) -> str:
+    """SQL: the node row `n` has :min_disk bytes of local disk free, or does not say.
+
+    Unknown disk is not a full disk (judge()'s DISK check says the same).
+    """
+    return f"({n}.local_disk_free IS NULL OR {n}.local_disk_free >= :min_disk)"
+
+
 # The names node_facts gives, in its order.
 NODE_FACTS = tuple(node_facts("n"))
 
@@ -155,8 +163,7 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     if request.label is not None:
         node_checks.append(f"{node_facts('n')['label_value']} = :label_value")
     if request.min_local_disk_free is not None:
-        # Unknown disk is not a full disk.
-        node_checks.append("(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)")
+        node_checks.append(disk_fits("n"))
     if request.max_age is not None:
         node_checks.append(gpu_facts_fresh("n"))
 
