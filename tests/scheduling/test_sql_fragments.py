@@ -33,6 +33,8 @@ FACT_FRAGMENTS = {
     "the node facts' columns": re.compile(
         r"\b(?!self\.)\w+\.local_disk_free,\s*\w+\.local_disk_total"
     ),
+    # statements.disk_fits: unknown disk is not a full disk.
+    "the disk check": re.compile(r"local_disk_free\s+IS\s+NULL\s+OR", re.I),
     "the node facts re-aliased": re.compile(
         r"AS\s+picked_(state|local_disk|knows_its|label_value|gpus_facts)"
     ),
@@ -75,6 +77,7 @@ def test_the_scan_would_see_the_definitions_it_forbids() -> None:
         "which taint comes first": ["ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) AS taint"],
         "a taint as JSON": ["'source', t.source, 'reason', t.reason, 'actor', t.actor,"],
         "the node facts' columns": ["n.local_disk_free, n.local_disk_total, n.knows_its_weights,"],
+        "the disk check": ['"(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)"'],
         "the node facts re-aliased": [
             "k.state AS picked_state, k.state_reason AS picked_state_reason,"
         ],
@@ -89,5 +92,6 @@ def test_the_scan_would_see_the_definitions_it_forbids() -> None:
         assert TAINT_FRAGMENTS[what].search(taint), what
     facts = statements.node_facts_sql("n")
     assert FACT_FRAGMENTS["the node facts' columns"].search(facts)
+    assert FACT_FRAGMENTS["the disk check"].search(statements.disk_fits("n"))
     for name in statements.NODE_FACTS:
         assert name in statements.pick_sql(statements.PlaceRequest("r", "c", 1), False)
