@@ -52,19 +52,31 @@ def _zone_columns(group: GroupRequest, pool: str = "p") -> dict[str, str]:
 
 
 def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
-    """The statement read_board sends for one role: fit's grouped survey with the zone columns."""
+    """The statement read_board sends for one role: fit's grouped survey with the zone columns.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.groups.reads/board_sql.any.sql
+    (every shape beside it).
+    """
     return survey_groups_sql(request, all_fabrics=True, extra=_zone_columns(group))
 
 
 def board_census_sql(group: GroupRequest, request: PlaceRequest) -> str:
-    """The statement read_board sends for one role of a group `windowed`: the census of every kind."""
+    """The statement read_board sends for one role of a group `windowed`: the census of every kind.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.groups.reads/board_census_sql.any.sql
+    (every shape beside it).
+    """
     return census_facts_sql(
         request, reads="members", all_fabrics=True, extra=_zone_columns(group, "c")
     )
 
 
 def window_sql(group: GroupRequest, request: PlaceRequest) -> str:
-    """The statement read_window sends for one role: the census of the kinds that take a shard."""
+    """The statement read_window sends for one role: the census of the kinds that take a shard.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.groups.reads/window_sql.any.sql
+    (every shape beside it).
+    """
     return census_facts_sql(
         request, reads="window", all_fabrics=True, extra=_zone_columns(group, "c")
     )

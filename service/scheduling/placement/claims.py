@@ -168,9 +168,6 @@ async def _usable_gpus(
             {"ids": node_ids, "cls": request.gpu_class, "tolerations": tolerations},
         )
         return {r.node_id: list(r.indices) for r in rows}, {}
-    order = fit_order(
-        request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=plan.domain is not None
-    )
     params = {
         "ids": node_ids,
         "cls": request.gpu_class,
@@ -181,10 +178,23 @@ async def _usable_gpus(
     }
     free: dict[str, list[int]] = {}
     near: dict[tuple[str, int], list[str]] = {}
-    for r in await conn.execute(cached_text(f"{order} ORDER BY 1, 4"), params):
+    statement = cached_text(usable_gpus_sql(request, plan.domain is not None))
+    for r in await conn.execute(statement, params):
         free.setdefault(r.node_id, []).append(r.idx)
         near[(r.node_id, r.idx)] = list(r.hcas)
     return free, near
+
+
+def usable_gpus_sql(request: PlaceRequest, domain: bool) -> str:
+    """_usable_gpus' statement with topology: the fit order of the nodes :ids, node by node.
+
+    `domain`: only the GPUs of the plan's NVLink domain (:domain).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.claims/usable_gpus_sql.nvlink.sql
+    (every shape beside it).
+    """
+    order = fit_order(request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=domain)
+    return f"{order} ORDER BY 1, 4"
 
 
 async def _wait_for(conn: Connection, node_ids: set[str]) -> None:
