@@ -4,10 +4,13 @@ UPDATE gpus AS g SET sticky_reasons = ARRAY(SELECT
 FROM UNNEST(g.sticky_reasons) AS x
 WHERE
   x <> ALL(CAST(:reasons AS TEXT[])))
+FROM gpus AS old
 WHERE
   g.node_id = :node_id
   AND g.idx = ANY(
     CAST(:indices AS INT[])
   )
   AND g.sticky_reasons && CAST(:reasons AS TEXT[])
-RETURNING g.idx
+  AND old.node_id = g.node_id
+  AND old.idx = g.idx
+RETURNING g.idx, old.sticky_reasons AS had

@@ -3,12 +3,14 @@ WITH counted AS (
   SELECT DISTINCT
     r.node_id,
     i.idx
-  FROM remediations AS r
-  CROSS JOIN LATERAL UNNEST(r.gpu_indices) AS i(idx)
+  FROM remediation_faults AS f
+  JOIN remediations AS r
+    ON r.id = f.remediation_id
+  CROSS JOIN LATERAL UNNEST(f.gpu_indices) AS i(idx)
   WHERE
-    r.gpu_class = :cls
-    AND r.taint_key IS NOT NULL
-    AND r.created_at > CURRENT_TIMESTAMP - INTERVAL '1 HOUR'
+    f.gpu_class = :cls
+    AND f.taint_key IS NOT NULL
+    AND f.at > CURRENT_TIMESTAMP - INTERVAL '1 HOUR'
 )
 SELECT
   (
