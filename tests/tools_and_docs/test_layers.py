@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "service.errors",
             "service.bounds",
+            "service.stored_text",
             "service.node_states",
             "service.paging",
             "service.batches",
