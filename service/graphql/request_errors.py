@@ -108,6 +108,10 @@ def code_validation_errors(errors: list[GraphQLError], document: DocumentNode | 
     for error in errors:
         if code_of(error) is not None:
             continue
+        if isinstance(error, GraphQLSyntaxError):
+            # The parse's error, answered in validation's place (checked_documents.py).
+            _coded(error, PARSE_FAILED, None)
+            continue
         first = error.nodes[0] if error.nodes else None
         # A scalar that refuses a literal reports the scalar's own error,
         # without a node (Strawberry's DateTime); a literal of the wrong

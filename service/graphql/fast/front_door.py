@@ -17,8 +17,9 @@ answers), with these reasons:
 | not_a_json_post | GET, GraphiQL, multipart, or an Accept asking for a stream |
 | body_not_ordinary | not a JSON object of `query`, optional object `variables`, string `operationName` (batches, `extensions`, malformed JSON) |
 | document_not_valid | parse or validation errors: Strawberry's words |
-| operation_not_found | no operation of that name, or several and no name |
+| operation_not_found | no operation of that name, or several and no name (GraphQL's error, checked_documents.py) |
 | subscription | a subscription (only Strawberry's view streams) |
+| text_not_storable | a String or ID variable breaks the rule of text that can be stored, or an ID its bound (text_inputs.py): Strawberry's view refuses it, from the same check |
 
 Every other request is a prepared document's query or mutation (documents.py:
 parsed and validated once, by the schema's own rules and limits). Its
@@ -92,6 +93,7 @@ from service.graphql.masking import INTERNAL_ERROR
 from service.graphql.permissions import ROOT_FIELD_ROLES, check_role
 from service.graphql.private_api import core_schema
 from service.graphql.read_routes import allows_stale_reads
+from service.graphql.text_inputs import InputCheck
 from service.metrics import count_fast_path
 
 from .compiled_heartbeat import compile_heartbeat
@@ -183,16 +185,24 @@ class Gated:
 
 
 class Plan:
-    """An operation's route (if one compiled it), graphql_core after it, and whether its reads
+    """An operation's route (if one compiled it), graphql_core after it, whether its reads
     may go to a read replica (read_routes.allows_stale_reads: the verdict Strawberry's view's
-    ReadRouting extension gives the same operation)."""
+    ReadRouting extension gives the same operation), and the check of its String and ID
+    variables (text_inputs.InputCheck, None when it has none)."""
 
-    __slots__ = ("direct", "first", "stale_reads")
+    __slots__ = ("direct", "first", "inputs", "stale_reads")
 
-    def __init__(self, first: Gated | None, direct: DirectOperation, stale_reads: bool) -> None:
+    def __init__(
+        self,
+        first: Gated | None,
+        direct: DirectOperation,
+        stale_reads: bool,
+        inputs: InputCheck | None,
+    ) -> None:
         self.first = first
         self.direct = direct
         self.stale_reads = stale_reads
+        self.inputs = inputs
 
 
 def plan_operation(
@@ -219,6 +229,7 @@ def plan_operation(
         first,
         DirectOperation(schema, prepared, operation, operation_name),
         allows_stale_reads(operation),
+        prepared.checked.input_check(core_schema(schema), operation_name),
     )
 
 
@@ -304,13 +315,16 @@ class FrontDoor:
         if ordinary is None:
             return _declined("body_not_ordinary")
         query, operation_name, variables = ordinary
-        prepared = self.documents.get(query)
+        prepared = await self.documents.get(query)
         if prepared is None:
             return _declined("document_not_valid")
         plan = self.plan(prepared, operation_name)
         if plan is None:
             operation = prepared.operation(operation_name)
             return _declined("operation_not_found" if operation is None else "subscription")
+        if plan.inputs is not None and plan.inputs.refusal(variables) is not None:
+            # Strawberry's view words the refusal (checked_documents.py), from the same check.
+            return _declined("text_not_storable")
         state = request_state.current()
         if state is not None:
             state.replica_allowed = plan.stale_reads
