@@ -1,7 +1,7 @@
 """A request's document checked before anything runs: parsed, validated, one operation chosen, its values held to the rules.
 
 One home for both routes. Strawberry's view goes through the
-CheckedDocuments extension below (in place of Strawberry's ParserCache and
+DocumentChecks extension below (in place of Strawberry's ParserCache and
 ValidationCache); the fast path's documents.py asks the same cache, so a
 document one route checked is not checked again by the other.
 
@@ -9,14 +9,23 @@ document one route checked is not checked again by the other.
   MAX_CACHED_LENGTH not kept): agents and schedulers send the same few
   documents thousands of times a second, and a parse and validation whose
   answer never changes is paid once.
-- Off the event loop when long: a document longer than INLINE_CHARACTERS
-  is parsed and validated in a worker thread. The lexer reads a string
-  literal a character at a time in Python (a 1 MB one held the loop for
-  0.4 s), and every caller of the process waits while the loop is held; in
-  a thread, the loop takes the interpreter back at least every switch
-  interval (5 ms) and answers them meanwhile. Checking a document is linear
-  in its text (each fragment measured once: document_cost.py), so a short
-  one holds the loop for little. docs/security/limits.md states the bound.
+- Bounds first: the document's depth, aliases and fields once spread
+  (document_cost.py, each fragment measured once, linear in the text) are
+  checked alone before graphql-core's rules, which then never walk a
+  document past them.
+- Off the event loop: a text not in the cache and longer than
+  INLINE_CHARACTERS is parsed and validated in one worker thread, one
+  document at a time. Every caller of the process waits while the loop is
+  held, and a check is not short work at its worst: the lexer reads a
+  string literal a character at a time in Python, and graphql-core compares
+  the fields of one response name pairwise, so a megabyte of string or a
+  few hundred `id`s in one selection held the loop long enough to be felt
+  (BENCHMARKS.md has the figures). With the work in one other thread, the
+  loop takes the interpreter back within a switch interval (5 ms) each time
+  it needs it and answers the others meanwhile. A short text is checked on
+  the loop: its worst is small, and it never queues behind long ones. A
+  text is checked once, so either cost is paid once per document.
+  docs/security/limits.md states the bound.
 - One operation: a document of several operations and no operationName is
   refused, as the GraphQL specification requires (issue 44: Strawberry ran
   the first one, `mutation A {...} mutation B {...}` cordoned a node).
@@ -36,6 +45,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 from weakref import WeakKeyDictionary
@@ -52,21 +62,21 @@ from graphql import (
     OperationType,
     SelectionSetNode,
     parse,
+    validate,
 )
 from strawberry.extensions import SchemaExtension
 
+from .document_cost import FIRST_RULES
 from .private_api import core_schema, provided_operation_name, validate_document
 from .request_errors import BAD_REQUEST
 from .text_inputs import InputCheck, compile_input_check, located_surrogate
 
 T = TypeVar("T")
 
-# Documents up to this long are checked on the event loop; longer ones in a
-# worker thread. Every document a client of ours sends is shorter (the
-# dashboard's node page, the longest, is about 1.5 KiB) and is checked once
-# anyway; a 2 KiB document's parse and validation is linear work of a few
-# milliseconds.
-INLINE_CHARACTERS: Final = 2048
+# Texts up to this long are checked on the event loop (the worst such
+# document is a few milliseconds of work: BENCHMARKS.md), longer ones in the
+# worker thread.
+INLINE_CHARACTERS: Final = 256
 # Longer texts are not kept: a client sending endless distinct large
 # documents costs their check, never memory.
 MAX_CACHED_LENGTH: Final = 16_384
@@ -116,7 +126,13 @@ def check_text(
         document = parse(query, max_tokens=max_tokens)
     except GraphQLSyntaxError as error:
         return Checked(None, [located_surrogate(error, max_tokens) or error])
-    errors = validate_document(schema, document, rules)
+    # The document's bounds first, alone: a document past them is refused
+    # before graphql-core's rules walk it (OverlappingFieldsCanBeMergedRule
+    # compares the fields of one response name pairwise).
+    first = tuple(rule for rule in rules if rule in FIRST_RULES)
+    errors = validate(schema, document, first) if first else []
+    if not errors:
+        errors = validate_document(schema, document, tuple(r for r in rules if r not in first))
     operations: dict[str | None, OperationDefinitionNode] = {}
     for definition in document.definitions:
         if isinstance(definition, OperationDefinitionNode):
@@ -124,11 +140,22 @@ def check_text(
     return Checked(document, errors, operations)
 
 
+_worker: ThreadPoolExecutor | None = None
+
+
 async def off_the_loop(query: str, work: Callable[[], T]) -> T:
-    """`work` (a check of `query`), in a worker thread when the text is long (see the module)."""
+    """`work` (a check of `query`), in the worker thread when the text is long (see the module).
+
+    One thread, one document at a time: the event loop then competes for
+    the interpreter with that one thread only, so it waits at most one
+    switch interval each time it takes the interpreter back.
+    """
+    global _worker
     if len(query) <= INLINE_CHARACTERS:
         return work()
-    return await asyncio.to_thread(work)
+    if _worker is None:
+        _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="document-checks")
+    return await asyncio.get_running_loop().run_in_executor(_worker, work)
 
 
 class CheckedDocuments:

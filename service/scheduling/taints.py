@@ -36,6 +36,7 @@ from service.bounds import (
     MAX_TOLERATION_SECONDS,
     MAX_TOLERATIONS,
 )
+from service.stored_text import storable
 
 
 class TaintEffect(Enum):
@@ -128,13 +129,13 @@ def check_key(field: str, key: str) -> str | None:
         return "a taint key is not empty"
     if len(key) > MAX_ID_LENGTH:
         return f"a taint key is at most {MAX_ID_LENGTH} characters"
-    if "\x00" in key or any(c.isspace() for c in key):
+    if not storable(key) or any(c.isspace() for c in key):
         return "a taint key has no spaces or NUL characters"
     return None
 
 
 def check_value(value: str | None) -> str | None:
-    if value is not None and (len(value) > MAX_TEXT_LENGTH or "\x00" in value):
+    if value is not None and (len(value) > MAX_TEXT_LENGTH or not storable(value)):
         return f"a taint value is at most {MAX_TEXT_LENGTH} characters, without NUL"
     return None
 
