@@ -90,4 +90,4 @@ class NodeNotFound(InventoryError):
 
     @property
     def extensions(self) -> dict[str, Any]:
-        return {"code": self.code, "nodeId": self.node_id}
+        return {"code": self.code, "nodeId": shown(self.node_id)}

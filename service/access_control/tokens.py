@@ -23,7 +23,7 @@ from sqlalchemy.engine import Row
 
 from service.bounds import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 from service.database.connections import Connection, cached_text
-from service.errors import InvalidInput, InventoryError
+from service.errors import InvalidInput, InventoryError, shown
 from service.stored_text import storable
 
 ROLES = ("reader", "agent", "scheduler", "operator")
@@ -80,7 +80,7 @@ class TokenNotFound(InventoryError):
     code = "TOKEN_NOT_FOUND"
 
     def __init__(self, token_id: str) -> None:
-        super().__init__(f"token {token_id!r} does not exist")
+        super().__init__(f"token '{shown(token_id)}' does not exist")
         self.token_id = token_id
 
 

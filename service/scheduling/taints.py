@@ -36,6 +36,7 @@ from service.bounds import (
     MAX_TOLERATION_SECONDS,
     MAX_TOLERATIONS,
 )
+from service.errors import shown
 from service.stored_text import storable
 
 
@@ -161,7 +162,8 @@ def toleration_problem(
             return (
                 f"{at}.key",
                 t.key,
-                f"{t.key!r} is an operator's {t.key}, which no request tolerates: lift it instead",
+                f"'{shown(t.key)}' is an operator's {t.key}, which no request tolerates: lift it "
+                "instead",
             )
         if t.operator is TolerationOperator.EXISTS and t.value is not None:
             return f"{at}.value", t.value, "EXISTS matches any value: give no value, or use EQUAL"

@@ -23,6 +23,7 @@ from service.database.db_faults import (
     is_database_unavailable,
 )
 from service.database.request_state import ClientDeadline
+from service.errors import shown
 
 log = logging.getLogger(__name__)
 
@@ -192,18 +193,18 @@ def client_deadline(scope: Scope, now: float) -> ClientDeadline | None:
     else:
         seconds = float(text)
         return ClientDeadline(now + seconds, seconds)
-    shown = raw if len(raw) <= 80 else raw[:77] + "..."
+    value = shown(raw)
     log.info(
-        "refused a request (BAD_INPUT 400): %s=%r",
+        "refused a request (BAD_INPUT 400): %s='%s'",
         CLIENT_TIMEOUT,
-        shown,
+        value,
         extra={"code": "BAD_INPUT"},
     )
     raise Refused(
         400,
-        f"{CLIENT_TIMEOUT}={shown!r}: {problem}",
+        f"{CLIENT_TIMEOUT}='{value}': {problem}",
         "BAD_INPUT",
-        extensions={"field": CLIENT_TIMEOUT, "value": shown},
+        extensions={"field": CLIENT_TIMEOUT, "value": value},
     )
 
 

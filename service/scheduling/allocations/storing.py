@@ -26,7 +26,7 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection
-from service.errors import InventoryError
+from service.errors import InventoryError, shown
 from service.event_log.events import note_recorded
 from service.scheduling.allocations.records import Allocated, shard_from_row
 from service.scheduling.gpu_pools import move_to_allocated
@@ -256,7 +256,7 @@ class ReplicaReleased(InventoryError):
 
     def __init__(self, replica_id: str, released_at: datetime, until: datetime) -> None:
         super().__init__(
-            f"replica {replica_id!r} was released at {_shown_time(released_at)} while it held "
+            f"replica '{shown(replica_id)}' was released at {_shown_time(released_at)} while it held "
             f"nothing (its scheduler had given up on placing it), so nothing is held for it "
             f"until {_shown_time(until)}: place it under a new replica id"
         )
