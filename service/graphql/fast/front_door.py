@@ -90,7 +90,7 @@ from service.database import request_state
 from service.errors import InventoryError
 from service.graphql.context import Context
 from service.graphql.masking import INTERNAL_ERROR
-from service.graphql.permissions import ROOT_FIELD_ROLES, check_role
+from service.graphql.permissions import ROOT_FIELD_ROLES, Roles, check_role
 from service.graphql.private_api import core_schema
 from service.graphql.read_routes import allows_stale_reads
 from service.graphql.text_inputs import InputCheck
@@ -151,13 +151,13 @@ class UndeclaredRole(Exception):
     """A route that does not say which root fields it answers, or names one without a role."""
 
 
-def declared_roles(routes: Sequence[Route]) -> dict[str, dict[str, str]]:
+def declared_roles(routes: Sequence[Route]) -> dict[str, dict[str, Roles]]:
     """Route name -> "Type.field" -> role, each from ROOT_FIELD_ROLES; UndeclaredRole if missing.
 
     A field missing from the table would be gated as UNLISTED_ROLE by
     Strawberry's view; a compiled route is not built on such a fallback.
     """
-    declared: dict[str, dict[str, str]] = {}
+    declared: dict[str, dict[str, Roles]] = {}
     for route in routes:
         if not route.fields:
             raise UndeclaredRole(f"route {route.name!r} declares no root field")
@@ -181,7 +181,7 @@ class Gated:
     name: str
     route: CompiledRoute
     field: str  # the GraphQL name of the root field
-    role: str
+    role: Roles
 
 
 class Plan:
@@ -211,7 +211,7 @@ def plan_operation(
     operation: OperationDefinitionNode,
     operation_name: str | None,
     routes: Sequence[Route],
-    roles: dict[str, dict[str, str]],
+    roles: dict[str, dict[str, Roles]],
 ) -> Plan:
     first = None
     root = only_root_field(operation, operation.operation)
