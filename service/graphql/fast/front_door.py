@@ -42,8 +42,8 @@ with a route that declares no root field or one without a role
 | heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (types.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
 | registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the gate, the resolver's write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
 | place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the gate, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
-| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
-| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, replica_failed, text_not_storable |
+| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, statement_timeout, text_not_storable |
+| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, statement_timeout, replica_failed, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
@@ -65,7 +65,9 @@ that declines after writing hands the write's outcome to the resolver
 (Context.hand_over). An exception a route raises is a bug: it is logged with
 its traceback, counted (reason `bug`) and answered as an internal error,
 as masking.py answers any bug; it is never retried by another route, which
-could write a second time.
+could write a second time. The database's expected outcomes are not bugs
+(unavailable, a statement cancelled at its statement_timeout): answered with
+their code in one log line, as masking.py answers them.
 
 The switch (switch.py): with INVENTORY_DIRECT_EXECUTION=false the app has no
 front door, the fast package is not even imported (install.py is the one
@@ -89,7 +91,7 @@ from service.config import Settings
 from service.database import request_state
 from service.errors import InventoryError
 from service.graphql.context import Context
-from service.graphql.masking import INTERNAL_ERROR
+from service.graphql.masking import INTERNAL_ERROR, expected_outcome, log_expected_outcome
 from service.graphql.permissions import ROOT_FIELD_ROLES, Roles, check_role
 from service.graphql.private_api import core_schema
 from service.graphql.read_routes import allows_stale_reads
@@ -371,8 +373,26 @@ class FrontDoor:
             answered = await plan.direct.run(variables, request.context())
             _count(route, answered)
             return answered.body
-        except Exception:
+        except Exception as error:
             request_id = request.context().request_id
+            expected = expected_outcome(error)
+            if expected is not None:
+                # The database's expected outcome (unavailable, a statement timed
+                # out) met by a route's own read after its write (a beat's pins):
+                # answered as masking.py answers it, not as a bug.
+                log_expected_outcome(expected, route, error)
+                _count(route, Declined(expected.code.lower()))
+                return encode(
+                    {
+                        "data": None,
+                        "errors": [
+                            {
+                                "message": expected.message,
+                                "extensions": {**expected.extensions, "requestId": request_id},
+                            }
+                        ],
+                    }
+                )
             log.exception(
                 "bug in the fast path's %s route (request %s): answered as an internal error",
                 route,
