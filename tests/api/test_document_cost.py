@@ -41,10 +41,10 @@ LEVELS = range(10, 31)
 # (not the wall clock: a loaded machine slows every step alike). Linear in
 # the text, it is milliseconds; 2^16 walks of a fragment chain were seconds.
 CHECKED_WITHIN = 1.0
-# docs/security/limits.md: another caller never waits for a document check
-# to finish; a bound generous enough for a loaded machine, so that the test
-# fails rather than hangs.
-ANSWERED_WITHIN = 5.0
+# docs/security/limits.md: another caller never waits for a document check to
+# finish, and is answered within a second meanwhile (a few milliseconds here,
+# on a machine loaded nine times over its cores).
+ANSWERED_WITHIN = 1.0
 FIELDS_REFUSED = f"more than the maximum of {MAX_FIELDS:,} fields per operation"
 ALIASES_REFUSED = f"aliases found. Allowed: {MAX_ALIASES}"
 
