@@ -99,7 +99,7 @@ SHAPES: list[tuple[str, Callable[[int], str], dict[str, Any], str]] = [
             "mutation($input: PlaceInput!) { place(input: $input) { ...F0 } } "
             + doubling(n, "PlaceResult", twice, "__typename")
         ),
-        {"input": placement("r1")},
+        placement("r1"),
         FIELDS_REFUSED,
     ),
     (
