@@ -251,7 +251,7 @@ class DocumentChecks(SchemaExtension):
                 context.query, context.validation_rules, context.parse_options.get("max_tokens")
             )
             name = provided_operation_name(context)
-            refused = checked.errors if checked.document is None else None
+            refused = list(checked.errors) if checked.document is None else None
             if refused is None:
                 ambiguous = operation_refusal(checked, name)
                 refused = None if ambiguous is None else [ambiguous]
