@@ -11,6 +11,8 @@ from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.allocations import ShardRecord, shard_columns, shard_from_row
+from service.scheduling.groups.board import Board, NodeClass
+from service.scheduling.groups.packing import usable_of
 from service.scheduling.groups.paths import (
     KvPathKind,
     Whereabouts,
@@ -18,7 +20,6 @@ from service.scheduling.groups.paths import (
     kv_pairs,
     path_kind,
 )
-from service.scheduling.groups.planning import Board, NodeClass
 from service.scheduling.groups.requests import GroupRequest, LocalityLevel
 from service.scheduling.placement.fit import (
     census_facts_sql,
@@ -70,9 +71,18 @@ def window_sql(group: GroupRequest, request: PlaceRequest) -> str:
     )
 
 
-def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
+@dataclass
+class _Read:
+    """One role's read of a class: its facts, zone and member ids."""
+
+    facts: NodeFacts
+    zone: Zone
+    members: list[str]
+
+
+def _classes(rows: Iterable[Any], keep: int | None = None) -> list[_Read]:
     """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them)."""
-    found: dict[tuple[NodeFacts, Zone], NodeClass] = {}
+    found: dict[tuple[NodeFacts, Zone], _Read] = {}
     for row in rows:
         members = sorted(row.members)
         zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
@@ -80,7 +90,7 @@ def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
         key = (replace(facts, node_id=""), zone)
         same = found.get(key)
         if same is None:
-            found[key] = NodeClass(facts, zone, members[:keep] if keep else members)
+            found[key] = _Read(facts, zone, members[:keep] if keep else members)
             continue
         # Kinds of pool the request cannot tell apart (their topology, when it
         # reads none): one class, as the survey groups them.
@@ -93,8 +103,56 @@ def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
             ]
         )
         members.sort()
-        found[key] = NodeClass(replace(same.facts, node_id=members[0]), zone, members)
+        found[key] = _Read(replace(same.facts, node_id=members[0]), zone, members)
     return list(found.values())
+
+
+def _joint(roles: Sequence[str], reads: Mapping[str, list[_Read]]) -> list[NodeClass]:
+    """The roles' classes as classes of the board: nodes every role's read puts together.
+
+    A node is in the class of the nodes that each role's read put in the same
+    class as it (board.NodeClass); a role whose read lacks the node has no
+    facts of it there. The zone is the first role's that reads the node.
+    """
+    keys: dict[str, list[int]] = {}
+    for k, role in enumerate(roles):
+        for i, c in enumerate(reads[role]):
+            for node_id in c.members:
+                keys.setdefault(node_id, [-1] * len(roles))[k] = i
+    grouped: dict[tuple[int, ...], list[str]] = {}
+    for node_id, found in keys.items():
+        grouped.setdefault(tuple(found), []).append(node_id)
+    classes = []
+    for key, members in grouped.items():
+        members.sort()
+        facts = {
+            role: replace(reads[role][i].facts, node_id=members[0])
+            for role, i in zip(roles, key, strict=True)
+            if i >= 0
+        }
+        zone = next(reads[role][i].zone for role, i in zip(roles, key, strict=True) if i >= 0)
+        classes.append(NodeClass(facts, zone, members))
+    return classes
+
+
+def _derived(facts: NodeFacts, request: PlaceRequest) -> NodeFacts:
+    """A role's facts from the facts read for an nvlinkShards role of the same class (reader_of).
+
+    For a `windowed` group the census's statements for two roles of the one
+    GPU class differ only in the topology column: the nvlinkShards one reads
+    the free GPUs of each NVLink group (and, for its :per, the usable ones);
+    a role without nvlinkShards reads none.
+    """
+    if not request.nvlink_shards or facts.topology is None:
+        return replace(facts, topology=None)
+    topology = facts.topology
+    usable = usable_of(topology.groups, request.gpus_per_shard)
+    return replace(facts, topology=replace(topology, usable=usable))
+
+
+def reader_of(requests: Mapping[str, PlaceRequest]) -> str:
+    """The role whose census read gives every role's facts of a `windowed` group: nvlinkShards first."""
+    return next((r for r, q in requests.items() if q.nvlink_shards), next(iter(requests)))
 
 
 async def _read(
@@ -105,17 +163,35 @@ async def _read(
     extra: Mapping[str, Any],
     keep: int | None = None,
     census: bool = False,
-) -> dict[str, list[NodeClass]] | None:
-    """Each role's classes from `statement`, one read per distinct statement; None when one declines.
+) -> list[NodeClass] | None:
+    """The board's classes from `statement`; None when the census declines (too many kinds).
 
-    `keep`: the first members of each class kept; `census`: the statement is
-    the pool census's, which declines past MOST_KINDS kinds.
+    `census`: the statement is the pool census's, for a `windowed` group:
+    one read, of the role reader_of names, gives every role's facts
+    (_derived), so its classes are every role's at once. Otherwise one read
+    per distinct statement, the classes joined (_joint). `keep`: the first
+    members of each class kept.
     """
-    classes: dict[str, list[NodeClass]] = {}
+    roles = list(requests)
+    if census:
+        reader = reader_of(requests)
+        request = requests[reader]
+        sql = statement(request)
+        params = {**request_params(request), "zone_label": group.locality.label, **extra}
+        used = {k: v for k, v in params.items() if f":{k}" in sql}
+        rows = list(await conn.execute(cached_text(sql), used))
+        if len(rows) > MOST_KINDS:
+            DECLINED.count("kinds")
+            return None
+        return [
+            NodeClass({r: _derived(c.facts, requests[r]) for r in roles}, c.zone, c.members)
+            for c in _classes(rows, keep)
+        ]
+    reads: dict[str, list[_Read]] = {}
     # Roles whose statement and parameters are the same (prefill and decode
     # of one class, without topology, differ only in GPUs per shard, which
     # the statement does not read) share one read.
-    read: dict[tuple[str, str], list[NodeClass]] = {}
+    read: dict[tuple[str, str], list[_Read]] = {}
     for role, request in requests.items():
         sql = statement(request)
         params = {**request_params(request), "zone_label": group.locality.label, **extra}
@@ -123,13 +199,9 @@ async def _read(
         same = (sql, repr(sorted(used.items())))
         if same not in read:
             rows = list(await conn.execute(cached_text(sql), used))
-            if census and len(rows) > MOST_KINDS:
-                DECLINED.count("kinds")
-                return None
             read[same] = _classes(rows, keep)
-        # Each role's own classes: settling one role's nodes must not move another's.
-        classes[role] = [NodeClass(c.facts, c.zone, list(c.members)) for c in read[same]]
-    return classes
+        reads[role] = read[same]
+    return _joint(roles, reads)
 
 
 async def read_board(
@@ -162,7 +234,7 @@ async def read_board(
     if classes is None:
         classes = await _read(conn, group, requests, lambda r: board_sql(group, r), {})
     assert classes is not None
-    return Board(dict(requests), classes)
+    return Board(dict(requests), classes, window_size(requests, group))
 
 
 def windowed(
@@ -227,7 +299,7 @@ async def read_window(
         },
         keep,
     )
-    return None if classes is None else Board(dict(requests), classes)
+    return None if classes is None else Board(dict(requests), classes, keep)
 
 
 @dataclass(frozen=True)
