@@ -1,0 +1,115 @@
+"""placeGroup finds room whenever there is some, and claims exactly what it planned (issue 44, items 6 and 7).
+
+Two reproductions from the issue, as a scheduler meets them:
+
+- The planner filled a zone one replica at a time and never went back: a
+  group of prefill 3 x (2 GPUs, nvlinkShards) and one decode of 2 GPUs with
+  kvFrom prefill, kvTo decode was Unplaceable on two nodes that hold it, and
+  fitGroup said 0. The same cause missed a preferred zone with room.
+- The plan and the claim chose GPUs by two rules: on a 2 x 4 board with GPUs
+  1, 5, 6 and 7 held, prefill 1 x 2 then decode 1 x 2 with nvlinkShards was
+  planned (fitGroup 1, explainGroupPlacement placeable) but the claim gave
+  prefill GPUs 0 and 2, left decode no NVLink pair, and a lone caller got a
+  GraphQL error CONFLICT after retrying itself out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.conftest import Api
+from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.scheduling.test_place_group import EXPLAIN_GROUP, FIT_GROUP, PLACE_GROUP, role
+from tests.topology import IB_A, IB_B, with_peers
+
+
+def gpus_of(placed: dict[str, Any]) -> dict[str, list[tuple[str, list[int]]]]:
+    return {
+        m["replicaId"]: [(a["nodeId"], a["gpuIndices"]) for a in m["allocations"]]
+        for m in placed["members"]
+    }
+
+
+async def register(api: Api, node_id: str, entries: list[dict[str, Any]], *fabrics: Any) -> None:
+    report = node_input(node_id, gpus=entries, fabrics=list(fabrics))
+    assert (await api(REGISTER, {"input": report}))["registerNode"]["schedulable"]
+
+
+async def hold(api: Api, node_id: str, *indices: int) -> None:
+    held = await api(
+        ALLOCATE, allocation(f"held-{node_id}", shard(f"held-{node_id}-s0", node_id, *indices))
+    )
+    assert held["allocate"]["__typename"] == "Allocated", held
+
+
+def kv_group(group_id: str, **locality: Any) -> dict[str, Any]:
+    """The issue's group: prefill 3 x (2 GPUs on one NVLink group), decode 1 x 2, KV prefill -> decode."""
+    return {
+        "groupId": group_id,
+        "roles": [role("prefill", 3, 2, nvlinkShards=True), role("decode", 1, 2)],
+        "kvFrom": "prefill",
+        "kvTo": "decode",
+        **({"locality": locality} if locality else {}),
+    }
+
+
+async def test_the_issues_two_nodes_hold_the_group_and_fit_group_says_so(api: Api) -> None:
+    # a: one NVSwitch board, GPUs 0-1 held; b: topology unknown (no NVLink peers reported).
+    await register(api, "a", with_peers(gpus(H100), [list(range(8))]), IB_A)
+    await register(api, "b", gpus(H100), IB_A)
+    await hold(api, "a", 0, 1)
+    fit = (await api(FIT_GROUP, {"g": kv_group("fit")}))["fitGroup"]
+    assert fit["groups"] == 1, fit
+    explained = (await api(EXPLAIN_GROUP, {"input": kv_group("x")}))["explainGroupPlacement"]
+    assert explained["placeable"] is True, explained
+    placed = (await api(PLACE_GROUP, {"input": kv_group("pd")}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed
+    held = gpus_of(placed)
+    # Every prefill needs an NVLink pair, which only a has: all three there, decode on b.
+    assert sorted(held[f"pd-prefill-{i}"][0][1] for i in range(3)) == [[2, 3], [4, 5], [6, 7]]
+    assert all(held[f"pd-prefill-{i}"][0][0] == "a" for i in range(3))
+    assert held["pd-decode-0"] == [("b", [0, 1])]
+    # Nothing left for another.
+    assert (await api(FIT_GROUP, {"g": kv_group("fit")}))["fitGroup"]["groups"] == 0
+
+
+async def test_a_fabric_preferred_group_stays_on_the_fabric_that_holds_it(api: Api) -> None:
+    # ib-a (a and b) holds the group only as above; c, on ib-b, has one NVLink
+    # group of 4 free. Filling replica by replica, ib-a found no room and the
+    # group went across both fabrics.
+    await register(api, "a", with_peers(gpus(H100), [list(range(8))]), IB_A)
+    await register(api, "b", gpus(H100), IB_A)
+    await register(api, "c", with_peers(gpus(H100), [list(range(8))]), IB_B)
+    await hold(api, "a", 0, 1)
+    await hold(api, "c", 0, 1, 2, 3)
+    placed = (await api(PLACE_GROUP, {"input": kv_group("pd", level="FABRIC")}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed
+    used = {node for held in gpus_of(placed).values() for node, _ in held}
+    assert used == {"a", "b"}, gpus_of(placed)
+
+
+def two_by_four() -> list[dict[str, Any]]:
+    """8 H100 on a 2 x 4 board: NVLink groups 0-3 and 4-7."""
+    return with_peers(gpus(H100), [[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
+async def test_a_lone_caller_places_what_fit_group_counts_on_the_issues_board(api: Api) -> None:
+    await register(api, "n", two_by_four(), IB_A)
+    await hold(api, "n", 1, 5, 6, 7)
+    group = {
+        "groupId": "pd",
+        "roles": [role("prefill", 1, 2), role("decode", 1, 2, nvlinkShards=True)],
+    }
+    assert (await api(FIT_GROUP, {"g": group}))["fitGroup"]["groups"] == 1
+    explained = (await api(EXPLAIN_GROUP, {"input": group}))["explainGroupPlacement"]
+    assert explained["placeable"] is True
+    # A GraphQL error (CONFLICT) would fail here: the call must answer.
+    placed = (await api(PLACE_GROUP, {"input": group}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed
+    held = gpus_of(placed)
+    # Only 0, 2 and 3 share a free NVLink group: decode takes two of them, prefill GPU 4 and the third.
+    ((node, decode),) = held["pd-decode-0"]
+    ((_, prefill),) = held["pd-prefill-0"]
+    assert node == "n" and set(decode) < {0, 2, 3}
+    assert 4 in prefill and sorted(prefill + decode) == [0, 2, 3, 4]
+    assert (await api(FIT_GROUP, {"g": group}))["fitGroup"]["groups"] == 0
