@@ -176,12 +176,16 @@ class Zonal:
             return self.name in zone.fabrics
         return True
 
-    def request(self, shape: PlaceRequest) -> PlaceRequest | None:
-        """The shape as the zone asks it (FABRIC: on that fabric); None when it cannot be met there."""
-        if self.level is not LocalityLevel.FABRIC:
+    def request(self, shape: PlaceRequest) -> PlaceRequest:
+        """The shape as the zone asks it: in a FABRIC zone, a spread on that fabric.
+
+        Every node of a FABRIC zone is on its fabric, so a replica spread over
+        some of them can always use it. A shape that names another fabric
+        keeps it: its nodes must be on both (a node on ib-a and ib-b holds an
+        ib-b replica of a group in zone ib-a).
+        """
+        if self.level is not LocalityLevel.FABRIC or shape.fabric is not None:
             return shape
-        if shape.fabric is not None and shape.fabric != self.name:
-            return None
         return replace(shape, fabric=self.name)
 
 
@@ -311,8 +315,6 @@ def _room_in(board: Board, group: GroupRequest, zonal: Zonal) -> Misfit | None:
     asked: Counter[str] = Counter()
     for r in group.roles:
         request = zonal.request(board.requests[r.role])
-        if request is None:
-            return Misfit(r.role, 0, zonal.level, f"its shape's fabric is not {zonal.name}")
         asked[request.gpu_class] += r.replicas * request.gpus
         room = 0
         for node_id, opened in board.opened.items():
@@ -414,7 +416,6 @@ def _search(
             return False
         role, n = steps[i]
         request = zonal.request(trial.requests[role])
-        assert request is not None  # _room_in refused such a zone
         for plan in choices(role, n, request):
             budget.spend()
             nodes = tuple((node_of(x), k) for x, k in plan.nodes)
