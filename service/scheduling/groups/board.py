@@ -60,15 +60,21 @@ View = tuple[object, ...]
 
 @dataclass
 class OpenNode:
-    """A node a plan took shards on: its zone, its class when opened, its facts then, and the takes."""
+    """A node a plan took shards on: its zone, its class when opened (its facts then), and the takes."""
 
     zone: Zone
     origin: int
-    base: dict[str, NodeFacts]
-    views: dict[str, View]
     # (role, shards, the member's place in the plan), in plan order.
     takes: list[tuple[str, int, int]] = field(default_factory=list)
+    # The roles' facts as the takes leave it (most room; once claimed), and
+    # under planning ids: kept until the takes change.
     current: dict[str, NodeFacts] | None = None
+    claimed: dict[str, NodeFacts] | None = None
+    planned: dict[str, NodeFacts] = field(default_factory=dict)
+
+    def changed(self) -> None:
+        self.current = self.claimed = None
+        self.planned = {}
 
 
 def view_of(role: str, request: PlaceRequest, facts: NodeFacts) -> View:
@@ -82,10 +88,10 @@ def view_of(role: str, request: PlaceRequest, facts: NodeFacts) -> View:
 
 def class_key(facts: dict[str, NodeFacts], zone: Zone) -> tuple[object, ...]:
     """What a class is: each role's facts (under no node id) and the zone."""
-    return (tuple(sorted((r, replace(f, node_id="")) for r, f in facts.items())), zone)
+    return (tuple(sorted(facts.items())), zone)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=65536)
 def token(facts: NodeFacts, zone: Zone) -> str:
     """A role's class's place among nodes the ranking finds equal: a digest of its facts and zone.
 
@@ -144,6 +150,10 @@ class Board:
         plenty: int | None = None,
     ) -> None:
         self.requests = requests
+        # Facts are kept under no node id: a member's come with its id where
+        # one is asked for (candidates' planning ids).
+        for c in classes:
+            c.facts = {r: replace(f, node_id="") for r, f in c.facts.items()}
         self.classes = classes
         # A class with this many members has as many as a plan can use
         # (reads.window_size): a window reads no more of it, so counts of
@@ -163,6 +173,11 @@ class Board:
         # a class's facts never change (settle moves members, class_for adds
         # classes), and a plan asks for the same members zone after zone.
         self.planned: dict[tuple[str, int, str], NodeFacts] = {}
+        # Per class, each role's view of its nodes' GPUs, and each view's cells.
+        self.views: dict[int, dict[str, View]] = {}
+        self.cells_of: dict[tuple[int, View], tuple[Cells, bool]] = {}
+        # The roles' facts of a node of a class with these takes (Board._derive).
+        self.derived: dict[tuple[object, ...], dict[str, NodeFacts]] = {}
         self.opened: dict[str, OpenNode] = {}
 
     def fork(self) -> Board:
@@ -171,8 +186,9 @@ class Board:
         other.requests, other.classes, other.where = self.requests, self.classes, self.where
         other.fits, other.tokens, other.keys = self.fits, self.tokens, self.keys
         other.planned, other.plenty = self.planned, self.plenty
+        other.views, other.cells_of, other.derived = self.views, self.cells_of, self.derived
         other.opened = {
-            n: replace(o, takes=list(o.takes), current=None) for n, o in self.opened.items()
+            n: OpenNode(o.zone, o.origin, list(o.takes)) for n, o in self.opened.items()
         }
         return other
 
@@ -191,13 +207,12 @@ class Board:
         return None if i is None else self.classes[i].zone
 
     def facts_of(self, node_id: str, role: str) -> NodeFacts | None:
-        """The role's facts of the node as the plan so far leaves it."""
+        """The role's facts of the node as the plan so far leaves it (under no node id)."""
         opened = self.opened.get(node_id)
         if opened is not None:
             return self._current(opened).get(role)
         i = self.where.get(node_id)
-        f = None if i is None else self.classes[i].facts.get(role)
-        return None if f is None else replace(f, node_id=node_id)
+        return None if i is None else self.classes[i].facts.get(role)
 
     def candidates(
         self, role: str, keep: Callable[[str, Zone], bool], per_class: int, node: str | None = None
@@ -209,9 +224,16 @@ class Board:
         """
         found = []
         for node_id, opened in self.opened.items():
-            f = self._current(opened).get(role)
-            if f is not None and keep(node_id, opened.zone):
-                found.append(replace(f, node_id=planning_id(token(f, opened.zone), node_id)))
+            if not keep(node_id, opened.zone):
+                continue
+            f = opened.planned.get(role)
+            if f is None:
+                current = self._current(opened).get(role)
+                if current is None:
+                    continue
+                planning = planning_id(token(current, opened.zone), node_id)
+                f = opened.planned[role] = replace(current, node_id=planning)
+            found.append(f)
         origin: Origin = {}
         if node is not None:
             # One node's zone: its class by lookup, not a walk over every class.
@@ -254,13 +276,10 @@ class Board:
             opened = self.opened.get(node_id)
             if opened is None:
                 i = self.where[node_id]
-                c = self.classes[i]
-                base = {r: replace(f, node_id=node_id) for r, f in c.facts.items()}
-                views = {r: view_of(r, self.requests[r], f) for r, f in base.items()}
-                opened = self.opened[node_id] = OpenNode(c.zone, i, base, views)
+                opened = self.opened[node_id] = OpenNode(self.classes[i].zone, i)
                 opened_now.append(node_id)
             opened.takes.append((role, shards, member))
-            opened.current = None
+            opened.changed()
         return opened_now
 
     def untake(self, nodes: tuple[tuple[str, int], ...], opened_now: list[str]) -> None:
@@ -268,7 +287,7 @@ class Board:
         for node_id, _ in nodes:
             opened = self.opened[node_id]
             opened.takes.pop()
-            opened.current = None
+            opened.changed()
         for node_id in opened_now:
             del self.opened[node_id]
 
@@ -287,6 +306,43 @@ class Board:
             )
         )
 
+    def view_of(self, opened: OpenNode) -> dict[str, View]:
+        """Each role's view of the node's GPUs (the module's docstring): a fact of its class."""
+        views = self.views.get(opened.origin)
+        if views is None:
+            facts = self.classes[opened.origin].facts
+            views = self.views[opened.origin] = {
+                r: view_of(r, self.requests[r], f) for r, f in facts.items()
+            }
+        return views
+
+    def cells(self, opened: OpenNode, view: View) -> tuple[Cells, bool]:
+        """The view's cells on the node as opened, and whether they are its NVLink groups."""
+        found = self.cells_of.get((opened.origin, view))
+        if found is None:
+            facts = self.classes[opened.origin].facts
+            roles = [r for r, v in self.view_of(opened).items() if v == view]
+            free = facts[roles[0]].free
+            found = cells_of(None, free), False
+            for r in roles:
+                topology = facts[r].topology
+                if self.requests[r].nvlink_shards and topology is not None and topology.known:
+                    found = cells_of(topology.groups, free), True
+                    break
+            self.cells_of[(opened.origin, view)] = found
+        return found
+
+    def takes_of(self, opened: OpenNode) -> dict[View, tuple[Take, ...]]:
+        """The takes on the node by view, in plan order."""
+        views = self.view_of(opened)
+        found: dict[View, list[Take]] = {}
+        for r, k, _ in opened.takes:
+            request = self.requests[r]
+            found.setdefault(views[r], []).append(
+                Take(request.gpus_per_shard, k, request.nvlink_shards)
+            )
+        return {v: tuple(t) for v, t in found.items()}
+
     def _current(self, opened: OpenNode) -> dict[str, NodeFacts]:
         if opened.current is None:
             opened.current = self._derive(opened, final=False)
@@ -298,83 +354,47 @@ class Board:
         The takes packed the preferred way (packing.pack), as the claim packs
         them: the cells that packing leaves.
         """
-        return self._derive(self.opened[node_id], final=True)
-
-    def cells(self, opened: OpenNode, view: View) -> tuple[Cells, bool]:
-        """The view's cells on the node as opened, and whether they are its NVLink groups."""
-        roles = [r for r, v in opened.views.items() if v == view]
-        free = opened.base[roles[0]].free
-        for r in roles:
-            topology = opened.base[r].topology
-            if self.requests[r].nvlink_shards and topology is not None and topology.known:
-                return cells_of(topology.groups, free), True
-        return cells_of(None, free), False
-
-    def takes_of(self, opened: OpenNode, view: View) -> tuple[Take, ...]:
-        return tuple(
-            Take(self.requests[r].gpus_per_shard, k, self.requests[r].nvlink_shards)
-            for r, k, _ in opened.takes
-            if opened.views[r] == view
-        )
+        opened = self.opened[node_id]
+        if opened.claimed is None:
+            opened.claimed = self._derive(opened, final=True)
+        return opened.claimed
 
     def _derive(self, opened: OpenNode, final: bool) -> dict[str, NodeFacts]:
         """The roles' facts of an opened node with its takes (final: as claimed; else: the most room left)."""
-        taking = {opened.views[r] for r, _, _ in opened.takes}
+        views = self.view_of(opened)
+        by_view = self.takes_of(opened)
+        key = (opened.origin, tuple(by_view.items()), final)
+        found = self.derived.get(key)
+        if found is not None:
+            return found
         out: dict[str, NodeFacts] = {}
-        for role, base in opened.base.items():
+        for role, base in self.classes[opened.origin].facts.items():
             request = self.requests[role]
-            view = opened.views[role]
-            others = [v for v in taking if v != view and v[0] == request.gpu_class]
+            view = views[role]
+            others = [v for v in by_view if v != view and v[0] == request.gpu_class]
             if others:
-                used = sum(
-                    self.requests[r].gpus_per_shard * k
-                    for r, k, _ in opened.takes
-                    if opened.views[r] in others
-                )
+                used = sum(t.gpus for v in others for t in by_view[v])
                 out[role] = _less(base, used) if final else _no_room(base)
-                continue
-            if view not in taking:
+            elif view not in by_view:
                 out[role] = base
-                continue
-            if view[1] == "rail":
-                out[role] = after(base, request, sum(k for r, k, _ in opened.takes if r == role))
-                continue
-            cells, grouped = self.cells(opened, view)
-            takes = self.takes_of(opened, view)
-            used = sum(t.gpus for t in takes)
-            topology = base.topology
-            if topology is not None:
-                per = request.gpus_per_shard
-                if request.nvlink_shards and grouped:
-                    if final:
-                        packed = pack(cells, takes)
-                        assert packed is not None, "a plan packs every take it made"
-                        left = packed[1]
-                        room = usable_of(left[:-1], per) // per
-                    else:
-                        room, left = nvlink_room(cells, takes, per)
-                    groups = tuple(sorted((g for g in left[:-1] if g > 0), reverse=True))
-                    topology = replace(topology, groups=groups, usable=room * per)
-                elif not request.nvlink_shards:
-                    # sameNvlinkDomain alone: every free GPU is usable, whole shards only.
-                    topology = replace(topology, usable=(base.free - used) // per * per)
-            clean = base.free - base.last_resort
-            last_resort = base.last_resort - max(0, used - clean)
-            out[role] = replace(
-                base, free=base.free - used, topology=topology, last_resort=last_resort
-            )
+            elif view[1] == "rail":
+                shards = sum(t.shards for t in by_view[view])
+                out[role] = after(base, request, shards)
+            else:
+                cells, grouped = self.cells(opened, view)
+                out[role] = _packed_after(base, request, cells, grouped, by_view[view], final)
+        self.derived[key] = out
         return out
 
     def class_for(self, facts: dict[str, NodeFacts], zone: Zone) -> int:
-        """The index of the class with these facts and zone, made when there is none."""
+        """The index of the class with these facts (under no node id) and zone, made when there is none."""
         key = class_key(facts, zone)
         found = self.keys.get(key)
         if found is None:
             found = len(self.classes)
-            stored = {r: replace(f, node_id="") for r, f in facts.items()}
-            self.classes.append(NodeClass(stored, zone, []))
-            self.fits.append({r: judge(f, self.requests[r]).fits for r, f in stored.items()})
-            self.tokens.append({r: token(f, zone) for r, f in stored.items()})
+            self.classes.append(NodeClass(dict(facts), zone, []))
+            self.fits.append({r: judge(f, self.requests[r]).fits for r, f in facts.items()})
+            self.tokens.append({r: token(f, zone) for r, f in facts.items()})
             self.keys[key] = found
         return found
 
@@ -389,6 +409,41 @@ class Board:
             bisect.insort(self.classes[target].members, node_id)
             self.where[node_id] = target
         self.opened.clear()
+
+
+def _packed_after(
+    base: NodeFacts,
+    request: PlaceRequest,
+    cells: Cells,
+    grouped: bool,
+    takes: tuple[Take, ...],
+    final: bool,
+) -> NodeFacts:
+    """A role's facts after its view's takes: free GPUs fewer, an nvlinkShards role's groups as packed.
+
+    Final: the cells the preferred packing leaves (what the claim leaves);
+    otherwise the most room any packing leaves the role (packing.nvlink_room).
+    """
+    used = sum(t.gpus for t in takes)
+    topology = base.topology
+    if topology is not None:
+        per = request.gpus_per_shard
+        if request.nvlink_shards and grouped:
+            if final:
+                packed = pack(cells, takes)
+                assert packed is not None, "a plan packs every take it made"
+                left = packed[1]
+                room = usable_of(left[:-1], per) // per
+            else:
+                room, left = nvlink_room(cells, takes, per)
+            groups = tuple(sorted((g for g in left[:-1] if g > 0), reverse=True))
+            topology = replace(topology, groups=groups, usable=room * per)
+        elif not request.nvlink_shards:
+            # sameNvlinkDomain alone: every free GPU is usable, whole shards only.
+            topology = replace(topology, usable=(base.free - used) // per * per)
+    clean = base.free - base.last_resort
+    last_resort = base.last_resort - max(0, used - clean)
+    return replace(base, free=base.free - used, topology=topology, last_resort=last_resort)
 
 
 def _no_room(f: NodeFacts) -> NodeFacts:

@@ -114,9 +114,7 @@ def _repeats(board: Board, group: GroupRequest, moves: list[Move]) -> int:
     of one token would be told apart by node id).
     """
     opened = sum(r.replicas * max(1, r.shape.shards) for r in group.roles)
-    floor = opened + max(max(1, r.shards) for r in board.requests.values()) + 1
-    if board.plenty is not None:
-        floor = max(floor, board.plenty + len(moves) + 1)
+    floor = opened + max(max(1, r.shards) for r in board.requests.values())
     taken: Counter[int] = Counter(source for source, _ in moves)
     landed: Counter[int] = Counter(target for _, target in moves)
     live = [i for i, c in enumerate(board.classes) if c.members or i in landed]

@@ -28,17 +28,19 @@ stay whole for NVLink shards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 # Free GPUs per cell: the NVLink groups (by free GPUs, most first), then the
 # GPUs in no group, always last.
 Cells = tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Take:
-    """`shards` shards of `per` GPUs; `nvlink`: each shard within one NVLink group."""
+class Take(NamedTuple):
+    """`shards` shards of `per` GPUs; `nvlink`: each shard within one NVLink group.
+
+    A tuple: the planner hashes many of them (its caches of derived facts).
+    """
 
     per: int
     shards: int

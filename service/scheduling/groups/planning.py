@@ -312,10 +312,10 @@ def _room_in(board: Board, group: GroupRequest, zonal: Zonal) -> Misfit | None:
     Per role, the shards its nodes in the zone have room for; per GPU class,
     their free GPUs: a zone with fewer than the group asks holds no plan.
     """
-    asked: Counter[str] = Counter()
+    asked: dict[str, int] = {}
     for r in group.roles:
         request = zonal.request(board.requests[r.role])
-        asked[request.gpu_class] += r.replicas * request.gpus
+        asked[request.gpu_class] = asked.get(request.gpu_class, 0) + r.replicas * request.gpus
         room = 0
         for node_id, opened in board.opened.items():
             f = board.facts_of(node_id, r.role)
@@ -323,7 +323,8 @@ def _room_in(board: Board, group: GroupRequest, zonal: Zonal) -> Misfit | None:
                 room += f.room(request)
         for i, c in _zone_classes(board, zonal):
             f = c.facts.get(r.role)
-            if f is not None and judge(f, request).fits:
+            # The zone's nodes are on its fabric: the zone's request fits where the shape does.
+            if f is not None and board.fits[i].get(r.role):
                 count = 1 if zonal.node is not None else board.unopened(i)
                 room += count * f.room(request)
         if room < r.replicas * request.shards:
@@ -364,6 +365,7 @@ def _zone_classes(board: Board, zonal: Zonal) -> Iterator[tuple[int, NodeClass]]
 def _search(
     board: Board,
     group: GroupRequest,
+    steps: Sequence[tuple[str, int]],
     zonal: Zonal,
     anchors: Iterable[str],
     budget: Budget,
@@ -377,7 +379,6 @@ def _search(
     unfit = _room_in(trial, group, zonal)
     if unfit is not None:
         return unfit
-    steps = order(group)
     members: list[Member] = []
     used: list[str] = list(anchors)
     by_replica: dict[tuple[str, int], list[str]] = {}
@@ -468,16 +469,12 @@ def shares(board: Board) -> tuple[NodeShare, ...]:
     """Per opened node and view, the takes the claim packs (GroupPlan.shares)."""
     found = []
     for node_id, opened in board.opened.items():
-        views = list(dict.fromkeys(opened.views[r] for r, _, _ in opened.takes))
-        for view in views:
-            takes = tuple(
-                (member, Take(board.requests[r].gpus_per_shard, k, board.requests[r].nvlink_shards))
-                for r, k, member in opened.takes
-                if opened.views[r] == view
-            )
+        views = board.view_of(opened)
+        for view, takes in board.takes_of(opened).items():
+            members = [m for r, _, m in opened.takes if views[r] == view]
             rail = view[1] == "rail"
             grouped = False if rail else board.cells(opened, view)[1]
-            found.append(NodeShare(node_id, rail, grouped, takes))
+            found.append(NodeShare(node_id, rail, grouped, tuple(zip(members, takes, strict=True))))
     return tuple(found)
 
 
@@ -499,7 +496,8 @@ def plan_group(
     levels = [locality.level] if locality.hard else list(LEVELS[start:])
     if locality.label is None:
         levels = [lv for lv in levels if lv is not LocalityLevel.LABEL]
-    first_role = order(group)[0][0]
+    steps = order(group)
+    first_role = steps[0][0]
     budget = Budget(bound)
     misfit: Misfit | None = None
     for k, level in enumerate(levels):
@@ -518,11 +516,11 @@ def plan_group(
             zones = [z for z in zones if all(_holds(board, z, a) for a in anchors)]
         for zonal in zones:
             try:
-                outcome = _search(board, group, zonal, anchors, budget)
+                outcome = _search(board, group, steps, zonal, anchors, budget)
             except _BoundReached:
                 return Bounded(level, zonal.name, budget.trials)
             if isinstance(outcome, Misfit):
-                if misfit is None or _later(group, outcome, misfit):
+                if misfit is None or _later(steps, outcome, misfit):
                     misfit = outcome
                 continue
             trial, members = outcome
@@ -567,7 +565,6 @@ def _holds(board: Board, zonal: Zonal, node_id: str) -> bool:
     return zone is None or zonal(node_id, zone)
 
 
-def _later(group: GroupRequest, a: Misfit, b: Misfit) -> bool:
+def _later(steps: Sequence[tuple[str, int]], a: Misfit, b: Misfit) -> bool:
     """Whether misfit `a` came further through the group's order than `b` (the closer miss is told)."""
-    steps = order(group)
     return steps.index((a.role, a.n)) > steps.index((b.role, b.n))
