@@ -185,7 +185,9 @@ def shapes_of(group: dict[str, Any]) -> list[Shape]:
     found = []
     for r in group["roles"]:
         s = r["shape"]
-        shape = Shape(s["gpusPerShard"], s.get("shards", 1), s.get("nvlinkShards", False), s.get("fabric"))
+        shape = Shape(
+            s["gpusPerShard"], s.get("shards", 1), s.get("nvlinkShards", False), s.get("fabric")
+        )
         found += [shape] * r["replicas"]
     return found
 
@@ -213,7 +215,9 @@ def counts_of(nodes: dict[str, Node], zone: Callable[[Node], bool]) -> Counts:
     return counts
 
 
-def shard_takes(node: Node, cells: dict[int | None, int], shape: Shape) -> Iterator[dict[int | None, int]]:
+def shard_takes(
+    node: Node, cells: dict[int | None, int], shape: Shape
+) -> Iterator[dict[int | None, int]]:
     """Every way one shard takes `per` GPUs of a node's cells (placement.md: a shard is never split)."""
     if shape.fabric is not None and shape.fabric not in node.fabrics:
         return
@@ -317,7 +321,9 @@ def finest(nodes: dict[str, Node], group: dict[str, Any]) -> str | None:
     return None
 
 
-def check_placed(nodes: dict[str, Node], group: dict[str, Any], placed: dict[str, Any], level: str) -> None:
+def check_placed(
+    nodes: dict[str, Node], group: dict[str, Any], placed: dict[str, Any], level: str
+) -> None:
     """Every member shaped as asked on GPUs offered now, the group in one zone of `level`; then held."""
     shapes = {r["role"]: shapes_of({"roles": [r]})[0] for r in group["roles"]}
     counts = {r["role"]: r["replicas"] for r in group["roles"]}
