@@ -176,7 +176,7 @@ class Board:
         # Per class, each role's view of its nodes' GPUs, and each view's cells.
         self.views: dict[int, dict[str, View]] = {}
         self.cells_of: dict[tuple[int, View], tuple[Cells, bool]] = {}
-        # The roles' facts of a node of a class with these takes (Board._derive).
+        # The roles' facts of a node of a class with these takes, in order (Board._derive).
         self.derived: dict[tuple[object, ...], dict[str, NodeFacts]] = {}
         self.opened: dict[str, OpenNode] = {}
 
@@ -361,12 +361,12 @@ class Board:
 
     def _derive(self, opened: OpenNode, final: bool) -> dict[str, NodeFacts]:
         """The roles' facts of an opened node with its takes (final: as claimed; else: the most room left)."""
-        views = self.view_of(opened)
-        by_view = self.takes_of(opened)
-        key = (opened.origin, tuple(by_view.items()), final)
+        key = (opened.origin, tuple((r, k) for r, k, _ in opened.takes), final)
         found = self.derived.get(key)
         if found is not None:
             return found
+        views = self.view_of(opened)
+        by_view = self.takes_of(opened)
         out: dict[str, NodeFacts] = {}
         for role, base in self.classes[opened.origin].facts.items():
             request = self.requests[role]

@@ -103,18 +103,26 @@ def _repeats(board: Board, group: GroupRequest, moves: list[Move]) -> int:
     role's token of the class, then the id): a round's choices depend on
     which classes exist, which are fitting, and (through the candidates each
     class offers, board.Board.candidates, and the counts of room,
-    planning._room_in) on how many members a class has only while it has
-    fewer than the most a round can look at: every node the group's
-    replicas could open, and one replica's shards more (the search may look
-    at as many nodes of a class on any of its paths, not only the plan's).
-    So a round that moves nodes between classes that keep at least `floor`
-    members, into classes that already have that many or are not fitting
-    for any role, leaves a board on which the same round is planned again;
-    as long as, for each role, every class's token is its own (two classes
-    of one token would be told apart by node id).
+    planning._room_in) on how many members a class has. Two bounds:
+
+    - A class the round takes nodes from may shrink while it keeps more
+      than the round opened of it and one replica's shards: fewer like nodes
+      never give the search a plan it did not have, the plan it found is
+      still there (its nodes are the class's first), and every choice tried
+      before it still fails, so the same plan is found again.
+    - A class the round puts nodes into may grow only while it already
+      offers as many as any path of the search can look at (the window's
+      size: every node the group could open, and one replica's shards
+      more); more like nodes could otherwise give a failed path room. One
+      that fits no role offers none.
+
+    And for each role every class's token must be its own (two classes of
+    one token would be told apart by node id).
     """
     opened = sum(r.replicas * max(1, r.shape.shards) for r in group.roles)
-    floor = opened + max(max(1, r.shards) for r in board.requests.values())
+    most_shards = max(max(1, r.shards) for r in board.requests.values())
+    floor = len(moves) + most_shards + 1
+    plenty = opened + most_shards
     taken: Counter[int] = Counter(source for source, _ in moves)
     landed: Counter[int] = Counter(target for _, target in moves)
     live = [i for i, c in enumerate(board.classes) if c.members or i in landed]
@@ -126,7 +134,7 @@ def _repeats(board: Board, group: GroupRequest, moves: list[Move]) -> int:
         if target in taken:
             return 0  # a node staying in its class: the round changed nothing countable
         size = len(board.classes[target].members)
-        if any(board.fits[target].values()) and size < floor:
+        if any(board.fits[target].values()) and size < plenty:
             return 0
     repeats = MAX_GROUPS
     for source, per_round in taken.items():

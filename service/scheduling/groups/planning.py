@@ -163,6 +163,7 @@ class Zonal:
         self.level, self.name, self.node = level, name, node
         # Zones of equal score are taken in this order: the name, or a node's planning id.
         self.order = order or name or ""
+        self.asked: dict[PlaceRequest, PlaceRequest] = {}
 
     def __call__(self, node_id: str, zone: Zone) -> bool:
         level = self.level
@@ -186,7 +187,10 @@ class Zonal:
         """
         if self.level is not LocalityLevel.FABRIC or shape.fabric is not None:
             return shape
-        return replace(shape, fabric=self.name)
+        asked = self.asked.get(shape)
+        if asked is None:
+            asked = self.asked[shape] = replace(shape, fabric=self.name)
+        return asked
 
 
 def order(request: GroupRequest) -> list[tuple[str, int]]:
@@ -394,12 +398,13 @@ def _search(
 
     def choices(role: str, n: int, request: PlaceRequest) -> Iterator[Plan]:
         candidates, origin = trial.candidates(role, zonal, max(1, request.shards), zonal.node)
+        ids = [node_of(f.node_id) for f in candidates]
         seen: set[tuple[tuple[str, int], ...]] = set()
         for tier in tiers(role, n):
             pool = (
                 candidates
                 if tier is None
-                else [f for f in candidates if node_of(f.node_id) in tier]
+                else [f for f, x in zip(candidates, ids, strict=True) if x in tier]
             )
             if not pool:
                 continue
@@ -412,8 +417,9 @@ def _search(
     def deeper(i: int) -> bool:
         if i == len(steps):
             return True
-        state = (i, trial.state())
-        if state in failed:
+        # The board's state is the same when every choice here has been
+        # undone: computed only when the search has failed somewhere.
+        if failed and (i, trial.state()) in failed:
             return False
         role, n = steps[i]
         request = zonal.request(trial.requests[role])
@@ -421,7 +427,7 @@ def _search(
             budget.spend()
             nodes = tuple((node_of(x), k) for x, k in plan.nodes)
             opened_now = trial.take(role, nodes, len(members))
-            members.append(Member(role, n, replace(plan, nodes=nodes)))
+            members.append(Member(role, n, Plan(plan.fabric, nodes, plan.domain)))
             mine = [x for x, _ in nodes]
             fresh = [x for x in dict.fromkeys(mine) if x not in used]
             by_replica[(role, n)] = mine
@@ -432,7 +438,7 @@ def _search(
             del by_replica[(role, n)]
             members.pop()
             trial.untake(nodes, opened_now)
-        failed.add(state)
+        failed.add((i, trial.state()))
         furthest[0] = max(furthest[0], i)
         return False
 
@@ -527,10 +533,10 @@ def plan_group(
             points = score(trial, group, members)
             rank = (*points, zonal.order)
             if best is None or rank < best[0]:
-                plan = GroupPlan(tuple(members), level, zonal.name, points, shares(trial))
-                best = (rank, trial, plan)
+                best = (rank, trial, GroupPlan(tuple(members), level, zonal.name, points))
         if best is not None:
-            return best[1], best[2]
+            _, trial, plan = best
+            return trial, replace(plan, shares=shares(trial))
     if misfit is None:
         level = levels[-1]
         return Misfit(first_role, 0, level, f"no {level.value.lower().replace('_', ' ')} zone")
