@@ -15,9 +15,16 @@ Two reproductions from the issue, as a scheduler meets them:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from tests.conftest import Api
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.database import connections
+from service.scheduling.allocations import Allocated, AllocationRequest, ShardRequest, allocate
+from service.scheduling.groups import placing
+from tests.conftest import REPO, Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.scheduling.test_place_group import EXPLAIN_GROUP, FIT_GROUP, PLACE_GROUP, role
 from tests.topology import IB_A, IB_B, with_peers
@@ -113,3 +120,49 @@ async def test_a_lone_caller_places_what_fit_group_counts_on_the_issues_board(ap
     assert node == "n" and set(decode) < {0, 2, 3}
     assert 4 in prefill and sorted(prefill + decode) == [0, 2, 3, 4]
     assert (await api(FIT_GROUP, {"g": group}))["fitGroup"]["groups"] == 0
+
+
+async def test_a_plan_overtaken_every_time_gives_up_after_the_attempts_errors_md_gives(
+    api: Api, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only another transaction committing first makes a claim plan again; errors.md gives how often.
+
+    Here another scheduler holds every GPU of the node each plan chose, right
+    after the plan is made and before its claim: the claim finds the node
+    full, plans again on another, and after the documented number of
+    attempts the call answers CONFLICT saying that number, nothing held.
+    """
+    said = (REPO / "docs" / "scheduler" / "errors.md").read_text()
+    documented = re.search(r"kept colliding with concurrent changes \((\d+) attempts\)", said)
+    assert documented is not None
+    attempts = int(documented.group(1))
+    for i in range(attempts + 1):
+        await register(api, f"n{i}", gpus(H100), IB_A)
+    planned: list[str] = []
+    plan = placing._plan
+
+    async def overtaken(*args: Any) -> Any:
+        board, outcome = await plan(*args)
+        node_id = outcome[1].members[0].plan.nodes[0][0]
+        planned.append(node_id)
+        rival = f"rival-{len(planned)}"
+        async with connections.transaction(engine, deadline=None) as other:
+            taken = await allocate(
+                other,
+                AllocationRequest(rival, (ShardRequest(f"{rival}-s0", node_id, tuple(range(8))),)),
+            )
+        assert isinstance(taken, Allocated), taken
+        return board, outcome
+
+    monkeypatch.setattr(placing, "_plan", overtaken)
+    group = {"groupId": "raced", "roles": [role("decode", 1, 2)]}
+    error = await api.fails(PLACE_GROUP, {"input": group})
+    assert error["extensions"]["code"] == "CONFLICT", error
+    assert f"({attempts} attempts)" in error["message"], error
+    assert len(planned) == len(set(planned)) == attempts
+    held = (await api("{ allocations { replicaId } }"))["allocations"]
+    assert {a["replicaId"] for a in held} == {f"rival-{k}" for k in range(1, attempts + 1)}
+    # Alone again, the call places on the node left.
+    monkeypatch.undo()
+    placed = (await api(PLACE_GROUP, {"input": group}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed

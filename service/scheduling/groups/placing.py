@@ -336,7 +336,7 @@ async def place_group(
     problem = validate_group(group)
     if problem is not None:
         return problem
-    for _ in range(2):
+    for _ in range(MAX_STALE):
         # Whether the groupId is stored or its ids used is asked by the
         # statement that writes the group's rows (_INSERT_GROUP), after the
         # plan: a round trip fewer for every group placed. A plan that finds
@@ -365,7 +365,7 @@ async def place_group(
         placed = await read_group(conn, group.group_id, (group.spec(), outcome.generation))
         assert placed is not None
         return placed
-    raise TransactionConflict(2)
+    raise TransactionConflict(MAX_STALE)
 
 
 async def _refused(
