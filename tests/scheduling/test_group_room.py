@@ -15,6 +15,7 @@ Two reproductions from the issue, as a scheduler meets them:
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
@@ -166,3 +167,56 @@ async def test_a_plan_overtaken_every_time_gives_up_after_the_attempts_errors_md
     monkeypatch.undo()
     placed = (await api(PLACE_GROUP, {"input": group}))["placeGroup"]
     assert placed["__typename"] == "GroupPlaced", placed
+
+
+def board_with_holes(rng: random.Random) -> list[dict[str, Any]]:
+    """A 2 x 4 board (most often), bridged pairs or one NVSwitch, as agents report them."""
+    groups = rng.choice(
+        [[[0, 1, 2, 3], [4, 5, 6, 7]]] * 3
+        + [[[i, i + 1] for i in range(0, 8, 2)], [list(range(8))]]
+    )
+    return with_peers(gpus(H100), groups)
+
+
+@pytest.mark.parametrize("seed", range(24))
+async def test_a_lone_caller_places_every_group_fit_group_counts_on_boards_with_holes(
+    api: Api, seed: int
+) -> None:
+    """Item 7 as a class: roles with and without nvlinkShards sharing boards with random holes.
+
+    Where the plan counted NVLink groups and the claim took GPUs by index,
+    the claim could leave an nvlinkShards member no group and retry itself
+    out. For each group: fitGroup says N, N placeGroup calls by one caller
+    all answer GroupPlaced (a CONFLICT would be a GraphQL error here), the
+    next answers Unplaceable, and fitGroup then says 0.
+    """
+    rng = random.Random(7000 + seed)
+    for i in range(rng.randint(1, 2)):
+        await register(api, f"b{i}", board_with_holes(rng), IB_A)
+        held = sorted(rng.sample(range(8), k=rng.randint(1, 5)))
+        await hold(api, f"b{i}", *held)
+    for k in range(8):
+        # A role without nvlinkShards planned before one with it: the order
+        # in which taking GPUs by index strands the second.
+        plain = [
+            role(f"p{j}", rng.randint(1, 2), rng.choice([1, 2])) for j in range(rng.randint(1, 2))
+        ]
+        linked = [
+            role(f"n{j}", rng.randint(1, 2), rng.choice([2, 2, 4]), nvlinkShards=True)
+            for j in range(rng.randint(1, 2))
+        ]
+        roles = plain + linked
+        group = {"roles": roles, "locality": {"level": rng.choice(["NODE", "ANY"])}}
+        counted = (await api(FIT_GROUP, {"g": {"groupId": "fit", **group}}))["fitGroup"]["groups"]
+        placed = []
+        for n in range(counted):
+            answer = (await api(PLACE_GROUP, {"input": {"groupId": f"g{k}-{n}", **group}}))[
+                "placeGroup"
+            ]
+            assert answer["__typename"] == "GroupPlaced", (seed, k, n, group, answer)
+            placed.append(answer["groupId"])
+        more = (await api(PLACE_GROUP, {"input": {"groupId": f"g{k}-more", **group}}))["placeGroup"]
+        assert more["__typename"] == "Unplaceable", (seed, k, group, more)
+        assert (await api(FIT_GROUP, {"g": {"groupId": "fit", **group}}))["fitGroup"]["groups"] == 0
+        for group_id in placed:
+            await api("mutation R($id: ID!) { releaseGroup(groupId: $id) }", {"id": group_id})
