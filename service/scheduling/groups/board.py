@@ -37,7 +37,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from service.scheduling.groups.packing import Cells, Take, cells_of, nvlink_room, pack, usable_of
+from service.scheduling.groups.packing import (
+    Cells,
+    Take,
+    cells_of,
+    leave,
+    nvlink_room,
+    pack,
+    usable_of,
+)
 from service.scheduling.groups.paths import Zone
 from service.scheduling.placement.fit import after
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
@@ -45,11 +53,18 @@ from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
 
 @dataclass
 class NodeClass:
-    """Nodes no role's read could tell apart: each role's facts (absent: its read lacks them), zone, ids ascending."""
+    """Nodes no role's read could tell apart: each role's facts (absent: its read lacks them), zone, ids ascending.
+
+    `cells`: for a group with an nvlinkShards role, per NVLink group of the
+    node's free GPUs (offered without tolerations) how many and how many of
+    them a PREFER_NO_SCHEDULE taint sends last, most free first, then fewest
+    used last (reads._cells_sql); None when not read.
+    """
 
     facts: dict[str, NodeFacts]
     zone: Zone
     members: list[str]
+    cells: tuple[tuple[int, int], ...] | None = None
 
 
 # A view of a node's GPUs (see the module's docstring): the GPU class, then
@@ -78,17 +93,25 @@ class OpenNode:
 
 
 def view_of(role: str, request: PlaceRequest, facts: NodeFacts) -> View:
-    """Which of a node's views the role is in (see the module's docstring)."""
+    """Which of a node's views the role is in (see the module's docstring).
+
+    Roles whatever their tolerations see a node alike when no taint
+    withholds any of its GPUs or sends any last; otherwise alike only with
+    the same tolerations.
+    """
     if request.rail_aligned:
         return (request.gpu_class, "rail", role)
-    if facts.withheld == 0:
+    if facts.withheld == 0 and facts.last_resort == 0:
         return (request.gpu_class, "all", facts.free)
     return (request.gpu_class, request.tolerations, facts.free)
 
 
-def class_key(facts: dict[str, NodeFacts], zone: Zone) -> tuple[object, ...]:
-    """What a class is: each role's facts (under no node id) and the zone."""
-    return (tuple(sorted(facts.items())), zone)
+Cells2 = tuple[tuple[int, int], ...]
+
+
+def class_key(facts: dict[str, NodeFacts], zone: Zone, cells: Cells2 | None) -> tuple[object, ...]:
+    """What a class is: each role's facts (under no node id), the zone, and the NVLink cells."""
+    return (tuple(sorted(facts.items())), zone, cells)
 
 
 @lru_cache(maxsize=65536)
@@ -167,7 +190,7 @@ class Board:
             {r: token(f, c.zone) for r, f in c.facts.items()} for c in classes
         ]
         self.keys: dict[tuple[object, ...], int] = {
-            class_key(c.facts, c.zone): i for i, c in enumerate(classes)
+            class_key(c.facts, c.zone, c.cells): i for i, c in enumerate(classes)
         }
         # A class member's facts under its planning id, by (role, class, node):
         # a class's facts never change (settle moves members, class_for adds
@@ -175,7 +198,7 @@ class Board:
         self.planned: dict[tuple[str, int, str], NodeFacts] = {}
         # Per class, each role's view of its nodes' GPUs, and each view's cells.
         self.views: dict[int, dict[str, View]] = {}
-        self.cells_of: dict[tuple[int, View], tuple[Cells, bool]] = {}
+        self.cells_of: dict[tuple[int, View], tuple[Cells, Cells | None, bool]] = {}
         # The roles' facts of a node of a class with these takes, in order (Board._derive).
         self.derived: dict[tuple[object, ...], dict[str, NodeFacts]] = {}
         self.opened: dict[str, OpenNode] = {}
@@ -316,18 +339,35 @@ class Board:
             }
         return views
 
-    def cells(self, opened: OpenNode, view: View) -> tuple[Cells, bool]:
-        """The view's cells on the node as opened, and whether they are its NVLink groups."""
+    def cells(self, opened: OpenNode, view: View) -> tuple[Cells, Cells | None, bool]:
+        """The view's cells on the node as opened, how many GPUs of each are used last, and whether they are its NVLink groups.
+
+        The GPUs used last per cell are known where the class's NVLink cells
+        were read (NodeClass.cells, for roles without tolerations) or the
+        view is one cell; None otherwise.
+        """
         found = self.cells_of.get((opened.origin, view))
         if found is None:
-            facts = self.classes[opened.origin].facts
+            c = self.classes[opened.origin]
             roles = [r for r, v in self.view_of(opened).items() if v == view]
-            free = facts[roles[0]].free
-            found = cells_of(None, free), False
+            first = c.facts[roles[0]]
+            free, last = first.free, first.last_resort
+            found = (free,), (last,), False
             for r in roles:
-                topology = facts[r].topology
+                topology = c.facts[r].topology
                 if self.requests[r].nvlink_shards and topology is not None and topology.known:
-                    found = cells_of(topology.groups, free), True
+                    plain = not any(self.requests[x].tolerating for x in roles)
+                    known = c.cells
+                    if (
+                        plain
+                        and known is not None
+                        and sum(t for t, _ in known) == sum(topology.groups)
+                    ):
+                        totals = (*(t for t, _ in known), free - sum(t for t, _ in known))
+                        lasts = (*(x for _, x in known), last - sum(x for _, x in known))
+                        found = totals, lasts, True
+                    else:
+                        found = cells_of(topology.groups, free), None, True
                     break
             self.cells_of[(opened.origin, view)] = found
         return found
@@ -359,6 +399,36 @@ class Board:
             opened.claimed = self._derive(opened, final=True)
         return opened.claimed
 
+    def final_cells(self, node_id: str) -> Cells2 | None:
+        """The class's NVLink cells of an opened node once its takes are claimed (NodeClass.cells).
+
+        The cells the preferred packing leaves, where the view that took
+        GPUs packed them over its NVLink groups with their GPUs used last
+        known; unchanged where nothing took GPUs of the class; None where
+        GPUs were taken in a way the cells cannot follow.
+        """
+        opened = self.opened[node_id]
+        known = self.classes[opened.origin].cells
+        if not known:
+            return known
+        by_view = self.takes_of(opened)
+        for view, takes in by_view.items():
+            if view[1] == "rail":
+                return None
+            cells, last, grouped = self.cells(opened, view)
+            if not grouped or last is None:
+                return None
+            packed = pack(cells, takes)
+            assert packed is not None, "a plan packs every take it made"
+            left, left_last = leave(cells, last, packed[1])
+            return tuple(
+                sorted(
+                    ((t, x) for t, x in zip(left[:-1], left_last[:-1], strict=True) if t > 0),
+                    key=lambda c: (-c[0], c[1]),
+                )
+            )
+        return known
+
     def _derive(self, opened: OpenNode, final: bool) -> dict[str, NodeFacts]:
         """The roles' facts of an opened node with its takes (final: as claimed; else: the most room left)."""
         key = (opened.origin, tuple((r, k) for r, k, _ in opened.takes), final)
@@ -381,18 +451,18 @@ class Board:
                 shards = sum(t.shards for t in by_view[view])
                 out[role] = after(base, request, shards)
             else:
-                cells, grouped = self.cells(opened, view)
-                out[role] = _packed_after(base, request, cells, grouped, by_view[view], final)
+                cells, last, grouped = self.cells(opened, view)
+                out[role] = _packed_after(base, request, cells, last, grouped, by_view[view], final)
         self.derived[key] = out
         return out
 
-    def class_for(self, facts: dict[str, NodeFacts], zone: Zone) -> int:
-        """The index of the class with these facts (under no node id) and zone, made when there is none."""
-        key = class_key(facts, zone)
+    def class_for(self, facts: dict[str, NodeFacts], zone: Zone, cells: Cells2 | None) -> int:
+        """The index of the class with these facts (under no node id), zone and cells, made when there is none."""
+        key = class_key(facts, zone, cells)
         found = self.keys.get(key)
         if found is None:
             found = len(self.classes)
-            self.classes.append(NodeClass(dict(facts), zone, []))
+            self.classes.append(NodeClass(dict(facts), zone, [], cells))
             self.fits.append({r: judge(f, self.requests[r]).fits for r, f in facts.items()})
             self.tokens.append({r: token(f, zone) for r, f in facts.items()})
             self.keys[key] = found
@@ -405,7 +475,9 @@ class Board:
             if old is not None:
                 members = self.classes[old].members
                 del members[bisect.bisect_left(members, node_id)]
-            target = self.class_for(self.final_facts(node_id), opened.zone)
+            target = self.class_for(
+                self.final_facts(node_id), opened.zone, self.final_cells(node_id)
+            )
             bisect.insort(self.classes[target].members, node_id)
             self.where[node_id] = target
         self.opened.clear()
@@ -415,24 +487,33 @@ def _packed_after(
     base: NodeFacts,
     request: PlaceRequest,
     cells: Cells,
+    last: Cells | None,
     grouped: bool,
     takes: tuple[Take, ...],
     final: bool,
 ) -> NodeFacts:
     """A role's facts after its view's takes: free GPUs fewer, an nvlinkShards role's groups as packed.
 
-    Final: the cells the preferred packing leaves (what the claim leaves);
-    otherwise the most room any packing leaves the role (packing.nvlink_room).
+    Final: the cells the preferred packing leaves (what the claim leaves),
+    and of each cell's GPUs used last those its other GPUs did not cover
+    (a claim takes a cell's other GPUs first); otherwise the most room any
+    packing leaves the role (packing.nvlink_room), GPUs used last counted
+    as if taken after every other.
     """
     used = sum(t.gpus for t in takes)
     topology = base.topology
+    clean = base.free - base.last_resort
+    last_resort = base.last_resort - max(0, used - clean)
+    if final:
+        packed = pack(cells, takes)
+        assert packed is not None, "a plan packs every take it made"
+        left = packed[1]
+        if last is not None:
+            last_resort = sum(leave(cells, last, left)[1])
     if topology is not None:
         per = request.gpus_per_shard
         if request.nvlink_shards and grouped:
             if final:
-                packed = pack(cells, takes)
-                assert packed is not None, "a plan packs every take it made"
-                left = packed[1]
                 room = usable_of(left[:-1], per) // per
             else:
                 room, left = nvlink_room(cells, takes, per)
@@ -441,8 +522,6 @@ def _packed_after(
         elif not request.nvlink_shards:
             # sameNvlinkDomain alone: every free GPU is usable, whole shards only.
             topology = replace(topology, usable=(base.free - used) // per * per)
-    clean = base.free - base.last_resort
-    last_resort = base.last_resort - max(0, used - clean)
     return replace(base, free=base.free - used, topology=topology, last_resort=last_resort)
 
 

@@ -79,9 +79,9 @@ def _claim_order(g: _Gpu) -> tuple[bool, int]:
 def cells_and_gpus(gpus: Sequence[_Gpu], grouped: bool) -> tuple[Cells, list[list[_Gpu]]]:
     """A node's offered GPUs of one view as cells (packing.cells_of's order) and each cell's GPUs.
 
-    Grouped: one cell per NVLink group, most free GPUs first, then by the
-    group's number; then the GPUs in none. Otherwise one cell of them all.
-    Within a cell: last-resort GPUs last, then by index.
+    Grouped: one cell per NVLink group, most free GPUs first, then fewest
+    used last, then by the group's number; then the GPUs in none. Otherwise
+    one cell of them all. Within a cell: last-resort GPUs last, then by index.
     """
 
     if not grouped:
@@ -94,7 +94,12 @@ def cells_and_gpus(gpus: Sequence[_Gpu], grouped: bool) -> tuple[Cells, list[lis
             rest.append(g)
         else:
             groups.setdefault(g.group, []).append(g)
-    ordered = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+    # As the planner orders the cells it counted (board.NodeClass.cells):
+    # most free first, then fewest used last; like cells by group number.
+    ordered = sorted(
+        groups.items(),
+        key=lambda item: (-len(item[1]), sum(g.last_resort for g in item[1]), item[0]),
+    )
     lists = [sorted(members, key=_claim_order) for _, members in ordered]
     lists.append(sorted(rest, key=_claim_order))
     return tuple(len(cell) for cell in lists), lists
@@ -137,7 +142,8 @@ def _assign(
             preferred = [g.idx for g in sorted(gpus, key=_claim_order) if g.idx not in used]
             held = kin.get((role, share.node_id))
             if held:
-                preferred = spread_order(share.node_id, preferred, held, numa)
+                last = {g.idx for g in gpus if g.last_resort}
+                preferred = spread_order(share.node_id, preferred, held, numa, last)
             rank = {i: k for k, i in enumerate(preferred)}
             chosen = []
             for cell, count in enumerate(got):
@@ -200,10 +206,9 @@ async def claim_group(
     for k, member in enumerate(plan.members):
         request = requests[k]
         if request.rail_aligned:
-            spread = {
-                node_id: kin.get((member.role, node_id), []) for node_id, _ in member.plan.nodes
-            }
-            outcome = await claim_plan(conn, request, member.plan, actor, spread)
+            # Its shards take its own GPUs' fit order (the HCA decides), alone
+            # on its nodes' GPUs of its class (board.py).
+            outcome = await claim_plan(conn, request, member.plan, actor)
             if isinstance(outcome, Busy):
                 return outcome
             if outcome is None:

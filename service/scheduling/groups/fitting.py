@@ -92,7 +92,8 @@ def _moves(board: Board, trial: Board, plan: GroupPlan) -> list[Move]:
     moves = []
     for node_id in nodes:
         zone = trial.opened[node_id].zone
-        moves.append((board.where[node_id], board.class_for(trial.final_facts(node_id), zone)))
+        target = board.class_for(trial.final_facts(node_id), zone, trial.final_cells(node_id))
+        moves.append((board.where[node_id], target))
     return moves
 
 

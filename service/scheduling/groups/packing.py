@@ -157,6 +157,17 @@ def pack(cells: Cells, takes: tuple[Take, ...]) -> tuple[Packing, Cells] | None:
     return tuple(chosen), left
 
 
+def leave(cells: Cells, last: Cells, left: Cells) -> tuple[Cells, Cells]:
+    """The cells a packing leaves (`left`), and of each, the GPUs used last still there.
+
+    A take gets a cell's other GPUs before those a PREFER_NO_SCHEDULE taint
+    sends last (the claim's order within a cell), so a cell loses such GPUs
+    only once its others are gone.
+    """
+    still = tuple(x - max(0, (n - k) - (n - x)) for n, x, k in zip(cells, last, left, strict=True))
+    return left, still
+
+
 @lru_cache(maxsize=65536)
 def nvlink_room(cells: Cells, takes: tuple[Take, ...], per: int) -> tuple[int, Cells]:
     """How many more nvlinkShards shards of `per` GPUs fit beside the takes, and cells that hold them.

@@ -479,7 +479,7 @@ def shares(board: Board) -> tuple[NodeShare, ...]:
         for view, takes in board.takes_of(opened).items():
             members = [m for r, _, m in opened.takes if views[r] == view]
             rail = view[1] == "rail"
-            grouped = False if rail else board.cells(opened, view)[1]
+            grouped = False if rail else board.cells(opened, view)[2]
             found.append(NodeShare(node_id, rail, grouped, tuple(zip(members, takes, strict=True))))
     return tuple(found)
 

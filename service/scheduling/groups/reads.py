@@ -27,21 +27,23 @@ from service.scheduling.placement.fit import (
     survey_groups_sql,
 )
 from service.scheduling.placement.statements import facts_of, request_params
-from service.scheduling.pool_census import DECLINED, MOST_KINDS
+from service.scheduling.pool_census import DECLINED, KIND, MOST_KINDS, census_predicate
 from service.scheduling.verdicts import NodeFacts, PlaceRequest
 
 
-def _zone_columns(group: GroupRequest, pool: str = "p") -> dict[str, str]:
+def _zone_columns(group: GroupRequest, pool: str = "p", census: bool = False) -> dict[str, str]:
     """The zone of each pool's node, as extra columns of fit's grouped survey (or the census's).
 
     The NVLink domain (the pool's: availability.shared_nvlink_domain) is read
     only when the locality asks about domains (NODE falls back to
     NVLINK_DOMAIN), so that other groups' classes do not split by it.
-    `pool`: the alias of the pool (or kind of pool) the columns are over.
+    `pool`: the alias of the pool (or, `census`, the kind of pool) the
+    columns are over. For a group with an nvlinkShards role, also
+    `nvlink_cells` (_cells_sql).
     """
     level = group.locality.level
     domains = level in (LocalityLevel.NODE, LocalityLevel.NVLINK_DOMAIN)
-    return {
+    columns = {
         "zone_domain": f"NULLIF({pool}.nvlink_domain, '')" if domains else "CAST(NULL AS text)",
         "zone_label": (
             f"(SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x"
@@ -50,6 +52,55 @@ def _zone_columns(group: GroupRequest, pool: str = "p") -> dict[str, str]:
             else "CAST(NULL AS text)"
         ),
     }
+    if any(r.shape.nvlink_shards for r in group.roles):
+        columns["nvlink_cells"] = _cells_sql(pool, census)
+    return columns
+
+
+# A cell of nvlink_cells: free GPUs * CELL + those of them used last.
+CELL = 1000
+
+
+def _cells_sql(pool: str, census: bool) -> str:
+    """SQL: per NVLink group of the pool's free GPUs, how many and how many a PREFER_NO_SCHEDULE taint sends last.
+
+    Each as free * CELL + last, ascending, from the pool's own arrays
+    (free_indices, free_groups, last_resort_indices: gpu_pools): the plan
+    packs a node's NVLink groups, and a claim takes a group's other GPUs
+    before those, so the ranking's last-resort term counts what it left
+    exactly. A kind of the census (`census`) fixes free_groups but not which
+    GPUs are used last: for a kind with some, its pools are read (the
+    census index's range of the kind) and the cells are the kind's when
+    every pool of it has the same, NULL otherwise (the board is then read
+    from the survey, reads._read).
+    """
+
+    def of_pool(p: str) -> str:
+        return (
+            f"ARRAY(SELECT count(*) * {CELL}"
+            f" + count(*) FILTER (WHERE x.i = ANY({p}.last_resort_indices))"
+            f" FROM unnest({p}.free_indices, {p}.free_groups) AS x(i, g)"
+            " WHERE x.g IS NOT NULL GROUP BY x.g ORDER BY 1)"
+        )
+
+    if not census:
+        return of_pool(pool)
+    same = " AND ".join(f"q.{column} = {pool}.{column}" for column in KIND)
+    of_kind = f"FROM gpu_pools q WHERE q.gpu_class = :cls AND {census_predicate('q')} AND {same}"
+    return (
+        f"CASE WHEN {pool}.last_resort = 0 THEN ARRAY("
+        f"SELECT count(*) * {CELL} FROM unnest({pool}.free_groups) AS x(g)"
+        " WHERE x.g IS NOT NULL GROUP BY x.g ORDER BY 1)"
+        f" ELSE (SELECT CASE WHEN min(u.v) = max(u.v) THEN min(u.v) END"
+        f" FROM (SELECT {of_pool('q')} AS v {of_kind}) u) END"
+    )
+
+
+def _cells(value: Any) -> tuple[tuple[int, int], ...] | None:
+    """nvlink_cells as (free, used last) per NVLink group, most free first, then fewest used last."""
+    if value is None:
+        return None
+    return tuple(sorted(((v // CELL, v % CELL) for v in value), key=lambda c: (-c[0], c[1])))
 
 
 def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
@@ -60,37 +111,48 @@ def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
 def board_census_sql(group: GroupRequest, request: PlaceRequest) -> str:
     """The statement read_board sends for one role of a group `windowed`: the census of every kind."""
     return census_facts_sql(
-        request, reads="members", all_fabrics=True, extra=_zone_columns(group, "c")
+        request, reads="members", all_fabrics=True, extra=_zone_columns(group, "c", census=True)
     )
 
 
 def window_sql(group: GroupRequest, request: PlaceRequest) -> str:
     """The statement read_window sends for one role: the census of the kinds that take a shard."""
     return census_facts_sql(
-        request, reads="window", all_fabrics=True, extra=_zone_columns(group, "c")
+        request, reads="window", all_fabrics=True, extra=_zone_columns(group, "c", census=True)
     )
 
 
 @dataclass
 class _Read:
-    """One role's read of a class: its facts, zone and member ids."""
+    """One role's read of a class: its facts, zone, NVLink cells (NodeClass.cells) and member ids."""
 
     facts: NodeFacts
     zone: Zone
+    cells: tuple[tuple[int, int], ...] | None
     members: list[str]
 
 
-def _classes(rows: Iterable[Any], keep: int | None = None) -> list[_Read]:
-    """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them)."""
-    found: dict[tuple[NodeFacts, Zone], _Read] = {}
+def _classes(rows: Iterable[Any], keep: int | None = None) -> list[_Read] | None:
+    """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them).
+
+    None when a row's NVLink cells are not known (a census kind with GPUs
+    used last: _cells_sql).
+    """
+    found: dict[tuple[object, ...], _Read] = {}
     for row in rows:
         members = sorted(row.members)
         zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
         facts = replace(facts_of(row), node_id=members[0])
-        key = (replace(facts, node_id=""), zone)
+        mapping = row._mapping
+        cells = None
+        if "nvlink_cells" in mapping:
+            cells = _cells(mapping["nvlink_cells"])
+            if cells is None:
+                return None
+        key = (replace(facts, node_id=""), zone, cells)
         same = found.get(key)
         if same is None:
-            found[key] = _Read(facts, zone, members[:keep] if keep else members)
+            found[key] = _Read(facts, zone, cells, members[:keep] if keep else members)
             continue
         # Kinds of pool the request cannot tell apart (their topology, when it
         # reads none): one class, as the survey groups them.
@@ -103,11 +165,13 @@ def _classes(rows: Iterable[Any], keep: int | None = None) -> list[_Read]:
             ]
         )
         members.sort()
-        found[key] = _Read(replace(same.facts, node_id=members[0]), zone, members)
+        found[key] = _Read(replace(same.facts, node_id=members[0]), zone, cells, members)
     return list(found.values())
 
 
-def _joint(roles: Sequence[str], reads: Mapping[str, list[_Read]]) -> list[NodeClass]:
+def _joint(
+    roles: Sequence[str], reads: Mapping[str, list[_Read]], one_class: bool
+) -> list[NodeClass]:
     """The roles' classes as classes of the board: nodes every role's read puts together.
 
     A node is in the class of the nodes that each role's read put in the same
@@ -130,8 +194,9 @@ def _joint(roles: Sequence[str], reads: Mapping[str, list[_Read]]) -> list[NodeC
             for role, i in zip(roles, key, strict=True)
             if i >= 0
         }
-        zone = next(reads[role][i].zone for role, i in zip(roles, key, strict=True) if i >= 0)
-        classes.append(NodeClass(facts, zone, members))
+        first = next(reads[role][i] for role, i in zip(roles, key, strict=True) if i >= 0)
+        # NVLink cells are of one GPU class's pool: kept for groups of one class.
+        classes.append(NodeClass(facts, first.zone, members, first.cells if one_class else None))
     return classes
 
 
@@ -183,9 +248,15 @@ async def _read(
         if len(rows) > MOST_KINDS:
             DECLINED.count("kinds")
             return None
+        kinds = _classes(rows, keep)
+        if kinds is None:
+            DECLINED.count("last_resort")
+            return None
         return [
-            NodeClass({r: _derived(c.facts, requests[r]) for r in roles}, c.zone, c.members)
-            for c in _classes(rows, keep)
+            NodeClass(
+                {r: _derived(c.facts, requests[r]) for r in roles}, c.zone, c.members, c.cells
+            )
+            for c in kinds
         ]
     reads: dict[str, list[_Read]] = {}
     # Roles whose statement and parameters are the same (prefill and decode
@@ -199,9 +270,11 @@ async def _read(
         same = (sql, repr(sorted(used.items())))
         if same not in read:
             rows = list(await conn.execute(cached_text(sql), used))
-            read[same] = _classes(rows, keep)
+            classes = _classes(rows, keep)
+            assert classes is not None, "the survey knows every pool's NVLink cells"
+            read[same] = classes
         reads[role] = read[same]
-    return _joint(roles, reads)
+    return _joint(roles, reads, len({r.gpu_class for r in requests.values()}) == 1)
 
 
 async def read_board(
@@ -282,7 +355,8 @@ async def read_window(
     nothing fits, which placeGroup then reads from the whole board). Read
     from the pool census (pool_census.py: one descent per kind of pool), so
     it costs what the kinds of node cost, not the cluster. None when the
-    census declines (too many kinds). For a group that is `windowed`.
+    census declines (too many kinds, or NVLink cells it cannot tell:
+    _cells_sql). For a group that is `windowed`.
     """
     keep = window_size(requests, group)
     classes = await _read(
@@ -298,6 +372,7 @@ async def read_window(
             "need": min(r.gpus_per_shard for r in requests.values()),
         },
         keep,
+        census=True,
     )
     return None if classes is None else Board(dict(requests), classes, keep)
 
