@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
 from service.scheduling.allocations import Allocated, AllocationRequest, ShardRequest, allocate
-from service.scheduling.groups import placing
+from service.scheduling.groups import placing, planning
 from tests.conftest import REPO, Api
 from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
 from tests.scheduling.test_place_group import EXPLAIN_GROUP, FIT_GROUP, PLACE_GROUP, role
@@ -220,3 +220,31 @@ async def test_a_lone_caller_places_every_group_fit_group_counts_on_boards_with_
         assert (await api(FIT_GROUP, {"g": {"groupId": "fit", **group}}))["fitGroup"]["groups"] == 0
         for group_id in placed:
             await api("mutation R($id: ID!) { releaseGroup(groupId: $id) }", {"id": group_id})
+
+
+async def test_a_search_that_reaches_its_bound_says_so_and_never_no_room(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """groups.md: reaching SEARCH_BOUND is SEARCH_BOUND, nothing held, not Unplaceable.
+
+    The issue's two nodes, where the first choices find no room and the
+    search must go back: with the bound set below what that takes, every
+    answer says the bound was reached; with the documented bound, it places.
+    """
+    await register(api, "a", with_peers(gpus(H100), [list(range(8))]), IB_A)
+    await register(api, "b", gpus(H100), IB_A)
+    await hold(api, "a", 0, 1)
+    monkeypatch.setattr(planning, "SEARCH_BOUND", 4)
+    bounded = (await api(PLACE_GROUP, {"input": kv_group("pd")}))["placeGroup"]
+    assert bounded["__typename"] == "AllocationRejected", bounded
+    assert bounded["code"] == "SEARCH_BOUND" and "not 'no room'" in bounded["message"], bounded
+    assert {
+        a["replicaId"] for a in (await api("{ allocations { replicaId } }"))["allocations"]
+    } == {"held-a"}
+    fit = (await api(FIT_GROUP, {"g": kv_group("fit")}))["fitGroup"]
+    assert fit["groups"] == 0 and fit["limitedBy"][0].startswith("search bound reached"), fit
+    explained = (await api(EXPLAIN_GROUP, {"input": kv_group("x")}))["explainGroupPlacement"]
+    assert explained["placeable"] is False and "not 'no room'" in explained["message"]
+    monkeypatch.undo()
+    placed = (await api(PLACE_GROUP, {"input": kv_group("pd")}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed

@@ -489,12 +489,12 @@ def plan_group(
     group: GroupRequest,
     anchors: Iterable[str] = (),
     *,
-    bound: int = SEARCH_BOUND,
+    bound: int | None = None,
 ) -> tuple[Board, GroupPlan] | Misfit | Bounded:
     """The best plan for the whole group (the board as it leaves it), why none fits, or Bounded.
 
     `anchors`: nodes the group already uses (scaleGroup adds close to them).
-    `bound`: the most replica plans tried (SEARCH_BOUND).
+    `bound`: the most replica plans tried (SEARCH_BOUND when not given).
     """
     anchors = list(anchors)
     locality = group.locality
@@ -504,7 +504,7 @@ def plan_group(
         levels = [lv for lv in levels if lv is not LocalityLevel.LABEL]
     steps = order(group)
     first_role = steps[0][0]
-    budget = Budget(bound)
+    budget = Budget(SEARCH_BOUND if bound is None else bound)
     misfit: Misfit | None = None
     for k, level in enumerate(levels):
         if (
