@@ -4,18 +4,19 @@ How a group is held: the board is read from committed data (reads.read_window,
 the first members of every class that may take a shard, which gives the plan
 the whole board gives; reads.read_board for the shapes it cannot read and to
 tell why nothing fits; locking nothing), the whole group planned
-(planning.plan_group), and then,
-inside one savepoint, the group's row written and each member claimed
-through place()'s own multi-node primitive (placement.claims.claim_plan:
-lock the member's nodes without waiting, take their usable GPUs in fit
-order, allocate() through the one store path). A member is an ordinary
-replica: every check, event, fence and generation of a replica applies, and
-so does any filter availability gains. When a member's nodes are held by
-another transaction, the savepoint is rolled back (nothing of the group
-stays), this waits for those nodes' holders with nothing held, and plans
-again; when the plan no longer holds (someone committed first), it plans
-again. "Unplaceable" is said only of a plan made on committed data, so N
-concurrent calls on room for K groups place exactly K.
+(planning.plan_group), and then, inside one savepoint, the group's row
+written and its members claimed: every node of the plan locked without
+waiting, each node's GPUs packed by the rule the plan was made by and
+allocate() through the one store path (claiming.claim_group; members on one
+node each without topology or tolerations in one round,
+placement.member_claims). A member is an ordinary replica: every check,
+event, fence and generation of a replica applies, and so does any filter
+availability gains. When a member's nodes are held by another transaction,
+the savepoint is rolled back (nothing of the group stays), this waits for
+those nodes' holders with nothing held, and plans again; when the plan no
+longer holds (someone committed first: on the data it was made on, it
+always holds), it plans again. "Unplaceable" is said only of a plan made on
+committed data, so N concurrent calls on room for K groups place exactly K.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def requests_of(group: GroupRequest) -> dict[str, PlaceRequest]:
 
 def _member_request(group_id: str, board: Board, member: Member) -> PlaceRequest:
     request = shape_of(member.role, board.requests[member.role], group_id, member.n)
-    # FABRIC locality: the plan's fabric is the member's (claim_plan hands it to allocate()).
+    # FABRIC locality: the plan's fabric is the member's (the claim hands it to allocate()).
     if member.plan.fabric is not None and request.fabric is None:
         request = replace(request, fabric=member.plan.fabric)
     return request
