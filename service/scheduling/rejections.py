@@ -35,6 +35,10 @@ class RejectionCode(Enum):
     # An id already in use for something else: a placement group placed
     # with other roles, shapes or locality (service/scheduling/groups/).
     CONFLICT = "CONFLICT"
+    # placeGroup's search for a plan reached its bound (groups/planning.py
+    # SEARCH_BOUND) before it found one or proved there is none: nothing
+    # held, and not "no room" (issue 44).
+    SEARCH_BOUND = "SEARCH_BOUND"
 
 
 @dataclass(frozen=True)

@@ -476,7 +476,7 @@ def free_indices(tolerating: bool) -> TextClause:
 # The nodes of :ids no other transaction holds, locked, in one round trip with
 # what a claim on them reads: whether each takes placement now (checked on
 # the row as locked), the GPUs of class :cls it offers a request without
-# tolerations (offered_indices_sql) and each GPU's NUMA node
+# tolerations (offered_indices_sql), those of them used last, and each GPU's NUMA node
 # (numa.numa_columns). For placement groups' one-round claim
 # (member_claims.claim_members): one round trip where there were three. The
 # GPUs are read on the statement's snapshot, taken before the locks, so a
@@ -492,6 +492,9 @@ LOCK_WITH_GPUS_OR_SKIP = text(
         FOR NO KEY UPDATE SKIP LOCKED
     )
     SELECT l.id, l.schedulable, {offered_indices_sql(False, "l.id")} AS indices,
+           ARRAY(SELECT g.idx FROM gpus g
+                 WHERE g.node_id = l.id AND g.gpu_class = :cls AND {gpu_offered("g")}
+                   AND {gpu_last_resort("g")}) AS last_indices,
            {numa_columns("l.id")}
     FROM locked l
     """
