@@ -47,6 +47,30 @@ SELECT
   FROM gpus AS g
   WHERE
     g.node_id = l.id
+    AND g.gpu_class = :cls
+    AND (
+      (
+        (
+          g.healthy AND cardinality(g.sticky_reasons) = 0
+        ) AND g.cordon_reason IS NULL
+      )
+      AND NOT g.withheld
+      AND NOT (
+        EXISTS(
+          SELECT
+            1
+          FROM allocated_gpus AS a
+          WHERE
+            a.node_id = g.node_id AND a.gpu_index = g.idx
+        )
+      )
+    )
+    AND g.last_resort) AS last_indices,
+  ARRAY(SELECT
+    g.idx
+  FROM gpus AS g
+  WHERE
+    g.node_id = l.id
   ORDER BY
     g.idx) AS gpu_indices,
   ARRAY(SELECT
