@@ -6,7 +6,39 @@ other exception is a bug and is masked before it reaches a client.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+# How many characters of a value a caller sent an error message repeats: a
+# prefix enough to recognise it, never the megabyte someone sent (issue 44:
+# a 1 MB id was echoed back whole).
+SHOWN_CHARACTERS: Final = 60
+
+
+def shown(value: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """A text a caller sent, as an error message (or a log line) repeats it: the one rule.
+
+    At most `limit` characters of it, cut with "..." and its length when
+    longer, and every character that is not printable written as an escape
+    (a NUL as \\x00, a lone surrogate as \\ud800, a newline as \\n): a
+    message never carries more than a prefix of a bad value, nor a character
+    that cannot be encoded or that breaks a log line.
+    """
+    cut = len(value) > limit
+    text = value[: limit - 3] if cut else value
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else _escaped(c) for c in text)
+    return f"{text}... ({len(value):,} characters)" if cut else text
+
+
+def _escaped(character: str) -> str:
+    return character.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+
+def shown_value(value: object) -> str:
+    """Any value as a message repeats it: a text quoted (shown), anything else by its repr, cut."""
+    if isinstance(value, str):
+        return f"'{shown(value)}'"
+    return shown(repr(value))
 
 
 class InventoryError(Exception):
@@ -33,20 +65,17 @@ class InvalidInput(InventoryError):
     code = "BAD_INPUT"
 
     def __init__(self, field: str, value: Any, problem: str) -> None:
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"{field}={shown}: {problem}")
+        super().__init__(f"{field}={shown_value(value)}: {problem}")
         self.field = field
         self.value = value
 
     @property
     def extensions(self) -> dict[str, Any]:
         value = self.value
-        if not isinstance(value, (str, int, float, bool, type(None))):
-            value = repr(value)
-        elif isinstance(value, str) and len(value) > 300:
-            value = value[:300] + "..."
+        if isinstance(value, str):
+            value = shown(value)
+        elif not isinstance(value, (int, float, bool, type(None))):
+            value = shown(repr(value))
         return {"code": self.code, "field": self.field, "value": value}
 
 
@@ -56,9 +85,9 @@ class NodeNotFound(InventoryError):
     code = "NODE_NOT_FOUND"
 
     def __init__(self, node_id: str) -> None:
-        super().__init__(f"node {node_id!r} is not registered")
+        super().__init__(f"node '{shown(node_id)}' is not registered")
         self.node_id = node_id
 
     @property
     def extensions(self) -> dict[str, Any]:
-        return {"code": self.code, "nodeId": self.node_id}
+        return {"code": self.code, "nodeId": shown(self.node_id)}

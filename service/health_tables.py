@@ -71,8 +71,48 @@ remediations = Table(
 )
 Index("ix_remediations_node_id", remediations.c.node_id, remediations.c.id)
 Index("ix_remediations_state", remediations.c.state, remediations.c.id)
+
+# Each fault a remediation acted on (service/fleet/health/faults.py; migration
+# 0021): the one that opened it and each that joined it, on which of its GPUs,
+# with the taint it put there (NULL: its rule taints nothing, or the breaker
+# kept it off) and when. A remediation's DONE lifts these taints and clears
+# these faults' sticky health; the circuit breaker counts the GPUs they
+# tainted in the last hour. A fault seen again on the same GPUs of the same
+# remediation refreshes its row.
+remediation_faults = Table(
+    "remediation_faults",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column(
+        "remediation_id",
+        BigInteger,
+        ForeignKey("remediations.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("gpu_class", Text),
+    Column("gpu_indices", ARRAY(Integer), nullable=False),
+    # GPU, NVLINK_GROUP or NODE: a NODE fault's taint is on the node.
+    Column("scope", Text, nullable=False),
+    Column("trigger", Text, nullable=False),
+    # The fault's own action; the remediation's is the most drastic of them.
+    Column("action", Text, nullable=False),
+    Column("cause", Text, nullable=False),
+    Column("taint_key", Text),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(
+        "action IN ('NONE', 'RESTART_APP', 'RESET_GPU', 'REBOOT_NODE', 'CONTACT_SUPPORT')",
+        name="action",
+    ),
+    CheckConstraint("scope IN ('GPU', 'NVLINK_GROUP', 'NODE')", name="scope"),
+    CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
+)
+Index(
+    "ix_remediation_faults_remediation_id",
+    remediation_faults.c.remediation_id,
+    remediation_faults.c.id,
+)
 # The circuit breaker counts a class's taints of the last hour.
-Index("ix_remediations_class", remediations.c.gpu_class, remediations.c.created_at)
+Index("ix_remediation_faults_class", remediation_faults.c.gpu_class, remediation_faults.c.at)
 
 # Validation results (service/fleet/health/validations.py): what the agent
 # (or an operator's tool) ran on which GPUs, and whether it passed; a

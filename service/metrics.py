@@ -513,7 +513,8 @@ def _process(out: Exposition) -> None:
         "counter",
         "Reads this process could have counted by the pool census but read every pool of the "
         "class instead (service/scheduling/pool_census.py), by why: kinds (more kinds of pool "
-        "than the census walks).",
+        "than the census walks), last_resort (a placement group with nvlinkShards, and a kind "
+        "whose pools send GPUs of different NVLink groups last: groups/reads.py).",
         _by_reason(pool_census.DECLINED.snapshot()),
     )
     token_ends, token_check_failures = COUNTERS.token_watch()

@@ -1,10 +1,13 @@
-"""The schema reference page, generated from the exported schema (schema.graphql).
+"""The schema reference page, generated from the exported schema (schema.graphql), and the role table.
 
 `python -m service.schema_reference` writes docs/reference/schema.md: every root
 field (queries, mutations, subscriptions) with its arguments, then every type,
-each with the description the schema carries. `--check` exits 1 when the page
-is not what the schema would give (a test runs the same comparison), so the
-reference cannot drift from the API it documents.
+each with the description the schema carries. It also writes the table of
+docs/security/roles.md (between its markers): which role each root field of
+the exported schema needs, from the one table the service enforces
+(service/graphql/permissions.py, ROOT_FIELD_ROLES). `--check` exits 1 when
+either is not what the schema and the table would give (a test runs the same
+comparison), so neither page can drift from the API it documents.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from graphql.utilities import ast_from_value
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schema.graphql"
 PAGE = REPO / "docs" / "reference" / "schema.md"
+ROLES_PAGE = REPO / "docs" / "security" / "roles.md"
+ROLES_BEGIN = (
+    "<!-- The table below is generated from service/graphql/permissions.py ROOT_FIELD_ROLES "
+    "by `python -m service.schema_reference`; a test fails when it is stale. -->"
+)
+ROLES_END = "<!-- End of the generated table. -->"
 COMMAND = "python -m service.schema_reference"
 
 
@@ -160,21 +169,42 @@ def reference(schema: GraphQLSchema) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def roles(schema: GraphQLSchema, page: str) -> str:
+    """`page` (docs/security/roles.md) with its generated table made from the role table."""
+    from service.graphql.permissions import role_table
+
+    root_fields = {
+        root.name: list(root.fields)
+        for root in (schema.query_type, schema.mutation_type, schema.subscription_type)
+        if root is not None
+    }
+    before, found, rest = page.partition(ROLES_BEGIN)
+    _, ended, after = rest.partition(ROLES_END)
+    if not found or not ended:
+        raise ValueError(f"{ROLES_PAGE} has lost its markers: {ROLES_BEGIN} ... {ROLES_END}")
+    return f"{before}{ROLES_BEGIN}\n\n{role_table(root_fields)}\n{ROLES_END}{after}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 when the page is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a page is stale")
     parser.add_argument("--output", default=str(PAGE), help=f"the page (default {PAGE})")
+    parser.add_argument(
+        "--roles", default=str(ROLES_PAGE), help=f"the role page (default {ROLES_PAGE})"
+    )
     args = parser.parse_args(argv)
-    wanted = reference(build_schema(SCHEMA.read_text()))
-    page = Path(args.output)
+    schema = build_schema(SCHEMA.read_text())
+    page, role_page = Path(args.output), Path(args.roles)
+    pages = [(page, reference(schema)), (role_page, roles(schema, role_page.read_text()))]
     if args.check:
-        if not page.exists() or page.read_text() != wanted:
-            print(f"{page} is stale: run `{COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(wanted)
-    print(f"wrote {page}")
+        stale = [path for path, wanted in pages if not path.exists() or path.read_text() != wanted]
+        for path in stale:
+            print(f"{path} is stale: run `{COMMAND}`", file=sys.stderr)
+        return 1 if stale else 0
+    for path, wanted in pages:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(wanted)
+        print(f"wrote {path}")
     return 0
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.access_control import token_lookups, tokens
 from service.config import Settings
 from service.database import connections
-from service.errors import InventoryError
+from service.errors import InventoryError, shown
 
 # INVENTORY_BOOTSTRAP_TOKEN's id: it lives in the environment, not in api_tokens.
 BOOTSTRAP_TOKEN_ID = "bootstrap"
@@ -113,8 +113,8 @@ class WrongNode(InventoryError):
 
     def __init__(self, operation: str, bound_to: str, node_id: str) -> None:
         super().__init__(
-            f"{operation}: this agent token is bound to node {bound_to!r} "
-            f"and cannot act for node {node_id!r}"
+            f"{operation}: this agent token is bound to node '{shown(bound_to)}' "
+            f"and cannot act for node '{shown(node_id)}'"
         )
         self.operation = operation
 

@@ -23,7 +23,8 @@ from sqlalchemy.engine import Row
 
 from service.bounds import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 from service.database.connections import Connection, cached_text
-from service.errors import InvalidInput, InventoryError
+from service.errors import InvalidInput, InventoryError, shown
+from service.stored_text import storable
 
 ROLES = ("reader", "agent", "scheduler", "operator")
 
@@ -79,7 +80,7 @@ class TokenNotFound(InventoryError):
     code = "TOKEN_NOT_FOUND"
 
     def __init__(self, token_id: str) -> None:
-        super().__init__(f"token {token_id!r} does not exist")
+        super().__init__(f"token '{shown(token_id)}' does not exist")
         self.token_id = token_id
 
 
@@ -122,13 +123,17 @@ def check_token_request(
             raise InvalidInput(
                 "nodeId", node_id, "an agent token is bound to one node: give its node id"
             )
-        if len(node_id) > MAX_ID_LENGTH or node_id != node_id.strip() or "\x00" in node_id:
+        if len(node_id) > MAX_ID_LENGTH or node_id != node_id.strip() or not storable(node_id):
             raise InvalidInput("nodeId", node_id, f"not a node id (1-{MAX_ID_LENGTH} characters)")
     elif node_id is not None:
         raise InvalidInput("nodeId", node_id, f"only agent tokens are bound to a node, not {role}")
-    if description is not None and (len(description) > MAX_TEXT_LENGTH or "\x00" in description):
+    if description is not None and (
+        len(description) > MAX_TEXT_LENGTH or not storable(description)
+    ):
         raise InvalidInput(
-            "description", description, f"at most {MAX_TEXT_LENGTH} characters, no NUL"
+            "description",
+            description,
+            f"at most {MAX_TEXT_LENGTH} characters of text that can be stored (no NUL)",
         )
     if expires_at is not None and expires_at.tzinfo is None:
         # A time without a zone means a different instant on every machine.

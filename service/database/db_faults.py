@@ -80,6 +80,33 @@ class DatabaseUnavailable(InventoryError):
         return {"code": self.code}
 
 
+class StatementTimedOut(InventoryError):
+    """A statement PostgreSQL cancelled (SQLSTATE 57014, query_canceled): the answer, made.
+
+    Every statement of the service carries a statement_timeout below its
+    request's time limit (Settings.statement_timeout), and a loaded server
+    reaches it: an expected outcome, answered with the time limit's code and
+    Retry-After (a retry may find the server less busy), never a bug. What the
+    statement was writing is rolled back with its transaction.
+    """
+
+    code = "REQUEST_TIMEOUT"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the database stopped a statement of this request at its time limit "
+            "(statement_timeout, below INVENTORY_REQUEST_TIMEOUT); nothing it was writing "
+            "was kept: retry shortly"
+        )
+        # The HTTP answer carries Retry-After (service/web/exchange.py).
+        request_state.note_unavailable()
+
+
+def is_statement_timeout(error: BaseException | None) -> bool:
+    """True when `error`, or what it wraps, is PostgreSQL cancelling a statement."""
+    return any(isinstance(cause, asyncpg.QueryCanceledError) for cause in _causes(error))
+
+
 class CommitOutcomeUnknown(Exception):
     """COMMIT was sent and the connection failed before its answer: committed or not, no one here knows.
 

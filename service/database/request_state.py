@@ -80,8 +80,9 @@ class RequestState:
     # When the client stops waiting (it said so), if it did: no write of the
     # request commits after it (connections.py).
     client_deadline: ClientDeadline | None = None
-    # Some database call of this request found the database unavailable: its
-    # answer says when to come back (Retry-After).
+    # Some database call of this request found the database unavailable, or
+    # ran into its statement_timeout: its answer says when to come back
+    # (Retry-After).
     unavailable: bool = False
     # Everything the request asks tolerates a stale answer (the GraphQL layer
     # says so per operation: service/graphql/read_routes.py): its reads may go
@@ -136,7 +137,7 @@ def without_request() -> Context:
 
 
 def note_unavailable() -> None:
-    """The database could not serve part of the running request (nothing outside one)."""
+    """The database could not serve part of the running request, for now (nothing outside one)."""
     state = _current.get()
     if state is not None:
         state.unavailable = True

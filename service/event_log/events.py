@@ -62,6 +62,7 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "node_untainted",
         "replica_must_move",
         "remediation_created",
+        "remediation_joined",
         "remediation_started",
         "remediation_finished",
         "remediation_done",

@@ -59,6 +59,7 @@ from service.fleet.node_views import BeatRecord
 from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.allocations import release_replica
 from service.scheduling.taints import stop_by_sql
+from service.stored_text import id_problem
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def validate_contact(contact: Contact) -> None:
     seen: set[str] = set()
     for i, shard in enumerate(contact.running):
         where = f"runningShards[{i}]"
-        if not shard.shard_id or len(shard.shard_id) > MAX_ID_LENGTH or "\x00" in shard.shard_id:
+        if not shard.shard_id or id_problem(shard.shard_id) is not None:
             raise InvalidInput(
                 f"{where}.shardId",
                 shard.shard_id,

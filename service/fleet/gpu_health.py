@@ -8,7 +8,7 @@ remediation policy's (service/fleet/health/policy.py: NVIDIA's XID catalog,
 the driver's recovery action for XID 154, the operator's overrides): one
 that taints leaves a sticky reason `xid_<n>` on the GPU (gpus.sticky_reasons)
 that later healthy reports do not clear, a remediation (PENDING), and the
-policy's taint (service/fleet/health/remediations.py), unless the circuit
+policy's taint (service/fleet/health/faults.py), unless the circuit
 breaker suppresses them. A reboot (a new boot id), a reset the agent saw
 (GpuInput.resetSeen: agent/discovery/resets.py says how) or an operator's
 reset (clearGpuHealth) carries out the remediation; the sticky reason and the
@@ -34,8 +34,8 @@ from sqlalchemy import text
 from service.database.connections import Connection
 from service.fleet.gpu_changes import after_change, gpu_detail, gpu_of, lock_gpus, record_events
 from service.fleet.health import remediations
+from service.fleet.health.faults import Fault, act_on
 from service.fleet.health.policy import RemediationAction, current
-from service.fleet.health.remediations import Fault, RemediationState
 from service.fleet.reports import NodeReport
 from service.scheduling.gpu_pools import refresh_pools
 from service.scheduling.taints import TaintSource
@@ -138,17 +138,18 @@ async def after_report(
                         "detail": gpu_detail(gpu, cleared=cleared),
                     }
                 )
-    made = await remediations.act_on(conn, report.id, [f for _, _, f in faults], actor)
+    acted = await act_on(conn, report.id, [f for _, _, f in faults], actor)
     counted: list[ReportedXid] = []
     why_unusable: dict[int, str] = {}
-    for (index, xid, fault), remediation in zip(faults, made, strict=True):
+    for (index, xid, fault), done in zip(faults, acted, strict=True):
         if not xid:
             continue
         gpu = gpus[index]  # the report's GPUs are stored
         counted.append(ReportedXid(gpu.gpu_class, xid))
         rule = fault.rule
-        suppressed = remediation is not None and remediation.state is RemediationState.SUPPRESSED
-        takes = rule.effect is not None and not suppressed
+        # Sticky when its rule taints and the breaker let it taint this GPU,
+        # whether it opened a remediation or joined one.
+        takes = rule.effect is not None and not done.suppressed
         events.append(
             {
                 "kind": "gpu_xid",

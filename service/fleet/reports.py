@@ -38,6 +38,7 @@ from service.fleet.health.policy import RECOVERY_ACTIONS
 from service.fleet.observed_at import AgentClock
 from service.fleet.topology import check_topology
 from service.scheduling.weights_lifecycle import DIGEST, STATES
+from service.stored_text import text_problem
 
 
 @dataclass(frozen=True)
@@ -262,8 +263,9 @@ def _check_id(field_name: str, value: str) -> None:
 def _check_text(field_name: str, value: str, limit: int = MAX_TEXT_LENGTH) -> None:
     if len(value) > limit:
         raise InvalidInput(field_name, value, f"longer than {limit} characters")
-    if "\x00" in value:
-        raise InvalidInput(field_name, value, "contains a NUL character")
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidInput(field_name, value, problem)
 
 
 def _check_path(field_name: str, value: str) -> None:

@@ -23,6 +23,7 @@ from service.bounds import MAX_DOMAIN_LENGTH, MAX_NUMA_NODE
 from service.database.connections import Connection
 from service.errors import InvalidInput
 from service.scheduling.availability import gpu_free, is_free
+from service.stored_text import storable
 
 if TYPE_CHECKING:
     from service.fleet.hardware import GpuRecord
@@ -91,7 +92,7 @@ def check_topology(gpus: Sequence[ReportedGpu], fabric_hcas: Iterable[str]) -> N
                 raise InvalidInput(
                     f"{where}.nvlinkDomain", gpu.nvlink_domain, "must not be empty; omit it if none"
                 )
-            if len(gpu.nvlink_domain) > MAX_DOMAIN_LENGTH or "\x00" in gpu.nvlink_domain:
+            if len(gpu.nvlink_domain) > MAX_DOMAIN_LENGTH or not storable(gpu.nvlink_domain):
                 raise InvalidInput(
                     f"{where}.nvlinkDomain", gpu.nvlink_domain, "is not a 'uuid/clique' domain"
                 )

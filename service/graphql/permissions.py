@@ -27,15 +27,33 @@ from strawberry.extensions.field_extension import (
 )
 from strawberry.types import Info
 
-from service.access_control.auth import Forbidden, Principal, Unauthenticated, WrongNode, check_node
+from service.access_control.auth import (
+    GRANTS,
+    Forbidden,
+    Principal,
+    Unauthenticated,
+    WrongNode,
+    check_node,
+)
 from service.paging import page_request
 
 log = logging.getLogger(__name__)
 
+# A field needs one role, or any one of several (a tuple).
+Roles = str | tuple[str, ...]
+
 # Root type -> GraphQL field name -> the role it needs (see service/access_control/auth.py
 # GRANTS for which roles include which). "agent" fields are node-bound: an
-# agent token may only name its own node.
-ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
+# agent token may only name its own node. docs/security/roles.md's table is
+# generated from this one (`python -m service.schema_reference`).
+#
+# The rule the docs state: a reader may call every query (and the events
+# subscription), all but `tokens`, which lists the credentials of everyone.
+# Issue 44: fitGroup, explainGroupPlacement (and fit, explainPlacement) needed
+# the scheduler role, validationsToRun the agent's; each is a read that
+# changes nothing and shows nothing a reader cannot read in `nodes` and
+# `freeGpus` (a what-if of placement over them; Node.validationsToRun).
+ROOT_FIELD_ROLES: dict[str, dict[str, Roles]] = {
     "Query": {
         "node": "reader",
         "nodes": "reader",
@@ -44,19 +62,22 @@ ROOT_FIELD_ROLES: dict[str, dict[str, str]] = {
         "gpuClasses": "reader",
         "allocations": "reader",
         "events": "reader",
-        "explainPlacement": "scheduler",
-        # A what-if of place, as explainPlacement is.
-        "fit": "scheduler",
-        "fitGroup": "scheduler",
-        "explainGroupPlacement": "scheduler",
+        # What-ifs of place and placeGroup: they hold nothing and read what
+        # nodes and freeGpus show.
+        "explainPlacement": "reader",
+        "fit": "reader",
+        "fitGroup": "reader",
+        "explainGroupPlacement": "reader",
         "group": "reader",
         "groups": "reader",
         "tokens": "operator",
         "weightsEvictable": "reader",
         "shardsToMove": "reader",
         "remediations": "reader",
-        # The node's own agent asks what to validate (node-bound).
-        "validationsToRun": "agent",
+        # What its node should validate now: asked by the node's own agent
+        # (node-bound; an agent token reads no nodes), and by anyone who may
+        # read the node, which shows the same list (Node.validationsToRun).
+        "validationsToRun": ("reader", "agent"),
         "hardwareProfiles": "reader",
     },
     "Mutation": {
@@ -112,8 +133,13 @@ def _named_nodes(kwargs: dict[str, Any]) -> Iterator[str]:
             yield str(getattr(given, attr))
 
 
+def roles_of(needed: Roles) -> tuple[str, ...]:
+    """The roles any one of which may call a field that needs `needed`."""
+    return (needed,) if isinstance(needed, str) else needed
+
+
 def check_role(
-    role: str,
+    role: Roles,
     operation: str,
     principal: Principal | None,
     kwargs: dict[str, Any],
@@ -133,9 +159,16 @@ def check_role(
         raise Unauthenticated(f"{operation}: {ended}")
     if principal is None:
         raise Unauthenticated(f"{operation}: no token was presented on this connection")
-    if not principal.may(role):
-        raise Forbidden(operation, role, principal)
-    if role == "agent" and principal.role == "agent":
+    # One role, nearly always: asked without a tuple (a request's path pays for each call).
+    if isinstance(role, str):
+        if not principal.may(role):
+            raise Forbidden(operation, role, principal)
+        node_bound = role == "agent"
+    else:
+        if not any(principal.may(r) for r in role):
+            raise Forbidden(operation, " or ".join(role), principal)
+        node_bound = "agent" in role
+    if node_bound and principal.role == "agent":
         named = list(_named_nodes(kwargs))
         if not named:
             # Fail closed: an agent field that names no node cannot be checked.
@@ -146,15 +179,53 @@ def check_role(
         page_request(kwargs["first"], max_page_size)
 
 
-def role_of(type_name: str, field_name: str) -> str:
+def role_of(type_name: str, field_name: str) -> Roles:
     """The role a root field needs (fields missing from the table: operators only)."""
     return ROOT_FIELD_ROLES.get(type_name, {}).get(field_name, UNLISTED_ROLE)
 
 
-class RequireRole(FieldExtension):
-    """Refuses a root field to callers whose role does not include `role`."""
+# The roles, in the order docs/security/roles.md lists them.
+ROLE_ORDER = ("reader", "agent", "scheduler", "operator")
+_KINDS = (("Query", "queries"), ("Mutation", "mutations"), ("Subscription", "subscriptions"))
 
-    def __init__(self, role: str) -> None:
+
+def role_table(root_fields: dict[str, list[str]]) -> str:
+    """docs/security/roles.md's table, from ROOT_FIELD_ROLES: for each role a field may need,
+    who may call such a field (GRANTS) and every root field of the schema that needs it.
+
+    `root_fields`: the schema's root type -> its field names (the exported
+    schema's, so the table lists what clients can call).
+    """
+    needs: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    for type_name, fields in root_fields.items():
+        for field in sorted(fields):
+            group = needs.setdefault(roles_of(role_of(type_name, field)), {})
+            group.setdefault(type_name, []).append(field)
+
+    def rank(roles: tuple[str, ...]) -> tuple[int, ...]:
+        return tuple(ROLE_ORDER.index(r) for r in roles)
+
+    lines = ["| a field that needs | may be called by | fields |", "| --- | --- | --- |"]
+    for roles in sorted(needs, key=rank):
+        callers = []
+        for caller in ROLE_ORDER:
+            if any(r in GRANTS[caller] for r in roles):
+                bound = caller == "agent" and "agent" in roles
+                callers.append(f"`{caller}`" + (" (its own node only)" if bound else ""))
+        listed = "; ".join(
+            f"{words}: " + ", ".join(f"`{f}`" for f in needs[roles][kind])
+            for kind, words in _KINDS
+            if kind in needs[roles]
+        )
+        needed = " or ".join(f"`{r}`" for r in roles)
+        lines.append(f"| {needed} | {', '.join(callers)} | {listed} |")
+    return "\n".join(lines) + "\n"
+
+
+class RequireRole(FieldExtension):
+    """Refuses a root field to callers whose role does not include `role` (one of, for a tuple)."""
+
+    def __init__(self, role: Roles) -> None:
         self.role = role
 
     def check(self, info: Info[Any, Any], kwargs: dict[str, Any]) -> None:

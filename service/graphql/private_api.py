@@ -45,6 +45,7 @@ __all__ = [
     "is_strawberry_leaf",
     "optimized_is_awaitable",
     "parse_strawberry_datetime",
+    "provided_operation_name",
     "scalar_registry",
     "validate_document",
 ]
@@ -113,6 +114,17 @@ def add_field_errors(executor: Any, errors: Iterable[tuple[Path, GraphQLError]])
     collected.errors.extend(
         error for path, error in errors if not collected.has_nulled_position(path)
     )
+
+
+def provided_operation_name(context: Any) -> str | None:
+    """The operationName a request sent, None when it sent none (Strawberry's ExecutionContext).
+
+    Its public `operation_name` answers the first operation's name when none
+    was sent, which is how Strawberry ran the first of several operations
+    (service/graphql/checked_documents.py).
+    """
+    name: str | None = context._provided_operation_name
+    return name
 
 
 def parse_strawberry_datetime(value: object) -> object:

@@ -36,10 +36,17 @@ from graphql import (
 )
 from strawberry.extensions import SchemaExtension
 
+from service.errors import shown
+
 PARSE_FAILED: Final = "GRAPHQL_PARSE_FAILED"
 VALIDATION_FAILED: Final = "GRAPHQL_VALIDATION_FAILED"
 BAD_INPUT: Final = "BAD_INPUT"
 BAD_REQUEST: Final = "BAD_REQUEST"
+
+# The longest message a request's own mistake is answered with. graphql-core
+# repeats a refused literal whole ("Int cannot represent non-integer value:
+# ..." with the megabyte someone sent); the rest of a message is a sentence.
+MAX_MESSAGE_CHARACTERS: Final = 500
 
 # graphql-core's words for a variable's value that did not coerce, with the
 # path inside it: "Variable '$input' has invalid value at .gpus[0].index: ...".
@@ -53,6 +60,9 @@ def code_of(error: GraphQLError) -> str | None:
 
 
 def _coded(error: GraphQLError, code: str, field: str | None) -> None:
+    if len(error.message) > MAX_MESSAGE_CHARACTERS:
+        # How a message repeats what a caller sent has one rule (errors.shown).
+        error.message = shown(error.message, MAX_MESSAGE_CHARACTERS)
     extensions: dict[str, Any] = {"code": code}
     if field is not None:
         extensions["field"] = field
@@ -107,6 +117,10 @@ def code_validation_errors(errors: list[GraphQLError], document: DocumentNode | 
     """Codes for the validator's errors: a refused value is BAD_INPUT, the rest failed validation."""
     for error in errors:
         if code_of(error) is not None:
+            continue
+        if isinstance(error, GraphQLSyntaxError):
+            # The parse's error, answered in validation's place (checked_documents.py).
+            _coded(error, PARSE_FAILED, None)
             continue
         first = error.nodes[0] if error.nodes else None
         # A scalar that refuses a literal reports the scalar's own error,

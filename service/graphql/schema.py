@@ -8,17 +8,12 @@ from typing import Any
 
 import strawberry
 from graphql import GraphQLError
-from strawberry.extensions import (
-    AddValidationRules,
-    MaxAliasesLimiter,
-    MaxTokensLimiter,
-    ParserCache,
-    QueryDepthLimiter,
-    ValidationCache,
-)
+from strawberry.extensions import AddValidationRules, MaxTokensLimiter
 from strawberry.schema.config import StrawberryConfig
 from strawberry.tools import merge_types
 
+from .checked_documents import DocumentChecks
+from .document_cost import MAX_ALIASES, MAX_FIELDS, MAX_QUERY_DEPTH, MAX_TOKENS, DocumentCost
 from .fencing_types import FencingMutations
 from .masking import MaskUnexpected, log_expected
 from .operations.allocation_mutations import AllocationMutations
@@ -37,6 +32,7 @@ from .permissions import guard_root_fields
 from .read_routes import ReadRouting
 from .request_errors import CodeValidationErrors
 from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
+from .text_inputs import StorableLiterals
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +60,13 @@ ROOT_TYPES = {"Query": Query, "Mutation": Mutation, "Subscription": Subscription
 for _name, _root in ROOT_TYPES.items():
     guard_root_fields(_name, _root)
 
-MAX_QUERY_DEPTH = 12
-# Bounds on one document, so a single request cannot make the parser and
-# validator do unbounded work: aliases multiply resolver calls (an alias
-# flood of `a1: nodes ... a999: nodes` is 999 list queries), tokens bound the
-# parse. Generous for any real client: the agent's mutations use variables
-# and a few dozen tokens.
-MAX_ALIASES = 100
-MAX_TOKENS = 5000
-
-# The limiters' rules, made once. ValidationCache keys on the rule classes and
-# each QueryDepthLimiter or MaxAliasesLimiter makes new ones, so limiters made
-# per request made every request miss the cache and validate again.
-LIMIT_RULES = (
-    *QueryDepthLimiter(max_depth=MAX_QUERY_DEPTH).validation_rules,
-    *MaxAliasesLimiter(max_alias_count=MAX_ALIASES).validation_rules,
-)
+# The document's bounds (document_cost.py: depth, aliases and fields after
+# spreading, each fragment measured once; the token limit bounds the parse)
+# and the rule of text that can be stored, for every String and ID literal
+# (text_inputs.py). One tuple, made once: a document's validation is cached
+# per text and rules (checked_documents.py).
+LIMIT_RULES = (DocumentCost, StorableLiterals)
+__all__ = ["LIMIT_RULES", "MAX_ALIASES", "MAX_FIELDS", "MAX_QUERY_DEPTH", "MAX_TOKENS", "schema"]
 
 
 class InventorySchema(strawberry.Schema):
@@ -107,7 +94,8 @@ schema = InventorySchema(
         ReadRouting,
         lambda: MaxTokensLimiter(max_token_count=MAX_TOKENS),
         lambda: AddValidationRules(list(LIMIT_RULES)),
-        ParserCache,
-        ValidationCache,
+        # Parsing and validation, cached; long documents off the event loop;
+        # one operation; String and ID variables (checked_documents.py).
+        DocumentChecks,
     ],
 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from service.node_states import NodeState
-from service.scheduling.taints import SOFT_EFFECT_SQL, tolerated_sql
+from service.scheduling.taints import first_taint, sending_last, taints_on, withholding
 
 # The node state in which a node takes new placement. The column `state` is
 # computed by the database from liveness and the operator's intent
@@ -123,19 +123,12 @@ def gpu_withheld(g: str = "g") -> str:
     return f"{_columns_of(g)}withheld"
 
 
-def _taints_of(node: str, index: str) -> str:
-    """SQL FROM ... WHERE: the taints table's rows on GPU `index` of node `node` and on that node."""
-    return (
-        f"FROM taints t WHERE t.node_id = {node} AND (t.gpu_index IS NULL OR t.gpu_index = {index})"
-    )
-
-
 def taint_marks(node: str, index: str) -> str:
     """SQL select list: gpus.withheld and gpus.last_resort of GPU `index` of node `node`, from the taints table."""
-    taints = _taints_of(node, index)
+    taints = taints_on(node, index)
     return (
-        f"EXISTS (SELECT 1 {taints} AND t.effect <> {SOFT_EFFECT_SQL}) AS withheld, "
-        f"EXISTS (SELECT 1 {taints} AND t.effect = {SOFT_EFFECT_SQL}) AS last_resort"
+        f"EXISTS (SELECT 1 {taints} AND {withholding('t')}) AS withheld, "
+        f"EXISTS (SELECT 1 {taints} AND {sending_last('t')}) AS last_resort"
     )
 
 
@@ -148,8 +141,7 @@ def gpu_tolerated(g: str = "g") -> str:
     """
     return (
         f"(CASE WHEN NOT {g}.withheld THEN true ELSE NOT EXISTS"
-        f" (SELECT 1 {_taints_of(f'{g}.node_id', f'{g}.idx')}"
-        f" AND t.effect <> {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')}) END)"
+        f" (SELECT 1 {taints_on(f'{g}.node_id', f'{g}.idx')} AND {withholding('t', True)}) END)"
     )
 
 
@@ -160,8 +152,7 @@ def gpu_last_resort(g: str = "g", tolerating: bool = False) -> str:
         return f"{c}last_resort"
     return (
         f"(CASE WHEN NOT {c}last_resort THEN false ELSE EXISTS"
-        f" (SELECT 1 {_taints_of(f'{g}.node_id', f'{g}.idx')}"
-        f" AND t.effect = {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')}) END)"
+        f" (SELECT 1 {taints_on(f'{g}.node_id', f'{g}.idx')} AND {sending_last('t', True)}) END)"
     )
 
 
@@ -316,12 +307,10 @@ def pool_withholds(p: str = "p") -> str:
 
 def pool_tolerated_indices(p: str = "p") -> str:
     """SQL int[]: the pool row `p`'s withheld GPUs whose withholding taints :tolerations all tolerate."""
-    node = f"{p}.node_id"
     return (
         f"(CASE WHEN {p}.withheld = 0 THEN CAST('{{}}' AS integer[]) ELSE ARRAY("
-        f"SELECT i FROM unnest({p}.withheld_indices) i WHERE NOT EXISTS (SELECT 1 FROM taints t"
-        f" WHERE t.node_id = {node} AND (t.gpu_index IS NULL OR t.gpu_index = i)"
-        f" AND t.effect <> {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')})"
+        f"SELECT i FROM unnest({p}.withheld_indices) i WHERE NOT EXISTS"
+        f" (SELECT 1 {taints_on(f'{p}.node_id', 'i')} AND {withholding('t', True)})"
         " ORDER BY i) END)"
     )
 
@@ -341,9 +330,8 @@ def pool_last_resort(p: str, tolerated: str, tolerating: bool = False) -> str:
 
     def untolerated(indices: str) -> str:
         return (
-            f"(SELECT count(*) FROM unnest({indices}) i WHERE EXISTS (SELECT 1 FROM taints t"
-            f" WHERE t.node_id = {p}.node_id AND (t.gpu_index IS NULL OR t.gpu_index = i)"
-            f" AND t.effect = {SOFT_EFFECT_SQL} AND NOT {tolerated_sql('t')}))"
+            f"(SELECT count(*) FROM unnest({indices}) i WHERE EXISTS"
+            f" (SELECT 1 {taints_on(f'{p}.node_id', 'i')} AND {sending_last('t', True)}))"
         )
 
     return (
@@ -355,19 +343,11 @@ def pool_last_resort(p: str, tolerated: str, tolerating: bool = False) -> str:
 def pool_withholding_taint(p: str, tolerating: bool = False) -> str:
     """SQL json: the first taint that withholds a GPU of the pool row `p` from the request, or NULL.
 
-    What the verdict TAINTED names: the node's own taint first, then by GPU
-    index and key. Read only for a pool with withheld GPUs.
+    What the verdict TAINTED names (taints.first_taint). Read only for a
+    pool with withheld GPUs.
     """
-    untolerated = f" AND NOT {tolerated_sql('t')}" if tolerating else ""
-    return (
-        f"(CASE WHEN {p}.withheld = 0 THEN NULL ELSE (SELECT json_build_object("
-        "'key', t.key, 'value', t.value, 'effect', t.effect, 'source', t.source,"
-        " 'reason', t.reason, 'gpu', t.gpu_index)"
-        f" FROM taints t WHERE t.node_id = {p}.node_id"
-        f" AND (t.gpu_index IS NULL OR t.gpu_index = ANY({p}.withheld_indices))"
-        f" AND t.effect <> {SOFT_EFFECT_SQL}{untolerated}"
-        " ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) END)"
-    )
+    taint = first_taint(f"{p}.node_id", f"ANY({p}.withheld_indices)", withholding("t", tolerating))
+    return f"(CASE WHEN {p}.withheld = 0 THEN NULL ELSE {taint} END)"
 
 
 class PoolOffer:

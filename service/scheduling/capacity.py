@@ -62,6 +62,46 @@ def fresh(node_id: str) -> str:
     return f"EXISTS (SELECT 1 FROM nodes n WHERE n.id = {node_id} AND {gpu_facts_fresh('n')})"
 
 
+def _walked_page(walk: str, pools: str, indices: str, on_it: str, offer_join: str = "") -> str:
+    """SQL: the page of a walk of nodes in order (`walk`, a plan_shapes.ordered_walk named walk).
+
+    Each node walked is answered with the GPUs its pools offer (`indices`,
+    over the pool `q` of the node that `pools` selects, with `offer_join`
+    after it), kept when that is at least :min_free and `on_it` (conditions
+    over the walked node `w`, each after AND) holds, until :first nodes.
+    The LIMIT stops the walk; the ORDER BY sorts only the page (over the walk
+    it would run it to the end).
+    """
+    return f"""
+        WITH RECURSIVE {walk}
+        SELECT page.node_id, page.indices FROM (
+            SELECT w.node_id, offered.indices
+            FROM walk w CROSS JOIN LATERAL (
+                SELECT array_agg(i ORDER BY i) AS indices
+                FROM gpu_pools q{offer_join}, unnest({indices}) i
+                WHERE q.node_id = w.node_id AND {pools}
+                HAVING count(*) >= :min_free
+            ) offered
+            WHERE w.node_id IS NOT NULL{on_it}
+            LIMIT :first
+        ) page
+        ORDER BY page.node_id
+    """
+
+
+def _walked_node_checks(params: dict[str, Any], fabric: str | None, max_age: int | None) -> str:
+    """_walked_page's `on_it` for a node on `fabric` with GPU facts at most `max_age` old; their parameters into `params`."""
+    on_it = ""
+    if fabric is not None:
+        params["fabric"] = fabric
+        on_it += f" AND {on_fabric('w.node_id')}"
+    if max_age is not None:
+        check_max_age(max_age)
+        params["max_age"] = max_age
+        on_it += f" AND {fresh('w.node_id')}"
+    return on_it
+
+
 def free_gpus_query(
     *,
     gpu_class: str | None,
@@ -98,6 +138,9 @@ def free_gpus_query(
       whole when the planner guesses few groups.
     Either walk passes over nodes that offer fewer than minFree (or are not
     on the fabric) and reads nothing else.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.capacity/free_gpus_query.class.sql
+    (every shape beside it).
     """
     if min_free < 1:
         raise InvalidInput("minFree", min_free, "must be at least 1")
@@ -131,27 +174,8 @@ def free_gpus_query(
     # Nodes with a pool that offers GPUs, in order, from the primary key
     # (service/database/plan_shapes.py).
     walk = ordered_walk("walk", "gpu_pools", "node_id", pool_offers("t"), "CAST(:after AS text)")
-    on_it = f" AND {on_fabric('w.node_id')}" if fabric is not None else ""
-    if max_age is not None:
-        on_it += f" AND {fresh('w.node_id')}"
-    # The LIMIT stops the walk; the ORDER BY sorts only the page (over the
-    # walk it would run it to the end).
-    sql = f"""
-        WITH RECURSIVE {walk}
-        SELECT page.node_id, page.indices FROM (
-            SELECT w.node_id, offered.indices
-            FROM walk w CROSS JOIN LATERAL (
-                SELECT array_agg(i ORDER BY i) AS indices
-                FROM gpu_pools q, unnest(q.free_indices) i
-                WHERE q.node_id = w.node_id AND {pool_offers("q")}
-                HAVING count(*) >= :min_free
-            ) offered
-            WHERE w.node_id IS NOT NULL{on_it}
-            LIMIT :first
-        ) page
-        ORDER BY page.node_id
-    """
-    return sql, params
+    on_it = _walked_node_checks(params, fabric, max_age)
+    return _walked_page(walk, pool_offers("q"), "q.free_indices", on_it), params
 
 
 def tolerated_gpus_query(
@@ -174,6 +198,9 @@ def tolerated_gpus_query(
     (availability.PoolOffer: the free GPUs and the tolerated withheld ones),
     kept when that is at least minFree. A page costs its rows and the
     tainted nodes it passes over, not the cluster.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.capacity/tolerated_gpus_query.class.sql
+    (every shape beside it).
     """
     params: dict[str, Any] = {"min_free": min_free, "first": first, "after": after or ""}
     start = "CAST(:after AS text)"
@@ -190,30 +217,8 @@ def tolerated_gpus_query(
     if gpu_class is not None:
         params["cls"] = gpu_class
         pools += " AND q.gpu_class = :cls"
-    on_it = ""
-    if fabric is not None:
-        params["fabric"] = fabric
-        on_it += f" AND {on_fabric('w.node_id')}"
-    if max_age is not None:
-        check_max_age(max_age)
-        params["max_age"] = max_age
-        on_it += f" AND {fresh('w.node_id')}"
-    sql = f"""
-        WITH RECURSIVE {walk}
-        SELECT page.node_id, page.indices FROM (
-            SELECT w.node_id, offered.indices
-            FROM walk w CROSS JOIN LATERAL (
-                SELECT array_agg(i ORDER BY i) AS indices
-                FROM gpu_pools q{offer.join}, unnest({offer.indices}) i
-                WHERE q.node_id = w.node_id AND {pools}
-                HAVING count(*) >= :min_free
-            ) offered
-            WHERE w.node_id IS NOT NULL{on_it}
-            LIMIT :first
-        ) page
-        ORDER BY page.node_id
-    """
-    return sql, params
+    on_it = _walked_node_checks(params, fabric, max_age)
+    return _walked_page(walk, pools, offer.indices, on_it, offer.join), params
 
 
 async def free_gpus(

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from sqlalchemy import text
 
 from service.database.connections import Connection
-from service.errors import InventoryError
+from service.errors import InventoryError, shown
 
 # SQL: the generation of the replica of shard alias `s` (one definition).
 REPLICA_GENERATION = "(SELECT max(coalesce(x.generation, x.fence)) FROM shards x WHERE x.replica_id = {s}.replica_id)"
@@ -43,7 +43,7 @@ class GenerationConflict(InventoryError):
     def __init__(self, replica_id: str, named: int, current: int | None) -> None:
         now = "it holds no shards now" if current is None else f"its generation is {current}"
         super().__init__(
-            f"replica {replica_id!r} changed since generation {named}: {now}; "
+            f"replica '{shown(replica_id)}' changed since generation {named}: {now}; "
             "read it again and retry with the current generation"
         )
         self.replica_id = replica_id

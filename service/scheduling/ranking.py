@@ -21,7 +21,7 @@ gives the same plan and fit counts what place does. Its terms, in order:
    choose (NVLink domains, label values) by the same idea;
 4. the node id, so that nothing random decides a plan or a count. Placement
    groups hand the planner each node under a planning id (its class's
-   digest, then its id: service/scheduling/groups/planning.py), so that among
+   digest, then its id: service/scheduling/groups/board.py), so that among
    nodes equal on every term they take classes in a fixed order, which lets
    fitGroup count many identical rounds at once.
 

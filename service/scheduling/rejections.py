@@ -11,6 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+# How a message repeats an id or a text a caller sent has one home
+# (service/errors.py); imported from here by the scheduling modules.
+from service.errors import shown as shown
+
 
 class RejectionCode(Enum):
     GPU_TAKEN = "GPU_TAKEN"
@@ -31,6 +35,10 @@ class RejectionCode(Enum):
     # An id already in use for something else: a placement group placed
     # with other roles, shapes or locality (service/scheduling/groups/).
     CONFLICT = "CONFLICT"
+    # placeGroup's search for a plan reached its bound (groups/planning.py
+    # SEARCH_BOUND) before it found one or proved there is none: nothing
+    # held, and not "no room" (issue 44).
+    SEARCH_BOUND = "SEARCH_BOUND"
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,6 @@ class Rejection:
 
 def invalid(message: str, node_id: str | None = None, gpu_index: int | None = None) -> Rejection:
     return Rejection(RejectionCode.INVALID, message, node_id=node_id, gpu_index=gpu_index)
-
-
-def shown(value: str, limit: int = 60) -> str:
-    """An id as a message quotes it: whole when short, cut when someone sent a novel."""
-    return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
 def index_ranges(indices: Iterable[int]) -> str:

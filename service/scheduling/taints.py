@@ -36,6 +36,8 @@ from service.bounds import (
     MAX_TOLERATION_SECONDS,
     MAX_TOLERATIONS,
 )
+from service.errors import shown
+from service.stored_text import storable
 
 
 class TaintEffect(Enum):
@@ -128,13 +130,13 @@ def check_key(field: str, key: str) -> str | None:
         return "a taint key is not empty"
     if len(key) > MAX_ID_LENGTH:
         return f"a taint key is at most {MAX_ID_LENGTH} characters"
-    if "\x00" in key or any(c.isspace() for c in key):
+    if not storable(key) or any(c.isspace() for c in key):
         return "a taint key has no spaces or NUL characters"
     return None
 
 
 def check_value(value: str | None) -> str | None:
-    if value is not None and (len(value) > MAX_TEXT_LENGTH or "\x00" in value):
+    if value is not None and (len(value) > MAX_TEXT_LENGTH or not storable(value)):
         return f"a taint value is at most {MAX_TEXT_LENGTH} characters, without NUL"
     return None
 
@@ -160,7 +162,8 @@ def toleration_problem(
             return (
                 f"{at}.key",
                 t.key,
-                f"{t.key!r} is an operator's {t.key}, which no request tolerates: lift it instead",
+                f"'{shown(t.key)}' is an operator's {t.key}, which no request tolerates: lift it "
+                "instead",
             )
         if t.operator is TolerationOperator.EXISTS and t.value is not None:
             return f"{at}.value", t.value, "EXISTS matches any value: give no value, or use EQUAL"
@@ -241,6 +244,87 @@ def tolerated_sql(t: str, tolerations: str = "CAST(:tolerations AS jsonb)") -> s
     )
 
 
+def taint_applies(t: str, node: str, gpu: str) -> str:
+    """SQL: the taint row `t` applies to GPU `gpu` of node `node`: it lies on that GPU or on the node.
+
+    The one definition of "the taints on a GPU": a taint on a node applies to
+    each of its GPUs. `gpu` is an index expression, or `ANY(indices)` for
+    any of several GPUs. The node comes first, for the taints table's
+    indexes, which all lead with node_id.
+    """
+    return f"{t}.node_id = {node} AND ({t}.gpu_index IS NULL OR {t}.gpu_index = {gpu})"
+
+
+def taints_on(node: str, gpu: str) -> str:
+    """SQL FROM ... WHERE: the taints table's rows `t` that apply to GPU `gpu` of node `node` (taint_applies).
+
+    For a probe: `EXISTS (SELECT 1 {taints_on(...)} AND <the effect asked about>)`.
+    """
+    return f"FROM taints t WHERE {taint_applies('t', node, gpu)}"
+
+
+def withholding(t: str, tolerating: bool = False) -> str:
+    """SQL: the taint row `t` withholds the GPUs it applies to (NO_SCHEDULE, NO_EXECUTE: HARD_EFFECTS).
+
+    `tolerating`: from the request, whose tolerations (:tolerations) do not
+    match it (tolerated_sql).
+    """
+    untolerated = f" AND NOT {tolerated_sql(t)}" if tolerating else ""
+    return f"{t}.effect <> {SOFT_EFFECT_SQL}{untolerated}"
+
+
+def sending_last(t: str, tolerating: bool = False) -> str:
+    """SQL: the taint row `t` is PREFER_NO_SCHEDULE: the GPUs it applies to are used last.
+
+    `tolerating`: by the request, whose tolerations (:tolerations) do not match it.
+    """
+    untolerated = f" AND NOT {tolerated_sql(t)}" if tolerating else ""
+    return f"{t}.effect = {SOFT_EFFECT_SQL}{untolerated}"
+
+
+def evicting(t: str) -> str:
+    """SQL: the taint row `t` is NO_EXECUTE: what runs on the GPUs it applies to is told to stop."""
+    return f"{t}.effect = '{TaintEffect.NO_EXECUTE.value}'"
+
+
+def taint_json(t: str) -> str:
+    """SQL json: the taint row `t` in the one shape a statement returns a single taint in.
+
+    Its columns by name, and `gpu`, the GPU's index (null: on the node).
+    Read back whole by service/fleet/health/taint_rows.taint_of (with
+    `gpu`), or as far as a verdict needs by verdicts.WithholdingTaint.of.
+    """
+    return (
+        f"json_build_object('key', {t}.key, 'value', {t}.value, 'effect', {t}.effect,"
+        f" 'source', {t}.source, 'reason', {t}.reason, 'actor', {t}.actor, 'since', {t}.since,"
+        f" 'gpu', {t}.gpu_index)"
+    )
+
+
+def judged_taint(taint: str) -> str:
+    """SQL jsonb: a taint_json value (`taint`, as jsonb) without what no verdict reads: its actor and time.
+
+    For a statement that groups nodes by their withholding taint
+    (placement/fit.py's survey): one taint set on many nodes at different
+    times is one group, as judge() sees it.
+    """
+    return f"({taint} - 'actor' - 'since')"
+
+
+def first_taint(node: str, gpu: str, effect: str) -> str:
+    """SQL json: the first taint that applies to GPU `gpu` of node `node` and has `effect`, or NULL.
+
+    As taint_json; `effect` is SQL over the taint row `t` (withholding,
+    evicting). First: the node's own taint, then by GPU index, then by key:
+    the one a verdict (TAINTED), a refused allocation (GPU_TAINTED) or a
+    shard to move names, so that all three name the same taint.
+    """
+    return (
+        f"(SELECT {taint_json('t')} {taints_on(node, gpu)} AND {effect}"
+        " ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1)"
+    )
+
+
 def stop_by_sql(s: str) -> str:
     """SQL timestamptz: by when the shard row `s` must stop for NO_EXECUTE taints; NULL: never.
 
@@ -261,8 +345,7 @@ def stop_by_sql(s: str) -> str:
             FROM jsonb_to_recordset(coalesce({s}.tolerations, CAST('[]' AS jsonb)))
                 AS {_TOLERATION_ROWS}
             WHERE {_matches("o", "t")}) m
-        WHERE t.node_id = {s}.node_id AND t.effect = '{TaintEffect.NO_EXECUTE.value}'
-          AND (t.gpu_index IS NULL OR t.gpu_index = ANY({s}.gpu_indices)))"""
+        WHERE {taint_applies("t", f"{s}.node_id", f"ANY({s}.gpu_indices)")} AND {evicting("t")})"""
 
 
 def stored_tolerations(tolerations: str = "CAST(:tolerations AS jsonb)") -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from service.scheduling.allocations.storing import Rows, Wanted
 from service.scheduling.availability import gpu_last_resort, gpu_offered, shared_nvlink_domain
 from service.scheduling.taints import Toleration, stored_tolerations
 from service.scheduling.verdicts import PlaceRequest
@@ -220,11 +221,36 @@ def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating:
         FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_offered("g", tolerating)}"""
 
 
+def _claimed_shards(replica_id: str, actor: str, source: str, rail_aligned: bool) -> Rows:
+    """want_shards of a claim: its GPUs (want_gpus) grouped by shard, for the caller's replica and actor."""
+    hcas = (
+        """ARRAY(SELECT DISTINCT h FROM want_gpus v, unnest(v.hcas) h
+                     WHERE v.shard_id = w.shard_id ORDER BY h)"""
+        if rail_aligned
+        else "CAST('{}' AS text[])"
+    )
+    return Rows(
+        {
+            "call": "w.call",
+            "replica_id": replica_id,
+            "actor": actor,
+            "shard_id": "w.shard_id",
+            "node_id": "w.node_id",
+            "gpu_indices": "array_agg(w.idx ORDER BY w.idx)",
+            "fabric": "CAST(:fabric AS text)" if rail_aligned else "CAST(NULL AS text)",
+            "hcas": hcas,
+            "weights": "CAST(:weights AS text)",
+            "tolerations": stored_tolerations(),
+        },
+        source,
+    )
+
+
 @lru_cache(maxsize=32)
 def claim_wanted(
     nvlink_shards: bool, rail_aligned: bool, same_domain: bool, several: bool, tolerating: bool
-) -> str:
-    """The CTEs a claim gives allocations.store_statement: calls of one shape, on locked nodes.
+) -> Wanted:
+    """What a claim gives allocations.store_statement: calls of one shape, on locked nodes.
 
     One call on one node (`several` false): parameters :node_id,
     :replica_id, :actor, :names (its shard ids), :need, :per, :cls, and
@@ -255,14 +281,10 @@ def claim_wanted(
     smallest groups first and leave the last one touched smaller still, so
     it stays first, with its higher indices in the same order.
     tests/scheduling/test_group_claims.py checks it against one-by-one claims.
+
+    The statement these CTEs make looks like this: docs/internals/sql/scheduling.placement.statements/claim_statement.plain.sql
+    (every shape beside it).
     """
-    fabric = "CAST(:fabric AS text)" if rail_aligned else "CAST(NULL AS text)"
-    hcas = (
-        """ARRAY(SELECT DISTINCT h FROM want_gpus v, unnest(v.hcas) h
-                     WHERE v.shard_id = w.shard_id ORDER BY h)"""
-        if rail_aligned
-        else "CAST('{}' AS text[])"
-    )
     if not several:
         # A call alone (most calls, when schedulers are few) pays for none
         # of the slots below: the statement plans only what one call needs.
@@ -270,22 +292,26 @@ def claim_wanted(
             nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)", tolerating
         )
         domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
-        return f"""
-    free AS (
-        SELECT o.idx, o.hcas, o.k FROM ({order}) o WHERE o.k < :need
-    ), want_gpus AS (
-        SELECT 1 AS call, CAST(:node_id AS text) AS node_id, f.idx, f.hcas,
-               (CAST(:names AS text[]))[f.k / :per + 1] AS shard_id
-        FROM free f
-    ), want_shards AS (
-        SELECT w.call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               w.shard_id, w.node_id, array_agg(w.idx ORDER BY w.idx) AS gpu_indices,
-               {fabric} AS fabric, {hcas} AS hcas, CAST(:weights AS text) AS weights,
-               {stored_tolerations()} AS tolerations
-        FROM want_gpus w GROUP BY w.call, w.shard_id, w.node_id
-    ), go AS (
-        SELECT 1 AS call, count(*) = :need {domain} AS ok FROM free
-    )"""
+        return Wanted(
+            steps=(("free", f"SELECT o.idx, o.hcas, o.k FROM ({order}) o WHERE o.k < :need"),),
+            gpus=Rows(
+                {
+                    "call": "1",
+                    "node_id": "CAST(:node_id AS text)",
+                    "idx": "f.idx",
+                    "hcas": "f.hcas",
+                    "shard_id": "(CAST(:names AS text[]))[f.k / :per + 1]",
+                },
+                "FROM free f",
+            ),
+            shards=_claimed_shards(
+                "CAST(:replica_id AS text)",
+                "CAST(:actor AS text)",
+                "FROM want_gpus w GROUP BY w.call, w.shard_id, w.node_id",
+                rail_aligned,
+            ),
+            go=Rows({"call": "1", "ok": f"count(*) = :need {domain}"}, "FROM free"),
+        )
     order = claim_order(
         nvlink_shards, rail_aligned, "g.node_id = ANY(CAST(:node_ids AS text[]))", tolerating
     )
@@ -297,34 +323,47 @@ def claim_wanted(
     )
     if same_domain:
         takes = f"CASE WHEN {node_domain('n.node_id')} IS NULL THEN 0 ELSE {takes} END"
-    return f"""
-    nodes AS (
-        SELECT n.node_id, n.cap, n.rank
+    return Wanted(
+        steps=(
+            (
+                "nodes",
+                """SELECT n.node_id, n.cap, n.rank
         FROM unnest(CAST(:node_ids AS text[]), CAST(:caps AS int[]))
-            WITH ORDINALITY AS n(node_id, cap, rank)
-    ), free AS ({order}
-    ), slots AS (
-        SELECT r.node_id, r.takes,
+            WITH ORDINALITY AS n(node_id, cap, rank)""",
+            ),
+            ("free", order),
+            (
+                "slots",
+                f"""SELECT r.node_id, r.takes,
                CAST(sum(r.takes) OVER (ORDER BY r.rank) AS bigint) - r.takes AS before
-        FROM (SELECT n.node_id, n.rank, {takes} AS takes FROM nodes n) r
-    ), calls AS (
-        SELECT c.call, c.replica_id, c.actor, s.node_id, c.call - 1 - s.before AS pos
+        FROM (SELECT n.node_id, n.rank, {takes} AS takes FROM nodes n) r""",
+            ),
+            (
+                "calls",
+                """SELECT c.call, c.replica_id, c.actor, s.node_id, c.call - 1 - s.before AS pos
         FROM unnest(CAST(:replica_ids AS text[]), CAST(:actors AS text[]))
             WITH ORDINALITY AS c(replica_id, actor, call)
-        JOIN slots s ON c.call > s.before AND c.call <= s.before + s.takes
-    ), want_gpus AS (
-        SELECT c.call, f.node_id, f.idx, f.hcas,
-               (CAST(:names AS text[]))[(c.call - 1) * CAST(:shards AS int)
+        JOIN slots s ON c.call > s.before AND c.call <= s.before + s.takes""",
+            ),
+        ),
+        gpus=Rows(
+            {
+                "call": "c.call",
+                "node_id": "f.node_id",
+                "idx": "f.idx",
+                "hcas": "f.hcas",
+                "shard_id": """(CAST(:names AS text[]))[(c.call - 1) * CAST(:shards AS int)
                                         + (f.k - c.pos * CAST(:need AS int)) / CAST(:per AS int)
-                                        + 1] AS shard_id
-        FROM calls c JOIN free f ON f.node_id = c.node_id AND f.k / CAST(:need AS int) = c.pos
-    ), want_shards AS (
-        SELECT w.call, c.replica_id, c.actor, w.shard_id, w.node_id,
-               array_agg(w.idx ORDER BY w.idx) AS gpu_indices, {fabric} AS fabric, {hcas} AS hcas,
-               CAST(:weights AS text) AS weights,
-               {stored_tolerations()} AS tolerations
-        FROM want_gpus w JOIN calls c ON c.call = w.call
-        GROUP BY w.call, c.replica_id, c.actor, w.shard_id, w.node_id
-    ), go AS (
-        SELECT c.call, true AS ok FROM calls c
-    )"""
+                                        + 1]""",
+            },
+            "FROM calls c JOIN free f ON f.node_id = c.node_id AND f.k / CAST(:need AS int) = c.pos",
+        ),
+        shards=_claimed_shards(
+            "c.replica_id",
+            "c.actor",
+            "FROM want_gpus w JOIN calls c ON c.call = w.call"
+            " GROUP BY w.call, c.replica_id, c.actor, w.shard_id, w.node_id",
+            rail_aligned,
+        ),
+        go=Rows({"call": "c.call", "ok": "true"}, "FROM calls c"),
+    )

@@ -122,7 +122,7 @@ class WeightsCopy:
 
 @dataclass(frozen=True)
 class WithholdingTaint:
-    """The taint a TAINTED verdict names (availability.pool_withholding_taint)."""
+    """The taint a TAINTED verdict names (taints.first_taint, through availability.pool_withholding_taint)."""
 
     key: str
     value: str | None

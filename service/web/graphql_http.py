@@ -37,6 +37,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl
 
 from service.database import request_state
+from service.errors import shown
 from service.web.exchange import Exchange
 from service.web.http_guards import Message, Scope, Send, error_body, header
 
@@ -148,7 +149,7 @@ def unanswerable(scope: Scope, accept: str | None) -> MalformedRequest | None:
     if _streaming(accept) or not _runs_an_operation(scope):
         return None
     return MalformedRequest(
-        f"cannot answer in any media type of Accept: {accept!r}; "
+        f"cannot answer in any media type of Accept: '{shown(accept or '')}'; "
         f"ask for {GRAPHQL_RESPONSE} or {JSON}",
         406,
     )
@@ -345,11 +346,13 @@ def _check_content_type(scope: Scope) -> None:
         raise MalformedRequest(f"a POST needs Content-Type: {JSON}", 415)
     media, *params = (p.strip() for p in content_type.split(";"))
     if media.lower() != JSON:
-        raise MalformedRequest(f"Content-Type must be {JSON}, got {media!r}", 415)
+        raise MalformedRequest(f"Content-Type must be {JSON}, got '{shown(media)}'", 415)
     for param in params:
         name, _, value = param.partition("=")
         if name.strip().lower() == "charset" and value.strip().strip('"').lower() != "utf-8":
-            raise MalformedRequest(f"the body must be UTF-8, got charset {value.strip()!r}", 415)
+            raise MalformedRequest(
+                f"the body must be UTF-8, got charset '{shown(value.strip())}'", 415
+            )
 
 
 def check_request(scope: Scope, body: bytes) -> dict[str, Any] | None:

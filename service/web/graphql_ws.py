@@ -33,6 +33,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.types import ErrorM
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.subscriptions.protocols.graphql_ws.types import OperationMessage
 
+from service.errors import shown_value
 from service.graphql.context import Context
 from service.web.graphql_http import BAD_REQUEST, MalformedRequest, check_parameters
 
@@ -61,7 +62,7 @@ def _check(
         raise MalformedRequest(f"a message must be a JSON object, got {type(message).__name__}")
     kind = message.get("type")
     if kind not in types:
-        raise MalformedRequest(f"unknown message type {kind!r}")
+        raise MalformedRequest(f"unknown message type {shown_value(kind)}")
     payload = message.get("payload")
     if kind in without_id:
         if payload is not None and not isinstance(payload, dict):

@@ -20,9 +20,12 @@ from service.bounds import MAX_CLIENT_TIMEOUT
 from service.database.db_faults import (
     RETRY_AFTER_SECONDS,
     DatabaseUnavailable,
+    StatementTimedOut,
     is_database_unavailable,
+    is_statement_timeout,
 )
 from service.database.request_state import ClientDeadline
+from service.errors import InventoryError, shown
 
 log = logging.getLogger(__name__)
 
@@ -192,18 +195,18 @@ def client_deadline(scope: Scope, now: float) -> ClientDeadline | None:
     else:
         seconds = float(text)
         return ClientDeadline(now + seconds, seconds)
-    shown = raw if len(raw) <= 80 else raw[:77] + "..."
+    value = shown(raw)
     log.info(
-        "refused a request (BAD_INPUT 400): %s=%r",
+        "refused a request (BAD_INPUT 400): %s='%s'",
         CLIENT_TIMEOUT,
-        shown,
+        value,
         extra={"code": "BAD_INPUT"},
     )
     raise Refused(
         400,
-        f"{CLIENT_TIMEOUT}={shown!r}: {problem}",
+        f"{CLIENT_TIMEOUT}='{value}': {problem}",
         "BAD_INPUT",
-        extensions={"field": CLIENT_TIMEOUT, "value": shown},
+        extensions={"field": CLIENT_TIMEOUT, "value": value},
     )
 
 
@@ -227,14 +230,23 @@ async def caller(scope: Scope, authenticator: Authenticator) -> Principal | None
             401, refused.message, refused.code, ((b"www-authenticate", b"Bearer"),)
         ) from None
     except Exception as error:
-        if not is_database_unavailable(error):
+        if is_database_unavailable(error):
+            outcome: InventoryError = DatabaseUnavailable()
+        elif is_statement_timeout(error):
+            outcome = StatementTimedOut()
+        else:
             raise
-        log.warning("cannot check a token, database unavailable: %s", error)
-        unavailable = DatabaseUnavailable()
+        # An expected outcome of the database, not a bug: one line, no traceback.
+        log.warning("cannot check a token: %s (%s)", outcome.code, _first_line(error),
+                    extra={"code": outcome.code})  # fmt: skip
         retry_after = (b"retry-after", str(RETRY_AFTER_SECONDS).encode())
-        raise Refused(503, unavailable.message, unavailable.code, (retry_after,)) from None
+        raise Refused(503, outcome.message, outcome.code, (retry_after,)) from None
     scope.setdefault("state", {})["principal"] = principal
     return principal
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error) or type(error).__name__).splitlines()[0]
 
 
 def _asks_for_a_query(scope: Scope) -> bool:

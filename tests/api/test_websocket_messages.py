@@ -249,3 +249,67 @@ async def test_the_service_logs_one_info_line_per_malformed_message_and_no_trace
     refusals = [line for line in lines[before:] if "refused a websocket message" in line]
     assert len(refusals) == 5, lines[before:]
     assert all(" INFO " in line and "BAD_REQUEST" in line for line in refusals), refusals
+
+
+@pytest.mark.parametrize(
+    ("query", "variables", "code", "phrase"),
+    [
+        (
+            "subscription A { events { id } } subscription B { events { kind } }",
+            None,
+            "BAD_REQUEST",
+            "Must provide operation name if query contains multiple operations.",
+        ),
+        (
+            "subscription($n: ID) { events(nodeId: $n) { id } }",
+            {"n": "gpu-01\x00"},
+            "BAD_INPUT",
+            "nodeId='gpu-01\\x00': contains a NUL character",
+        ),
+        (
+            'subscription { events(nodeId: "gpu-01\\ud800") { id } }',
+            None,
+            "BAD_INPUT",
+            "nodeId='gpu-01\\ud800': contains a lone surrogate",
+        ),
+    ],
+    ids=["several operations, no name", "NUL variable", "surrogate literal"],
+)
+async def test_a_subscribe_refused_before_it_runs_gets_its_error_and_no_traceback(
+    service: LoggedService, query: str, variables: Any, code: str, phrase: str
+) -> None:
+    """Issue 44: two operations without operationName ran the first one, and a document that
+    did not parse ended the operation with a traceback in the log and no word why."""
+    before = len(service.log_lines())
+    socket = await connect(service)
+    try:
+        payload: dict[str, Any] = {"query": query}
+        if variables is not None:
+            payload["variables"] = variables
+        await socket.send(json.dumps({"type": "subscribe", "id": "q", "payload": payload}))
+        answer = await receive(socket)
+        assert answer["type"] == "error" and answer["id"] == "q", answer
+        [error] = answer["payload"]
+        assert error["extensions"]["code"] == code, error
+        assert phrase in error["message"], error
+        await socket.send(json.dumps({"type": "ping"}))
+        assert (await receive(socket))["type"] == "pong"
+    finally:
+        await socket.close()
+    await asyncio.sleep(0.2)  # the log line of the refusal, if any traceback came with it
+    assert not [line for line in service.log_lines()[before:] if "Traceback" in line]
+
+
+async def test_a_subscribe_that_does_not_parse_closes_the_socket_saying_why_without_a_traceback(
+    service: LoggedService,
+) -> None:
+    """graphql-transport-ws as Strawberry speaks it: a document that does not parse closes the
+    socket with 4400 and the parser's words (before issue 44: a traceback and a bare `complete`)."""
+    before = len(service.log_lines())
+    socket = await connect(service)
+    payload = {"query": "subscription { events { id } "}
+    await socket.send(json.dumps({"type": "subscribe", "id": "s", "payload": payload}))
+    code, reason = await closed_with(socket)
+    assert (code, reason) == (4400, "Syntax Error: Expected Name, found <EOF>.")
+    await asyncio.sleep(0.2)
+    assert not [line for line in service.log_lines()[before:] if "Traceback" in line]

@@ -662,9 +662,9 @@ async def test_fleet_health_marks_read_the_same_built_by_postgresql(
         ("burn-in", "PREFER_NO_SCHEDULE", "OPERATOR"),
         ("dedicated", "NO_EXECUTE", "OPERATOR"),
     ]
-    # XID 79 joined XID 48's remediation (raising its action) under XID 48's taint.
+    # XID 79 joined XID 48's remediation (raising its action), with its own taint.
     assert [(t["key"], t["source"]) for t in gpu_01[3]["marks"]] == [
-        ("burn-in", "OPERATOR"), ("xid-48", "XID")
+        ("burn-in", "OPERATOR"), ("xid-48", "XID"), ("xid-79", "XID")
     ]  # fmt: skip
     assert [(r["gpuIndices"], r["action"], r["state"]) for r in page["gpu-01"]["open"]] == [
         ([3], "REBOOT_NODE", "PENDING"), ([5], "RESET_GPU", "IN_PROGRESS"),

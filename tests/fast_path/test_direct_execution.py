@@ -214,8 +214,9 @@ mutation Beat($id: ID!) {
         ),
     ],
 )
-def test_which_heartbeat_documents_are_compiled(document: str, compiled: bool) -> None:
-    prepared = FrontDoor(schema, None, Settings()).documents.get(document)  # type: ignore[arg-type]
+async def test_which_heartbeat_documents_are_compiled(document: str, compiled: bool) -> None:
+    front_door = FrontDoor(schema, None, Settings())  # type: ignore[arg-type]
+    prepared = await front_door.documents.get(document)
     assert prepared is not None, "the document must be valid"
     operation = prepared.operation(None)
     assert operation is not None

@@ -18,6 +18,7 @@ from tests.support.api import Api
 from tests.support.consistency import inconsistencies
 from tests.support.metrics import scrape
 from tests.support.remediations import (
+    EVENTS,
     FINISH,
     NODE,
     START,
@@ -27,10 +28,6 @@ from tests.support.remediations import (
     validation,
 )
 from tests.support.reports import H100, PLACE, REGISTER, gpus, node_input
-
-EVENTS = """
-query E($kinds: [String!]) { events(kinds: $kinds) { kind actor reason detail } }
-"""
 
 
 def report(boot: str, xids: dict[int, list[int]] | None = None, node: str = "gpu-01",

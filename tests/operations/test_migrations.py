@@ -217,3 +217,64 @@ def test_0018_fills_existing_pools_as_the_recount_writes_them(empty_database: st
             await conn.close()
 
     assert asyncio.run(filled()) == written
+
+
+async def _remediation_steps(url: str, reports: list[dict[str, object]]) -> dict[str, object]:
+    """Send node reports (then a passing validation of GPU 1, if asked) to a service on `url`;
+    GPU 1's taints and the remediations after."""
+    from service.config import Settings
+    from service.database.db import create_engine, dispose
+    from service.web.app import create_app
+    from tests.support.reports import REGISTER
+
+    settings = Settings(database_url=url)
+    engine = create_engine(url, settings)
+    try:
+        app = create_app(settings, engine=engine)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+
+            async def ask(query: str, variables: dict[str, object]) -> dict[str, object]:
+                answer = (
+                    await client.post("/graphql", json={"query": query, "variables": variables})
+                ).json()
+                assert not answer.get("errors"), answer
+                return dict(answer["data"])
+
+            for report in reports:
+                if report == {"validate": 1}:
+                    await ask(
+                        "mutation V($v: ValidationInput!) { recordValidation(input: $v) { id } }",
+                        {"v": {"nodeId": "gpu-01", "gpuIndices": [1], "test": "dcgm_diag",
+                               "passed": True}},
+                    )  # fmt: skip
+                else:
+                    await ask(REGISTER, {"input": report})
+            return await ask(
+                '{ node(id: "gpu-01") { gpus { taints { key } } }'
+                " remediations { gpuIndices action state } }",
+                {},
+            )
+    finally:
+        await dispose(engine)
+
+
+def test_0021_gives_each_stored_remediation_its_opening_fault(empty_database: str) -> None:
+    # A remediation stored before 0021 (taken back to 0020 and up again):
+    # its DONE still lifts the taint it put, through the fault the migration wrote.
+    from tests.support.reports import H100, gpus, node_input
+
+    listed = gpus(H100)
+    listed[1] = {**listed[1], "xids": [48]}
+    upgrade(empty_database)
+    before = asyncio.run(_remediation_steps(empty_database, [
+        node_input("gpu-01", bootId="a"), node_input("gpu-01", bootId="a", gpus=listed)
+    ]))  # fmt: skip
+    assert before["node"]["gpus"][1]["taints"] == [{"key": "xid-48"}]  # type: ignore[index]
+    downgrade(empty_database, "0020")
+    upgrade(empty_database)
+    after = asyncio.run(
+        _remediation_steps(empty_database, [node_input("gpu-01", bootId="b"), {"validate": 1}])
+    )
+    assert after["remediations"] == [{"gpuIndices": [1], "action": "RESET_GPU", "state": "DONE"}]
+    assert after["node"]["gpus"][1]["taints"] == []  # type: ignore[index]

@@ -127,7 +127,7 @@ async def test_a_bug_logs_its_traceback_once_at_error_on_the_direct_route(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     broken = InventorySchema(query=Broken, extensions=[MaskUnexpected])
-    prepared = PreparedDocuments(broken._schema, (), 5000).get("{ bug }")
+    prepared = await PreparedDocuments(broken._schema, (), 5000).get("{ bug }")
     assert prepared is not None
     operation = prepared.operation(None)
     assert operation is not None

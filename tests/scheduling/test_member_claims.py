@@ -3,10 +3,10 @@
 placeGroup claims members that are each on one node, of one GPU class,
 without topology or tolerations, in one round (placement/member_claims.py:
 their nodes locked at once, their GPUs read once and handed out member by
-member, one store statement); every other group claims member by member
-through place's own claim (claims.claim_plan), which spreads a role's
-replicas over a node's NUMA nodes. The one-round claim says it gives each
-member the GPUs the member-by-member claim would. Here both place the same
+member, one store statement); every other group is claimed member by
+member with the GPUs each node's packing gives it (groups/claiming.py),
+which spreads a role's replicas over a node's NUMA nodes. The one-round
+claim says it gives each member the GPUs the member-by-member claim would. Here both place the same
 groups, one after the other until the cluster is full, on the same random
 clusters (NVSwitch boards with two NUMA nodes, bridged pairs, small nodes,
 NVLink domains; two fabrics, sick, held, tainted and cordoned GPUs and

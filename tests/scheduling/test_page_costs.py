@@ -23,9 +23,7 @@ statement reading every node, pool or GPU exceeds the bound several times.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -63,6 +61,7 @@ from tests.support.page_costs import (
     Templates,
     api_on,
     as_built,
+    dashboard_query,
     explain,
     no_autovacuum,
     node_id,
@@ -82,15 +81,6 @@ NODES_IN_CLUSTER = 1500
 # every node (1,500 rows), pool (1,500) or GPU (12,000) of the cluster for a
 # page of ten exceeds it.
 NODE_ENTRY = (80, 120)
-
-DASHBOARD = Path(__file__).parents[2] / "service" / "static" / "dashboard.js"
-
-
-def dashboard_query(name: str) -> str:
-    """A query the dashboard sends, as dashboard.js spells it."""
-    found = re.search(rf"const {name} = `([^`]*)`", DASHBOARD.read_text())
-    assert found, name
-    return found.group(1)
 
 
 MIDDLE = node_id(NODES_IN_CLUSTER // 2)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
@@ -437,3 +439,13 @@ async def as_built(raw: Any, template: Template) -> None:
     assert now == template.state, "the clone's tables differ from the template's as built"
     assert not analyzed(now), f"analyzed before the test asked: {analyzed(now)}"
     assert any("autovacuum_enabled=false" in options for *_, options, _ in now)
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "service" / "static" / "dashboard.js"
+
+
+def dashboard_query(name: str) -> str:
+    """A query the dashboard sends, as dashboard.js spells it."""
+    found = re.search(rf"const {name} = `([^`]*)`", DASHBOARD.read_text())
+    assert found, name
+    return found.group(1)

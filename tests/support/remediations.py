@@ -67,3 +67,8 @@ async def stored(engine: AsyncEngine) -> tuple[Any, ...]:
         for table in ("remediations", "validation_results", "taints", "gpus", "gpu_pools"):
             found.append((await conn.execute(text(f"SELECT * FROM {table} ORDER BY 1, 2"))).all())
     return tuple(found)
+
+
+EVENTS = """
+query E($kinds: [String!]) { events(kinds: $kinds) { kind actor reason detail } }
+"""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from graphql import build_schema
 
-from service.schema_reference import COMMAND, PAGE, SCHEMA, main, reference
+from service.schema_reference import COMMAND, PAGE, ROLES_PAGE, SCHEMA, main, reference, roles
 
 REPO = Path(__file__).resolve().parents[2]
 MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
@@ -39,6 +39,16 @@ def test_the_schema_reference_is_generated_from_the_exported_schema() -> None:
     )
 
 
+def test_the_role_table_is_generated_from_the_one_the_service_enforces() -> None:
+    """docs/security/roles.md's table is ROOT_FIELD_ROLES over the exported schema's root fields
+    (issue 44: the page said a reader may call every query; three queries refused one)."""
+    page = ROLES_PAGE.read_text()
+    assert page == roles(build_schema(SCHEMA.read_text()), page), (
+        f"{ROLES_PAGE.relative_to(REPO)} is stale: run `{COMMAND}`"
+    )
+    assert "| `reader` | `reader`, `scheduler`, `operator` | queries: `allocations`," in page
+
+
 def test_the_reference_carries_the_schemas_descriptions() -> None:
     page = PAGE.read_text()
     # A field's description, an argument, an enum value, an input's default.
@@ -53,7 +63,14 @@ def test_check_says_stale_and_names_the_command(
 ) -> None:
     stale = tmp_path / "schema.md"
     stale.write_text("# old\n")
-    assert main(["--check", "--output", str(stale)]) == 1
-    assert f"is stale: run `{COMMAND}`" in capsys.readouterr().err
-    assert main(["--output", str(stale)]) == 0
-    assert main(["--check", "--output", str(stale)]) == 0
+    role_page = tmp_path / "roles.md"
+    old_table = "| a field that needs | may be called by | fields |\n| `reader` | nobody | |\n"
+    role_page.write_text(roles(build_schema(SCHEMA.read_text()), ROLES_PAGE.read_text()))
+    pages = ["--output", str(stale), "--roles", str(role_page)]
+    assert main(["--check", *pages]) == 1
+    assert f"{stale} is stale: run `{COMMAND}`" in capsys.readouterr().err
+    assert main(pages) == 0
+    assert main(["--check", *pages]) == 0
+    role_page.write_text(role_page.read_text().replace("| `reader` |", old_table, 1))
+    assert main(["--check", *pages]) == 1
+    assert f"{role_page} is stale" in capsys.readouterr().err

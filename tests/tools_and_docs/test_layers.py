@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "service.errors",
             "service.bounds",
+            "service.stored_text",
             "service.node_states",
             "service.paging",
             "service.batches",
@@ -247,15 +248,35 @@ def test_the_contributing_page_lists_the_same_layers() -> None:
     assert listed == expected
 
 
-# A module past this mixes ideas: split it by idea into a package, as
-# service/scheduling/placement/ and service/scheduling/allocations/ are.
-MAX_MODULE_LINES = 600
+# A module past this many lines is a prompt to review it, not a reason to split it:
+# split by idea, never by size (issue 45: open_remediations.py, 39 lines, existed only
+# because remediations.py passed the old hard cap). A long module that still holds one
+# idea is listed in LONG_MODULES with that idea in a sentence, which a reviewer reads;
+# the test fails for a long module without an entry, and for an entry whose module is
+# no longer long (so the list says what is true).
+REVIEW_AT_LINES = 600
+
+LONG_MODULES: dict[str, str] = {
+    "service.scheduling.allocations.allocating": (
+        "allocate(): the checks an allocation passes under its nodes' locks and the one "
+        "statement that makes them; splitting would put a check apart from its SQL"
+    ),
+    "service.scheduling.placement.statements": (
+        "the SQL place() and explain() send, built from one set of fragments; the "
+        "builders share their private helpers"
+    ),
+}
 
 
-def test_no_module_of_the_service_is_over_600_lines() -> None:
+def test_a_module_past_the_review_size_says_which_one_idea_it_holds() -> None:
     long = {
-        name: lines
+        name
         for name, path in modules_under(REPO / "service", "service").items()
-        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+        if len(path.read_text().splitlines()) > REVIEW_AT_LINES
     }
-    assert long == {}
+    unexplained = sorted(long - set(LONG_MODULES))
+    assert not unexplained, (
+        f"{unexplained} passed {REVIEW_AT_LINES} lines: split by idea if it holds more than "
+        "one, else add it to LONG_MODULES with the idea it holds"
+    )
+    assert sorted(set(LONG_MODULES) - long) == [], "no longer long: remove from LONG_MODULES"

@@ -5,7 +5,7 @@ difference, in the transaction that stored the report (or changed the
 profile), the node's row locked:
 
 - A new finding is an event (drift_found) and, when the policy's rule for
-  its kind acts, a remediation made by remediations.act_on like an XID's:
+  its kind acts, a remediation made by faults.act_on like an XID's:
   the rule's action, the taint (key drift-<kind>, source DRIFT) on the
   smallest scope that explains it, the circuit breaker (past it, no taint,
   SUPPRESSED, an event and the metric) and the 7-day escalation. A finding
@@ -36,8 +36,9 @@ from service.bounds import MAX_TEXT_LENGTH
 from service.database.connections import Connection
 from service.event_log.events import record_event
 from service.fleet.health import remediations
+from service.fleet.health.faults import Fault, act_on, scoped
 from service.fleet.health.policy import DriftKind, RemediationAction, Rule, Scope, drift_trigger
-from service.fleet.health.remediations import Fault, Remediation, RemediationState
+from service.fleet.health.remediations import Remediation, RemediationState
 from service.fleet.health.taints import TaintRequest, lift_taint, put_taint
 from service.scheduling.taints import TaintEffect, TaintSource
 
@@ -79,7 +80,7 @@ def _where(rule: Rule, finding: Finding, gpus: Sequence[Row[Any]]) -> tuple[Rule
         rule = replace(rule, scope=Scope.NODE)
     if rule.scope is Scope.NODE:
         return rule, None
-    return rule, list(remediations.scoped(rule, finding.gpu_indices or (), gpus))
+    return rule, list(scoped(rule, finding.gpu_indices or (), gpus))
 
 
 def _reason(kind: DriftKind, finding: Finding) -> str:
@@ -144,7 +145,8 @@ class FindingChange:
         if gpus and rule.acts:
             at_fault = new.gpu_indices or tuple(g.idx for g in gpus)
             fault = Fault(at_fault, self.key, reason, rule, TaintSource.DRIFT)
-            [made] = await remediations.act_on(self.conn, self.node_id, [fault], self.actor)
+            [acted] = await act_on(self.conn, self.node_id, [fault], self.actor)
+            made = acted.remediation
         elif rule.effect is not None:
             # A node that reports no GPUs has none to remediate, validate or
             # count against a class's breaker: the finding taints the node itself.

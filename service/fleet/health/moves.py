@@ -17,7 +17,7 @@ from typing import Any
 from service.database.connections import Connection, cached_text
 from service.fleet.health.taint_rows import taint_of
 from service.scheduling.allocations import ShardRecord, shard_columns, shard_from_row
-from service.scheduling.taints import Taint, TaintEffect, stop_by_sql
+from service.scheduling.taints import Taint, evicting, first_taint, stop_by_sql
 
 
 @dataclass(frozen=True)
@@ -30,23 +30,20 @@ class ShardToMove:
     taint: Taint
 
 
-_NO_EXECUTE = f"'{TaintEffect.NO_EXECUTE.value}'"
+def shards_to_move_sql(node_id: str | None, after: str | None) -> str:
+    """shards_to_move's statement: with `node_id`, on that node only; with `after`, past that shard id.
 
-
-def _query(node_id: str | None, after: str | None) -> str:
-    where = [f"s.node_id IN (SELECT t.node_id FROM taints t WHERE t.effect = {_NO_EXECUTE})"]
+    The SQL generated below looks like this: docs/internals/sql/fleet.health.moves/shards_to_move_sql.all.sql
+    (every shape beside it).
+    """
+    where = [f"s.node_id IN (SELECT t.node_id FROM taints t WHERE {evicting('t')})"]
     if node_id is not None:
         where.append("s.node_id = :node_id")
     if after is not None:
         where.append("s.shard_id > :after")
     return f"""
     SELECT {shard_columns("s")}, x.stop_by, x.stop_by <= now() AS overdue,
-           (SELECT json_build_object('key', t.key, 'value', t.value, 'effect', t.effect,
-                                     'source', t.source, 'reason', t.reason, 'actor', t.actor,
-                                     'since', t.since, 'gpu', t.gpu_index)
-            FROM taints t WHERE t.node_id = s.node_id AND t.effect = {_NO_EXECUTE}
-              AND (t.gpu_index IS NULL OR t.gpu_index = ANY(s.gpu_indices))
-            ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) AS taint
+           {first_taint("s.node_id", "ANY(s.gpu_indices)", evicting("t"))} AS taint
     FROM shards s CROSS JOIN LATERAL (SELECT {stop_by_sql("s")} AS stop_by) x
     WHERE {" AND ".join(where)} AND x.stop_by IS NOT NULL
     ORDER BY s.shard_id LIMIT :first
@@ -64,7 +61,7 @@ async def shards_to_move(
     every such taint for ever is not stale.
     """
     params: dict[str, Any] = {"first": first, "node_id": node_id, "after": after}
-    rows = await conn.execute(cached_text(_query(node_id, after)), params)
+    rows = await conn.execute(cached_text(shards_to_move_sql(node_id, after)), params)
     found: list[ShardToMove] = []
     for r in rows:
         taint = r.taint

@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import Enum
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +232,15 @@ class Policy:
         return self.xids.get(xid, NOTHING)
 
     def breaker_limit(self, class_total: int) -> int:
-        """GPUs of a class of `class_total` the policy may taint per hour."""
-        return max(self.breaker_floor, math.floor(self.breaker_fraction * class_total))
+        """GPUs of a class of `class_total` the policy may taint per hour.
+
+        The fraction of the class rounded down ("at most" a tenth of 95 GPUs
+        is 9, never 10), on the decimal the operator wrote: in binary floating
+        point 0.57 * 100 is 56.99999999999999, which floor() made 56. Never
+        below the floor.
+        """
+        share = Fraction(repr(self.breaker_fraction)) * class_total
+        return max(self.breaker_floor, math.floor(share))
 
 
 BUILT_IN = Policy()

@@ -11,11 +11,16 @@ A reboot (a new boot id) finishes the PENDING or IN_PROGRESS REBOOT_NODE and
 RESET_GPU remediations of the node by itself, and an operator's
 clearGpuHealth (a reset by hand) the RESET_GPU ones of that GPU. DONE comes
 when every test the policy requires has passed since it began waiting
-(validations.py); then its taint is lifted and the sticky health its fault
-left clears. Each step is an event naming who did it.
+(validations.py); then its taints are lifted and the sticky health its
+faults left clears. Each step is an event naming who did it.
 
-- One at a time per GPU: a fault on a GPU that already has an open
-  remediation joins it (its action is raised to the more drastic one).
+- One at a time per GPU: a fault on GPUs that already have an open
+  remediation joins it for those GPUs (faults.py: its taint goes on them,
+  the action rises to the most drastic of its faults'), and the GPUs without
+  one open a new one, so open remediations share no GPU. What a remediation
+  holds is each of its faults' (remediation_faults): its DONE lifts all
+  their taints and clears all their sticky reasons, and a reboot keeps
+  those sticky reasons while it is open.
   Drift is apart (policy.is_drift): each finding has its own remediation,
   which the finding's clearing ends, so a drift finding joins nothing and no
   XID joins a drift remediation (whose end would not clear the XID's health).
@@ -25,17 +30,13 @@ left clears. Each step is an event naming who did it.
   (AWAITING_VALIDATION) for the node's next report; drift.py makes it DONE
   when the finding clears, ESCALATED when the report still shows it.
 - ESCALATED: a second remediation of a GPU within the policy's window (7
-  days) after one was DONE is CONTACT_SUPPORT from the start, and keeps its
-  taint (at least NO_SCHEDULE) until an operator lifts it.
-- SUPPRESSED: the circuit breaker. The GPUs of a class the policy tainted in
-  the last hour may not exceed the policy's fraction of the class (but may
-  always reach its floor; a GPU counts once however many remediations
-  tainted it): past it, the remediation is recorded SUPPRESSED,
-  its taint is not applied, and an event and the metric say so. A burst of
-  XIDs that is the monitoring's fault, not the GPUs', then takes out a
-  bounded share of the fleet. Serialized per class (an advisory lock, after
-  the node's row lock, as every caller holds it), so two reports cannot both
-  take the last place under the limit.
+  days) after one was DONE (or ESCALATED) is CONTACT_SUPPORT from the start,
+  and keeps its taint (at least NO_SCHEDULE) until an operator lifts it. An
+  ESCALATED remediation is closed to the automation: a later fault on its
+  GPUs joins nothing and opens such a one.
+- SUPPRESSED: the circuit breaker (faults.py) kept its taint off: a burst
+  of XIDs that is the monitoring's fault, not the GPUs', takes out a
+  bounded share of the fleet.
 
 A wrong transition (finishing a PENDING one, starting one twice) is refused
 CONFLICT naming the id and the state, and changes nothing.
@@ -58,16 +59,15 @@ from service.errors import InventoryError
 from service.event_log.events import record_event
 from service.fleet.health.policy import (
     DRIFT_TRIGGER,
-    SEVERITY,
     RemediationAction,
     Rule,
     Scope,
     current,
     is_drift,
 )
-from service.fleet.health.taints import TaintRequest, lift_taint, put_taint
+from service.fleet.health.taints import lift_taint
 from service.scheduling.gpu_pools import refresh_pools
-from service.scheduling.taints import TaintEffect, TaintSource
+from service.scheduling.taints import TaintEffect
 
 
 class RemediationState(Enum):
@@ -163,75 +163,8 @@ class RemediationNotFound(InventoryError):
         return {"code": self.code, "field": "id", "value": str(self.remediation_id)}
 
 
-@dataclass(frozen=True)
-class Fault:
-    """What the policy acts on: a trigger on GPUs of a node (the node's row locked by the caller)."""
-
-    gpu_indices: tuple[int, ...]
-    # A key: the taint's and the remediation's (xid-79, health-row_remap_failed).
-    trigger: str
-    cause: str
-    rule: Rule
-    source: TaintSource
-
-
-_GPUS = text("SELECT idx, gpu_class, nvlink_group FROM gpus WHERE node_id = :node_id ORDER BY idx")
 # Remediations a drift finding holds (policy.is_drift), in SQL.
 NOT_DRIFT_SQL = f"r.trigger NOT LIKE '{DRIFT_TRIGGER}%'"
-_OPEN_ON = text(
-    f"""
-    SELECT {COLUMNS} FROM remediations r
-    WHERE r.node_id = :node_id AND r.state IN {OPEN_SQL}
-      AND r.gpu_indices && CAST(:indices AS int[]) AND {NOT_DRIFT_SQL}
-    ORDER BY r.id
-    """
-)
-_DONE_RECENTLY = text(
-    """
-    SELECT EXISTS (SELECT 1 FROM remediations r
-                   WHERE r.node_id = :node_id AND r.state IN ('DONE', 'ESCALATED')
-                     AND r.gpu_indices && CAST(:indices AS int[])
-                     AND r.created_at > now() - make_interval(secs => :window))
-    """
-)
-# The breaker's count, under the class's advisory lock: the GPUs the policy
-# tainted in the last hour (each once, however many of its remediations did:
-# a node's drift findings all cover its GPUs), those of this node among
-# them, and the class's size.
-_BREAKER_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('llmgw-breaker:' || :cls, 0))")
-_BREAKER = text(
-    """
-    WITH counted AS (
-        SELECT DISTINCT r.node_id, i.idx FROM remediations r
-        CROSS JOIN LATERAL unnest(r.gpu_indices) AS i(idx)
-        WHERE r.gpu_class = :cls AND r.taint_key IS NOT NULL
-          AND r.created_at > now() - interval '1 hour'
-    )
-    SELECT (SELECT count(*) FROM counted) AS tainted,
-           (SELECT coalesce(array_agg(idx), '{}') FROM counted
-            WHERE node_id = :node_id) AS here,
-           (SELECT coalesce(sum(p.total), 0) FROM gpu_pools p WHERE p.gpu_class = :cls) AS total
-    """
-)
-_INSERT = text(
-    f"""
-    INSERT INTO remediations AS r (node_id, gpu_indices, gpu_class, action, state, scope, cause,
-                                   trigger, taint_key)
-    VALUES (:node_id, :indices, :cls, :action, :state, :scope, :cause, :trigger, :taint_key)
-    RETURNING {COLUMNS}
-    """
-)
-_RAISE_ACTION = text("UPDATE remediations SET action = :action WHERE id = :id")
-
-
-def scoped(rule: Rule, at_fault: Sequence[int], gpus: Sequence[Row[Any]]) -> tuple[int, ...]:
-    """The GPUs a rule's scope covers: the ones at fault, their NVLink groups, or the node's."""
-    if rule.scope is Scope.NODE:
-        return tuple(g.idx for g in gpus)
-    if rule.scope is Scope.NVLINK_GROUP:
-        groups = {g.nvlink_group for g in gpus if g.idx in at_fault and g.nvlink_group is not None}
-        return tuple(sorted({*at_fault, *(g.idx for g in gpus if g.nvlink_group in groups)}))
-    return tuple(sorted(set(at_fault)))
 
 
 def effect_of(rule: Rule, escalated: bool) -> TaintEffect | None:
@@ -241,7 +174,8 @@ def effect_of(rule: Rule, escalated: bool) -> TaintEffect | None:
     return rule.effect
 
 
-def _detail(r: Remediation, **more: object) -> dict[str, object]:
+def detail_of(r: Remediation, **more: object) -> dict[str, object]:
+    """An event's detail about a remediation: what it is now, and `more`."""
     return {
         "remediation": r.id,
         "action": r.action.value,
@@ -249,109 +183,6 @@ def _detail(r: Remediation, **more: object) -> dict[str, object]:
         "gpuIndices": list(r.gpu_indices),
         **more,
     }
-
-
-async def act_on(
-    conn: Connection, node_id: str, faults: Sequence[Fault], actor: str | None
-) -> list[Remediation | None]:
-    """The policy's remediations (and taints) for faults on a node whose row this transaction locked.
-
-    One answer per fault, in order: the remediation it made, or None (the
-    rule does nothing, or the fault joined an open remediation).
-    """
-    made: list[Remediation | None] = []
-    if not any(f.rule.acts for f in faults):
-        return [None] * len(faults)
-    policy = current()
-    gpus = list(await conn.execute(_GPUS, {"node_id": node_id}))
-    # The breaker's class locks, all up front and in one order: a node of two
-    # classes must not take them in the order another node takes the reverse.
-    tainting = {
-        g.gpu_class
-        for f in faults
-        if f.rule.acts
-        for g in gpus
-        if g.idx in scoped(f.rule, f.gpu_indices, gpus)
-    }
-    for gpu_class in sorted(tainting):
-        await conn.execute(_BREAKER_LOCK, {"cls": gpu_class})
-    for fault in faults:
-        made.append(None)
-        rule = fault.rule
-        indices = scoped(rule, fault.gpu_indices, gpus) if rule.acts else ()
-        if not indices:
-            continue
-        params = {"node_id": node_id, "indices": list(indices)}
-        drifting = is_drift(fault.trigger)
-        joined = [] if drifting else [of_row(r) for r in await conn.execute(_OPEN_ON, params)]
-        if joined:
-            # One at a time: the fault joins the open remediation, whose
-            # action rises to the more drastic one.
-            first = joined[0]
-            if SEVERITY[rule.action] > SEVERITY[first.action]:
-                await conn.execute(_RAISE_ACTION, {"id": first.id, "action": rule.action.value})
-            continue
-        window = policy.escalate_within.total_seconds()
-        escalated = bool(
-            (await conn.execute(_DONE_RECENTLY, {**params, "window": window})).scalar_one()
-        )
-        classes = {g.gpu_class for g in gpus if g.idx in indices}
-        gpu_class = min(classes) if classes else None
-        effect = effect_of(rule, escalated)
-        action = rule.action
-        state = RemediationState.PENDING
-        if escalated:
-            action = RemediationAction.CONTACT_SUPPORT
-            state = RemediationState.ESCALATED
-        suppressed = False
-        if effect is not None and gpu_class is not None:
-            counts = (await conn.execute(_BREAKER, {"cls": gpu_class, "node_id": node_id})).one()
-            limit = policy.breaker_limit(int(counts.total))
-            taking = len(set(indices) - set(counts.here))
-            suppressed = int(counts.tainted) + taking > limit
-        if suppressed:
-            state = RemediationState.SUPPRESSED
-            effect = None
-        row = (
-            await conn.execute(
-                _INSERT,
-                {
-                    **params,
-                    "cls": gpu_class,
-                    "action": action.value,
-                    "state": state.value,
-                    "scope": rule.scope.value,
-                    "cause": fault.cause[:MAX_TEXT_LENGTH],
-                    "trigger": fault.trigger,
-                    "taint_key": None if effect is None else fault.trigger,
-                },
-            )
-        ).one()
-        remediation = of_row(row)
-        made[-1] = remediation
-        if suppressed:
-            reason = (
-                f"circuit breaker: more than {policy.breaker_limit(int(counts.total))} of "
-                f"{int(counts.total)} {gpu_class} GPUs tainted by the policy in the last hour; "
-                f"{fault.cause}"
-            )
-        else:
-            reason = fault.cause
-        await record_event(
-            conn,
-            "remediation_created",
-            node_id=node_id,
-            actor=actor,
-            reason=reason,
-            detail=_detail(remediation, trigger=fault.trigger),
-        )
-        if effect is not None:
-            taint = TaintRequest(
-                fault.trigger, None, effect, fault.cause[:MAX_TEXT_LENGTH], fault.source
-            )
-            on = None if rule.scope is Scope.NODE else indices
-            await put_taint(conn, node_id, on, taint, actor)
-    return made
 
 
 _LOCK = text(f"SELECT {COLUMNS} FROM remediations r WHERE r.id = :id FOR UPDATE")
@@ -367,6 +198,10 @@ _MOVE = text(
 
 _RESCOPE = text(
     f"""
+    WITH faults AS (
+        UPDATE remediation_faults f SET gpu_indices = :indices, scope = :scope
+        WHERE f.remediation_id = :id
+    )
     UPDATE remediations r SET gpu_indices = :indices, scope = :scope WHERE r.id = :id
     RETURNING {COLUMNS}
     """
@@ -376,7 +211,11 @@ _RESCOPE = text(
 async def rescope(
     conn: Connection, r: Remediation, indices: Sequence[int], scope: Scope
 ) -> Remediation:
-    """A locked remediation now covers these GPUs (a drift finding that moved to another rail)."""
+    """A locked remediation now covers these GPUs (a drift finding that moved to another rail).
+
+    Its fault (a drift remediation has one: it joins nothing) moves with it,
+    so what its DONE lifts and what the breaker counts are where the taint is.
+    """
     row = await conn.execute(_RESCOPE, {"id": r.id, "indices": list(indices), "scope": scope.value})
     return of_row(row.one())
 
@@ -420,7 +259,7 @@ async def move(
         node_id=r.node_id,
         actor=actor,
         reason=reason,
-        detail=_detail(moved, was=r.state.value),
+        detail=detail_of(moved, was=r.state.value),
     )
     if state is RemediationState.DONE:
         await close(conn, moved, actor)
@@ -475,13 +314,17 @@ async def finish(
     )
 
 
+# The reasons cleared, and each GPU's reasons before (`had`): the event names
+# those it had of them.
 _STICKY_CLEARED = text(
     """
     UPDATE gpus g SET sticky_reasons = ARRAY(
         SELECT x FROM unnest(g.sticky_reasons) x WHERE x <> ALL(CAST(:reasons AS text[])))
+    FROM gpus old
     WHERE g.node_id = :node_id AND g.idx = ANY(CAST(:indices AS int[]))
       AND g.sticky_reasons && CAST(:reasons AS text[])
-    RETURNING g.idx
+      AND old.node_id = g.node_id AND old.idx = g.idx
+    RETURNING g.idx, old.sticky_reasons AS had
     """
 )
 
@@ -491,28 +334,66 @@ def sticky_of(trigger: str) -> list[str]:
     return [trigger.replace("-", "_", 1)] if trigger.startswith("xid-") else []
 
 
+# The taints a remediation's faults put (key; on the node for scope NODE, or
+# on their GPUs), and where another open remediation of the node holds the
+# same key: its DONE lifts only what no open one still holds. Open
+# remediations of XIDs share no GPU (faults.py), so this only spares the
+# node's taint of a NODE-scoped fault that several remediations joined.
+_HELD = text(
+    f"""
+    SELECT f.taint_key AS key, f.scope = 'NODE' AS on_node, f.gpu_indices,
+           f.remediation_id = :id AS own
+    FROM remediation_faults f JOIN remediations r ON r.id = f.remediation_id
+    WHERE r.node_id = :node_id AND f.taint_key IS NOT NULL
+      AND (r.id = :id OR (r.state IN {OPEN_SQL}
+                          AND f.taint_key IN (SELECT o.taint_key FROM remediation_faults o
+                                              WHERE o.remediation_id = :id)))
+    ORDER BY f.id
+    """
+)
+_TRIGGERS = text(
+    "SELECT DISTINCT f.trigger FROM remediation_faults f WHERE f.remediation_id = :id"
+    " ORDER BY f.trigger"
+)
+
+
 async def close(conn: Connection, r: Remediation, actor: str | None) -> None:
-    """DONE: the sticky health its fault left cleared, its taint lifted (events for both), pools after."""
-    reasons = sticky_of(r.trigger)
+    """DONE: the sticky health its faults left cleared, their taints lifted (events for both).
+
+    Every fault that opened or joined it counts, not only the first: a
+    remediation opened by XID 94 (no taint) and joined by XID 48 holds 48's
+    taint and sticky reason, and its DONE is what lifts them. Pools after.
+    """
+    triggers = list((await conn.execute(_TRIGGERS, {"id": r.id})).scalars())
+    reasons = [reason for trigger in triggers for reason in sticky_of(trigger)]
     if reasons:
         cleared = await conn.execute(
             _STICKY_CLEARED,
             {"node_id": r.node_id, "indices": list(r.gpu_indices), "reasons": reasons},
         )
-        for index in sorted(row.idx for row in cleared):
+        for row in sorted(cleared, key=lambda row: row.idx):
             await record_event(
                 conn,
                 "gpu_health_cleared",
                 node_id=r.node_id,
                 actor=actor,
                 reason=f"remediation {r.id} validated",
-                detail={"index": index, "cleared": reasons},
+                detail={"index": row.idx, "cleared": sorted(set(row.had) & set(reasons))},
             )
+    own: dict[tuple[str, bool], set[int]] = {}
+    others: dict[tuple[str, bool], set[int]] = {}
+    for f in await conn.execute(_HELD, {"id": r.id, "node_id": r.node_id}):
+        (own if f.own else others).setdefault((f.key, f.on_node), set()).update(f.gpu_indices)
     lifted = 0
-    if r.taint_key is not None:
-        on = None if r.scope is Scope.NODE else list(r.gpu_indices)
-        # Refreshes the node's GPU marks and pools, the cleared health with them.
-        lifted = await lift_taint(conn, r.node_id, on, r.taint_key, actor)
+    for (key, on_node), indices in own.items():
+        if on_node:
+            if (key, True) not in others:
+                lifted += await lift_taint(conn, r.node_id, None, key, actor)
+            continue
+        free = sorted(indices - others.get((key, False), set()))
+        if free:
+            # Refreshes the node's GPU marks and pools, the cleared health with them.
+            lifted += await lift_taint(conn, r.node_id, free, key, actor)
     if not lifted:
         await refresh_pools(conn, [r.node_id])
 
@@ -552,15 +433,21 @@ async def carried_out(
     return moved
 
 
+_HELD_STICKY = text(
+    f"""
+    SELECT r.gpu_indices, f.trigger FROM remediations r
+    JOIN remediation_faults f ON f.remediation_id = r.id
+    WHERE r.node_id = :node_id AND r.state IN {OPEN_SQL}
+    """
+)
+
+
 async def covered_sticky(conn: Connection, node_id: str) -> set[tuple[int, str]]:
-    """(GPU, sticky reason) pairs an open remediation of the node still holds: a reboot keeps them."""
-    rows = await conn.execute(
-        text(
-            f"SELECT r.gpu_indices, r.trigger FROM remediations r"
-            f" WHERE r.node_id = :node_id AND r.state IN {OPEN_SQL}"
-        ),
-        {"node_id": node_id},
-    )
+    """(GPU, sticky reason) pairs an open remediation of the node still holds: a reboot keeps them.
+
+    The reasons of each of its faults, the ones that joined it included.
+    """
+    rows = await conn.execute(_HELD_STICKY, {"node_id": node_id})
     return {(i, reason) for r in rows for i in r.gpu_indices for reason in sticky_of(r.trigger)}
 
 

@@ -1,14 +1,17 @@
-"""Parsed and validated GraphQL documents, kept per query text.
+"""Parsed and validated GraphQL documents, kept per query text, with the fast path's plans of them.
 
 Every agent sends the same two documents (heartbeat, registerNode) and every
 scheduler the same few, thousands of times a second across a cluster. Parsing
 and validating them again for each request is work whose answer never
 changes, so the first request of a text pays for it and later ones look it up.
 
-A text that fails to parse or validate is remembered as such: the front door
-then declines the request (reason `document_not_valid`) and Strawberry's view
-reports those errors in its own words. The rules and the token limit are the
-schema's own extensions' (extensions.py). The cache is bounded (least recently used out) and long texts are not
+The check itself is the one Strawberry's view makes
+(service/graphql/checked_documents.py: the same cache, the same rules and
+token limit, the extensions' own, read by extensions.py; long documents
+checked off the event loop). A text that fails to parse or validate is
+remembered as such: the front door then declines the request (reason
+`document_not_valid`) and Strawberry's view reports those errors in its own
+words. The cache is bounded (least recently used out) and long texts are not
 kept, so a client sending endless distinct documents costs memory for at most
 `max_entries` of them.
 """
@@ -23,18 +26,14 @@ from graphql import (
     ASTValidationRule,
     DocumentNode,
     FieldNode,
-    GraphQLError,
     GraphQLSchema,
     OperationDefinitionNode,
     OperationType,
-    parse,
     specified_rules,
 )
 
-from service.graphql.private_api import validate_document
+from service.graphql.checked_documents import MAX_CACHED_LENGTH, Checked, checked_documents
 
-# Agents' documents are a few hundred bytes; a page query a few kilobytes.
-MAX_CACHED_LENGTH: Final = 16_384
 MAX_ENTRIES: Final = 512
 
 
@@ -42,19 +41,24 @@ MAX_ENTRIES: Final = 512
 class Prepared:
     """A document that parsed and passed the schema's validation, with its operations."""
 
-    document: DocumentNode
-    operations: dict[str | None, OperationDefinitionNode]
+    checked: Checked
     # Per operation name, the front door's plan of it (front_door.Plan),
     # made on first use and kept as long as the document is.
     plans: dict[str | None, Any] = field(default_factory=dict)
 
+    @property
+    def document(self) -> DocumentNode:
+        document = self.checked.document
+        assert document is not None, "a prepared document parsed"
+        return document
+
+    @property
+    def operations(self) -> dict[str | None, OperationDefinitionNode]:
+        return self.checked.operations
+
     def operation(self, name: str | None) -> OperationDefinitionNode | None:
         """The operation to run, as graphql-core picks it; None when that would be an error."""
-        if name is None:
-            if len(self.operations) != 1:
-                return None
-            return next(iter(self.operations.values()))
-        return self.operations.get(name)
+        return self.checked.operation(name)
 
 
 _INVALID: Final = object()
@@ -70,7 +74,7 @@ class PreparedDocuments:
         max_tokens: int | None,
         max_entries: int = MAX_ENTRIES,
     ) -> None:
-        self._schema = schema
+        self._checked = checked_documents(schema)
         # The same rules, in the same order, as Strawberry's validation of a
         # request with the schema's AddValidationRules extension.
         self._rules = (*specified_rules, *extra_rules)
@@ -78,31 +82,18 @@ class PreparedDocuments:
         self._max_entries = max_entries
         self._entries: OrderedDict[str, Prepared | object] = OrderedDict()
 
-    def get(self, query: str) -> Prepared | None:
+    async def get(self, query: str) -> Prepared | None:
         entry = self._entries.get(query)
         if entry is not None:
             self._entries.move_to_end(query)
             return entry if isinstance(entry, Prepared) else None
-        prepared = self._prepare(query)
+        checked = await self._checked.check(query, self._rules, self._max_tokens)
+        prepared = None if checked.errors or checked.document is None else Prepared(checked)
         if len(query) <= MAX_CACHED_LENGTH:
             self._entries[query] = _INVALID if prepared is None else prepared
             if len(self._entries) > self._max_entries:
                 self._entries.popitem(last=False)
         return prepared
-
-    def _prepare(self, query: str) -> Prepared | None:
-        try:
-            document = parse(query, max_tokens=self._max_tokens)
-        except GraphQLError:
-            return None
-        if validate_document(self._schema, document, self._rules):
-            return None
-        operations: dict[str | None, OperationDefinitionNode] = {}
-        for definition in document.definitions:
-            if isinstance(definition, OperationDefinitionNode):
-                name = definition.name.value if definition.name else None
-                operations[name] = definition
-        return Prepared(document=document, operations=operations)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -17,8 +17,9 @@ answers), with these reasons:
 | not_a_json_post | GET, GraphiQL, multipart, or an Accept asking for a stream |
 | body_not_ordinary | not a JSON object of `query`, optional object `variables`, string `operationName` (batches, `extensions`, malformed JSON) |
 | document_not_valid | parse or validation errors: Strawberry's words |
-| operation_not_found | no operation of that name, or several and no name |
+| operation_not_found | no operation of that name, or several and no name (GraphQL's error, checked_documents.py) |
 | subscription | a subscription (only Strawberry's view streams) |
+| text_not_storable | a String or ID variable breaks the rule of text that can be stored, or an ID its bound (text_inputs.py): Strawberry's view refuses it, from the same check |
 
 Every other request is a prepared document's query or mutation (documents.py:
 parsed and validated once, by the schema's own rules and limits). Its
@@ -41,8 +42,8 @@ with a route that declares no root field or one without a role
 | heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (types.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
 | registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the gate, the resolver's write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
 | place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the gate, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
-| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, text_not_storable |
-| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, replica_failed, text_not_storable |
+| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, statement_timeout, text_not_storable |
+| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, statement_timeout, replica_failed, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
@@ -64,7 +65,9 @@ that declines after writing hands the write's outcome to the resolver
 (Context.hand_over). An exception a route raises is a bug: it is logged with
 its traceback, counted (reason `bug`) and answered as an internal error,
 as masking.py answers any bug; it is never retried by another route, which
-could write a second time.
+could write a second time. The database's expected outcomes are not bugs
+(unavailable, a statement cancelled at its statement_timeout): answered with
+their code in one log line, as masking.py answers them.
 
 The switch (switch.py): with INVENTORY_DIRECT_EXECUTION=false the app has no
 front door, the fast package is not even imported (install.py is the one
@@ -88,10 +91,11 @@ from service.config import Settings
 from service.database import request_state
 from service.errors import InventoryError
 from service.graphql.context import Context
-from service.graphql.masking import INTERNAL_ERROR
-from service.graphql.permissions import ROOT_FIELD_ROLES, check_role
+from service.graphql.masking import INTERNAL_ERROR, expected_outcome, log_expected_outcome
+from service.graphql.permissions import ROOT_FIELD_ROLES, Roles, check_role
 from service.graphql.private_api import core_schema
 from service.graphql.read_routes import allows_stale_reads
+from service.graphql.text_inputs import InputCheck
 from service.metrics import count_fast_path
 
 from .compiled_heartbeat import compile_heartbeat
@@ -149,13 +153,13 @@ class UndeclaredRole(Exception):
     """A route that does not say which root fields it answers, or names one without a role."""
 
 
-def declared_roles(routes: Sequence[Route]) -> dict[str, dict[str, str]]:
+def declared_roles(routes: Sequence[Route]) -> dict[str, dict[str, Roles]]:
     """Route name -> "Type.field" -> role, each from ROOT_FIELD_ROLES; UndeclaredRole if missing.
 
     A field missing from the table would be gated as UNLISTED_ROLE by
     Strawberry's view; a compiled route is not built on such a fallback.
     """
-    declared: dict[str, dict[str, str]] = {}
+    declared: dict[str, dict[str, Roles]] = {}
     for route in routes:
         if not route.fields:
             raise UndeclaredRole(f"route {route.name!r} declares no root field")
@@ -179,20 +183,28 @@ class Gated:
     name: str
     route: CompiledRoute
     field: str  # the GraphQL name of the root field
-    role: str
+    role: Roles
 
 
 class Plan:
-    """An operation's route (if one compiled it), graphql_core after it, and whether its reads
+    """An operation's route (if one compiled it), graphql_core after it, whether its reads
     may go to a read replica (read_routes.allows_stale_reads: the verdict Strawberry's view's
-    ReadRouting extension gives the same operation)."""
+    ReadRouting extension gives the same operation), and the check of its String and ID
+    variables (text_inputs.InputCheck, None when it has none)."""
 
-    __slots__ = ("direct", "first", "stale_reads")
+    __slots__ = ("direct", "first", "inputs", "stale_reads")
 
-    def __init__(self, first: Gated | None, direct: DirectOperation, stale_reads: bool) -> None:
+    def __init__(
+        self,
+        first: Gated | None,
+        direct: DirectOperation,
+        stale_reads: bool,
+        inputs: InputCheck | None,
+    ) -> None:
         self.first = first
         self.direct = direct
         self.stale_reads = stale_reads
+        self.inputs = inputs
 
 
 def plan_operation(
@@ -201,7 +213,7 @@ def plan_operation(
     operation: OperationDefinitionNode,
     operation_name: str | None,
     routes: Sequence[Route],
-    roles: dict[str, dict[str, str]],
+    roles: dict[str, dict[str, Roles]],
 ) -> Plan:
     first = None
     root = only_root_field(operation, operation.operation)
@@ -219,6 +231,7 @@ def plan_operation(
         first,
         DirectOperation(schema, prepared, operation, operation_name),
         allows_stale_reads(operation),
+        prepared.checked.input_check(core_schema(schema), operation_name),
     )
 
 
@@ -304,13 +317,16 @@ class FrontDoor:
         if ordinary is None:
             return _declined("body_not_ordinary")
         query, operation_name, variables = ordinary
-        prepared = self.documents.get(query)
+        prepared = await self.documents.get(query)
         if prepared is None:
             return _declined("document_not_valid")
         plan = self.plan(prepared, operation_name)
         if plan is None:
             operation = prepared.operation(operation_name)
             return _declined("operation_not_found" if operation is None else "subscription")
+        if plan.inputs is not None and plan.inputs.refusal(variables) is not None:
+            # Strawberry's view words the refusal (checked_documents.py), from the same check.
+            return _declined("text_not_storable")
         state = request_state.current()
         if state is not None:
             state.replica_allowed = plan.stale_reads
@@ -357,8 +373,26 @@ class FrontDoor:
             answered = await plan.direct.run(variables, request.context())
             _count(route, answered)
             return answered.body
-        except Exception:
+        except Exception as error:
             request_id = request.context().request_id
+            expected = expected_outcome(error)
+            if expected is not None:
+                # The database's expected outcome (unavailable, a statement timed
+                # out) met by a route's own read after its write (a beat's pins):
+                # answered as masking.py answers it, not as a bug.
+                log_expected_outcome(expected, route, error)
+                _count(route, Declined(expected.code.lower()))
+                return encode(
+                    {
+                        "data": None,
+                        "errors": [
+                            {
+                                "message": expected.message,
+                                "extensions": {**expected.extensions, "requestId": request_id},
+                            }
+                        ],
+                    }
+                )
             log.exception(
                 "bug in the fast path's %s route (request %s): answered as an internal error",
                 route,

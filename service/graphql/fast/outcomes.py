@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from service.database.db_faults import is_database_unavailable
+from service.database.db_faults import is_database_unavailable, is_statement_timeout
 from service.database.read_routing import replica_failure
 from service.database.transactions import sqlstate
 from service.errors import InventoryError
@@ -50,8 +50,8 @@ async def compiled_read(read: Callable[[], Awaitable[T]]) -> T | Declined:
 
     Declined, graphql-core runs the read again and answers as it would
     (reading twice writes nothing): an InventoryError (the resolver's words),
-    the database down, a text it cannot store (a NUL in an id: masking.py's
-    words).
+    the database down, a statement it cancelled at its statement_timeout, a
+    text it cannot store (a NUL in an id: masking.py's words).
     """
     try:
         return await read()
@@ -60,6 +60,10 @@ async def compiled_read(read: Callable[[], Awaitable[T]]) -> T | Declined:
     except Exception as error:
         if is_database_unavailable(error):
             return Declined("database_unavailable")
+        if is_statement_timeout(error):
+            # graphql-core reads again, and answers REQUEST_TIMEOUT if that
+            # times out too (masking.py), as Strawberry's view would.
+            return Declined("statement_timeout")
         if replica_failure(error):
             # Cancelled on a read replica by a conflict with recovery: graphql-core's
             # read falls back to the primary (service/database/read_routing.py).

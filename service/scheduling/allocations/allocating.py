@@ -22,7 +22,9 @@ from service.scheduling.allocations.records import (
 from service.scheduling.allocations.requests import AllocationRequest, validate_request
 from service.scheduling.allocations.storing import (
     NotStored,
+    Rows,
     Tombstoned,
+    Wanted,
     store,
     store_calls,
     store_statement,
@@ -37,11 +39,11 @@ from service.scheduling.fabric_choice import choose_fabric
 from service.scheduling.generations import current_generation
 from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
 from service.scheduling.taints import (
-    SOFT_EFFECT_SQL,
+    first_taint,
     label,
     stored_tolerations,
-    tolerated_sql,
     tolerations_json,
+    withholding,
 )
 
 _LOCK_NODES = text(
@@ -64,12 +66,8 @@ _GPUS_ASKED = text(
     f"""
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
            {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by,
-           (SELECT json_build_object('key', t.key, 'value', t.value, 'effect', t.effect,
-                                     'source', t.source, 'reason', t.reason, 'node', t.gpu_index IS NULL)
-            FROM taints t WHERE g.withheld AND t.node_id = g.node_id
-              AND (t.gpu_index IS NULL OR t.gpu_index = g.idx) AND t.effect <> {SOFT_EFFECT_SQL}
-              AND NOT {tolerated_sql("t")}
-            ORDER BY t.gpu_index NULLS FIRST, t.key LIMIT 1) AS taint
+           CASE WHEN g.withheld THEN {first_taint("g.node_id", "g.idx", withholding("t", True))}
+           END AS taint
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -148,41 +146,63 @@ def _one_node_checks(call: str, replica_id: str) -> str:
 # plain one-node allocation needs (_one_node_checks). When one fails nothing
 # is written and allocate() reads the facts again to say which, so the
 # wording stays in one place (_check_gpus).
+# The fields of a shard and of a GPU as allocate() sends them (:shards, :gpus).
+_SHARD_FIELDS = {
+    "shard_id": "text", "node_id": "text", "gpu_indices": "int[]", "fabric": "text",
+    "hcas": "text[]",
+}  # fmt: skip
+_GPU_FIELDS = {"node_id": "text", "idx": "int", "shard_id": "text"}
+
+_SHARDS, _SHARDS_FROM = Rows.of_json(":shards", _SHARD_FIELDS)
+_GPUS, _GPUS_FROM = Rows.of_json(":gpus", _GPU_FIELDS)
 _STORE = store_statement(
-    f"""
-    want_shards AS (
-        SELECT 0 AS call, CAST(:replica_id AS text) AS replica_id, CAST(:actor AS text) AS actor,
-               r.*, CAST(:weights AS text) AS weights, {stored_tolerations()} AS tolerations
-        FROM jsonb_to_recordset(CAST(:shards AS jsonb))
-            AS r(shard_id text, node_id text, gpu_indices int[], fabric text, hcas text[])
-    ), want_gpus AS (
-        SELECT 0 AS call, r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
-            AS r(node_id text, idx int, shard_id text)
-    ), go AS (
-        SELECT 0 AS call,
-               NOT CAST(:check AS boolean) OR {_one_node_checks("0", "CAST(:replica_id AS text)")}
-               AS ok
-    )"""
+    Wanted(
+        shards=Rows(
+            {
+                "call": "0",
+                "replica_id": "CAST(:replica_id AS text)",
+                "actor": "CAST(:actor AS text)",
+                **_SHARDS,
+                "weights": "CAST(:weights AS text)",
+                "tolerations": stored_tolerations(),
+            },
+            _SHARDS_FROM,
+        ),
+        gpus=Rows({"call": "0", **_GPUS}, _GPUS_FROM),
+        go=Rows(
+            {
+                "call": "0",
+                "ok": "NOT CAST(:check AS boolean) OR "
+                + _one_node_checks("0", "CAST(:replica_id AS text)"),
+            }
+        ),
+    )
 )
 
 # allocate()'s common case for several replicas in one statement (calls
 # numbered in the order given): each on one node, none tolerating a taint
 # (:tolerations is empty), each checked by _one_node_checks.
+# Each row also names its call, and a shard its replica and weights.
+_CALLS_SHARDS, _CALLS_SHARDS_FROM = Rows.of_json(
+    ":shards", {"call": "int", "replica_id": "text", **_SHARD_FIELDS, "weights": "text"}
+)
+_CALLS_GPUS, _CALLS_GPUS_FROM = Rows.of_json(":gpus", {"call": "int", **_GPU_FIELDS})
 _STORE_SEVERAL = store_statement(
-    f"""
-    want_shards AS (
-        SELECT r.call, r.replica_id, CAST(:actor AS text) AS actor, r.shard_id, r.node_id,
-               r.gpu_indices, r.fabric, r.hcas, r.weights, {stored_tolerations()} AS tolerations
-        FROM jsonb_to_recordset(CAST(:shards AS jsonb)) AS r(
-            call int, replica_id text, shard_id text, node_id text, gpu_indices int[],
-            fabric text, hcas text[], weights text)
-    ), want_gpus AS (
-        SELECT r.* FROM jsonb_to_recordset(CAST(:gpus AS jsonb))
-            AS r(call int, node_id text, idx int, shard_id text)
-    ), go AS (
-        SELECT c.call, {_one_node_checks("c.call", "c.replica_id")} AS ok
-        FROM (SELECT DISTINCT w.call, w.replica_id FROM want_shards w) c
-    )"""
+    Wanted(
+        shards=Rows(
+            {
+                **_CALLS_SHARDS,
+                "actor": "CAST(:actor AS text)",
+                "tolerations": stored_tolerations(),
+            },
+            _CALLS_SHARDS_FROM,
+        ),
+        gpus=Rows(_CALLS_GPUS, _CALLS_GPUS_FROM),
+        go=Rows(
+            {"call": "c.call", "ok": _one_node_checks("c.call", "c.replica_id")},
+            "FROM (SELECT DISTINCT w.call, w.replica_id FROM want_shards w) c",
+        ),
+    )
 )
 
 
@@ -409,7 +429,7 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
             )
         if gpu.taint is not None:
             t = gpu.taint
-            on = "its node has" if t["node"] else "it has"
+            on = "its node has" if t["gpu"] is None else "it has"
             return Rejection(
                 RejectionCode.GPU_TAINTED,
                 f"{where}: {on} the taint {label(t['key'], t['value'], t['effect'])} "

@@ -58,13 +58,17 @@ def shard_from_row(row: Row[Any]) -> ShardRecord:
     )
 
 
+_SHARDS_BY_ID = text(
+    f"SELECT {SHARD_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"
+)
+_SHARDS_ON_NODES = text(
+    f"SELECT {SHARD_COLUMNS} FROM shards s WHERE s.node_id = ANY(CAST(:ids AS text[]))"
+    " ORDER BY s.node_id, s.shard_id"
+)
+
+
 async def shards_by_id(conn: Connection, shard_ids: Sequence[str]) -> dict[str, ShardRecord]:
-    rows = await conn.execute(
-        cached_text(
-            f"SELECT {SHARD_COLUMNS} FROM shards s WHERE s.shard_id = ANY(CAST(:ids AS text[]))"
-        ),
-        {"ids": list(shard_ids)},
-    )
+    rows = await conn.execute(_SHARDS_BY_ID, {"ids": list(shard_ids)})
     return {r.shard_id: shard_from_row(r) for r in rows}
 
 
@@ -72,13 +76,7 @@ async def shards_on_nodes(
     conn: Connection, node_ids: Sequence[str]
 ) -> dict[str, list[ShardRecord]]:
     out: dict[str, list[ShardRecord]] = defaultdict(list)
-    rows = await conn.execute(
-        text(
-            f"SELECT {SHARD_COLUMNS} FROM shards s WHERE s.node_id = ANY(CAST(:ids AS text[]))"
-            " ORDER BY s.node_id, s.shard_id"
-        ),
-        {"ids": list(node_ids)},
-    )
+    rows = await conn.execute(_SHARDS_ON_NODES, {"ids": list(node_ids)})
     for r in rows:
         out[r.node_id].append(shard_from_row(r))
     return out
@@ -97,25 +95,35 @@ async def list_allocations(
 
     `held`: only shards held for a LOST node (service/fleet/fencing.py).
     """
-    where: list[str] = ["s.held_since IS NOT NULL"] if held else []
     params: dict[str, Any] = {"first": first}
-    if node_id is not None:
-        where.append("s.node_id = :node_id")
-        params["node_id"] = node_id
-    if replica_id is not None:
-        where.append("s.replica_id = :replica_id")
-        params["replica_id"] = replica_id
-    if after is not None:
-        where.append("s.shard_id > :after")
-        params["after"] = after
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
-    rows = await conn.execute(
-        cached_text(
-            f"SELECT {SHARD_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"
-        ),
-        params,
+    for name, value in (("node_id", node_id), ("replica_id", replica_id), ("after", after)):
+        if value is not None:
+            params[name] = value
+    sql = allocations_page_sql(
+        node_id=node_id is not None,
+        replica_id=replica_id is not None,
+        after=after is not None,
+        held=held,
     )
+    rows = await conn.execute(cached_text(sql), params)
     return [shard_from_row(r) for r in rows]
+
+
+def allocations_page_sql(*, node_id: bool, replica_id: bool, after: bool, held: bool) -> str:
+    """list_allocations' statement, with the conditions asked for (:node_id, :replica_id, :after; held).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.allocations.records/allocations_page_sql.all.sql
+    (every shape beside it).
+    """
+    where: list[str] = ["s.held_since IS NOT NULL"] if held else []
+    if node_id:
+        where.append("s.node_id = :node_id")
+    if replica_id:
+        where.append("s.replica_id = :replica_id")
+    if after:
+        where.append("s.shard_id > :after")
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {SHARD_COLUMNS} FROM shards s {clause} ORDER BY s.shard_id LIMIT :first"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from service.bounds import MAX_GPUS_PER_SHARD, MAX_ID_LENGTH, MAX_SHARDS
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.taints import Toleration, toleration_problem
+from service.stored_text import text_problem
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,10 @@ def _check_id(what: str, value: str) -> Rejection | None:
         return invalid(f"{what} is empty")
     if len(value) > MAX_ID_LENGTH:
         return invalid(f"{what} {shown(value)!r} is longer than {MAX_ID_LENGTH} characters")
-    if "\x00" in value:
+    problem = text_problem(value)
+    if problem is not None:
         # PostgreSQL text cannot hold it; refuse it here rather than as a database error.
-        return invalid(f"{what} {shown(value)!r} contains a NUL character")
+        return invalid(f"{what} '{shown(value)}' {problem}")
     return None
 
 

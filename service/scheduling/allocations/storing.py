@@ -17,7 +17,8 @@ anything built on them.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -25,24 +26,124 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection
-from service.errors import InventoryError
+from service.errors import InventoryError, shown
 from service.event_log.events import note_recorded
 from service.scheduling.allocations.records import Allocated, shard_from_row
 from service.scheduling.gpu_pools import move_to_allocated
 
+# The columns store_statement reads of each CTE a caller writes (Wanted),
+# every row keyed by `call` (an integer the caller chooses, one per replica
+# being placed; allocate() has one call, 0).
+# want_shards: one row per shard; gpu_indices sorted; fabric and hcas as
+# allocate's fabric rule gives them; weights, the path the shard pins (or
+# NULL); tolerations, taints.stored_tolerations of the request's.
+WANT_SHARDS = (
+    "call", "replica_id", "actor", "shard_id", "node_id", "gpu_indices", "fabric", "hcas",
+    "weights", "tolerations",
+)  # fmt: skip
+# want_gpus: one row per GPU held, naming its shard.
+WANT_GPUS = ("call", "node_id", "idx", "shard_id")
+# go: one row per call; ok, whether the caller's checks, made in SQL, passed
+# (nothing of the call is written otherwise). A call without a go row is not answered.
+GO = ("call", "ok")
+# The names of store_statement's own CTEs, which a caller's may not take.
+_STORE_CTES = frozenset(
+    {"want_shards", "want_gpus", "go", "marked", "s", "placed", "held", "whole", "kept",
+     "pools_moved", "logged"}
+)  # fmt: skip
 
-def store_statement(wanted: str) -> TextClause:
+
+class WantedMismatch(ValueError):
+    """A statement builder gave store_statement a CTE without a column it reads, or a name it takes."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A CTE's body written by its columns: SELECT <columns> <source>.
+
+    `columns`: each output column's SQL expression by name, in order (an
+    expression that is the column itself, `r.idx` for idx, is not renamed).
+    `source`: the rest of the SELECT (FROM, WHERE, GROUP BY), empty for one row.
+    """
+
+    columns: Mapping[str, str]
+    source: str = ""
+
+    @staticmethod
+    def of_json(parameter: str, typed: Mapping[str, str]) -> tuple[dict[str, str], str]:
+        """(columns, source) of the rows of a JSON array parameter (`:shards`), its fields `typed`.
+
+        The columns are r.<field> by name, for a caller to put among its own;
+        the source is the FROM that reads them (jsonb_to_recordset).
+        """
+        fields = ", ".join(f"{name} {kind}" for name, kind in typed.items())
+        columns = {name: f"r.{name}" for name in typed}
+        return columns, f"FROM jsonb_to_recordset(CAST({parameter} AS jsonb)) AS r({fields})"
+
+    def sql(self) -> str:
+        listed = ", ".join(
+            sql if sql == name or sql.endswith(f".{name}") else f"{sql} AS {name}"
+            for name, sql in self.columns.items()
+        )
+        return f"SELECT {listed} {self.source}".rstrip()
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a claim asks store_statement to hold: the three CTEs it reads, checked when built.
+
+    The contract between the builders of a claim (allocating.py's _STORE and
+    _STORE_SEVERAL, topology_fit.claim_wanted) and the statement that writes
+    it, in code: a builder that leaves out a column store_statement reads
+    fails here, when its statement is built (at import, or the first time a
+    shape is asked for; tests/scheduling/test_golden_sql.py builds every
+    shape), not as a wrong row in production.
+
+    `shards`, `gpus`, `go`: want_shards (WANT_SHARDS), want_gpus (WANT_GPUS)
+    and go (GO); more columns are the builder's own (a claim's want_gpus
+    carries each GPU's near HCAs for its want_shards). `steps`: CTEs those
+    three read, (name, body) in order; the statement gives them first, then
+    want_gpus, want_shards (which may read want_gpus) and go (which may read
+    both).
+    """
+
+    shards: Rows
+    gpus: Rows
+    go: Rows
+    steps: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name, rows, needed in (
+            ("want_shards", self.shards, WANT_SHARDS),
+            ("want_gpus", self.gpus, WANT_GPUS),
+            ("go", self.go, GO),
+        ):
+            missing = [c for c in needed if c not in rows.columns]
+            if missing:
+                raise WantedMismatch(
+                    f"{name} has no column {', '.join(missing)}: store_statement reads "
+                    f"{', '.join(needed)}"
+                )
+        taken = [name for name, _ in self.steps if name in _STORE_CTES]
+        if taken:
+            raise WantedMismatch(f"CTE name {', '.join(taken)} is store_statement's own")
+
+    def ctes(self) -> str:
+        """The CTEs, as a WITH list."""
+        parts = [
+            *self.steps,
+            ("want_gpus", self.gpus.sql()),
+            ("want_shards", self.shards.sql()),
+            ("go", self.go.sql()),
+        ]
+        return ", ".join(f"{name} AS (\n        {body}\n    )" for name, body in parts)
+
+
+def store_statement(wanted: Wanted) -> TextClause:
     """One round trip that holds GPUs for one or more calls: the shards, their GPUs, the pools and the events.
 
-    `wanted` defines three CTEs, each keyed by `call` (an integer the caller
-    chooses, one per replica being placed; allocate() has one call, 0):
-    want_shards (call, replica_id, actor, shard_id, node_id, gpu_indices
-    sorted, fabric, hcas, weights: the path the shard pins, or NULL;
-    tolerations: taints.stored_tolerations of the request's), want_gpus
-    (call, node_id, idx, shard_id) and go
-    (one row per call: call, `ok`, whether the caller's checks, made in SQL,
-    passed; nothing of that call is written otherwise). A call without a go
-    row is not answered.
+    `wanted`: the calls' shards, GPUs and checks (Wanted, which says what
+    each must carry, and checks it).
 
     Each call stands alone: its pools and events are written only when every
     one of its rows went in (`done`), whatever happened to the other calls of
@@ -58,10 +159,13 @@ def store_statement(wanted: str) -> TextClause:
     CONFLICT DO NOTHING (an insert that meets an uncommitted row still waits
     for it, so the primary key of allocated_gpus stays the final guard).
     Shard ids must differ between the calls of one statement.
+
+    The SQL generated below looks like this, with allocate's CTEs: docs/internals/sql/scheduling.allocations.allocating/_STORE.sql
+    (the claim's: its claim_statement files).
     """
     return text(
         f"""
-        WITH {wanted}, marked AS (
+        WITH {wanted.ctes()}, marked AS (
             -- The replica ids' rows (see the module's docstring), in id order:
             -- a release of the id that left a tombstone, or is leaving one now
             -- (this insert waits for it), is seen here as its latest row
@@ -152,7 +256,7 @@ class ReplicaReleased(InventoryError):
 
     def __init__(self, replica_id: str, released_at: datetime, until: datetime) -> None:
         super().__init__(
-            f"replica {replica_id!r} was released at {_shown_time(released_at)} while it held "
+            f"replica '{shown(replica_id)}' was released at {_shown_time(released_at)} while it held "
             f"nothing (its scheduler had given up on placing it), so nothing is held for it "
             f"until {_shown_time(until)}: place it under a new replica id"
         )

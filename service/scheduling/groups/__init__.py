@@ -9,10 +9,13 @@ so every rule of "offered" (service/scheduling/availability.py) and every
 term of the ranking (service/scheduling/ranking.py) applies to members.
 
 The package, by idea: requests.py (the group as asked, its checks),
-paths.py (which path a KV pair gets), planning.py (where the replicas would
-go: locality as a score, pure), reads.py (the board, a placed group),
-placing.py (placeGroup, scaleGroup, releaseGroup), fitting.py (fitGroup),
-explaining.py (explainGroupPlacement).
+paths.py (which path a KV pair gets), board.py (the classes of like nodes a
+plan is made on, and the nodes it opened), packing.py (how takes share a
+node's GPUs: the one rule of plan and claim), planning.py (where the
+replicas would go: a complete search, locality as a score, pure), reads.py
+(the board, a placed group), claiming.py (a plan claimed under its nodes'
+locks), placing.py (placeGroup, scaleGroup, releaseGroup), fitting.py
+(fitGroup), explaining.py (explainGroupPlacement).
 """
 
 from service.scheduling.groups.explaining import GroupExplanation, explain_group

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from service.database.connections import Connection
 from service.scheduling.groups.paths import Whereabouts, kv_pairs, path_kind
-from service.scheduling.groups.planning import Misfit, plan_group
+from service.scheduling.groups.planning import Bounded, Misfit, plan_group
 from service.scheduling.groups.reads import KvPath, read_board
 from service.scheduling.groups.requests import (
     GroupRequest,
@@ -63,14 +63,21 @@ async def explain_group(conn: Connection, group: GroupRequest) -> GroupExplanati
     for r in group.roles:
         alone = plan_group(board, replace(group, roles=(r,), kv_from=None, kv_to=None))
         verdicts, omitted = await verdicts_of(conn, shape_of(r.role, r.shape, group.group_id, 0))
-        if isinstance(alone, Misfit):
+        if isinstance(alone, Bounded):
+            said = f"{r.replicas} replicas not decided alone: {alone.message}"
+        elif isinstance(alone, Misfit):
             said = f"{r.replicas} replicas do not fit even alone: {alone.message}"
         else:
             said = f"{r.replicas} replicas fit alone at locality {alone[1].level.value}"
         roles.append(
-            RoleExplanation(r.role, not isinstance(alone, Misfit), said, verdicts, omitted)
+            RoleExplanation(
+                r.role, not isinstance(alone, Misfit | Bounded), said, verdicts, omitted
+            )
         )
     outcome = plan_group(board, group)
+    if isinstance(outcome, Bounded):
+        message = f"group {shown(group.group_id)} is not decided: {outcome.message}"
+        return GroupExplanation(False, message, None, None, (), (), tuple(roles))
     if isinstance(outcome, Misfit):
         message = (
             f"group {shown(group.group_id)} would not fit: role {shown(outcome.role)} replica "
@@ -93,7 +100,7 @@ async def explain_group(conn: Connection, group: GroupRequest) -> GroupExplanati
             a, b = senders[i], receivers[j]
 
             def where(nodes: tuple[tuple[str, int], ...]) -> Whereabouts:
-                return Whereabouts(tuple((n, planned.zones[n]) for n, _ in nodes))
+                return Whereabouts(tuple((n, planned.opened[n].zone) for n, _ in nodes))
 
             paths.append(
                 KvPath(

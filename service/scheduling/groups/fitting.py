@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from service.database.connections import Connection
-from service.scheduling.groups.planning import Board, GroupPlan, Misfit, plan_group
+from service.scheduling.groups.board import Board
+from service.scheduling.groups.planning import Bounded, GroupPlan, Misfit, plan_group
 from service.scheduling.groups.reads import read_board
 from service.scheduling.groups.requests import GroupRequest, validate_group
 from service.scheduling.rejections import Rejection
@@ -37,11 +38,15 @@ class GroupFit:
     limited_by: tuple[str, ...]
 
 
-def _limits(board: Board, group: GroupRequest, misfit: Misfit) -> tuple[str, ...]:
+def _limits(board: Board, group: GroupRequest, misfit: Misfit | Bounded) -> tuple[str, ...]:
+    if isinstance(misfit, Bounded):
+        return (f"search bound reached: {misfit.message}",)
     request = board.requests[misfit.role]
     codes: Counter[VerdictCode] = Counter()
-    for c in board.classes[misfit.role]:
-        codes[judge(c.facts, request).code] += len(c.members)
+    for c in board.classes:
+        f = c.facts.get(misfit.role)
+        if f is not None:
+            codes[judge(f, request).code] += len(c.members)
     hard = " hard" if group.locality.hard else ""
     said = [f"role {misfit.role}: {misfit.message} at locality {misfit.level.value}{hard}"]
     for code, nodes in sorted(codes.items(), key=lambda item: (-item[1], item[0].value)):
@@ -52,7 +57,7 @@ def _limits(board: Board, group: GroupRequest, misfit: Misfit) -> tuple[str, ...
 
 def count_groups(
     board: Board, group: GroupRequest, *, repeats: bool = True
-) -> tuple[int, Misfit, Board]:
+) -> tuple[int, Misfit | Bounded, Board]:
     """Groups plan_group places one after another on the board, why the next does not fit, the board after.
 
     Round by round, except that a round whose repeats provably plan the same
@@ -63,11 +68,11 @@ def count_groups(
     count = 0
     while count < MAX_GROUPS:
         outcome = plan_group(board, group)
-        if isinstance(outcome, Misfit):
+        if isinstance(outcome, Misfit | Bounded):
             return count, outcome, board
         trial, plan = outcome
         moves = _moves(board, trial, plan)
-        more = _repeats(board, moves) if repeats else 0
+        more = _repeats(board, group, moves) if repeats else 0
         trial.settle()
         board = trial
         count += 1
@@ -77,101 +82,80 @@ def count_groups(
     raise AssertionError("fitGroup counted past MAX_GROUPS")
 
 
-# A node a plan used: per role, the class it was in and the class it goes to.
-Move = dict[str, tuple[int, int]]
+# A node a plan used: the class it was in and the class it goes to.
+Move = tuple[int, int]
 
 
 def _moves(board: Board, trial: Board, plan: GroupPlan) -> list[Move]:
-    """Each node the plan uses (in order of first use), with its class before and after, per role."""
+    """Each node the plan uses (in order of first use), with its class before and after."""
     nodes = list(dict.fromkeys(n for m in plan.members for n, _ in m.plan.nodes))
     moves = []
     for node_id in nodes:
-        zone = trial.zones[node_id]
-        move = {}
-        for role, f in trial.opened[node_id].items():
-            source = board.where[role][node_id]
-            move[role] = (source, board.class_for(role, f, zone))
-        moves.append(move)
+        zone = trial.opened[node_id].zone
+        target = board.class_for(trial.final_facts(node_id), zone, trial.final_cells(node_id))
+        moves.append((board.where[node_id], target))
     return moves
 
 
-def _repeats(board: Board, moves: list[Move]) -> int:
+def _repeats(board: Board, group: GroupRequest, moves: list[Move]) -> int:
     """How many more rounds after this one provably plan the same as it: 0 when none does.
 
     The planner orders nodes by their facts and then by planning_id (the
-    class's token, then the id): a round's choices depend on which classes
-    exist, which are fitting, and (through the candidates each class offers,
-    planning.Board.candidates) on how many members a class has only while it
-    has fewer than the most a round can look at. So a round that moves nodes
-    between classes that keep at least `floor` members, into classes that
-    already have that many or are not fitting for any role, leaves a board on
-    which the same round is planned again; as long as every class's token is
-    its own (two classes of one token would be told apart by node id).
+    role's token of the class, then the id): a round's choices depend on
+    which classes exist, which are fitting, and (through the candidates each
+    class offers, board.Board.candidates, and the counts of room,
+    planning._room_in) on how many members a class has. Two bounds:
+
+    - A class the round takes nodes from may shrink while it keeps more
+      than the round opened of it and one replica's shards: fewer like nodes
+      never give the search a plan it did not have, the plan it found is
+      still there (its nodes are the class's first), and every choice tried
+      before it still fails, so the same plan is found again.
+    - A class the round puts nodes into may grow only while it already
+      offers as many as any path of the search can look at (the window's
+      size: every node the group could open, and one replica's shards
+      more); more like nodes could otherwise give a failed path room. One
+      that fits no role offers none.
+
+    And for each role every class's token must be its own (two classes of
+    one token would be told apart by node id).
     """
-    floor = len(moves) + max(max(1, r.shards) for r in board.requests.values()) + 1
-    taken: dict[tuple[str, int], int] = {}
-    landed: dict[tuple[str, int], int] = {}
-    for move in moves:
-        for role, (source, target) in move.items():
-            taken[(role, source)] = taken.get((role, source), 0) + 1
-            landed[(role, target)] = landed.get((role, target), 0) + 1
-    for role, tokens in board.tokens.items():
-        live = [
-            t for i, t in enumerate(tokens) if board.classes[role][i].members or (role, i) in landed
-        ]
-        if len(set(live)) != len(live):
+    opened = sum(r.replicas * max(1, r.shape.shards) for r in group.roles)
+    most_shards = max(max(1, r.shards) for r in board.requests.values())
+    floor = len(moves) + most_shards + 1
+    plenty = opened + most_shards
+    taken: Counter[int] = Counter(source for source, _ in moves)
+    landed: Counter[int] = Counter(target for _, target in moves)
+    live = [i for i, c in enumerate(board.classes) if c.members or i in landed]
+    for role in board.requests:
+        tokens = [board.tokens[i][role] for i in live if role in board.tokens[i]]
+        if len(set(tokens)) != len(tokens):
             return 0
-    for (role, target), _ in landed.items():
-        if (role, target) in taken:
+    for target in landed:
+        if target in taken:
             return 0  # a node staying in its class: the round changed nothing countable
-        size = len(board.classes[role][target].members)
-        if board.fits[role][target] and size < floor:
-            return 0
-    for move in moves:
-        # A node's class for one role must say its class for the others: the
-        # planner picks it by one role's class and the next round's pick must
-        # land in the same classes of the others.
-        first, *others = (board.classes[r][source].members for r, (source, _) in move.items())
-        if any(len(o) != len(first) or o != first for o in others):
+        size = len(board.classes[target].members)
+        if any(board.fits[target].values()) and size < plenty:
             return 0
     repeats = MAX_GROUPS
-    for (role, source), per_round in taken.items():
+    for source, per_round in taken.items():
         # This round takes its share first; each repeat takes as much again.
-        left = len(board.classes[role][source].members) - per_round
+        left = len(board.classes[source].members) - per_round
         repeats = min(repeats, (left - floor) // per_round)
     return max(0, repeats)
 
 
 def _apply(board: Board, moves: list[Move], repeats: int) -> None:
-    """The moves of one round, `repeats` times: each takes nodes that are in every class it names.
-
-    The smallest ids common to its classes, as the planner would take them.
-    Roles that read alike have equal member lists: then those are the first
-    `repeats` of the list, and the lists are cut and merged whole (sorted()
-    merges two sorted runs in one pass).
-    """
-    for move in moves:
-        roles = list(move)
-        lists = [board.classes[r][move[r][0]].members for r in roles]
-        if all(members == lists[0] for members in lists[1:]):
-            common = lists[0]
-        else:
-            common = sorted(set.intersection(*(set(members) for members in lists)))
-        if len(common) < repeats:
-            raise AssertionError("a repeated round found too few nodes in its classes")
-        moved = common[:repeats]
-        gone: set[str] | None = None
-        for role in roles:
-            source, target = move[role]
-            left = board.classes[role][source]
-            if left.members[:repeats] == moved:
-                left.members = left.members[repeats:]
-            else:
-                gone = gone or set(moved)
-                left.members = [node_id for node_id in left.members if node_id not in gone]
-            landed = board.classes[role][target]
-            landed.members = sorted(landed.members + moved)
-            board.where[role].update(dict.fromkeys(moved, target))
+    """The moves of one round, `repeats` times: each takes the smallest ids of its class, as the planner would."""
+    for source, target in moves:
+        left = board.classes[source]
+        moved = left.members[:repeats]
+        if len(moved) < repeats:
+            raise AssertionError("a repeated round found too few nodes in its class")
+        left.members = left.members[repeats:]
+        landed = board.classes[target]
+        landed.members = sorted(landed.members + moved)
+        board.where.update(dict.fromkeys(moved, target))
 
 
 async def fit_group(conn: Connection, group: GroupRequest) -> GroupFit | Rejection:

@@ -4,18 +4,19 @@ How a group is held: the board is read from committed data (reads.read_window,
 the first members of every class that may take a shard, which gives the plan
 the whole board gives; reads.read_board for the shapes it cannot read and to
 tell why nothing fits; locking nothing), the whole group planned
-(planning.plan_group), and then,
-inside one savepoint, the group's row written and each member claimed
-through place()'s own multi-node primitive (placement.claims.claim_plan:
-lock the member's nodes without waiting, take their usable GPUs in fit
-order, allocate() through the one store path). A member is an ordinary
-replica: every check, event, fence and generation of a replica applies, and
-so does any filter availability gains. When a member's nodes are held by
-another transaction, the savepoint is rolled back (nothing of the group
-stays), this waits for those nodes' holders with nothing held, and plans
-again; when the plan no longer holds (someone committed first), it plans
-again. "Unplaceable" is said only of a plan made on committed data, so N
-concurrent calls on room for K groups place exactly K.
+(planning.plan_group), and then, inside one savepoint, the group's row
+written and its members claimed: every node of the plan locked without
+waiting, each node's GPUs packed by the rule the plan was made by and
+allocate() through the one store path (claiming.claim_group; members on one
+node each without topology or tolerations in one round,
+placement.member_claims). A member is an ordinary replica: every check,
+event, fence and generation of a replica applies, and so does any filter
+availability gains. When a member's nodes are held by another transaction,
+the savepoint is rolled back (nothing of the group stays), this waits for
+those nodes' holders with nothing held, and plans again; when the plan no
+longer holds (someone committed first: on the data it was made on, it
+always holds), it plans again. "Unplaceable" is said only of a plan made on
+committed data, so N concurrent calls on room for K groups place exactly K.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from dataclasses import dataclass, replace
 from sqlalchemy import text
 
 from service.database.connections import Connection, keep_until_commit
-from service.database.transactions import TransactionConflict
+from service.database.transactions import MAX_ATTEMPTS, TransactionConflict
 from service.errors import InventoryError
 from service.scheduling.allocations import release_replica
+from service.scheduling.groups.board import Board
+from service.scheduling.groups.claiming import claim_group
 from service.scheduling.groups.paths import CLOSENESS
-from service.scheduling.groups.planning import Board, GroupPlan, Member, Misfit, plan_group
+from service.scheduling.groups.planning import Bounded, GroupPlan, Member, Misfit, plan_group
 from service.scheduling.groups.reads import (
     StoredGroup,
     read_board,
@@ -50,7 +53,7 @@ from service.scheduling.groups.requests import (
     validate_role,
 )
 from service.scheduling.placement import Unplaceable, unplaceable
-from service.scheduling.placement.claims import Busy, claim_plan, wait_for_nodes
+from service.scheduling.placement.claims import Busy, wait_for_nodes
 from service.scheduling.placement.explanation import RoleVerdict
 from service.scheduling.placement.member_claims import claim_members, claimed_together
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
@@ -58,8 +61,11 @@ from service.scheduling.verdicts import PlaceRequest
 
 MAX_ROUNDS = 64
 # A plan that fails under the locks although no node was busy means what was
-# read changed; a plan that fails so this many times running is not retried.
-MAX_STALE = 4
+# read changed since (the claim packs each node as the plan did: on the data
+# the plan read it cannot fail, claiming.py); a plan that fails so this many
+# times running is not retried but answered CONFLICT, with the count the
+# docs give for conflicts (docs/scheduler/errors.md): one constant.
+MAX_STALE = MAX_ATTEMPTS
 
 # Whether the groupId is stored, the member ids some other replica already
 # uses (placed by place() or allocate()), and, when neither, the group's row
@@ -153,10 +159,17 @@ def requests_of(group: GroupRequest) -> dict[str, PlaceRequest]:
 
 def _member_request(group_id: str, board: Board, member: Member) -> PlaceRequest:
     request = shape_of(member.role, board.requests[member.role], group_id, member.n)
-    # FABRIC locality: the plan's fabric is the member's (claim_plan hands it to allocate()).
+    # FABRIC locality: the plan's fabric is the member's (the claim hands it to allocate()).
     if member.plan.fabric is not None and request.fabric is None:
         request = replace(request, fabric=member.plan.fabric)
     return request
+
+
+def _bounded(group: GroupRequest, bounded: Bounded) -> Rejection:
+    """The answer when the planner's search reached its bound: nothing held, and not "no room"."""
+    return Rejection(
+        RejectionCode.SEARCH_BOUND, f"group {shown(group.group_id)}: {bounded.message}"
+    )
 
 
 async def _unplaceable(
@@ -177,7 +190,9 @@ async def _unplaceable(
     for r in group.roles:
         alone = replace(group, roles=(r,), kv_from=None, kv_to=None)
         outcome = plan_group(board.fork(), alone)
-        if isinstance(outcome, Misfit):
+        if isinstance(outcome, Bounded):
+            roles.append(RoleVerdict(r.role, False, f"not decided alone: {outcome.message}"))
+        elif isinstance(outcome, Misfit):
             said = (
                 f"{r.replicas} replicas do not fit even without the other roles: {outcome.message}"
             )
@@ -207,24 +222,13 @@ async def _claim(
     requests = [_member_request(group_id, board, member) for member in plan.members]
     if claimed_together([(r, m.plan) for r, m in zip(requests, plan.members, strict=True)]):
         # One round for the whole group (member_claims.claim_members): its nodes
-        # locked at once, one store of every member.
+        # locked at once, one store of every member. Its members need no
+        # topology: each node's GPUs are one cell, which it hands out by
+        # count as the plan counted them.
         members = [(r, m.plan, m.role) for r, m in zip(requests, plan.members, strict=True)]
         together = await claim_members(conn, members, actor, held)
         return together if isinstance(together, Busy) else together is not None
-    taken: dict[tuple[str, str], list[int]] = {k: list(v) for k, v in (held or {}).items()}
-    for member in plan.members:
-        request = _member_request(group_id, board, member)
-        spread = {
-            node_id: taken.get((member.role, node_id), []) for node_id, _ in member.plan.nodes
-        }
-        outcome = await claim_plan(conn, request, member.plan, actor, spread)
-        if isinstance(outcome, Busy):
-            return outcome
-        if outcome is None:
-            return False
-        for shard in outcome.shards:
-            taken.setdefault((member.role, shard.node_id), []).extend(shard.gpu_indices)
-    return True
+    return await claim_group(conn, plan, requests, actor, held)
 
 
 async def _plan(
@@ -233,17 +237,17 @@ async def _plan(
     requests: dict[str, PlaceRequest],
     anchors: Sequence[str],
     window: bool,
-) -> tuple[Board, tuple[Board, GroupPlan] | Misfit]:
+) -> tuple[Board, tuple[Board, GroupPlan] | Misfit | Bounded]:
     """The board read and the plan on it: on the group's window when `window`, else the whole board.
 
     No plan on the window means none on the whole board (reads.read_window),
-    whose Misfit is the one to tell: it is read for that.
+    whose Misfit (or Bounded) is the one to tell: it is read for that.
     """
     if window:
         board = await read_window(conn, group, requests)
         if board is not None:
             outcome = plan_group(board, group, anchors)
-            if not isinstance(outcome, Misfit):
+            if not isinstance(outcome, Misfit | Bounded):
                 return board, outcome
     board = await read_board(conn, group, requests)
     return board, plan_group(board, group, anchors)
@@ -257,7 +261,7 @@ async def _hold(
     anchors: Sequence[str] = (),
     numbered: dict[str, int] | None = None,
     held: Mapping[tuple[str, str], Sequence[int]] | None = None,
-) -> _Held | Misfit | _Taken:
+) -> _Held | Misfit | Bounded | _Taken:
     """Plan and claim the group's replicas in one savepoint, planning again after a wait or a stale plan.
 
     `numbered`: the first member number of each role (scaleGroup adds after
@@ -269,7 +273,7 @@ async def _hold(
     window = windowed(group, requests, anchors)
     for _ in range(MAX_ROUNDS):
         board, outcome = await _plan(conn, group, requests, anchors, window)
-        if isinstance(outcome, Misfit):
+        if isinstance(outcome, Misfit | Bounded):
             return outcome
         _, plan = outcome
         if numbered:
@@ -333,14 +337,14 @@ async def place_group(
     problem = validate_group(group)
     if problem is not None:
         return problem
-    for _ in range(2):
+    for _ in range(MAX_STALE):
         # Whether the groupId is stored or its ids used is asked by the
         # statement that writes the group's rows (_INSERT_GROUP), after the
         # plan: a round trip fewer for every group placed. A plan that finds
         # no room asks it alone: a retry of a stored group is answered what is
         # stored however full the cluster is now.
         outcome = await _hold(conn, group, actor, write_rows=True)
-        if isinstance(outcome, Misfit):
+        if isinstance(outcome, Misfit | Bounded):
             ids = [
                 member_id(group.group_id, r.role, n) for r in group.roles for n in range(r.replicas)
             ]
@@ -348,6 +352,8 @@ async def place_group(
             refused = await _refused(conn, group, start.placed, start.used)
             if refused is not None:
                 return refused
+            if isinstance(outcome, Bounded):
+                return _bounded(group, outcome)
             board = await read_board(conn, group, requests_of(group))
             return await _unplaceable(conn, group, board, outcome)
         if isinstance(outcome, _Taken):
@@ -360,7 +366,7 @@ async def place_group(
         placed = await read_group(conn, group.group_id, (group.spec(), outcome.generation))
         assert placed is not None
         return placed
-    raise TransactionConflict(2)
+    raise TransactionConflict(MAX_STALE)
 
 
 async def _refused(
@@ -459,6 +465,8 @@ async def scale_group(
         numbered={role: first},
         held=held,
     )
+    if isinstance(outcome, Bounded):
+        return _bounded(addition, outcome)
     if isinstance(outcome, Misfit):
         board = await read_board(conn, addition, requests_of(addition))
         return await _unplaceable(conn, addition, board, outcome)

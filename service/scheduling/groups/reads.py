@@ -11,6 +11,8 @@ from sqlalchemy import text
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.allocations import ShardRecord, shard_columns, shard_from_row
+from service.scheduling.groups.board import Board, NodeClass
+from service.scheduling.groups.packing import usable_of
 from service.scheduling.groups.paths import (
     KvPathKind,
     Whereabouts,
@@ -18,7 +20,6 @@ from service.scheduling.groups.paths import (
     kv_pairs,
     path_kind,
 )
-from service.scheduling.groups.planning import Board, NodeClass
 from service.scheduling.groups.requests import GroupRequest, LocalityLevel
 from service.scheduling.placement.fit import (
     census_facts_sql,
@@ -26,21 +27,23 @@ from service.scheduling.placement.fit import (
     survey_groups_sql,
 )
 from service.scheduling.placement.statements import facts_of, request_params
-from service.scheduling.pool_census import DECLINED, MOST_KINDS
+from service.scheduling.pool_census import DECLINED, KIND, MOST_KINDS, census_predicate
 from service.scheduling.verdicts import NodeFacts, PlaceRequest
 
 
-def _zone_columns(group: GroupRequest, pool: str = "p") -> dict[str, str]:
+def _zone_columns(group: GroupRequest, pool: str = "p", census: bool = False) -> dict[str, str]:
     """The zone of each pool's node, as extra columns of fit's grouped survey (or the census's).
 
     The NVLink domain (the pool's: availability.shared_nvlink_domain) is read
     only when the locality asks about domains (NODE falls back to
     NVLINK_DOMAIN), so that other groups' classes do not split by it.
-    `pool`: the alias of the pool (or kind of pool) the columns are over.
+    `pool`: the alias of the pool (or, `census`, the kind of pool) the
+    columns are over. For a group with an nvlinkShards role, also
+    `nvlink_cells` (_cells_sql).
     """
     level = group.locality.level
     domains = level in (LocalityLevel.NODE, LocalityLevel.NVLINK_DOMAIN)
-    return {
+    columns = {
         "zone_domain": f"NULLIF({pool}.nvlink_domain, '')" if domains else "CAST(NULL AS text)",
         "zone_label": (
             f"(SELECT x.labels ->> CAST(:zone_label AS text) FROM nodes x"
@@ -49,38 +52,119 @@ def _zone_columns(group: GroupRequest, pool: str = "p") -> dict[str, str]:
             else "CAST(NULL AS text)"
         ),
     }
+    if any(r.shape.nvlink_shards for r in group.roles):
+        columns["nvlink_cells"] = _cells_sql(pool, census)
+    return columns
+
+
+# A cell of nvlink_cells: free GPUs * CELL + those of them used last.
+CELL = 1000
+
+
+def _cells_sql(pool: str, census: bool) -> str:
+    """SQL: per NVLink group of the pool's free GPUs, how many and how many a PREFER_NO_SCHEDULE taint sends last.
+
+    Each as free * CELL + last, ascending, from the pool's own arrays
+    (free_indices, free_groups, last_resort_indices: gpu_pools): the plan
+    packs a node's NVLink groups, and a claim takes a group's other GPUs
+    before those, so the ranking's last-resort term counts what it left
+    exactly. A kind of the census (`census`) fixes free_groups but not which
+    GPUs are used last: for a kind with some, its pools are read (the
+    census index's range of the kind) and the cells are the kind's when
+    every pool of it has the same, NULL otherwise (the board is then read
+    from the survey, reads._read).
+    """
+
+    def of_pool(p: str) -> str:
+        return (
+            f"ARRAY(SELECT count(*) * {CELL}"
+            f" + count(*) FILTER (WHERE x.i = ANY({p}.last_resort_indices))"
+            f" FROM unnest({p}.free_indices, {p}.free_groups) AS x(i, g)"
+            " WHERE x.g IS NOT NULL GROUP BY x.g ORDER BY 1)"
+        )
+
+    if not census:
+        return of_pool(pool)
+    same = " AND ".join(f"q.{column} = {pool}.{column}" for column in KIND)
+    of_kind = f"FROM gpu_pools q WHERE q.gpu_class = :cls AND {census_predicate('q')} AND {same}"
+    return (
+        f"CASE WHEN {pool}.last_resort = 0 THEN ARRAY("
+        f"SELECT count(*) * {CELL} FROM unnest({pool}.free_groups) AS x(g)"
+        " WHERE x.g IS NOT NULL GROUP BY x.g ORDER BY 1)"
+        f" ELSE (SELECT CASE WHEN min(u.v) = max(u.v) THEN min(u.v) END"
+        f" FROM (SELECT {of_pool('q')} AS v {of_kind}) u) END"
+    )
+
+
+def _cells(value: Any) -> tuple[tuple[int, int], ...] | None:
+    """nvlink_cells as (free, used last) per NVLink group, most free first, then fewest used last."""
+    if value is None:
+        return None
+    return tuple(sorted(((v // CELL, v % CELL) for v in value), key=lambda c: (-c[0], c[1])))
 
 
 def board_sql(group: GroupRequest, request: PlaceRequest) -> str:
-    """The statement read_board sends for one role: fit's grouped survey with the zone columns."""
+    """The statement read_board sends for one role: fit's grouped survey with the zone columns.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.groups.reads/board_sql.any.sql
+    (every shape beside it).
+    """
     return survey_groups_sql(request, all_fabrics=True, extra=_zone_columns(group))
 
 
 def board_census_sql(group: GroupRequest, request: PlaceRequest) -> str:
-    """The statement read_board sends for one role of a group `windowed`: the census of every kind."""
+    """The statement read_board sends for one role of a group `windowed`: the census of every kind.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.groups.reads/board_census_sql.any.sql
+    (every shape beside it).
+    """
     return census_facts_sql(
-        request, reads="members", all_fabrics=True, extra=_zone_columns(group, "c")
+        request, reads="members", all_fabrics=True, extra=_zone_columns(group, "c", census=True)
     )
 
 
 def window_sql(group: GroupRequest, request: PlaceRequest) -> str:
-    """The statement read_window sends for one role: the census of the kinds that take a shard."""
+    """The statement read_window sends for one role: the census of the kinds that take a shard.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.groups.reads/window_sql.any.sql
+    (every shape beside it).
+    """
     return census_facts_sql(
-        request, reads="window", all_fabrics=True, extra=_zone_columns(group, "c")
+        request, reads="window", all_fabrics=True, extra=_zone_columns(group, "c", census=True)
     )
 
 
-def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
-    """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them)."""
-    found: dict[tuple[NodeFacts, Zone], NodeClass] = {}
+@dataclass
+class _Read:
+    """One role's read of a class: its facts, zone, NVLink cells (NodeClass.cells) and member ids."""
+
+    facts: NodeFacts
+    zone: Zone
+    cells: tuple[tuple[int, int], ...] | None
+    members: list[str]
+
+
+def _classes(rows: Iterable[Any], keep: int | None = None) -> list[_Read] | None:
+    """A statement's rows as classes: each row's facts, zone and member ids (the first `keep` of them).
+
+    None when a row's NVLink cells are not known (a census kind with GPUs
+    used last: _cells_sql).
+    """
+    found: dict[tuple[object, ...], _Read] = {}
     for row in rows:
         members = sorted(row.members)
         zone = Zone(tuple(row.fabrics), row.zone_domain, row.zone_label)
         facts = replace(facts_of(row), node_id=members[0])
-        key = (replace(facts, node_id=""), zone)
+        mapping = row._mapping
+        cells = None
+        if "nvlink_cells" in mapping:
+            cells = _cells(mapping["nvlink_cells"])
+            if cells is None:
+                return None
+        key = (replace(facts, node_id=""), zone, cells)
         same = found.get(key)
         if same is None:
-            found[key] = NodeClass(facts, zone, members[:keep] if keep else members)
+            found[key] = _Read(facts, zone, cells, members[:keep] if keep else members)
             continue
         # Kinds of pool the request cannot tell apart (their topology, when it
         # reads none): one class, as the survey groups them.
@@ -93,8 +177,59 @@ def _classes(rows: Iterable[Any], keep: int | None = None) -> list[NodeClass]:
             ]
         )
         members.sort()
-        found[key] = NodeClass(replace(same.facts, node_id=members[0]), zone, members)
+        found[key] = _Read(replace(same.facts, node_id=members[0]), zone, cells, members)
     return list(found.values())
+
+
+def _joint(
+    roles: Sequence[str], reads: Mapping[str, list[_Read]], one_class: bool
+) -> list[NodeClass]:
+    """The roles' classes as classes of the board: nodes every role's read puts together.
+
+    A node is in the class of the nodes that each role's read put in the same
+    class as it (board.NodeClass); a role whose read lacks the node has no
+    facts of it there. The zone is the first role's that reads the node.
+    """
+    keys: dict[str, list[int]] = {}
+    for k, role in enumerate(roles):
+        for i, c in enumerate(reads[role]):
+            for node_id in c.members:
+                keys.setdefault(node_id, [-1] * len(roles))[k] = i
+    grouped: dict[tuple[int, ...], list[str]] = {}
+    for node_id, found in keys.items():
+        grouped.setdefault(tuple(found), []).append(node_id)
+    classes = []
+    for key, members in grouped.items():
+        members.sort()
+        facts = {
+            role: replace(reads[role][i].facts, node_id=members[0])
+            for role, i in zip(roles, key, strict=True)
+            if i >= 0
+        }
+        first = next(reads[role][i] for role, i in zip(roles, key, strict=True) if i >= 0)
+        # NVLink cells are of one GPU class's pool: kept for groups of one class.
+        classes.append(NodeClass(facts, first.zone, members, first.cells if one_class else None))
+    return classes
+
+
+def _derived(facts: NodeFacts, request: PlaceRequest) -> NodeFacts:
+    """A role's facts from the facts read for an nvlinkShards role of the same class (reader_of).
+
+    For a `windowed` group the census's statements for two roles of the one
+    GPU class differ only in the topology column: the nvlinkShards one reads
+    the free GPUs of each NVLink group (and, for its :per, the usable ones);
+    a role without nvlinkShards reads none.
+    """
+    if not request.nvlink_shards or facts.topology is None:
+        return replace(facts, topology=None)
+    topology = facts.topology
+    usable = usable_of(topology.groups, request.gpus_per_shard)
+    return replace(facts, topology=replace(topology, usable=usable))
+
+
+def reader_of(requests: Mapping[str, PlaceRequest]) -> str:
+    """The role whose census read gives every role's facts of a `windowed` group: nvlinkShards first."""
+    return next((r for r, q in requests.items() if q.nvlink_shards), next(iter(requests)))
 
 
 async def _read(
@@ -105,17 +240,41 @@ async def _read(
     extra: Mapping[str, Any],
     keep: int | None = None,
     census: bool = False,
-) -> dict[str, list[NodeClass]] | None:
-    """Each role's classes from `statement`, one read per distinct statement; None when one declines.
+) -> list[NodeClass] | None:
+    """The board's classes from `statement`; None when the census declines (too many kinds).
 
-    `keep`: the first members of each class kept; `census`: the statement is
-    the pool census's, which declines past MOST_KINDS kinds.
+    `census`: the statement is the pool census's, for a `windowed` group:
+    one read, of the role reader_of names, gives every role's facts
+    (_derived), so its classes are every role's at once. Otherwise one read
+    per distinct statement, the classes joined (_joint). `keep`: the first
+    members of each class kept.
     """
-    classes: dict[str, list[NodeClass]] = {}
+    roles = list(requests)
+    if census:
+        reader = reader_of(requests)
+        request = requests[reader]
+        sql = statement(request)
+        params = {**request_params(request), "zone_label": group.locality.label, **extra}
+        used = {k: v for k, v in params.items() if f":{k}" in sql}
+        rows = list(await conn.execute(cached_text(sql), used))
+        if len(rows) > MOST_KINDS:
+            DECLINED.count("kinds")
+            return None
+        kinds = _classes(rows, keep)
+        if kinds is None:
+            DECLINED.count("last_resort")
+            return None
+        return [
+            NodeClass(
+                {r: _derived(c.facts, requests[r]) for r in roles}, c.zone, c.members, c.cells
+            )
+            for c in kinds
+        ]
+    reads: dict[str, list[_Read]] = {}
     # Roles whose statement and parameters are the same (prefill and decode
     # of one class, without topology, differ only in GPUs per shard, which
     # the statement does not read) share one read.
-    read: dict[tuple[str, str], list[NodeClass]] = {}
+    read: dict[tuple[str, str], list[_Read]] = {}
     for role, request in requests.items():
         sql = statement(request)
         params = {**request_params(request), "zone_label": group.locality.label, **extra}
@@ -123,13 +282,11 @@ async def _read(
         same = (sql, repr(sorted(used.items())))
         if same not in read:
             rows = list(await conn.execute(cached_text(sql), used))
-            if census and len(rows) > MOST_KINDS:
-                DECLINED.count("kinds")
-                return None
-            read[same] = _classes(rows, keep)
-        # Each role's own classes: settling one role's nodes must not move another's.
-        classes[role] = [NodeClass(c.facts, c.zone, list(c.members)) for c in read[same]]
-    return classes
+            classes = _classes(rows, keep)
+            assert classes is not None, "the survey knows every pool's NVLink cells"
+            read[same] = classes
+        reads[role] = read[same]
+    return _joint(roles, reads, len({r.gpu_class for r in requests.values()}) == 1)
 
 
 async def read_board(
@@ -162,7 +319,7 @@ async def read_board(
     if classes is None:
         classes = await _read(conn, group, requests, lambda r: board_sql(group, r), {})
     assert classes is not None
-    return Board(dict(requests), classes)
+    return Board(dict(requests), classes, window_size(requests, group))
 
 
 def windowed(
@@ -210,7 +367,8 @@ async def read_window(
     nothing fits, which placeGroup then reads from the whole board). Read
     from the pool census (pool_census.py: one descent per kind of pool), so
     it costs what the kinds of node cost, not the cluster. None when the
-    census declines (too many kinds). For a group that is `windowed`.
+    census declines (too many kinds, or NVLink cells it cannot tell:
+    _cells_sql). For a group that is `windowed`.
     """
     keep = window_size(requests, group)
     classes = await _read(
@@ -226,8 +384,9 @@ async def read_window(
             "need": min(r.gpus_per_shard for r in requests.values()),
         },
         keep,
+        census=True,
     )
-    return None if classes is None else Board(dict(requests), classes)
+    return None if classes is None else Board(dict(requests), classes, keep)
 
 
 @dataclass(frozen=True)

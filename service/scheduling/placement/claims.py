@@ -6,7 +6,7 @@ Why it is correct under concurrency is told in the package's docstring
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,6 @@ from service.scheduling.allocations import (
     store_calls,
 )
 from service.scheduling.placement.explanation import Unplaceable, unplaceable
-from service.scheduling.placement.numa import numa_spread
 from service.scheduling.placement.plan import (
     Plan,
     same_shape,
@@ -94,14 +93,8 @@ async def _try(
     request: PlaceRequest,
     plan: Plan,
     actor: str | None,
-    spread: Mapping[str, Sequence[int]] | None = None,
 ) -> Allocated | _Busy | None:
-    """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale.
-
-    `spread`: per node, GPUs that replicas of the same role already hold
-    there (placement groups): without topology, the shards then take GPUs
-    of the NUMA node those hold fewest of first (numa_spread).
-    """
+    """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale."""
     node_ids = sorted({node_id for node_id, _ in plan.nodes})
     savepoint = await conn.begin_nested()
     try:
@@ -111,8 +104,6 @@ async def _try(
             await savepoint.rollback()
             return _Busy(set(node_ids) - got)
         free, near = await _usable_gpus(conn, request, plan, node_ids)
-        if spread and not request.needs_topology:
-            free = await numa_spread(conn, free, spread)
         names = iter(shard_ids(request))
         shards: list[ShardRequest] = []
         per = request.gpus_per_shard
@@ -168,9 +159,6 @@ async def _usable_gpus(
             {"ids": node_ids, "cls": request.gpu_class, "tolerations": tolerations},
         )
         return {r.node_id: list(r.indices) for r in rows}, {}
-    order = fit_order(
-        request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=plan.domain is not None
-    )
     params = {
         "ids": node_ids,
         "cls": request.gpu_class,
@@ -181,10 +169,23 @@ async def _usable_gpus(
     }
     free: dict[str, list[int]] = {}
     near: dict[tuple[str, int], list[str]] = {}
-    for r in await conn.execute(cached_text(f"{order} ORDER BY 1, 4"), params):
+    statement = cached_text(usable_gpus_sql(request, plan.domain is not None))
+    for r in await conn.execute(statement, params):
         free.setdefault(r.node_id, []).append(r.idx)
         near[(r.node_id, r.idx)] = list(r.hcas)
     return free, near
+
+
+def usable_gpus_sql(request: PlaceRequest, domain: bool) -> str:
+    """_usable_gpus' statement with topology: the fit order of the nodes :ids, node by node.
+
+    `domain`: only the GPUs of the plan's NVLink domain (:domain).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.claims/usable_gpus_sql.nvlink.sql
+    (every shape beside it).
+    """
+    order = fit_order(request, "g.node_id = ANY(CAST(:ids AS text[]))", domain=domain)
+    return f"{order} ORDER BY 1, 4"
 
 
 async def _wait_for(conn: Connection, node_ids: set[str]) -> None:

@@ -45,13 +45,19 @@ from service.scheduling.availability import (
     PoolOffer,
     pool_withholding_taint,
 )
-from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
+from service.scheduling.freshness import gpu_facts_fresh
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
-from service.scheduling.placement.statements import facts_of, request_params
+from service.scheduling.placement.statements import (
+    disk_fits,
+    facts_of,
+    node_facts,
+    request_params,
+)
 from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
+from service.scheduling.taints import judged_taint
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
 
@@ -109,6 +115,20 @@ def after(f: NodeFacts, request: PlaceRequest, shards: int) -> NodeFacts:
     return replace(f, free=f.free - gpus, topology=topology, last_resort=last_resort)
 
 
+def _pool_state(schedulable: str, node_id: str) -> str:
+    """SQL: the state judge() reads of a pool's node, its row looked up only for a node that takes no placement.
+
+    `schedulable`: the pool's (or the kind of pool's) column, which every
+    write keeps equal to availability.node_schedulable (gpu_pools.py), so a
+    schedulable node's state is known without its row; the others are read
+    for the state their verdict names.
+    """
+    return (
+        f"CASE WHEN {schedulable} THEN '{SCHEDULABLE_STATE}'"
+        f" ELSE (SELECT n.state FROM nodes n WHERE n.id = {node_id}) END"
+    )
+
+
 def survey_groups_sql(
     request: PlaceRequest, *, all_fabrics: bool = False, extra: Mapping[str, str] | None = None
 ) -> str:
@@ -127,6 +147,9 @@ def survey_groups_sql(
     and judge locality by them). `extra`: more columns (name: SQL over the
     pool `p` and, when the request reads it, the node `n`) that split the
     groups too: placement groups' NVLink domain and locality label.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.fit/survey_groups_sql.plain.sql
+    (every shape beside it).
     """
     extra = dict(extra or {})
     wants_fabrics = all_fabrics or request.fabric is not None or request.shards > 1
@@ -136,8 +159,10 @@ def survey_groups_sql(
         if wants_fabrics
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
+    # Each fact of the node's row as statements.node_facts reads it, where the request reads it.
+    node = node_facts("n")
     holds = weights.holds("p.node_id") if request.weights is not None else "false"
-    knows = "n.knows_its_weights" if request.weights is not None else "false"
+    knows = node["knows_its_weights"] if request.weights is not None else "false"
     # The node's copy of the weights, as place ranks and judges it (placement/weights.py).
     copy = (
         f"CAST({weights.copy_of('p.node_id')} AS jsonb)"
@@ -145,18 +170,14 @@ def survey_groups_sql(
         else "CAST(NULL AS jsonb)"
     )
     label_ok = (
-        "(n.labels ->> CAST(:label_key AS text)) IS NOT DISTINCT FROM CAST(:label_value AS text)"
+        f"({node['label_value']}) IS NOT DISTINCT FROM CAST(:label_value AS text)"
         if request.label is not None
         else "true"
     )
-    label = "n.labels ->> CAST(:label_key AS text)" if request.label is not None else "NULL"
-    disk_ok = (
-        "(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)"
-        if request.min_local_disk_free is not None
-        else "true"
-    )
+    label = node["label_value"] if request.label is not None else "NULL"
+    disk_ok = disk_fits("n") if request.min_local_disk_free is not None else "true"
     fresh, age = (
-        (gpu_facts_fresh("n"), gpu_facts_age("n"))
+        (gpu_facts_fresh("n"), node["gpus_facts_age"])
         if request.max_age is not None
         else ("true", "CAST(NULL AS float8)")
     )
@@ -168,15 +189,12 @@ def survey_groups_sql(
     reads_node = reads_node or request.min_local_disk_free is not None
     reads_node = reads_node or request.max_age is not None
     if reads_node:
-        state, source = "n.state", "gpu_pools p JOIN nodes n ON n.id = p.node_id"
+        state, source = node["state"], "gpu_pools p JOIN nodes n ON n.id = p.node_id"
     else:
-        state = (
-            f"CASE WHEN p.schedulable THEN '{SCHEDULABLE_STATE}'"
-            " ELSE (SELECT n.state FROM nodes n WHERE n.id = p.node_id) END"
-        )
+        state = _pool_state("p.schedulable", "p.node_id")
         source = "gpu_pools p"
     disk = (
-        "n.local_disk_free, n.local_disk_total"
+        f"{node['local_disk_free']} AS local_disk_free, {node['local_disk_total']} AS local_disk_total"
         if request.min_local_disk_free is not None
         else "CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total"
     )
@@ -204,7 +222,8 @@ def survey_groups_sql(
            array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
         SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
-               {offer.last_resort} AS last_resort, CAST({offer.taint} AS jsonb) AS taint,
+               {offer.last_resort} AS last_resort,
+               {judged_taint(f"CAST({offer.taint} AS jsonb)")} AS taint,
                {state} AS state,{"".join(f" {sql} AS {name}," for name, sql in extra.items())}
                {disk}, {disk_ok} AS disk_ok,
                {knows} AS knows_its_weights, {holds} AS holds_weights, {copy} AS weights_copy,
@@ -398,6 +417,9 @@ def census_facts_sql(
     (fitGroup's board): every kind, uncounted, the first :ids ids of each
     (all of them for a NULL :ids). `all_fabrics` and `extra` as
     survey_groups_sql's, with `extra` over the kind `c`.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.fit/census_facts_sql.plain.count.sql
+    (every shape beside it).
     """
     topology = (
         f"CAST({pool_facts('c.free_groups', 'c.nvlink_known')} AS json)"
@@ -423,8 +445,7 @@ def census_facts_sql(
     columns = "".join(f", {sql} AS {name}" for name, sql in (extra or {}).items())
     return f"""
     SELECT {first} AS node_id,
-           CASE WHEN c.schedulable THEN '{SCHEDULABLE_STATE}'
-                ELSE (SELECT n.state FROM nodes n WHERE n.id = {first}) END AS state,
+           {_pool_state("c.schedulable", first)} AS state,
            CAST(NULL AS text) AS state_reason, c.free, c.withheld, c.last_resort,
            (SELECT {taint} FROM gpu_pools r WHERE r.node_id = {first} AND r.gpu_class = :cls)
                AS taint,

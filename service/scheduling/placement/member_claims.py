@@ -45,7 +45,8 @@ async def claim_members(
     (a Busy names those another transaction holds; nothing is waited for),
     found schedulable under the lock, their offered GPUs read once, and each
     member given its shards from its node's GPUs in the order _try gives
-    them (spread over NUMA nodes away from those its kin hold there:
+    them (spread over NUMA nodes away from those its kin hold there, those
+    a PREFER_NO_SCHEDULE taint sends last still last:
     members of one `kin`, a role say, and `held`, per (kin, node)), the members taking
     GPUs one after the other; then all are held by one store statement
     (allocations.allocate_on_locked_nodes). None when the plan no longer
@@ -66,6 +67,7 @@ async def claim_members(
     if not all(r.schedulable for r in rows):
         return None
     free = {r.id: list(r.indices) for r in rows}
+    last = {r.id: set(r.last_indices) for r in rows}
     numa: dict[tuple[str, int], int | None] = {}
     for r in rows:
         numa |= numa_of(r.id, r)
@@ -77,7 +79,7 @@ async def claim_members(
         ((node_id, count),) = plan.nodes
         left = free.get(node_id, [])
         if node_id in spread and taken.get((kin, node_id)):
-            left = spread_order(node_id, left, taken[(kin, node_id)], numa)
+            left = spread_order(node_id, left, taken[(kin, node_id)], numa, last[node_id])
         per = request.gpus_per_shard
         if len(left) < count * per:
             return None

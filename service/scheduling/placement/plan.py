@@ -17,6 +17,7 @@ from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.taints import toleration_problem
 from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
+from service.stored_text import storable
 
 SHARD_SUFFIX = "-s{}"
 MAX_REPLICA_ID_LENGTH = MAX_ID_LENGTH - len(SHARD_SUFFIX.format(MAX_SHARDS))
@@ -38,9 +39,9 @@ def shard_ids(request: PlaceRequest) -> list[str]:
 def validate_place(request: PlaceRequest) -> Rejection | None:
     texts = [request.replica_id, request.gpu_class, request.fabric, request.weights]
     texts += list(request.label or ())
-    if any(t is not None and "\x00" in t for t in texts):
+    if any(t is not None and not storable(t) for t in texts):
         # PostgreSQL text cannot hold it; refuse it here rather than as a database error.
-        return invalid("a text field contains a NUL character")
+        return invalid("a text field contains a NUL character or a lone surrogate")
     if not request.replica_id:
         return invalid("replicaId is empty")
     if len(request.replica_id) > MAX_REPLICA_ID_LENGTH:

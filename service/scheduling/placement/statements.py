@@ -49,6 +49,43 @@ def fabrics_sql(node_id: str, prefix: str = "") -> str:
     return attached_fabrics(node_attachments(node_id), prefix)
 
 
+def node_facts(n: str) -> dict[str, str]:
+    """The facts judge() reads of the node row `n` (of `nodes`), as SQL by column name.
+
+    The one list every statement that reads candidates selects (NodeFacts;
+    facts_of reads them back by these names), and where fit's survey takes
+    those it reads (placement/fit.py).
+    """
+    return {
+        "state": f"{n}.state",
+        "state_reason": state_reason_sql(n),
+        "local_disk_free": f"{n}.local_disk_free",
+        "local_disk_total": f"{n}.local_disk_total",
+        "knows_its_weights": f"{n}.knows_its_weights",
+        "label_value": f"{n}.labels ->> CAST(:label_key AS text)",
+        "gpus_facts_age": gpu_facts_age(n),
+    }
+
+
+def disk_fits(n: str) -> str:
+    """SQL: the node row `n` has :min_disk bytes of local disk free, or does not say.
+
+    Unknown disk is not a full disk (judge()'s DISK check says the same).
+    """
+    return f"({n}.local_disk_free IS NULL OR {n}.local_disk_free >= :min_disk)"
+
+
+# The names node_facts gives, in its order.
+NODE_FACTS = tuple(node_facts("n"))
+
+
+def node_facts_sql(n: str) -> str:
+    """SQL select list: node_facts of the node row `n`, each under its name."""
+    return ", ".join(
+        sql if sql == f"{n}.{name}" else f"{sql} AS {name}" for name, sql in node_facts(n).items()
+    )
+
+
 def _facts_sql(request: PlaceRequest, source: str) -> str:
     """The facts judge() reads of each pool `p` (with its node `n`) that `source` gives.
 
@@ -58,14 +95,10 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
     offer = PoolOffer("p", request.tolerating)
     return f"""
     SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
-           {offer.last_resort} AS last_resort, {offer.taint} AS taint, n.state,
-           {state_reason_sql("n")} AS state_reason,
-           n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-           {gpu_facts_age("n")} AS gpus_facts_age,
+           {offer.last_resort} AS last_resort, {offer.taint} AS taint, {node_facts_sql("n")},
            {weights.holds("p.node_id")} AS holds_weights,
            {weights.copy_of("p.node_id")} AS weights_copy,
            {fabrics_sql("p.node_id")},
-           n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "p.node_id")} AS topology
     {source}{offer.join}
 """
@@ -75,12 +108,9 @@ def _facts_of_ranked(request: PlaceRequest) -> str:
     # Each ranked node's row by its key (service/database/plan_shapes.py): a
     # window of sixteen joined to nodes had every node hashed.
     return f"""
-    SELECT c.node_id, c.free, c.withheld, c.last_resort, CAST(NULL AS json) AS taint, n.state,
-           {state_reason_sql("n")} AS state_reason,
-           n.local_disk_free, n.local_disk_total, n.knows_its_weights, c.holds_weights,
-           c.weights_copy, {gpu_facts_age("n")} AS gpus_facts_age,
+    SELECT c.node_id, c.free, c.withheld, c.last_resort, CAST(NULL AS json) AS taint,
+           {node_facts_sql("n")}, c.holds_weights, c.weights_copy,
            {fabrics_sql("c.node_id")},
-           n.labels ->> CAST(:label_key AS text) AS label_value,
            {facts_column(request, "c.node_id")} AS topology
     FROM ranked c {key_row("nodes", "n", {"id": "c.node_id"})}
     ORDER BY {order_sql("c")}
@@ -131,10 +161,9 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
         )
     node_checks = []
     if request.label is not None:
-        node_checks.append("n.labels ->> CAST(:label_key AS text) = :label_value")
+        node_checks.append(f"{node_facts('n')['label_value']} = :label_value")
     if request.min_local_disk_free is not None:
-        # Unknown disk is not a full disk.
-        node_checks.append("(n.local_disk_free IS NULL OR n.local_disk_free >= :min_disk)")
+        node_checks.append(disk_fits("n"))
     if request.max_age is not None:
         node_checks.append(gpu_facts_fresh("n"))
 
@@ -242,7 +271,12 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     return ranked + " LIMIT :limit"
 
 
-def _candidates_sql(request: PlaceRequest) -> str:
+def candidates_sql(request: PlaceRequest) -> str:
+    """The window of candidates place() and explain() plan from: _ranked_sql's nodes with their facts.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/candidates_sql.plain.sql
+    (every shape beside it).
+    """
     return f"WITH ranked AS ({_ranked_sql(request)}) {_facts_of_ranked(request)}"
 
 
@@ -260,6 +294,9 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     and a claim on the node may have committed in between (see
     _REPLACE_REPORT in service/fleet/nodes.py). The free GPUs are counted by the
     next statement, the claim (claim_statement).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/pick_sql.plain.sql
+    (every shape beside it).
     """
     return f"""
     WITH stored AS (
@@ -268,11 +305,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
     ), ranked AS ({_ranked_sql(request, drawn_first)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.withheld, c.last_resort, c.holds_weights, c.weights_rank,
-               c.weights_copy, n.state,
-               {state_reason_sql("n")} AS state_reason,
-               n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-               n.labels ->> CAST(:label_key AS text) AS label_value,
-               {gpu_facts_age("n")} AS gpus_facts_age
+               c.weights_copy, {node_facts_sql("n")}
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         -- Re-checked on the row as locked: a node cordoned since the
         -- snapshot is passed over (and stays locked until commit). A taint
@@ -293,12 +326,8 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            k.last_resort AS picked_last_resort, CAST(NULL AS json) AS picked_taint,
            k.holds_weights AS picked_holds_weights,
            k.weights_copy AS picked_weights_copy,
-           k.state AS picked_state, k.state_reason AS picked_state_reason,
-           k.local_disk_free AS picked_local_disk_free,
-           k.local_disk_total AS picked_local_disk_total,
-           k.knows_its_weights AS picked_knows_its_weights,
-           k.label_value AS picked_label_value, CAST(NULL AS json) AS picked_topology,
-           k.gpus_facts_age AS picked_gpus_facts_age,
+           {", ".join(f"k.{name} AS picked_{name}" for name in NODE_FACTS)},
+           CAST(NULL AS json) AS picked_topology,
            {fabrics_sql("k.id", "picked_")},
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
            st.created_at, st.fence, st.generation, st.held_since
@@ -322,16 +351,15 @@ def pick_several_sql(request: PlaceRequest) -> str:
     nodes' free GPUs afresh under the lock, and with topology its fit order
     too (the window is drawn before the topology check, as pick_sql draws
     it).
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/pick_several_sql.plain.sql
+    (every shape beside it).
     """
     return f"""
     WITH ranked AS ({_ranked_sql(request, drawn_first=request.needs_topology)}
     ), picked AS MATERIALIZED (
         SELECT n.id, c.free, c.withheld, c.last_resort, c.last_resort_term, c.holds_weights,
-               c.weights_rank, c.weights_copy, c.flexibility, c.tiebreak, n.state,
-               {state_reason_sql("n")} AS state_reason,
-               n.local_disk_free, n.local_disk_total, n.knows_its_weights,
-               n.labels ->> CAST(:label_key AS text) AS label_value,
-               {gpu_facts_age("n")} AS gpus_facts_age
+               c.weights_rank, c.weights_copy, c.flexibility, c.tiebreak, {node_facts_sql("n")}
         FROM ranked c JOIN nodes n ON n.id = c.node_id
         WHERE {node_schedulable("n")}
         ORDER BY {order_sql("c")}
@@ -341,10 +369,8 @@ def pick_several_sql(request: PlaceRequest) -> str:
     SELECT ARRAY(SELECT DISTINCT s.replica_id FROM shards s
                  WHERE s.replica_id = ANY(CAST(:replica_ids AS text[]))) AS stored_ids,
            k.id AS node_id, k.free, k.withheld, k.last_resort, CAST(NULL AS json) AS taint,
-           k.holds_weights, k.weights_copy, k.state, k.state_reason,
-           k.local_disk_free, k.local_disk_total, k.knows_its_weights, k.label_value,
-           CAST(NULL AS json) AS topology, k.gpus_facts_age,
-           {fabrics_sql("k.id")}
+           k.holds_weights, k.weights_copy, {", ".join(f"k.{name}" for name in NODE_FACTS)},
+           CAST(NULL AS json) AS topology, {fabrics_sql("k.id")}
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
     ORDER BY {order_sql("k")}
@@ -359,6 +385,9 @@ def survey_sql(request: PlaceRequest) -> str:
     as a join, before ANALYZE the planner guessed a handful of pools, sorted
     every pool of the class and looked each one's node up, for a page of a
     hundred.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/survey_sql.plain.sql
+    (every shape beside it).
     """
     walk = ordered_walk("walk", "gpu_pools", "node_id", "t.gpu_class = :cls", "''")
     pool = key_row("gpu_pools", "p", {"node_id": "page.node_id", "gpu_class": ":cls"})
@@ -390,6 +419,9 @@ def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
     pools and events in the same round trip. A call the nodes have no room
     for (a claim committed between the pick's snapshot and its lock)
     writes nothing.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/claim_statement.plain.sql
+    (every shape beside it).
     """
     return _cached_claim(
         request.nvlink_shards,
@@ -428,7 +460,11 @@ def offered_indices_sql(tolerating: bool, node: str) -> str:
 
 @lru_cache(maxsize=2)
 def free_indices(tolerating: bool) -> TextClause:
-    """Per node of :ids, offered_indices_sql: read on nodes this transaction has locked."""
+    """Per node of :ids, offered_indices_sql: read on nodes this transaction has locked.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/free_indices.plain.sql
+    (every shape beside it).
+    """
     return text(
         f"""
         SELECT i.node_id, {offered_indices_sql(tolerating, "i.node_id")} AS indices
@@ -440,7 +476,7 @@ def free_indices(tolerating: bool) -> TextClause:
 # The nodes of :ids no other transaction holds, locked, in one round trip with
 # what a claim on them reads: whether each takes placement now (checked on
 # the row as locked), the GPUs of class :cls it offers a request without
-# tolerations (offered_indices_sql) and each GPU's NUMA node
+# tolerations (offered_indices_sql), those of them used last, and each GPU's NUMA node
 # (numa.numa_columns). For placement groups' one-round claim
 # (member_claims.claim_members): one round trip where there were three. The
 # GPUs are read on the statement's snapshot, taken before the locks, so a
@@ -456,6 +492,9 @@ LOCK_WITH_GPUS_OR_SKIP = text(
         FOR NO KEY UPDATE SKIP LOCKED
     )
     SELECT l.id, l.schedulable, {offered_indices_sql(False, "l.id")} AS indices,
+           ARRAY(SELECT g.idx FROM gpus g
+                 WHERE g.node_id = l.id AND g.gpu_class = :cls AND {gpu_offered("g")}
+                   AND {gpu_last_resort("g")}) AS last_indices,
            {numa_columns("l.id")}
     FROM locked l
     """
@@ -544,7 +583,7 @@ async def _fetch(
         "scan": scan,
         "skip": sorted(skip),
     }
-    rows = list(await conn.execute(cached_text(_candidates_sql(request)), params))
+    rows = list(await conn.execute(cached_text(candidates_sql(request)), params))
     facts = [f for f in (facts_of(r) for r in rows) if judge(f, request).fits]
     return facts, len(rows) >= limit
 

@@ -22,28 +22,32 @@ from service.scheduling.weights_lifecycle import weights_rank, weights_ready
 NO_COPY = "3 AS weights_rank, CAST(NULL AS json) AS weights_copy"
 
 
+def _copy(alias: str) -> str:
+    """SQL json: the weights row `alias` as judge() reads a node's copy (verdicts.WeightsCopy.of)."""
+    return (
+        f"json_build_object('state', {alias}.state, 'size', {alias}.size_bytes,"
+        f" 'total', {alias}.total_bytes)"
+    )
+
+
+def _row_of(node: str) -> str:
+    """SQL FROM ... WHERE: node id `node`'s weights row `w` for :weights."""
+    return f"FROM weights w WHERE w.node_id = {node} AND w.path = :weights"
+
+
 def copy_columns(alias: str) -> str:
     """The window columns of a node whose weights row for the path is `alias`."""
-    return (
-        f"{weights_rank(alias)} AS weights_rank, json_build_object('state', {alias}.state, "
-        f"'size', {alias}.size_bytes, 'total', {alias}.total_bytes) AS weights_copy"
-    )
+    return f"{weights_rank(alias)} AS weights_rank, {_copy(alias)} AS weights_copy"
 
 
 def holds(node: str) -> str:
     """SQL: whether node id `node` reported a copy of :weights (any state; false without :weights)."""
-    return (
-        "(CAST(:weights AS text) IS NOT NULL AND EXISTS ("
-        f"SELECT 1 FROM weights w WHERE w.node_id = {node} AND w.path = :weights))"
-    )
+    return f"(CAST(:weights AS text) IS NOT NULL AND EXISTS (SELECT 1 {_row_of(node)}))"
 
 
 def copy_of(node: str) -> str:
     """SQL: the weights_copy column of node id `node` for :weights (NULL without a row)."""
-    return (
-        "(SELECT json_build_object('state', w.state, 'size', w.size_bytes, 'total', "
-        f"w.total_bytes) FROM weights w WHERE w.node_id = {node} AND w.path = :weights)"
-    )
+    return f"(SELECT {_copy('w')} {_row_of(node)})"
 
 
 def holder_filter(request: PlaceRequest) -> str:

@@ -39,6 +39,7 @@ class RejectionCode(str, Enum):
     INVALID = "INVALID"
     GENERATION_CONFLICT = "GENERATION_CONFLICT"
     CONFLICT = "CONFLICT"
+    SEARCH_BOUND = "SEARCH_BOUND"
 
 
 class TaintEffect(str, Enum):
