@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import backup_status
 from service.database import connections
 from service.database.connections import Connection
 from service.database.migrations import head_revision
@@ -26,6 +28,9 @@ class Readiness:
     reason: str
     revision: str | None = None
     expected: str | None = None
+    # /readyz's backup details (service/backup_status.py); None on a standby,
+    # or when the database did not answer.
+    backup: dict[str, Any] | None = None
 
 
 @lru_cache(maxsize=1)
@@ -50,6 +55,7 @@ async def check(engine: AsyncEngine, within: float) -> Readiness:
     try:
         async with asyncio.timeout(within), connections.autocommit(engine) as conn:
             revision = await schema_revision(conn)
+            backup = await _backup_details(conn)
     except TimeoutError:
         return Readiness(False, f"the database did not answer within {within:g} s", None, expected)
     except Exception as error:
@@ -61,5 +67,15 @@ async def check(engine: AsyncEngine, within: float) -> Readiness:
             f"the schema is at {revision or 'no revision'}, this release needs {expected}",
             revision,
             expected,
+            backup,
         )
-    return Readiness(True, "ready", revision, expected)
+    return Readiness(True, "ready", revision, expected, backup)
+
+
+async def _backup_details(conn: Connection) -> dict[str, Any] | None:
+    try:
+        status = await backup_status.read(conn)
+    except Exception as error:  # reported, never a reason to be unready
+        first_line = (str(error) or type(error).__name__).splitlines()[0]
+        return {"ok": False, "problems": [f"backup status unreadable: {first_line}"]}
+    return None if status is None else status.details()
