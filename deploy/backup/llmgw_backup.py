@@ -27,6 +27,12 @@ names:
   entrypoint's restore): restores the requested target from the repository
   (pgBackRest picks the backup set for a time target) so that PostgreSQL
   recovers to it and promotes: a new timeline.
+- `on-role-change`: Patroni's on_role_change callback. On the member just
+  promoted, pushes to the repository every complete WAL segment in its pg_wal
+  that it received as a standby (marked .done: a standby with archive_mode on
+  archives nothing) and that the repository lacks: what the old leader had
+  finished but not archived when it died. Without it the archive would have
+  a gap at each failover, and no restore could cross it.
 - `replica`: Patroni's create_replica_methods entry: builds a replica from the
   newest backup that lies on the leader's timeline history (the leader's
   .history file from the archive), or fails so Patroni falls back to
@@ -366,23 +372,34 @@ def bootstrap(datadir: str) -> int:
     if target == "latest":
         args += ["--type=default"]
     else:
-        args += ["--type=time", f"--target={target}", "--target-action=promote"]
+        # pgBackRest's (and recovery_target_time's) form: "YYYY-MM-DD HH:MM:SS.ffffff+00".
+        when = dt.datetime.fromtimestamp(parse_target(target) or 0, dt.UTC)
+        args += [
+            "--type=time",
+            f"--target={when:%Y-%m-%d %H:%M:%S.%f}+00",
+            "--target-action=promote",
+        ]
     log(f"restoring {target} into {datadir}")
     done = subprocess.run(["pgbackrest", f"--stanza={STANZA}", *args, "restore"])
     return done.returncode
 
 
 def history(timeline: int) -> list[tuple[int, int]]:
-    """(parent timeline, switch point LSN) for each ancestor of `timeline`, from the archive."""
+    """(parent timeline, switch point LSN) for each ancestor of `timeline`, from the archive.
+
+    Read with repo-get (decrypted, no local data directory needed: a replica
+    being built has none, and archive-get would want its pg_control).
+    """
     if timeline == 1:
         return []
+    info = repository_info()
+    archive_id = (info.get("archive") or [{}])[-1].get("id")
     name = f"{timeline:08X}.history"
-    target = Path("/tmp") / f"llmgw-{name}"
-    done = pgbackrest("archive-get", name, str(target), timeout=120)
+    done = pgbackrest("repo-get", f"archive/{STANZA}/{archive_id}/{name}", timeout=120)
     if done.returncode != 0:
         raise RepositoryError(f"{name} is not in the archive: {last_line(done)}")
     ancestors = []
-    for line in target.read_text().splitlines():
+    for line in done.stdout.splitlines():
         parts = line.split()
         if len(parts) >= 2 and parts[0].isdigit():
             ancestors.append((int(parts[0]), lsn(parts[1])))
@@ -431,6 +448,49 @@ def replica(datadir: str, connstring: str) -> int:
     return done.returncode
 
 
+def archived_segments(prefixes: set[str]) -> set[str]:
+    """The segment names the repository holds under these 16-character prefixes."""
+    info = repository_info()
+    archive_id = (info.get("archive") or [{}])[-1].get("id")
+    if not archive_id:
+        return set()
+    held = set()
+    for prefix in sorted(prefixes):
+        done = pgbackrest("repo-ls", f"archive/{STANZA}/{archive_id}/{prefix}", timeout=120)
+        if done.returncode != 0:
+            raise RepositoryError(last_line(done))
+        held.update(name[:24] for name in done.stdout.split())
+    return held
+
+
+def on_role_change(role: str) -> int:
+    if role not in ("primary", "master"):
+        return 0
+    wal = Path(os.environ.get("PGBACKREST_PG1_PATH", "")) / "pg_wal"
+    status = wal / "archive_status"
+    received = sorted(
+        p.name[:24] for p in status.glob("*.done") if len(p.name) == 29 and p.name[:24].isalnum()
+    )
+    present = [name for name in received if (wal / name).exists()]
+    if not present:
+        return 0
+    try:
+        held = archived_segments({name[:16] for name in present})
+    except RepositoryError as error:
+        log(f"promoted: cannot list the archive ({error}); the previous timeline may have a gap")
+        return 1
+    missing = [name for name in present if name not in held]
+    failed = 0
+    for name in missing:
+        done = pgbackrest("archive-push", "--no-archive-async", str(wal / name), timeout=300)
+        if done.returncode != 0:
+            failed += 1
+            log(f"promoted: archiving {name} failed: {last_line(done)}")
+    log(f"promoted: {len(missing) - failed} segment(s) the old leader had not archived pushed "
+        f"({', '.join(missing) or 'none missing'}); {failed} failed")  # fmt: skip
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmgw-backup", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -440,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     request = commands.add_parser("request-restore")
     request.add_argument("target")
     commands.add_parser("clear-request")
+    role = commands.add_parser("on-role-change")
+    role.add_argument("action", nargs="?", default="")
+    role.add_argument("role", nargs="?", default="")
+    role.add_argument("scope", nargs="?", default="")
     boot = commands.add_parser("bootstrap")
     boot.add_argument("--scope")
     boot.add_argument("--datadir", default=os.environ.get("PGDATA", ""))
@@ -466,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "clear-request":
         REQUEST.unlink(missing_ok=True)
         return 0
+    if args.command == "on-role-change":
+        return on_role_change(args.role)
     if args.command == "bootstrap":
         return bootstrap(args.datadir)
     return replica(args.datadir, args.connstring)
