@@ -136,7 +136,7 @@ else
   wait_until "$first to be the leader" 3600 compose exec -T "$first" curl -fsS -o /dev/null http://127.0.0.1:8008/primary
 fi
 repo_tool clear-request
-timeline=$(as_superuser "$first" postgres "SELECT timeline_id FROM pg_control_checkpoint()")
+timeline=$(as_superuser "$first" postgres "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int")
 say "$first restored, on timeline $timeline"
 if [ ${#members[@]} -gt 1 ]; then
   compose up -d --no-deps "${members[@]:1}" >/dev/null

@@ -157,7 +157,13 @@ def psql_value(sql: str) -> str:
 
 
 def current_timeline() -> int:
-    return int(psql("SELECT timeline_id FROM pg_control_checkpoint()", database="postgres"))
+    """The timeline WAL is being written on (pg_control's lags a promotion until a checkpoint)."""
+    return int(
+        psql(
+            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int",
+            database="postgres",
+        )
+    )
 
 
 def timeline_of(backup: dict[str, Any]) -> int:
