@@ -17,6 +17,7 @@ batched backfills) use service/database/online_migrations.py's helpers.
 """
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from alembic import context
 from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
 from service.database.db import asyncpg_url, engine_for
-from service.database.migrations import MIGRATION_LOCK_KEY
+from service.database.migrations import MIGRATION_LOCK_KEY, keeps_working
 from service.tables import metadata
 
 config = context.config
@@ -91,6 +92,7 @@ def do_run_migrations(connection: Connection) -> None:
             try:
                 with context.begin_transaction():
                     context.run_migrations()
+                record_keeps_working(connection)
                 return
             except DBAPIError as error:
                 if not lock_timed_out(error):
@@ -118,6 +120,16 @@ def do_run_migrations(connection: Connection) -> None:
         connection.execute(text("RESET lock_timeout"))
         connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
         connection.commit()
+
+
+def record_keeps_working(connection: Connection) -> None:
+    """alembic_version's comment: which code the schema keeps working (service/database/migrations.py)."""
+    revision = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    if revision is None:
+        return
+    value = json.dumps({"keepsWorking": keeps_working(revision)}).replace("'", "''")
+    connection.execute(text(f"COMMENT ON TABLE alembic_version IS '{value}'"))
+    connection.commit()
 
 
 async def run_async_migrations() -> None:

@@ -193,7 +193,7 @@ def fetch_missing_assets() -> None:
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
-    from service.database.migrations import upgrade
+    from service.database.migrations import NewerSchema, upgrade
     from service.web import heap
     from service.web.app import create_app
     from service.web.draining import DrainingServer
@@ -213,7 +213,11 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         if server is None and (problem := wait_for_database(url, settings, within=None)):
             print(f"llmgw-inventory: {problem}", file=sys.stderr)
             return 2
-        upgrade(url)
+        try:
+            upgrade(url)
+        except NewerSchema as error:
+            print(f"llmgw-inventory: {error}", file=sys.stderr)
+            return 2
         from service.access_control.bind_policy import bind_decision
 
         found = census(url, settings)
@@ -249,7 +253,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from service.database.migrations import upgrade
+    from service.database.migrations import NewerSchema, upgrade
 
     url, server = _database(settings, args.data_dir)
     try:
@@ -257,7 +261,11 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
         if server is None and (problem := wait_for_database(url, settings, within=MIGRATE_WAIT)):
             print(f"llmgw-inventory migrate: {problem}", file=sys.stderr)
             return 1
-        upgrade(url)
+        try:
+            upgrade(url)
+        except NewerSchema as error:
+            print(f"llmgw-inventory migrate: {error}", file=sys.stderr)
+            return 2
     finally:
         if server is not None:
             server.stop()

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import backup_status
 from service.database import connections
 from service.database.connections import Connection
-from service.database.migrations import head_revision
+from service.database.migrations import head_revision, stored_revision, works_with
 
 
 @dataclass(frozen=True)
@@ -40,27 +39,28 @@ def expected_revision() -> str | None:
     return head_revision()
 
 
-async def schema_revision(conn: Connection) -> str | None:
-    # Read directly rather than through alembic's MigrationContext, which
-    # logs two INFO lines per call: a probe every few seconds would drown
-    # the log.
-    if (await conn.execute(text("SELECT to_regclass('alembic_version')"))).scalar() is None:
-        return None
-    row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
-    return None if row is None else str(row[0])
-
-
 async def check(engine: AsyncEngine, within: float) -> Readiness:
     expected = expected_revision()
     try:
         async with asyncio.timeout(within), connections.autocommit(engine) as conn:
-            revision = await schema_revision(conn)
+            revision, keeps = await stored_revision(conn)
             backup = await _backup_details(conn)
     except TimeoutError:
         return Readiness(False, f"the database did not answer within {within:g} s", None, expected)
     except Exception as error:
         first_line = (str(error) or type(error).__name__).splitlines()[0]
         return Readiness(False, f"the database is unavailable: {first_line}", None, expected)
+    if revision != expected and works_with(expected, revision, keeps):
+        # A newer release migrated (expand), keeping this one working: serve on
+        # while the processes are replaced one by one (docs/deployment/upgrades.md).
+        return Readiness(
+            True,
+            f"ready: the schema is at {revision}, newer than this release's {expected}, and "
+            f"keeps code from {keeps} working",
+            revision,
+            expected,
+            backup,
+        )
     if revision != expected:
         return Readiness(
             False,
