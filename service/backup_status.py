@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -275,3 +276,64 @@ class ArchiveWatch:
 
 
 ARCHIVE_WATCH = ArchiveWatch()
+
+
+Samples = list[tuple[Sequence[tuple[str, str]], float]]
+
+
+def _at(moment: datetime | None) -> Samples:
+    return [] if moment is None else [((), moment.timestamp())]
+
+
+def families(status: BackupStatus) -> list[tuple[str, str, str, Samples]]:
+    """The /metrics families (name, type, help, samples): docs/operations/backup.md's alerts."""
+    a, r = status.archive, status.report
+    found: list[tuple[str, str, str, Samples]] = [
+        ("inventory_backup_archive_failing", "gauge",
+         "1 while the latest attempt to archive a WAL segment failed (archive_command): alert "
+         "on it; WAL waits in pg_wal meanwhile (docs/operations/backup.md).",
+         [((), 1 if a.failing else 0)]),
+        ("inventory_backup_archive_failures_total", "counter",
+         "Failed attempts to archive a WAL segment since the archiver's statistics were reset "
+         "(pg_stat_archiver.failed_count).",
+         [((), a.failed)]),
+        ("inventory_backup_archived_segments_total", "counter",
+         "WAL segments archived since the archiver's statistics were reset.",
+         [((), a.archived)]),
+        ("inventory_backup_last_archived_timestamp_seconds", "gauge",
+         "When the last WAL segment was archived (absent before the first).",
+         _at(a.last_archived_at)),
+        ("inventory_backup_archive_lag_seconds", "gauge",
+         "How long completed WAL segments have waited for the archive (0 while only the segment "
+         "being written is pending, which archive_timeout bounds); absent when unknown.",
+         [] if a.lag_seconds is None else [((), a.lag_seconds)]),
+        ("inventory_backup_archive_lag_bytes", "gauge",
+         "Bytes of WAL written since the end of the last segment archived; absent when unknown.",
+         [] if a.lag_bytes is None else [((), a.lag_bytes)]),
+        ("inventory_backup_problems", "gauge",
+         "Problems with backups that /readyz's backup details name (0: backups work).",
+         [((), len(status.problems))]),
+    ]  # fmt: skip
+    if r is None:
+        return found
+    return [
+        *found,
+        ("inventory_backup_last_success_timestamp_seconds", "gauge",
+         "When the newest backup in the repository finished (absent before the first).",
+         _at(r.last_backup_at)),
+        ("inventory_backup_last_full_timestamp_seconds", "gauge",
+         "When the newest full backup in the repository finished.",
+         _at(r.last_full_at)),
+        ("inventory_backup_oldest_restorable_timestamp_seconds", "gauge",
+         "The oldest moment a restore can reach (the end of the oldest backup kept).",
+         _at(r.oldest_restorable_at)),
+        ("inventory_backup_last_attempt_failed", "gauge",
+         "1 when the backup schedule's last backup failed.",
+         [((), 1 if r.last_attempt_ok is False else 0)]),
+        ("inventory_backup_repository_readable", "gauge",
+         "1 when the backup schedule could read the repository at its last look.",
+         [((), 1 if r.repository_readable else 0)]),
+        ("inventory_backup_report_age_seconds", "gauge",
+         "Seconds since the backup schedule last reported (it looks every 30 s by default).",
+         [((), max(0.0, (status.now - r.checked_at).total_seconds()))]),
+    ]  # fmt: skip

@@ -18,7 +18,6 @@ import threading
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 
 from sqlalchemy import text
 
@@ -375,99 +374,12 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
     )
 
 
-def _seconds_since_epoch(moment: datetime | None) -> list[tuple[Sequence[tuple[str, str]], float]]:
-    return [] if moment is None else [((), moment.timestamp())]
-
-
 async def _backups(conn: Connection, out: Exposition) -> None:
     """Backups and the WAL archive (service/backup_status.py); absent on a standby."""
     status = await backup_status.read(conn)
-    if status is None:
-        return
-    a, r = status.archive, status.report
-    out.family(
-        "inventory_backup_archive_failing",
-        "gauge",
-        "1 while the latest attempt to archive a WAL segment failed (archive_command): alert "
-        "on it; WAL waits in pg_wal meanwhile (docs/operations/backup.md).",
-        [((), 1 if a.failing else 0)],
-    )
-    out.family(
-        "inventory_backup_archive_failures_total",
-        "counter",
-        "Failed attempts to archive a WAL segment since the archiver's statistics were reset "
-        "(pg_stat_archiver.failed_count).",
-        [((), a.failed)],
-    )
-    out.family(
-        "inventory_backup_archived_segments_total",
-        "counter",
-        "WAL segments archived since the archiver's statistics were reset.",
-        [((), a.archived)],
-    )
-    out.family(
-        "inventory_backup_last_archived_timestamp_seconds",
-        "gauge",
-        "When the last WAL segment was archived (absent before the first).",
-        _seconds_since_epoch(a.last_archived_at),
-    )
-    out.family(
-        "inventory_backup_archive_lag_seconds",
-        "gauge",
-        "How long completed WAL segments have waited for the archive (0 while only the segment "
-        "being written is pending, which archive_timeout bounds); absent when unknown.",
-        [] if a.lag_seconds is None else [((), a.lag_seconds)],
-    )
-    out.family(
-        "inventory_backup_archive_lag_bytes",
-        "gauge",
-        "Bytes of WAL written since the end of the last segment archived; absent when unknown.",
-        [] if a.lag_bytes is None else [((), a.lag_bytes)],
-    )
-    out.family(
-        "inventory_backup_problems",
-        "gauge",
-        "Problems with backups that /readyz's backup details name (0: backups work).",
-        [((), len(status.problems))],
-    )
-    if r is None:
-        return
-    out.family(
-        "inventory_backup_last_success_timestamp_seconds",
-        "gauge",
-        "When the newest backup in the repository finished (absent before the first).",
-        _seconds_since_epoch(r.last_backup_at),
-    )
-    out.family(
-        "inventory_backup_last_full_timestamp_seconds",
-        "gauge",
-        "When the newest full backup in the repository finished.",
-        _seconds_since_epoch(r.last_full_at),
-    )
-    out.family(
-        "inventory_backup_oldest_restorable_timestamp_seconds",
-        "gauge",
-        "The oldest moment a restore can reach (the end of the oldest backup kept).",
-        _seconds_since_epoch(r.oldest_restorable_at),
-    )
-    out.family(
-        "inventory_backup_last_attempt_failed",
-        "gauge",
-        "1 when the backup schedule's last backup failed.",
-        [((), 1 if r.last_attempt_ok is False else 0)],
-    )
-    out.family(
-        "inventory_backup_repository_readable",
-        "gauge",
-        "1 when the backup schedule could read the repository at its last look.",
-        [((), 1 if r.repository_readable else 0)],
-    )
-    out.family(
-        "inventory_backup_report_age_seconds",
-        "gauge",
-        "Seconds since the backup schedule last reported (it looks every 30 s by default).",
-        [((), max(0.0, (status.now - r.checked_at).total_seconds()))],
-    )
+    if status is not None:
+        for name, kind, help_text, samples in backup_status.families(status):
+            out.family(name, kind, help_text, samples)
 
 
 def _process(out: Exposition) -> None:
