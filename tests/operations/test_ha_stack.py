@@ -55,6 +55,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.backup_drill import drill
 from tests.compose_stacks import remove_image_tags, require_docker, run, stack_environment, wait_for
 from tests.conftest import REPO
 from tests.reports import PLACE, REGISTER, node_input
@@ -74,6 +75,8 @@ SECRETS = {
         "PATRONI_REPLICATION_PASSWORD",
         "PATRONI_REWIND_PASSWORD",
         "PATRONI_RESTAPI_PASSWORD",
+        # The backup repository's key (docs/operations/backup.md).
+        "PGBACKREST_REPO1_CIPHER_PASS",
     )
 }
 MEMBERS = ("pg-1", "pg-2", "pg-3")
@@ -996,3 +999,9 @@ def test_reads_leave_replicas_whose_replay_is_paused_and_are_never_staler_than_a
         f"after the pause; stalest answer {fresh.staleness(stalest):.2f} s behind the writes "
         f"(allowed {READ_MAX_LAG:g} s)"
     )
+
+
+def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: HaStack) -> None:
+    """The restore drill (tests/backup_drill.py), last: it replaces the cluster with a restored one."""
+    stack.wait_settled(120)
+    drill(stack, PROJECT, SECRETS["PATRONI_SUPERUSER_PASSWORD"])

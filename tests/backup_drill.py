@@ -1,7 +1,8 @@
 """The restore drill (docs/operations/backup.md) on the HA deployment, under load, judged by its history.
 
-docker-compose.ha.yml brought up as docs/deployment/ha.md says, its backups
-as docs/operations/backup.md says; through nginx, two schedulers placing and
+Run by tests/operations/test_ha_stack.py as its last story, on its stack
+(docker-compose.ha.yml brought up as docs/deployment/ha.md says, its backups
+as docs/operations/backup.md says: one stack for both keeps CI short); through nginx, two schedulers placing and
 releasing and heartbeats for four nodes (tests/operations/test_ha_stack.py's
 Load). Then, as an operator's month would go:
 
@@ -24,94 +25,41 @@ Load). Then, as an operator's month would go:
    three members stream on the new timeline, the events say `restored` to T,
    the service answers, and the nodes' next reports make them READY.
 
-RPO and the restore time are printed. Needs Docker as test_ha_stack.py does.
+RPO and the restore time are printed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import pytest
 
-from tests.compose_stacks import remove_image_tags, require_docker, run, stack_environment, wait_for
-from tests.operations.test_ha_stack import (
-    COMPOSE_FILE,
-    MEMBERS,
-    NODES,
-    SECRETS,
-    TOKEN,
-    Gpus,
-    HaStack,
-    Load,
-    judge,
-    under_way,
-)
+from tests.compose_stacks import run, wait_for
 from tests.reports import REGISTER, node_input
 
-PROJECT = f"llmgw-drill-{os.getpid()}"
-IMAGE = f"llmgw-inventory:drill-{os.getpid()}"
-HA_IMAGES = f"llmgw-drill-{os.getpid()}"
-KEY = {"PGBACKREST_REPO1_CIPHER_PASS": "drill-" + SECRETS["POSTGRES_PASSWORD"]}
+if TYPE_CHECKING:
+    from tests.operations.test_ha_stack import HaStack, Load
+
+MEMBERS = ("pg-1", "pg-2", "pg-3")
+NODES = [f"ha-node-{i}" for i in range(1, 5)]  # test_ha_stack.py's, heartbeated by its Load
 RACK = {node: ("a" if i < 2 else "b") for i, node in enumerate(NODES)}
 NODE_STATES = "query { nodes(first: 100) { id state labels { key value } } }"
 REMOVE = "mutation Remove($id: ID!) { removeNode(id: $id) }"
 RESTORED = 'query { events(kinds: ["restored"]) { kind actor reason detail } }'
 
 
-class DrillStack(HaStack):
-    def compose(self, *args: str, timeout: float = 300) -> str:
-        return run(
-            "docker-compose", "-p", PROJECT, "-f", COMPOSE_FILE, *args,
-            env=self.env, timeout=timeout,
-        )  # fmt: skip
-
-    def readyz(self) -> dict[str, Any]:
-        answer: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=5).json()
-        return answer
-
-    def timelines(self) -> dict[str, int]:
-        return {name: int(m.get("timeline") or 0) for name, m in self.cluster().items()}
+def readyz(stack: HaStack) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(f"http://127.0.0.1:{stack.port}/readyz", timeout=5).json()
+    return answer
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[DrillStack]:
-    require_docker("the restore drill")
-    env, port, prefix = stack_environment(
-        IMAGE, TOKEN, LLMGW_HA_IMAGE_PREFIX=HA_IMAGES, **SECRETS, **KEY
-    )
-    stack = DrillStack(env, port, prefix)
-    stack.compose("down", "-v", "--remove-orphans")
-    try:
-        stack.compose("up", "-d", "--build", timeout=900)
-        wait_for(
-            "nginx to answer /readyz",
-            180,
-            lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200,
-        )
-        stack.wait_settled(120)
-        for node in NODES:
-            labels = [{"key": "rack", "value": RACK[node]}]
-            stack.gql(REGISTER, {"input": node_input(node, labels=labels)})
-        yield stack
-    except BaseException:
-        print(stack.compose("logs", "--no-color", "--tail", "60", timeout=60))
-        raise
-    finally:
-        stack.compose("down", "-v", "--remove-orphans", timeout=180)
-        remove_image_tags(
-            IMAGE,
-            f"{HA_IMAGES}/patroni:4.1.5-pg15",
-            f"{HA_IMAGES}/etcd:3.4",
-            f"{HA_IMAGES}/haproxy:2.6",
-        )
+def timelines(stack: HaStack) -> dict[str, int]:
+    return {name: int(m.get("timeline") or 0) for name, m in stack.cluster().items()}
 
 
 # Every second, each member: /primary's status, writable, and its timeline; from a
@@ -163,12 +111,12 @@ with ThreadPoolExecutor(len(addresses)) as pool:
 
 
 class Sampler:
-    def __init__(self, stack: DrillStack) -> None:
+    def __init__(self, stack: HaStack, project: str, password: str) -> None:
         image = stack.docker("inspect", "-f", "{{.Config.Image}}", stack.container("pg-1")).strip()
         addresses = json.dumps({m: stack.address(m) for m in MEMBERS})
         self.process = subprocess.Popen(
-            ["docker", "run", "--rm", "-i", "--network", f"{PROJECT}_db",
-             "-e", f"PATRONI_SUPERUSER_PASSWORD={SECRETS['PATRONI_SUPERUSER_PASSWORD']}",
+            ["docker", "run", "--rm", "-i", "--network", f"{project}_db",
+             "-e", f"PATRONI_SUPERUSER_PASSWORD={password}",
              "--entrypoint", "python3", image, "-c", SAMPLER, addresses],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -191,12 +139,14 @@ class Sampler:
         self.reader.join(timeout=10)
 
 
-def first_backup(stack: DrillStack) -> str:
-    backup = stack.readyz().get("backup") or {}
+def first_backup(stack: HaStack) -> str:
+    backup = readyz(stack).get("backup") or {}
     return str(backup.get("lastBackupAt") or "")
 
 
-def kill_the_leader_while_archiving(stack: DrillStack, load: Load) -> tuple[str, str]:
+def kill_the_leader_while_archiving(stack: HaStack, load: Load) -> tuple[str, str]:
+    from tests.operations.test_ha_stack import under_way
+
     members = stack.wait_settled(120)
     old = next(n for n, m in members.items() if m["role"] == "leader")
     under_way(load, time.monotonic(), places=5)
@@ -210,7 +160,13 @@ def kill_the_leader_while_archiving(stack: DrillStack, load: Load) -> tuple[str,
     return old, new
 
 
-def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: DrillStack) -> None:
+def drill(stack: HaStack, project: str, password: str) -> None:
+    """The drill on a settled HA stack (compose project `project`, superuser `password`)."""
+    from tests.operations.test_ha_stack import Gpus, Load, judge, under_way
+
+    for node in NODES:
+        labels = [{"key": "rack", "value": RACK[node]}]
+        stack.gql(REGISTER, {"input": node_input(node, labels=labels)})
     wait_for("the first full backup", 240, lambda: first_backup(stack), every=2.0)
     with Load(stack.url, "drill") as load:
         killed, promoted = kill_the_leader_while_archiving(stack, load)
@@ -223,7 +179,7 @@ def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: DrillStack
             time.sleep(0.3)
         # After T: places and releases that the restore must undo.
         under_way(load, time.monotonic(), places=10)
-    timeline_before = max(stack.timelines().values())
+    timeline_before = max(timelines(stack).values())
     # The mistake: every node of rack b removed.
     removed = [n for n in NODES if RACK[n] == "b"]
     for node in removed:
@@ -231,12 +187,12 @@ def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: DrillStack
     after_mistake = stack.held()
     assert all(node not in {g[0] for gs in after_mistake.values() for g in gs} for node in removed)
 
-    sampler = Sampler(stack)
+    sampler = Sampler(stack, project, password)
     try:
         wait_for("the sampler's rounds", 30, lambda: len(sampler.rounds) >= 2)
         began = time.monotonic()
         said = run(
-            "bash", "deploy/restore.sh", "-p", PROJECT, "--to", t.isoformat(),
+            "bash", "deploy/restore.sh", "-p", project, "--to", t.isoformat(),
             env=stack.env, timeout=1200,
         )  # fmt: skip
         restore_seconds = time.monotonic() - began
@@ -271,8 +227,8 @@ def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: DrillStack
     assert not extra, f"placed after T, still there: {extra}"
     # The removed nodes are back; the three members stream on one new timeline.
     members = stack.wait_settled(180)
-    timelines = {m["timeline"] for m in members.values()}
-    assert len(timelines) == 1 and timelines.pop() > timeline_before, members
+    on = {m["timeline"] for m in members.values()}
+    assert len(on) == 1 and on.pop() > timeline_before, members
     events = stack.gql(RESTORED)["events"]
     assert [e["detail"]["target"] for e in events] == [t.isoformat()], events
     # The nodes' next reports (their agents, here this test for the four nodes, and
@@ -286,11 +242,11 @@ def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: DrillStack
         return all(states.get(n) == "READY" for n in [*NODES, "demo-node-1"])
 
     wait_for("every node READY after its next report", 180, all_ready, every=2.0)
-    backup = stack.readyz()["backup"]
+    backup = readyz(stack)["backup"]
     print(
         f"\nrestore drill: T = {t.isoformat()}; leader {killed} SIGKILLed while archiving "
         f"before T ({promoted} promoted); restored across that failover to timeline "
-        f"{max(stack.timelines().values())} (was {timeline_before}) in {restore_seconds:.0f} s "
+        f"{max(timelines(stack).values())} (was {timeline_before}) in {restore_seconds:.0f} s "
         f"(deploy/restore.sh, {len(NODES) + 1} nodes, {len(at_t)} replicas held at T); RPO: "
         f"0 of {len(at_t)} acknowledged replicas lost; {len(sampler.rounds)} sampled rounds, "
         f"never two primaries; backups after: last {backup.get('lastBackupAt')}, "
