@@ -127,7 +127,8 @@ def record_keeps_working(connection: Connection) -> None:
     revision = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
     if revision is None:
         return
-    value = json.dumps({"keepsWorking": keeps_working(revision)}).replace("'", "''")
+    value = json.dumps({"keepsWorking": keeps_working(revision, context.script)})
+    value = value.replace("'", "''")
     connection.execute(text(f"COMMENT ON TABLE alembic_version IS '{value}'"))
     connection.commit()
 

@@ -127,9 +127,9 @@ def known(revision: str) -> bool:
         return False
 
 
-def keeps_working(revision: str) -> str:
+def keeps_working(revision: str, directory: ScriptDirectory | None = None) -> str:
     """What `revision` declares (its module's `keeps_working`), else itself."""
-    script = scripts().get_revision(revision)
+    script = (directory or scripts()).get_revision(revision)
     declared = getattr(script.module, "keeps_working", None) if script is not None else None
     return str(declared or revision)
 
