@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tests.compose_stacks import run, wait_for
+from tests.conftest import REPO
 from tests.reports import REGISTER, node_input
 
 if TYPE_CHECKING:
@@ -187,6 +188,16 @@ def drill(stack: HaStack, project: str, password: str) -> None:
     after_mistake = stack.held()
     assert all(node not in {g[0] for gs in after_mistake.values() for g in gs} for node in removed)
 
+    # A target outside the restorable range is refused, naming the range, and changes nothing.
+    for outside in ("2000-01-01T00:00:00+00:00", "2999-01-01T00:00:00+00:00"):
+        refused = subprocess.run(
+            ["bash", "deploy/restore.sh", "-p", project, "--to", outside],
+            cwd=REPO, env=stack.env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert refused.returncode == 2, (refused.stdout, refused.stderr)
+        assert f"{outside} is outside the restorable range " in refused.stderr, refused.stderr
+    assert stack.held() == after_mistake
+
     sampler = Sampler(stack, project, password)
     try:
         wait_for("the sampler's rounds", 30, lambda: len(sampler.rounds) >= 2)
@@ -252,3 +263,46 @@ def drill(stack: HaStack, project: str, password: str) -> None:
         f"never two primaries; backups after: last {backup.get('lastBackupAt')}, "
         f"problems {backup.get('problems')}"
     )
+
+
+def repository_lost(stack: HaStack) -> None:
+    """The repository unreadable (as a full, cut or corrupt one is): backups fail loudly, writes go on."""
+    from tests.operations.test_ha_stack import PLACE, RELEASE
+
+    members = stack.wait_settled(120)
+    leader = next(n for n, m in members.items() if m["role"] == "leader")
+    stack.in_member(leader, "chmod", "000", "/var/lib/pgbackrest")
+    try:
+        stack.in_member(leader, "psql", "-U", "postgres", "-qAt", "-c", "SELECT pg_switch_wal()")
+
+        def named() -> list[str]:
+            problems: list[str] = (readyz(stack).get("backup") or {}).get("problems") or []
+            return (
+                problems
+                if any("cannot be read" in p for p in problems)
+                and any(p.startswith("archiving WAL fails") for p in problems)
+                else []
+            )
+
+        problems = wait_for("the backup problems in /readyz", 120, named, every=2.0)
+        assert httpx.get(f"http://127.0.0.1:{stack.port}/readyz", timeout=5).status_code == 200
+        metrics = httpx.get(f"http://127.0.0.1:{stack.port}/metrics", timeout=5).text
+        assert "inventory_backup_archive_failing 1" in metrics
+        assert "inventory_backup_repository_readable 0" in metrics
+        # The database keeps serving.
+        placed = stack.gql(PLACE, {"input": {"replicaId": "while-lost", "gpuClass": "H100-80GB",
+                                             "gpusPerShard": 1}})["place"]  # fmt: skip
+        assert placed["__typename"] == "Allocated", placed
+        assert stack.gql(RELEASE, {"id": "while-lost"})["releaseReplica"] == 1
+        logs = stack.compose("logs", "--no-color", "inventory-1", "inventory-2")
+        assert "WAL archiving fails" in logs
+    finally:
+        stack.in_member(leader, "chmod", "700", "/var/lib/pgbackrest")
+
+    def recovered() -> bool:
+        stack.in_member(leader, "psql", "-U", "postgres", "-qAt", "-c", "SELECT pg_switch_wal()")
+        backup = readyz(stack).get("backup") or {}
+        return bool(backup.get("ok"))
+
+    wait_for("backups working again", 180, recovered, every=5.0)
+    print(f"\nrepository unreadable: /readyz 200 naming {problems}; writes went on; recovered")

@@ -205,8 +205,13 @@ def take_backup(kind: str) -> str | None:
     return None
 
 
-def write_status(info: dict[str, Any] | None, attempt: tuple[str, str | None] | None) -> None:
-    """One row in backups.status: what the repository holds, and the last attempt's outcome."""
+def write_status(
+    info: dict[str, Any] | None,
+    attempt: tuple[str, str | None] | None,
+    problem: str | None = None,
+) -> None:
+    """One row in backups.status: what the repository holds, the last backup attempt's outcome,
+    and (info None) why the repository could not be read."""
     sets = backups(info or {})
     fulls = [b for b in sets if b["type"] == "full"]
     newest = max(sets, key=lambda b: b["timestamp"]["stop"]) if sets else None
@@ -223,7 +228,7 @@ def write_status(info: dict[str, Any] | None, attempt: tuple[str, str | None] | 
         ),
         "attempted": "true" if attempt else "false",
         "attempt_ok": "true" if attempt and attempt[1] is None else "false",
-        "error": (attempt[1] if attempt else None) or "",
+        "error": (attempt[1] if attempt else None) or problem or "",
         "member": os.environ.get("PATRONI_NAME") or os.uname().nodename,
     }
     global _TABLE_READY
@@ -297,7 +302,7 @@ def one_round() -> None:
         # The database goes on serving; the status row, the log and the
         # service's metrics say the backups are failing.
         log(f"repository problem: {error}")
-        write_status(None, ("check", str(error)))
+        write_status(None, attempt, str(error))
         return
     if attempt and attempt[1]:
         log(attempt[1])

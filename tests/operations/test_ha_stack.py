@@ -55,7 +55,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.backup_drill import drill
+from tests.backup_drill import drill, repository_lost
 from tests.compose_stacks import remove_image_tags, require_docker, run, stack_environment, wait_for
 from tests.conftest import REPO
 from tests.reports import PLACE, REGISTER, node_input
@@ -1005,3 +1005,10 @@ def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: HaStack) -
     """The restore drill (tests/backup_drill.py), last: it replaces the cluster with a restored one."""
     stack.wait_settled(120)
     drill(stack, PROJECT, SECRETS["PATRONI_SUPERUSER_PASSWORD"])
+
+
+def test_a_repository_that_cannot_be_read_fails_backups_loudly_and_writes_go_on(
+    stack: HaStack,
+) -> None:
+    """After the drill: the backup repository unreadable, then readable again."""
+    repository_lost(stack)
