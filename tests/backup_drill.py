@@ -44,6 +44,8 @@ from tests.conftest import REPO
 from tests.reports import REGISTER, node_input
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from tests.operations.test_ha_stack import HaStack, Load
 
 MEMBERS = ("pg-1", "pg-2", "pg-3")
@@ -145,9 +147,8 @@ def first_backup(stack: HaStack) -> str:
     return str(backup.get("lastBackupAt") or "")
 
 
-def kill_the_leader_while_archiving(stack: HaStack, load: Load) -> tuple[str, str]:
-    from tests.operations.test_ha_stack import under_way
-
+def kill_the_leader_while_archiving(stack: HaStack, load: Load, ha: ModuleType) -> tuple[str, str]:
+    under_way = ha.under_way
     members = stack.wait_settled(120)
     old = next(n for n, m in members.items() if m["role"] == "leader")
     under_way(load, time.monotonic(), places=5)
@@ -161,22 +162,29 @@ def kill_the_leader_while_archiving(stack: HaStack, load: Load) -> tuple[str, st
     return old, new
 
 
-def drill(stack: HaStack, project: str, password: str) -> None:
-    """The drill on a settled HA stack (compose project `project`, superuser `password`)."""
-    from tests.operations.test_ha_stack import Gpus, Load, judge, under_way
+def drill(stack: HaStack, project: str, password: str, ha: ModuleType) -> None:
+    """The drill on a settled HA stack (compose project `project`, superuser `password`).
+
+    `ha` is tests/operations/test_ha_stack.py's module as pytest loaded it (its load,
+    its judge, its token): imported again by name, it would be a second module with
+    other random secrets.
+    """
+    Load, judge, under_way = ha.Load, ha.judge, ha.under_way
 
     for node in NODES:
         labels = [{"key": "rack", "value": RACK[node]}]
         stack.gql(REGISTER, {"input": node_input(node, labels=labels)})
     wait_for("the first full backup", 240, lambda: first_backup(stack), every=2.0)
     with Load(stack.url, "drill") as load:
-        killed, promoted = kill_the_leader_while_archiving(stack, load)
+        killed, promoted = kill_the_leader_while_archiving(stack, load, ha)
         with load.paused():
             judge(stack, load)  # the history so far is sound
             time.sleep(0.3)  # commits before T end before it, by the servers' clock
             t = datetime.now(UTC)
             with load.lock:
-                at_t: dict[str, Gpus] = {r: g for held in load.holding.values() for r, g in held}
+                at_t: dict[str, frozenset[tuple[str, int]]] = {
+                    r: g for held in load.holding.values() for r, g in held
+                }
             time.sleep(0.3)
         # After T: places and releases that the restore must undo.
         under_way(load, time.monotonic(), places=10)
@@ -265,10 +273,9 @@ def drill(stack: HaStack, project: str, password: str) -> None:
     )
 
 
-def repository_lost(stack: HaStack) -> None:
+def repository_lost(stack: HaStack, ha: ModuleType) -> None:
     """The repository unreadable (as a full, cut or corrupt one is): backups fail loudly, writes go on."""
-    from tests.operations.test_ha_stack import PLACE, RELEASE
-
+    PLACE, RELEASE = ha.PLACE, ha.RELEASE
     members = stack.wait_settled(120)
     leader = next(n for n, m in members.items() if m["role"] == "leader")
     stack.in_member(leader, "chmod", "000", "/var/lib/pgbackrest")

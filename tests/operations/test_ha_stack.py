@@ -43,6 +43,7 @@ import os
 import secrets
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -1004,11 +1005,11 @@ def test_reads_leave_replicas_whose_replay_is_paused_and_are_never_staler_than_a
 def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: HaStack) -> None:
     """The restore drill (tests/backup_drill.py), last: it replaces the cluster with a restored one."""
     stack.wait_settled(120)
-    drill(stack, PROJECT, SECRETS["PATRONI_SUPERUSER_PASSWORD"])
+    drill(stack, PROJECT, SECRETS["PATRONI_SUPERUSER_PASSWORD"], sys.modules[__name__])
 
 
 def test_a_repository_that_cannot_be_read_fails_backups_loudly_and_writes_go_on(
     stack: HaStack,
 ) -> None:
     """After the drill: the backup repository unreadable, then readable again."""
-    repository_lost(stack)
+    repository_lost(stack, sys.modules[__name__])
