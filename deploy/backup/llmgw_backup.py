@@ -94,7 +94,15 @@ def repository_info() -> dict[str, Any]:
     if done.returncode != 0:
         raise RepositoryError(last_line(done))
     stanzas = json.loads(done.stdout or "[]")
-    return stanzas[0] if stanzas else {}
+    info: dict[str, Any] = stanzas[0] if stanzas else {}
+    # pgbackrest answers 0 for a repository it cannot read, with a status code in the
+    # JSON: 0 ok, 1 missing stanza path (created next), 2 no valid backup yet; anything
+    # else (99: permission denied, a corrupt info file, a wrong key...) is unreadable.
+    code = (info.get("status") or {}).get("code", 0)
+    if code not in (0, 1, 2):
+        reasons = [r.get("status", {}).get("message") for r in info.get("repo") or []]
+        raise RepositoryError("; ".join(m for m in reasons if m) or str(info.get("status")))
+    return info
 
 
 def backups(info: dict[str, Any]) -> list[dict[str, Any]]:
