@@ -280,6 +280,7 @@ def after_restore(args: argparse.Namespace, settings: Settings) -> int:
     from service.database.db import create_engine, dispose
     from service.database.transactions import in_transaction
     from service.errors import InvalidInput
+    from service.event_log.event_announcements import drain_announcements
     from service.restores import after_restore as fix_up
 
     url = settings.database_url
@@ -293,9 +294,12 @@ def after_restore(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> Any:
         engine = create_engine(url, settings.replace(db_pool_size=1, db_max_overflow=1))
         try:
-            return await in_transaction(
+            done = await in_transaction(
                 engine, lambda conn: fix_up(conn, args.target, args.fence_floor, args.margin)
             )
+            # The event's NOTIFY goes out after commit, on this engine: before it closes.
+            await drain_announcements(engine)
+            return done
         finally:
             await dispose(engine)
 
