@@ -11,8 +11,8 @@ deploy/base-images.sh gives them), registers the nodes through the API
 (nginx, 16 concurrent reporters, 8 GPUs each), then, each for --seconds:
 heartbeats alone (16 workers, one node each per call) and places with
 releases (8 schedulers) without a backup; the same while a full backup runs
-(`pgbackrest backup --type=full` on the database container, started just
-before); the WAL written per heartbeat (pg_current_wal_lsn before and after a
+(`llmgw-backup backup full` on the database container, as the schedule
+takes it, started just before); the WAL written per heartbeat (pg_current_wal_lsn before and after a
 heartbeat-only period) and what the repository's archive grew by meanwhile
 (compressed and encrypted), scaled to an hour of every node heartbeating every
 10 s; and `deploy/restore.sh -f docker-compose.yml --to latest`, timed. Each
@@ -34,7 +34,7 @@ from benchmarks.client import Connection, request_body
 from tests.reports import PLACE, REGISTER, node_input
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT = f"llmgw-bench-backups-{os.getpid()}"
+PROJECT = os.environ.get("LLMGW_BENCH_PROJECT", f"llmgw-bench-backups-{os.getpid()}")
 TOKEN = "bench-backups-token-0123456789"
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
 RELEASE = "mutation Release($id: ID!) { releaseReplica(replicaId: $id) }"
@@ -151,15 +151,18 @@ async def main_async(args: argparse.Namespace) -> None:
             if ready.returncode == 0:
                 break
             await asyncio.sleep(1)
-        took = await register(url, args.nodes)
-        print(f"registered {args.nodes} nodes through the API in {took:.0f} s")
+        if args.skip_register:
+            print(f"{args.nodes} nodes registered before (--skip-register)")
+        else:
+            took = await register(url, args.nodes)
+            print(f"registered {args.nodes} nodes through the API in {took:.0f} s")
         size = psql(env, "SELECT pg_size_pretty(pg_database_size('llmgw'))")
         print(f"database size: {size}")
         beats = await rate(url, 16, args.seconds, heartbeats(args.nodes))
         placed = await rate(url, 8, args.seconds, places())
         backup = await asyncio.create_subprocess_exec(
             "docker-compose", "-p", PROJECT, "exec", "-T", "postgres",
-            "pgbackrest", "--stanza=llmgw", "--type=full", "backup",
+            "llmgw-backup", "backup", "full",
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         started = time.monotonic()
@@ -209,6 +212,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=18180)
     parser.add_argument("--keep", action="store_true", help="leave the stack up")
+    parser.add_argument(
+        "--skip-register",
+        action="store_true",
+        help="the stack (LLMGW_BENCH_PROJECT, kept by --keep) holds the nodes already",
+    )
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -201,10 +201,13 @@ def take_backup(kind: str) -> str | None:
     started = time.monotonic()
     # flock: one backup at a time on the repository, whichever member
     # believes it is the primary (a backup.info written by two at once
-    # would be lost).
+    # would be lost). nice, idle I/O class and one process: the backup takes
+    # what CPU and disk the database leaves (a 2-core machine halved its
+    # heartbeat rate with two pgBackRest processes at normal priority;
+    # BENCHMARKS.md, "Backups and restores").
     done = subprocess.run(
-        ["flock", "-n", str(BACKUP_LOCK), "pgbackrest", f"--stanza={STANZA}", f"--type={kind}",
-         "backup"],
+        ["flock", "-n", str(BACKUP_LOCK), "nice", "-n", "19", "ionice", "-c", "3",
+         "pgbackrest", f"--stanza={STANZA}", f"--type={kind}", "--process-max=1", "backup"],
         capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:
@@ -519,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     request = commands.add_parser("request-restore")
     request.add_argument("target")
     commands.add_parser("clear-request")
+    now = commands.add_parser("backup", help="take one backup now, as the schedule does")
+    now.add_argument("type", choices=("full", "incr", "diff"))
     role = commands.add_parser("on-role-change")
     role.add_argument("action", nargs="?", default="")
     role.add_argument("role", nargs="?", default="")
@@ -546,6 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "request-restore":
         return request_restore(args.target)
+    if args.command == "backup":
+        problem = take_backup(args.type)
+        if problem:
+            print(problem, file=sys.stderr)
+        return 1 if problem else 0
     if args.command == "clear-request":
         REQUEST.unlink(missing_ok=True)
         return 0
