@@ -12,10 +12,11 @@ deploy/base-images.sh gives them), registers the nodes through the API
 heartbeats alone (16 workers, one node each per call) and places with
 releases (8 schedulers) without a backup; the same while a full backup runs
 (`llmgw-backup backup full` on the database container, as the schedule
-takes it, started just before); the WAL written per heartbeat (pg_current_wal_lsn before and after a
-heartbeat-only period) and what the repository's archive grew by meanwhile
+takes it, started just before); the WAL the service's own batched heartbeat writes for every node once
+(run in the service's container: right after a checkpoint, with full-page
+images, and once more without) and what the repository's archive grew by
 (compressed and encrypted), scaled to an hour of every node heartbeating every
-10 s; and `deploy/restore.sh -f docker-compose.yml --to latest`, timed. Each
+10 s with a checkpoint every 5 minutes; and `deploy/restore.sh -f docker-compose.yml --to latest`, timed. Each
 ratio is against the same run's rate without the backup.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import subprocess
@@ -127,6 +129,50 @@ def places() -> Callable[[Connection, int], Awaitable[int]]:
     return work
 
 
+# Run in the service's container (its code and DATABASE_URL): one cycle to bring every
+# node back alive, then a CHECKPOINT and a cycle (full-page images), then a cycle more
+# (none): WAL bytes of each, written by the service's own batched heartbeat.
+HEARTBEAT_CYCLES = r"""
+import asyncio, json, os
+from sqlalchemy import text
+from service.config import Settings
+from service.database.db import create_engine, dispose
+from service.database.transactions import in_transaction
+from service.fleet import nodes
+
+async def main():
+    engine = create_engine(os.environ["DATABASE_URL"], Settings())
+    async with engine.connect() as conn:
+        ids = [r[0] for r in await conn.execute(text("SELECT id FROM nodes ORDER BY id"))]
+
+    async def lsn():
+        async with engine.connect() as conn:
+            return (await conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'"))).scalar()
+
+    async def cycle():
+        for i in range(0, len(ids), 100):
+            batch = ids[i:i + 100]
+            await in_transaction(engine, lambda conn, b=batch: nodes.heartbeat_many(conn, b))
+
+    out = {}
+    await cycle()
+    started = await lsn()
+    async with engine.connect() as conn:
+        await conn.execute(text("CHECKPOINT"))
+    first = await lsn()
+    await cycle()
+    second = await lsn()
+    await cycle()
+    third = await lsn()
+    out = {"after_checkpoint": int(second - first), "steady": int(third - second),
+           "written": int(third - started)}
+    await dispose(engine)
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
 def psql(env: dict[str, str], sql: str) -> str:
     return sh(
         "docker-compose", "-p", PROJECT, "exec", "-T", "postgres",
@@ -176,26 +222,36 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{placed_during:.1f} during it (x{placed / placed_during:.2f}); the full backup "
             f"took {backup_seconds:.0f} s (at least: it ran under the measurement)"
         )
-        lsn_before = psql(env, "SELECT pg_current_wal_lsn()")
         archived_before = archive_bytes(env)
-        count = 0
-
-        async def counted(connection: Connection, n: int) -> int:
-            nonlocal count
-            count += await heartbeats(args.nodes)(connection, n)
-            return 1
-
-        await rate(url, 16, args.seconds, counted)
-        written = int(psql(env, f"SELECT pg_current_wal_lsn() - '{lsn_before}'::pg_lsn"))
+        cycles = json.loads(
+            sh(
+                "docker-compose",
+                "-p",
+                PROJECT,
+                "exec",
+                "-T",
+                "inventory-1",
+                "python",
+                "-c",
+                HEARTBEAT_CYCLES,
+                env=env,
+                timeout=1800,
+            )
+        )
         psql(env, "SELECT pg_switch_wal()")
         await asyncio.sleep(70)  # archive_timeout, and the push
         archived = archive_bytes(env) - archived_before
-        per_hour = 3600 / 10 * args.nodes  # every node every 10 s
+        ratio = archived / max(1, cycles["written"])
+        # Every node every 10 s: 360 cycles an hour; a checkpoint every 5 min
+        # (checkpoint_timeout) makes 12 of them pay full-page images.
+        per_hour = 12 * cycles["after_checkpoint"] + 348 * cycles["steady"]
         print(
-            f"WAL per heartbeat {written / count:.0f} bytes, archived (lz4, encrypted) "
-            f"{archived / count:.0f} bytes: an hour of {args.nodes} nodes heartbeating every "
-            f"10 s writes {written / count * per_hour / 2**30:.1f} GiB of WAL and archives "
-            f"{archived / count * per_hour / 2**30:.1f} GiB"
+            f"heartbeat cycles of all {args.nodes} nodes (the batched path, 100 per "
+            f"statement): {cycles['after_checkpoint'] / args.nodes:.0f} bytes of WAL per "
+            f"heartbeat right after a checkpoint, {cycles['steady'] / args.nodes:.0f} after; "
+            f"archived at x{ratio:.2f} of the WAL (lz4, encrypted): an hour of every node "
+            f"heartbeating every 10 s writes {per_hour / 2**30:.1f} GiB of WAL and archives "
+            f"{per_hour * ratio / 2**30:.1f} GiB"
         )
         started = time.monotonic()
         sh("bash", "deploy/restore.sh", "-p", PROJECT, "-f", "docker-compose.yml", "--to",
