@@ -1,10 +1,10 @@
 """Bring a database to the latest schema, safely from several processes at once.
 
 And say which code a schema keeps working (expand and contract,
-docs/deployment/upgrades.md): a migration may declare `keeps_working`, the
+docs/deployment/upgrades.md): a migration declares `keeps_working`, the
 oldest revision whose code still works once it ran (an expand migration keeps
 the previous release's code working; one that breaks it comes in a later
-release). env.py writes the head's value into alembic_version's table comment
+release); one that declares nothing keeps only its own revision's code. env.py writes the head's value into alembic_version's table comment
 after every upgrade, so that a process of an older release, which does not
 know the newer revisions, can tell whether the schema still suits it: its
 /readyz stays 200 and its start-up skips migrating, instead of leaving
