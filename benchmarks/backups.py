@@ -259,6 +259,9 @@ async def main_async(args: argparse.Namespace) -> None:
     finally:
         if not args.keep:
             sh("docker-compose", "-p", PROJECT, "down", "-v", env=env)
+            # The tags, not the layers (docker's build cache for the next run).
+            subprocess.run(["docker", "image", "rm", "--no-prune", env["LLMGW_IMAGE"],
+                            env["LLMGW_POSTGRES_IMAGE"]], capture_output=True)  # fmt: skip
 
 
 def main() -> None:
