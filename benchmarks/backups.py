@@ -260,8 +260,10 @@ async def main_async(args: argparse.Namespace) -> None:
         if not args.keep:
             sh("docker-compose", "-p", PROJECT, "down", "-v", env=env)
             # The tags, not the layers (docker's build cache for the next run).
-            subprocess.run(["docker", "image", "rm", "--no-prune", env["LLMGW_IMAGE"],
-                            env["LLMGW_POSTGRES_IMAGE"]], capture_output=True)  # fmt: skip
+            tags = [env["LLMGW_IMAGE"], env["LLMGW_POSTGRES_IMAGE"]]
+            await asyncio.to_thread(
+                subprocess.run, ["docker", "image", "rm", "--no-prune", *tags], capture_output=True
+            )
 
 
 def main() -> None:
