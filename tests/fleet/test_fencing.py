@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
-from tests.support.fencing import BEAT, lose, run_sweep
+from tests.support.fencing import ALLOCATIONS, BEAT, EVENTS, lose, run_sweep
 from tests.support.liveness import IB_A, UNREACHABLE_AFTER, silence
 from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 
@@ -25,23 +25,9 @@ mutation Report($input: NodeInput!, $incarnation: Int, $running: [RunningShardIn
 }
 """
 
-ALLOCATIONS = """
-query Allocations($nodeId: ID, $held: Boolean) {
-  allocations(nodeId: $nodeId, held: $held) {
-    shardId replicaId nodeId gpuIndices fence generation heldSince
-  }
-}
-"""
-
 NODE = """
 query Node($id: ID!) {
   node(id: $id) { id state incarnation freeGpus { index } allocations { shardId fence } }
-}
-"""
-
-EVENTS = """
-query Events($nodeId: ID, $kinds: [String!]) {
-  events(nodeId: $nodeId, kinds: $kinds) { kind nodeId replicaId shardId actor reason detail }
 }
 """
 

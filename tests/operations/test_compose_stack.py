@@ -48,6 +48,8 @@ TOKEN = "e2e-operator-token-0123456789abcdef"
 # Per run (tests/support/compose_stacks.py says why).
 PROJECT = f"llmgw-e2e-{os.getpid()}"
 IMAGE = f"llmgw-inventory:e2e-{os.getpid()}"
+# PostgreSQL with pgBackRest, built by compose from POSTGRES_IMAGE (per run, too).
+POSTGRES = f"llmgw-postgres-pgbackrest:e2e-{os.getpid()}"
 
 
 @dataclass
@@ -84,7 +86,7 @@ class Stack:
 def stack() -> Iterator[Stack]:
     require_docker("the compose deployment test")
     started = time.monotonic()
-    env, port, subnet_prefix = stack_environment(IMAGE, TOKEN)
+    env, port, subnet_prefix = stack_environment(IMAGE, TOKEN, LLMGW_POSTGRES_IMAGE=POSTGRES)
     build_service_image(env, IMAGE)
     built = time.monotonic()
     stack = Stack(env, port, subnet_prefix)
@@ -105,7 +107,7 @@ def stack() -> Iterator[Stack]:
         raise
     finally:
         stack.compose("down", "-v", "--remove-orphans", timeout=120)
-        remove_image_tags(IMAGE)
+        remove_image_tags(IMAGE, POSTGRES)
 
 
 PLACE = """

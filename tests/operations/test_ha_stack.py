@@ -43,6 +43,7 @@ import os
 import secrets
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -56,6 +57,7 @@ import pytest
 import yaml
 
 from tests.support import REPO
+from tests.support.backup_drill import drill, repository_lost
 from tests.support.compose_stacks import (
     remove_image_tags,
     require_docker,
@@ -82,6 +84,8 @@ SECRETS = {
         "PATRONI_REPLICATION_PASSWORD",
         "PATRONI_REWIND_PASSWORD",
         "PATRONI_RESTAPI_PASSWORD",
+        # The backup repository's key (docs/operations/backup.md).
+        "PGBACKREST_REPO1_CIPHER_PASS",
     )
 }
 MEMBERS = ("pg-1", "pg-2", "pg-3")
@@ -1004,3 +1008,16 @@ def test_reads_leave_replicas_whose_replay_is_paused_and_are_never_staler_than_a
         f"after the pause; stalest answer {fresh.staleness(stalest):.2f} s behind the writes "
         f"(allowed {READ_MAX_LAG:g} s)"
     )
+
+
+def test_a_restore_to_t_brings_back_exactly_what_was_held_at_t(stack: HaStack) -> None:
+    """The restore drill (tests/support/backup_drill.py), last: it replaces the cluster with a restored one."""
+    stack.wait_settled(120)
+    drill(stack, PROJECT, SECRETS["PATRONI_SUPERUSER_PASSWORD"], sys.modules[__name__])
+
+
+def test_a_repository_that_cannot_be_read_fails_backups_loudly_and_writes_go_on(
+    stack: HaStack,
+) -> None:
+    """After the drill: the backup repository unreadable, then readable again."""
+    repository_lost(stack, sys.modules[__name__])

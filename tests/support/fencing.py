@@ -17,6 +17,21 @@ mutation Beat($id: ID!, $incarnation: Int, $running: [RunningShardInput!]) {
 }
 """
 
+# A fencing story's reads: the allocations as listed, and the events of a node or of some kinds.
+ALLOCATIONS = """
+query Allocations($nodeId: ID, $held: Boolean) {
+  allocations(nodeId: $nodeId, held: $held) {
+    shardId replicaId nodeId gpuIndices fence generation heldSince
+  }
+}
+"""
+
+EVENTS = """
+query Events($nodeId: ID, $kinds: [String!]) {
+  events(nodeId: $nodeId, kinds: $kinds) { kind nodeId replicaId shardId actor reason detail }
+}
+"""
+
 
 async def run_sweep(engine: AsyncEngine, policy: str = "free") -> SweepResult:
     async def work(conn: Connection) -> SweepResult:
