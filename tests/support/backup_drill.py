@@ -35,18 +35,14 @@ import subprocess
 import threading
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from tests.support import REPO
 from tests.support.compose_stacks import run, wait_for
-from tests.support.reports import REGISTER, node_input
-
-if TYPE_CHECKING:
-    from types import ModuleType
-
-    from tests.operations.test_ha_stack import HaStack, Load
+from tests.support.ha_stack import RELEASE, HaStack, Load, judge, under_way
+from tests.support.reports import PLACE, REGISTER, node_input
 
 MEMBERS = ("pg-1", "pg-2", "pg-3")
 NODES = [f"ha-node-{i}" for i in range(1, 5)]  # test_ha_stack.py's, heartbeated by its Load
@@ -147,8 +143,7 @@ def first_backup(stack: HaStack) -> str:
     return str(backup.get("lastBackupAt") or "")
 
 
-def kill_the_leader_while_archiving(stack: HaStack, load: Load, ha: ModuleType) -> tuple[str, str]:
-    under_way = ha.under_way
+def kill_the_leader_while_archiving(stack: HaStack, load: Load) -> tuple[str, str]:
     members = stack.wait_settled(120)
     old = next(n for n, m in members.items() if m["role"] == "leader")
     under_way(load, time.monotonic(), places=5)
@@ -162,21 +157,19 @@ def kill_the_leader_while_archiving(stack: HaStack, load: Load, ha: ModuleType) 
     return old, new
 
 
-def drill(stack: HaStack, project: str, password: str, ha: ModuleType) -> None:
+def drill(stack: HaStack, project: str, password: str) -> None:
     """The drill on a settled HA stack (compose project `project`, superuser `password`).
 
-    `ha` is tests/operations/test_ha_stack.py's module as pytest loaded it (its load,
-    its judge, its token): imported again by name, it would be a second module with
-    other random secrets.
+    The stack, its load, its judge and its token are tests/support/ha_stack.py's, the one
+    module test_ha_stack.py imports too (so the same random secrets).
     """
-    Load, judge, under_way = ha.Load, ha.judge, ha.under_way
 
     for node in NODES:
         labels = [{"key": "rack", "value": RACK[node]}]
         stack.gql(REGISTER, {"input": node_input(node, labels=labels)})
     wait_for("the first full backup", 240, lambda: first_backup(stack), every=2.0)
     with Load(stack.url, "drill") as load:
-        killed, promoted = kill_the_leader_while_archiving(stack, load, ha)
+        killed, promoted = kill_the_leader_while_archiving(stack, load)
         with load.paused():
             judge(stack, load)  # the history so far is sound
             time.sleep(0.3)  # commits before T end before it, by the servers' clock
@@ -273,9 +266,8 @@ def drill(stack: HaStack, project: str, password: str, ha: ModuleType) -> None:
     )
 
 
-def repository_lost(stack: HaStack, ha: ModuleType) -> None:
+def repository_lost(stack: HaStack) -> None:
     """The repository unreadable (as a full, cut or corrupt one is): backups fail loudly, writes go on."""
-    PLACE, RELEASE = ha.PLACE, ha.RELEASE
     members = stack.wait_settled(120)
     leader = next(n for n, m in members.items() if m["role"] == "leader")
     stack.in_member(leader, "chmod", "000", "/var/lib/pgbackrest")
