@@ -92,7 +92,7 @@ def test_the_migration_retries_until_it_gets_its_lock_and_the_hot_path_waits_at_
     holder = Holder(at_0019, seconds=4.0)
     holder.start()
     assert holder.holding.wait(10)
-    migrating = threading.Thread(target=upgrade, args=(at_0019,), daemon=True)
+    migrating = threading.Thread(target=upgrade, args=(at_0019, "0020"), daemon=True)
     started = time.monotonic()
     migrating.start()
     waits = asyncio.run(hot_path_waits(at_0019, during=6.0))
@@ -118,7 +118,7 @@ def test_a_migration_that_never_gets_its_lock_fails_saying_why_and_applies_nothi
     assert holder.holding.wait(10)
     try:
         with pytest.raises(SystemExit) as failed:
-            upgrade(at_0019)
+            upgrade(at_0019, "0020")
     finally:
         holder.release.set()
         holder.join(10)

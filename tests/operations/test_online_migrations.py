@@ -184,6 +184,7 @@ def squawk(scripts: Path) -> list[str]:
     return problems
 
 
+@pytest.mark.process
 def test_squawk_accepts_the_migration_and_finds_what_would_lock(scripts: Path) -> None:
     assert squawk(scripts) == []
     # The same index built the plain way: found, naming the migration and the rule.

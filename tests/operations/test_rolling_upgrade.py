@@ -49,6 +49,8 @@ RELEASE = "mutation Release($id: ID!) { releaseReplica(replicaId: $id) }"
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
 HELD = "{ allocations(first: 1000) { replicaId nodeId gpuIndices } }"
 
+pytestmark = [pytest.mark.process, pytest.mark.serial]
+
 
 @pytest.fixture(scope="module")
 def previous_release() -> Iterator[Path]:

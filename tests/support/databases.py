@@ -68,8 +68,11 @@ def drop_database(server: str, url: str) -> None:
     asyncio.run(
         _on_server(
             server,
-            # A template refuses DROP until it is a plain database again.
-            f'ALTER DATABASE "{name}" WITH IS_TEMPLATE false',
+            # A template refuses DROP until it is a plain database again (and a
+            # database that was never made, e.g. a copy a failed test did not
+            # take, is no error: DROP ... IF EXISTS says the same).
+            f"DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_database WHERE datname = '{name}') THEN"
+            f" EXECUTE 'ALTER DATABASE \"{name}\" WITH IS_TEMPLATE false'; END IF; END $$",
             f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
         )
     )
