@@ -27,7 +27,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from alembic import context
-from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
+from service import (
+    health_tables,  # noqa: F401 (fleet health's tables join the metadata)
+    tenancy_tables,  # noqa: F401 (and tenancy's)
+)
 from service.database.db import asyncpg_url, engine_for
 from service.database.migrations import MIGRATION_LOCK_KEY, keeps_working
 from service.tables import metadata

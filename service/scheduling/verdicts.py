@@ -15,6 +15,7 @@ from service.scheduling.availability import is_schedulable
 from service.scheduling.freshness import is_fresh, stale_detail
 from service.scheduling.rejections import index_ranges, shown
 from service.scheduling.taints import TaintEffect, Toleration, label
+from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
 from service.scheduling.weights_lifecycle import is_ready, rank, readiness_phrase
 
 
@@ -38,6 +39,10 @@ class VerdictCode(Enum):
     TAINTED = "TAINTED"
     # weightsReady: the node's copy of the weights is not READY (service/scheduling/weights_lifecycle.py).
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
+    # The node has room, but the tenant's limit for the class does not
+    # (service/scheduling/tenancy/): what place, fit and explainPlacement say
+    # of the nodes that would fit otherwise.
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,12 @@ class PlaceRequest:
     # reader that takes a request (place, allocate, fit, explainPlacement)
     # offers it the same GPUs (availability.gpu_offered, PoolOffer).
     tolerations: tuple[Toleration, ...] = ()
+    # Who the replica is charged to (service/scheduling/tenancy/): the claim
+    # checks the tenant's limit; fit and explainPlacement count within it.
+    charge: Charge = UNNAMED
+    # LOWER_PRIORITY: a place that does not fit on free GPUs may stop replicas
+    # of lower priority, and reclaim what other tenants borrowed.
+    preemption: PreemptionPolicy = PreemptionPolicy.NEVER
 
     @property
     def gpus(self) -> int:

@@ -30,7 +30,7 @@ from functools import lru_cache
 from sqlalchemy import TextClause, text
 
 from service.database.connections import Connection
-from service.scheduling.allocations import AllocationRequest, ShardRequest, allocate
+from service.scheduling.allocations import AllocationRequest, ShardRequest, allocate_or_refuse
 from service.scheduling.availability import gpu_last_resort, gpu_offered
 from service.scheduling.groups.packing import Cells, pack
 from service.scheduling.groups.planning import GroupPlan, NodeShare
@@ -222,13 +222,16 @@ async def claim_group(
             for node_id, _ in member.plan.nodes
             for indices in assigned[(k, node_id)]
         ]
-        result = await allocate(
+        # Charged as the group (the member's request carries its charge); a
+        # refusal (ChargeRefused) goes up to placeGroup, which answers it.
+        result = await allocate_or_refuse(
             conn,
             AllocationRequest(
                 request.replica_id,
                 tuple(shards),
                 weights=request.weights,
                 tolerations=request.tolerations,
+                charge=request.charge,
             ),
             actor,
             fabric=member.plan.fabric,

@@ -91,7 +91,11 @@ async def claim_members(
         used = {i for shard in shards for i in shard.gpu_indices}
         free[node_id] = [i for i in free.get(node_id, []) if i not in used]
         taken.setdefault((kin, node_id), []).extend(sorted(used))
-        wanted.append(AllocationRequest(request.replica_id, tuple(shards), weights=request.weights))
+        wanted.append(
+            AllocationRequest(
+                request.replica_id, tuple(shards), weights=request.weights, charge=request.charge
+            )
+        )
     outcomes = await allocate_on_locked_nodes(conn, wanted, actor)
     allocated = [o for o in outcomes if isinstance(o, Allocated)]
     return allocated if len(allocated) == len(members) else None
