@@ -35,6 +35,7 @@ from .health_types import (
 )
 from .loaders import now_or_later, ready
 from .scalars import Bytes
+from .tenancy_types import Charged
 
 # Metadata key of a field whose value a page reads from a record attribute
 # of another name (fast/fields.py): e.g. Node.stateChangedBy is
@@ -77,7 +78,7 @@ class Disk:
 
 
 @strawberry.type
-class Allocation:
+class Allocation(Charged):
     """Also served by service.scheduling.allocations.ShardRecord itself, in a node's lists."""
 
     shard_id: strawberry.ID
@@ -125,6 +126,10 @@ class Allocation:
             fence=shard.fence,
             generation=shard.generation,
             held_since=shard.held_since,
+            tenant=strawberry.ID(shard.tenant),
+            priority=shard.priority,
+            deployment=shard.deployment,
+            borrowed=shard.borrowed,
         )
 
 

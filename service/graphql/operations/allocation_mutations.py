@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 import strawberry
@@ -23,6 +24,7 @@ from ..allocation_types import (
     Unplaceable,
 )
 from ..context import Context, Info
+from .tenancy import bound_charge
 
 # The key of a place a fast route made and handed to the resolver
 # (Context.hand_over; service/graphql/fast/compiled_place.py).
@@ -30,7 +32,12 @@ PLACE = "place"
 
 
 async def place_outcome(context: Context, request: PlaceRequest) -> Outcome:
-    """`place`'s domain call, the resolver's and the compiled route's: shared transactions."""
+    """`place`'s domain call, the resolver's and the compiled route's: shared transactions.
+
+    The request's charge is bound to the caller first (a bound token naming
+    another tenant: TenantForbidden, nothing placed), on both routes.
+    """
+    request = replace(request, charge=bound_charge(context, "place", request.charge))
     settings = context.settings
     return await place_batched(
         context.engine,
@@ -70,6 +77,7 @@ class AllocationMutations:
     )
     async def allocate(self, info: Info, input: AllocateInput) -> AllocateResult:
         request = input.to_request()
+        request = replace(request, charge=bound_charge(info.context, "allocate", request.charge))
 
         async def work(conn: Connection) -> allocations.Allocated | Rejection:
             return await allocations.allocate(conn, request, info.context.actor)
