@@ -19,6 +19,8 @@ Where each rule lives, by idea:
 - budgets.py: disruption budgets.
 - headroom.py: what a read (fit, explainPlacement, an Unplaceable answer)
   learns of a tenant's room under its limit, without locking anything.
+- victims.py: a replica stopped to make room (preemption, the next part of
+  issue 46), as the answers list it, and the count of them.
 
 Kept light on purpose: this package's modules are imported by the claim path
 (storing.py, verdicts.py), so none of them imports placement or the GraphQL

@@ -44,9 +44,11 @@ lock, then its quota rows in (tenant, class) order. A transaction that holds
 a quota row never waits for a node afterwards: place() claims once and
 commits; a batch of places (place_batches.py) waits for nothing (its claims
 ask tenancy_claim not to wait, and a busy quota sends the call to a
-transaction of its own); placeGroup locks its quota rows before any node
-(charge_group), inside the savepoint it rolls back before it waits for
-busy nodes.
+transaction of its own); placeGroup claims its members in a savepoint that
+it rolls back, letting the rows go, before it waits for busy nodes, and a
+group of several classes takes their rows in class order before any node
+(charge_group), so two groups never hold one class each waiting for the
+other's.
 
 borrowed (one definition, here): a claim is borrowed when, for some class it
 takes, the tenant holds more than its guarantee of it once the claim is
@@ -169,13 +171,15 @@ _CLAIM_ONE = text(
 async def charge_group(conn: Connection, tenant: str, asked: Mapping[str, int]) -> None:
     """Lock the tenant's quota rows for these classes and check a whole group's GPUs against them.
 
-    For placeGroup and scaleGroup: a group is charged as one, all or none.
-    Called in the savepoint that claims the members, before any of their
-    nodes is locked, so the rows are taken in the claim's order (classes in
-    name order) and the group never waits for a node while holding them:
-    when a member's node is busy the savepoint is rolled back, which lets
-    the rows go, before it waits. Each member's claim then finds the rows its
-    own and the group's total within the limit. Raises ChargeRefused.
+    For placeGroup and scaleGroup of several classes (a group of one class
+    needs no round trip for it: its members' claims take the one row, and a
+    member past the limit refuses the whole group). Called in the savepoint
+    that claims the members, before any of their nodes is locked, so the
+    rows are taken in class order, as every claim takes them, and the group
+    never waits for a node while holding them: when a member's node is busy
+    the savepoint is rolled back, which lets the rows go, before it waits.
+    Each member's claim then finds the rows its own and the group's total
+    within the limit. Raises ChargeRefused.
     """
     for gpu_class in sorted(asked):
         row = (await conn.execute(_CLAIM_ONE, {"tenant": tenant, "gpu_class": gpu_class})).one()
