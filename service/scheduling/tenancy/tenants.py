@@ -28,6 +28,7 @@ from service.errors import InvalidInput, InventoryError
 from service.scheduling.capacity import gpu_classes
 from service.scheduling.tenancy.charges import DEFAULT_TENANT, id_problem
 from service.scheduling.tenancy.quota_claims import TENANT_LOCK
+from service.stored_text import storable
 
 
 @dataclass(frozen=True)
@@ -190,8 +191,8 @@ _HOLDINGS = text(
 
 
 def _text_problem(field: str, value: str | None) -> None:
-    if value is not None and (len(value) > MAX_TEXT_LENGTH or "\x00" in value):
-        raise InvalidInput(field, value, f"at most {MAX_TEXT_LENGTH} characters, no NUL")
+    if value is not None and (len(value) > MAX_TEXT_LENGTH or not storable(value)):
+        raise InvalidInput(field, value, f"at most {MAX_TEXT_LENGTH} characters of text, no NUL")
 
 
 def check_spec(spec: TenantSpec) -> None:
@@ -212,7 +213,7 @@ def check_spec(spec: TenantSpec) -> None:
         if (
             not quota.gpu_class
             or len(quota.gpu_class) > MAX_TEXT_LENGTH
-            or "\x00" in quota.gpu_class
+            or not storable(quota.gpu_class)
         ):
             raise InvalidInput(f"{where}.gpuClass", quota.gpu_class, "not a GPU class")
         if quota.gpu_class in seen:
