@@ -14,9 +14,9 @@ from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.database.migrations import downgrade, upgrade
 from service.web.app import create_app
-from tests.conftest import create_database, drop_database
-from tests.reports import A100, H100, REGISTER, gpus, node_input
-from tests.tenancy_api import PLACE, TENANT
+from tests.support.databases import create_database, drop_database
+from tests.support.reports import A100, H100, REGISTER, gpus, node_input
+from tests.support.tenancy import PLACE, TENANT
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import httpx
 
-from tests.conftest import Api
-from tests.operations.test_metrics import scrape
-from tests.reports import REGISTER, node_input
-from tests.tenancy_api import place, quota, set_tenant
+from tests.support.api import Api
+from tests.support.metrics import scrape
+from tests.support.reports import REGISTER, node_input
+from tests.support.tenancy import place, quota, set_tenant
 
 
 async def test_tenants_used_borrowed_and_limit_per_class(

@@ -19,8 +19,8 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database.db import libpq_url
-from tests.reports import REGISTER, node_input
-from tests.tenancy_api import PLACE, RELEASE, SET_TENANT
+from tests.support.reports import REGISTER, node_input
+from tests.support.tenancy import PLACE, RELEASE, SET_TENANT
 
 NODES = [f"gpu-{i:02d}" for i in range(6)]  # 48 H100
 LIMITS = {"t0": 10, "t1": 10, "t2": 12, "t3": 8}  # 40: the limits bind before the fleet does

@@ -30,10 +30,10 @@ from service.database.connections import transaction
 from service.fleet.fencing import free_held, hold_shards_on
 from service.fleet.liveness import release_replicas_on
 from service.scheduling.allocations import Rows, Wanted, store, store_statement
-from tests.conftest import Api
-from tests.reports import A100, H100, REGISTER, gpus, node_input
-from tests.tenancy_api import ALLOCATE, PLACE, RELEASE, SET_TENANT
-from tests.topology import IB_A, IB_B
+from tests.support.api import Api
+from tests.support.reports import A100, H100, REGISTER, gpus, node_input
+from tests.support.tenancy import ALLOCATE, PLACE, RELEASE, SET_TENANT
+from tests.support.topology import IB_A, IB_B
 
 CLASSES = ("H100-80GB", "A100-40GB")
 TENANTS = ("t0", "t1", "t2", None)  # None: name none (default)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
-from tests.tenancy_api import (
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
+from tests.support.tenancy import (
     ALLOCATE,
     BUDGETS,
     CREATE_TOKEN,

@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from service.ctl.tenancy import usage_bar
-from tests.conftest import LiveService
-from tests.reports import node_input
-from tests.tenancy_api import PLACE, SET_BUDGET, SET_TENANT
-from tests.tools_and_docs.test_ctl import ctl, register
+from tests.support.ctl import ctl, register
+from tests.support.live_service import LiveService
+from tests.support.reports import node_input
+from tests.support.tenancy import PLACE, SET_BUDGET, SET_TENANT
 
 
 def call(service: LiveService, query: str, variables: dict[str, Any]) -> Any:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from tests.chromium import chromium
-from tests.conftest import LiveService
-from tests.tenancy_api import PLACE, SET_TENANT
-from tests.tools_and_docs.test_browser import (
+import pytest
+
+from tests.support.chromium import chromium
+from tests.support.dashboard import (
     SCREENSHOTS,
     call,
+    needs_chromium,
     open_dashboard,
-    pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
-    service,  # noqa: F401  (the fixture)
 )
+from tests.support.live_service import LiveService
+from tests.support.tenancy import PLACE, SET_TENANT
+
+# Skipped without Chromium, like the other browser tests.
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 ROWS = """
 [...document.querySelectorAll('#tenants tbody tr')].map(tr =>
@@ -31,7 +35,7 @@ BAR = """
 """
 
 
-async def test_each_tenant_against_its_guarantee_and_limit(service: LiveService) -> None:  # noqa: F811
+async def test_each_tenant_against_its_guarantee_and_limit(service: LiveService) -> None:
     for node_id in ("hgx-0", "hgx-1", "hgx-2"):
         register(service, node_id)
     quotas = [{"gpuClass": "H100-80GB", "guaranteed": 8, "limit": 16}]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.conftest import Api
+from tests.support.api import Api
 
 TENANT_FIELDS = """
 id description
