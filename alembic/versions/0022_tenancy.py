@@ -13,32 +13,41 @@ outside it. Here the claim itself checks the tenant's limit
   and `used`, the GPUs of the class the tenant holds, kept by the triggers
   below), disruption_budgets (per tenant and deployment: min_available).
   The tenant "default" needs no row.
-- shards: tenant, priority, deployment, borrowed. Existing shards belong to
-  "default" at priority 0 in no deployment; as "default" has no quota,
-  nothing they hold is within a guarantee, so they are borrowed.
-- allocated_gpus: tenant and gpu_class, written by the claim, so the
-  counters' triggers join nothing. Existing rows take their shard's tenant
-  ("default") and their GPU's class (UNKNOWN, the class of a GPU no longer
-  reported, for a held GPU that left its node's report).
+- shards: tenant, priority, deployment, borrowed, each with a constant
+  default (no rewrite): existing shards belong to "default" at priority 0 in
+  no deployment, and are borrowed ("default" has no guarantee). Their bounds
+  are the requests' checks (tenancy/charges.charge_problem): a CHECK would
+  scan shards under an ACCESS EXCLUSIVE lock.
+- allocated_gpus: tenant (default "default") and gpu_class, written by the
+  claim, so the counters' triggers join nothing. gpu_class is filled for
+  existing rows in batches (their GPU's class; UNKNOWN, the class of a GPU no
+  longer reported, for a held GPU that left its node's report) and stays
+  nullable: 0021's code, still serving during a roll, writes none, and such
+  a row is counted against no quota.
 - api_tokens.tenant: a scheduler token bound to a tenant places only as it.
 - tenancy_claim(tenant, class, wait): what a claim asks of one (tenant,
   class); tenancy_count_claimed/freed: the triggers that keep `used`.
+- The new indexes on shards and allocated_gpus are built CONCURRENTLY.
+
+An expand migration (docs/deployment/upgrades.md): 0021's code keeps
+working on it (its inserts take the defaults; it claims without quotas).
 """
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-
 from alembic import op
+from service.database.online_migrations import backfill_in_batches, create_index_concurrently
 
 revision: str = "0022"
 down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# 0021's code keeps working: it writes no charge, and its claims take the defaults.
+keeps_working = "0021"
 
 # 46: quota_claims.TENANT_LOCK, the advisory lock class of a tenant.
 CLAIM = """
-CREATE FUNCTION tenancy_claim(
+CREATE OR REPLACE FUNCTION tenancy_claim(
     p_tenant text, p_class text, p_wait boolean,
     OUT known boolean, OUT busy boolean, OUT used integer, OUT gpu_limit integer,
     OUT guaranteed integer)
@@ -80,7 +89,7 @@ $$
 # tenants' advisory locks shared (a claim took them already; a release, a
 # cascade or an undo takes them here), then the quota rows in order.
 COUNT = """
-CREATE FUNCTION tenancy_count_{name}() RETURNS trigger
+CREATE OR REPLACE FUNCTION tenancy_count_{name}() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(46, hashtext(c.tenant))
@@ -98,124 +107,104 @@ $$
 """
 TRIGGERS = (
     """
-    CREATE TRIGGER tenancy_claimed AFTER INSERT ON allocated_gpus
+    CREATE OR REPLACE TRIGGER tenancy_claimed AFTER INSERT ON allocated_gpus
         REFERENCING NEW TABLE AS claimed FOR EACH STATEMENT
         EXECUTE FUNCTION tenancy_count_claimed()
     """,
     """
-    CREATE TRIGGER tenancy_freed AFTER DELETE ON allocated_gpus
+    CREATE OR REPLACE TRIGGER tenancy_freed AFTER DELETE ON allocated_gpus
         REFERENCING OLD TABLE AS freed FOR EACH STATEMENT
         EXECUTE FUNCTION tenancy_count_freed()
     """,
 )
 
 
-def _id_check(column: str) -> str:
-    return f"char_length({column}) BETWEEN 1 AND 253"
+# Every statement can run again (IF NOT EXISTS, OR REPLACE): the indexes are
+# built CONCURRENTLY and the backfill in batches, outside the migration's
+# transaction, so a run that failed part way is run again from the top
+# (squawk: prefer-robust-stmts).
+TABLES = (
+    """
+    CREATE TABLE IF NOT EXISTS tenants (
+        id TEXT NOT NULL,
+        description TEXT,
+        created_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+        CONSTRAINT pk_tenants PRIMARY KEY (id),
+        CONSTRAINT ck_tenants_id_length CHECK (char_length(id) BETWEEN 1 AND 253)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS tenant_quotas (
+        tenant TEXT NOT NULL,
+        gpu_class TEXT NOT NULL,
+        guaranteed INTEGER NOT NULL,
+        gpu_limit INTEGER,
+        used INTEGER DEFAULT 0 NOT NULL,
+        CONSTRAINT pk_tenant_quotas PRIMARY KEY (tenant, gpu_class),
+        CONSTRAINT fk_tenant_quotas_tenant_tenants FOREIGN KEY (tenant)
+            REFERENCES tenants (id) ON DELETE CASCADE,
+        CONSTRAINT ck_tenant_quotas_guaranteed CHECK (guaranteed >= 0),
+        CONSTRAINT ck_tenant_quotas_gpu_limit CHECK (gpu_limit >= guaranteed),
+        CONSTRAINT ck_tenant_quotas_used CHECK (used >= 0)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS disruption_budgets (
+        tenant TEXT NOT NULL,
+        deployment TEXT NOT NULL,
+        min_available INTEGER NOT NULL,
+        CONSTRAINT pk_disruption_budgets PRIMARY KEY (tenant, deployment),
+        CONSTRAINT fk_disruption_budgets_tenant_tenants FOREIGN KEY (tenant)
+            REFERENCES tenants (id) ON DELETE CASCADE,
+        CONSTRAINT ck_disruption_budgets_min_available CHECK (min_available >= 0),
+        CONSTRAINT ck_disruption_budgets_deployment_length
+            CHECK (char_length(deployment) BETWEEN 1 AND 253)
+    )
+    """,
+)
+# Constant defaults: the columns are added without rewriting the tables.
+COLUMNS = (
+    "ALTER TABLE shards ADD COLUMN IF NOT EXISTS tenant TEXT DEFAULT 'default' NOT NULL",
+    "ALTER TABLE shards ADD COLUMN IF NOT EXISTS priority INTEGER DEFAULT 0 NOT NULL",
+    "ALTER TABLE shards ADD COLUMN IF NOT EXISTS deployment TEXT",
+    "ALTER TABLE shards ADD COLUMN IF NOT EXISTS borrowed BOOLEAN DEFAULT true NOT NULL",
+    "ALTER TABLE allocated_gpus ADD COLUMN IF NOT EXISTS tenant TEXT DEFAULT 'default' NOT NULL",
+    "ALTER TABLE allocated_gpus ADD COLUMN IF NOT EXISTS gpu_class TEXT",
+    "ALTER TABLE api_tokens ADD COLUMN IF NOT EXISTS tenant TEXT",
+    # api_tokens holds a row per token ever made (hundreds at most) and none
+    # has a tenant yet: the check's scan is instant.
+    """
+    DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                       WHERE conname = 'ck_api_tokens_scheduler_tenant') THEN
+            ALTER TABLE api_tokens ADD CONSTRAINT ck_api_tokens_scheduler_tenant
+                CHECK (tenant IS NULL OR role = 'scheduler');
+        END IF;
+    END $$
+    """,
+)
 
 
 def upgrade() -> None:
-    op.create_table(
-        "tenants",
-        sa.Column("id", sa.Text(), nullable=False),
-        sa.Column("description", sa.Text()),
-        sa.Column(
-            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_tenants")),
-        sa.CheckConstraint(_id_check("id"), name=op.f("ck_tenants_id_length")),
-    )
-    op.create_table(
-        "tenant_quotas",
-        sa.Column("tenant", sa.Text(), nullable=False),
-        sa.Column("gpu_class", sa.Text(), nullable=False),
-        sa.Column("guaranteed", sa.Integer(), nullable=False),
-        sa.Column("gpu_limit", sa.Integer()),
-        sa.Column("used", sa.Integer(), server_default=sa.text("0"), nullable=False),
-        sa.PrimaryKeyConstraint("tenant", "gpu_class", name=op.f("pk_tenant_quotas")),
-        sa.ForeignKeyConstraint(
-            ["tenant"],
-            ["tenants.id"],
-            name=op.f("fk_tenant_quotas_tenant_tenants"),
-            ondelete="CASCADE",
-        ),
-        sa.CheckConstraint("guaranteed >= 0", name=op.f("ck_tenant_quotas_guaranteed")),
-        sa.CheckConstraint("gpu_limit >= guaranteed", name=op.f("ck_tenant_quotas_gpu_limit")),
-        sa.CheckConstraint("used >= 0", name=op.f("ck_tenant_quotas_used")),
-    )
-    op.create_table(
-        "disruption_budgets",
-        sa.Column("tenant", sa.Text(), nullable=False),
-        sa.Column("deployment", sa.Text(), nullable=False),
-        sa.Column("min_available", sa.Integer(), nullable=False),
-        sa.PrimaryKeyConstraint("tenant", "deployment", name=op.f("pk_disruption_budgets")),
-        sa.ForeignKeyConstraint(
-            ["tenant"],
-            ["tenants.id"],
-            name=op.f("fk_disruption_budgets_tenant_tenants"),
-            ondelete="CASCADE",
-        ),
-        sa.CheckConstraint("min_available >= 0", name=op.f("ck_disruption_budgets_min_available")),
-        sa.CheckConstraint(
-            _id_check("deployment"), name=op.f("ck_disruption_budgets_deployment_length")
-        ),
-    )
-
-    op.add_column(
-        "shards",
-        sa.Column("tenant", sa.Text(), server_default=sa.text("'default'"), nullable=False),
-    )
-    op.add_column(
-        "shards", sa.Column("priority", sa.Integer(), server_default=sa.text("0"), nullable=False)
-    )
-    op.add_column("shards", sa.Column("deployment", sa.Text()))
-    op.add_column(
-        "shards",
-        sa.Column("borrowed", sa.Boolean(), server_default=sa.text("false"), nullable=False),
-    )
-    # What existing shards were: "default" has no quota, so all it holds is borrowed.
-    op.execute("UPDATE shards SET borrowed = true")
-    op.create_check_constraint(op.f("ck_shards_tenant_length"), "shards", _id_check("tenant"))
-    op.create_check_constraint(
-        op.f("ck_shards_priority"), "shards", "priority BETWEEN -1000000 AND 1000000"
-    )
-    op.create_check_constraint(
-        op.f("ck_shards_deployment_length"), "shards", _id_check("deployment")
-    )
-    op.create_index(
-        "ix_shards_deployment",
-        "shards",
-        ["deployment", "tenant"],
-        postgresql_where=sa.text("deployment IS NOT NULL"),
-    )
-
-    op.add_column(
-        "allocated_gpus",
-        sa.Column("tenant", sa.Text(), server_default=sa.text("'default'"), nullable=False),
-    )
-    op.add_column("allocated_gpus", sa.Column("gpu_class", sa.Text()))
-    op.execute(
-        """
-        UPDATE allocated_gpus a SET gpu_class = coalesce(
-            (SELECT g.gpu_class FROM gpus g WHERE g.node_id = a.node_id AND g.idx = a.gpu_index),
-            'UNKNOWN')
-        """
-    )
-    op.alter_column("allocated_gpus", "gpu_class", nullable=False)
-    op.create_index("ix_allocated_gpus_tenant", "allocated_gpus", ["tenant", "gpu_class"])
-
-    op.add_column("api_tokens", sa.Column("tenant", sa.Text()))
-    op.create_check_constraint(
-        op.f("ck_api_tokens_scheduler_tenant"),
-        "api_tokens",
-        "tenant IS NULL OR role = 'scheduler'",
-    )
-
-    op.execute(CLAIM)
+    for statement in (*TABLES, *COLUMNS, CLAIM):
+        op.execute(statement)
     op.execute(COUNT.format(name="claimed", sign="+"))
     op.execute(COUNT.format(name="freed", sign="-"))
     for trigger in TRIGGERS:
         op.execute(trigger)
+    backfill_in_batches(
+        """
+        UPDATE allocated_gpus a SET gpu_class = coalesce(
+            (SELECT g.gpu_class FROM gpus g WHERE g.node_id = a.node_id AND g.idx = a.gpu_index),
+            'UNKNOWN')
+        WHERE (a.node_id, a.gpu_index) IN (
+            SELECT node_id, gpu_index FROM allocated_gpus WHERE gpu_class IS NULL LIMIT :batch)
+        """
+    )
+    create_index_concurrently(
+        "ix_shards_deployment", "shards", "(deployment, tenant)", where="deployment IS NOT NULL"
+    )
+    create_index_concurrently("ix_allocated_gpus_tenant", "allocated_gpus", "(tenant, gpu_class)")
 
 
 def downgrade() -> None:
