@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.config import SettingError, Settings, default_data_dir
+from service.config import SettingError, Settings, default_data_dir, deprecation_warnings
 from service.fleet.health import policy
 
 if TYPE_CHECKING:
@@ -471,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmgw-inventory: {error}", file=sys.stderr)
         return 2
     configure_logging(settings)
+    for line in deprecation_warnings(os.environ):
+        log.warning("%s", line)
     code: int = args.run(args, settings)
     return code
 

@@ -251,7 +251,7 @@ async def both(
     """Two apps on one database: direct execution on (the default), and Strawberry's view alone."""
     clients = []
     for direct in (True, False):
-        app = create_app(settings.replace(direct_execution=direct), engine=engine)
+        app = create_app(settings.replace(fast_path=direct), engine=engine)
         clients.append(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory")
         )

@@ -223,7 +223,7 @@ def create_app(
 
     drain = Drain()  # begun by SIGTERM (web/draining.py)
     front_door = None
-    if settings.direct_execution:
+    if settings.fast_path:
         # The one switch (service/graphql/fast/switch.py). Imported here, so
         # that switched off the fast package is never loaded: the schema does
         # not need it, and its hooks are installed only now.

@@ -13,7 +13,7 @@ In this order, each step answering a request it refuses:
 5. the request's shape (graphql_http.check_request): 4xx;
 6. the fast path's front door (service/graphql/fast/front_door.py) answers,
    or declines to Strawberry's view, which always answers. With
-   INVENTORY_DIRECT_EXECUTION=false there is no front door.
+   INVENTORY_FAST_PATH=false there is no front door.
 
 These were six ASGI layers, each wrapping the next one's `receive` or `send`
 (the body replayed three times, the response start copied at each layer).

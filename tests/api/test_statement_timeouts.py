@@ -78,7 +78,7 @@ async def short(database_url: str, settings: Settings, engine: AsyncEngine) -> A
     clients = [
         httpx.AsyncClient(
             transport=httpx.ASGITransport(
-                app=create_app(settings.replace(direct_execution=direct), engine=timing_out)
+                app=create_app(settings.replace(fast_path=direct), engine=timing_out)
             ),
             base_url="http://inventory",
         )

@@ -1,7 +1,7 @@
 """The direct executor answers exactly what Strawberry's view answers, and answers the agents' requests.
 
 Each request goes to two apps on the same database: one with
-INVENTORY_DIRECT_EXECUTION on (the default), one with it off. The mutations
+INVENTORY_FAST_PATH on (the default), one with it off. The mutations
 used are ones a client may repeat with the same answer (a report re-sent, a
 heartbeat, an allocation or placement re-sent with its ids), so running each
 twice compares answers, not states.

@@ -1,7 +1,7 @@
 """The fast path's front door: one switch, counted routes, no second write, no quiet fallback.
 
 Each story sends requests to two apps on one database (the `both` fixture):
-the fast path on (the default) and INVENTORY_DIRECT_EXECUTION=false, the
+the fast path on (the default) and INVENTORY_FAST_PATH=false, the
 reference (Strawberry's view alone).
 """
 
@@ -117,7 +117,7 @@ def test_switched_off_input_objects_are_built_by_strawberrys_own_conversion(
     definition = Label.__strawberry_definition__  # type: ignore[attr-defined]
     built = {}
     for on in (True, False):
-        context = new_context(engine, Settings(direct_execution=on))
+        context = new_context(engine, Settings(fast_path=on))
         info: Any = type("FakeInfo", (), {"context": context})()
         input_context = InputContext(
             info=info,

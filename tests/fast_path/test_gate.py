@@ -177,7 +177,7 @@ def test_no_compiled_route_checks_roles_itself() -> None:
     assert calling == ["front_door.py"]
 
 
-def _imported_with(direct_execution: str) -> list[str]:
+def _imported_with(fast_path: str) -> list[str]:
     """The fast path's modules a process has loaded once it built the app with the switch so."""
     program = (
         "import sys\n"
@@ -186,7 +186,7 @@ def _imported_with(direct_execution: str) -> list[str]:
         "create_app(Settings.from_env(), database_url='postgresql://unused/x')\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('service.graphql.fast'))))\n"
     )
-    env = {**os.environ, "INVENTORY_DIRECT_EXECUTION": direct_execution}
+    env = {**os.environ, "INVENTORY_FAST_PATH": fast_path}
     done = subprocess.run(
         [sys.executable, "-c", program],
         cwd=ROOT,

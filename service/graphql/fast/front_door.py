@@ -69,7 +69,7 @@ could write a second time. The database's expected outcomes are not bugs
 (unavailable, a statement cancelled at its statement_timeout): answered with
 their code in one log line, as masking.py answers them.
 
-The switch (switch.py): with INVENTORY_DIRECT_EXECUTION=false the app has no
+The switch (switch.py): with INVENTORY_FAST_PATH=false the app has no
 front door, the fast package is not even imported (install.py is the one
 way in, called when the app is built) and every request is Strawberry's
 view's alone.
