@@ -385,7 +385,7 @@ def test_a_place_declined_after_it_ran_is_not_placed_again(
     both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A place that raised after writing, or whose answer graphql-core must word: one place
-    per app, the outcome handed to the resolver (Context.hand_over), the same answer."""
+    per app, the outcome handed to graphql-core's run (hand_over.py), the same answer."""
     calls: list[str] = []
     real = allocation_mutations.place_batched
 

@@ -238,3 +238,38 @@ def test_the_fast_package_reads_no_asgi_scope() -> None:
         if upward:
             offenders[path.name] = upward
     assert offenders == {}
+
+
+# Words by which a module would know the fast path: its package, its routes,
+# its hand-over (issue 45: the resolvers carried hand-over hooks, types.py its
+# metadata).
+_FAST_PATH_WORDS = (
+    "graphql/fast",
+    "graphql.fast",
+    "fast path",
+    "fast route",
+    "compiled ",
+    "hand_over",
+    "hand over",
+    "handed over",
+    "hands over",
+)
+
+
+def test_the_resolvers_and_the_types_know_nothing_of_the_fast_path() -> None:
+    """The fast path stays in its room: what it needs of the schema it keeps itself
+    (fields.RECORD_ATTRIBUTES, execution.PREFETCHED) or applies from its side
+    (hand_over.py), so removing it changes nothing in these modules."""
+    graphql = ROOT / "service" / "graphql"
+    modules = [
+        *sorted((graphql / "operations").glob("*.py")),
+        *sorted(graphql.glob("*types.py")),
+        graphql / "context.py",
+        graphql / "loaders.py",
+        graphql / "inputs.py",
+    ]
+    knowing = {
+        str(path.relative_to(ROOT)): [w for w in _FAST_PATH_WORDS if w in path.read_text().lower()]
+        for path in modules
+    }
+    assert {name: words for name, words in knowing.items() if words} == {}

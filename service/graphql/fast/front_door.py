@@ -39,7 +39,7 @@ with a route that declares no root field or one without a role
 
 | route | covers | why it is exact | declines (then graphql_core answers) |
 | --- | --- | --- | --- |
-| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (types.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
+| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (compiled_heartbeat.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
 | registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the gate, the resolver's write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
 | place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the gate, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
 | page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, statement_timeout, text_not_storable |
@@ -61,8 +61,9 @@ A route answers or declines with a reason (outcomes.py); a compiled route's
 decline passes the request to graphql_core, which always answers. Each run is
 counted after it ran: inventory_fast_path_requests_total{route, outcome,
 reason} (service/metrics.py). A declined mutation never writes twice: a route
-that declines after writing hands the write's outcome to the resolver
-(Context.hand_over). An exception a route raises is a bug: it is logged with
+that declines after writing hands the write's outcome to graphql_core's run
+of the document (hand_over.py), whose resolver wrapper answers from it; the
+resolvers know nothing of it. An exception a route raises is a bug: it is logged with
 its traceback, counted (reason `bug`) and answered as an internal error,
 as masking.py answers any bug; it is never retried by another route, which
 could write a second time. The database's expected outcomes are not bugs
@@ -107,6 +108,8 @@ from .direct import DirectOperation
 from .documents import Prepared, PreparedDocuments, only_root_field
 from .extensions import read_extensions
 from .fast_request import FastRequest
+from .fields import check_record_attributes
+from .hand_over import answer_handed_over
 from .outcomes import Answered, CompiledRoute, Declined, Outcome, encode
 
 log = logging.getLogger(__name__)
@@ -266,6 +269,10 @@ class FrontDoor:
         self.settings = settings
         self.routes = ROUTES if routes is None else tuple(routes)
         self.roles = declared_roles(self.routes)
+        # The fields a page answers from its records, checked against the schema.
+        check_record_attributes(schema)
+        # A route that declines after its write hands it over (hand_over.py).
+        answer_handed_over(schema, [field for route in self.routes for field in route.fields])
         extensions = read_extensions(schema)
         self.not_honoured = extensions.not_honoured
         if self.not_honoured:
@@ -370,7 +377,11 @@ class FrontDoor:
                 if isinstance(outcome, Answered):
                     return outcome.body
                 route = GRAPHQL_CORE
-            answered = await plan.direct.run(variables, request.context())
+                # A write the route made is answered from, never made again (hand_over.py).
+                handed_over = outcome.handed_over
+            else:
+                handed_over = None
+            answered = await plan.direct.run(variables, request.context(), handed_over)
             _count(route, answered)
             return answered.body
         except Exception as error:

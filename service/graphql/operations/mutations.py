@@ -16,14 +16,9 @@ from ..fencing_types import IncarnationArgument, RunningShardsArgument, contact_
 from ..inputs import NodeInput
 from ..types import Node
 
-# The keys of a beat's and a report's outcome in Context.handed_over: the
-# field and the node id.
-HEARTBEAT = "heartbeat"
-REGISTER = "registerNode"
-
 
 async def store_report(context: Context, report: NodeReport) -> NodeRecord:
-    """registerNode's write, for its resolver and its compiled route: the node as stored.
+    """registerNode's write: the node as stored (its answer is Node.of the record).
 
     One statement or one transaction (service/fleet/re_registration.py); the XIDs
     it carried are counted once it committed.
@@ -47,10 +42,13 @@ async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
     return record
 
 
-async def _beat_answer(info: Info, beat: BeatRecord) -> Node:
-    # The beat returns the node's state only (node_views.BeatRecord):
-    # the rest of the node as it is now, read after the beat committed.
-    record: NodeRecord | None = await info.context.loaders.node.load(beat.id)
+async def beat_answer(context: Context, beat: BeatRecord) -> Node:
+    """A heartbeat's answer once the beat committed: the node as it is now.
+
+    The beat returns the node's state only (node_views.BeatRecord), so the
+    rest of the node is read after it.
+    """
+    record: NodeRecord | None = await context.loaders.node.load(beat.id)
     if record is None:
         raise NodeNotFound(beat.id)
     return Node.of(record)
@@ -73,8 +71,7 @@ class NodeMutations:
         contact = contact_of(incarnation, running_shards)
         if contact.says_anything:
             # Checks, report, reconciliation and answer in one transaction
-            # (service/fleet/fencing.py); the compiled route never takes a
-            # document with these arguments.
+            # (service/fleet/fencing.py).
             registration, answer = await fencing.contact_report(
                 context.engine, settled(report), contact, context.actor
             )
@@ -82,11 +79,7 @@ class NodeMutations:
             metrics.count_registration(re_registration.TRANSACTION, "fencing")
             context.shards_to_stop[report.id] = answer.shards_to_stop
             return Node.of(registration.node)
-        # Once per request: a compiled registerNode that declined after
-        # storing hands its outcome over (service/graphql/fast/compiled_registration.py).
-        return Node.of(
-            await context.once((REGISTER, report.id), lambda: store_report(context, report))
-        )
+        return Node.of(await store_report(context, report))
 
     @strawberry.mutation(
         description=(
@@ -108,15 +101,11 @@ class NodeMutations:
             # answer are one transaction (service/fleet/fencing.py).
             beat, answer = await fencing.contact_heartbeat(context.engine, str(node_id), contact)
             context.shards_to_stop[beat.id] = answer.shards_to_stop
-            return await _beat_answer(info, beat)
+            return await beat_answer(context, beat)
         # Batched with this process's concurrent heartbeats: one transaction
         # for many (service/fleet/heartbeats.py); the reply waits for its commit.
-        # Once per request: a compiled heartbeat that declined after beating
-        # hands its outcome over (service/graphql/fast/compiled_heartbeat.py).
-        beat = await context.once(
-            (HEARTBEAT, str(node_id)), lambda: heartbeats.beat(context.engine, str(node_id))
-        )
-        return await _beat_answer(info, beat)
+        beat = await heartbeats.beat(context.engine, str(node_id))
+        return await beat_answer(context, beat)
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:

@@ -39,8 +39,8 @@ def free_gpus_arguments(
 ) -> FreeGpusArguments:
     """freeGpus' arguments as capacity.free_gpus takes them.
 
-    The one mapping, for the resolver and the compiled page
-    (service/graphql/fast/compiled_page.py): a default stated twice drifts.
+    The one mapping, for the resolver and anyone who answers the same field
+    its own way: a default stated twice drifts.
     """
     return FreeGpusArguments(
         gpu_class,
@@ -57,7 +57,7 @@ class NodesArguments:
 
 
 def nodes_arguments(filter_: NodeFilter | None, after: str | None) -> NodesArguments:
-    """nodes' arguments as node_views.list_nodes takes them (and the compiled page)."""
+    """nodes' arguments as node_views.list_nodes takes them (the one mapping, as above)."""
     return NodesArguments(
         filter_.to_record() if filter_ is not None else node_views.NodeFilter(),
         str(after) if after is not None else None,
