@@ -23,7 +23,7 @@ from benchmarks.questions import FILTERED as BENCH_FILTERED
 from benchmarks.questions import PAGE as BENCH_PAGE
 from service.ctl.nodes import NODE as CTL_NODE
 from service.database import connections
-from service.fleet import node_pages
+from service.graphql.fast import node_pages
 from service.graphql.private_api import core_schema
 from service.graphql.schema import schema
 from service.metrics import COUNTERS

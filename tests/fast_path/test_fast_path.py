@@ -20,10 +20,10 @@ from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
 
 from service.config import Settings
-from service.fleet import heartbeats, node_pages, node_views
+from service.fleet import heartbeats, node_views
 from service.graphql import types as graphql_types
 from service.graphql.context import Context
-from service.graphql.fast import execution, front_door
+from service.graphql.fast import execution, front_door, node_pages
 from service.graphql.fast.compiled_heartbeat import BEAT_FIELDS
 from service.graphql.fast.extensions import read_extensions
 from service.graphql.fast.fields import plain_fields, record_attributes

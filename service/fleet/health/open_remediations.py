@@ -1,7 +1,7 @@
 """A node's open remediations (Node.remediations): read by the loader, built by the compiled page.
 
 One predicate (remediations.OPEN) and one order (by id) for both, so the
-dashboard's node list, answered by PostgreSQL (service/fleet/node_pages.py),
+dashboard's node list, answered by PostgreSQL (service/graphql/fast/node_pages.py),
 lists what Strawberry's resolver lists.
 """
 

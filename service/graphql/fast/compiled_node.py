@@ -1,4 +1,4 @@
-"""One node by id, compiled: PostgreSQL builds the object's JSON (service/fleet/node_pages.py).
+"""One node by id, compiled: PostgreSQL builds the object's JSON (service/graphql/fast/node_pages.py).
 
 Why: `node(id)` is the dashboard's and `ctl node`'s look at one node, and a
 scheduler's. Through graphql-core it costs the executor, Strawberry's
@@ -53,9 +53,9 @@ from service.batches import Batches
 from service.database import read_routing
 from service.database.connections import NativeConnection
 from service.database.read_routing import Replica
-from service.fleet import node_pages
 from service.graphql.private_api import core_schema
 
+from . import node_pages
 from .compiled_page import compile_selection
 from .documents import only_root_field
 from .fast_request import FastRequest

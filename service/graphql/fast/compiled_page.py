@@ -1,4 +1,4 @@
-"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/fleet/node_pages.py).
+"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/graphql/fast/node_pages.py).
 
 Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is tens
 of thousands of values, and executing it field by field costs the service
@@ -72,13 +72,13 @@ from graphql import (
 
 from service import node_states
 from service.database.connections import NativeConnection
-from service.fleet import node_pages
 from service.fleet.health import policy, remediations
 from service.graphql.operations.queries import free_gpus_arguments, nodes_arguments
 from service.graphql.private_api import core_schema
 from service.paging import PageRequest
 from service.scheduling import taints, weights_lifecycle
 
+from . import node_pages
 from .documents import only_root_field
 from .fast_request import FastRequest
 from .fields import ArgumentConversion, NotAnObjectType, record_attributes

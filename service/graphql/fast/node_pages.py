@@ -17,8 +17,14 @@ nodes (FreeGpusPage). What a selection may name: the attributes below, by the re
 WeightsRecord; fleet health's Taint, drift Finding and Remediation), each with
 the expression of the JSON value that attribute holds; fleet health's lists
 come from service/fleet/health/'s SQL for them, and Gpu.recommendedAction
-from the remediation policy itself (recommend). Anything else is not this module's to answer; the caller (the GraphQL
-layer) answers such a selection from the records as before.
+from the remediation policy itself (recommend). Anything else is not this module's to answer: the compiled
+page declines such a selection and graphql-core answers it from the records.
+
+Only the fast path's page and node routes (compiled_page.py, compiled_node.py)
+use it, so it lives in the fast path's package and goes with it. The SQL of
+each rule it builds from (a free GPU, a schedulable node, a node's taints,
+drift and open remediations, the NVLink groups) is not written here: each
+stays with its rule in the domain, next to the rule's Python form.
 
 The page is the one node_views.list_nodes reads (same filter, same order,
 same limit), and each detail list has its loader's order (hardware.py,
