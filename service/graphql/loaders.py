@@ -24,7 +24,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 from service.database import read_routing
 from service.database.connections import Connection
 from service.fleet import hardware, node_views
-from service.fleet.health import drift, open_remediations, taints, validations
+from service.fleet.health import drift, remediations, taints, validations
 from service.scheduling import allocations
 
 K = TypeVar("K")
@@ -124,8 +124,8 @@ class Loaders:
 
     @functools.cached_property
     def open_remediations(self) -> DataLoader[Any, Any]:
-        """Each node's open remediations (fleet/health/open_remediations.py), for Node.remediations."""
-        return self._make(open_remediations.open_of, list)
+        """Each node's open remediations (fleet/health/remediations.py), for Node.remediations."""
+        return self._make(remediations.open_of, list)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

@@ -278,8 +278,8 @@ def test_the_folder_listings_are_read_as_a_reader_reads_them() -> None:
 
 # A module past this many lines is a prompt to review it, not a reason to split it:
 # split by idea, never by size (issue 45: open_remediations.py, 39 lines, existed only
-# because remediations.py passed the old hard cap). A long module that still holds one
-# idea is listed in LONG_MODULES with that idea in a sentence, which a reviewer reads;
+# because remediations.py passed the old hard cap; it is back in remediations.py). A long
+# module that still holds one idea is listed in LONG_MODULES with that idea in a sentence, which a reviewer reads;
 # the test fails for a long module without an entry, and for an entry whose module is
 # no longer long (so the list says what is true).
 REVIEW_AT_LINES = 600

@@ -43,8 +43,8 @@ from typing import Any
 from service.database.connections import Connection, cached_text
 from service.fleet.hardware import has_faults_sql, recommended_action
 from service.fleet.health.drift import drift_sql
-from service.fleet.health.open_remediations import open_sql
 from service.fleet.health.policy import RemediationAction
+from service.fleet.health.remediations import open_sql
 from service.fleet.health.taint_rows import gpu_taints_sql, node_taints_sql
 from service.fleet.node_views import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
