@@ -14,8 +14,9 @@ here with the command that writes them again:
     .venv/bin/python -m tests.scheduling.test_golden_sql --write
 
 Each statement is also planned (EXPLAIN, every parameter NULL) against the
-migrated schema, so a column renamed in a migration but not in a statement
-fails here, whichever shape it hides in.
+migrated schema (and the backup machinery's report table, deploy/backup/status.sql),
+so a column renamed in a migration but not in a statement fails here, whichever
+shape it hides in.
 """
 
 from __future__ import annotations
@@ -293,9 +294,19 @@ def test_the_grid_covers_every_option_of_a_request() -> None:
     assert unset == {"replica_id", "gpu_class", "gpus_per_shard"}, unset
 
 
+# The backup machinery's report (service/backup_status.py reads it): a table
+# of its own that no migration owns, made by its own script on the primary.
+BACKUP_REPORT = ROOT / "deploy" / "backup" / "status.sql"
+
+
 async def test_every_statement_plans_against_the_migrated_schema(engine: AsyncEngine) -> None:
     failed = []
     async with engine.connect() as conn:
+        # Made in this connection's transaction (begun first), rolled back with it;
+        # a script of several statements, so asyncpg's own execute runs it.
+        await conn.execute(text("SELECT 1"))
+        raw = await conn.get_raw_connection()
+        await raw.driver_connection.execute(BACKUP_REPORT.read_text())  # type: ignore[union-attr]
         for statement in every_statement():
             clause = text(statement.sql)
             nulls = dict.fromkeys(clause._bindparams)
