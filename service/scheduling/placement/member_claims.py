@@ -38,13 +38,13 @@ async def claim_members(
     actor: str | None,
     held: Mapping[tuple[str, str], Sequence[int]] | None = None,
 ) -> list[Allocated] | Busy | None:
-    """Several replicas' plans claimed as _try claims one, in one round: every node locked, then one store.
+    """Several replicas' plans claimed as claims.claim_plan claims one, in one round: every node locked, then one store.
 
     For members that claimed_together: each on one node, of one GPU class,
     without topology or tolerations. Their nodes are locked without waiting
     (a Busy names those another transaction holds; nothing is waited for),
     found schedulable under the lock, their offered GPUs read once, and each
-    member given its shards from its node's GPUs in the order _try gives
+    member given its shards from its node's GPUs in the order claims.claim_plan gives
     them (spread over NUMA nodes away from those its kin hold there, those
     a PREFER_NO_SCHEDULE taint sends last still last:
     members of one `kin`, a role say, and `held`, per (kin, node)), the members taking
