@@ -478,7 +478,7 @@ def free_indices(tolerating: bool) -> TextClause:
 # the row as locked), the GPUs of class :cls it offers a request without
 # tolerations (offered_indices_sql), those of them used last, and each GPU's NUMA node
 # (numa.numa_columns). For placement groups' one-round claim
-# (member_claims.claim_members): one round trip where there were three. The
+# (groups/claiming.claim_members): one round trip where there were three. The
 # GPUs are read on the statement's snapshot, taken before the locks, so a
 # claim on a node that committed in between is not seen: the store statement
 # that follows checks every GPU afresh under the locks (a GPU held meanwhile
