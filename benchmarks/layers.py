@@ -38,8 +38,8 @@ from service.fleet.nodes import register_node
 from service.fleet.reports import NodeReport
 from service.scheduling.allocations import Allocated
 from service.scheduling.place_batches import place_batched
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import place
-from service.scheduling.verdicts import PlaceRequest
 
 STAT = Path("/proc/stat")
 HAS_STAT = STAT.exists()

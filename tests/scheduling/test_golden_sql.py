@@ -40,9 +40,9 @@ from service.scheduling import capacity
 from service.scheduling.allocations import records
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups import reads as group_reads
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import claims, fit, statements
 from service.scheduling.topology_fit import TOLERATING
-from service.scheduling.verdicts import PlaceRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "docs" / "internals" / "sql"

@@ -10,8 +10,8 @@ from service.database.connections import Connection
 from service.metrics import count_rejection
 from service.scheduling import allocations, placement
 from service.scheduling.place_batches import Outcome, place_batched
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.rejections import Rejection
-from service.scheduling.verdicts import PlaceRequest
 
 from ..allocation_types import (
     Allocated,

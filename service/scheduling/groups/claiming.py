@@ -45,13 +45,13 @@ from service.scheduling.allocations import (
 from service.scheduling.availability import gpu_last_resort, gpu_offered
 from service.scheduling.groups.packing import Cells, pack
 from service.scheduling.groups.planning import GroupPlan, NodeShare
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.claims import Busy, claim_plan
 from service.scheduling.placement.numa import numa_of, spread_order
 from service.scheduling.placement.plan import Plan, shard_ids
 from service.scheduling.placement.statements import LOCK_OR_SKIP, LOCK_WITH_GPUS_OR_SKIP
 from service.scheduling.rejections import Rejection
 from service.scheduling.taints import tolerations_json
-from service.scheduling.verdicts import PlaceRequest
 
 
 @lru_cache(maxsize=2)

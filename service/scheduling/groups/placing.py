@@ -52,11 +52,11 @@ from service.scheduling.groups.requests import (
     validate_group_id,
     validate_role,
 )
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import Unplaceable, unplaceable
 from service.scheduling.placement.claims import Busy, wait_for_nodes
 from service.scheduling.placement.explanation import RoleVerdict
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
-from service.scheduling.verdicts import PlaceRequest
 
 MAX_ROUNDS = 64
 # A plan that fails under the locks although no node was busy means what was

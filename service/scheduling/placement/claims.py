@@ -25,6 +25,7 @@ from service.scheduling.allocations import (
     shard_from_row,
     store_calls,
 )
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.explanation import Unplaceable, unplaceable
 from service.scheduling.placement.plan import (
     Plan,
@@ -50,7 +51,7 @@ from service.scheduling.placement.statements import (
 from service.scheduling.rejections import Rejection, RejectionCode, shown
 from service.scheduling.taints import tolerations_json
 from service.scheduling.topology_fit import fit_order
-from service.scheduling.verdicts import PlaceRequest, judge
+from service.scheduling.verdicts import judge
 
 # Each round either places, finds no room on committed data, or waited for
 # another transaction to finish with a busy node; this bounds a pathological run.

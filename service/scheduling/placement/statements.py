@@ -28,6 +28,7 @@ from service.scheduling.availability import (
 )
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.gpu_pools import attached_fabrics, node_attachments
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import weights
 from service.scheduling.placement.numa import numa_columns
 from service.scheduling.placement.plan import Plan, plan_placement
@@ -36,7 +37,6 @@ from service.scheduling.taints import last_resort_term_sql, tolerations_json
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
 from service.scheduling.verdicts import (
     NodeFacts,
-    PlaceRequest,
     TopologyFacts,
     WeightsCopy,
     WithholdingTaint,
