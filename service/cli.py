@@ -101,7 +101,7 @@ def census(database_url: str, settings: Settings) -> Census:
     from service.access_control.tokens import count_tokens
     from service.database.connections import autocommit
     from service.database.db import create_engine, dispose
-    from service.fleet.nodes import count_nodes
+    from service.fleet.node_writes import count_nodes
 
     async def ask() -> Census:
         engine = create_engine(database_url, settings.replace(db_pool_size=1, db_max_overflow=1))

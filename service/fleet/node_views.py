@@ -111,7 +111,7 @@ class BeatRecord:
         return is_schedulable(self.state)
 
 
-# What nodes.heartbeat_alive and heartbeat_many return; beat_from_row reads
+# What node_writes.heartbeat_alive and heartbeat_many return; beat_from_row reads
 # them by position.
 BEAT_COLUMNS = "n.id, n.state, n.admin_reason, n.admin_actor, n.liveness_reason"
 _BEAT_WIDTH = 5

@@ -338,7 +338,7 @@ async def test_the_fields_a_beat_answers_read_the_same_from_the_beat_as_from_the
                     " WHERE id = 'gpu-01'"
                 )
             )
-    # An unreachable node's beat brings it back (nodes.heartbeat_many's statement).
+    # An unreachable node's beat brings it back (node_writes.heartbeat_many's statement).
     beat = await heartbeats.beat(engine, "gpu-01")
     async with engine.connect() as conn:
         record = await node_views.get_node(conn, "gpu-01")

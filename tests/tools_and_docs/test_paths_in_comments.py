@@ -187,4 +187,4 @@ def test_the_scan_finds_paths_in_comments_docstrings_and_documents(tmp_path: Pat
     toml = tmp_path / "pyproject.toml"
     toml.write_text('# see service/no/such.py\nexclude = ["^agent/build/"]\n')
     assert [list(named_paths(text)) for _, text in texts_of(toml)] == [["service/no/such.py"], []]
-    assert not exists("service/nodes.register_node")  # moved to service/fleet/nodes.py
+    assert not exists("service/nodes.register_node")  # moved to service/fleet/node_writes.py

@@ -7,7 +7,7 @@ import strawberry
 from service import metrics
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import fencing, heartbeats, node_views, nodes, observed_at, re_registration
+from service.fleet import fencing, heartbeats, node_views, node_writes, observed_at, re_registration
 from service.fleet.node_views import BeatRecord, NodeRecord
 from service.fleet.reports import NodeReport, settle_observed_at
 
@@ -110,7 +110,7 @@ class NodeMutations:
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
         async def work(conn: Connection) -> NodeRecord:
-            await nodes.cordon_node(conn, str(id), reason, info.context.actor)
+            await node_writes.cordon_node(conn, str(id), reason, info.context.actor)
             return await _read_back(conn, str(id))
 
         return Node.of(await info.context.write(work))
@@ -118,7 +118,7 @@ class NodeMutations:
     @strawberry.mutation
     async def drain_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
         async def work(conn: Connection) -> NodeRecord:
-            await nodes.drain_node(conn, str(id), reason, info.context.actor)
+            await node_writes.drain_node(conn, str(id), reason, info.context.actor)
             return await _read_back(conn, str(id))
 
         return Node.of(await info.context.write(work))
@@ -126,7 +126,7 @@ class NodeMutations:
     @strawberry.mutation
     async def uncordon_node(self, info: Info, id: strawberry.ID) -> Node:
         async def work(conn: Connection) -> NodeRecord:
-            await nodes.uncordon_node(conn, str(id), info.context.actor)
+            await node_writes.uncordon_node(conn, str(id), info.context.actor)
             return await _read_back(conn, str(id))
 
         return Node.of(await info.context.write(work))
@@ -134,6 +134,6 @@ class NodeMutations:
     @strawberry.mutation(description="Forget a node and its allocations.")
     async def remove_node(self, info: Info, id: strawberry.ID) -> bool:
         async def work(conn: Connection) -> bool:
-            return await nodes.remove_node(conn, str(id), info.context.actor)
+            return await node_writes.remove_node(conn, str(id), info.context.actor)
 
         return await info.context.write(work)

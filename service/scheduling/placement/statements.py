@@ -292,7 +292,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
 
     This statement counts nothing: its snapshot was taken before the lock,
     and a claim on the node may have committed in between (see
-    _REPLACE_REPORT in service/fleet/nodes.py). The free GPUs are counted by the
+    _REPLACE_REPORT in service/fleet/node_writes.py). The free GPUs are counted by the
     next statement, the claim (claim_statement).
 
     The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/pick_sql.plain.sql
