@@ -55,7 +55,7 @@ from service.errors import InvalidInput, NodeNotFound
 from service.event_log.events import record_event
 from service.fleet import node_writes
 from service.fleet.gpu_changes import check_reason
-from service.fleet.node_views import BeatRecord
+from service.fleet.node_reads import BeatRecord
 from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.allocations import release_replica
 from service.scheduling.taints import stop_by_sql

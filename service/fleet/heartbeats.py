@@ -31,7 +31,7 @@ from service.database.connections import NativeConnection
 from service.database.transactions import in_transaction, retried
 from service.errors import NodeNotFound
 from service.fleet import node_writes
-from service.fleet.node_views import BeatRecord
+from service.fleet.node_reads import BeatRecord
 
 log = logging.getLogger(__name__)
 

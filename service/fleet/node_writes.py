@@ -19,7 +19,7 @@ from service.fleet import gpu_health
 from service.fleet.gpu_changes import check_reason
 from service.fleet.gpu_health import ReportedXid
 from service.fleet.health import drift
-from service.fleet.node_views import (
+from service.fleet.node_reads import (
     BEAT_COLUMNS,
     BeatRecord,
     NodeRecord,

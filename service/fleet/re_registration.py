@@ -80,7 +80,7 @@ from service.database.transactions import (
 from service.event_log.event_announcements import announce
 from service.event_log.events import collecting_recorded, note_recorded
 from service.fleet import node_writes
-from service.fleet.node_views import NODE_COLUMNS, node_from_row
+from service.fleet.node_reads import NODE_COLUMNS, node_from_row
 from service.fleet.report_rows import (
     REPORTED_ROWS,
     came_back,

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from service.fleet.node_views import NODE_COLUMNS
+from service.fleet.node_reads import NODE_COLUMNS
 from service.fleet.reports import NodeReport, gpu_class_of, sum_disks
 from service.fleet.topology import nvlink_groups
 from service.scheduling.availability import taint_marks

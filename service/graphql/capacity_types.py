@@ -9,7 +9,7 @@ import strawberry
 from service import paging
 from service.errors import NodeNotFound
 from service.fleet import topology
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_reads import NodeRecord
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
 
 from .context import Info

@@ -23,7 +23,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
 from service.database import read_routing
 from service.database.connections import Connection
-from service.fleet import hardware, node_views
+from service.fleet import hardware, node_reads
 from service.fleet.health import drift, remediations, taints, validations
 from service.scheduling import allocations
 
@@ -85,7 +85,7 @@ class Loaders:
 
     @functools.cached_property
     def node(self) -> DataLoader[Any, Any]:
-        return self._make(node_views.get_nodes, _none)
+        return self._make(node_reads.get_nodes, _none)
 
     @functools.cached_property
     def gpus(self) -> DataLoader[Any, Any]:

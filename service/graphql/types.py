@@ -9,10 +9,10 @@ from typing import Any, Final
 
 import strawberry
 
-from service.fleet import node_views, topology
+from service.fleet import node_reads, topology
 from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
 from service.fleet.health.policy import DriverRecoveryAction, RemediationAction
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_reads import NodeRecord
 from service.fleet.reports import Disk as DiskRecord
 from service.fleet.reports import HcaDiscovery
 from service.node_states import NodeState as NodeState
@@ -47,7 +47,7 @@ class KeyValue:
 
 
 def key_values(mapping: dict[str, str]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=v) for k, v in node_views.by_key(mapping)]
+    return [KeyValue(key=k, value=v) for k, v in node_reads.by_key(mapping)]
 
 
 @strawberry.type

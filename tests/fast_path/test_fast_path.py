@@ -20,7 +20,7 @@ from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
 
 from service.config import Settings
-from service.fleet import heartbeats, node_views
+from service.fleet import heartbeats, node_reads
 from service.graphql import types as graphql_types
 from service.graphql.context import Context
 from service.graphql.fast import execution, front_door, node_pages
@@ -341,7 +341,7 @@ async def test_the_fields_a_beat_answers_read_the_same_from_the_beat_as_from_the
     # An unreachable node's beat brings it back (node_writes.heartbeat_many's statement).
     beat = await heartbeats.beat(engine, "gpu-01")
     async with engine.connect() as conn:
-        record = await node_views.get_node(conn, "gpu-01")
+        record = await node_reads.get_node(conn, "gpu-01")
     assert record is not None
     for name in BEAT_FIELDS:
         read = Node.read(name)
@@ -363,7 +363,7 @@ async def test_a_pages_fields_are_the_records_attributes_named_by_the_strawberry
     )
     await api('mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }')
     async with engine.connect() as conn:
-        record = await node_views.get_node(conn, "gpu-01")
+        record = await node_reads.get_node(conn, "gpu-01")
     assert record is not None
     node = Node.of(record)
     attributes = record_attributes(schema, "Node")

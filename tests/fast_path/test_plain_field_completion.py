@@ -474,13 +474,13 @@ async def test_each_prefetched_reader_answers_what_its_resolver_answers(
     very object the resolver returns at once; before they are loaded, the
     reader says NOT_READY and the resolver returns an awaitable.
     """
-    from service.fleet import node_views
+    from service.fleet import node_reads
     from service.graphql.types import Node
 
     await api(REGISTER, {"input": node_input("gpu-01", gpus=gpus(H100, 2))})
     await api(ALLOCATE, allocation("r1", shard("s1", "gpu-01", 0)))
     async with engine.connect() as conn:
-        record = await node_views.get_node(conn, "gpu-01")
+        record = await node_reads.get_node(conn, "gpu-01")
     assert record is not None
     node = Node.of(record)
     resolvers = {

@@ -46,7 +46,7 @@ NOT_DEFINITIONS = {
         "a GPU's own taints with its cordon, as a list (TAINT_ROW), read back by taint_of "
         "as taints.taint_json is; fleet/health's, with the GPU given by the caller"
     ),
-    ("service/fleet/node_views.py", "n.local_disk_free, n.local_disk_total,"): (
+    ("service/fleet/node_reads.py", "n.local_disk_free, n.local_disk_total,"): (
         "NODE_COLUMNS: a node's record as the API shows it, not the facts placement judges"
     ),
 }

@@ -61,7 +61,7 @@ from .outcomes import Answered, Declined, Outcome, encode
 FIELD = "heartbeat"
 
 # The fields of Node (by Python name) whose readers (Node.read) need only what
-# a beat returns (node_views.BeatRecord: id, state, state_reason,
+# a beat returns (node_reads.BeatRecord: id, state, state_reason,
 # state_actor): the fields this route answers.
 BEAT_FIELDS: Final = frozenset({"id", "state", "state_reason", "state_changed_by", "schedulable"})
 

@@ -17,7 +17,7 @@ no directives, fragments or repeated keys). Everything else goes to
 graphql-core.
 
 How it stays exact: the gate (front_door.py), and the node the resolver's
-loader reads (node_views.get_nodes: by id, the object or null) built by the
+loader reads (node_reads.get_nodes: by id, the object or null) built by the
 same statement builder as a page (node_pages.OneNode, the page's own
 expressions per attribute; tests/fast_path/test_compiled_page.py compares both ways).
 A batch's statement starts after each look it carries arrived, so each sees

@@ -10,7 +10,7 @@ after), its arguments variables or literals, selecting what
 node_pages can express. For freeGpus: gpuIndices and its node. For a node:
 leaves (IDs, strings, integers, booleans, Bytes, DateTime, the enums of
 stored columns, _STORED_VALUES), lists of leaves, localDisk/sharedDisk, labels and engineVersions
-(node_views.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
+(node_reads.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
 (service/fleet/topology.py's definitions), and the detail
 lists gpus (with allocation, taints and recommendedAction), freeGpus without gpuClass
 (service/scheduling/availability.py's gpu_free), storage, allocations, fabrics,
@@ -24,7 +24,7 @@ How it stays exact: the gate (front_door.py: the role and page size, as
 for the resolver), the resolver's argument mapping (operations/queries.py), the same
 page rule (service/paging.py: a page without `first` that stopped short answers
 PAGE_TRUNCATED at the field, where graphql-core would place it),
-the page node_views.list_nodes reads, the loaders' orders, and per leaf the
+the page node_reads.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/fast_path/test_compiled_page.py compares both ways field
 by field). Which record attribute answers which field is read from the
 Strawberry types (fields.py). A filter is an input object: its value is

@@ -32,7 +32,7 @@ from typing import Any
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
 
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_reads import NodeRecord
 from service.graphql.context import Context
 from service.graphql.operations.mutations import store_report
 from service.graphql.private_api import core_schema

@@ -29,7 +29,7 @@ from graphql import (
     is_leaf_type,
 )
 
-from service.fleet.node_views import BeatRecord, NodeRecord
+from service.fleet.node_reads import BeatRecord, NodeRecord
 from service.graphql.context import Context
 from service.graphql.private_api import core_schema
 from service.graphql.types import Node

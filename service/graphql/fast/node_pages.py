@@ -26,7 +26,7 @@ each rule it builds from (a free GPU, a schedulable node, a node's taints,
 drift and open remediations, the NVLink groups) is not written here: each
 stays with its rule in the domain, next to the rule's Python form.
 
-The page is the one node_views.list_nodes reads (same filter, same order,
+The page is the one node_reads.list_nodes reads (same filter, same order,
 same limit), and each detail list has its loader's order (hardware.py,
 allocations.shards_on_nodes), so both ways answer alike; one statement is also
 one snapshot, where the row path reads nodes and details in separate ones.
@@ -46,7 +46,7 @@ from service.fleet.health.drift import drift_sql
 from service.fleet.health.policy import RemediationAction
 from service.fleet.health.remediations import open_sql
 from service.fleet.health.taint_rows import gpu_taints_sql, node_taints_sql
-from service.fleet.node_views import NodeFilter, by_key_sql, page_clause
+from service.fleet.node_reads import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
 from service.node_states import state_actor_sql, state_reason_sql
 from service.paging import PageRequest, PageTruncated, stops_short
@@ -102,7 +102,7 @@ NODE: Mapping[str, str] = {
     # definitions (their SQL form sits next to the Python one).
     "nvlink_groups": describe_groups_sql("n"),
     "largest_free_nvlink_group": largest_free_group_sql("n"),
-    # The reason that explains the state (node_views.node_from_row): liveness
+    # The reason that explains the state (node_reads.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
     "state_reason": state_reason_sql("n"),
     "state_actor": state_actor_sql("n"),
@@ -234,7 +234,7 @@ DISKS: Mapping[str, tuple[str, str]] = {
     "shared_disk": ("n.shared_disk_free", "n.shared_disk_total"),
 }
 DISK: Mapping[str, int] = {"free_bytes": 0, "total_bytes": 1}
-# A node's key-value lists (Node.labels, Node.engineVersions), in node_views.by_key's order.
+# A node's key-value lists (Node.labels, Node.engineVersions), in node_reads.by_key's order.
 KEY_VALUE_LISTS: Mapping[str, str] = {"labels": "n.labels", "engine_versions": "n.engine_versions"}
 KEY_VALUE: Mapping[str, str] = {"key": "e.key", "value": "e.value"}
 
@@ -480,7 +480,7 @@ class NodePage:
 
 
 class OneNode:
-    """Nodes by id as the selection says: node_views.get_nodes' nodes, built once per selection."""
+    """Nodes by id as the selection says: node_reads.get_nodes' nodes, built once per selection."""
 
     def __init__(self, selection: Sequence[Value]) -> None:
         statement = _Statement()

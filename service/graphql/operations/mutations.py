@@ -7,8 +7,8 @@ import strawberry
 from service import metrics
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import fencing, heartbeats, node_views, node_writes, observed_at, re_registration
-from service.fleet.node_views import BeatRecord, NodeRecord
+from service.fleet import fencing, heartbeats, node_reads, node_writes, observed_at, re_registration
+from service.fleet.node_reads import BeatRecord, NodeRecord
 from service.fleet.reports import NodeReport, settle_observed_at
 
 from ..context import Context, Info
@@ -36,7 +36,7 @@ def settled(report: NodeReport) -> NodeReport:
 
 
 async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
-    record = await node_views.get_node(conn, node_id)
+    record = await node_reads.get_node(conn, node_id)
     if record is None:
         raise NodeNotFound(node_id)
     return record
@@ -45,7 +45,7 @@ async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
 async def beat_answer(context: Context, beat: BeatRecord) -> Node:
     """A heartbeat's answer once the beat committed: the node as it is now.
 
-    The beat returns the node's state only (node_views.BeatRecord), so the
+    The beat returns the node's state only (node_reads.BeatRecord), so the
     rest of the node is read after it.
     """
     record: NodeRecord | None = await context.loaders.node.load(beat.id)
