@@ -1,7 +1,7 @@
 """Reading nodes: one node, or a page of nodes matching a scheduler's filter.
 
 Each read is one statement whatever the cluster size; the per-node details
-(GPUs, fabrics, storage, weights, allocations) are read by hardware.py in one
+(GPUs, fabrics, storage, weights, allocations) are read by node_details.py in one
 statement per kind for a whole page of nodes.
 """
 

@@ -26,7 +26,7 @@ from service.scheduling.availability import gpu_free, is_free
 from service.stored_text import storable
 
 if TYPE_CHECKING:
-    from service.fleet.hardware import GpuRecord
+    from service.fleet.node_details import GpuRecord
 
 
 class ReportedGpu(Protocol):

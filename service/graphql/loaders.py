@@ -23,7 +23,7 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
 from service.database import read_routing
 from service.database.connections import Connection
-from service.fleet import hardware, node_reads
+from service.fleet import node_details, node_reads
 from service.fleet.health import drift, remediations, taints, validations
 from service.scheduling import allocations
 
@@ -89,19 +89,19 @@ class Loaders:
 
     @functools.cached_property
     def gpus(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.gpus_of, list)
+        return self._make(node_details.gpus_of, list)
 
     @functools.cached_property
     def fabrics(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.fabrics_of, list)
+        return self._make(node_details.fabrics_of, list)
 
     @functools.cached_property
     def filesystems(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.filesystems_of, list)
+        return self._make(node_details.filesystems_of, list)
 
     @functools.cached_property
     def weights(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.weights_of, list)
+        return self._make(node_details.weights_of, list)
 
     @functools.cached_property
     def shards_on_node(self) -> DataLoader[Any, Any]:

@@ -10,8 +10,8 @@ from typing import Any, Final
 import strawberry
 
 from service.fleet import node_reads, topology
-from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
 from service.fleet.health.policy import DriverRecoveryAction, RemediationAction
+from service.fleet.node_details import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
 from service.fleet.node_reads import NodeRecord
 from service.fleet.reports import Disk as DiskRecord
 from service.fleet.reports import HcaDiscovery
@@ -118,7 +118,7 @@ class Allocation:
 
 @strawberry.type
 class Gpu:
-    """Served by service.fleet.hardware.GpuRecord itself (see SERVED_BY_RECORDS).
+    """Served by service.fleet.node_details.GpuRecord itself (see SERVED_BY_RECORDS).
 
     A 1,000-node page has 8,000 GPUs: copying each record into this class
     was an eighth of the page's CPU, for values that are the record's own.
@@ -194,7 +194,7 @@ class Gpu:
 
 @strawberry.type
 class FabricAttachment:
-    """Served by service.fleet.hardware.FabricRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.node_details.FabricRecord itself (see SERVED_BY_RECORDS)."""
 
     fabric: str
     hcas: list[str]
@@ -203,7 +203,7 @@ class FabricAttachment:
 
 @strawberry.type
 class Filesystem:
-    """Served by service.fleet.hardware.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.node_details.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
 
     id: str = strawberry.field(
         description="Stable id of the filesystem on its node (e.g. its device number or fsid)."
@@ -243,7 +243,7 @@ strawberry.enum(
 
 @strawberry.type
 class Weights:
-    """Served by service.fleet.hardware.WeightsRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.node_details.WeightsRecord itself (see SERVED_BY_RECORDS)."""
 
     path: str
     size_bytes: Bytes | None = strawberry.field(description="Bytes present.")

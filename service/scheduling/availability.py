@@ -199,9 +199,9 @@ def gpu_free_given(g: str, held: str) -> str:
 
 
 class GpuFacts(Protocol):
-    """What is_free reads of a GPU already loaded (service.fleet.hardware.GpuRecord).
+    """What is_free reads of a GPU already loaded (service.fleet.node_details.GpuRecord).
 
-    `healthy` is gpu_healthy's value (hardware.py reads it so).
+    `healthy` is gpu_healthy's value (node_details.py reads it so).
     """
 
     @property

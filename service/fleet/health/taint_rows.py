@@ -1,7 +1,7 @@
 """Taints as read back: the rows of the taints table, with the operator's cordons shown as taints.
 
 One home for how a stored taint (or a cordon, or a drain) becomes a
-scheduling.taints.Taint, for the GPUs' records (hardware.gpus_of, one JSON
+scheduling.taints.Taint, for the GPUs' records (node_details.gpus_of, one JSON
 column per GPU) and for the nodes' lists (fleet/health/taints.taints_of).
 """
 
@@ -49,7 +49,7 @@ def gpu_taints_sql(g: str, entry: str) -> str:
 
 
 def gpu_taints_json(g: str) -> str:
-    """SQL json: gpu_taints_sql's taints as taint_of reads them (hardware.gpus_of)."""
+    """SQL json: gpu_taints_sql's taints as taint_of reads them (node_details.gpus_of)."""
     return gpu_taints_sql(
         g,
         "json_build_object('key', x.key, 'value', x.value, 'effect', x.effect,"

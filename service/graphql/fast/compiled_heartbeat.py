@@ -49,8 +49,8 @@ from graphql import (
 )
 
 from service.database import connections
-from service.fleet import hardware, heartbeats
-from service.fleet.hardware import WeightsRecord
+from service.fleet import heartbeats, node_details
+from service.fleet.node_details import WeightsRecord
 from service.graphql.operations.mutations import beat_answer
 
 from .documents import only_root_field
@@ -104,9 +104,9 @@ class CompiledHeartbeat:
         if self._pins is None or not isinstance(outcome, Answered):
             return outcome
         # After the beat, as the resolver reads Node.weights after it: the
-        # same statement (hardware.weights_of), so the same pins.
+        # same statement (node_details.weights_of), so the same pins.
         async with connections.autocommit(request.engine) as conn:
-            weights = (await hardware.weights_of(conn, [node_id])).get(node_id, [])
+            weights = (await node_details.weights_of(conn, [node_id])).get(node_id, [])
         return Answered(self._pins.close(outcome.body, weights), outcome.reason)
 
 

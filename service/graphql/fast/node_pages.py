@@ -27,7 +27,7 @@ drift and open remediations, the NVLink groups) is not written here: each
 stays with its rule in the domain, next to the rule's Python form.
 
 The page is the one node_reads.list_nodes reads (same filter, same order,
-same limit), and each detail list has its loader's order (hardware.py,
+same limit), and each detail list has its loader's order (node_details.py,
 allocations.shards_on_nodes), so both ways answer alike; one statement is also
 one snapshot, where the row path reads nodes and details in separate ones.
 """
@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.database.connections import Connection, cached_text
-from service.fleet.hardware import has_faults_sql, recommended_action
 from service.fleet.health.drift import drift_sql
 from service.fleet.health.policy import RemediationAction
 from service.fleet.health.remediations import open_sql
 from service.fleet.health.taint_rows import gpu_taints_sql, node_taints_sql
+from service.fleet.node_details import has_faults_sql, recommended_action
 from service.fleet.node_reads import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
 from service.node_states import state_actor_sql, state_reason_sql
@@ -207,7 +207,7 @@ HEALTH_LISTS: Mapping[str, tuple[Mapping[str, str], Any]] = {
     "remediations": (REMEDIATION, open_sql),
 }
 
-# Gpu.recommendedAction is the remediation policy's word (hardware.recommended_action,
+# Gpu.recommendedAction is the remediation policy's word (node_details.recommended_action,
 # Python over the policy the service installed), never restated in SQL: a
 # GPU with faults is written as a mark holding its sticky reasons and
 # recovery action, which the page replaces (_recommend) before it is passed

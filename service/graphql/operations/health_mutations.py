@@ -7,8 +7,8 @@ import strawberry
 from service.database.connections import Connection
 from service.errors import NodeNotFound
 from service.fleet import node_reads
-from service.fleet.hardware import GpuRecord, gpus_of
 from service.fleet.health import drift, remediations, taints, validations
+from service.fleet.node_details import GpuRecord, gpus_of
 from service.fleet.node_reads import NodeRecord
 
 from ..context import Info

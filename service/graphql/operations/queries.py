@@ -11,7 +11,7 @@ import strawberry
 from service import paging
 from service.database import connections
 from service.database.connections import Connection
-from service.fleet import hardware, node_reads
+from service.fleet import node_details, node_reads
 from service.scheduling import allocations, capacity
 
 from ..capacity_types import Fabric, GpuClassSummary, NodeFreeGpus
@@ -171,7 +171,7 @@ class NodeQueries:
     async def weights_evictable(self, info: Info, node_id: strawberry.ID) -> Any:
         async with connections.autocommit(info.context.engine) as conn:
             # The records themselves: Weights is served by them (SERVED_BY_RECORDS).
-            return await hardware.weights_evictable(conn, str(node_id))
+            return await node_details.weights_evictable(conn, str(node_id))
 
     @strawberry.field
     async def gpu_classes(self, info: Info) -> list[GpuClassSummary]:
