@@ -16,7 +16,7 @@ what it answered.
 - place: a scheduler's one-GPU place (compiled_place.py); the benchmark's
   replicas are released by SQL between rounds, so only places are counted;
 - page: a page of 100 nodes with their GPUs, built as JSON by PostgreSQL
-  (compiled_page.py, node_pages.py);
+  (compiled_page.py, json_pages.py);
 - node: node(id) with its GPUs, the same builder (compiled_node.py);
 - graphql_core: that node(id) with a directive no compiled route takes,
   which the fast path answers by graphql-core on the cached document

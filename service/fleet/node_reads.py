@@ -286,7 +286,7 @@ def page_clause(
 ) -> tuple[str, dict[str, Any]]:
     """WHERE ... ORDER BY ... LIMIT of a page over `nodes n`, and its parameters.
 
-    Also node_pages.py's page, so both ways of reading a page pick the same nodes.
+    Also json_pages.py's page, so both ways of reading a page pick the same nodes.
     """
     params: dict[str, Any] = {"first": first}
     where = _filter_sql(node_filter, params)

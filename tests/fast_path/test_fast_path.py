@@ -23,7 +23,7 @@ from service.config import Settings
 from service.fleet import heartbeats, node_reads
 from service.graphql import types as graphql_types
 from service.graphql.context import Context
-from service.graphql.fast import execution, front_door, node_pages
+from service.graphql.fast import execution, front_door, json_pages
 from service.graphql.fast.compiled_heartbeat import BEAT_FIELDS
 from service.graphql.fast.extensions import read_extensions
 from service.graphql.fast.fields import plain_fields, record_attributes
@@ -274,7 +274,7 @@ async def test_a_bug_in_a_route_is_logged_counted_and_answered_as_an_internal_er
     async def broken(*args: Any, **kwargs: Any) -> str:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(node_pages.NodePage, "fetch", broken)
+    monkeypatch.setattr(json_pages.NodePage, "fetch", broken)
     before = fast_path()
     with caplog.at_level(logging.ERROR, logger=front_door.__name__):
         body = (await fast.post("/graphql", json={"query": "{ nodes { id } }"})).json()
@@ -376,7 +376,7 @@ async def test_a_pages_fields_are_the_records_attributes_named_by_the_strawberry
         assert _comparable(value) == _comparable(raw), name
     # The detail lists a page reads, named by the fast path's RECORD_ATTRIBUTES.
     assert {attributes[f] for f in ("gpus", "storage", "allocations", "fabrics", "weights")} <= {
-        *node_pages._LISTS
+        *json_pages._LISTS
     }
     assert set(record_attributes(schema, "NodeFreeGpus").values()) == {"gpu_indices", "node"}
 

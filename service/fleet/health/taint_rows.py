@@ -36,7 +36,7 @@ def gpu_taints_sql(g: str, entry: str) -> str:
 
     The taints table is read only for a GPU whose marks say it has some
     (gpus.withheld, gpus.last_resort): a page of untainted GPUs pays a
-    column test each. Also the compiled page's Gpu.taints (service/graphql/fast/node_pages.py).
+    column test each. Also the compiled page's Gpu.taints (service/graphql/fast/json_pages.py).
     """
     return f"""(CASE WHEN {g}.withheld OR {g}.last_resort OR {gpu_cordoned(g)} THEN (
         SELECT json_agg({entry} ORDER BY x.cordon DESC, x.key)
@@ -75,7 +75,7 @@ def node_admin_tainted(n: str) -> str:
 def node_taints_sql(n: str, entry: str) -> str:
     """SQL json: `entry` (over TAINT_ROW) for each of the node row `n`'s own taints (not its
     GPUs'), its cordon or drain included, by key (as fleet/health/taints.taints_of lists them);
-    [] for none. The compiled page's Node.taints (service/graphql/fast/node_pages.py)."""
+    [] for none. The compiled page's Node.taints (service/graphql/fast/json_pages.py)."""
     return f"""(SELECT coalesce(json_agg({entry} ORDER BY x.key), '[]')
         FROM (SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since
               FROM taints t WHERE t.node_id = {n}.id AND t.gpu_index IS NULL

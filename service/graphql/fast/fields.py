@@ -26,7 +26,7 @@ from strawberry.types.private import is_private
 
 from service.graphql.private_api import scalar_registry
 
-# The fields a page of nodes answers from its records (node_pages.py), by
+# The fields a page of nodes answers from its records (json_pages.py), by
 # type and GraphQL name, with the record attribute that holds each value:
 # resolver fields the page builds itself (Node.taints from fleet health's
 # SQL, Node.gpus and the other detail lists from the same statement), and
