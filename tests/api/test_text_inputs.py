@@ -93,20 +93,7 @@ async def test_an_id_at_the_bound_is_taken(both: Both) -> None:
         assert response.json() == {"data": {"node": None}}
 
 
-# Lines in modules other engineers changed in parallel during issue 44 (remediations in
-# service/fleet/health/, the group planner in service/scheduling/groups/): each is to call
-# service/stored_text.py once their branches are merged, and leave this list.
-NOT_YET_MOVED = {
-    ("service/scheduling/groups/requests.py", '"\\x00" in group_id'): "issue 44 items 6-7",
-    ("service/scheduling/groups/requests.py", '"\\x00" in name'): "issue 44 items 6-7",
-    ("service/scheduling/groups/requests.py", '"\\x00" in locality.label'): "issue 44 items 6-7",
-    ("service/fleet/health/validations.py", '"\\x00" in result.test'): "issue 44 item 5",
-    ("service/fleet/health/validations.py", '"\\x00" in result.details'): "issue 44 item 5",
-    ("service/fleet/health/drift.py", '"\\x00" in value'): "issue 44 item 5",
-}
-
-
 def test_the_rule_of_text_that_can_be_stored_is_written_once() -> None:
     patterns = {"a NUL test of its own": re.compile(r"""["']\\x00["']\s+(not\s+)?in\b""")}
     home = ROOT / "service/stored_text.py"
-    assert second_definitions(home, patterns, excused=NOT_YET_MOVED) == []
+    assert second_definitions(home, patterns) == []
