@@ -135,14 +135,25 @@ TABLES = (
 )
 
 
+EMPTY = f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"
+
+
 @pytest.fixture(autouse=True)
 async def empty_tables(request: pytest.FixtureRequest) -> None:
-    """Every test that touches the database starts from an empty inventory."""
-    if "engine" not in request.fixturenames:
-        return
-    engine: AsyncEngine = request.getfixturevalue("engine")
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
+    """Every test that touches the database starts from an empty inventory: through the
+    engine, or through its URL alone (a `serve` process the test starts). Without the
+    second, a token an earlier test left turned auth on for such a service, and it
+    answered 401 (tests/operations/test_logs.py after tests/access_control)."""
+    if "engine" in request.fixturenames:
+        engine: AsyncEngine = request.getfixturevalue("engine")
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(EMPTY)
+    elif "database_url" in request.fixturenames:
+        conn = await asyncpg.connect(request.getfixturevalue("database_url"))
+        try:
+            await conn.execute(EMPTY)
+        finally:
+            await conn.close()
 
 
 @pytest.fixture

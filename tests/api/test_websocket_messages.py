@@ -25,9 +25,8 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import REPO, TABLES, free_port
+from tests.conftest import REPO, free_port
 
 PROTOCOL = "graphql-transport-ws"
 LEGACY = "graphql-ws"
@@ -43,16 +42,7 @@ class LoggedService:
 
 
 @pytest.fixture(scope="module")
-async def no_tokens(engine: AsyncEngine) -> None:
-    """An empty inventory: no token left in force by an earlier test."""
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
-
-
-@pytest.fixture(scope="module")
-def service(
-    database_url: str, no_tokens: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LoggedService]:
+def service(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoggedService]:
     """One `serve` process for the module (each start costs seconds), its log in a file."""
     port = free_port()
     log = tmp_path_factory.mktemp("ws") / "service.log"
