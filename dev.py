@@ -5,6 +5,13 @@ Creates .venv and installs the project into it (again only when pyproject.toml
 changed), then runs the service or the whole test suite. Extra arguments pass
 through: `python3 dev.py test -k allocate`, `python3 dev.py serve --port 9000`.
 
+  python3 dev.py test              the whole suite, in parallel workers (pytest-xdist,
+                                   one per core, at least two), and its wall time
+  python3 dev.py test --fast       the in-process tier only: no test that starts a
+                                   process, a container or a browser, and no page-cost
+                                   cluster (docs/contributing/development.md, Tiers)
+  python3 dev.py test -n 0         the same in this one process (`-n N`: N workers)
+
 The console scripts the README shows run the same way from a checkout:
   python3 dev.py ctl ...           is  llmgw-inventory ctl ...
   python3 dev.py demo ...          is  llmgw-inventory demo ...
@@ -29,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -116,6 +124,37 @@ COMMANDS = {
 }
 
 
+def workers() -> int:
+    """One pytest-xdist worker per core, and at least two: the tests that start
+    processes spend much of their time waiting on them, not on a core."""
+    return max(2, os.cpu_count() or 1)
+
+
+def test(args: list[str]) -> int:
+    """pytest in parallel (unless the arguments say how), then the run's wall time."""
+    chosen = any(
+        a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n", "--numprocesses="))
+        for a in args
+    )
+    parallel = [] if chosen else ["-n", str(workers())]
+    # Tests marked serial or docker (and each page-cost cluster's cases) go to one
+    # worker each, one after another (tests/support/tiers.py): --dist loadgroup.
+    command = [str(BIN / "python"), "-m", "pytest", *parallel, "--dist", "loadgroup", *args]
+    if "no:xdist" in args:
+        command.remove("--dist")
+        command.remove("loadgroup")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    started = time.monotonic()
+    code = subprocess.run(command, check=False).returncode
+    took = time.monotonic() - started
+    what = "the in-process tier (--fast)" if "--fast" in args else "the tests"
+    loads = ""
+    if load is not None:
+        loads = f"; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+    print(f"dev.py test: {what} took {took:.0f} s wall time{loads}", flush=True)
+    return code
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {*COMMANDS, "install", "build"}:
         print(__doc__, file=sys.stderr)
@@ -126,9 +165,12 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "build":
         return build(Path(rest[0]) if rest else DIST)
+    if command == "test":
+        os.chdir(ROOT)
+        return test(rest)
     program, *fixed = COMMANDS[command]
     args = [str(BIN / program), *fixed, *rest]
-    if command in ("serve", "test"):
+    if command == "serve":
         os.chdir(ROOT)
     # ctl, demo and agent stay where they were called: `--config ./agent.toml` is the caller's path.
     os.execv(args[0], args)

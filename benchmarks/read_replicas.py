@@ -1,7 +1,7 @@
 """freeGpus first 50 from 32 clients: the primary alone, against the primary and two read replicas (issue 37).
 
 A cluster of its own on loopback, from the embedded server's binaries (the one
-the failover tests run on, tests/pg_cluster.py): a primary and two
+the failover tests run on, tests/support/pg_cluster.py): a primary and two
 asynchronous streaming replicas, the synthetic cluster of benchmarks/cluster.py
 loaded on the primary and replayed by both. Two service processes answer 32
 client connections asking `freeGpus(gpuClass: "H100-80GB", minFree: 4, first: 50)`,
@@ -34,7 +34,7 @@ from benchmarks.database import migrate, postgres_cpu, postmaster_pid
 from benchmarks.measure import Figure, throughput
 from benchmarks.results import Row
 from benchmarks.services import HEADERS, Service, free_port
-from tests.pg_cluster import StandbyPair
+from tests.support.pg_cluster import StandbyPair
 
 QUERY = """
 query Free($cls: String!) {

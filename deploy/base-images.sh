@@ -42,6 +42,7 @@ if [ "${1:-}" != "--local" ]; then
   done
   if [ "$have" = 3 ]; then
     echo "PYTHON_IMAGE=${PUBLIC[0]}"; echo "POSTGRES_IMAGE=${PUBLIC[1]}"; echo "NGINX_IMAGE=${PUBLIC[2]}"
+    echo "POSTGRES_IMAGE_USER=root"
     exit 0
   fi
   echo "base-images: the public images cannot be pulled; building local ones from Debian's packages" >&2
@@ -97,3 +98,5 @@ done
 echo "PYTHON_IMAGE=$PYTHON_IMAGE"
 echo "POSTGRES_IMAGE=$POSTGRES_IMAGE"
 echo "NGINX_IMAGE=$NGINX_IMAGE"
+# The user the postgres image runs as (docker-compose.yml builds pgBackRest into it).
+echo "POSTGRES_IMAGE_USER=postgres"

@@ -193,7 +193,7 @@ def fetch_missing_assets() -> None:
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
-    from service.database.migrations import upgrade
+    from service.database.migrations import NewerSchema, upgrade
     from service.web import heap
     from service.web.app import create_app
     from service.web.draining import DrainingServer
@@ -213,7 +213,11 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
         if server is None and (problem := wait_for_database(url, settings, within=None)):
             print(f"llmgw-inventory: {problem}", file=sys.stderr)
             return 2
-        upgrade(url)
+        try:
+            upgrade(url)
+        except NewerSchema as error:
+            print(f"llmgw-inventory: {error}", file=sys.stderr)
+            return 2
         from service.access_control.bind_policy import bind_decision
 
         found = census(url, settings)
@@ -249,7 +253,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from service.database.migrations import upgrade
+    from service.database.migrations import NewerSchema, upgrade
 
     url, server = _database(settings, args.data_dir)
     try:
@@ -257,11 +261,57 @@ def migrate(args: argparse.Namespace, settings: Settings) -> int:
         if server is None and (problem := wait_for_database(url, settings, within=MIGRATE_WAIT)):
             print(f"llmgw-inventory migrate: {problem}", file=sys.stderr)
             return 1
-        upgrade(url)
+        try:
+            upgrade(url)
+        except NewerSchema as error:
+            print(f"llmgw-inventory migrate: {error}", file=sys.stderr)
+            return 2
     finally:
         if server is not None:
             server.stop()
     print("database is at the latest schema")
+    return 0
+
+
+def after_restore(args: argparse.Namespace, settings: Settings) -> int:
+    """Once a restore brought the database back (deploy/restore.sh): service/restores.py."""
+    import asyncio
+
+    from service.database.db import create_engine, dispose
+    from service.database.transactions import in_transaction
+    from service.errors import InvalidInput
+    from service.event_log.event_announcements import drain_announcements
+    from service.restores import after_restore as fix_up
+
+    url = settings.database_url
+    if not url:
+        print("llmgw-inventory after-restore: DATABASE_URL is not set", file=sys.stderr)
+        return 2
+    if problem := wait_for_database(url, settings, within=MIGRATE_WAIT):
+        print(f"llmgw-inventory after-restore: {problem}", file=sys.stderr)
+        return 1
+
+    async def run() -> Any:
+        engine = create_engine(url, settings.replace(db_pool_size=1, db_max_overflow=1))
+        try:
+            done = await in_transaction(
+                engine, lambda conn: fix_up(conn, args.target, args.fence_floor, args.margin)
+            )
+            # The event's NOTIFY goes out after commit, on this engine: before it closes.
+            await drain_announcements(engine)
+            return done
+        finally:
+            await dispose(engine)
+
+    try:
+        done = asyncio.run(run())
+    except InvalidInput as error:
+        print(f"llmgw-inventory after-restore: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"restored to {args.target}: event recorded; fences continue from {done.fence_after + 1} "
+        f"(were at {done.fence_before})"
+    )
     return 0
 
 
@@ -373,6 +423,24 @@ def build_parser() -> argparse.ArgumentParser:
     migrate_cmd = commands.add_parser("migrate", help="apply pending migrations and exit")
     migrate_cmd.add_argument("--data-dir", help="embedded PostgreSQL's data directory")
     migrate_cmd.set_defaults(run=migrate)
+
+    restored_cmd = commands.add_parser(
+        "after-restore",
+        help="after a restore of the database (deploy/restore.sh): move the fence sequence "
+        "past the lost history and record the restore",
+    )
+    restored_cmd.add_argument(
+        "--target", required=True, help="the restore's target: a time or latest"
+    )
+    restored_cmd.add_argument(
+        "--fence-floor",
+        type=int,
+        help="the old cluster's last fence, when it could be read before it stopped",
+    )
+    restored_cmd.add_argument(
+        "--margin", type=int, default=1_000_000, help="fences skipped past the floor"
+    )
+    restored_cmd.set_defaults(run=after_restore)
 
     assets_cmd = commands.add_parser(
         "fetch-assets",

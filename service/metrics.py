@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 
+from service import backup_status
 from service.database import connections, read_routing, request_state, transactions
 from service.database.connections import Connection
 from service.node_states import STATES
@@ -291,6 +292,7 @@ async def render(conn: Connection | None) -> str:
     )
     if conn is not None:
         await _cluster(conn, out)
+        await _backups(conn, out)
     _process(out)
     return out.text()
 
@@ -370,6 +372,14 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         "Seconds since the node's last heartbeat, by the database's clock.",
         (((("node", n.id),), max(0.0, float(n.heartbeat_age))) for n in nodes),
     )
+
+
+async def _backups(conn: Connection, out: Exposition) -> None:
+    """Backups and the WAL archive (service/backup_status.py); absent on a standby."""
+    status = await backup_status.read(conn)
+    if status is not None:
+        for name, kind, help_text, samples in backup_status.families(status):
+            out.family(name, kind, help_text, samples)
 
 
 def _process(out: Exposition) -> None:

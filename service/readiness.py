@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import backup_status
 from service.database import connections
 from service.database.connections import Connection
-from service.database.migrations import head_revision
+from service.database.migrations import head_revision, stored_revision, works_with
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class Readiness:
     reason: str
     revision: str | None = None
     expected: str | None = None
+    # /readyz's backup details (service/backup_status.py); None on a standby,
+    # or when the database did not answer.
+    backup: dict[str, Any] | None = None
 
 
 @lru_cache(maxsize=1)
@@ -35,31 +39,43 @@ def expected_revision() -> str | None:
     return head_revision()
 
 
-async def schema_revision(conn: Connection) -> str | None:
-    # Read directly rather than through alembic's MigrationContext, which
-    # logs two INFO lines per call: a probe every few seconds would drown
-    # the log.
-    if (await conn.execute(text("SELECT to_regclass('alembic_version')"))).scalar() is None:
-        return None
-    row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
-    return None if row is None else str(row[0])
-
-
 async def check(engine: AsyncEngine, within: float) -> Readiness:
     expected = expected_revision()
     try:
         async with asyncio.timeout(within), connections.autocommit(engine) as conn:
-            revision = await schema_revision(conn)
+            revision, keeps = await stored_revision(conn)
+            backup = await _backup_details(conn)
     except TimeoutError:
         return Readiness(False, f"the database did not answer within {within:g} s", None, expected)
     except Exception as error:
         first_line = (str(error) or type(error).__name__).splitlines()[0]
         return Readiness(False, f"the database is unavailable: {first_line}", None, expected)
+    if revision != expected and works_with(expected, revision, keeps):
+        # A newer release migrated (expand), keeping this one working: serve on
+        # while the processes are replaced one by one (docs/deployment/upgrades.md).
+        return Readiness(
+            True,
+            f"ready: the schema is at {revision}, newer than this release's {expected}, and "
+            f"keeps code from {keeps} working",
+            revision,
+            expected,
+            backup,
+        )
     if revision != expected:
         return Readiness(
             False,
             f"the schema is at {revision or 'no revision'}, this release needs {expected}",
             revision,
             expected,
+            backup,
         )
-    return Readiness(True, "ready", revision, expected)
+    return Readiness(True, "ready", revision, expected, backup)
+
+
+async def _backup_details(conn: Connection) -> dict[str, Any] | None:
+    try:
+        status = await backup_status.read(conn)
+    except Exception as error:  # reported, never a reason to be unready
+        first_line = (str(error) or type(error).__name__).splitlines()[0]
+        return {"ok": False, "problems": [f"backup status unreadable: {first_line}"]}
+    return None if status is None else status.details()

@@ -1,29 +1,20 @@
 """Test fixtures: a real PostgreSQL (embedded, or TEST_DATABASE_URL), never a mock.
 
-One throwaway database per test session, migrated to head; every test starts
-from empty tables.
+One migrated template database per run, cloned into each test worker's
+database (tests/support/databases.py); every test that touches the database
+starts from empty tables. The tiers' markers and their guard live in
+tests/support/tiers.py; helpers that test modules share, in tests/support/.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy import event
@@ -31,63 +22,159 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.database.db import create_engine, dispose, libpq_url
-from service.database.migrations import upgrade
 from service.web.app import create_app
+from tests.support import tiers
+from tests.support.api import Api
+from tests.support.databases import (
+    SERVER_ENV,
+    TEMPLATE_ENV,
+    create_database,
+    drop_database,
+    drop_template,
+    embedded_server,
+    empty,
+    migrated_template,
+)
+from tests.support.live_service import LiveService, free_port
+from tests.support.page_costs import Templates
+from tests.support.statements import StatementCounter
 
-REPO = Path(__file__).resolve().parent.parent
+tiers.install()
 
 
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(libpq_url(url))
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in tiers.MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+
+
+def _distributes(config: pytest.Config) -> bool:
+    """True in xdist's controlling process, which runs no test itself."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", 0))
+
+
+_started: list[Any] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist: one server and one migrated template for every worker, before they start.
+
+    (Without xdist the session fixtures below make them, and only when a test asks.)
+    """
+    config = session.config
+    if not _distributes(config) or os.environ.get(TEMPLATE_ENV):
+        return
+    external = os.environ.get("TEST_DATABASE_URL")
+    with tiers.infrastructure():
+        if external:
+            server = libpq_url(external)
+        else:
+            running = embedded_server()
+            server = running.__enter__()
+            _started.append(running)
+        template = migrated_template(server)
+    _started.append((server, template))
+    os.environ[SERVER_ENV] = server
+    os.environ[TEMPLATE_ENV] = template
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    with tiers.infrastructure():
+        while _started:
+            started = _started.pop()
+            if isinstance(started, tuple):
+                drop_template(*started)
+                os.environ.pop(SERVER_ENV, None)
+                os.environ.pop(TEMPLATE_ENV, None)
+            else:
+                started.__exit__(None, None, None)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="only the in-process tier: leave out tests marked " + ", ".join(tiers.OUTSIDE),
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.mark_collected(items)
+    if config.getoption("fast"):
+        outside = [i for i in items if any(i.get_closest_marker(m) for m in tiers.OUTSIDE)]
+        if outside:
+            config.hook.pytest_deselected(items=outside)
+            items[:] = [i for i in items if i not in set(outside)]
+    tiers.group_for_xdist(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    with tiers.running(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    with tiers.running(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    with tiers.running(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test that started an unmarked process fails, even if the code it ran swallowed the error."""
+    report: pytest.TestReport = yield
+    violations = tiers.take_violations()
+    if violations and report.outcome != "failed":
+        report.outcome = "failed"
+        report.longrepr = "\n".join(violations)
+    return report
 
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """A PostgreSQL server to create throwaway databases on."""
+    shared = os.environ.get(SERVER_ENV)
+    if shared:
+        yield shared
+        return
     external = os.environ.get("TEST_DATABASE_URL")
     if external:
         yield libpq_url(external)
         return
-    from service.database.embedded import EmbeddedPostgres
+    with tiers.infrastructure(), embedded_server() as url:
+        yield url
 
-    # Under /tmp: the server runs as an unprivileged user that must be able
-    # to traverse every parent of its data directory.
-    root = Path(tempfile.mkdtemp(prefix="llmgw-test-pg-", dir="/tmp"))
-    root.chmod(0o755)
-    server = EmbeddedPostgres(root / "data")
+
+@pytest.fixture(scope="session")
+def template_database(server_url: str) -> Iterator[str]:
+    """The name of a database at the latest migration that nobody connects to: clone it."""
+    shared = os.environ.get(TEMPLATE_ENV)
+    if shared:
+        yield shared
+        return
+    name = migrated_template(server_url)
     try:
-        yield libpq_url(server.url)
+        yield name
     finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        drop_template(server_url, name)
 
 
-def create_database(server: str, prefix: str = "llmgw_test") -> str:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(server)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    return with_database(server, name)
-
-
-def drop_database(server: str, url: str) -> None:
-    name = urlsplit(url).path.lstrip("/")
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(server)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
+@pytest.fixture(scope="session")
+def page_cost_templates(server_url: str, template_database: str) -> Iterator[Templates]:
+    """Page-cost clusters, each built once per session and cloned per case
+    (tests/support/page_costs.py); a test that uses them is marked page_costs."""
+    templates = Templates(server_url, template_database)
+    try:
+        yield templates
+    finally:
+        templates.drop_all()
 
 
 @pytest.fixture
@@ -102,10 +189,9 @@ def own_postgres() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def database_url(server_url: str) -> Iterator[str]:
-    """A fresh database at the latest migration, for this test session."""
-    url = create_database(server_url)
-    upgrade(url)
+def database_url(server_url: str, template_database: str) -> Iterator[str]:
+    """This worker's database at the latest migration: a clone of the template."""
+    url = create_database(server_url, template=template_database)
     try:
         yield url
     finally:
@@ -126,34 +212,17 @@ async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEn
         await dispose(engine)
 
 
-TABLES = (
-    "allocated_gpus, shards, gpu_pools, gpus, fabric_attachments, filesystems, weights, "
-    "events, api_tokens, taints, validation_results, remediation_faults, remediations, "
-    "drift_findings, "
-    "hardware_profiles, nodes, group_members, "
-    "placement_groups, replicas"
-)
-
-
-EMPTY = f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"
-
-
 @pytest.fixture(autouse=True)
 async def empty_tables(request: pytest.FixtureRequest) -> None:
-    """Every test that touches the database starts from an empty inventory: through the
-    engine, or through its URL alone (a `serve` process the test starts). Without the
-    second, a token an earlier test left turned auth on for such a service, and it
-    answered 401 (tests/operations/test_logs.py after tests/access_control)."""
-    if "engine" in request.fixturenames:
-        engine: AsyncEngine = request.getfixturevalue("engine")
-        async with engine.begin() as conn:
-            await conn.exec_driver_sql(EMPTY)
-    elif "database_url" in request.fixturenames:
-        conn = await asyncpg.connect(request.getfixturevalue("database_url"))
-        try:
-            await conn.execute(EMPTY)
-        finally:
-            await conn.close()
+    """Every test that touches the database starts from an empty inventory, ids from 1:
+    through the engine, or through its URL alone (a `serve` process the test starts).
+    Without the second, a token an earlier test left turned auth on for such a service,
+    and it answered 401 (tests/operations/test_logs.py after tests/access_control)."""
+    if not {"engine", "database_url"} & set(request.fixturenames):
+        return
+    engine: AsyncEngine = request.getfixturevalue("engine")
+    async with engine.begin() as conn:
+        await empty(conn)
 
 
 @pytest.fixture
@@ -196,45 +265,6 @@ async def both(
             await client.aclose()
 
 
-class GraphQLFailure(AssertionError):
-    def __init__(self, errors: list[dict[str, Any]]) -> None:
-        super().__init__(errors[0].get("message") if errors else "no errors")
-        self.errors = errors
-
-    @property
-    def first(self) -> dict[str, Any]:
-        return self.errors[0]
-
-
-@dataclass
-class Api:
-    """A GraphQL client the way a scheduler, agent or operator script would use it."""
-
-    client: httpx.AsyncClient
-    headers: dict[str, str] | None = None
-
-    async def raw(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = await self.client.post(
-            "/graphql", json={"query": query, "variables": variables or {}}, headers=self.headers
-        )
-        assert response.status_code < 500, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    async def __call__(self, query: str, variables: dict[str, Any] | None = None) -> Any:
-        body = await self.raw(query, variables)
-        if body.get("errors"):
-            raise GraphQLFailure(body["errors"])
-        return body["data"]
-
-    async def fails(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The first error of a request that must fail; the test fails if it succeeds."""
-        body = await self.raw(query, variables)
-        assert body.get("errors"), f"expected an error, got {body}"
-        first: dict[str, Any] = body["errors"][0]
-        return first
-
-
 @pytest.fixture
 def api(client: httpx.AsyncClient) -> Api:
     return Api(client)
@@ -253,21 +283,6 @@ def api_as(client: httpx.AsyncClient, engine: AsyncEngine) -> Any:
         return Api(client, headers={"Authorization": f"Bearer {created.secret}"})
 
     return make
-
-
-class StatementCounter:
-    def __init__(self) -> None:
-        self.count = 0
-        self.statements: list[str] = []
-        # Transactions opened on asyncpg's pool (their BEGIN is not a statement here).
-        self.transactions = 0
-
-    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement == "BEGIN":
-            self.transactions += 1
-            return
-        self.count += 1
-        self.statements.append(statement)
 
 
 @pytest.fixture
@@ -289,74 +304,11 @@ def count_statements(engine: AsyncEngine) -> Iterator[StatementCounter]:
         event.remove(engine.sync_engine, "before_cursor_execute", counter)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class LiveService:
-    """`llmgw-inventory serve` in its own process, as an operator would run it."""
-
-    database_url: str
-    port: int
-    env: dict[str, str]
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/graphql"
-
-    def start(self, timeout: float = 60.0) -> None:
-        # No drain on SIGTERM unless a test asks for one (test_graceful_shutdown.py):
-        # each stop would cost INVENTORY_SHUTDOWN_DRAIN seconds.
-        env = {
-            "INVENTORY_SHUTDOWN_DRAIN": "0",
-            **os.environ,
-            **self.env,
-            "DATABASE_URL": self.database_url,
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
-            env=env,
-            cwd=REPO,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"service exited with {self.process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError("service did not start in time")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
 @pytest.fixture
-def live_service_factory(database_url: str) -> Iterator[Any]:
-    """Start service processes on the session database; all are stopped after the test."""
+def live_service_factory(database_url: str, engine: AsyncEngine) -> Iterator[Any]:
+    """Start service processes on the session database (emptied for this test, as every
+    test's: a test that found an earlier one's nodes passed or failed by the order it ran
+    in); all are stopped after the test."""
     started: list[LiveService] = []
 
     def start(env: dict[str, str] | None = None) -> LiveService:

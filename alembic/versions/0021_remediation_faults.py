@@ -28,6 +28,10 @@ revision: str = "0021"
 down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# Only this revision's code: 0020's writes a remediation without its fault rows,
+# and a DONE by this code then lifts nothing of it (docs/deployment/upgrades.md:
+# the previous release's processes leave rotation during the roll).
+keeps_working = "0021"
 
 
 def upgrade() -> None:

@@ -1,7 +1,8 @@
 #!/bin/sh
 # First start on an empty volume: a cluster owned by POSTGRES_USER with its
 # password, the database POSTGRES_DB, password logins from the network. Then
-# PostgreSQL in the foreground.
+# PostgreSQL in the foreground, with the arguments given (-c settings, as the
+# official image takes them).
 set -eu
 : "${POSTGRES_USER:=postgres}" "${POSTGRES_DB:=$POSTGRES_USER}" "${PGDATA:=/var/lib/postgresql/data}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
@@ -19,4 +20,4 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   fi
   echo "postgres-entrypoint: initialised $PGDATA (user $POSTGRES_USER, database $POSTGRES_DB)"
 fi
-exec postgres -D "$PGDATA"
+exec postgres -D "$PGDATA" "$@"

@@ -72,6 +72,8 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "drift_cleared",
         "hardware_profile_set",
         "hardware_profile_removed",
+        # service/restores.py
+        "restored",
     }
 )
 

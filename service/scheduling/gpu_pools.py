@@ -115,7 +115,7 @@ def move_to_allocated(held: str, when: str) -> str:
     before this statement and adding to them is as right as recounting them.
     A recount (the node's GPUs joined with its allocations and the held
     rows, then an upsert) would read every GPU of every held node on every
-    place; the delta writes only what changed. tests/consistency.py
+    place; the delta writes only what changed. tests/support/consistency.py
     recounts every pool after the fuzzed and the faulted sequences, so a
     delta that drifts from the recount fails there.
     """

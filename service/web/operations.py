@@ -99,12 +99,16 @@ def operational_routes(
             state = readiness.Readiness(False, "shutting down", None, readiness.expected_revision())
         else:
             state = await readiness.check(engine(), settings.db_timeout)
-        body = {
+        body: dict[str, Any] = {
             "status": "ready" if state.ready else "not ready",
             "reason": state.reason,
             "revision": state.revision,
             "expected": state.expected,
         }
+        if state.backup is not None:
+            # Details only: backup trouble never makes the process unready
+            # (service/backup_status.py says why).
+            body["backup"] = state.backup
         if state.ready:
             return JSONResponse(body)
         # Not ready passes (the database comes back, a drained replica is replaced).

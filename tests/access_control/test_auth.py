@@ -33,8 +33,8 @@ from service.config import Settings
 from service.graphql.permissions import ROOT_FIELD_ROLES, role_of, roles_of, unlisted_fields
 from service.graphql.schema import ROOT_TYPES, schema
 from service.web.app import create_app
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 NODES = "{ nodes { id } }"
 

@@ -14,7 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control import tokens
 from service.access_control.bind_policy import bind_decision, is_loopback
-from tests.conftest import REPO, free_port
+from tests.support import REPO
+from tests.support.live_service import free_port
+
+pytestmark = pytest.mark.process
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])

@@ -20,9 +20,9 @@ import pytest
 import websockets
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
-from tests.waiting import PATIENCE, until
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
+from tests.support.waiting import PATIENCE, until
 
 CREATE = """
 mutation Create($role: Role!, $expiresAt: DateTime) {

@@ -14,8 +14,9 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control import token_lookups, tokens
-from tests.conftest import Api, StatementCounter
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
+from tests.support.statements import StatementCounter
 
 HEARTBEAT = "mutation($id: ID!) { heartbeat(nodeId: $id) { id } }"
 

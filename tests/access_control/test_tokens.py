@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.access_control import tokens
 from service.access_control.tokens import TokenNotFound
 from service.errors import InvalidInput
-from tests.waiting import until_sync
+from tests.support.waiting import until_sync
 
 
 async def test_the_secret_is_shown_once_and_only_its_digest_is_stored(engine: AsyncEngine) -> None:

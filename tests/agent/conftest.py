@@ -3,18 +3,12 @@
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent.validations import ValidationCommand
-
-FAKE_DCGMI = str(Path(__file__).with_name("fake_dcgmi.py"))
-# The command an operator configures (docs/agent/configuration.md), run as is:
-# the fake answers as `dcgmi` on PATH, so the agent's lookup and exec are real.
-DCGMI_COMMAND = ("dcgmi", "diag", "-r", "3", "-j", "-i", "{gpus}")
-Dcgmi = Callable[..., ValidationCommand]
+from tests.support.dcgmi import DCGMI_COMMAND, FAKE_DCGMI, Dcgmi
 
 
 @pytest.fixture

@@ -132,6 +132,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_running_agent_logs_an_outage_once_and_stops_on_a_signal(
     tmp_path: Path, node: Path, signum: signal.Signals

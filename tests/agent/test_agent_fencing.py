@@ -89,6 +89,7 @@ def stack(tmp_path: Path) -> ServingStack:
     return ServingStack(tmp_path)
 
 
+@pytest.mark.process
 async def test_stop_command_runs_once_per_shard_and_never_for_a_held_one(
     stack: ServingStack,
 ) -> None:
@@ -105,6 +106,7 @@ async def test_stop_command_runs_once_per_shard_and_never_for_a_held_one(
     assert stack.stopped() == ["stale 3"]
 
 
+@pytest.mark.process
 async def test_a_failed_stop_is_reported_and_retried_until_it_succeeds(
     stack: ServingStack, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -126,6 +128,7 @@ async def test_a_failed_stop_is_reported_and_retried_until_it_succeeds(
     assert stack.stopped() == ["stale 3"] * 3
 
 
+@pytest.mark.process
 async def test_a_stop_command_that_hangs_is_killed_and_reported(
     stack: ServingStack, caplog: pytest.LogCaptureFixture
 ) -> None:

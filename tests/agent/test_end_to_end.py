@@ -23,8 +23,8 @@ from agent.discovery.weights import WeightsScanner
 from agent.discovery.xids import XidInbox, XidListener
 from agent.loop import Agent, run_until_stopped
 from agent.report import Host, build_report
-from tests.agent.conftest import Dcgmi
-from tests.waiting import until
+from tests.support.dcgmi import Dcgmi
+from tests.support.waiting import until
 
 ENGINE_PID, FOREIGN_PID = 4100, 5200
 

@@ -19,7 +19,9 @@ from agent.validations import (
     Validations,
     run_test,
 )
-from tests.agent.conftest import Dcgmi
+from tests.support.dcgmi import Dcgmi
+
+pytestmark = pytest.mark.process
 
 
 async def test_a_passing_diagnostic_passes_with_its_output(tmp_path: Path, dcgmi: Dcgmi) -> None:

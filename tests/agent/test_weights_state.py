@@ -4,6 +4,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from fake_root import GIB, add_model
 
 from agent.discovery.weights import WeightsScanner
@@ -137,6 +138,7 @@ def test_unchanged_weights_seen_again_add_nothing_to_a_heartbeat() -> None:
     assert moved.changed_since(first)
 
 
+@pytest.mark.process
 def test_the_marker_command_in_the_docs_writes_the_digest_the_agent_checks(tmp_path: Path) -> None:
     # docs/scheduler/weights.md tells download tools to write .complete with this command.
     folder = add_model(tmp_path, "/m", {"config.json": 10, "a.safetensors": 3000, "sub/t.json": 5})

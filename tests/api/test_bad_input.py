@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from service.errors import shown
-from tests.conftest import Api
-from tests.reports import GB, H100, REGISTER, TB, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import GB, H100, REGISTER, TB, gpus, node_input
 
 SNAPSHOT = """
 query($id: ID!) { node(id: $id) {

@@ -32,7 +32,7 @@ from graphql import (
 from service.ctl.nodes import NODE as CTL_NODE
 from service.ctl.nodes import NODES as CTL_NODES
 from service.graphql.document_cost import MAX_ALIASES, MAX_FIELDS, Measure, Measurer
-from tests.reports import placement
+from tests.support.reports import placement
 
 Both = tuple[httpx.AsyncClient, httpx.AsyncClient]
 REPO = Path(__file__).resolve().parents[2]

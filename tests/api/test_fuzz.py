@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.consistency import inconsistencies
-from tests.reports import A100, H100, REGISTER, gpus, node_input
+from tests.support.consistency import inconsistencies
+from tests.support.reports import A100, H100, REGISTER, gpus, node_input
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 # CI replays the same examples every run (CI=true), so a failure there is

@@ -23,7 +23,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.access_control import tokens
-from tests.conftest import REPO, LiveService
+from tests.support import REPO
+from tests.support.live_service import LiveService
+
+pytestmark = pytest.mark.process
 
 GRAPHQL_HTTP = "graphql-http@1.23.1"
 GRAPHQL_JS = "graphql@16.11.0"  # graphql-http's peer dependency

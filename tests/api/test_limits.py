@@ -24,8 +24,8 @@ from service.database.db import create_engine, dispose
 from service.graphql.masking import MaskUnexpected
 from service.graphql.schema import MAX_ALIASES, MAX_QUERY_DEPTH, MAX_TOKENS, schema
 from service.web.app import create_app
-from tests.conftest import Api
-from tests.reports import H100, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import H100, REGISTER, gpus, node_input
 
 
 @pytest.fixture

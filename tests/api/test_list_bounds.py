@@ -40,7 +40,7 @@ from service.bounds import MAX_GPUS, MAX_HEALTH_REASONS
 from service.event_log.events import EVENT_KINDS
 from service.graphql.document_cost import MAX_TOKENS
 from service.graphql.list_bounds import LIST_BOUNDS
-from tests.api.input_positions import (
+from tests.support.input_positions import (
     CORE,
     Both,
     Position,
@@ -51,7 +51,7 @@ from tests.api.input_positions import (
     in_argument,
     positions,
 )
-from tests.reports import H100, REGISTER, gpus, node_input
+from tests.support.reports import H100, REGISTER, gpus, node_input
 
 # docs/security/limits.md: another caller is answered within a second while
 # oversized lists are refused.

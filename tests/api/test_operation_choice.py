@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 Both = tuple[httpx.AsyncClient, httpx.AsyncClient]
 MULTIPLE = "Must provide operation name if query contains multiple operations."

@@ -30,9 +30,10 @@ from service.event_log.events import record_event
 from service.graphql.operations.subscriptions import REPLAY_PAGE
 from service.graphql.schema import schema
 from service.web.app import create_app
-from tests.api.test_subscription import subscribe
-from tests.conftest import Api, StatementCounter
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support.api import Api
+from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support.statements import StatementCounter
+from tests.support.subscriptions import subscribe
 
 PAGE = 5
 NODES = 12  # two full pages and a short one

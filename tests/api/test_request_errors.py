@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
 from service.event_log.events import EVENT_KINDS, record_event
-from tests.conftest import Api
-from tests.reports import ALLOCATE, GB, REGISTER, allocation, node_input, shard
+from tests.support.api import Api
+from tests.support.reports import ALLOCATE, GB, REGISTER, allocation, node_input, shard
 
 BYTES_VARIABLE = "query($b: Bytes) { nodes(filter: {minLocalDiskFree: $b}) { id } }"
 DATETIME_VARIABLE = "query($d: DateTime) { events(since: $d) { id } }"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from graphql import build_schema
 from graphql.utilities import find_breaking_changes
 
@@ -40,6 +41,7 @@ def test_the_contract_copy_in_tests_matches_shared() -> None:
         assert (REPO / "tests" / "contract.graphql").read_text() == CONTRACT.read_text()
 
 
+@pytest.mark.process
 def test_export_schema_command_works() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "strawberry", "export-schema", "service.graphql.schema:schema"],

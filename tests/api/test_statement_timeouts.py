@@ -30,8 +30,8 @@ from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.metrics import COUNTERS
 from service.web.app import create_app
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 Both = tuple[httpx.AsyncClient, httpx.AsyncClient]
 TIMED_OUT = "REQUEST_TIMEOUT"

@@ -11,14 +11,10 @@ back cordoned, with its reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import websockets
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,9 +22,10 @@ from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.event_log.event_stream import LISTENER_NAME, EventStream
 from service.event_log.events import EventFilter, record_event
-from tests.conftest import Api
-from tests.fleet.test_liveness import IB_A, place
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.liveness import IB_A, place
+from tests.support.reports import REGISTER, node_input
+from tests.support.subscriptions import subscribe
 
 # Short, but with room for a loaded CI machine: heartbeats the test sends
 # every ~0.1 s must never look like a second of silence.
@@ -45,41 +42,6 @@ EVENTS_SUBSCRIPTION = (
 )
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id } }"
 CORDONED_BEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { state stateReason } }"
-
-
-class Subscriber:
-    """A graphql-transport-ws client, as a scheduler reacting to lost nodes would run one."""
-
-    def __init__(self, socket: Any) -> None:
-        self.socket = socket
-        self.received: list[dict[str, Any]] = []
-
-    async def next_event(self, within: float) -> dict[str, Any] | None:
-        try:
-            async with asyncio.timeout(within):
-                while True:
-                    message = json.loads(await self.socket.recv())
-                    if message["type"] == "next":
-                        event: dict[str, Any] = message["payload"]["data"]["events"]
-                        self.received.append(event)
-                        return event
-                    if message["type"] in ("error", "complete"):
-                        raise AssertionError(f"subscription ended: {message}")
-                    if message["type"] == "ping":
-                        await self.socket.send(json.dumps({"type": "pong"}))
-        except TimeoutError:
-            return None
-
-
-@contextlib.asynccontextmanager
-async def subscribe(graphql_url: str, query: str) -> AsyncIterator[Subscriber]:
-    ws_url = graphql_url.replace("http://", "ws://", 1)
-    async with websockets.connect(ws_url, subprotocols=["graphql-transport-ws"]) as socket:  # type: ignore[list-item]
-        await socket.send(json.dumps({"type": "connection_init", "payload": {}}))
-        ack = json.loads(await socket.recv())
-        assert ack["type"] == "connection_ack", ack
-        await socket.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": query}}))
-        yield Subscriber(socket)
 
 
 async def test_a_lost_node_seen_live_from_another_process_and_released_once(

@@ -20,8 +20,8 @@ from graphql import GraphQLInputType, GraphQLNonNull, GraphQLScalarType, get_nam
 
 from service.bounds import MAX_ID_LENGTH
 from service.errors import shown
-from tests.api.input_positions import Both, Position, answers, document, positions
-from tests.one_definition import ROOT, second_definitions
+from tests.support.input_positions import Both, Position, answers, document, positions
+from tests.support.one_definition import ROOT, second_definitions
 
 # The bad texts: (name, as a variable's JSON value, as written in a GraphQL literal).
 BAD_TEXTS = [

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from service.web.time_limits import TimeLimits
-from tests.waiting import until
+from tests.support.waiting import until
 
 
 async def test_a_request_past_its_limit_is_stopped_within_one_tick() -> None:

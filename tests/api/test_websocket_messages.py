@@ -26,7 +26,10 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import REPO, free_port
+from tests.support import REPO
+from tests.support.live_service import free_port
+
+pytestmark = pytest.mark.process
 
 PROTOCOL = "graphql-transport-ws"
 LEGACY = "graphql-ws"

@@ -42,9 +42,10 @@ from llmgw_inventory_client import (
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api, LiveService
-from tests.fast_path.test_direct_execution import answered, fast_path
-from tests.reports import L40S, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.direct_execution import answered, fast_path
+from tests.support.live_service import LiveService
+from tests.support.reports import L40S, REGISTER, gpus, node_input
 
 H100 = "H100-80GB"
 

@@ -3,7 +3,7 @@
 A scheduler that traces its own work (a span around "schedule llama") sees
 the service's operation span, and its PostgreSQL statements, inside that
 trace. The service here is the app in this process with an in-memory
-exporter (tests/operations/test_traces.py's `traced`, on both the fast path
+exporter (tests/support/traces.py's `traced`, on both the fast path
 and Strawberry's view); the caller's spans come from a TracerProvider of its
 own, as a scheduler's would.
 """
@@ -14,12 +14,12 @@ import httpx
 from llmgw_inventory_client import Allocated, InventoryClient, PlaceInput
 from opentelemetry.sdk.trace import TracerProvider
 
-from tests.operations.test_traces import Traced, traced  # noqa: F401 (the fixture)
+from tests.support.traces import Traced
 
 SHAPE = PlaceInput(replica_id="llama-r1", gpu_class="H100-80GB", gpus_per_shard=8)
 
 
-async def test_a_place_made_under_the_callers_span_is_traced_as_its_child(traced: Traced) -> None:  # noqa: F811
+async def test_a_place_made_under_the_callers_span_is_traced_as_its_child(traced: Traced) -> None:
     sent: list[httpx.Request] = []
 
     async def record(request: httpx.Request) -> None:

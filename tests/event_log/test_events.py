@@ -11,8 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.web.logs import JsonFormatter, RequestIdFilter
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 EVENTS = """
 query Events($nodeId: ID, $replicaId: ID, $kinds: [String!], $since: DateTime,

@@ -28,9 +28,19 @@ from service.graphql.private_api import core_schema
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
 from service.scheduling.gpu_pools import refresh_pools
-from tests.conftest import StatementCounter
-from tests.reports import A100, ALLOCATE, GB, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.topology import bridged_pairs, hgx_h100, no_nvlink
+from tests.support.reports import (
+    A100,
+    ALLOCATE,
+    GB,
+    H100,
+    REGISTER,
+    allocation,
+    gpus,
+    node_input,
+    shard,
+)
+from tests.support.statements import StatementCounter
+from tests.support.topology import bridged_pairs, hgx_h100, no_nvlink
 
 # Every field the compiled page can build, under aliases, with __typename.
 EVERYTHING = """

@@ -9,10 +9,6 @@ twice compares answers, not states.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,107 +18,32 @@ from service.config import Settings
 from service.graphql.fast.compiled_heartbeat import compile_heartbeat
 from service.graphql.fast.front_door import FrontDoor
 from service.graphql.schema import schema
-from service.metrics import COUNTERS
-from tests.reports import (
-    A100,
+from tests.support.direct_execution import (
+    AGENT_HEARTBEAT,
+    FULL_REPORT,
+    OPERATIONS,
+    PAGE,
+    answered,
+    fast_path,
+    same_answer,
+)
+from tests.support.reports import (
     ALLOCATE,
-    GB,
     PLACE,
     REGISTER,
     allocation,
-    gpus,
     node_input,
     placement,
     shard,
 )
 
-OPERATIONS = Path(__file__).resolve().parents[2] / "agent" / "operations"
 AGENT_REGISTER = (OPERATIONS / "register_node.graphql").read_text()
-AGENT_HEARTBEAT = (OPERATIONS / "heartbeat.graphql").read_text()
 
-FULL_REPORT = node_input(
-    "gpu-01",
-    labels=[{"key": "zone", "value": "a"}],
-    memoryTotalMb=2_000_000,
-    gpus=[*gpus(A100, 3), {"index": 3, "name": "NVIDIA A100-SXM4-40GB", "healthy": False,
-                          "healthReasons": ["ecc_uncorrected"]}],
-    fabrics=[{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}],
-    storage=[
-        {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
-         "freeBytes": 500 * GB, "totalBytes": 2000 * GB, "directories": ["/data/models"]},
-        {"id": "nfs:1", "mountPoint": "/mnt/models", "fsType": "nfs4", "shared": True,
-         "freeBytes": 9000 * GB, "totalBytes": 10000 * GB},
-    ],
-    weights=[{"path": "/data/models/llama-3-70b", "sizeBytes": 140 * GB}],
-    agentVersion="1.4.0",
-    engineVersions=[{"key": "vllm", "value": "0.6.3"}],
-)  # fmt: skip
-
-PAGE = """
-query Page($first: Int, $withGpus: Boolean!) {
-  nodes(first: $first) {
-    __typename id hostname mgmtAddr state stateReason schedulable knowsItsWeights
-    labels { key value } engineVersions { key value } memoryTotalMb agentVersion
-    localDisk { freeBytes totalBytes } sharedDisk { ...DiskFields }
-    gpus @include(if: $withGpus) { index name gpuClass healthy healthReasons
-      allocation { shardId replicaId gpuIndices } }
-    free: freeGpus(gpuClass: "A100-40GB") { index }
-    storage { id mountPoint fsType shared freeBytes totalBytes directories }
-    weights { path sizeBytes } hasWeights(source: "/data/models/llama-3-70b")
-    allocations { shardId nodeId gpuIndices }
-  }
-}
-fragment DiskFields on Disk { freeBytes totalBytes }
-"""
 
 TWO_OPERATIONS = """
 query Classes { gpuClasses { gpuClass total free allocated unhealthy unschedulable } }
 query Fabrics { fabrics { name nodes { id } } }
 """
-
-
-def _comparable(body: Any) -> Any:
-    # A masked error's request id is the one thing that differs by design.
-    if isinstance(body, dict):
-        return {k: _comparable(v) for k, v in body.items() if k != "requestId"}
-    if isinstance(body, list):
-        return [_comparable(v) for v in body]
-    return body
-
-
-async def same_answer(
-    both: tuple[httpx.AsyncClient, httpx.AsyncClient],
-    body: Any,
-    headers: dict[str, str] | None = None,
-) -> Any:
-    """Send to the direct app, then to Strawberry's; the answers must be equal."""
-    content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    sent = {"content-type": "application/json", **(headers or {})}
-    direct, strawberry = [
-        await client.post("/graphql", content=content, headers=sent) for client in both
-    ]
-    assert direct.status_code == strawberry.status_code, (direct.text, strawberry.text)
-    assert direct.headers["content-type"] == strawberry.headers["content-type"]
-    if strawberry.headers["content-type"].startswith("application/json"):
-        assert _comparable(direct.json()) == _comparable(strawberry.json())
-        return direct.json()
-    assert direct.text == strawberry.text
-    return direct.text
-
-
-def fast_path() -> dict[tuple[str, str, str], int]:
-    """inventory_fast_path_requests_total's counts: (route, outcome, reason) -> count."""
-    return COUNTERS.snapshot()[2]
-
-
-def answered(before: dict[tuple[str, str, str], int], route: str) -> int:
-    """How many requests `route` answered since `before`."""
-    now = fast_path()
-    return sum(
-        count - before.get(key, 0)
-        for key, count in now.items()
-        if key[0] == route and key[1] == "answered"
-    )
 
 
 async def test_an_agents_report_and_heartbeat_are_answered_directly_and_alike(

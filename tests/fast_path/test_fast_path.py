@@ -7,10 +7,8 @@ reference (Strawberry's view alone).
 
 from __future__ import annotations
 
-import ast
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,12 +30,12 @@ from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
 from service.graphql.types import BEAT_FIELDS, NODE_FIELDS, Node
 from service.metrics import COUNTERS
 from service.web import app as app_module
-from tests.fast_path.test_direct_execution import AGENT_HEARTBEAT, OPERATIONS, PAGE, same_answer
-from tests.reports import A100, PLACE, REGISTER, gpus, node_input
+from tests.support.direct_execution import AGENT_HEARTBEAT, OPERATIONS, PAGE, same_answer
+from tests.support.module_imports import SERVICE, _module_imports
+from tests.support.reports import A100, PLACE, REGISTER, gpus, node_input
 
 AGENT_HEARTBEAT_PINS = (OPERATIONS / "heartbeat_pins.graphql").read_text()
 
-SERVICE = Path(__file__).resolve().parents[2] / "service"
 
 Counts = dict[tuple[str, str, str], int]
 
@@ -386,28 +384,6 @@ def _comparable(value: Any) -> Any:
     if hasattr(value, "free_bytes"):
         return (int(value.free_bytes), int(value.total_bytes))
     return getattr(value, "value", value)  # enums
-
-
-def _module_imports(path: Path) -> set[str]:
-    """The service modules a module imports when it is loaded (TYPE_CHECKING blocks aside)."""
-    package = ".".join(path.relative_to(SERVICE.parent).with_suffix("").parts)
-    if path.name == "__init__.py":
-        package += ".__init__"
-    found: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level)[0]
-                module = f"{base}.{node.module}" if node.module else base
-                if not node.module:
-                    found.update(f"{base}.{a.name}" for a in node.names)
-            else:
-                module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{a.name}" for a in node.names)
-    return {m for m in found if m.startswith("service")}
 
 
 def test_no_module_of_the_graphql_layer_imports_itself_in_a_circle() -> None:

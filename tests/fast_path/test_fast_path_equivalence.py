@@ -40,7 +40,7 @@ from service.graphql.operations import allocation_mutations
 from service.graphql.types import Allocation
 from service.metrics import COUNTERS
 from service.web.app import create_app
-from tests.reports import PLACE as SCHEDULER_PLACE
+from tests.support.reports import PLACE as SCHEDULER_PLACE
 
 # Enough draws that every feature and mistake the generator adds comes up:
 # with placement groups' root fields in the schema (issue 39), 300 seeded

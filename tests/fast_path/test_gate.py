@@ -31,7 +31,7 @@ from service.graphql.fast.outcomes import Answered, Declined, Outcome
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
 from service.web.app import create_app
-from tests.fast_path.test_fast_path import _module_imports
+from tests.support.module_imports import _module_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,6 +199,7 @@ def _imported_with(direct_execution: str) -> list[str]:
     return done.stdout.split()
 
 
+@pytest.mark.process
 def test_switched_off_the_fast_package_is_not_even_imported() -> None:
     assert _imported_with("false") == []
     # Switched on, the app installs it: the check above can fail.

@@ -14,7 +14,7 @@ from service.graphql.allocation_types import AllocateInput, PlaceInput
 from service.graphql.fast.input_conversion import install_input_plans
 from service.graphql.inputs import NodeFilter, NodeInput
 from service.graphql.schema import schema
-from tests.reports import A100, GB, allocation, gpus, node_input, placement, shard
+from tests.support.reports import A100, GB, allocation, gpus, node_input, placement, shard
 
 
 @pytest.fixture(autouse=True)

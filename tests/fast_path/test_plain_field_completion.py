@@ -26,8 +26,8 @@ from service.config import Settings
 from service.graphql.context import new_context
 from service.graphql.fast.execution import READY, PlainFieldExecutionContext
 from service.graphql.schema import schema as service_schema
-from tests.conftest import Api
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.reports import (
     ALLOCATE,
     GB,
     H100,

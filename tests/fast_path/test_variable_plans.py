@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from service.graphql.fast.variables import Declined, compile_variables
 from service.graphql.schema import schema
-from tests.fast_path.test_direct_execution import FULL_REPORT
-from tests.reports import ALLOCATE, PLACE, allocation, placement, shard
+from tests.support.direct_execution import FULL_REPORT
+from tests.support.reports import ALLOCATE, PLACE, allocation, placement, shard
 
 CORE = schema._schema
 OPERATIONS = Path(__file__).resolve().parents[2] / "agent" / "operations"

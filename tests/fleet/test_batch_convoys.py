@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.batches import SPLIT_AT, Batches
 from service.database import connections
 from service.database.connections import NativeConnection, cached_text
-from tests.waiting import until
+from tests.support.waiting import until
 
 ECHO = cached_text("SELECT k FROM unnest(CAST(:keys AS text[])) AS k")
 

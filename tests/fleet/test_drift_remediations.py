@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.fleet.test_drift import EVENTS, HGX, LABELS, SET, hgx, node
-from tests.fleet.test_remediations import FINISH, START, VALIDATE, remediations, validation
-from tests.fleet.test_remediations import NODE as REMEDIATION_NODE
-from tests.operations.test_metrics import scrape
-from tests.reports import H100, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.drift import EVENTS, HGX, LABELS, SET, hgx, node
+from tests.support.metrics import scrape
+from tests.support.remediations import FINISH, START, VALIDATE, remediations, validation
+from tests.support.remediations import NODE as REMEDIATION_NODE
+from tests.support.reports import H100, REGISTER, gpus, node_input
 
 EIGHT = {"name": "hgx-h100", "selector": HGX, "gpuCount": 8}
 

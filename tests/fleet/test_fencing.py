@@ -12,20 +12,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.database.connections import Connection
-from service.database.transactions import in_transaction
-from service.fleet.liveness import SweepResult, sweep
-from tests.conftest import Api
-from tests.fleet.test_liveness import IB_A, LOST_AFTER, UNREACHABLE_AFTER, silence
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
-
-BEAT = """
-mutation Beat($id: ID!, $incarnation: Int, $running: [RunningShardInput!]) {
-  heartbeat(nodeId: $id, incarnation: $incarnation, runningShards: $running) {
-    id state incarnation shardsToStop { shardId fence reason }
-  }
-}
-"""
+from tests.support.api import Api
+from tests.support.fencing import ALLOCATIONS, BEAT, EVENTS, lose, run_sweep
+from tests.support.liveness import IB_A, UNREACHABLE_AFTER, silence
+from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 
 REPORT = """
 mutation Report($input: NodeInput!, $incarnation: Int, $running: [RunningShardInput!]) {
@@ -35,32 +25,11 @@ mutation Report($input: NodeInput!, $incarnation: Int, $running: [RunningShardIn
 }
 """
 
-ALLOCATIONS = """
-query Allocations($nodeId: ID, $held: Boolean) {
-  allocations(nodeId: $nodeId, held: $held) {
-    shardId replicaId nodeId gpuIndices fence generation heldSince
-  }
-}
-"""
-
 NODE = """
 query Node($id: ID!) {
   node(id: $id) { id state incarnation freeGpus { index } allocations { shardId fence } }
 }
 """
-
-EVENTS = """
-query Events($nodeId: ID, $kinds: [String!]) {
-  events(nodeId: $nodeId, kinds: $kinds) { kind nodeId replicaId shardId actor reason detail }
-}
-"""
-
-
-async def run_sweep(engine: AsyncEngine, policy: str = "free") -> SweepResult:
-    async def work(conn: Connection) -> SweepResult:
-        return await sweep(conn, UNREACHABLE_AFTER, LOST_AFTER, lost_policy=policy)
-
-    return await in_transaction(engine, work)
 
 
 async def allocate(api: Api, replica_id: str, *shards: dict[str, Any]) -> list[dict[str, Any]]:
@@ -73,11 +42,6 @@ async def allocate(api: Api, replica_id: str, *shards: dict[str, Any]) -> list[d
 async def beat(api: Api, node_id: str, **variables: Any) -> dict[str, Any]:
     answer: dict[str, Any] = (await api(BEAT, {"id": node_id, **variables}))["heartbeat"]
     return answer
-
-
-async def lose(engine: AsyncEngine, node_id: str, policy: str = "free") -> SweepResult:
-    await silence(engine, node_id, LOST_AFTER + 5)
-    return await run_sweep(engine, policy)
 
 
 async def holders(engine: AsyncEngine) -> list[tuple[str, int, str]]:

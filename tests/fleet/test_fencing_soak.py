@@ -31,7 +31,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.reports import REGISTER, node_input
+from tests.support.reports import REGISTER, node_input
+
+pytestmark = pytest.mark.serial
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "12"))
 NODES = [f"soak-{i:02d}" for i in range(8)]

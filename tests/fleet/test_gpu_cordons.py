@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.gpu_cordons import CLEAR, EVENTS, stored
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     PLACE,
@@ -20,7 +20,7 @@ from tests.reports import (
     node_input,
     shard,
 )
-from tests.reports import H100 as H100_MODEL
+from tests.support.reports import H100 as H100_MODEL
 
 H100 = "H100-80GB"
 CORDON = """
@@ -31,16 +31,6 @@ mutation($node: ID!, $index: Int!, $reason: String!) {
 UNCORDON = """
 mutation($node: ID!, $index: Int!) {
   uncordonGpu(nodeId: $node, index: $index) { index healthy cordonReason }
-}
-"""
-CLEAR = """
-mutation($node: ID!, $index: Int!) {
-  clearGpuHealth(nodeId: $node, index: $index) { index healthy healthReasons }
-}
-"""
-EVENTS = """
-query($kinds: [String!]) {
-  events(kinds: $kinds) { kind nodeId replicaId shardId actor reason detail }
 }
 """
 
@@ -133,14 +123,6 @@ async def test_what_runs_on_a_gpu_keeps_running_and_its_holder_is_told(
     node = (await api('{ node(id: "gpu-01") { freeGpus { index } } }'))["node"]
     assert node["freeGpus"] == [{"index": 0}, {"index": 2}, {"index": 3}]
     assert await inconsistencies(engine) == []
-
-
-async def stored(engine: AsyncEngine) -> tuple[Any, ...]:
-    async with engine.connect() as conn:
-        gpus_now = (await conn.execute(text("SELECT * FROM gpus ORDER BY node_id, idx"))).all()
-        pools = (await conn.execute(text("SELECT * FROM gpu_pools ORDER BY node_id"))).all()
-        events = (await conn.execute(text("SELECT count(*) FROM events"))).scalar_one()
-    return tuple(gpus_now), tuple(pools), events
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.fleet.health.policy import XID_CATALOG
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.fleet.test_gpu_cordons import CLEAR, EVENTS, stored
-from tests.operations.test_metrics import scrape
-from tests.reports import H100, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.gpu_cordons import CLEAR, EVENTS, stored
+from tests.support.metrics import scrape
+from tests.support.reports import H100, REGISTER, gpus, node_input
 
 GPU = '{ node(id: "gpu-01") { bootId gpus { index healthy healthReasons } freeGpus { index } } }'
 

@@ -8,9 +8,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api, StatementCounter
-from tests.fleet.test_liveness import LOST_AFTER, run_sweep, silence
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.liveness import LOST_AFTER, run_sweep, silence
+from tests.support.reports import REGISTER, node_input
+from tests.support.statements import StatementCounter
 
 HEARTBEAT = "mutation Beat($id: ID!) { heartbeat(nodeId: $id) { id state lastSeen } }"
 FREE = '{ freeGpus(gpuClass: "H100-80GB") { node { id } } }'

@@ -17,12 +17,13 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.api.test_subscription import subscribe
-from tests.conftest import Api, LiveService
-from tests.consistency import inconsistencies
-from tests.fleet.test_fencing import BEAT
-from tests.reports import REGISTER, node_input
-from tests.tools_and_docs.test_ctl import ctl
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.ctl import ctl
+from tests.support.fencing import BEAT
+from tests.support.live_service import LiveService
+from tests.support.reports import REGISTER, node_input
+from tests.support.subscriptions import subscribe
 
 TAINT = """
 mutation T($node: ID!, $indices: [Int!]!, $taint: TaintInput!) {

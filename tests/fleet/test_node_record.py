@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.database import connections
 from service.fleet.node_views import NodeRecord, get_nodes
 from service.fleet.reports import Disk
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 
 async def test_a_node_read_from_its_row_has_every_field_and_its_views(

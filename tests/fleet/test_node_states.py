@@ -19,9 +19,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import node_states
 from service.scheduling.gpu_pools import refresh_pools
-from tests.conftest import Api
-from tests.one_definition import PYTHON_AND_DASHBOARD, ROOT, second_definitions
-from tests.reports import ALLOCATE, EXPLAIN, REGISTER, allocation, node_input, placement, shard
+from tests.support.api import Api
+from tests.support.one_definition import PYTHON_AND_DASHBOARD, ROOT, second_definitions
+from tests.support.reports import (
+    ALLOCATE,
+    EXPLAIN,
+    REGISTER,
+    allocation,
+    node_input,
+    placement,
+    shard,
+)
 
 HOME = ROOT / "service" / "node_states.py"
 

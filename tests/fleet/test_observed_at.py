@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import metrics
 from service.errors import InvalidInput
 from service.fleet.observed_at import agent_clock
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 TIMES = """
 query Node($id: ID!) {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 STATE = "query($id: ID!) { node(id: $id) { state stateReason schedulable lastSeen } }"
 

@@ -13,8 +13,9 @@ from service.database import connections
 from service.fleet import nodes, re_registration
 from service.scheduling import allocations
 from service.scheduling.allocations import Allocated, AllocationRequest, ShardRequest
-from tests.conftest import Api, StatementCounter
-from tests.reports import H100, REGISTER, TB, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import H100, REGISTER, TB, gpus, node_input
+from tests.support.statements import StatementCounter
 
 EVENTS = '{ events(nodeId: "gpu-07") { kind } }'
 

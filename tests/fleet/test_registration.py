@@ -7,8 +7,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.reports import GB, H100, H200, REGISTER, TB, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import GB, H100, H200, REGISTER, TB, gpus, node_input
 
 NODE = """
 query Node($id: ID!) {

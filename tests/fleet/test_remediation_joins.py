@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.fleet.health import policy
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.fleet.test_remediations import EVENTS, FINISH, START, VALIDATE, remediations
-from tests.reports import A100, H100, PLACE, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.remediations import EVENTS, FINISH, START, VALIDATE, remediations
+from tests.support.reports import A100, H100, PLACE, REGISTER, gpus, node_input
 
 NODE = """
 query N($id: ID!) {

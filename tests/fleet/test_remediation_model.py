@@ -37,10 +37,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.fleet.health import policy as service_policy
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import A100, H100, REGISTER, gpus, node_input
-from tests.scheduling.test_page_costs import dashboard_query
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.page_costs import dashboard_query
+from tests.support.reports import A100, H100, REGISTER, gpus, node_input
 
 # --- The policy, as remediation.md's table and its policy file say it ---
 

@@ -13,7 +13,7 @@ from service.fleet.health import policy
 from service.fleet.health.policy import RemediationAction, Scope, parse
 from service.scheduling.taints import TaintEffect
 from service.web.app import create_app
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_the_catalog_and_the_drivers_verdict() -> None:
@@ -103,6 +103,7 @@ def test_a_file_that_cannot_be_used_names_the_line(text: str, says: str) -> None
     assert says in message, message
 
 
+@pytest.mark.process
 def test_the_service_does_not_start_with_a_bad_policy(tmp_path: Path) -> None:
     bad = tmp_path / "policy.toml"
     bad.write_text('[xid.79]\naction = "REBOOT_NODE"\nscope = "RACK"\n')

@@ -11,43 +11,23 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.fleet.health import policy
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.operations.test_metrics import scrape
-from tests.reports import H100, PLACE, REGISTER, gpus, node_input
-
-REMEDIATIONS = """
-query R($state: RemediationState, $node: ID) {
-  remediations(state: $state, nodeId: $node) {
-    id nodeId gpuIndices action state cause attempts trigger taintKey scope
-  }
-}
-"""
-NODE = """
-query N($id: ID!) {
-  node(id: $id) {
-    bootId validationsToRun { test gpuIndices remediationId }
-    gpus { index healthy healthReasons recommendedAction taints { key effect source reason } }
-    freeGpus { index }
-  }
-}
-"""
-START = "mutation S($id: ID!) { startRemediation(id: $id) { id state action } }"
-FINISH = """
-mutation F($id: ID!, $ok: Boolean!, $note: String) {
-  finishRemediation(id: $id, succeeded: $ok, note: $note) { id state action }
-}
-"""
-VALIDATE = """
-mutation V($input: ValidationInput!) { recordValidation(input: $input) { id state attempts } }
-"""
-EVENTS = """
-query E($kinds: [String!]) { events(kinds: $kinds) { kind actor reason detail } }
-"""
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.metrics import scrape
+from tests.support.remediations import (
+    EVENTS,
+    FINISH,
+    NODE,
+    START,
+    VALIDATE,
+    remediations,
+    stored,
+    validation,
+)
+from tests.support.reports import H100, PLACE, REGISTER, gpus, node_input
 
 
 def report(boot: str, xids: dict[int, list[int]] | None = None, node: str = "gpu-01",
@@ -58,23 +38,6 @@ def report(boot: str, xids: dict[int, list[int]] | None = None, node: str = "gpu
     for index, seen in (resets or {}).items():
         listed[index] = {**listed[index], "resetSeen": seen}
     return {"input": node_input(node, gpus=listed, bootId=boot, **more)}
-
-
-def validation(indices: list[int], passed: bool, test: str = "dcgm_diag") -> dict[str, Any]:
-    return {
-        "input": {
-            "nodeId": "gpu-01",
-            "gpuIndices": indices,
-            "test": test,
-            "passed": passed,
-            "details": '{"result": "pass"}' if passed else '{"result": "fail"}',
-        }
-    }
-
-
-async def remediations(api: Api, **variables: Any) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = (await api(REMEDIATIONS, variables))["remediations"]
-    return found
 
 
 async def place(api: Api, replica: str, per: int) -> dict[str, Any]:
@@ -390,11 +353,3 @@ async def test_a_bad_reset_is_refused_naming_the_field(
     assert error["extensions"]["field"] == "input.gpus[5].resetSeen"
     assert why in error["message"]
     assert await stored(engine) == before
-
-
-async def stored(engine: AsyncEngine) -> tuple[Any, ...]:
-    async with engine.connect() as conn:
-        found = []
-        for table in ("remediations", "validation_results", "taints", "gpus", "gpu_pools"):
-            found.append((await conn.execute(text(f"SELECT * FROM {table} ORDER BY 1, 2"))).all())
-    return tuple(found)

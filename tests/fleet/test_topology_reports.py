@@ -11,10 +11,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.fleet import topology as topology_rules
 from service.fleet.hardware import gpus_of
 from service.fleet.topology import describe_groups, nvlink_groups
-from tests.conftest import Api
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.scheduling.test_scheduler_queries import hold
-from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink, with_peers
+from tests.support.api import Api
+from tests.support.holds import hold
+from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.topology import (
+    IB_A,
+    IB_B,
+    bridged_pairs,
+    gb200_tray,
+    hgx_h100,
+    no_nvlink,
+    with_peers,
+)
 
 TOPOLOGY = """
 query Topology($id: ID!) {

@@ -32,7 +32,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.compose_stacks import (
+from tests.support.compose_stacks import (
     build_service_image,
     remove_image_tags,
     require_docker,
@@ -40,12 +40,16 @@ from tests.compose_stacks import (
     stack_environment,
     wait_for,
 )
-from tests.reports import REGISTER, node_input
+from tests.support.reports import REGISTER, node_input
+
+pytestmark = pytest.mark.docker
 
 TOKEN = "e2e-operator-token-0123456789abcdef"
-# Per run (tests/compose_stacks.py says why).
+# Per run (tests/support/compose_stacks.py says why).
 PROJECT = f"llmgw-e2e-{os.getpid()}"
 IMAGE = f"llmgw-inventory:e2e-{os.getpid()}"
+# PostgreSQL with pgBackRest, built by compose from POSTGRES_IMAGE (per run, too).
+POSTGRES = f"llmgw-postgres-pgbackrest:e2e-{os.getpid()}"
 
 
 @dataclass
@@ -82,7 +86,7 @@ class Stack:
 def stack() -> Iterator[Stack]:
     require_docker("the compose deployment test")
     started = time.monotonic()
-    env, port, subnet_prefix = stack_environment(IMAGE, TOKEN)
+    env, port, subnet_prefix = stack_environment(IMAGE, TOKEN, LLMGW_POSTGRES_IMAGE=POSTGRES)
     build_service_image(env, IMAGE)
     built = time.monotonic()
     stack = Stack(env, port, subnet_prefix)
@@ -103,7 +107,7 @@ def stack() -> Iterator[Stack]:
         raise
     finally:
         stack.compose("down", "-v", "--remove-orphans", timeout=120)
-        remove_image_tags(IMAGE)
+        remove_image_tags(IMAGE, POSTGRES)
 
 
 PLACE = """

@@ -21,8 +21,9 @@ import pytest
 from service.config import SettingError, Settings
 from service.database import database_url
 from service.database.database_wait import DatabaseStartupError, wait_until_reachable
-from tests.conftest import REPO, free_port
-from tests.pg_cluster import StandbyPair
+from tests.support import REPO
+from tests.support.live_service import free_port
+from tests.support.pg_cluster import StandbyPair
 
 SECRET = "s3cr%3At-pw"  # percent-encoded, as in a real URL: ':' inside a password
 
@@ -58,6 +59,7 @@ def test_a_bad_url_is_refused_naming_what_is_wrong_never_the_password(
     assert "DATABASE_URL=" in message and "s3cr" not in message
 
 
+@pytest.mark.process
 def test_serve_with_a_bad_url_exits_with_the_settings_status_and_says_why() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "service.cli", "serve"],
@@ -91,6 +93,7 @@ async def test_what_waiting_cannot_fix_stops_at_once(database_url: str) -> None:
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.process
 def test_a_replica_started_while_postgres_is_down_waits_not_ready_and_serves_once_it_is_up() -> (
     None
 ):

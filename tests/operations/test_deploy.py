@@ -14,7 +14,7 @@ import yaml
 
 from service.cli import uvicorn_options
 from service.config import Settings
-from tests.conftest import REPO
+from tests.support import REPO
 
 DOCKER_COMPOSE = shutil.which("docker-compose")
 
@@ -51,6 +51,7 @@ def replicas(compose: dict[str, Any]) -> list[str]:
     return sorted(name for name, s in compose["services"].items() if s.get("command") == ["serve"])
 
 
+@pytest.mark.docker
 def test_compose_runs_postgres_on_a_volume_and_migrates_once_before_the_replicas(
     compose: dict[str, Any],
 ) -> None:
@@ -72,6 +73,7 @@ def test_compose_runs_postgres_on_a_volume_and_migrates_once_before_the_replicas
         assert replica["environment"]["INVENTORY_BOOTSTRAP_TOKEN"]  # tokens in force off loopback
 
 
+@pytest.mark.docker
 def test_the_proxy_balances_over_exactly_the_compose_replicas(compose: dict[str, Any]) -> None:
     nginx = (REPO / "deploy" / "nginx.conf").read_text()
     upstream = re.findall(r"^\s*server\s+([\w-]+):8080", nginx, flags=re.MULTILINE)
@@ -101,6 +103,7 @@ def test_the_proxy_closes_an_idle_connection_before_a_replica_would() -> None:
     assert int(idle.group(1)) < uvicorn_options(Settings())["timeout_keep_alive"]
 
 
+@pytest.mark.docker
 def test_the_demo_agent_reports_to_the_proxy_with_the_services_token(
     compose: dict[str, Any],
 ) -> None:
@@ -126,6 +129,7 @@ def test_the_image_runs_unprivileged_with_graphiqls_assets_baked_in() -> None:
     assert {".git", ".venv", "service/static/vendor"} <= set(ignored)
 
 
+@pytest.mark.process
 def test_the_unit_stops_retrying_on_the_exit_status_of_a_bad_setting() -> None:
     unit = (REPO / "deploy" / "llmgw-inventory.service").read_text()
     assert re.search(r"^ExecStart=\S*/llmgw-inventory serve$", unit, flags=re.MULTILINE)

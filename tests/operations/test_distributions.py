@@ -23,8 +23,11 @@ import httpx
 import pytest
 
 from service.web.assets import matches, pinned_assets
-from tests.conftest import REPO, LiveService
-from tests.reports import REGISTER, node_input
+from tests.support import REPO
+from tests.support.live_service import LiveService
+from tests.support.reports import REGISTER, node_input
+
+pytestmark = pytest.mark.process
 
 # What the service needs and a node must not carry (their PyPI names).
 SERVICE_ONLY = {

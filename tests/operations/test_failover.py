@@ -28,10 +28,12 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
-from tests.conftest import LiveService, free_port
-from tests.pg_cluster import StandbyPair, running_pair
-from tests.reports import REGISTER, node_input
-from tests.waiting import until_sync
+from tests.support.live_service import LiveService, free_port
+from tests.support.pg_cluster import StandbyPair, running_pair
+from tests.support.reports import REGISTER, node_input
+from tests.support.waiting import until_sync
+
+pytestmark = [pytest.mark.serial, pytest.mark.process]
 
 WRITE_EVERY = 0.05
 FOLLOW_WITHIN = 30.0
@@ -65,6 +67,16 @@ def write_every_50ms(url: str, writes: Writes, stop: threading.Event) -> None:
                     error = (body.get("errors") or [{}])[0]
                     writes.refused.append((status, (error.get("extensions") or {}).get("code")))
             time.sleep(WRITE_EVERY)
+
+
+def unavailable_retries(service: LiveService) -> float:
+    """Writes the service retried because the database was away (its metric; 0 before any)."""
+    metrics = httpx.get(service.url.replace("/graphql", "/metrics"), timeout=10).text
+    retried = [
+        line for line in metrics.splitlines()
+        if line.startswith('inventory_db_write_retries_total{cause="unavailable"}')
+    ]  # fmt: skip
+    return float(retried[0].split()[-1]) if retried else 0.0
 
 
 @pytest.fixture
@@ -117,8 +129,12 @@ def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged
 
         until_sync(lambda: acked() >= 10, "10 writes acknowledged before the failover")
 
-        died = time.monotonic()
         pair.primary.stop("immediate")
+        died = time.monotonic()
+        # The standby is promoted once the service has met the outage (a write retried):
+        # promoted at once, a writer starved by a loaded machine could sleep through the
+        # whole outage, and the retry counted below never happen (a flake, not a finding).
+        until_sync(lambda: unavailable_retries(service) >= 1, "a write retried while down")
         pair.standby.promote()
         promoted = time.monotonic()
 
@@ -143,12 +159,7 @@ def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged
             refused = list(writes.refused)
             acked = [node_id for _, node_id in writes.acked]
         assert not refused, refused
-        metrics = httpx.get(service.url.replace("/graphql", "/metrics"), timeout=10).text
-        retried = [
-            line for line in metrics.splitlines()
-            if line.startswith('inventory_db_write_retries_total{cause="unavailable"}')
-        ]  # fmt: skip
-        assert retried and float(retried[0].split()[-1]) >= 1, retried
+        assert unavailable_retries(service) >= 1
 
         # The standby was synchronous: every acknowledged write is on the new primary.
         stored = set(pair.standby.sql("SELECT id FROM nodes WHERE id LIKE 'fo-%'").split())
@@ -176,7 +187,7 @@ def test_primary_dies_standby_promoted_service_follows_and_loses_no_acknowledged
         print(
             f"\nfailover: primary stopped, standby promoted in {promoted - died:.2f} s; "
             f"first successful write {first_after - died:.2f} s after the primary stopped; "
-            f"{len(acked)} writes acknowledged, none refused ({retried[0].split()[-1]} "
+            f"{len(acked)} writes acknowledged, none refused ({unavailable_retries(service):g} "
             "retried), 0 lost"
         )
     finally:

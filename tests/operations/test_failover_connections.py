@@ -1,9 +1,9 @@
 """Connections to a primary that stopped being one: dropped at once, and the writes they carried made again.
 
-Stories on real servers (the loopback pair of tests/pg_cluster.py, or the
+Stories on real servers (the loopback pair of tests/support/pg_cluster.py, or the
 session's database):
 
-- after a switchover behind a balancer (tests/forwarder.py) that still sends
+- after a switchover behind a balancer (tests/support/forwarder.py) that still sends
   new connections to the demoted primary, every connection that answers
   "read-only transaction" is closed, in both pools, so once the balancer
   catches up the next write lands on the new primary (a connection kept
@@ -37,10 +37,12 @@ from service.database.db_faults import DatabaseUnavailable
 from service.database.migrations import upgrade
 from service.database.transactions import in_transaction
 from service.web.app import create_app
-from tests.forwarder import Forwarder
-from tests.pg_cluster import StandbyPair, running_pair
-from tests.reports import REGISTER, node_input
-from tests.waiting import until
+from tests.support.forwarder import Forwarder
+from tests.support.pg_cluster import StandbyPair, running_pair
+from tests.support.reports import REGISTER, node_input
+from tests.support.waiting import until
+
+pytestmark = [pytest.mark.serial, pytest.mark.process]
 
 
 @pytest.fixture

@@ -24,9 +24,11 @@ from service.config import Settings
 from service.database.connections import Connection
 from service.database.db import create_engine, dispose, libpq_url
 from service.database.transactions import MAX_ATTEMPTS, TransactionConflict, in_transaction
-from tests.conftest import LiveService, free_port
-from tests.consistency import inconsistencies, report_signature
-from tests.reports import A100, H100, REGISTER, gpus, node_input
+from tests.support.consistency import inconsistencies, report_signature
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import A100, H100, REGISTER, gpus, node_input
+
+pytestmark = [pytest.mark.serial, pytest.mark.process]
 
 
 def wait_until(condition: Callable[[], bool], within: float, what: str) -> None:

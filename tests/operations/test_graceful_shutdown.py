@@ -18,13 +18,16 @@ import threading
 import time
 
 import httpx
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from tests.conftest import LiveService, free_port
-from tests.reports import REGISTER, node_input
-from tests.waiting import until_sync
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import REGISTER, node_input
+from tests.support.waiting import until_sync
+
+pytestmark = pytest.mark.process
 
 DRAIN = 1.5
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.compose_stacks import (
+from tests.support.compose_stacks import (
     REPO,
     base_images,
     clean_environment,
@@ -28,6 +28,8 @@ from tests.compose_stacks import (
     require_docker,
     run,
 )
+
+pytestmark = pytest.mark.docker
 
 PROJECT = f"llmgw-witness-{os.getpid()}"
 ETCD_IMAGE = f"llmgw-witness-{os.getpid()}/etcd:3.4"

@@ -6,9 +6,13 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from service.web.heap import YOUNG_THRESHOLD
-from tests.conftest import REPO, LiveService
+from tests.support import REPO
+from tests.support.live_service import LiveService
+
+pytestmark = pytest.mark.process
 
 
 def _sample(metrics: str, name: str) -> float:

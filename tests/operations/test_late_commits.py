@@ -14,7 +14,7 @@ Judged on the history, at the end:
 - no replica released after a timeout holds GPUs (the gap issue 37 found: a
   place whose client had given up committed after the release found nothing);
 - every place that was acknowledged and not released is held, and nothing
-  is held twice (the consistency check of tests/consistency.py);
+  is held twice (the consistency check of tests/support/consistency.py);
 - no answer was a 5xx other than 503.
 """
 
@@ -32,14 +32,17 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 from sqlalchemy import text
 
 from service.config import Settings
 from service.database.db import create_engine, dispose, libpq_url
 from service.database.embedded import EmbeddedPostgres, postmaster_pid
-from tests.conftest import LiveService, free_port
-from tests.consistency import inconsistencies
-from tests.reports import H100, PLACE, REGISTER, gpus, node_input, placement
+from tests.support.consistency import inconsistencies
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import H100, PLACE, REGISTER, gpus, node_input, placement
+
+pytestmark = [pytest.mark.serial, pytest.mark.process]
 
 SCHEDULERS = 8
 # Room for 128 one-GPU replicas: the cluster must not fill up, or places stop

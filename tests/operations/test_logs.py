@@ -11,8 +11,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.conftest import REPO, free_port
+from tests.support import REPO
+from tests.support.live_service import free_port
+
+pytestmark = pytest.mark.process
 
 
 def test_a_json_logging_service_writes_only_json_with_request_ids(

@@ -2,38 +2,21 @@
 
 from __future__ import annotations
 
-import re
-
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.event_log.event_announcements import drain_announcements
 from service.metrics import count_rejection
-from tests.conftest import Api, StatementCounter
-from tests.fleet.test_liveness import IB_A, place
-from tests.reports import GB, REGISTER, TB, node_input
+from tests.support.api import Api
+from tests.support.liveness import IB_A, place
+from tests.support.metrics import scrape
+from tests.support.reports import GB, REGISTER, TB, node_input
+from tests.support.statements import StatementCounter
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
      "freeBytes": 500 * GB, "totalBytes": 2 * TB},
 ]  # fmt: skip
-
-SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (\S+)$")
-
-
-async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
-    """Every sample, keyed by its name and labels as Prometheus prints them."""
-    response = await client.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples: dict[str, float] = {}
-    for line in response.text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a sample line: {line!r}"
-        samples[f"{match.group(1)}{match.group(2) or ''}"] = float(match.group(3))
-    return samples
 
 
 async def test_metrics_describe_the_cluster_and_omit_unknown_disks(

@@ -18,7 +18,8 @@ from sqlalchemy import inspect
 from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
 from service.database.migrations import downgrade, head_revision, upgrade
 from service.tables import metadata
-from tests.conftest import REPO, create_database, drop_database
+from tests.support import REPO
+from tests.support.databases import create_database, drop_database
 
 
 @pytest.fixture
@@ -74,6 +75,7 @@ def test_upgrade_from_empty_to_head_then_back_to_base(empty_database: str) -> No
     assert head_revision() is not None
 
 
+@pytest.mark.process
 def test_replicas_migrating_at_once_do_not_collide(empty_database: str) -> None:
     # Separate processes, as replicas starting together are: alembic's
     # context is process-global, so threads would not be the real thing.
@@ -166,8 +168,8 @@ async def _register_mixed_cluster(url: str) -> list[tuple[object, ...]]:
     from service.config import Settings
     from service.database.db import create_engine, dispose
     from service.web.app import create_app
-    from tests.reports import REGISTER, node_input
-    from tests.topology import IB_A, IB_B, gb200_tray, hgx_h100
+    from tests.support.reports import REGISTER, node_input
+    from tests.support.topology import IB_A, IB_B, gb200_tray, hgx_h100
 
     slow = dict(IB_B, rateGbps=200)
     reports = [
@@ -223,7 +225,7 @@ async def _remediation_steps(url: str, reports: list[dict[str, object]]) -> dict
     from service.config import Settings
     from service.database.db import create_engine, dispose
     from service.web.app import create_app
-    from tests.reports import REGISTER
+    from tests.support.reports import REGISTER
 
     settings = Settings(database_url=url)
     engine = create_engine(url, settings)
@@ -260,7 +262,7 @@ async def _remediation_steps(url: str, reports: list[dict[str, object]]) -> dict
 def test_0021_gives_each_stored_remediation_its_opening_fault(empty_database: str) -> None:
     # A remediation stored before 0021 (taken back to 0020 and up again):
     # its DONE still lifts the taint it put, through the fault the migration wrote.
-    from tests.reports import H100, gpus, node_input
+    from tests.support.reports import H100, gpus, node_input
 
     listed = gpus(H100)
     listed[1] = {**listed[1], "xids": [48]}

@@ -25,8 +25,12 @@ from service.graphql.fast.documents import PreparedDocuments
 from service.graphql.masking import MaskUnexpected
 from service.graphql.schema import InventorySchema
 from service.web.logs import RequestIdFilter
-from tests.conftest import REPO, Api, free_port
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support import REPO
+from tests.support.api import Api
+from tests.support.live_service import free_port
+from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Reads that tolerate staleness on a read replica, while it keeps up; everything else on the primary.
 
-On the loopback pair of tests/pg_cluster.py with an asynchronous replica
+On the loopback pair of tests/support/pg_cluster.py with an asynchronous replica
 whose replay the tests pause (pg_wal_replay_pause: it keeps receiving WAL
 and stops applying it, as a replica stuck behind a long query or a slow
 disk would). The stories a user relies on:
@@ -34,10 +34,13 @@ from service.database import read_routing
 from service.database.db import create_engine, dispose
 from service.database.migrations import upgrade
 from service.web.app import create_app
-from tests.conftest import Api, free_port
-from tests.pg_cluster import Server, StandbyPair, running_pair
-from tests.reports import H100, REGISTER, gpus, node_input
-from tests.waiting import until
+from tests.support.api import Api
+from tests.support.live_service import free_port
+from tests.support.pg_cluster import Server, StandbyPair, running_pair
+from tests.support.reports import H100, REGISTER, gpus, node_input
+from tests.support.waiting import until
+
+pytestmark = pytest.mark.process
 
 MAX_LAG = 1.0
 FREE_GPUS = '{ freeGpus(gpuClass: "H100-80GB") { node { id } gpuIndices } }'

@@ -11,7 +11,8 @@ from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.database.migrations import head_revision
 from service.web.app import create_app
-from tests.conftest import create_database, drop_database, free_port
+from tests.support.databases import create_database, drop_database
+from tests.support.live_service import free_port
 
 
 @pytest.fixture

@@ -17,8 +17,11 @@ import httpx
 import pytest
 
 from service.database.embedded import prune_dead_handles
-from tests.conftest import REPO, free_port
-from tests.reports import REGISTER, node_input
+from tests.support import REPO
+from tests.support.live_service import free_port
+from tests.support.reports import REGISTER, node_input
+
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture

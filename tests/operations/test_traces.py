@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.config import Settings
-from service.web.app import create_app
-from service.web.tracing import Tracing, from_environment, wanted, with_exporter
-from tests.conftest import REPO, free_port
-from tests.reports import PLACE, REGISTER, node_input
+from service.web.tracing import from_environment, wanted, with_exporter
+from tests.support import REPO
+from tests.support.live_service import free_port
+from tests.support.reports import PLACE, REGISTER, node_input
+from tests.support.traces import Traced
 
 # The scheduler's span, as its own OpenTelemetry SDK would send it on (W3C trace context).
 CALLER_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -40,60 +40,12 @@ TRACEPARENT = f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-01"
 PLACE_INPUT = {"replicaId": "llama-r1", "gpuClass": "H100-80GB", "gpusPerShard": 8}
 
 
-@dataclass
-class Traced:
-    client: httpx.AsyncClient
-    spans: InMemorySpanExporter
-    tracing: Tracing
-
-    def finished(self) -> tuple[ReadableSpan, ...]:
-        return tuple(self.spans.get_finished_spans())
-
-    def operation(self, name: str) -> ReadableSpan:
-        found = [s for s in self.finished() if s.kind == SpanKind.SERVER and s.name == name]
-        assert len(found) == 1, [s.name for s in self.finished() if s.kind == SpanKind.SERVER]
-        return found[0]
-
-    def statements_under(self, span: ReadableSpan) -> list[ReadableSpan]:
-        """The statements whose parent is `span`, in the order they ended."""
-        return [
-            s
-            for s in self.finished()
-            if s.kind == SpanKind.CLIENT
-            and s.parent is not None
-            and s.parent.span_id == span.context.span_id
-        ]
-
-
 STATEMENT_KEYS = ("db.statement", "db.query.text")
 
 
 def sql(span: ReadableSpan) -> str:
     attributes = span.attributes or {}
     return str(next((attributes[k] for k in STATEMENT_KEYS if attributes.get(k)), ""))
-
-
-@pytest.fixture(params=[True, False], ids=["fast path", "strawberry view"])
-async def traced(
-    request: pytest.FixtureRequest, engine: AsyncEngine, settings: Settings
-) -> AsyncIterator[Traced]:
-    exporter = InMemorySpanExporter()
-    tracing = with_exporter(exporter)
-    app = create_app(
-        settings.replace(direct_execution=request.param), engine=engine, tracing=tracing
-    )
-    transport = httpx.ASGITransport(app=app)
-    try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
-            response = await client.post(
-                "/graphql", json={"query": REGISTER, "variables": {"input": node_input("gpu-01")}}
-            )
-            assert not response.json().get("errors"), response.text
-            exporter.clear()
-            yield Traced(client, exporter, tracing)
-    finally:
-        # asyncpg is instrumented process-wide: later tests run unwrapped.
-        tracing.close()
 
 
 async def test_a_traced_place_is_one_span_with_its_statements_under_the_callers_trace(
@@ -231,6 +183,7 @@ def test_traces_are_off_unless_the_standard_variables_ask() -> None:
     assert not wanted({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"})
 
 
+@pytest.mark.process
 def test_with_traces_off_the_app_loads_nothing_of_opentelemetry() -> None:
     # In a fresh process: this one imported OpenTelemetry for the tests above.
     probe = (
@@ -304,6 +257,7 @@ def serve(database_url: str, env: dict[str, str], log: Any) -> tuple[subprocess.
             time.sleep(0.2)
 
 
+@pytest.mark.process
 def test_serve_exports_a_place_to_the_otlp_endpoint_the_variables_name(
     database_url: str, engine: AsyncEngine, collector: Collector, tmp_path: Any
 ) -> None:
@@ -353,6 +307,7 @@ def test_serve_exports_a_place_to_the_otlp_endpoint_the_variables_name(
     assert len(children) >= 3
 
 
+@pytest.mark.process
 def test_serve_with_a_wrong_otel_setting_warns_once_and_serves(
     database_url: str, engine: AsyncEngine, tmp_path: Any
 ) -> None:

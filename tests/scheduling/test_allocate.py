@@ -10,9 +10,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api, StatementCounter
-from tests.operations.test_metrics import scrape
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.api import Api
+from tests.support.metrics import scrape
+from tests.support.placing import register
+from tests.support.reports import ALLOCATE, H100, allocation, gpus, shard
+from tests.support.statements import StatementCounter
 
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}
 IB_B = {"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 200}
@@ -26,10 +28,6 @@ query Node($id: ID!) {
   }
 }
 """
-
-
-async def register(api: Api, node_id: str, **fields: Any) -> None:
-    await api(REGISTER, {"input": node_input(node_id, **fields)})
 
 
 async def allocate(api: Api, replica_id: str, *shards: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,15 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.reports import ALLOCATE, PLACE, REGISTER, allocation, node_input, placement, shard
+from tests.support.reports import (
+    ALLOCATE,
+    PLACE,
+    REGISTER,
+    allocation,
+    node_input,
+    placement,
+    shard,
+)
 
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}
 NODES = [f"gpu-{i:02d}" for i in range(4)]

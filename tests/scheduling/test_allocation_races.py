@@ -9,16 +9,15 @@ first side commit. No sleeps decide the outcome.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncTransaction
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.database.connections import Connection
@@ -28,63 +27,23 @@ from service.fleet.reports import GpuReport, NodeReport
 from service.scheduling import allocations
 from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.web.app import create_app
-from tests.conftest import Api
-from tests.reports import ALLOCATE, PLACE, REGISTER, allocation, node_input, placement, shard
+from tests.support.api import Api
+from tests.support.races import holding, until_blocked
+from tests.support.reports import (
+    ALLOCATE,
+    PLACE,
+    REGISTER,
+    allocation,
+    node_input,
+    placement,
+    shard,
+)
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
 CORDON = 'mutation { cordonNode(id: "gpu-07", reason: "kernel upgrade") { state } }'
 REMOVE = 'mutation { removeNode(id: "gpu-07") }'
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}
 ON_GPU_3 = AllocationRequest("r1", (ShardRequest("r1-s0", "gpu-07", (2, 3, 4, 5)),))
-
-
-async def until_blocked(engine: AsyncEngine, holder: int, task: asyncio.Future[Any]) -> None:
-    """Return once some backend waits for a lock that the backend `holder` holds.
-
-    Asked by blocker rather than by database: a freshly opened connection
-    can show in pg_stat_activity without its database name yet.
-    """
-    async with engine.connect() as conn:
-        for _ in range(3000):
-            if task.done():
-                raise AssertionError(f"finished without waiting for the lock: {task.result()}")
-            waiting = await conn.execute(
-                text("SELECT count(*) FROM pg_locks WHERE :holder = ANY(pg_blocking_pids(pid))"),
-                {"holder": holder},
-            )
-            if waiting.scalar_one() > 0:
-                return
-            await asyncio.sleep(0.01)
-    raise AssertionError("the concurrent request never waited for the lock")
-
-
-@contextlib.asynccontextmanager
-async def shard_uncommitted(
-    engine: AsyncEngine, shard_id: str, node_id: str, gpu: int, *, holding: bool
-) -> AsyncIterator[tuple[int, AsyncTransaction]]:
-    """A shard another transaction has written and not committed: (its backend's pid, it).
-
-    Written as a writer that skips the node's lock would (`holding`: with its
-    GPU held too). The transaction is rolled back on leaving unless the test
-    ended it.
-    """
-    replica_id = shard_id.rsplit("-s", 1)[0]
-    async with engine.connect() as conn:
-        tx = await conn.begin()
-        pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-        await conn.execute(
-            text(
-                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
-                " VALUES (:shard_id, :replica_id, :node_id, ARRAY[CAST(:gpu AS int)])"
-            ),
-            {"shard_id": shard_id, "replica_id": replica_id, "node_id": node_id, "gpu": gpu},
-        )
-        if holding:
-            await conn.execute(
-                text("INSERT INTO allocated_gpus VALUES (:node_id, :gpu, :shard_id)"),
-                {"shard_id": shard_id, "node_id": node_id, "gpu": gpu},
-            )
-        yield pid, tx
 
 
 async def while_open(
@@ -359,16 +318,6 @@ async def test_releases_racing_allocations_on_one_node_keep_the_counts_exact(
 async def place_over_api(api: Api, replica_id: str, gpus: int) -> dict[str, Any]:
     result: dict[str, Any] = (await api(PLACE, placement(replica_id, gpusPerShard=gpus)))["place"]
     return result
-
-
-def holding(count: int) -> Any:
-    async def grant(conn: Connection) -> Any:
-        request = AllocationRequest(
-            "held", (ShardRequest("held-s0", "gpu-07", tuple(range(count))),)
-        )
-        return await allocations.allocate(conn, request)
-
-    return grant
 
 
 async def test_a_place_that_finds_the_only_node_busy_waits_before_saying_no_room(

@@ -20,11 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.fleet.hardware import gpus_of
 from service.scheduling import availability
 from service.scheduling.gpu_pools import refresh_pools
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.one_definition import PYTHON_AND_DASHBOARD, ROOT, second_definitions
-from tests.reports import EXPLAIN, L40S, PLACE, REGISTER, gpus, node_input
-from tests.scheduling.test_scheduler_queries import hold
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.holds import hold
+from tests.support.one_definition import PYTHON_AND_DASHBOARD, ROOT, second_definitions
+from tests.support.reports import EXPLAIN, L40S, PLACE, REGISTER, gpus, node_input
 
 HOME = ROOT / "service" / "scheduling" / "availability.py"
 

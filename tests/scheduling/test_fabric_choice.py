@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tests.conftest import Api
-from tests.one_definition import ROOT, second_definitions
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.one_definition import ROOT, second_definitions
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     PLACE,

@@ -26,10 +26,19 @@ from service.scheduling.placement.statements import (
     survey_sql,
 )
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import ALLOCATE, H100, PLACE, REGISTER, allocation, gpus, node_input, shard
-from tests.topology import IB_A, IB_B, bridged_pairs, hgx_h100, no_nvlink, with_peers
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import (
+    ALLOCATE,
+    H100,
+    PLACE,
+    REGISTER,
+    allocation,
+    gpus,
+    node_input,
+    shard,
+)
+from tests.support.topology import IB_A, IB_B, bridged_pairs, hgx_h100, no_nvlink, with_peers
 
 FIT = """
 query Fit($shape: PlaceInput!, $exclude: [ID!], $first: Int) {
@@ -278,7 +287,7 @@ async def test_pools_summarize_free_nvlink_groups_as_a_recount_would(
     """fit with nvlinkShards reads each pool's free_groups and nvlink_known, not the GPUs.
 
     Claims (a delta), releases and reports (a recount) keep them: after each,
-    the pools are what recounting every node gives (tests/consistency.py).
+    the pools are what recounting every node gives (tests/support/consistency.py).
     """
     for i, shape in enumerate(SHAPES[:3]):
         placed = await place(api, f"nv{i}", shape)

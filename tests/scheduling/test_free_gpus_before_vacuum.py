@@ -24,8 +24,17 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
-from tests.reports import A100, H100, H200, L40S, gpus, node_input
-from tests.scheduling.test_page_costs import Cluster, Read, api_on, node_id, unanalyzed_database
+from tests.support.page_costs import (
+    Cluster,
+    Read,
+    Template,
+    Templates,
+    api_on,
+    as_built,
+    no_autovacuum,
+    node_id,
+)
+from tests.support.reports import A100, H100, H200, L40S, gpus, node_input
 
 # Four pools per node: 10,000 rows in gpu_pools, as at the benchmark's 10,000
 # nodes, where the planner without statistics took the bitmap scan and sort.
@@ -61,30 +70,49 @@ class FourClasses(Cluster):
         return node_input(node_id(i), gpus=entries)
 
 
-@pytest.fixture
-def fresh_database(server_url: str) -> Iterator[str]:
-    with unanalyzed_database(server_url, "llmgw_unvacuumed") as url:
-        yield url
-
-
-@pytest.fixture
-async def cluster(fresh_database: str) -> AsyncIterator[tuple[FourClasses, str]]:
-    async with api_on(fresh_database, FourClasses, PAGE) as both:
-        yield both
-
-
-async def test_every_page_of_the_whole_answer_costs_the_page_before_any_vacuum(
-    cluster: tuple[FourClasses, str],
-) -> None:
-    api, dsn = cluster
-    raw = await asyncpg.connect(dsn)
-    try:
-        for table in ("nodes", "gpus", "gpu_pools", "allocated_gpus", "fabric_attachments"):
-            await raw.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+async def registered(url: str) -> None:
+    """The cluster, built once (page_cost_templates): autovacuum off, the nodes registered through the API."""
+    async with api_on(url, FourClasses, PAGE) as (api, dsn):
+        raw = await asyncpg.connect(dsn)
+        try:
+            tables = ("nodes", "gpus", "gpu_pools", "allocated_gpus", "fabric_attachments")
+            await no_autovacuum(raw, tables)
+        finally:
+            await raw.close()
         ids = list(range(NODES))
         batches = [ids[k : k + 50] for k in range(0, NODES, 50)]
         for k in range(0, len(batches), 4):
             await asyncio.gather(*(api.register(b) for b in batches[k : k + 4]))
+
+
+@pytest.fixture
+def case_database(page_cost_templates: Templates) -> Iterator[tuple[str, Template]]:
+    with page_cost_templates.clone("unvacuumed", registered) as both:
+        yield both
+
+
+@pytest.fixture
+async def cluster(
+    case_database: tuple[str, Template],
+) -> AsyncIterator[tuple[FourClasses, str, Template]]:
+    url, template = case_database
+    async with api_on(url, FourClasses, PAGE) as (api, dsn):
+        yield api, dsn, template
+
+
+async def test_every_page_of_the_whole_answer_costs_the_page_before_any_vacuum(
+    cluster: tuple[FourClasses, str, Template],
+) -> None:
+    api, dsn, template = cluster
+    raw = await asyncpg.connect(dsn)
+    try:
+        # The clone holds the cluster as registered, unanalyzed, and its visibility
+        # map as empty as the template's: no page of gpu_pools is all-visible.
+        await as_built(raw, template)
+        relallvisible = await raw.fetchval(
+            "SELECT relallvisible FROM pg_class WHERE relname = 'gpu_pools'"
+        )
+        assert relallvisible == 0
         assert await raw.fetchval("SELECT count(*) FROM gpu_pools") == 4 * NODES
         # Nothing has vacuumed or analyzed the tables: the planner's state on a new cluster.
         never = await raw.fetchval(

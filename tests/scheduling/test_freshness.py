@@ -17,8 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh, is_fresh
-from tests.conftest import Api
-from tests.reports import EXPLAIN, PLACE, REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import EXPLAIN, PLACE, REGISTER, node_input
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -39,22 +39,26 @@ from service.scheduling.placement import (
     place_several_without_waiting,
 )
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
-from tests.topology import IB_A, IB_B, bridged_pairs, gb200_tray, hgx_h100, no_nvlink, with_peers
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.placing import hold_gpus as hold
+from tests.support.races import shard_uncommitted, until_blocked
+from tests.support.reports import H100, REGISTER, gpus, node_input
+from tests.support.topology import (
+    IB_A,
+    IB_B,
+    bridged_pairs,
+    gb200_tray,
+    hgx_h100,
+    no_nvlink,
+    with_peers,
+)
 
 T = TypeVar("T")
 Calls = list[tuple[PlaceRequest, str | None]]
 
 H100_NODES = ["mixed", "hgx", "pairs", "flat"]
 GB200_NODES = ["tray-a1", "tray-a2", "tray-none"]
-
-
-async def hold(api: Api, node_id: str, *indices: int) -> None:
-    request = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *indices))
-    assert (await api(ALLOCATE, request))["allocate"]["__typename"] == "Allocated"
 
 
 async def cluster(api: Api) -> None:

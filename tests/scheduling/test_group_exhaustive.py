@@ -40,12 +40,12 @@ from typing import Any
 import pytest
 
 from service.scheduling.groups import planning
-from tests.conftest import Api
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.scheduling.test_fit_two_fabrics import TAINT_GPUS, attachment
-from tests.scheduling.test_group_window import CORDON
-from tests.scheduling.test_place_group import EXPLAIN_GROUP, FIT_GROUP
-from tests.topology import with_peers
+from tests.support.api import Api
+from tests.support.group_windows import CORDON
+from tests.support.place_group import EXPLAIN_GROUP, FIT_GROUP
+from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.topology import with_peers
+from tests.support.two_fabrics import TAINT_GPUS, attachment
 
 SEEDS = int(os.environ.get("GROUP_DIFFERENTIAL_SEEDS", "10"))
 GROUPS_PER_CLUSTER = 6

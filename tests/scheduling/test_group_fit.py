@@ -18,42 +18,22 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups.fitting import count_groups
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.reads import read_board
-from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.scheduling.test_fit_two_fabrics import FABRIC_LAYOUTS
-from tests.scheduling.test_fit_two_fabrics import random_cluster as two_fabric_cluster
-from tests.topology import bridged_pairs, hgx_h100
+from tests.support.api import Api
+from tests.support.groups import PLACE_GROUP, RELEASE_GROUP, request_of, role
+from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.topology import bridged_pairs, hgx_h100
+from tests.support.two_fabrics import FABRIC_LAYOUTS
+from tests.support.two_fabrics import random_cluster as two_fabric_cluster
 
 FIT_GROUP = "query F($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }"
-PLACE_GROUP = """
-mutation P($input: PlaceGroupInput!) {
-  placeGroup(input: $input) {
-    __typename
-    ... on GroupPlaced { groupId members { replicaId allocations { nodeId gpuIndices } } }
-    ... on Unplaceable { message }
-    ... on AllocationRejected { code message }
-  }
-}
-"""
-RELEASE_GROUP = "mutation R($id: ID!) { releaseGroup(groupId: $id) }"
 
 
 def attachment(fabric: str) -> dict[str, Any]:
     hcas = ["mlx5_0", "mlx5_1"] if fabric == "ib-a" else ["mlx5_2", "mlx5_3"]
     return {"fabric": fabric, "hcas": hcas, "rateGbps": 400}
-
-
-def role(name: str, replicas: int, per: int, **shape: Any) -> dict[str, Any]:
-    return {
-        "role": name,
-        "replicas": replicas,
-        "shape": {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": per, **shape},
-    }
 
 
 GROUPS: list[dict[str, Any]] = [
@@ -161,29 +141,6 @@ async def test_32_concurrent_place_groups_through_two_processes_place_exactly_k(
     # No partial group: every replica held belongs to a group placed whole.
     placed = {o["groupId"] for o in outcomes if o["__typename"] == "GroupPlaced"}
     assert {a["replicaId"].rsplit("-", 2)[0] for a in everything} == placed
-
-
-def request_of(spec: dict[str, Any], group_id: str = "fit") -> GroupRequest:
-    """A group spec of these tests as the domain takes it (what PlaceGroupInput.to_request makes)."""
-
-    def shape(s: dict[str, Any]) -> PlaceRequest:
-        return PlaceRequest(
-            "",
-            s["gpuClass"],
-            s["gpusPerShard"],
-            shards=s.get("shards", 1),
-            fabric=s.get("fabric"),
-            nvlink_shards=s.get("nvlinkShards", False),
-        )
-
-    locality = spec.get("locality", {})
-    return GroupRequest(
-        group_id,
-        tuple(GroupRole(r["role"], r["replicas"], shape(r["shape"])) for r in spec["roles"]),
-        Locality(LocalityLevel(locality.get("level", "ANY")), None, locality.get("hard", False)),
-        spec.get("kvFrom"),
-        spec.get("kvTo"),
-    )
 
 
 async def test_counting_repeated_rounds_at_once_counts_what_round_by_round_does(

@@ -25,10 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.database import connections
 from service.scheduling.allocations import Allocated, AllocationRequest, ShardRequest, allocate
 from service.scheduling.groups import placing, planning
-from tests.conftest import REPO, Api
-from tests.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
-from tests.scheduling.test_place_group import EXPLAIN_GROUP, FIT_GROUP, PLACE_GROUP, role
-from tests.topology import IB_A, IB_B, with_peers
+from tests.support import REPO
+from tests.support.api import Api
+from tests.support.place_group import EXPLAIN_GROUP, FIT_GROUP, PLACE_GROUP, role
+from tests.support.reports import ALLOCATE, H100, REGISTER, allocation, gpus, node_input, shard
+from tests.support.topology import IB_A, IB_B, with_peers
 
 
 def gpus_of(placed: dict[str, Any]) -> dict[str, list[tuple[str, list[int]]]]:

@@ -25,60 +25,12 @@ from service.scheduling.groups.fitting import count_groups
 from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.planning import Misfit, plan_group
 from service.scheduling.groups.reads import read_board, read_window, windowed
-from tests.conftest import Api
-from tests.reports import H100, REGISTER, gpus, node_input
-from tests.scheduling.test_fit_two_fabrics import TAINT_GPUS, random_cluster
-from tests.scheduling.test_group_fit import PLACE_GROUP, RELEASE_GROUP, request_of, role
-from tests.topology import bridged_pairs, hgx_h100
-
-CORDON = 'mutation C($id: ID!) { cordonNode(id: $id, reason: "maintenance") { id } }'
-
-GROUPS: list[dict[str, Any]] = [
-    {
-        "roles": [role("prefill", 2, 4), role("decode", 4, 2)],
-        "kvFrom": "prefill",
-        "kvTo": "decode",
-        "locality": {"level": "NODE"},
-    },
-    {
-        "roles": [role("prefill", 1, 4), role("decode", 2, 2)],
-        "kvFrom": "prefill",
-        "kvTo": "decode",
-        "locality": {"level": "NVLINK_DOMAIN", "hard": True},
-    },
-    {
-        "roles": [role("prefill", 1, 4, shards=2), role("decode", 3, 2)],
-        "kvFrom": "prefill",
-        "kvTo": "decode",
-        "locality": {"level": "NVLINK_DOMAIN"},
-    },
-    {
-        "roles": [role("p", 1, 2, nvlinkShards=True), role("d", 2, 1)],
-        "locality": {"level": "NODE", "hard": True},
-    },
-    {"roles": [role("a", 3, 1), role("b", 1, 3)], "locality": {"level": "FABRIC"}},
-    {
-        "roles": [role("p", 2, 4, shards=2, fabric="ib-a"), role("d", 2, 8)],
-        "kvFrom": "p",
-        "kvTo": "d",
-        "locality": {"level": "ANY"},
-    },
-    {
-        "roles": [role("p", 1, 8), role("d", 2, 4, nvlinkShards=True)],
-        "kvFrom": "p",
-        "kvTo": "d",
-        "locality": {"level": "FABRIC", "hard": True},
-    },
-]
-
-
-def boards(rng: random.Random) -> list[dict[str, Any]]:
-    entries = rng.choice([hgx_h100(near=False), bridged_pairs(), gpus(H100, 4)])
-    if rng.random() < 0.4:
-        # A GB200-style NVLink domain: a few of them across the cluster.
-        domain = f"nvl/{rng.randrange(3)}"
-        entries = [{**e, "nvlinkDomain": domain} for e in entries]
-    return entries
+from tests.support.api import Api
+from tests.support.group_windows import CORDON, GROUPS, boards
+from tests.support.groups import PLACE_GROUP, RELEASE_GROUP, request_of, role
+from tests.support.reports import REGISTER, node_input
+from tests.support.topology import hgx_h100
+from tests.support.two_fabrics import TAINT_GPUS, random_cluster
 
 
 async def plans(engine: AsyncEngine, spec: dict[str, Any]) -> tuple[Any, Any]:

@@ -36,10 +36,19 @@ from service.scheduling.allocations import Allocated, ReplicaReleased, release_r
 from service.scheduling.placement import place
 from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
-from tests.conftest import Api
-from tests.reports import ALLOCATE, H100, PLACE, REGISTER, allocation, gpus, node_input, shard
-from tests.reports import placement as placement_input
-from tests.waiting import until
+from tests.support.api import Api
+from tests.support.reports import (
+    ALLOCATE,
+    H100,
+    PLACE,
+    REGISTER,
+    allocation,
+    gpus,
+    node_input,
+    shard,
+)
+from tests.support.reports import placement as placement_input
+from tests.support.waiting import until
 
 RELEASE = "mutation Release($id: ID!) { releaseReplica(replicaId: $id) }"
 

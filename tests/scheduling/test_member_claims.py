@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from service.scheduling.groups import placing
-from tests.conftest import Api
-from tests.scheduling.test_fit_two_fabrics import random_cluster
-from tests.scheduling.test_group_fit import PLACE_GROUP, RELEASE_GROUP
-from tests.scheduling.test_group_window import CORDON, GROUPS, boards
+from tests.support.api import Api
+from tests.support.group_windows import CORDON, GROUPS, boards
+from tests.support.groups import PLACE_GROUP, RELEASE_GROUP
+from tests.support.two_fabrics import random_cluster
 
 
 async def fill(api: Api, spec: dict[str, Any], k: int) -> list[Any]:

@@ -16,40 +16,25 @@ from service.scheduling import placement as placement_module
 from service.scheduling.allocations import Allocated
 from service.scheduling.placement import statements as placement_statements
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api, StatementCounter
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.placing import hold, place, register, statements_sent
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     GB,
     H100,
     PLACE,
-    REGISTER,
     TB,
     allocation,
     gpus,
-    node_input,
     placement,
     shard,
 )
+from tests.support.statements import StatementCounter
 
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}
 IB_B = {"fabric": "ib-b", "hcas": ["mlx5_2"], "rateGbps": 400}
 LLAMA = "/models/llama-70b"
-
-
-async def register(api: Api, node_id: str, **fields: Any) -> None:
-    await api(REGISTER, {"input": node_input(node_id, **fields)})
-
-
-async def hold(api: Api, node_id: str, count: int) -> None:
-    """Something else already runs on the node's first `count` GPUs."""
-    request = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *range(count)))
-    assert (await api(ALLOCATE, request))["allocate"]["__typename"] == "Allocated"
-
-
-async def place(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:
-    result: dict[str, Any] = (await api(PLACE, placement(replica_id, **fields)))["place"]
-    return result
 
 
 async def explain(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:
@@ -366,14 +351,6 @@ async def test_a_multi_node_plan_looks_past_its_window_before_saying_no_room(
 
     assert sorted({node for _, node, _ in where(got)}) == ["n3", "n4"]
     assert {a["fabric"] for a in got["allocations"]} == {"ib-c"}
-
-
-def statements_sent(count_statements: StatementCounter) -> list[str]:
-    # Left out: the token check, which runs at most once a second, and
-    # event announcements, sent after commit whenever their flush runs.
-    return [
-        s for s in count_statements.statements if "api_tokens" not in s and "pg_notify" not in s
-    ]
 
 
 async def test_a_one_node_place_is_two_statements(

@@ -24,23 +24,19 @@ from service.scheduling.place_batches import COUNTS, PlaceQueue
 from service.scheduling.placement import Unplaceable
 from service.scheduling.rejections import Rejection
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api, StatementCounter
-from tests.consistency import inconsistencies
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
-from tests.scheduling.test_allocation_races import shard_uncommitted, until_blocked
-from tests.topology import bridged_pairs, no_nvlink
-from tests.waiting import until
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.placing import hold
+from tests.support.races import shard_uncommitted, until_blocked
+from tests.support.reports import REGISTER, node_input
+from tests.support.statements import StatementCounter
+from tests.support.topology import bridged_pairs, no_nvlink
+from tests.support.waiting import until
 
 
 async def register(api: Api, *node_ids: str) -> None:
     for node_id in node_ids:
         await api(REGISTER, {"input": node_input(node_id)})
-
-
-async def hold(api: Api, node_id: str, count: int) -> None:
-    """Something else already runs on the node's first `count` GPUs."""
-    held = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *range(count)))
-    assert (await api(ALLOCATE, held))["allocate"]["__typename"] == "Allocated"
 
 
 def request(replica_id: str, gpus: int = 1) -> PlaceRequest:

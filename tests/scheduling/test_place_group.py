@@ -10,27 +10,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from tests.conftest import Api, StatementCounter
-from tests.reports import PLACE, REGISTER, node_input
-from tests.scheduling.test_place import statements_sent
-from tests.topology import IB_A, IB_B, gb200_tray, hgx_h100
-
-GROUP_FIELDS = """
-groupId generation
-members { role replicaId allocations { shardId nodeId gpuIndices fabric generation } }
-kvPaths { from to kind }
-"""
-
-PLACE_GROUP = f"""
-mutation P($input: PlaceGroupInput!) {{
-  placeGroup(input: $input) {{
-    __typename
-    ... on GroupPlaced {{ {GROUP_FIELDS} }}
-    ... on Unplaceable {{ message verdicts {{ nodeId code detail }} roles {{ role placeable message }} }}
-    ... on AllocationRejected {{ code message }}
-  }}
-}}
-"""
+from tests.support.api import Api
+from tests.support.place_group import EXPLAIN_GROUP, FIT_GROUP, GROUP_FIELDS, PLACE_GROUP, role
+from tests.support.placing import statements_sent
+from tests.support.reports import PLACE, REGISTER, node_input
+from tests.support.statements import StatementCounter
+from tests.support.topology import IB_A, IB_B, gb200_tray, hgx_h100
 
 SCALE_GROUP = f"""
 mutation S($id: ID!, $role: String!, $replicas: Int!, $shape: PlaceInput, $generation: Int) {{
@@ -46,17 +31,6 @@ mutation S($id: ID!, $role: String!, $replicas: Int!, $shape: PlaceInput, $gener
 
 READ_GROUP = f"query G($id: ID!) {{ group(groupId: $id) {{ {GROUP_FIELDS} }} }}"
 RELEASE_GROUP = "mutation R($id: ID!, $g: Int) { releaseGroup(groupId: $id, generation: $g) }"
-FIT_GROUP = "query F($g: PlaceGroupInput!) { fitGroup(group: $g) { groups limitedBy } }"
-
-
-def role(
-    name: str, replicas: int, gpus: int, cls: str = "H100-80GB", **shape: Any
-) -> dict[str, Any]:
-    return {
-        "role": name,
-        "replicas": replicas,
-        "shape": {"replicaId": "x", "gpuClass": cls, "gpusPerShard": gpus, **shape},
-    }
 
 
 def disaggregated(
@@ -384,18 +358,6 @@ async def register_boards_on(api: Api, count: int, fabric: dict[str, Any]) -> No
             f"hgx-{fabric['fabric']}-{i}", gpus=hgx_h100(near=False), fabrics=[fabric]
         )
         await api(REGISTER, {"input": report})
-
-
-EXPLAIN_GROUP = """
-query E($input: PlaceGroupInput!) {
-  explainGroupPlacement(input: $input) {
-    placeable message level zone
-    members { role replicaId nodeIds }
-    kvPaths { from to kind }
-    roles { role placeable message verdicts { nodeId code } verdictsOmitted }
-  }
-}
-"""
 
 
 async def test_explain_group_placement_says_the_plan_level_and_each_roles_verdicts(

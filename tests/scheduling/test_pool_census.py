@@ -21,10 +21,10 @@ from service.database import connections
 from service.scheduling.placement import fit as fits
 from service.scheduling.pool_census import DECLINED
 from service.scheduling.verdicts import PlaceRequest
-from tests.conftest import Api
-from tests.reports import H100, gpus
-from tests.scheduling.test_fit_two_fabrics import random_cluster
-from tests.topology import bridged_pairs, hgx_h100
+from tests.support.api import Api
+from tests.support.reports import H100, gpus
+from tests.support.topology import bridged_pairs, hgx_h100
+from tests.support.two_fabrics import random_cluster
 
 CORDON = 'mutation C($id: ID!) { cordonNode(id: $id, reason: "maintenance") { id } }'
 SHAPES = [

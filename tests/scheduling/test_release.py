@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support.api import Api
+from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 
 IB_A = {"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}
 RELEASE_SHARD = "mutation($id: ID!) { releaseShard(shardId: $id) }"

@@ -11,8 +11,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.scheduling import availability
 from service.scheduling.capacity import free_gpus, free_gpus_query
 from service.scheduling.gpu_pools import refresh_pools
-from tests.conftest import Api, StatementCounter
-from tests.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
+from tests.support.api import Api
+from tests.support.holds import hold
+from tests.support.reports import A100, GB, H100, L40S, REGISTER, TB, gpus, node_input
+from tests.support.statements import StatementCounter
 
 FREE = """
 query($cls: String, $fabric: String, $min: Int, $first: Int, $after: ID) {
@@ -28,24 +30,6 @@ IB_A = [{"fabric": "ib-a", "hcas": ["mlx5_0", "mlx5_1"], "rateGbps": 400}]
 async def free(api: Api, **variables: Any) -> list[tuple[str, list[int]]]:
     data = await api(FREE, variables)
     return [(e["node"]["id"], e["gpuIndices"]) for e in data["freeGpus"]]
-
-
-async def hold(engine: AsyncEngine, node_id: str, indices: list[int], shard: str = "s1") -> None:
-    """Record GPUs as held the way allocate does, to set the scene for a read."""
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
-                " VALUES (:s, 'r1', :n, :i)"
-            ),
-            {"s": shard, "n": node_id, "i": indices},
-        )
-        for i in indices:
-            await conn.execute(
-                text("INSERT INTO allocated_gpus VALUES (:n, :i, :s)"),
-                {"n": node_id, "i": i, "s": shard},
-            )
-        await refresh_pools(conn, [node_id])
 
 
 async def test_free_gpus_are_healthy_unallocated_and_on_ready_nodes(

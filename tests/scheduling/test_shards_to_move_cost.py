@@ -18,15 +18,18 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 from service.ctl.capacity import SHARDS_TO_MOVE
-from tests.scheduling.test_page_costs import (
+from tests.support.page_costs import (
     PAGE,
     REGISTER_BATCH,
     Cluster,
     Read,
+    Template,
+    Templates,
     api_on,
+    as_built,
+    no_autovacuum,
     node_id,
     over_bound,
-    unanalyzed_database,
 )
 
 NODES = 1500
@@ -44,16 +47,47 @@ STATES = {
 }
 
 
-@pytest.fixture
-def fresh_database(server_url: str) -> Iterator[str]:
-    with unanalyzed_database(server_url, "llmgw_moves") as url:
-        yield url
+# Both layouts share one cluster as registered (page_cost_templates): one worker
+# builds it and runs them (pytest-xdist's --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("page_costs_moves")
+
+
+async def registered(url: str) -> None:
+    """What both layouts start from, built once: autovacuum off, the nodes registered and
+    every GPU tainted PREFER_NO_SCHEDULE (which allocate's explicit GPUs do not refuse:
+    such GPUs are offered to everyone, used last), through the API."""
+    async with api_on(url, Cluster, PAGE) as (api, dsn):
+        raw = await asyncpg.connect(dsn)
+        try:
+            await no_autovacuum(raw, ("taints", "shards", "nodes", "gpus"))
+        finally:
+            await raw.close()
+        ids = list(range(NODES))
+        for k in range(0, NODES, REGISTER_BATCH):
+            await api.register(ids[k : k + REGISTER_BATCH])
+        await mutate(
+            api,
+            [
+                f'g{i}: taintGpus(nodeId: "{node_id(i)}", indices: [0, 1, 2, 3, 4, 5, 6, 7],'
+                ' taint: {key: "burn-in", effect: PREFER_NO_SCHEDULE, reason: "new"}) { index }'
+                for i in ids
+            ],
+        )
 
 
 @pytest.fixture
-async def cluster(fresh_database: str) -> AsyncIterator[tuple[Cluster, str]]:
-    async with api_on(fresh_database, Cluster, PAGE) as both:
+def case_database(page_cost_templates: Templates) -> Iterator[tuple[str, Template]]:
+    with page_cost_templates.clone("moves", registered) as both:
         yield both
+
+
+@pytest.fixture
+async def cluster(
+    case_database: tuple[str, Template],
+) -> AsyncIterator[tuple[Cluster, str, Template]]:
+    url, template = case_database
+    async with api_on(url, Cluster, PAGE) as (api, dsn):
+        yield api, dsn, template
 
 
 async def mutate(api: Cluster, fields: list[str]) -> None:
@@ -64,27 +98,15 @@ async def mutate(api: Cluster, fields: list[str]) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 async def test_the_stale_list_costs_its_page_however_many_other_taints_there_are(
-    cluster: tuple[Cluster, str], layout: str
+    cluster: tuple[Cluster, str, Template], layout: str
 ) -> None:
-    api, dsn = cluster
+    api, dsn, template = cluster
     raw = await asyncpg.connect(dsn)
     try:
-        for table in ("taints", "shards", "nodes", "gpus"):
-            await raw.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-        ids = list(range(NODES))
-        for k in range(0, NODES, REGISTER_BATCH):
-            await api.register(ids[k : k + REGISTER_BATCH])
+        await as_built(raw, template)
         holding = list(LAYOUTS[layout])
         for k in range(0, len(holding), REGISTER_BATCH):
             await api.allocate([(i, [4, 5, 6, 7]) for i in holding[k : k + REGISTER_BATCH]])
-        await mutate(
-            api,
-            [
-                f'g{i}: taintGpus(nodeId: "{node_id(i)}", indices: [0, 1, 2, 3, 4, 5, 6, 7],'
-                ' taint: {key: "burn-in", effect: PREFER_NO_SCHEDULE, reason: "new"}) { index }'
-                for i in ids
-            ],
-        )
         await mutate(
             api,
             [

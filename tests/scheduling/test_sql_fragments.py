@@ -4,7 +4,7 @@
 files, "the first withholding taint as JSON" three times in three shapes, the
 node facts placement reads four times in one module and re-aliased once; a
 rule written twice drifts (one copy is fixed, the other keeps the bug). Each
-now has a home, and the source scan below (tests/one_definition.py) fails
+now has a home, and the source scan below (tests/support/one_definition.py) fails
 naming the file and line of a second definition anywhere else under service/.
 """
 
@@ -14,7 +14,7 @@ import re
 
 from service.scheduling import taints
 from service.scheduling.placement import statements
-from tests.one_definition import ROOT, second_definitions
+from tests.support.one_definition import ROOT, second_definitions
 
 TAINTS_HOME = ROOT / "service" / "scheduling" / "taints.py"
 FACTS_HOME = ROOT / "service" / "scheduling" / "placement" / "statements.py"

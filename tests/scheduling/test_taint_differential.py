@@ -31,9 +31,9 @@ from service.scheduling.taints import (
     TolerationOperator,
     tolerates,
 )
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     H100,

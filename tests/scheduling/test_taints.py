@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import Api
-from tests.consistency import inconsistencies
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.consistency import inconsistencies
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     H100,

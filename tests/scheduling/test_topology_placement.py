@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.conftest import Api
-from tests.reports import (
+from tests.support.api import Api
+from tests.support.placing import hold_gpus as hold
+from tests.support.placing import place, register
+from tests.support.reports import (
     ALLOCATE,
     EXPLAIN,
     H100,
@@ -15,8 +17,7 @@ from tests.reports import (
     placement,
     shard,
 )
-from tests.scheduling.test_place import place, register
-from tests.topology import (
+from tests.support.topology import (
     IB_A,
     IB_B,
     bridged_pairs,
@@ -29,11 +30,6 @@ from tests.topology import (
 EXPLAIN_DOMAIN = EXPLAIN.replace(
     "placeable message fabric", "placeable message fabric nvlinkDomain"
 )
-
-
-async def hold(api: Api, node_id: str, *indices: int) -> None:
-    request = allocation(f"busy-{node_id}", shard(f"busy-{node_id}-s0", node_id, *indices))
-    assert (await api(ALLOCATE, request))["allocate"]["__typename"] == "Allocated"
 
 
 async def explain(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.web.app import create_app
 from service.web.assets import AssetError, fetch, matches, pinned_assets, sri
-from tests.vendor_assets import local_assets
+from tests.support.vendor_assets import local_assets
 
 WIDGET = b"console.log('widget 1.2.3');\n"
 

@@ -15,8 +15,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from benchmarks.allocation import ALLOCATE_CLASS, RAW_ALLOCATE, RAW_LOCK, raw_claim
-from tests.conftest import Api
-from tests.reports import A100, H100, REGISTER, gpus, node_input
+from tests.support.api import Api
+from tests.support.reports import A100, H100, REGISTER, gpus, node_input
 
 FREE_GPUS = """
 query($c: String!) { freeGpus(gpuClass: $c) { node { id } gpuIndices } }

@@ -19,6 +19,7 @@ from benchmarks.floor import HEARTBEAT, Target, _round, floor_process
 pytestmark = pytest.mark.skipif(wrk.WRK is None, reason="wrk is not installed (CI installs it)")
 
 
+@pytest.mark.process
 def test_wrk_counts_wrong_answers_and_sends_every_body_as_written() -> None:
     # A body holding "]]" (which ends a plain Lua long string) must reach the
     # floor intact: the floor answers 200 only to a JSON object with a query.
@@ -47,6 +48,7 @@ def test_a_lua_long_string_holds_any_text() -> None:
         assert closing not in text
 
 
+@pytest.mark.process
 def test_a_round_says_how_busy_the_process_was() -> None:
     """The floor row's note: rate x CPU a request is the share of the round its process ran.
 

@@ -84,6 +84,7 @@ def test_the_results_replace_only_the_marked_section() -> None:
     assert write_results_page(written, section, "B.md") == written
 
 
+@pytest.mark.process
 def test_a_page_without_markers_is_refused_before_the_run() -> None:
     with pytest.raises(ResultsPageError, match=r"NOTES\.md has no"):
         write_results_page("# notes\n", "", "NOTES.md")

@@ -16,9 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import bounds
-from tests.conftest import Api
-from tests.one_definition import ROOT, second_definitions
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.one_definition import ROOT, second_definitions
+from tests.support.reports import REGISTER, node_input
 
 HOME = ROOT / "service" / "bounds.py"
 NAMES = sorted(name for name in vars(bounds) if name.startswith("MAX_"))

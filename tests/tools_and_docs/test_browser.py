@@ -1,7 +1,7 @@
 """An operator's browser, with no network but the service: GraphiQL answers, the dashboard shows the cluster.
 
 Headless Chromium from Debian's `chromium` package, driven over the DevTools
-protocol (tests/chromium.py); every host name but 127.0.0.1 fails to resolve,
+protocol (tests/support/chromium.py); every host name but 127.0.0.1 fails to resolve,
 as on an air-gapped cluster. Screenshots land in screenshots/ for a person to
 look at.
 """
@@ -21,87 +21,38 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from service.web.assets import VENDOR_DIR, missing_or_altered, pinned_assets
-from tests.chromium import CHROMIUM, Page, chromium
-from tests.conftest import REPO, LiveService, free_port
-from tests.reports import L40S, REGISTER, TB, gpus, node_input
-from tests.tools_and_docs.test_first_ten_minutes import needs_dev_venv
-from tests.topology import bridged_pairs
-from tests.vendor_assets import local_assets
-
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Debian's chromium package is not installed (apt-get install chromium); .ci/run installs it",
+from tests.support import REPO
+from tests.support.chromium import Page, chromium
+from tests.support.dashboard import (
+    BEARER,
+    SCREENSHOTS,
+    TOKEN,
+    XID_79_TAINT,
+    assert_nothing_came_from_outside,
+    call,
+    needs_chromium,
+    open_dashboard,
+    register,
+    type_token,
 )
+from tests.support.dev_venv import needs_dev_venv
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import L40S, TB, gpus
+from tests.support.topology import bridged_pairs
+from tests.support.vendor_assets import local_assets
 
-SCREENSHOTS = REPO / "screenshots"
-TOKEN = "browser-test-operator-token"
-BEARER = f"Bearer {TOKEN}"
+pytestmark = [pytest.mark.browser, needs_chromium]
+
 
 CORDON = """
 mutation Cordon($id: ID!, $reason: String!) { cordonNode(id: $id, reason: $reason) { id state } }
 """
-
-
-@pytest.fixture
-def service(live_service_factory: Any, engine: Any) -> LiveService:
-    """The service as deployed, with an operator token (sent everywhere, needed or not).
-
-    Pages of two nodes: the dashboard reads the node list on from each
-    PAGE_TRUNCATED answer, as it must on a cluster larger than a page.
-    """
-    started: LiveService = live_service_factory(
-        env={"INVENTORY_BOOTSTRAP_TOKEN": TOKEN, "INVENTORY_MAX_PAGE_SIZE": "2"}
-    )
-    return started
-
-
-def call(service: LiveService, query: str, variables: dict[str, Any]) -> Any:
-    response = httpx.post(
-        service.url,
-        json={"query": query, "variables": variables},
-        headers={"Authorization": BEARER},
-        timeout=10,
-    )
-    body = response.json()
-    assert not body.get("errors"), body
-    return body["data"]
-
-
-def register(service: LiveService, node_id: str, **fields: Any) -> None:
-    call(service, REGISTER, {"input": node_input(node_id, **fields)})
-
-
-async def open_dashboard(page: Page, service: LiveService, fragment: str = "") -> None:
-    """The dashboard (at `fragment`, e.g. "#node=gpu-01"), with the token typed into its Token field."""
-    await page.goto(service.url.removesuffix("graphql") + fragment)
-    await type_token(page)
-
-
-async def type_token(page: Page) -> None:
-    await page.evaluate(
-        f"document.getElementById('token').value = {json.dumps(TOKEN)};"
-        "document.getElementById('token-form').requestSubmit()"
-    )
-
-
-def origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def assert_nothing_came_from_outside(page: Page, service: LiveService) -> None:
-    outside = [
-        url
-        for url in page.requested
-        if url.startswith(("http:", "https:", "ws:", "wss:")) and origin(url) != origin(service.url)
-    ]
-    assert outside == []
 
 
 def assert_only_refused_before_the_token(page: Page) -> None:
@@ -343,11 +294,6 @@ async def test_the_dashboard_shows_unknown_disk_as_a_dash_and_a_cordoned_node_wi
 MARKS = """
 [...document.querySelectorAll('tr[data-node-id="gpu-01"] .gpu-mark')].map(d => d.innerText.trim())
 """
-# A GPU's marks after XID 79 (fleet health: tests/tools_and_docs/test_dashboard_health.py).
-XID_79_TAINT = (
-    "taint xid-79 NO_SCHEDULE by XID: xid 79: the GPU has fallen off the bus: it answers nothing"
-    " until a reboot"
-)
 XID_79_MARKS = f"{XID_79_TAINT}\nrecommended REBOOT_NODE\nremediation REBOOT_NODE PENDING: xid-79"
 NODE_VIEW = """
 ({

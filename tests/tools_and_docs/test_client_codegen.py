@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import llmgw_inventory_client
+import pytest
 from graphql import (
     FragmentDefinitionNode,
     GraphQLInputObjectType,
@@ -45,11 +46,13 @@ def check(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.process
 def test_the_generated_client_is_current() -> None:
     done = check()
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.process
 def test_check_names_what_is_stale_and_the_command(tmp_path: Path) -> None:
     stale = tmp_path / "generated"
     shutil.copytree(GENERATED, stale, ignore=shutil.ignore_patterns("__pycache__"))

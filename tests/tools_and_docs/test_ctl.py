@@ -14,25 +14,16 @@ from typing import Any
 import httpx
 import pytest
 
-from service.cli import build_parser
-from service.config import Settings
-from tests.conftest import LiveService, free_port
-from tests.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
-from tests.topology import hgx_h100
+from tests.support.ctl import ctl, register
+from tests.support.live_service import LiveService, free_port
+from tests.support.reports import ALLOCATE, GB, REGISTER, TB, allocation, node_input, shard
+from tests.support.topology import hgx_h100
 
 DISK = [
     {"id": "dev:259:1", "mountPoint": "/data", "fsType": "xfs", "shared": False,
      "freeBytes": 1200 * GB, "totalBytes": 3 * TB, "directories": ["/data/models"]},
 ]  # fmt: skip
 IB_A = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}]
-
-
-def ctl(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run `llmgw-inventory ctl ...` as an operator would; its exit code and what it printed."""
-    args = build_parser().parse_args(["ctl", *argv])
-    code: int = args.run(args, Settings())
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 class Follower:
@@ -69,11 +60,6 @@ class Follower:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=60)
-
-
-def register(service: LiveService, report: dict[str, Any]) -> None:
-    response = httpx.post(service.url, json={"query": REGISTER, "variables": {"input": report}})
-    assert not response.json().get("errors"), response.text
 
 
 def test_an_operator_cordons_one_gpu_and_clears_another_after_a_reset(

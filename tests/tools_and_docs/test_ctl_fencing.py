@@ -8,10 +8,10 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import LiveService
-from tests.fleet.test_fencing import BEAT, lose
-from tests.reports import ALLOCATE, allocation, node_input, shard
-from tests.tools_and_docs.test_ctl import ctl, register
+from tests.support.ctl import ctl, register
+from tests.support.fencing import BEAT, lose
+from tests.support.live_service import LiveService
+from tests.support.reports import ALLOCATE, allocation, node_input, shard
 
 
 def call(service: LiveService, query: str, variables: dict[str, Any]) -> dict[str, Any]:

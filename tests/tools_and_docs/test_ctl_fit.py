@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from tests.conftest import LiveService
-from tests.reports import node_input
-from tests.tools_and_docs.test_ctl import ctl, register
-from tests.topology import IB_A, bridged_pairs, hgx_h100
+from tests.support.ctl import ctl, register
+from tests.support.live_service import LiveService
+from tests.support.reports import node_input
+from tests.support.topology import IB_A, bridged_pairs, hgx_h100
 
 
 def test_an_operator_asks_how_many_tp8_replicas_fit_before_and_after_a_drain(

@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveService
-from tests.reports import node_input
-from tests.tools_and_docs.test_ctl import ctl, register
-from tests.topology import IB_A, hgx_h100
+from tests.support.ctl import ctl, register
+from tests.support.live_service import LiveService
+from tests.support.reports import node_input
+from tests.support.topology import IB_A, hgx_h100
 
 GROUP = {
     "roles": [

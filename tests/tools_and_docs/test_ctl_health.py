@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LiveService
-from tests.reports import H100, REGISTER, gpus, node_input
-from tests.tools_and_docs.test_ctl import ctl
+from tests.support.ctl import ctl
+from tests.support.live_service import LiveService
+from tests.support.reports import H100, REGISTER, gpus, node_input
 
 LABELS = [{"key": "profile", "value": "hgx-h100"}]
 SET = """

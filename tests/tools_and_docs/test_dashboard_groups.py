@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from tests.chromium import chromium
-from tests.conftest import LiveService
-from tests.tools_and_docs.test_browser import (
+import pytest
+
+from tests.support.chromium import chromium
+from tests.support.dashboard import (
     SCREENSHOTS,
     call,
+    needs_chromium,
     open_dashboard,
-    pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
-    service,  # noqa: F401  (the fixture)
 )
-from tests.topology import hgx_h100
+from tests.support.live_service import LiveService
+from tests.support.topology import hgx_h100
+
+# Skipped without Chromium, like the other browser tests.
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 PLACE_GROUP = "mutation P($g: PlaceGroupInput!) { placeGroup(input: $g) { __typename } }"
 ROWS = """
@@ -27,7 +31,7 @@ def role(name: str, replicas: int, per: int) -> dict[str, object]:
 
 
 async def test_a_groups_view_shows_its_members_and_kv_paths(
-    service: LiveService,  # noqa: F811
+    service: LiveService,
 ) -> None:
     register(service, "gpu-01", gpus=hgx_h100(near=False))
     group = {

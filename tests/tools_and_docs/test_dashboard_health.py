@@ -11,19 +11,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chromium import Page, chromium
-from tests.conftest import LiveService
-from tests.reports import H100, L40S, gpus
-from tests.tools_and_docs.test_browser import (
+import pytest
+
+from tests.support.chromium import Page, chromium
+from tests.support.dashboard import (
     SCREENSHOTS,
     XID_79_TAINT,
     assert_nothing_came_from_outside,
     call,
+    needs_chromium,
     open_dashboard,
-    pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
-    service,  # noqa: F401  (the fixture)
 )
+from tests.support.live_service import LiveService
+from tests.support.reports import H100, L40S, gpus
+
+# Skipped without Chromium, like the other browser tests.
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 LABELS = [{"key": "profile", "value": "hgx-h100"}]
 PROFILE = "mutation P($p: HardwareProfileInput!) { setHardwareProfile(input: $p) { name } }"
@@ -64,7 +68,7 @@ async def marks_until(page: Page, check: str, what: str) -> dict[str, Any]:
 
 
 async def test_the_dashboard_marks_taints_drift_and_remediations_as_they_happen(
-    service: LiveService,  # noqa: F811
+    service: LiveService,
 ) -> None:
     call(service, PROFILE, {"p": {"name": "hgx-h100", "selector": LABELS[0], "gpuCount": 8}})
     register(service, "gpu-01", **report("gpu-01"))

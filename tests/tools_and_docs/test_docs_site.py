@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
 
 
+@pytest.mark.process
 @pytest.mark.skipif(
     MKDOCS is None, reason="mkdocs-material is in the dev extras: pip install -e .[dev]"
 )

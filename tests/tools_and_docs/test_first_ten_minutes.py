@@ -19,19 +19,14 @@ from typing import Any
 
 import pytest
 
-from dev import installed_from
 from service.cli import build_parser
-from tests.reports import REGISTER, node_input
+from tests.support.dev_venv import REPO, needs_dev_venv
+from tests.support.reports import REGISTER, node_input
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.process
+
 README = (REPO / "README.md").read_text()
 DOCS = "\n".join(page.read_text() for page in sorted((REPO / "docs").rglob("*.md")))
-STAMP = REPO / ".venv" / ".installed-pyproject"
-
-needs_dev_venv = pytest.mark.skipif(
-    not STAMP.exists() or STAMP.read_text() != installed_from(),
-    reason="dev.py would (re)install .venv first: run `python3 dev.py install`",
-)
 
 
 def dev(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,42 +17,20 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.tools_and_docs.test_first_ten_minutes import needs_dev_venv
+from tests.support.dev_venv import needs_dev_venv
+from tests.support.readme import Block, blocks
+
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 SHOWN_URL = "http://127.0.0.1:8080"
-NOT_RUN = "<!-- walkthrough: not run"
-
-
-@dataclass
-class Block:
-    lang: str
-    body: str
-    not_run: bool
-
-
-def blocks(text: str) -> list[Block]:
-    found: list[Block] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        opening = re.match(r"^```(\w*)$", lines[i])
-        if opening is None:
-            i += 1
-            continue
-        end = lines.index("```", i + 1)
-        marked = i > 0 and lines[i - 1].startswith(NOT_RUN)
-        found.append(Block(opening.group(1), "\n".join(lines[i + 1 : end]), marked))
-        i = end + 1
-    return found
 
 
 def commands(block: Block) -> list[str]:

@@ -13,10 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from service import demo_cluster
 from service.ctl.client import Client
-from tests.conftest import LiveService
-from tests.tools_and_docs.test_readme_walkthrough import blocks
+from tests.support.live_service import LiveService
+from tests.support.readme import blocks
+
+pytestmark = pytest.mark.process
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "scheduler" / "client.md"

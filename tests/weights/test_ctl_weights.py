@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.conftest import LiveService
-from tests.reports import GB, PLACE, node_input, placement
-from tests.tools_and_docs.test_ctl import ctl, register
+from tests.support.ctl import ctl, register
+from tests.support.live_service import LiveService
+from tests.support.reports import GB, PLACE, node_input, placement
 
 LLAMA = "/models/llama-70b"
 

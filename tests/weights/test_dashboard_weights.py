@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from tests.chromium import chromium
-from tests.conftest import LiveService
-from tests.reports import GB, PLACE, placement
-from tests.tools_and_docs.test_browser import (
+import pytest
+
+from tests.support.chromium import chromium
+from tests.support.dashboard import (
     SCREENSHOTS,
     call,
+    needs_chromium,
     open_dashboard,
-    pytestmark,  # noqa: F401  (skipped without Chromium, like the other browser tests)
     register,
-    service,  # noqa: F401  (the fixture)
 )
+from tests.support.live_service import LiveService
+from tests.support.reports import GB, PLACE, placement
+
+# Skipped without Chromium, like the other browser tests.
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 WEIGHTS_VIEW = """
 [...document.querySelectorAll('#node-weights tbody tr')].map(tr =>
@@ -21,7 +25,7 @@ WEIGHTS_VIEW = """
 
 
 async def test_the_node_view_lists_weights_with_state_progress_and_pins(
-    service: LiveService,  # noqa: F811
+    service: LiveService,
 ) -> None:
     register(
         service,

@@ -15,8 +15,17 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.scheduling import place_batches
-from tests.conftest import Api
-from tests.reports import ALLOCATE, EXPLAIN, GB, PLACE, REGISTER, allocation, node_input, placement
+from tests.support.api import Api
+from tests.support.placing import place
+from tests.support.reports import (
+    ALLOCATE,
+    EXPLAIN,
+    GB,
+    REGISTER,
+    allocation,
+    node_input,
+    placement,
+)
 
 LLAMA = "/models/llama-70b"
 DIGEST = "sha256:" + "ab" * 32
@@ -51,11 +60,6 @@ async def report(api: Api, node_id: str, *entries: dict[str, Any], **fields: Any
 async def shown(api: Api, node_id: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = (await api(WEIGHTS, {"id": node_id}))["node"]["weights"]
     return found
-
-
-async def place(api: Api, replica_id: str, **fields: Any) -> dict[str, Any]:
-    result: dict[str, Any] = (await api(PLACE, placement(replica_id, **fields)))["place"]
-    return result
 
 
 def nodes_of(result: dict[str, Any]) -> list[str]:

@@ -6,8 +6,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.scheduling.weights_lifecycle import is_ready, rank, weights_rank, weights_ready
-from tests.conftest import Api
-from tests.reports import REGISTER, node_input
+from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 STATES = [None, "DOWNLOADING", "READY", "EVICTING", "FAILED"]
 

@@ -13,7 +13,7 @@ fragments (`... on Allocated { ... }`, `... on PlaceResult { ... }` or none)
 the plain fields of its members and of the objects they hold (Allocation,
 PlacementVerdict). Directives, named fragments, and fields with a resolver or
 arguments are not compiled: graphql-core answers those documents. The
-documents schedulers send (benchmarks/allocation.py, tests/reports.py, the
+documents schedulers send (benchmarks/allocation.py, tests/support/reports.py, the
 README's examples) are all of this shape.
 
 How it stays exact: the variables are coerced by the plan the graphql_core

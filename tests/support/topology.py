@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.reports import H100, gpus
+from tests.support.reports import H100, gpus
 
 GB200 = {"name": "NVIDIA GB200", "memoryMb": 189471, "gpuClass": "GB200"}
 L40S = {"name": "NVIDIA L40S", "memoryMb": 46068}

@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.support import REPO
+from tests.support.live_service import free_port
 
 HOW_TO_RUN = (
     "run it as root with docker.io and docker-compose installed and dockerd running "

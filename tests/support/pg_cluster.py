@@ -206,7 +206,7 @@ class StandbyPair:
 @contextlib.contextmanager
 def running_pair() -> Iterator[StandbyPair]:
     """A started pair on free ports, stopped and removed afterwards."""
-    from tests.conftest import free_port
+    from tests.support.live_service import free_port
 
     cluster = StandbyPair(free_port(), free_port())
     try:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "service"
 
 # Sources a rule could be written in: the service's Python, and the

@@ -1,0 +1,169 @@
+"""Throwaway databases on the test server: one migrated template, cloned per test worker.
+
+Migrating a database runs every Alembic revision (seconds); `CREATE DATABASE x
+TEMPLATE t` copies the migrated files (a fraction of a second). So a test run
+migrates once, into a template, and each test worker (pytest-xdist's, or the
+one process without it) clones its own database from it. Under xdist the
+controlling process starts the server and migrates the template before the
+workers start, and hands both to them in the environment (SERVER_ENV,
+TEMPLATE_ENV), so the workers share one server and one migration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.database.db import libpq_url
+from service.database.migrations import upgrade
+
+# Set by the process that started the server and migrated the template, read
+# by the test workers it starts (tests/conftest.py).
+SERVER_ENV = "LLMGW_TEST_SERVER_URL"
+TEMPLATE_ENV = "LLMGW_TEST_TEMPLATE"
+
+# The embedded server is the tests' own, thrown away after the run: nothing in
+# it must survive a crash of the machine, so it does not wait for the disk.
+# (Tests of durability start servers of their own: own_postgres, pg_cluster.py.)
+THROWAWAY_SETTINGS = {"fsync": "off", "full_page_writes": "off"}
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(libpq_url(url))
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+def database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
+async def _on_server(server: str, *statements: str) -> None:
+    conn = await asyncpg.connect(server)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+def create_database(server: str, prefix: str = "llmgw_test", template: str | None = None) -> str:
+    """A new database on `server` (empty, or a copy of `template`); its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
+    asyncio.run(_on_server(server, f'CREATE DATABASE "{name}"{copy}'))
+    return with_database(server, name)
+
+
+def drop_database(server: str, url: str) -> None:
+    name = database_name(url)
+    asyncio.run(
+        _on_server(
+            server,
+            # A template refuses DROP until it is a plain database again (and a
+            # database that was never made, e.g. a copy a failed test did not
+            # take, is no error: DROP ... IF EXISTS says the same).
+            f"DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_database WHERE datname = '{name}') THEN"
+            f" EXECUTE 'ALTER DATABASE \"{name}\" WITH IS_TEMPLATE false'; END IF; END $$",
+            f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+        )
+    )
+
+
+def seal_template(server: str, url: str) -> str:
+    """Make the database at `url` a template nobody connects to; its name.
+
+    CREATE DATABASE ... TEMPLATE refuses while anyone is connected to the
+    template ("source database is being accessed by other users"): a fixture
+    that left one connection open would fail every later clone, so none may open.
+    """
+    name = database_name(url)
+    asyncio.run(
+        _on_server(server, f'ALTER DATABASE "{name}" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false')
+    )
+    return name
+
+
+def migrated_template(server: str) -> str:
+    """A database at the latest migration, sealed as a template; its name."""
+    url = create_database(server, prefix="llmgw_template")
+    upgrade(url)
+    return seal_template(server, url)
+
+
+def drop_template(server: str, name: str) -> None:
+    drop_database(server, with_database(server, name))
+
+
+@contextlib.contextmanager
+def embedded_server() -> Iterator[str]:
+    """An embedded PostgreSQL of this run's own (THROWAWAY_SETTINGS); its libpq URL."""
+    from service.database.embedded import EmbeddedPostgres
+
+    # Under /tmp: the server runs as an unprivileged user that must be able
+    # to traverse every parent of its data directory.
+    root = Path(tempfile.mkdtemp(prefix="llmgw-test-pg-", dir="/tmp"))
+    root.chmod(0o755)
+    server = EmbeddedPostgres(root / "data")
+    try:
+        url = libpq_url(server.url)
+        asyncio.run(
+            _on_server(
+                url,
+                *(f"ALTER SYSTEM SET {k} = '{v}'" for k, v in THROWAWAY_SETTINGS.items()),
+                "SELECT pg_reload_conf()",
+            )
+        )
+        yield url
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# Every table of the schema but Alembic's own: a table a migration adds is
+# emptied between tests without anyone listing it here.
+SCHEMA_TABLES = (
+    "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')"
+    " AND c.relname <> 'alembic_version' ORDER BY 1"
+)
+USED_SEQUENCES = (
+    "SELECT quote_ident(sequencename) FROM pg_sequences"
+    " WHERE schemaname = current_schema() AND last_value IS NOT NULL"
+)
+
+
+# Per database: the statement naming the tables that hold rows (dirty_tables).
+_dirty: dict[str, str] = {}
+
+
+async def dirty_tables(conn: AsyncConnection) -> list[str]:
+    """The tables that hold rows. TRUNCATE of an empty table still replaces its files
+    and its indexes', and most tests write to a few of the schema's tables."""
+    database = str(conn.engine.url)
+    if database not in _dirty:
+        tables = [r[0] for r in await conn.exec_driver_sql(SCHEMA_TABLES)]
+        checks = ", ".join(
+            f'CASE WHEN EXISTS (SELECT 1 FROM "{t}") THEN \'"{t}"\' END' for t in tables
+        )
+        _dirty[database] = f"SELECT array_remove(ARRAY[{checks}]::text[], NULL)"
+    found: list[str] = (await conn.exec_driver_sql(_dirty[database])).scalar_one()
+    return found
+
+
+async def empty(conn: AsyncConnection) -> None:
+    """Every table of the database empty, its sequences restarted: a test's clean inventory."""
+    tables = await dirty_tables(conn)
+    if tables:
+        await conn.exec_driver_sql(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+    # A sequence advanced by rows deleted since (or by a rolled-back insert).
+    for (sequence,) in await conn.exec_driver_sql(USED_SEQUENCES):
+        await conn.exec_driver_sql(f"ALTER SEQUENCE {sequence} RESTART")
