@@ -26,6 +26,7 @@ import httpx
 import pytest
 import websockets
 
+from service.bounds import MAX_EVENT_KINDS
 from tests.support import REPO
 from tests.support.live_service import free_port
 
@@ -96,6 +97,31 @@ async def closed_with(socket: Any) -> tuple[int, str]:
     frame = closed.value.rcvd
     assert frame is not None
     return frame.code, frame.reason
+
+
+async def test_a_subscription_filtering_on_more_kinds_than_its_bound_is_refused_before_it_runs(
+    service: LoggedService,
+) -> None:
+    over = MAX_EVENT_KINDS + 1
+    variable = {
+        "query": "subscription($k: [String!]) { events(kinds: $k) { id } }",
+        "variables": {"k": ["cordoned"] * over},
+    }
+    written = ", ".join(['"cordoned"'] * over)
+    literal = {"query": f"subscription {{ events(kinds: [{written}]) {{ id }} }}"}
+    socket = await connect(service)
+    try:
+        for n, payload in enumerate((variable, literal)):
+            await socket.send(json.dumps({"type": "subscribe", "id": f"b{n}", "payload": payload}))
+            answer = await receive(socket)
+            assert answer["type"] == "error", answer
+            [error] = answer["payload"]
+            assert error["extensions"] == {"code": "BAD_INPUT", "field": "kinds",
+                                           "value": f"{over} entries", "length": over,
+                                           "bound": MAX_EVENT_KINDS}  # fmt: skip
+            assert "path" not in error, "refused before the subscription ran"
+    finally:
+        await socket.close()
 
 
 @pytest.mark.parametrize(
