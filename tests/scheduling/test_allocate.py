@@ -309,7 +309,7 @@ async def test_bad_requests_are_refused_as_invalid_and_write_nothing(
 async def test_an_id_that_cannot_be_stored_is_bad_input_naming_it_and_writes_nothing(
     api: Api, engine: AsyncEngine, shard_id: str, problem: str
 ) -> None:
-    """Refused where every String and ID is (service/graphql/text_inputs.py), before the
+    """Refused where every String and ID is (service/graphql/input_values.py), before the
     allocation's own checks: a GraphQL error naming the field, not an AllocationRejected."""
     await register(api, "gpu-07")
     # Sent as JSON escapes ("\\ud800"), as a client's JSON library writes them.
