@@ -239,12 +239,23 @@ async def engine(database_url: str, settings: Settings) -> AsyncIterator[AsyncEn
 
 @pytest.fixture(autouse=True)
 async def empty_tables(request: pytest.FixtureRequest) -> None:
-    """Every test that touches the database starts from an empty inventory, ids from 1."""
-    if "engine" not in request.fixturenames:
-        return
-    engine: AsyncEngine = request.getfixturevalue("engine")
-    async with engine.begin() as conn:
-        await empty(conn)
+    """Every test that touches the database starts from an empty inventory, ids from 1:
+    through the engine, or through its URL alone (a `serve` process the test starts).
+    Without the second, a token an earlier test left turned auth on for such a service,
+    and it answered 401 (tests/operations/test_logs.py after tests/access_control)."""
+    if "engine" in request.fixturenames:
+        engine: AsyncEngine = request.getfixturevalue("engine")
+        async with engine.begin() as conn:
+            await empty(conn)
+    elif "database_url" in request.fixturenames:
+        # Not the session engine: an async session fixture cannot be started
+        # from here when no test before asked for it. One of its own, closed after.
+        own = create_engine(request.getfixturevalue("database_url"), Settings())
+        try:
+            async with own.begin() as conn:
+                await empty(conn)
+        finally:
+            await dispose(own)
 
 
 @pytest.fixture

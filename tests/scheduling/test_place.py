@@ -300,7 +300,7 @@ async def test_bad_place_requests_are_refused_and_write_nothing(api: Api) -> Non
         assert failed["extensions"]["code"] == "BAD_INPUT"
         assert failed["message"] == message
     # Text that cannot be stored is refused where every String is, before place's own
-    # checks: BAD_INPUT naming the field (service/graphql/text_inputs.py).
+    # checks: BAD_INPUT naming the field (service/graphql/input_values.py).
     for query in (PLACE, EXPLAIN):
         failed = await api.fails(query, placement("r1", gpusPerShard=1, weights="/m\x00"))
         assert failed["extensions"]["code"] == "BAD_INPUT"

@@ -19,7 +19,8 @@ answers), with these reasons:
 | document_not_valid | parse or validation errors: Strawberry's words |
 | operation_not_found | no operation of that name, or several and no name (GraphQL's error, checked_documents.py) |
 | subscription | a subscription (only Strawberry's view streams) |
-| text_not_storable | a String or ID variable breaks the rule of text that can be stored, or an ID its bound (text_inputs.py): Strawberry's view refuses it, from the same check |
+| text_not_storable | a String or ID variable breaks the rule of text that can be stored, or an ID its bound (input_values.py): Strawberry's view refuses it, from the same check |
+| list_too_long | a list in the variables is longer than its bound (list_bounds.py), read before any entry is: Strawberry's view refuses it, from the same check, before coercing anything |
 
 Every other request is a prepared document's query or mutation (documents.py:
 parsed and validated once, by the schema's own rules and limits). Its
@@ -90,13 +91,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.access_control.auth import Principal
 from service.config import Settings
 from service.database import request_state
-from service.errors import InventoryError
+from service.errors import InventoryError, TooManyEntries
 from service.graphql.context import Context
+from service.graphql.input_values import InputCheck
 from service.graphql.masking import INTERNAL_ERROR, expected_outcome, log_expected_outcome
 from service.graphql.permissions import ROOT_FIELD_ROLES, Roles, check_role
 from service.graphql.private_api import core_schema
 from service.graphql.read_routes import allows_stale_reads
-from service.graphql.text_inputs import InputCheck
 from service.metrics import count_fast_path
 
 from .compiled_heartbeat import compile_heartbeat
@@ -193,7 +194,7 @@ class Plan:
     """An operation's route (if one compiled it), graphql_core after it, whether its reads
     may go to a read replica (read_routes.allows_stale_reads: the verdict Strawberry's view's
     ReadRouting extension gives the same operation), and the check of its String and ID
-    variables (text_inputs.InputCheck, None when it has none)."""
+    variables' texts and lists (input_values.InputCheck, None when it has none)."""
 
     __slots__ = ("direct", "first", "inputs", "stale_reads")
 
@@ -331,9 +332,11 @@ class FrontDoor:
         if plan is None:
             operation = prepared.operation(operation_name)
             return _declined("operation_not_found" if operation is None else "subscription")
-        if plan.inputs is not None and plan.inputs.refusal(variables) is not None:
+        refused = None if plan.inputs is None else plan.inputs.refusal(variables)
+        if refused is not None:
             # Strawberry's view words the refusal (checked_documents.py), from the same check.
-            return _declined("text_not_storable")
+            too_long = isinstance(refused.original_error, TooManyEntries)
+            return _declined("list_too_long" if too_long else "text_not_storable")
         state = request_state.current()
         if state is not None:
             state.replica_allowed = plan.stale_reads

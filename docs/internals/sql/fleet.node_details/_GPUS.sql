@@ -63,7 +63,9 @@ SELECT
               'actor',
               x.actor,
               'since',
-              x.since
+              x.since,
+              'gpu',
+              x.gpu_index
             ) ORDER BY x.cordon DESC, x.key
           )
         FROM (
@@ -75,7 +77,8 @@ SELECT
             'OPERATOR',
             g.cordon_reason,
             g.cordon_actor,
-            COALESCE(g.cordon_since, CURRENT_TIMESTAMP)
+            COALESCE(g.cordon_since, CURRENT_TIMESTAMP),
+            g.idx
           WHERE
             g.cordon_reason IS NOT NULL
           UNION ALL
@@ -87,11 +90,12 @@ SELECT
             t.source,
             t.reason,
             t.actor,
-            t.since
+            t.since,
+            t.gpu_index
           FROM taints AS t
           WHERE
             t.node_id = g.node_id AND t.gpu_index = g.idx
-        ) AS x(cordon, key, value, effect, source, reason, actor, since)
+        ) AS x(cordon, key, value, effect, source, reason, actor, since, gpu_index)
       )
     END
   ) AS taints,
