@@ -2,7 +2,9 @@
 
 Bounds that no real node or replica comes near; they keep one broken or
 hostile agent or scheduler from writing a report or a request that bloats
-every scheduler query or makes a statement of unbounded size. The checks in
+every scheduler query or makes a statement of unbounded size. Every list a
+GraphQL request passes in is bounded by one of them before its values are
+coerced (service/graphql/list_bounds.py names which). The checks in
 Python (service/fleet/reports.py, service/scheduling/allocations/requests.py,
 service/scheduling/placement/plan.py, service/access_control/tokens.py) and
 the database's CHECKs (service/tables.py, id_length_check) read them here,
@@ -46,6 +48,12 @@ MAX_TOLERATION_SECONDS = 86_400 * 365
 # A validation's output kept with its result (service/fleet/health/validations.py):
 # enough to read why it failed; an agent sends the end of a longer one.
 MAX_VALIDATION_DETAILS = 16_384
+# Nodes a `fit` may count as gone (excludeNodes): a drain plan of the whole
+# fleet the benchmarks model (10,000 nodes) still fits.
+MAX_EXCLUDED_NODES = 10_000
+# Kinds one events filter names: above the kinds the service writes
+# (service/event_log/events.py EVENT_KINDS), each named once.
+MAX_EVENT_KINDS = 64
 
 # A replica is at most this many shards: far above any real tensor/pipeline
 # split, low enough that one request cannot make a statement of unbounded size.

@@ -79,6 +79,19 @@ class InvalidInput(InventoryError):
         return {"code": self.code, "field": self.field, "value": value}
 
 
+class TooManyEntries(InvalidInput):
+    """A list longer than its bound (service/bounds.py): the length and the bound, never the list."""
+
+    def __init__(self, field: str, length: int, bound: int) -> None:
+        super().__init__(field, f"{length:,} entries", f"at most {bound:,} are accepted")
+        self.length = length
+        self.bound = bound
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        return {**super().extensions, "length": self.length, "bound": self.bound}
+
+
 class NodeNotFound(InventoryError):
     """The node id is not registered; an agent that sees this re-registers."""
 

@@ -9,7 +9,7 @@ mutations), a NUL a BAD_INPUT that named no field.
 
 The GraphQL layer applies the rule at the input boundary, to every String
 and ID argument and input field, literal or variable, on both routes
-(service/graphql/text_inputs.py), so a domain function is never handed such
+(service/graphql/input_values.py), so a domain function is never handed such
 a value; domain checks of the same thing call `storable` rather than
 writing the rule again. An id is bounded too, as a node id is
 (bounds.MAX_ID_LENGTH): an id longer than any stored one can name nothing.

@@ -31,7 +31,7 @@ from service.bounds import (
     MAX_WEIGHTS,
     MAX_XIDS,
 )
-from service.errors import InvalidInput
+from service.errors import InvalidInput, TooManyEntries
 from service.fleet import observed_at
 from service.fleet.gpu_class import derive_gpu_class
 from service.fleet.health.policy import RECOVERY_ACTIONS
@@ -276,7 +276,7 @@ def _check_path(field_name: str, value: str) -> None:
 
 def _check_count(field_name: str, items: tuple[Any, ...], limit: int) -> None:
     if len(items) > limit:
-        raise InvalidInput(field_name, f"{len(items)} entries", f"at most {limit} are accepted")
+        raise TooManyEntries(field_name, len(items), limit)
 
 
 def _check_range(field_name: str, value: int, low: int, high: int) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 import strawberry
 
 from service.errors import InventoryError
-from service.scheduling import rejections, verdicts
+from service.scheduling import place_request, rejections, verdicts
 from service.scheduling.allocations import Allocated as AllocatedRecord
 from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.scheduling.placement import Explanation
@@ -191,9 +191,9 @@ class PlaceInput:
         description="Whether replicas may be stopped to make room (see PreemptionPolicy).",
     )
 
-    def to_request(self) -> verdicts.PlaceRequest:
+    def to_request(self) -> place_request.PlaceRequest:
         """The request as named; its tenant bound to the caller by the resolver (charges.bind)."""
-        return verdicts.PlaceRequest(
+        return place_request.PlaceRequest(
             replica_id=str(self.replica_id),
             gpu_class=self.gpu_class,
             shards=self.shards,

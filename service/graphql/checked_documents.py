@@ -29,8 +29,10 @@ document one route checked is not checked again by the other.
 - One operation: a document of several operations and no operationName is
   refused, as the GraphQL specification requires (issue 44: Strawberry ran
   the first one, `mutation A {...} mutation B {...}` cordoned a node).
-- Its values: String and ID variables must be text that can be stored
-  (text_inputs.py); literals are checked by validation, cached with it.
+- Its values: String and ID variables must be text that can be stored, and
+  lists no longer than their bounds, checked on the raw values before
+  graphql-core coerces them (input_values.py); literals are checked by
+  validation, cached with it.
 
 A refusal before execution is answered as Strawberry answers a validation
 error (a PreExecutionError: nothing runs), also on streaming transports
@@ -67,9 +69,9 @@ from graphql import (
 from strawberry.extensions import SchemaExtension
 
 from .document_cost import FIRST_RULES
+from .input_values import InputCheck, compile_input_check, located_surrogate
 from .private_api import core_schema, provided_operation_name, validate_document
 from .request_errors import BAD_REQUEST
-from .text_inputs import InputCheck, compile_input_check, located_surrogate
 
 T = TypeVar("T")
 
@@ -92,8 +94,8 @@ class Checked:
     document: DocumentNode | None
     errors: list[GraphQLError]
     operations: dict[str | None, OperationDefinitionNode] = field(default_factory=dict)
-    # Per operation name, its variables' check (text_inputs.InputCheck; None:
-    # no variable can hold a String or an ID), made on first use.
+    # Per operation name, its variables' check (input_values.InputCheck; None:
+    # no variable can hold a text or a list), made on first use.
     input_checks: dict[str | None, InputCheck | None] = field(default_factory=dict)
 
     def operation(self, name: str | None) -> OperationDefinitionNode | None:

@@ -128,9 +128,18 @@ class Remediation:
     state: remediations.RemediationState
     scope: str = strawberry.field(description="GPU, NVLINK_GROUP or NODE: what its taint covers.")
     cause: str
-    trigger: str = strawberry.field(description="e.g. xid-79: also the key of its taint.")
+    trigger: str = strawberry.field(
+        description=(
+            "The fault that opened it, e.g. xid-79 (also the key of that fault's taint); "
+            "faults that joined it later are not named here."
+        )
+    )
     taint_key: str | None = strawberry.field(
-        description="The taint it holds until DONE; null: none (no effect, or SUPPRESSED)."
+        description=(
+            "The first taint it holds; null: none (no effect, or SUPPRESSED). DONE lifts all "
+            "its faults' taints, but a taint on the node another open remediation's fault "
+            "also put."
+        )
     )
     attempts: int = strawberry.field(description="Validations recorded against it.")
     failures: int = strawberry.field(description="Of those, how many failed.")

@@ -8,7 +8,7 @@ raised as one, or a bug:
 - a statement PostgreSQL cancelled at its statement_timeout, as a loaded
   server does (code REQUEST_TIMEOUT, the time limit's: retry shortly);
 - a text PostgreSQL cannot store (BAD_INPUT; the input boundary refuses such
-  texts first, service/graphql/text_inputs.py);
+  texts first, service/graphql/input_values.py);
 
 each answered with its code and one log line for the request, no traceback
 (`expected_outcome`, `log_expected`). Anything else is a bug: logged with

@@ -15,6 +15,7 @@ from strawberry.tools import merge_types
 from .checked_documents import DocumentChecks
 from .document_cost import MAX_ALIASES, MAX_FIELDS, MAX_QUERY_DEPTH, MAX_TOKENS, DocumentCost
 from .fencing_types import FencingMutations
+from .input_values import CheckedLiterals
 from .masking import MaskUnexpected, log_expected
 from .operations.allocation_mutations import AllocationMutations
 from .operations.event_queries import EventQueries
@@ -33,7 +34,6 @@ from .permissions import guard_root_fields
 from .read_routes import ReadRouting
 from .request_errors import CodeValidationErrors
 from .scalars import BYTES_SCALAR, DATETIME_SCALAR, Bytes
-from .text_inputs import StorableLiterals
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,10 @@ for _name, _root in ROOT_TYPES.items():
 
 # The document's bounds (document_cost.py: depth, aliases and fields after
 # spreading, each fragment measured once; the token limit bounds the parse)
-# and the rule of text that can be stored, for every String and ID literal
-# (text_inputs.py). One tuple, made once: a document's validation is cached
+# and, for every literal, the rules of text that can be stored and of list
+# bounds (input_values.py). One tuple, made once: a document's validation is cached
 # per text and rules (checked_documents.py).
-LIMIT_RULES = (DocumentCost, StorableLiterals)
+LIMIT_RULES = (DocumentCost, CheckedLiterals)
 __all__ = ["LIMIT_RULES", "MAX_ALIASES", "MAX_FIELDS", "MAX_QUERY_DEPTH", "MAX_TOKENS", "schema"]
 
 

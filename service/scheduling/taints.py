@@ -292,7 +292,8 @@ def taint_json(t: str) -> str:
 
     Its columns by name, and `gpu`, the GPU's index (null: on the node).
     Read back whole by service/fleet/health/taint_rows.taint_of (with
-    `gpu`), or as far as a verdict needs by verdicts.WithholdingTaint.of.
+    `gpu`; a GPU's own taints too, listed by taint_rows.gpu_taints_json), or
+    as far as a verdict needs by verdicts.WithholdingTaint.of.
     """
     return (
         f"json_build_object('key', {t}.key, 'value', {t}.value, 'effect', {t}.effect,"

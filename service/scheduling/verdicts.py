@@ -13,9 +13,9 @@ from typing import Any
 from service.node_states import state_phrase
 from service.scheduling.availability import is_schedulable
 from service.scheduling.freshness import is_fresh, stale_detail
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.rejections import index_ranges, shown
-from service.scheduling.taints import TaintEffect, Toleration, label
-from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
+from service.scheduling.taints import TaintEffect, label
 from service.scheduling.weights_lifecycle import is_ready, rank, readiness_phrase
 
 
@@ -43,47 +43,6 @@ class VerdictCode(Enum):
     # (service/scheduling/tenancy/): what place, fit and explainPlacement say
     # of the nodes that would fit otherwise.
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
-
-
-@dataclass(frozen=True)
-class PlaceRequest:
-    replica_id: str
-    gpu_class: str
-    gpus_per_shard: int
-    shards: int = 1
-    fabric: str | None = None
-    weights: str | None = None
-    min_local_disk_free: int | None = None
-    label: tuple[str, str] | None = None
-    nvlink_shards: bool = False
-    same_nvlink_domain: bool = False
-    rail_aligned: bool = False
-    # Seconds: only nodes whose GPU facts are at most this old (None: any age).
-    max_age: int | None = None
-    # Only nodes whose copy of `weights` is READY.
-    weights_ready: bool = False
-    # The taints the request tolerates (service/scheduling/taints.py): every
-    # reader that takes a request (place, allocate, fit, explainPlacement)
-    # offers it the same GPUs (availability.gpu_offered, PoolOffer).
-    tolerations: tuple[Toleration, ...] = ()
-    # Who the replica is charged to (service/scheduling/tenancy/): the claim
-    # checks the tenant's limit; fit and explainPlacement count within it.
-    charge: Charge = UNNAMED
-    # LOWER_PRIORITY: a place that does not fit on free GPUs may stop replicas
-    # of lower priority, and reclaim what other tenants borrowed.
-    preemption: PreemptionPolicy = PreemptionPolicy.NEVER
-
-    @property
-    def gpus(self) -> int:
-        return self.shards * self.gpus_per_shard
-
-    @property
-    def tolerating(self) -> bool:
-        return bool(self.tolerations)
-
-    @property
-    def needs_topology(self) -> bool:
-        return self.nvlink_shards or self.same_nvlink_domain or self.rail_aligned
 
 
 @dataclass(frozen=True)

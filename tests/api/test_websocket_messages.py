@@ -25,10 +25,9 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.bounds import MAX_EVENT_KINDS
 from tests.support import REPO
-from tests.support.databases import empty
 from tests.support.live_service import free_port
 
 pytestmark = pytest.mark.process
@@ -47,16 +46,7 @@ class LoggedService:
 
 
 @pytest.fixture(scope="module")
-async def no_tokens(engine: AsyncEngine) -> None:
-    """An empty inventory: no token left in force by an earlier test."""
-    async with engine.begin() as conn:
-        await empty(conn)
-
-
-@pytest.fixture(scope="module")
-def service(
-    database_url: str, no_tokens: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LoggedService]:
+def service(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoggedService]:
     """One `serve` process for the module (each start costs seconds), its log in a file."""
     port = free_port()
     log = tmp_path_factory.mktemp("ws") / "service.log"
@@ -107,6 +97,31 @@ async def closed_with(socket: Any) -> tuple[int, str]:
     frame = closed.value.rcvd
     assert frame is not None
     return frame.code, frame.reason
+
+
+async def test_a_subscription_filtering_on_more_kinds_than_its_bound_is_refused_before_it_runs(
+    service: LoggedService,
+) -> None:
+    over = MAX_EVENT_KINDS + 1
+    variable = {
+        "query": "subscription($k: [String!]) { events(kinds: $k) { id } }",
+        "variables": {"k": ["cordoned"] * over},
+    }
+    written = ", ".join(['"cordoned"'] * over)
+    literal = {"query": f"subscription {{ events(kinds: [{written}]) {{ id }} }}"}
+    socket = await connect(service)
+    try:
+        for n, payload in enumerate((variable, literal)):
+            await socket.send(json.dumps({"type": "subscribe", "id": f"b{n}", "payload": payload}))
+            answer = await receive(socket)
+            assert answer["type"] == "error", answer
+            [error] = answer["payload"]
+            assert error["extensions"] == {"code": "BAD_INPUT", "field": "kinds",
+                                           "value": f"{over} entries", "length": over,
+                                           "bound": MAX_EVENT_KINDS}  # fmt: skip
+            assert "path" not in error, "refused before the subscription ran"
+    finally:
+        await socket.close()
 
 
 @pytest.mark.parametrize(

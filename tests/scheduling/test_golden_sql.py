@@ -14,8 +14,9 @@ here with the command that writes them again:
     .venv/bin/python -m tests.scheduling.test_golden_sql --write
 
 Each statement is also planned (EXPLAIN, every parameter NULL) against the
-migrated schema, so a column renamed in a migration but not in a statement
-fails here, whichever shape it hides in.
+migrated schema (and the backup machinery's report table, deploy/backup/status.sql),
+so a column renamed in a migration but not in a statement fails here, whichever
+shape it hides in.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from service.scheduling import capacity
 from service.scheduling.allocations import records
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups import reads as group_reads
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import claims, fit, statements
 from service.scheduling.topology_fit import TOLERATING
-from service.scheduling.verdicts import PlaceRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "docs" / "internals" / "sql"
@@ -295,9 +296,22 @@ def test_the_grid_covers_every_option_of_a_request() -> None:
     assert unset == {"replica_id", "gpu_class", "gpus_per_shard", "charge", "preemption"}, unset
 
 
+# Schemas of the service's statements that no migration owns, made by another
+# program the deployment runs (the backup schedule's report, service/backup_status.py):
+# made here inside the test's transaction, so its statements are planned against them too.
+OTHER_SCHEMAS = (ROOT / "deploy" / "backup" / "status.sql",)
+
+
 async def test_every_statement_plans_against_the_migrated_schema(engine: AsyncEngine) -> None:
     failed = []
     async with engine.connect() as conn:
+        outer = await conn.begin()
+        await conn.execute(text("SELECT 1"))  # the transaction begun on the server
+        raw = (await conn.get_raw_connection()).driver_connection
+        assert raw is not None
+        for schema in OTHER_SCHEMAS:
+            # Several statements: asyncpg's simple protocol, in the same transaction.
+            await raw.execute(schema.read_text())
         for statement in every_statement():
             clause = text(statement.sql)
             nulls = dict.fromkeys(clause._bindparams)
@@ -308,6 +322,7 @@ async def test_every_statement_plans_against_the_migrated_schema(engine: AsyncEn
                 failed.append(f"{statement.path}: {str(error).splitlines()[0]}")
             finally:
                 await savepoint.rollback()
+        await outer.rollback()
     assert not failed, "\n".join(failed)
 
 

@@ -14,8 +14,8 @@ from service.event_log.events import collecting_recorded
 from service.fleet.liveness import sweep
 from service.scheduling import placement as placement_module
 from service.scheduling.allocations import Allocated
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import statements as placement_statements
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.api import Api
 from tests.support.placing import hold, place, register, statements_sent
 from tests.support.reports import (
@@ -300,7 +300,7 @@ async def test_bad_place_requests_are_refused_and_write_nothing(api: Api) -> Non
         assert failed["extensions"]["code"] == "BAD_INPUT"
         assert failed["message"] == message
     # Text that cannot be stored is refused where every String is, before place's own
-    # checks: BAD_INPUT naming the field (service/graphql/text_inputs.py).
+    # checks: BAD_INPUT naming the field (service/graphql/input_values.py).
     for query in (PLACE, EXPLAIN):
         failed = await api.fails(query, placement("r1", gpusPerShard=1, weights="/m\x00"))
         assert failed["extensions"]["code"] == "BAD_INPUT"

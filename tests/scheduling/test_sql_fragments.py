@@ -42,11 +42,7 @@ FACT_FRAGMENTS = {
 
 # Lines that match but define none of these: (file, text on the line) -> why.
 NOT_DEFINITIONS = {
-    ("service/fleet/health/taint_rows.py", "'source', x.source, 'reason', x.reason"): (
-        "a GPU's own taints with its cordon, as a list (TAINT_ROW), read back by taint_of "
-        "as taints.taint_json is; fleet/health's, with the GPU given by the caller"
-    ),
-    ("service/fleet/node_views.py", "n.local_disk_free, n.local_disk_total,"): (
+    ("service/fleet/node_reads.py", "n.local_disk_free, n.local_disk_total,"): (
         "NODE_COLUMNS: a node's record as the API shows it, not the facts placement judges"
     ),
 }

@@ -53,6 +53,7 @@ from service.fleet.health.drift_changes import FindingChange
 from service.fleet.health.policy import DriftKind, current
 from service.fleet.reports import HcaDiscovery
 from service.scheduling.rejections import index_ranges
+from service.stored_text import id_problem
 
 # Profile fields that are counts or sizes, by their GraphQL input name.
 _LIMITS = {
@@ -83,7 +84,7 @@ def check_profile(profile: HardwareProfile) -> None:
         ("input.selector.key", profile.selector[0]),
         ("input.selector.value", profile.selector[1]),
     ):
-        if not value.strip() or len(value) > MAX_ID_LENGTH or "\x00" in value:
+        if not value.strip() or id_problem(value) is not None:
             raise InvalidInput(field, value, f"1 to {MAX_ID_LENGTH} characters, not blank")
     if profile.gpu_class is not None and (
         not profile.gpu_class.strip() or len(profile.gpu_class) > MAX_ID_LENGTH
@@ -322,7 +323,7 @@ _OF_NODES = text(
 
 def drift_sql(n: str, entry: str) -> str:
     """SQL json: `entry` (over drift_findings `d`) for each finding of the node row `n`, as
-    drift_of lists them; [] for none. The compiled page's Node.drift (service/fleet/node_pages.py)."""
+    drift_of lists them; [] for none. The compiled page's Node.drift (service/graphql/fast/json_pages.py)."""
     return (
         f"(SELECT coalesce(json_agg({entry} ORDER BY d.{_ORDER}), '[]')"
         f" FROM drift_findings d WHERE d.node_id = {n}.id)"

@@ -1,7 +1,7 @@
 """Taints as read back: the rows of the taints table, with the operator's cordons shown as taints.
 
 One home for how a stored taint (or a cordon, or a drain) becomes a
-scheduling.taints.Taint, for the GPUs' records (hardware.gpus_of, one JSON
+scheduling.taints.Taint, for the GPUs' records (node_details.gpus_of, one JSON
 column per GPU) and for the nodes' lists (fleet/health/taints.taints_of).
 """
 
@@ -11,7 +11,14 @@ import json
 from datetime import datetime
 from typing import Any
 
-from service.scheduling.taints import CORDON_KEY, DRAIN_KEY, Taint, TaintEffect, TaintSource
+from service.scheduling.taints import (
+    CORDON_KEY,
+    DRAIN_KEY,
+    Taint,
+    TaintEffect,
+    TaintSource,
+    taint_json,
+)
 
 _CORDON = f"'{CORDON_KEY}', NULL, '{TaintEffect.NO_SCHEDULE.value}', '{TaintSource.OPERATOR.value}'"
 
@@ -26,8 +33,9 @@ def gpu_cordoned(g: str) -> str:
     return f"{g}.cordon_reason IS NOT NULL"
 
 
-# The columns of a taint row (TAINT_ROW), as gpu_taints_sql and node_taints_sql name them.
-TAINT_ROW = "x(cordon, key, value, effect, source, reason, actor, since)"
+# The columns of a taint row (TAINT_ROW), as gpu_taints_sql and node_taints_sql name them:
+# the taints table's own (gpu_index null on the node), so that taints.taint_json reads it.
+TAINT_ROW = "x(cordon, key, value, effect, source, reason, actor, since, gpu_index)"
 
 
 def gpu_taints_sql(g: str, entry: str) -> str:
@@ -36,25 +44,23 @@ def gpu_taints_sql(g: str, entry: str) -> str:
 
     The taints table is read only for a GPU whose marks say it has some
     (gpus.withheld, gpus.last_resort): a page of untainted GPUs pays a
-    column test each. Also the compiled page's Gpu.taints (service/fleet/node_pages.py).
+    column test each. Also the compiled page's Gpu.taints (service/graphql/fast/json_pages.py).
     """
     return f"""(CASE WHEN {g}.withheld OR {g}.last_resort OR {gpu_cordoned(g)} THEN (
         SELECT json_agg({entry} ORDER BY x.cordon DESC, x.key)
-        FROM (SELECT true AS cordon, {gpu_cordon_taint(g)} WHERE {gpu_cordoned(g)}
+        FROM (SELECT true AS cordon, {gpu_cordon_taint(g)}, {g}.idx WHERE {gpu_cordoned(g)}
               UNION ALL
-              SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since
+              SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since,
+                     t.gpu_index
               FROM taints t WHERE t.node_id = {g}.node_id AND t.gpu_index = {g}.idx
              ) AS {TAINT_ROW}
     ) END)"""
 
 
 def gpu_taints_json(g: str) -> str:
-    """SQL json: gpu_taints_sql's taints as taint_of reads them (hardware.gpus_of)."""
-    return gpu_taints_sql(
-        g,
-        "json_build_object('key', x.key, 'value', x.value, 'effect', x.effect,"
-        " 'source', x.source, 'reason', x.reason, 'actor', x.actor, 'since', x.since)",
-    )
+    """SQL json: gpu_taints_sql's taints, each in taints.taint_json's one shape, as taint_of
+    reads them (node_details.gpus_of)."""
+    return gpu_taints_sql(g, taint_json("x"))
 
 
 def node_admin_taint(n: str) -> str:
@@ -75,12 +81,13 @@ def node_admin_tainted(n: str) -> str:
 def node_taints_sql(n: str, entry: str) -> str:
     """SQL json: `entry` (over TAINT_ROW) for each of the node row `n`'s own taints (not its
     GPUs'), its cordon or drain included, by key (as fleet/health/taints.taints_of lists them);
-    [] for none. The compiled page's Node.taints (service/fleet/node_pages.py)."""
+    [] for none. The compiled page's Node.taints (service/graphql/fast/json_pages.py)."""
     return f"""(SELECT coalesce(json_agg({entry} ORDER BY x.key), '[]')
-        FROM (SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since
+        FROM (SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since,
+                     t.gpu_index
               FROM taints t WHERE t.node_id = {n}.id AND t.gpu_index IS NULL
               UNION ALL
-              SELECT true, {node_admin_taint(n)} WHERE {node_admin_tainted(n)}
+              SELECT true, {node_admin_taint(n)}, NULL WHERE {node_admin_tainted(n)}
              ) AS {TAINT_ROW})"""
 
 

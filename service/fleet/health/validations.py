@@ -45,6 +45,7 @@ from service.fleet.health.remediations import (
 from service.fleet.health.taints import TaintRequest, lift_taint, put_taint
 from service.scheduling.rejections import index_ranges, shown
 from service.scheduling.taints import TaintEffect, TaintSource
+from service.stored_text import id_problem, storable
 
 # A test's output kept with its result (bounds.py); an agent cuts a longer one.
 MAX_DETAILS = MAX_VALIDATION_DETAILS
@@ -69,7 +70,7 @@ class ValidationRequest:
 
 def _check(result: ValidationResult, gpus: Sequence[int]) -> None:
     """BAD_INPUT naming the field; nothing is stored for a refused result."""
-    if not result.test or len(result.test) > MAX_ID_LENGTH or "\x00" in result.test:
+    if not result.test or id_problem(result.test) is not None:
         raise InvalidInput(
             "input.test", result.test, f"a test name is 1 to {MAX_ID_LENGTH} characters"
         )
@@ -90,7 +91,7 @@ def _check(result: ValidationResult, gpus: Sequence[int]) -> None:
             raise InvalidInput(f"input.gpuIndices[{i}]", index, "listed twice")
         seen.add(index)
     if result.details is not None and (
-        len(result.details) > MAX_DETAILS or "\x00" in result.details
+        len(result.details) > MAX_DETAILS or not storable(result.details)
     ):
         raise InvalidInput(
             "input.details",

@@ -13,8 +13,8 @@ service stays right (Strawberry's view answers) and says why it is slower.
 | --- | --- |
 | MaskUnexpected (masking.py) | direct.py masks the same errors with the same function |
 | MaxTokensLimiter | the parser's token limit (documents.py) |
-| AddValidationRules (the schema's: DocumentCost, StorableLiterals; or any limiter's) | their rules, in order, after graphql-core's (documents.py) |
-| DocumentChecks (checked_documents.py) | documents.py checks through the same cache (off the event loop when long); an operation of several without a name is not planned (declined: operation_not_found); the front door runs the same variables' check (declined: text_not_storable) |
+| AddValidationRules (the schema's: DocumentCost, CheckedLiterals; or any limiter's) | their rules, in order, after graphql-core's (documents.py) |
+| DocumentChecks (checked_documents.py) | documents.py checks through the same cache (off the event loop when long); an operation of several without a name is not planned (declined: operation_not_found); the front door runs the same variables' check (declined: text_not_storable, list_too_long) |
 | ParserCache, ValidationCache | nothing to do: documents.py keeps parsed, validated documents itself |
 | CodeValidationErrors (request_errors.py) | nothing to do: only documents that validated run here; Strawberry's view answers the rest |
 | ReadRouting (read_routes.py) | the front door's plan gives the request the same verdict, from the same function (front_door.py) |

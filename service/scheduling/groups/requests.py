@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any
 
-from service.bounds import MAX_GROUP_REPLICAS, MAX_GROUP_ROLES, MAX_ID_LENGTH
+from service.bounds import MAX_GROUP_REPLICAS, MAX_GROUP_ROLES
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import MAX_REPLICA_ID_LENGTH, validate_place
 from service.scheduling.rejections import Rejection, invalid, invalid_field, shown
 from service.scheduling.taints import tolerations_json, tolerations_of
@@ -24,7 +25,7 @@ from service.scheduling.tenancy.charges import (
     PreemptionPolicy,
     charge_problem,
 )
-from service.scheduling.verdicts import PlaceRequest
+from service.stored_text import id_problem
 
 
 class LocalityLevel(Enum):
@@ -128,10 +129,9 @@ def shape_of(
 def validate_group_id(group_id: str) -> Rejection | None:
     if not group_id:
         return invalid("groupId is empty")
-    if "\x00" in group_id:
-        return invalid(f"groupId {shown(group_id)!r} contains a NUL character")
-    if len(group_id) > MAX_ID_LENGTH:
-        return invalid(f"groupId {shown(group_id)!r} is longer than {MAX_ID_LENGTH} characters")
+    problem = id_problem(group_id)
+    if problem is not None:
+        return invalid(f"groupId {shown(group_id)!r}: {problem}")
     return None
 
 
@@ -140,7 +140,7 @@ def validate_role(
 ) -> Rejection | None:
     """A role's name, count and shape; `highest`: the largest member number it will have."""
     name = role.role
-    if not name or "\x00" in name or len(name) > MAX_ID_LENGTH:
+    if not name or id_problem(name) is not None:
         return invalid(f"{where}.role {shown(name)!r} is not a role name")
     if role.replicas < 1:
         return invalid(f"{where}.replicas={role.replicas}: a role has 1 or more replicas")
@@ -197,9 +197,7 @@ def validate_group(request: GroupRequest) -> Rejection | None:
             f"locality.label {shown(locality.label)!r} is read only with level LABEL, "
             f"not {locality.level.value}"
         )
-    if locality.label is not None and (
-        "\x00" in locality.label or len(locality.label) > MAX_ID_LENGTH
-    ):
+    if locality.label is not None and id_problem(locality.label) is not None:
         return invalid(f"locality.label {shown(locality.label)!r} is not a label key")
     for field, name in (("kvFrom", request.kv_from), ("kvTo", request.kv_to)):
         if name is not None and name not in seen:

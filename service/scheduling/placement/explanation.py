@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.database.connections import Connection, cached_text
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import Plan, plan_placement, shard_ids, validate_place
 from service.scheduling.placement.statements import (
     CLASSES,
@@ -21,7 +22,7 @@ from service.scheduling.tenancy.budgets import BudgetRecord
 from service.scheduling.tenancy.charges import QuotaShortfall, Refusal, UnknownTenant
 from service.scheduling.tenancy.headroom import refusal_now
 from service.scheduling.tenancy.victims import Preemption
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, Verdict, VerdictCode, judge
+from service.scheduling.verdicts import NodeFacts, Verdict, VerdictCode, judge
 
 # Verdicts are listed for at most this many nodes (by id); the answer says
 # how many more were considered, so it stays readable on a 10,000-node cluster.

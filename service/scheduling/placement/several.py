@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.allocations import Allocated, Refused, Stored, Tombstoned
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.claims import claim_calls, place_without_waiting
 from service.scheduling.placement.plan import same_shape, without_topology
 from service.scheduling.placement.statements import (
@@ -20,7 +21,7 @@ from service.scheduling.placement.statements import (
     scan_size,
 )
 from service.scheduling.rejections import Rejection
-from service.scheduling.verdicts import PlaceRequest, judge
+from service.scheduling.verdicts import judge
 
 
 async def place_several_without_waiting(
