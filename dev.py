@@ -11,6 +11,8 @@ through: `python3 dev.py test -k allocate`, `python3 dev.py serve --port 9000`.
                                    process, a container or a browser, and no page-cost
                                    cluster (docs/contributing/development.md, Tiers)
   python3 dev.py test -n 0         the same in this one process (`-n N`: N workers)
+  python3 dev.py test --path fast  the in-process stories on one path only (fast or
+                                   strawberry); by default each runs on both
 
 The console scripts the README shows run the same way from a checkout:
   python3 dev.py ctl ...           is  llmgw-inventory ctl ...

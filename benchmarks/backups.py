@@ -140,7 +140,7 @@ from sqlalchemy import text
 from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.database.transactions import in_transaction
-from service.fleet import nodes
+from service.fleet import node_writes
 
 async def main():
     engine = create_engine(os.environ["DATABASE_URL"], Settings())
@@ -154,7 +154,7 @@ async def main():
     async def cycle():
         for i in range(0, len(ids), 100):
             batch = ids[i:i + 100]
-            await in_transaction(engine, lambda conn, b=batch: nodes.heartbeat_many(conn, b))
+            await in_transaction(engine, lambda conn, b=batch: node_writes.heartbeat_many(conn, b))
 
     await cycle()  # every node back alive (events for those the sweep had declared lost)
     if sys.argv[1:] == ["warmup"]:

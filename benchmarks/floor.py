@@ -89,7 +89,7 @@ def floor_process(timeout: float = 30.0) -> Iterator[tuple[str, int]]:
         process.wait(timeout=15)
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
 
@@ -114,12 +114,12 @@ class Target:
 async def _round(target: Target, bodies: list[bytes], seconds: float, record: bool = True) -> None:
     """CONNECTIONS connections to the target for `seconds`: wrk's when installed, else client.py's."""
     if wrk.WRK is not None:
-        before = _cpu_seconds(target.pid)
+        before = cpu_seconds(target.pid)
         done = await asyncio.to_thread(wrk.run, target.url, bodies, HEADERS, CONNECTIONS, seconds)
         if record:
             target.rate.add(done.rate)
             target.failures += done.failures
-            used = _cpu_seconds(target.pid) - before
+            used = cpu_seconds(target.pid) - before
             if done.requests:
                 target.cpu.add(used / done.requests * 1000)
             if done.seconds:
@@ -128,7 +128,7 @@ async def _round(target: Target, bodies: list[bytes], seconds: float, record: bo
     clients = [Connection(target.url, HEADERS) for _ in range(CONNECTIONS)]
 
     workers = [cycling(c, bodies[i::CONNECTIONS] or bodies) for i, c in enumerate(clients)]
-    before = _cpu_seconds(target.pid)
+    before = cpu_seconds(target.pid)
     start = time.perf_counter()
     try:
         rate, failed = await throughput(workers, seconds)
@@ -136,7 +136,7 @@ async def _round(target: Target, bodies: list[bytes], seconds: float, record: bo
         await close_all(clients)
     if not record:
         return
-    used = _cpu_seconds(target.pid) - before
+    used = cpu_seconds(target.pid) - before
     elapsed = time.perf_counter() - start
     done = rate * elapsed
     target.rate.add(rate)

@@ -9,7 +9,7 @@ HTTP figure has clients, and the CPU is split per operation: this process's
 (the domain's Python, asyncpg included) and PostgreSQL's (its own processes
 when the server runs here, else the rest of the machine's; the service
 processes are idle). The same reports also run always in one transaction
-(service.fleet.nodes.register_node, the path before the one statement), in the
+(service.fleet.node_writes.register_node, the path before the one statement), in the
 same rounds. The raw baselines are split the same way, so "PostgreSQL per
 report" can be compared with what the plain statement costs it.
 
@@ -34,12 +34,12 @@ from service.config import Settings
 from service.database.db import create_engine, dispose
 from service.database.transactions import in_transaction
 from service.fleet import re_registration
-from service.fleet.nodes import register_node
+from service.fleet.node_writes import register_node
 from service.fleet.reports import NodeReport
 from service.scheduling.allocations import Allocated
 from service.scheduling.place_batches import place_batched
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import place
-from service.scheduling.verdicts import PlaceRequest
 
 STAT = Path("/proc/stat")
 HAS_STAT = STAT.exists()

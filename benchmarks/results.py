@@ -89,6 +89,8 @@ def _find(rows: list[Row], size: int, prefix: str) -> Row | None:
 
 
 MET, NOT_MET, NOT_MEASURED = "met", "NOT met", "not measured"
+# The start of each fast-path route's row (benchmarks/routes.py).
+ROUTE_ROW = "fast path's "
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,23 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
             out.append(Verdict(name, _judged(row.ratio <= 1.1), f"x{row.ratio:.2f}"))
         else:
             out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
+    # Issue 45: each fast-path route pays for itself (benchmarks/routes.py): its CPU
+    # per request at most 0.9x Strawberry's view's for the same request.
+    routes = [r for r in rows if r.name.startswith(ROUTE_ROW)]
+    for row in routes:
+        out.append(
+            Verdict(
+                f"{row.size:,} nodes: {row.name}: CPU per request <= 0.9x Strawberry's view's",
+                _judged(row.ratio <= 0.9),
+                f"x{row.ratio:.2f}",
+            )
+        )
+    if not routes:
+        out.append(
+            Verdict("each fast-path route's CPU per request <= 0.9x Strawberry's view's",
+                    NOT_MEASURED, "the routes section did not run")
+        )  # fmt: skip
 
     for name, prefix, section in PER_SIZE:
         judged = False

@@ -41,7 +41,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints",
+    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints", "routes",
 )  # fmt: skip
 
 
@@ -92,6 +92,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         questions,
         read_replicas,
         real_cluster,
+        routes,
         statements,
         taints,
         writes,
@@ -162,6 +163,9 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "floor" in sections:
                 print(f"[{size}] one process against the bare Starlette floor", flush=True)
                 await floor.measure_floor(bench)
+            if "routes" in sections:
+                print(f"[{size}] each fast-path route against Strawberry's view", flush=True)
+                wrong += await routes.measure_routes(bench)
             if "read_replicas" in sections:
                 # A loopback cluster of its own: a primary and two read replicas (issue 37).
                 print(f"[{size}] freeGpus on read replicas", flush=True)

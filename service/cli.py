@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.config import SettingError, Settings, default_data_dir
+from service.config import SettingError, Settings, default_data_dir, deprecation_warnings
 from service.fleet.health import policy
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def census(database_url: str, settings: Settings) -> Census:
     from service.access_control.tokens import count_tokens
     from service.database.connections import autocommit
     from service.database.db import create_engine, dispose
-    from service.fleet.nodes import count_nodes
+    from service.fleet.node_writes import count_nodes
 
     async def ask() -> Census:
         engine = create_engine(database_url, settings.replace(db_pool_size=1, db_max_overflow=1))
@@ -471,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llmgw-inventory: {error}", file=sys.stderr)
         return 2
     configure_logging(settings)
+    for line in deprecation_warnings(os.environ):
+        log.warning("%s", line)
     code: int = args.run(args, settings)
     return code
 

@@ -199,11 +199,11 @@ SETTINGS: tuple[Setting, ...] = (
             "An operator token accepted from the environment, to create the others."),
     Setting("INVENTORY_INSECURE", "insecure", "false", _flag,
             "Serve without tokens on a non-loopback address (loudly)."),
-    Setting("INVENTORY_DIRECT_EXECUTION", "direct_execution", "true", _flag,
+    Setting("INVENTORY_FAST_PATH", "fast_path", "true", _flag,
             "The fast path (service/graphql/fast/): ordinary POST queries and mutations answered "
             "on cached documents by compiled routes or graphql-core directly (false: the fast path "
             "is not even loaded and every request goes through Strawberry's view alone; same "
-            "answers, slower)."),
+            "answers, slower). Its old name INVENTORY_DIRECT_EXECUTION is still read (deprecated)."),
     Setting("INVENTORY_PLACE_BATCH", "place_batch", "8", _positive_int,
             "Most `place` calls one transaction holds: concurrent calls of a process share "
             "transactions and their commits (service/scheduling/place_batches.py; 1: one each)."),
@@ -225,6 +225,29 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("INVENTORY_LOG_FORMAT", "log_format", "text", _log_format,
             "text, or json for one JSON object per line."),
 )  # fmt: skip
+
+
+# Settings renamed, by their new name: the old name is still read when the
+# new one is not set, and says so in one warning line at start
+# (deprecation_warnings; service/cli.py logs it once logging is configured).
+# INVENTORY_DIRECT_EXECUTION switched the whole fast path, not only graphql-core's
+# direct execution of documents, so it was named for what it does.
+DEPRECATED: dict[str, str] = {"INVENTORY_DIRECT_EXECUTION": "INVENTORY_FAST_PATH"}
+_OLD_NAME = {new: old for old, new in DEPRECATED.items()}
+
+
+def deprecation_warnings(env: Mapping[str, str] | None = None) -> list[str]:
+    """A line for each deprecated name set in `env` (the environment): what to set instead."""
+    source = os.environ if env is None else env
+    lines = []
+    for old, new in DEPRECATED.items():
+        if old not in source:
+            continue
+        if new in source:
+            lines.append(f"{old} is deprecated and ignored: {new} is set, and wins")
+        else:
+            lines.append(f"{old} is deprecated: set {new} instead (read as {new} for now)")
+    return lines
 
 
 # The part of a request's time limit one statement may take. A request that
@@ -258,7 +281,7 @@ class Settings:
     event_retention: float = 604800.0
     bootstrap_token: str | None = None
     insecure: bool = False
-    direct_execution: bool = True
+    fast_path: bool = True
     place_batch: int = 8
     place_transactions: int = 4
     clock_skew: float = 5.0
@@ -271,9 +294,12 @@ class Settings:
         source = os.environ if env is None else env
         values: dict[str, Any] = {}
         for setting in SETTINGS:
-            raw = source.get(setting.env)
+            name = setting.env
+            if name not in source and _OLD_NAME.get(name, "") in source:
+                name = _OLD_NAME[name]  # deprecated, still read
+            raw = source.get(name)
             if raw is not None:
-                values[setting.field] = setting.parse(setting.env, raw)
+                values[setting.field] = setting.parse(name, raw)
         settings = cls(**values)
         if settings.lost_after <= settings.unreachable_after:
             raise SettingError(

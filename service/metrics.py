@@ -406,7 +406,7 @@ def _process(out: Exposition) -> None:
         "GraphQL HTTP requests by fast-path route (front_door, heartbeat, page, node, graphql_core), "
         "counted after the route ran: answered, or declined with a reason (declined by "
         "front_door: Strawberry's view answered; reason bug: a logged bug, answered as an "
-        "internal error). All zero with INVENTORY_DIRECT_EXECUTION=false.",
+        "internal error). All zero with INVENTORY_FAST_PATH=false.",
         (
             ((("route", route), ("outcome", outcome), ("reason", reason)), count)
             for (route, outcome, reason), count in sorted(fast_path.items())

@@ -95,6 +95,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="only the in-process tier: leave out tests marked " + ", ".join(tiers.OUTSIDE),
     )
+    parser.addoption(
+        "--path",
+        choices=("both", *PATHS),
+        default="both",
+        help=(
+            "which way the in-process service answers the stories (the `client` fixture and "
+            "those built on it): both (the default: every story is also an equivalence test "
+            "of the fast path against Strawberry's view alone), fast, or strawberry"
+        ),
+    )
+
+
+# The two ways the service answers a request (INVENTORY_FAST_PATH on and off).
+# Every test whose fixtures build the in-process app (`client`, `api`, `api_as`,
+# `unreachable_client`) runs on each, so each story also proves that the fast
+# path answers as Strawberry's view alone does (issue 45), and that the
+# service without the fast path passes it.
+PATHS = {"fast": True, "strawberry": False}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fast_path" in metafunc.fixturenames:
+        chosen = metafunc.config.getoption("path")
+        paths = [name for name in PATHS if chosen in ("both", name)]
+        metafunc.parametrize("fast_path", [PATHS[name] for name in paths], ids=paths)
 
 
 @pytest.hookimpl(trylast=True)
@@ -234,17 +259,20 @@ async def empty_tables(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-async def client(engine: AsyncEngine, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, engine=engine)
+async def client(
+    engine: AsyncEngine, settings: Settings, fast_path: bool
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The in-process service, on each path in turn (PATHS)."""
+    app = create_app(settings.replace(fast_path=fast_path), engine=engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as c:
         yield c
 
 
 @pytest.fixture
-async def unreachable_client() -> AsyncIterator[httpx.AsyncClient]:
+async def unreachable_client(fast_path: bool) -> AsyncIterator[httpx.AsyncClient]:
     """The service in front of a PostgreSQL that does not answer (nothing listens there)."""
-    settings = Settings(db_timeout=2)
+    settings = Settings(db_timeout=2, fast_path=fast_path)
     engine = create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", settings)
     try:
         app = create_app(settings, engine=engine)
@@ -262,7 +290,7 @@ async def both(
     """Two apps on one database: direct execution on (the default), and Strawberry's view alone."""
     clients = []
     for direct in (True, False):
-        app = create_app(settings.replace(direct_execution=direct), engine=engine)
+        app = create_app(settings.replace(fast_path=direct), engine=engine)
         clients.append(
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://inventory")
         )

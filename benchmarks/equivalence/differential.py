@@ -1,7 +1,7 @@
 """One operation, sent to the fast path and to the reference on the same seeded database.
 
 The two apps are built as tests/conftest.py builds them, over one engine, and
-differ in one setting only: INVENTORY_DIRECT_EXECUTION (true: every fast
+differ in one setting only: INVENTORY_FAST_PATH (true: every fast
 route the service has; false: Strawberry's view alone, the reference). Each
 operation goes to the fast app, then to the reference, and each finds the
 database exactly as seeded: after a request the stored rows (and sequences)
@@ -58,11 +58,11 @@ _MEASURED_SECONDS = re.compile(r"(?<=agent clock )[\d.]+ s|(?<=shifted by )[+-][
 MAX_PAGE_SIZE = 6
 
 
-def settings(direct_execution: bool) -> Settings:
+def settings(fast_path: bool) -> Settings:
     """The same settings for both apps but this one variable."""
     return Settings.from_env(
         {
-            "INVENTORY_DIRECT_EXECUTION": "true" if direct_execution else "false",
+            "INVENTORY_FAST_PATH": "true" if fast_path else "false",
             "INVENTORY_MAX_PAGE_SIZE": str(MAX_PAGE_SIZE),
         }
     )
@@ -290,8 +290,8 @@ class Differential:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.database = Database(engine)
-        self.fast = self._client(direct_execution=True)
-        self.reference = self._client(direct_execution=False)
+        self.fast = self._client(fast_path=True)
+        self.reference = self._client(fast_path=False)
         self.secrets: dict[str, str] = {}
         self.seed_state: dict[str, Any] = {}
         self.normalize = Normalizer(datetime.now().astimezone(), set(), set())
@@ -299,8 +299,8 @@ class Differential:
         self.transient_retries = 0
         self.last_reference: Answer | None = None
 
-    def _client(self, direct_execution: bool) -> httpx.AsyncClient:
-        app = create_app(settings(direct_execution), engine=self.engine)
+    def _client(self, fast_path: bool) -> httpx.AsyncClient:
+        app = create_app(settings(fast_path), engine=self.engine)
         return httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://inventory"
         )

@@ -28,7 +28,7 @@ from service.event_log.event_announcements import announce
 # Every kind of event the service writes: a closed set, so a client filtering
 # on a misspelt kind ("cordonned") is told so instead of silently getting
 # nothing. Add a kind here before writing it (record_event refuses others; the
-# kinds written in SQL by service/fleet/nodes.py and
+# kinds written in SQL by service/fleet/node_writes.py and
 # service/scheduling/allocations/ are checked by
 # tests/api/test_request_errors.py against the rows they leave behind).
 EVENT_KINDS: frozenset[str] = frozenset(

@@ -53,9 +53,9 @@ from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.errors import InvalidInput, NodeNotFound
 from service.event_log.events import record_event
-from service.fleet import nodes
+from service.fleet import node_writes
 from service.fleet.gpu_changes import check_reason
-from service.fleet.node_views import BeatRecord
+from service.fleet.node_reads import BeatRecord
 from service.fleet.reports import NodeReport, validate_report
 from service.scheduling.allocations import release_replica
 from service.scheduling.taints import stop_by_sql
@@ -415,7 +415,7 @@ async def contact_heartbeat(
     async def work(conn: Connection) -> tuple[BeatRecord, Answer]:
         if await check_contact(conn, node_id, contact) is None:
             raise NodeNotFound(node_id)
-        beat = (await nodes.heartbeat_many(conn, [node_id]))[node_id]
+        beat = (await node_writes.heartbeat_many(conn, [node_id]))[node_id]
         return beat, await _after_contact(conn, node_id, contact)
 
     return await _refusing_future(engine, work)
@@ -423,13 +423,13 @@ async def contact_heartbeat(
 
 async def contact_report(
     engine: AsyncEngine, report: NodeReport, contact: Contact, actor: str | None
-) -> tuple[nodes.Registration, Answer]:
+) -> tuple[node_writes.Registration, Answer]:
     """A report carrying a contact, in one transaction: checks, report, reconcile, answer."""
     validate_report(report)
 
-    async def work(conn: Connection) -> tuple[nodes.Registration, Answer]:
+    async def work(conn: Connection) -> tuple[node_writes.Registration, Answer]:
         await check_contact(conn, report.id, contact)
-        registration = await nodes.register_node(conn, report, actor)
+        registration = await node_writes.register_node(conn, report, actor)
         return registration, await _after_contact(conn, report.id, contact)
 
     return await _refusing_future(engine, work)

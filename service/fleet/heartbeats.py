@@ -11,9 +11,9 @@ answers a lone beat at once, a busy one answers in batches).
 Each beat's reply still waits for the commit of the batch that carries it,
 an unknown node still gets NODE_NOT_FOUND, and a node coming back from
 UNREACHABLE or LOST still gets its pools refreshed and its "back" event, in
-the same transaction (nodes.heartbeat_many). Beats of nodes that were alive,
+the same transaction (node_writes.heartbeat_many). Beats of nodes that were alive,
 nearly all of them, are one statement without BEGIN or COMMIT
-(nodes.heartbeat_alive).
+(node_writes.heartbeat_alive).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from service.database import connections
 from service.database.connections import NativeConnection
 from service.database.transactions import in_transaction, retried
 from service.errors import NodeNotFound
-from service.fleet import nodes
-from service.fleet.node_views import BeatRecord
+from service.fleet import node_writes
+from service.fleet.node_reads import BeatRecord
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,14 @@ class HeartbeatBatcher:
         # One statement outside a transaction block: PostgreSQL makes it a
         # transaction of its own, as atomic as in_transaction without the
         # BEGIN and COMMIT round trips. It records no events (nothing here announces any).
-        found = await nodes.heartbeat_alive(conn, batch)
+        found = await node_writes.heartbeat_alive(conn, batch)
         # Unknown nodes and nodes coming back: their pools and "back" events
         # in one transaction with their beat.
         rest = [node_id for node_id in batch if node_id not in found]
         if rest:
             found |= await in_transaction(
                 self._engine,
-                functools.partial(nodes.heartbeat_many, node_ids=rest),
+                functools.partial(node_writes.heartbeat_many, node_ids=rest),
                 idempotent=True,
             )
         return found

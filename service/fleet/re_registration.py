@@ -2,7 +2,7 @@
 
 Why: agents re-send their report every few minutes, and between two reports
 usually only the disks' free space moved (or nothing did). The transactional
-registration (service/fleet/nodes.register_node) costs BEGIN, the node upsert, a
+registration (service/fleet/node_writes.register_node) costs BEGIN, the node upsert, a
 second statement for the child tables, pools and events, and COMMIT: four
 round trips and about twice the raw statement's PostgreSQL CPU. A report
 that changes no GPU and finds the node alive changes no pool and no GPU, so
@@ -19,7 +19,7 @@ takes the transactional path, which handles every case:
 | new_node | a new node's GPUs and pools are written (and counted) for the first time |
 | coming_back | the node was unreachable or lost: its pools change, a "back" event |
 | rebooted | a new boot id clears sticky GPU health (service/fleet/gpu_health.py) |
-| gpus_changed | pools are counted from the GPUs, under the lock (nodes._REPLACE_REPORT) |
+| gpus_changed | pools are counted from the GPUs, under the lock (node_writes._REPLACE_REPORT) |
 | fabrics_changed | every pool of the node carries its fabrics and their rates (gpu_pools.attached_fabrics), written with the counts |
 | profiled | a hardware profile selects the node, or it had drifted: the stored report is compared with the profile (service/fleet/health/drift.py) |
 | written_meanwhile | the row changed while this statement waited for its lock (below) |
@@ -79,8 +79,8 @@ from service.database.transactions import (
 )
 from service.event_log.event_announcements import announce
 from service.event_log.events import collecting_recorded, note_recorded
-from service.fleet import nodes
-from service.fleet.node_views import NODE_COLUMNS, node_from_row
+from service.fleet import node_writes
+from service.fleet.node_reads import NODE_COLUMNS, node_from_row
 from service.fleet.report_rows import (
     REPORTED_ROWS,
     came_back,
@@ -195,7 +195,7 @@ class NotInOneStatement:
 
 @dataclass(frozen=True)
 class InOneStatement:
-    registration: nodes.Registration
+    registration: node_writes.Registration
     # changed, unchanged, or same_as_last_stored (by _SAME_AGAIN).
     reason: str
 
@@ -219,7 +219,7 @@ async def re_register(
         }
         same = (await conn.execute(_SAME_AGAIN, params)).one_or_none()
         if same is not None:
-            registration = nodes.Registration(report.id, False, False, node_from_row(same))
+            registration = node_writes.Registration(report.id, False, False, node_from_row(same))
             return InOneStatement(registration, "same_as_last_stored")
     row = (
         await conn.execute(
@@ -238,13 +238,13 @@ async def re_register(
         note_recorded(list(row.event_ids))
     _remember(report.id, digest)
     changed = row.verdict == "changed"
-    registration = nodes.Registration(report.id, False, changed, node_from_row(row))
+    registration = node_writes.Registration(report.id, False, changed, node_from_row(row))
     return InOneStatement(registration, row.verdict)
 
 
 async def register(
     engine: AsyncEngine, report: NodeReport, actor: str | None = None
-) -> nodes.Registration:
+) -> node_writes.Registration:
     """Store an agent's report: in one statement when re_register can, else in one transaction.
 
     Idempotent (a report replaces what the node said before), so each step
@@ -282,7 +282,7 @@ async def _in_one_statement(
 
 async def _store(
     engine: AsyncEngine, report: NodeReport, actor: str | None = None
-) -> nodes.Registration:
+) -> node_writes.Registration:
     reason = "xids" if any(g.xids for g in report.gpus) else "resets"
     if not any(g.xids or g.reset_seen for g in report.gpus):
         outcome = await retried(lambda: _in_one_statement(engine, report, actor), engine)
@@ -291,7 +291,7 @@ async def _store(
             return outcome.registration
         reason = outcome.reason
     registration = await in_transaction(
-        engine, lambda conn: nodes.register_node(conn, report, actor), idempotent=True
+        engine, lambda conn: node_writes.register_node(conn, report, actor), idempotent=True
     )
     _remember(report.id, report.digest())
     metrics.count_registration(TRANSACTION, reason)

@@ -2,7 +2,7 @@
 
 Two statements write a report, and both are built from these fragments, so a
 column added to a report is written the same way by each: the transactional
-registration (service/fleet/nodes.register_node: the node upsert, then the child
+registration (service/fleet/node_writes.register_node: the node upsert, then the child
 tables, pools and events) and the one-statement re-registration
 (service/fleet/re_registration.py: a known, alive node whose GPUs did not change).
 
@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from service.fleet.node_views import NODE_COLUMNS
+from service.fleet.node_reads import NODE_COLUMNS
 from service.fleet.reports import NodeReport, gpu_class_of, sum_disks
 from service.fleet.topology import nvlink_groups
 from service.scheduling.availability import taint_marks

@@ -26,7 +26,7 @@ from service.scheduling.availability import gpu_free, is_free
 from service.stored_text import storable
 
 if TYPE_CHECKING:
-    from service.fleet.hardware import GpuRecord
+    from service.fleet.node_details import GpuRecord
 
 
 class ReportedGpu(Protocol):
@@ -157,7 +157,7 @@ def largest_free_group(gpus: Sequence[GpuRecord]) -> int | None:
 
 
 # The same two answers for a node row `n` in SQL, where a page of nodes is
-# built as JSON by PostgreSQL (service/fleet/node_pages.py). Each is written next
+# built as JSON by PostgreSQL (service/graphql/fast/json_pages.py). Each is written next
 # to its Python definition above and follows it step by step;
 # tests/fleet/test_topology_reports.py checks that both agree on every topology
 # the agents report.

@@ -7,7 +7,7 @@ from typing import Annotated
 import strawberry
 
 from service.errors import InventoryError
-from service.scheduling import rejections, verdicts
+from service.scheduling import place_request, rejections, verdicts
 from service.scheduling.allocations import Allocated as AllocatedRecord
 from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.scheduling.placement import Explanation
@@ -153,8 +153,8 @@ class PlaceInput:
         default=None, description=TOLERATIONS + " A node short only of withheld GPUs: TAINTED."
     )
 
-    def to_request(self) -> verdicts.PlaceRequest:
-        return verdicts.PlaceRequest(
+    def to_request(self) -> place_request.PlaceRequest:
+        return place_request.PlaceRequest(
             replica_id=str(self.replica_id),
             gpu_class=self.gpu_class,
             shards=self.shards,

@@ -9,13 +9,13 @@ import strawberry
 from service import paging
 from service.errors import NodeNotFound
 from service.fleet import topology
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_reads import NodeRecord
 from service.scheduling.capacity import GpuClassSummary as GpuClassSummaryRecord
 
 from .context import Info
 from .loaders import ready
 from .pages import answer, paged
-from .types import RECORD, Node
+from .types import Node
 
 
 def _node_record(record: NodeRecord | None) -> NodeRecord | None:
@@ -36,7 +36,7 @@ class NodeFreeGpus:
     node_id: strawberry.Private[str]
     gpu_indices: list[int]
 
-    @strawberry.field(graphql_type=Node, metadata={RECORD: "node"})
+    @strawberry.field(graphql_type=Node)
     def node(self, info: Info) -> Any:
         # At once when the root field prefetched the page's nodes.
         record = ready(info.context.loaders.node, self.node_id, _node_record)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,11 +37,6 @@ class Context:
     authenticator: Authenticator | None = None
     # graphql-transport-ws connection_init payload (strawberry fills it in).
     connection_params: dict[str, Any] | None = None
-    # Writes a fast route made and then declined to answer, by key, with
-    # their outcome (True and the result, or False and the exception): the
-    # resolver that would make the same write takes it instead (once), so a
-    # declined mutation never writes twice (service/graphql/fast/compiled_heartbeat.py).
-    handed_over: dict[Hashable, tuple[bool, Any]] = field(default_factory=dict)
     # A websocket's token ended (service/access_control/token_watch.py): "token revoked" or
     # "token expired". Every later operation on the socket is refused, and
     # its open subscriptions (`streams`) are ended with that error.
@@ -84,23 +79,6 @@ class Context:
         transaction.
         """
         return await read_routing.read(self.engine, work, max_age=max_age, transaction=transaction)
-
-    def hand_over(
-        self, key: Hashable, *, result: Any = None, error: Exception | None = None
-    ) -> None:
-        """Keep a write's outcome for the resolver that would make it (see once)."""
-        self.handed_over[key] = (False, error) if error is not None else (True, result)
-
-    async def once(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
-        """The outcome a fast route handed over for `key`, else work's: a write made once."""
-        handed = self.handed_over.pop(key, None)
-        if handed is None:
-            return await work()
-        succeeded, outcome = handed
-        if not succeeded:
-            raise outcome
-        result: T = outcome
-        return result
 
     def page_request(self, first: int | None) -> PageRequest:
         """The page a list's `first` asks for (service/paging.py): BAD_INPUT naming `first` if out of range."""

@@ -7,7 +7,7 @@ from datetime import datetime
 import strawberry
 
 from service.fleet.health.policy import DriverRecoveryAction
-from service.fleet.node_views import NodeFilter as NodeFilterRecord
+from service.fleet.node_reads import NodeFilter as NodeFilterRecord
 from service.fleet.reports import (
     FabricReport,
     FilesystemReport,

@@ -23,8 +23,8 @@ from strawberry.types.nodes import FragmentSpread, InlineFragment, SelectedField
 
 from service.database import read_routing
 from service.database.connections import Connection
-from service.fleet import hardware, node_views
-from service.fleet.health import drift, open_remediations, taints, validations
+from service.fleet import node_details, node_reads
+from service.fleet.health import drift, remediations, taints, validations
 from service.scheduling import allocations
 
 K = TypeVar("K")
@@ -85,23 +85,23 @@ class Loaders:
 
     @functools.cached_property
     def node(self) -> DataLoader[Any, Any]:
-        return self._make(node_views.get_nodes, _none)
+        return self._make(node_reads.get_nodes, _none)
 
     @functools.cached_property
     def gpus(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.gpus_of, list)
+        return self._make(node_details.gpus_of, list)
 
     @functools.cached_property
     def fabrics(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.fabrics_of, list)
+        return self._make(node_details.fabrics_of, list)
 
     @functools.cached_property
     def filesystems(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.filesystems_of, list)
+        return self._make(node_details.filesystems_of, list)
 
     @functools.cached_property
     def weights(self) -> DataLoader[Any, Any]:
-        return self._make(hardware.weights_of, list)
+        return self._make(node_details.weights_of, list)
 
     @functools.cached_property
     def shards_on_node(self) -> DataLoader[Any, Any]:
@@ -124,8 +124,8 @@ class Loaders:
 
     @functools.cached_property
     def open_remediations(self) -> DataLoader[Any, Any]:
-        """Each node's open remediations (fleet/health/open_remediations.py), for Node.remediations."""
-        return self._make(open_remediations.open_of, list)
+        """Each node's open remediations (fleet/health/remediations.py), for Node.remediations."""
+        return self._make(remediations.open_of, list)
 
     @functools.cached_property
     def shard(self) -> DataLoader[Any, Any]:

@@ -70,6 +70,7 @@ def executor_for_coerced_variables(
     operation_name: str | None,
     values: VariableValues,
     context: Any,
+    root_value: Any = None,
 ) -> Any:
     """An executor for `operation`, its variables already coerced (fast/variables.py).
 
@@ -82,6 +83,7 @@ def executor_for_coerced_variables(
     executor = executor_class.build(
         schema,
         bare,
+        root_value=root_value,
         context_value=context,
         operation_name=operation_name,
         is_awaitable=optimized_is_awaitable,

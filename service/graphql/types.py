@@ -9,10 +9,10 @@ from typing import Any, Final
 
 import strawberry
 
-from service.fleet import node_views, topology
-from service.fleet.hardware import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
+from service.fleet import node_reads, topology
 from service.fleet.health.policy import DriverRecoveryAction, RemediationAction
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_details import FabricRecord, FilesystemRecord, GpuRecord, WeightsRecord
+from service.fleet.node_reads import NodeRecord
 from service.fleet.reports import Disk as DiskRecord
 from service.fleet.reports import HcaDiscovery
 from service.node_states import NodeState as NodeState
@@ -21,7 +21,7 @@ from service.scheduling.availability import is_free
 from service.scheduling.taints import Taint as TaintRecord
 from service.scheduling.weights_lifecycle import WeightsState
 
-from .context import Context, Info
+from .context import Info
 from .fencing_types import ShardToStop
 from .health_types import (
     DriftFinding,
@@ -33,20 +33,8 @@ from .health_types import (
     open_remediations,
     validations_to_run,
 )
-from .loaders import now_or_later, ready
+from .loaders import now_or_later
 from .scalars import Bytes
-
-# Metadata key of a field whose value a page reads from a record attribute
-# of another name (fast/fields.py): e.g. Node.stateChangedBy is
-# NodeRecord.state_actor, Node.storage the node's filesystems; or that a page
-# builds itself (Node.nvlinkGroups, service/fleet/node_pages.py).
-RECORD = "record-attribute"
-# Metadata key of a resolver field answerable at once when prefetched: the
-# value is a function (source object, request context) -> the field's raw
-# value, or NOT_READY (service/graphql/fast/execution.py reads it).
-READY = "ready-when-prefetched"
-NOT_READY: Any = object()
-
 
 # The states' one home is service/node_states.py; the schema shows its enum as is.
 strawberry.enum(NodeState)
@@ -59,7 +47,7 @@ class KeyValue:
 
 
 def key_values(mapping: dict[str, str]) -> list[KeyValue]:
-    return [KeyValue(key=k, value=v) for k, v in node_views.by_key(mapping)]
+    return [KeyValue(key=k, value=v) for k, v in node_reads.by_key(mapping)]
 
 
 @strawberry.type
@@ -130,7 +118,7 @@ class Allocation:
 
 @strawberry.type
 class Gpu:
-    """Served by service.fleet.hardware.GpuRecord itself (see SERVED_BY_RECORDS).
+    """Served by service.fleet.node_details.GpuRecord itself (see SERVED_BY_RECORDS).
 
     A 1,000-node page has 8,000 GPUs: copying each record into this class
     was an eighth of the page's CPU, for values that are the record's own.
@@ -206,7 +194,7 @@ class Gpu:
 
 @strawberry.type
 class FabricAttachment:
-    """Served by service.fleet.hardware.FabricRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.node_details.FabricRecord itself (see SERVED_BY_RECORDS)."""
 
     fabric: str
     hcas: list[str]
@@ -215,7 +203,7 @@ class FabricAttachment:
 
 @strawberry.type
 class Filesystem:
-    """Served by service.fleet.hardware.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.node_details.FilesystemRecord itself (see SERVED_BY_RECORDS)."""
 
     id: str = strawberry.field(
         description="Stable id of the filesystem on its node (e.g. its device number or fsid)."
@@ -255,7 +243,7 @@ strawberry.enum(
 
 @strawberry.type
 class Weights:
-    """Served by service.fleet.hardware.WeightsRecord itself (see SERVED_BY_RECORDS)."""
+    """Served by service.fleet.node_details.WeightsRecord itself (see SERVED_BY_RECORDS)."""
 
     path: str
     size_bytes: Bytes | None = strawberry.field(description="Bytes present.")
@@ -281,31 +269,17 @@ def _as_loaded(records: list[Any]) -> list[Any]:
     return records
 
 
-def _ready(loader: str, record: str | None = None) -> dict[str, Any]:
-    """Metadata of a Node detail field: its value at once when `loader` holds it (execution.READY).
-
-    `record`: the name a page of nodes gives the list (RECORD), when not the field's own.
-    """
-    loader_of = attrgetter(loader)
-
-    def read(node: Node, context: Context) -> Any:
-        value = ready(loader_of(context.loaders), str(node.id), _as_loaded)
-        return NOT_READY if value is None else value
-
-    return {READY: read} if record is None else {READY: read, RECORD: record}
-
-
 # By value, as NodeState(value) finds it without the enum's call on every
 # heartbeat; an unknown value is a KeyError there.
 _NODE_STATES: Final = {state.value: state for state in NodeState}
 _HCA_DISCOVERY: Final = {d.value: d for d in HcaDiscovery}
 
 # Each plain field of Node, by its Python name, as read from a NodeRecord: the
-# one definition Node.of builds a Node from, and the compiled agent mutations
-# (fast/node_leaves.py) read the few fields a document selects from, without
-# building the rest (a node's labels, engine versions and disks were a
-# twentieth of a heartbeat's CPU). Node.of fails on a field left out here.
-NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
+# one definition Node.of builds a Node from, and Node.read gives one of them
+# to a caller that needs a few fields without building the rest (a node's
+# labels, engine versions and disks were a twentieth of a heartbeat's CPU).
+# Node.of fails on a field left out here.
+_NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     # strawberry.ID is a NewType: the str itself, without a call.
     "id": attrgetter("id"),
     "hostname": attrgetter("hostname"),
@@ -331,11 +305,6 @@ NODE_FIELDS: Final[dict[str, Callable[[NodeRecord], Any]]] = {
     "observed_at_correction": attrgetter("observed_at_correction"),
     "hca_discovery": lambda node: _HCA_DISCOVERY.get(node.hca_discovery or ""),
 }
-
-# The fields of NODE_FIELDS whose readers need only what a heartbeat returns
-# (node_views.BeatRecord: id, state, state_reason, state_actor): the fields
-# the compiled heartbeat answers (fast/compiled_heartbeat.py).
-BEAT_FIELDS: Final = frozenset({"id", "state", "state_reason", "state_changed_by", "schedulable"})
 
 
 @strawberry.type
@@ -368,8 +337,7 @@ class Node:
         description="False when the node was not asked to look for weights: it then constrains nothing."
     )
     state_changed_by: str | None = strawberry.field(
-        description="Who cordoned or drained it, when an operator did.",
-        metadata={RECORD: "state_actor"},
+        description="Who cordoned or drained it, when an operator did."
     )
     registered_at: datetime
     boot_id: str | None = None
@@ -415,12 +383,9 @@ class Node:
     def shards_to_stop(self, info: Info) -> list[ShardToStop]:
         return [ShardToStop.of(s) for s in info.context.shards_to_stop.get(str(self.id), ())]
 
-    # Node.taints, drift and remediations: a page of nodes builds them itself
-    # (node_pages.py, from fleet/health/'s SQL for them).
     @strawberry.field(
         graphql_type=list[Taint],
         description="The node's own taints, on all its GPUs; a cordon or drain shows as one.",
-        metadata={RECORD: "taints"},
     )
     def taints(self, info: Info) -> Any:
         return node_taints(str(self.id), info)
@@ -442,7 +407,6 @@ class Node:
             "or no profile applies. What the report leaves unknown is not compared: HCAs when "
             "hcaDiscovery is NOT_ASKED, NVLink groups without peers, an unreported memory size."
         ),
-        metadata={RECORD: "drift"},
     )
     def drift(self, info: Info) -> Any:
         return node_drift(str(self.id), info)
@@ -453,7 +417,6 @@ class Node:
             "The node's open remediations (PENDING, IN_PROGRESS, AWAITING_VALIDATION), by id: "
             "gpuIndices says which of its GPUs each one is for."
         ),
-        metadata={RECORD: "remediations"},
     )
     def remediations(self, info: Info) -> Any:
         return open_remediations(str(self.id), info)
@@ -469,21 +432,19 @@ class Node:
 
     @classmethod
     def of(cls, node: NodeRecord) -> Node:
-        return cls(**{name: read(node) for name, read in NODE_FIELDS.items()})
+        return cls(**{name: read(node) for name, read in _NODE_FIELDS.items()})
 
     @staticmethod
     def read(python_name: str) -> Callable[[NodeRecord], Any] | None:
         """How Node.of reads one plain field from a record (None: not a plain field)."""
-        return NODE_FIELDS.get(python_name)
+        return _NODE_FIELDS.get(python_name)
 
     # The detail fields answer synchronously from the request's loaders when
     # the root field prefetched them (loaders.prefetch_nodes), and return an
     # awaitable otherwise: graphql-core awaits only what is awaitable, and a
-    # task per node on a 1,000-node page cost more than the page itself. The
-    # ones without arguments also say so in their metadata (execution.READY),
-    # so a page's completion reads them without a resolver call per node.
+    # task per node on a 1,000-node page cost more than the page itself.
 
-    @strawberry.field(graphql_type=list[Gpu], metadata=_ready("gpus"))
+    @strawberry.field(graphql_type=list[Gpu])
     def gpus(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.gpus, str(self.id), _as_loaded)
 
@@ -493,9 +454,6 @@ class Node:
             "optionally of one class."
         ),
         graphql_type=list[Gpu],
-        # Without gpuClass, a page of nodes builds the list itself
-        # (node_pages.py, from availability.gpu_free).
-        metadata={RECORD: "free_gpus"},
     )
     def free_gpus(self, info: Info, gpu_class: str | None = None) -> Any:
         def free(gpus: list[GpuRecord]) -> list[GpuRecord]:
@@ -511,8 +469,6 @@ class Node:
             "this node can take now. Null when its topology is unknown."
         ),
         graphql_type=int | None,
-        # A page of nodes builds it itself (node_pages.py, from topology's definition).
-        metadata={RECORD: "largest_free_nvlink_group"},
     )
     def largest_free_nvlink_group(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.gpus, str(self.id), topology.largest_free_group)
@@ -523,7 +479,6 @@ class Node:
             "(bridged pairs), 'none' (PCIe only), 'unknown' (not reported)."
         ),
         graphql_type=str,
-        metadata={RECORD: "nvlink_groups"},
     )
     def nvlink_groups(self, info: Info) -> Any:
         def words(gpus: list[GpuRecord]) -> str:
@@ -531,7 +486,7 @@ class Node:
 
         return now_or_later(info.context.loaders.gpus, str(self.id), words)
 
-    @strawberry.field(graphql_type=list[FabricAttachment], metadata=_ready("fabrics"))
+    @strawberry.field(graphql_type=list[FabricAttachment])
     def fabrics(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.fabrics, str(self.id), _as_loaded)
 
@@ -551,12 +506,11 @@ class Node:
     @strawberry.field(
         description="One entry per filesystem, not per directory.",
         graphql_type=list[Filesystem],
-        metadata=_ready("filesystems", record="filesystems"),
     )
     def storage(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.filesystems, str(self.id), _as_loaded)
 
-    @strawberry.field(graphql_type=list[Weights], metadata=_ready("weights"))
+    @strawberry.field(graphql_type=list[Weights])
     def weights(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.weights, str(self.id), _as_loaded)
 
@@ -572,9 +526,7 @@ class Node:
 
         return now_or_later(info.context.loaders.weights, str(self.id), has)
 
-    @strawberry.field(
-        graphql_type=list[Allocation], metadata=_ready("shards_on_node", record="shards")
-    )
+    @strawberry.field(graphql_type=list[Allocation])
     def allocations(self, info: Info) -> Any:
         return now_or_later(info.context.loaders.shards_on_node, str(self.id), _as_loaded)
 

@@ -85,7 +85,7 @@ def gpu_usable(g: str = "g") -> str:
 
 
 # The gpus columns gpu_usable reads: a row source standing in for the table
-# (a report's GPUs in nodes._REPLACE_REPORT) must carry them.
+# (a report's GPUs in node_writes._REPLACE_REPORT) must carry them.
 USABLE_COLUMNS = ("healthy", "sticky_reasons", "cordon_reason")
 # And the columns pool_counts reads besides them: the NVLink groups and
 # domain, and the taint marks (gpu_withheld, gpu_last_resort).
@@ -199,9 +199,9 @@ def gpu_free_given(g: str, held: str) -> str:
 
 
 class GpuFacts(Protocol):
-    """What is_free reads of a GPU already loaded (service.fleet.hardware.GpuRecord).
+    """What is_free reads of a GPU already loaded (service.fleet.node_details.GpuRecord).
 
-    `healthy` is gpu_healthy's value (hardware.py reads it so).
+    `healthy` is gpu_healthy's value (node_details.py reads it so).
     """
 
     @property

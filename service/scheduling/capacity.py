@@ -113,7 +113,7 @@ def free_gpus_query(
 ) -> tuple[str, dict[str, Any]]:
     """free_gpus' statement and parameters: rows (node_id, indices) in node order.
 
-    Also the source of node_pages.FreeGpusPage, so both ways answer the same nodes.
+    Also the source of json_pages.FreeGpusPage, so both ways answer the same nodes.
 
     A page costs what the page holds, whatever the planner believes about
     the tables (issue 30: on a cluster just registered, before any ANALYZE,

@@ -63,6 +63,7 @@ from service.database.transactions import in_transaction
 from service.event_log.event_announcements import announce
 from service.event_log.events import collecting_recorded
 from service.scheduling.allocations import Allocated
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import (
     Unplaceable,
     place,
@@ -71,7 +72,6 @@ from service.scheduling.placement import (
     same_shape,
 )
 from service.scheduling.rejections import Rejection
-from service.scheduling.verdicts import PlaceRequest
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,9 @@ Which of two fully equal nodes takes a one-node replica changes no count
 
 from __future__ import annotations
 
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.taints import last_resort_term
-from service.scheduling.verdicts import NodeFacts, PlaceRequest
+from service.scheduling.verdicts import NodeFacts
 
 
 def flexibility(f: NodeFacts) -> int:

@@ -30,8 +30,8 @@ from functools import lru_cache
 
 from service.scheduling.allocations.storing import Rows, Wanted
 from service.scheduling.availability import gpu_last_resort, gpu_offered, shared_nvlink_domain
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.taints import Toleration, stored_tolerations
-from service.scheduling.verdicts import PlaceRequest
 
 # Stands for "the request has tolerations" where only that shapes the SQL
 # (the tolerations themselves are the :tolerations parameter).

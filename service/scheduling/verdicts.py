@@ -13,8 +13,9 @@ from typing import Any
 from service.node_states import state_phrase
 from service.scheduling.availability import is_schedulable
 from service.scheduling.freshness import is_fresh, stale_detail
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.rejections import index_ranges, shown
-from service.scheduling.taints import TaintEffect, Toleration, label
+from service.scheduling.taints import TaintEffect, label
 from service.scheduling.weights_lifecycle import is_ready, rank, readiness_phrase
 
 
@@ -38,41 +39,6 @@ class VerdictCode(Enum):
     TAINTED = "TAINTED"
     # weightsReady: the node's copy of the weights is not READY (service/scheduling/weights_lifecycle.py).
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
-
-
-@dataclass(frozen=True)
-class PlaceRequest:
-    replica_id: str
-    gpu_class: str
-    gpus_per_shard: int
-    shards: int = 1
-    fabric: str | None = None
-    weights: str | None = None
-    min_local_disk_free: int | None = None
-    label: tuple[str, str] | None = None
-    nvlink_shards: bool = False
-    same_nvlink_domain: bool = False
-    rail_aligned: bool = False
-    # Seconds: only nodes whose GPU facts are at most this old (None: any age).
-    max_age: int | None = None
-    # Only nodes whose copy of `weights` is READY.
-    weights_ready: bool = False
-    # The taints the request tolerates (service/scheduling/taints.py): every
-    # reader that takes a request (place, allocate, fit, explainPlacement)
-    # offers it the same GPUs (availability.gpu_offered, PoolOffer).
-    tolerations: tuple[Toleration, ...] = ()
-
-    @property
-    def gpus(self) -> int:
-        return self.shards * self.gpus_per_shard
-
-    @property
-    def tolerating(self) -> bool:
-        return bool(self.tolerations)
-
-    @property
-    def needs_topology(self) -> bool:
-        return self.nvlink_shards or self.same_nvlink_domain or self.rail_aligned
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from service.graphql.schema import schema
 from service.web.assets import STATIC_DIR, VENDOR_DIR
 from service.web.draining import Drain
 from service.web.graphiql import GraphiQLPage
-from service.web.graphql_endpoint import GraphQLEndpoint
+from service.web.graphql_endpoint import FrontDoor, GraphQLEndpoint
 from service.web.graphql_ws import CheckedLegacyWS, CheckedTransportWS
 from service.web.http_guards import decode_json_body
 from service.web.logs import current_request_id, new_request_id
@@ -222,11 +222,13 @@ def create_app(
         return FileResponse(STATIC_DIR / "dashboard.html", media_type="text/html")
 
     drain = Drain()  # begun by SIGTERM (web/draining.py)
-    front_door = None
-    if settings.direct_execution:
-        # The one switch (service/graphql/fast/switch.py). Imported here, so
-        # that switched off the fast package is never loaded: the schema does
-        # not need it, and its hooks are installed only now.
+    front_door: FrontDoor | None = None
+    if settings.fast_path:
+        # The fast path's one registration (service/graphql/fast/switch.py):
+        # deleting this block and the package leaves the whole service
+        # (tests/fast_path/test_removable.py). Imported here, so that switched
+        # off the fast package is never loaded: the schema does not need it,
+        # and its hooks are installed only now.
         from service.graphql.fast.install import install
 
         front_door = install(schema, lambda: ref.engine, settings)

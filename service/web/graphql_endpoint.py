@@ -13,7 +13,7 @@ In this order, each step answering a request it refuses:
 5. the request's shape (graphql_http.check_request): 4xx;
 6. the fast path's front door (service/graphql/fast/front_door.py) answers,
    or declines to Strawberry's view, which always answers. With
-   INVENTORY_DIRECT_EXECUTION=false there is no front door.
+   INVENTORY_FAST_PATH=false there is no front door.
 
 These were six ASGI layers, each wrapping the next one's `receive` or `send`
 (the body replayed three times, the response start copied at each layer).
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from service.access_control.auth import Authenticator
+from service.access_control.auth import Authenticator, Principal
 from service.config import Settings
 from service.database import request_state
 from service.graphql.context import Context
@@ -58,10 +58,25 @@ from service.web.http_guards import (
 )
 from service.web.time_limits import TimeLimits
 
-if TYPE_CHECKING:  # imported only when switched on (service/web/app.py)
-    from service.graphql.fast.front_door import FrontDoor
-
 log = logging.getLogger(__name__)
+
+
+class FrontDoor(Protocol):
+    """What may answer a request before Strawberry's view: the fast path's, when the app
+    installed it (service/graphql/fast/front_door.py), named here by its shape only, so
+    that the web layer loads and type-checks with the fast path removed.
+
+    `answer` gives the response body (status 200, JSON), or None: Strawberry's view answers.
+    """
+
+    async def answer(
+        self,
+        request: object,
+        plain_json_post: bool,
+        principal: Principal | None,
+        make_context: Callable[[], Context],
+    ) -> bytes | None: ...
+
 
 # Accept headers seen, and the media type each one answers in: clients send
 # one or two distinct values, each parsed once. Bounded: a client inventing

@@ -27,7 +27,7 @@ GRAPHQL_RESPONSE = "application/graphql-response+json"
 async def route(
     request: pytest.FixtureRequest, engine: AsyncEngine, settings: Settings
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings.replace(direct_execution=request.param == "direct"), engine=engine)
+    app = create_app(settings.replace(fast_path=request.param == "direct"), engine=engine)
     # An exception escaping the app is a 500 here, as a server would answer it.
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:

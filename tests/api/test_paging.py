@@ -165,7 +165,7 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
     clients = [
         httpx.AsyncClient(
             transport=httpx.ASGITransport(
-                app=create_app(small.replace(direct_execution=direct), engine=engine)
+                app=create_app(small.replace(fast_path=direct), engine=engine)
             ),
             base_url="http://inventory",
         )

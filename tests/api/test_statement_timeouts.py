@@ -1,7 +1,7 @@
 """A statement PostgreSQL cancels at its statement_timeout is an answer, not a bug.
 
 Issue 44: on a loaded machine a `node(id) { gpus {...} }` read on Strawberry's
-route was cancelled by the statement timeout (service/fleet/hardware.py
+route was cancelled by the statement timeout (service/fleet/node_details.py
 gpus_of, through the node loader) and answered INTERNAL_ERROR with a
 traceback in the log. Every statement of the service carries a
 statement_timeout (Settings.statement_timeout); here the service runs with a
@@ -78,7 +78,7 @@ async def short(database_url: str, settings: Settings, engine: AsyncEngine) -> A
     clients = [
         httpx.AsyncClient(
             transport=httpx.ASGITransport(
-                app=create_app(settings.replace(direct_execution=direct), engine=timing_out)
+                app=create_app(settings.replace(fast_path=direct), engine=timing_out)
             ),
             base_url="http://inventory",
         )

@@ -117,7 +117,7 @@ async def test_every_response_carries_a_request_id_and_json_logs_name_it(
     assert forged.headers["x-request-id"] != 'a" evil="1'
 
     record = logging.LogRecord(
-        "service.fleet.nodes", logging.WARNING, __file__, 1, "GPU %d gone", (3,), None
+        "service.fleet.node_writes", logging.WARNING, __file__, 1, "GPU %d gone", (3,), None
     )
     record.request_id = "lb-7f3a"
     record.node = "gpu-01"

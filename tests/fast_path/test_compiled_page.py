@@ -23,7 +23,7 @@ from benchmarks.questions import FILTERED as BENCH_FILTERED
 from benchmarks.questions import PAGE as BENCH_PAGE
 from service.ctl.nodes import NODE as CTL_NODE
 from service.database import connections
-from service.fleet import node_pages
+from service.graphql.fast import json_pages
 from service.graphql.private_api import core_schema
 from service.graphql.schema import schema
 from service.metrics import COUNTERS
@@ -530,7 +530,7 @@ async def test_one_node_for_a_refused_caller_is_refused_the_same_way(
 async def test_timestamps_are_written_as_the_datetime_scalar_writes_them(
     engine: AsyncEngine,
 ) -> None:
-    """node_pages.timestamp against the schema's own DateTime serializer, on what asyncpg
+    """json_pages.timestamp against the schema's own DateTime serializer, on what asyncpg
     decodes, for each shape of value and whatever the session's time zone."""
     serialize = core_schema(schema).get_type("DateTime").serialize  # type: ignore[union-attr]
     values = [
@@ -538,7 +538,7 @@ async def test_timestamps_are_written_as_the_datetime_scalar_writes_them(
         "2026-12-04 07:58:29.000001+00", "2026-03-29 01:30:00.5+01", "1850-03-01 12:00:00+00",
         "0999-01-01 00:00:00.25+00", "infinity", "-infinity",
     ]  # fmt: skip
-    expression = node_pages.timestamp("t.at")
+    expression = json_pages.timestamp("t.at")
     for zone in ("UTC", "Europe/Paris", "America/St_Johns", "Asia/Kathmandu"):
         async with connections.autocommit(engine) as conn, conn.raw.transaction():
             await conn.raw.execute(f"SET LOCAL TIME ZONE '{zone}'")
@@ -644,7 +644,7 @@ async def test_fleet_health_marks_read_the_same_built_by_postgresql(
 ) -> None:
     """Taints, drift, open remediations and the policy's recommended action: one statement
     per page and per node, the same JSON as Strawberry's resolvers give, on marks of every
-    kind (the recommended action written by the policy itself, node_pages.recommend)."""
+    kind (the recommended action written by the policy itself, json_pages.recommend)."""
     await a_cluster_with_marks(api)
     before = answered("page")
     answer, statements = await both_ways(both, count_statements, HEALTH)

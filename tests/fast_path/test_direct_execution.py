@@ -1,7 +1,7 @@
 """The direct executor answers exactly what Strawberry's view answers, and answers the agents' requests.
 
 Each request goes to two apps on the same database: one with
-INVENTORY_DIRECT_EXECUTION on (the default), one with it off. The mutations
+INVENTORY_FAST_PATH on (the default), one with it off. The mutations
 used are ones a client may repeat with the same answer (a report re-sent, a
 heartbeat, an allocation or placement re-sent with its ids), so running each
 twice compares answers, not states.
@@ -24,7 +24,7 @@ from tests.support.direct_execution import (
     OPERATIONS,
     PAGE,
     answered,
-    fast_path,
+    route_counts,
     same_answer,
 )
 from tests.support.reports import (
@@ -49,7 +49,7 @@ query Fabrics { fabrics { name nodes { id } } }
 async def test_an_agents_report_and_heartbeat_are_answered_directly_and_alike(
     both: tuple[httpx.AsyncClient, httpx.AsyncClient],
 ) -> None:
-    before = fast_path()
+    before = route_counts()
     registered = await same_answer(
         both, {"query": AGENT_REGISTER, "variables": {"input": FULL_REPORT}}
     )
@@ -231,7 +231,7 @@ async def test_a_compiled_heartbeat_answers_every_leaf_as_graphql_core_does(
         both, {"query": 'mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }'}
     )
 
-    before = fast_path()
+    before = route_counts()
     beat = await same_answer(both, {"query": BEAT_LEAVES, "variables": {"id": "gpu-01"}})
     assert beat["data"]["beat"] == {
         "__typename": "Node",
@@ -246,7 +246,7 @@ async def test_a_compiled_heartbeat_answers_every_leaf_as_graphql_core_does(
     whole = await same_answer(both, {"query": LEAVES, "variables": {"id": "gpu-01"}})
     assert whole["data"]["beat"]["name"] == FULL_REPORT["hostname"]
     assert whole["data"]["beat"]["stateReason"] == "burn-in"
-    now = fast_path()
+    now = route_counts()
     assert {
         key: now[key] - before.get(key, 0) for key in now if now[key] != before.get(key, 0)
     } == {

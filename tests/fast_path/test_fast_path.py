@@ -1,7 +1,7 @@
 """The fast path's front door: one switch, counted routes, no second write, no quiet fallback.
 
 Each story sends requests to two apps on one database (the `both` fixture):
-the fast path on (the default) and INVENTORY_DIRECT_EXECUTION=false, the
+the fast path on (the default) and INVENTORY_FAST_PATH=false, the
 reference (Strawberry's view alone).
 """
 
@@ -20,14 +20,16 @@ from strawberry.extensions import QueryDepthLimiter, SchemaExtension
 from strawberry.types.arguments import InputContext
 
 from service.config import Settings
-from service.fleet import heartbeats, node_pages, node_views
+from service.fleet import heartbeats, node_reads
+from service.graphql import types as graphql_types
 from service.graphql.context import Context
-from service.graphql.fast import execution, front_door
+from service.graphql.fast import execution, front_door, json_pages
+from service.graphql.fast.compiled_heartbeat import BEAT_FIELDS
 from service.graphql.fast.extensions import read_extensions
 from service.graphql.fast.fields import plain_fields, record_attributes
 from service.graphql.fast.input_conversion import compiled_input
 from service.graphql.schema import LIMIT_RULES, MAX_TOKENS, schema
-from service.graphql.types import BEAT_FIELDS, NODE_FIELDS, Node
+from service.graphql.types import Node
 from service.metrics import COUNTERS
 from service.web import app as app_module
 from tests.support.direct_execution import AGENT_HEARTBEAT, OPERATIONS, PAGE, same_answer
@@ -117,7 +119,7 @@ def test_switched_off_input_objects_are_built_by_strawberrys_own_conversion(
     definition = Label.__strawberry_definition__  # type: ignore[attr-defined]
     built = {}
     for on in (True, False):
-        context = new_context(engine, Settings(direct_execution=on))
+        context = new_context(engine, Settings(fast_path=on))
         info: Any = type("FakeInfo", (), {"context": context})()
         input_context = InputContext(
             info=info,
@@ -204,8 +206,8 @@ async def test_a_beat_whose_answer_graphql_core_must_word_is_not_beaten_again(
 ) -> None:
     await same_answer(both, {"query": REGISTER, "variables": {"input": node_input("gpu-01")}})
     # A value Boolean cannot represent: graphql-core's error to word, after the
-    # beat. As Node.of and the compiled route read the field (types.NODE_FIELDS).
-    monkeypatch.setitem(NODE_FIELDS, "schedulable", lambda record: "yes")
+    # beat. As Node.of and the compiled route read the field (Node.read).
+    monkeypatch.setitem(graphql_types._NODE_FIELDS, "schedulable", lambda record: "yes")
     beats = _count_beats(monkeypatch, heartbeats.beat)
     before = fast_path()
     answer = await same_answer(
@@ -272,7 +274,7 @@ async def test_a_bug_in_a_route_is_logged_counted_and_answered_as_an_internal_er
     async def broken(*args: Any, **kwargs: Any) -> str:
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(node_pages.NodePage, "fetch", broken)
+    monkeypatch.setattr(json_pages.NodePage, "fetch", broken)
     before = fast_path()
     with caplog.at_level(logging.ERROR, logger=front_door.__name__):
         body = (await fast.post("/graphql", json={"query": "{ nodes { id } }"})).json()
@@ -319,9 +321,9 @@ async def test_an_extension_the_fast_path_cannot_honour_sends_every_request_to_s
 async def test_the_fields_a_beat_answers_read_the_same_from_the_beat_as_from_the_node(
     api: Any, engine: AsyncEngine, state: str
 ) -> None:
-    """types.BEAT_FIELDS: the compiled heartbeat answers them from a BeatRecord.
+    """compiled_heartbeat.BEAT_FIELDS: the compiled heartbeat answers them from a BeatRecord.
 
-    Each of their readers (types.NODE_FIELDS, as Node.of reads them) gives the
+    Each of their readers (Node.read, as Node.of reads them) gives the
     same value from what the beat returned as from the node read after it:
     a reader that starts to need a column the beat does not return fails here.
     """
@@ -336,14 +338,15 @@ async def test_the_fields_a_beat_answers_read_the_same_from_the_beat_as_from_the
                     " WHERE id = 'gpu-01'"
                 )
             )
-    # An unreachable node's beat brings it back (nodes.heartbeat_many's statement).
+    # An unreachable node's beat brings it back (node_writes.heartbeat_many's statement).
     beat = await heartbeats.beat(engine, "gpu-01")
     async with engine.connect() as conn:
-        record = await node_views.get_node(conn, "gpu-01")
+        record = await node_reads.get_node(conn, "gpu-01")
     assert record is not None
-    assert NODE_FIELDS.keys() >= BEAT_FIELDS
     for name in BEAT_FIELDS:
-        assert NODE_FIELDS[name](beat) == NODE_FIELDS[name](record), name
+        read = Node.read(name)
+        assert read is not None, name
+        assert read(beat) == read(record), name
     assert (beat.state, beat.state_reason) == {
         "cordon": ("cordoned", "burn-in"),
         "unreachable": ("ready", None),
@@ -360,7 +363,7 @@ async def test_a_pages_fields_are_the_records_attributes_named_by_the_strawberry
     )
     await api('mutation { cordonNode(id: "gpu-01", reason: "burn-in") { id } }')
     async with engine.connect() as conn:
-        record = await node_views.get_node(conn, "gpu-01")
+        record = await node_reads.get_node(conn, "gpu-01")
     assert record is not None
     node = Node.of(record)
     attributes = record_attributes(schema, "Node")
@@ -371,9 +374,9 @@ async def test_a_pages_fields_are_the_records_attributes_named_by_the_strawberry
         value = getattr(node, field.python_name)
         raw = getattr(record, attributes[name])
         assert _comparable(value) == _comparable(raw), name
-    # The detail lists a page reads, named by their fields' metadata.
+    # The detail lists a page reads, named by the fast path's RECORD_ATTRIBUTES.
     assert {attributes[f] for f in ("gpus", "storage", "allocations", "fabrics", "weights")} <= {
-        *node_pages._LISTS
+        *json_pages._LISTS
     }
     assert set(record_attributes(schema, "NodeFreeGpus").values()) == {"gpu_indices", "node"}
 

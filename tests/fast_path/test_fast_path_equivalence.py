@@ -1,7 +1,7 @@
 """The fast path answers exactly what Strawberry alone answers, on operations generated from the schema.
 
 Two apps over one seeded database (benchmarks/equivalence/): one with
-INVENTORY_DIRECT_EXECUTION=true, one with it false, the reference. Every
+INVENTORY_FAST_PATH=true, one with it false, the reference. Every
 generated query or mutation (aliases, fragments, variables, directives,
 invalid values and types, refused callers) goes to both; the HTTP status, the
 body and the rows it leaves behind must be the same. The database is as
@@ -385,7 +385,7 @@ def test_a_place_declined_after_it_ran_is_not_placed_again(
     both: Both, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A place that raised after writing, or whose answer graphql-core must word: one place
-    per app, the outcome handed to the resolver (Context.hand_over), the same answer."""
+    per app, the outcome handed to graphql-core's run (hand_over.py), the same answer."""
     calls: list[str] = []
     real = allocation_mutations.place_batched
 
@@ -493,7 +493,7 @@ def test_an_answer_a_loaded_machine_gives_one_route_is_asked_again_not_a_differe
 ) -> None:
     loop, differential = both
     reference = differential.reference
-    app = create_app(settings(direct_execution=False), engine=differential.engine)
+    app = create_app(settings(fast_path=False), engine=differential.engine)
     flaky = TimesOutOnce(httpx.ASGITransport(app=app))
     differential.reference = httpx.AsyncClient(transport=flaky, base_url="http://inventory")
     try:

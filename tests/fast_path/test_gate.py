@@ -177,7 +177,7 @@ def test_no_compiled_route_checks_roles_itself() -> None:
     assert calling == ["front_door.py"]
 
 
-def _imported_with(direct_execution: str) -> list[str]:
+def _imported_with(fast_path: str) -> list[str]:
     """The fast path's modules a process has loaded once it built the app with the switch so."""
     program = (
         "import sys\n"
@@ -186,7 +186,7 @@ def _imported_with(direct_execution: str) -> list[str]:
         "create_app(Settings.from_env(), database_url='postgresql://unused/x')\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('service.graphql.fast'))))\n"
     )
-    env = {**os.environ, "INVENTORY_DIRECT_EXECUTION": direct_execution}
+    env = {**os.environ, "INVENTORY_FAST_PATH": fast_path}
     done = subprocess.run(
         [sys.executable, "-c", program],
         cwd=ROOT,
@@ -238,3 +238,38 @@ def test_the_fast_package_reads_no_asgi_scope() -> None:
         if upward:
             offenders[path.name] = upward
     assert offenders == {}
+
+
+# Words by which a module would know the fast path: its package, its routes,
+# its hand-over (issue 45: the resolvers carried hand-over hooks, types.py its
+# metadata).
+_FAST_PATH_WORDS = (
+    "graphql/fast",
+    "graphql.fast",
+    "fast path",
+    "fast route",
+    "compiled ",
+    "hand_over",
+    "hand over",
+    "handed over",
+    "hands over",
+)
+
+
+def test_the_resolvers_and_the_types_know_nothing_of_the_fast_path() -> None:
+    """The fast path stays in its room: what it needs of the schema it keeps itself
+    (fields.RECORD_ATTRIBUTES, execution.PREFETCHED) or applies from its side
+    (hand_over.py), so removing it changes nothing in these modules."""
+    graphql = ROOT / "service" / "graphql"
+    modules = [
+        *sorted((graphql / "operations").glob("*.py")),
+        *sorted(graphql.glob("*types.py")),
+        graphql / "context.py",
+        graphql / "loaders.py",
+        graphql / "inputs.py",
+    ]
+    knowing = {
+        str(path.relative_to(ROOT)): [w for w in _FAST_PATH_WORDS if w in path.read_text().lower()]
+        for path in modules
+    }
+    assert {name: words for name, words in knowing.items() if words} == {}

@@ -15,6 +15,7 @@ from enum import Enum
 from inspect import isawaitable
 from typing import Any
 
+import pytest
 import strawberry
 from graphql import ExecutionResult, GraphQLSchema, Undefined, execute, parse
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,7 +25,8 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from service.access_control.auth import OPEN_ACCESS
 from service.config import Settings
 from service.graphql.context import new_context
-from service.graphql.fast.execution import READY, PlainFieldExecutionContext
+from service.graphql.fast import execution
+from service.graphql.fast.execution import NOT_READY, PlainFieldExecutionContext
 from service.graphql.schema import schema as service_schema
 from tests.support.api import Api
 from tests.support.reports import (
@@ -409,15 +411,13 @@ def test_types_served_by_records_find_every_field_on_the_record() -> None:
         assert all(f.base_resolver is None for f in definition.fields), "plain fields only"
 
 
-# A resolver field that says how to read its value when it is already at hand
-# (execution.READY): the service's Node details on a prefetched page.
+# A resolver field the fast path knows how to read when its value is already
+# at hand (execution.PREFETCHED): the service's Node details on a prefetched page.
 
 resolver_calls: list[str] = []
 
 
 def _ready_spare(shelf: Shelf, context: Any) -> Any:
-    from service.graphql.fast.execution import NOT_READY
-
     return NOT_READY if shelf.spare is None else shelf.spare
 
 
@@ -426,7 +426,7 @@ class Shelf:
     name: str
     spare: strawberry.Private[Item | None]
 
-    @strawberry.field(metadata={READY: _ready_spare})
+    @strawberry.field
     def part(self) -> Item:
         resolver_calls.append(self.name)
         return item(name=f"from the resolver of {self.name}")
@@ -439,7 +439,10 @@ class ShelfQuery:
         return [Shelf(name="stocked", spare=item(name="at hand")), Shelf(name="empty", spare=None)]
 
 
-async def test_a_field_ready_at_hand_skips_its_resolver_and_one_not_ready_calls_it() -> None:
+async def test_a_field_ready_at_hand_skips_its_resolver_and_one_not_ready_calls_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(execution.PREFETCHED, ("Shelf", "part"), _ready_spare)
     shelves = strawberry.Schema(query=ShelfQuery)
     query = "{ shelves { name part { name color } } }"
     resolver_calls.clear()
@@ -457,6 +460,57 @@ async def test_a_field_ready_at_hand_skips_its_resolver_and_one_not_ready_calls_
             {"name": "empty", "part": {"name": "from the resolver of empty", "color": "RED"}},
         ]
     }
-    # Only the READY branch differs from the stock answer: the values the resolver gives.
+    # Only the prefetched branch differs from the stock answer: the values the resolver gives.
     assert stock.data is not None
     assert stock.data["shelves"][1] == plain.data["shelves"][1]
+
+
+async def test_each_prefetched_reader_answers_what_its_resolver_answers(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """execution.PREFETCHED reads a Node detail without its resolver: the resolver's own value.
+
+    With the node's details in the request's loaders, each reader gives the
+    very object the resolver returns at once; before they are loaded, the
+    reader says NOT_READY and the resolver returns an awaitable.
+    """
+    from service.fleet import node_reads
+    from service.graphql.types import Node
+
+    await api(REGISTER, {"input": node_input("gpu-01", gpus=gpus(H100, 2))})
+    await api(ALLOCATE, allocation("r1", shard("s1", "gpu-01", 0)))
+    async with engine.connect() as conn:
+        record = await node_reads.get_node(conn, "gpu-01")
+    assert record is not None
+    node = Node.of(record)
+    resolvers = {
+        service_schema.config.name_converter.get_graphql_name(f): f
+        for f in Node.__strawberry_definition__.fields  # type: ignore[attr-defined]
+    }
+    readers = {name: read for (type_name, name), read in execution.PREFETCHED.items()}
+    assert {type_name for type_name, _ in execution.PREFETCHED} == {"Node"}
+
+    class Info:
+        def __init__(self, context: Any) -> None:
+            self.context = context
+
+    context = new_context(engine, Settings())
+    for name, read in readers.items():
+        field = resolvers[name]
+        assert field.base_resolver is not None, name
+        later = field.base_resolver.wrapped_func(node, Info(context))
+        assert isawaitable(later), name
+        later.close()  # type: ignore[attr-defined]
+        assert read(node, context) is NOT_READY, name
+
+    async with engine.connect() as conn:
+        await context.loaders.prefetch_nodes(conn, ["gpu-01"], [])
+        for loader in ("gpus", "fabrics", "filesystems", "weights", "shards_on_node"):
+            await context.loaders.prefetch(conn, getattr(context.loaders, loader), ["gpu-01"])
+    for name, read in readers.items():
+        field = resolvers[name]
+        assert field.base_resolver is not None
+        answered = field.base_resolver.wrapped_func(node, Info(context))
+        assert not isawaitable(answered), name
+        assert read(node, context) is answered, name
+    assert [a.shard_id for a in readers["allocations"](node, context)] == ["s1"]

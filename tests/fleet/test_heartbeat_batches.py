@@ -91,7 +91,7 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
     """Both only move last_seen: HOT updates (no index entry), or the churn of a
     cluster's beats bloats every index of nodes and slows every question until vacuum."""
     from service.database import connections
-    from service.fleet import nodes
+    from service.fleet import node_writes
     from service.fleet.reports import NodeReport
 
     ids = [f"gpu-{i:02d}" for i in range(5)]
@@ -99,7 +99,7 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
         await api(REGISTER, {"input": node_input(node_id)})
     plain = NodeReport(id="plain-01", hostname="plain-01", mgmt_addr="10.0.0.9")
     async with connections.transaction(engine) as conn:
-        assert (await nodes.register_node(conn, plain)).created
+        assert (await node_writes.register_node(conn, plain)).created
 
     counts = text(
         "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'nodes'"
@@ -109,8 +109,8 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
         # statistics (the backend may still hold counts of earlier work).
         updated_before, hot_before = (await conn.execute(counts)).one()
         for _ in range(4):
-            await nodes.heartbeat_many(conn, ids)
-        registration = await nodes.register_node(conn, plain)
+            await node_writes.heartbeat_many(conn, ids)
+        registration = await node_writes.register_node(conn, plain)
         updated_after, hot_after = (await conn.execute(counts)).one()
     updated, hot = updated_after - updated_before, hot_after - hot_before
 
@@ -122,17 +122,17 @@ async def test_a_beat_and_an_unchanged_report_rewrite_no_index_of_the_node(
 async def test_an_alive_beat_commits_without_waiting_for_the_flush_and_leaves_its_connection_as_it_was(
     api: Api, engine: AsyncEngine
 ) -> None:
-    """nodes._ALIVE_HEARTBEATS: synchronous_commit off for its own transaction only.
+    """node_writes._ALIVE_HEARTBEATS: synchronous_commit off for its own transaction only.
 
     The batch's connection is held across batches and then goes back to the
     pool (service/batches.py): a setting left on it would make some later
     registration or allocation commit without waiting for the disk.
     """
     from service.database import connections
-    from service.fleet import nodes
+    from service.fleet import node_writes
 
     await api(REGISTER, {"input": node_input("gpu-01")})
-    sql, _ = connections.compile_text(nodes._ALIVE_HEARTBEATS)
+    sql, _ = connections.compile_text(node_writes._ALIVE_HEARTBEATS)
     async with connections.autocommit(engine) as conn:
         raw = conn.raw
         server_default = await raw.fetchval("SHOW synchronous_commit")
@@ -150,7 +150,7 @@ async def test_an_alive_beat_commits_without_waiting_for_the_flush_and_leaves_it
         assert setting_inside == "off"
 
         before = (await api('{ node(id: "gpu-01") { lastSeen } }'))["node"]["lastSeen"]
-        found = await nodes.heartbeat_alive(conn, ["gpu-01"])
+        found = await node_writes.heartbeat_alive(conn, ["gpu-01"])
         assert list(found) == ["gpu-01"]
         assert await raw.fetchval("SHOW synchronous_commit") == server_default == "on"
 

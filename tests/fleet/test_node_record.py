@@ -1,6 +1,6 @@
 """A node read from its row is the same record, and the same views, however it is built.
 
-service/fleet/node_views.node_from_row sets the record's fields in one dict
+service/fleet/node_reads.node_from_row sets the record's fields in one dict
 update instead of the dataclass's __init__ (half of reading a row); a field
 added to NodeRecord and forgotten there must fail here, not read as missing.
 """
@@ -12,7 +12,7 @@ import dataclasses
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
-from service.fleet.node_views import NodeRecord, get_nodes
+from service.fleet.node_reads import NodeRecord, get_nodes
 from service.fleet.reports import Disk
 from tests.support.api import Api
 from tests.support.reports import REGISTER, node_input

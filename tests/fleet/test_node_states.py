@@ -65,9 +65,9 @@ def test_node_states_are_defined_in_one_place() -> None:
 
 
 def test_the_scan_would_see_the_definitions_it_forbids() -> None:
-    # The forms the rules were once written in elsewhere (node_views.STATES,
+    # The forms the rules were once written in elsewhere (node_reads.STATES,
     # the GraphQL enum, tables.py's CHECKs and computed column, the SQL CASEs
-    # of placement and node_pages, allocations.state_phrase, verdicts.judge),
+    # of placement and json_pages, allocations.state_phrase, verdicts.judge),
     # so the scan above cannot pass by matching nothing.
     old_forms = {
         "a list of the states": ['STATES = ("ready", "cordoned", "draining")'],

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from benchmarks.cluster import to_report
 from service import metrics
 from service.database import connections
-from service.fleet import nodes, re_registration
+from service.fleet import node_writes, re_registration
 from service.scheduling import allocations
 from service.scheduling.allocations import Allocated, AllocationRequest, ShardRequest
 from tests.support.api import Api
@@ -119,7 +119,7 @@ async def test_a_report_this_process_stored_but_another_changed_since_is_stored_
     first = node_input("gpu-07", storage=STORAGE[:1])
     await api(REGISTER, {"input": first})
     async with connections.transaction(engine) as elsewhere:
-        await nodes.register_node(elsewhere, to_report(node_input("gpu-07", storage=STORAGE)))
+        await node_writes.register_node(elsewhere, to_report(node_input("gpu-07", storage=STORAGE)))
     before = counted()
 
     await api(REGISTER, {"input": first})
@@ -184,7 +184,7 @@ async def test_a_report_stored_while_this_one_waited_for_the_lock_sends_it_to_th
     without_filer = node_input("gpu-07", storage=[{**STORAGE[0], "freeBytes": 1 * TB}])
 
     async with connections.transaction(engine) as holder:
-        await nodes.register_node(holder, to_report(with_filer))
+        await node_writes.register_node(holder, to_report(with_filer))
         waiting = asyncio.create_task(api(REGISTER, {"input": without_filer}))
         await wait_for_lock_wait(engine)
     await waiting

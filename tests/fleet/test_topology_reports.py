@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.fleet import topology as topology_rules
-from service.fleet.hardware import gpus_of
+from service.fleet.node_details import gpus_of
 from service.fleet.topology import describe_groups, nvlink_groups
 from tests.support.api import Api
 from tests.support.holds import hold

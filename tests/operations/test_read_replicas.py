@@ -105,7 +105,7 @@ async def service(
 ) -> AsyncIterator[Service]:
     pair, replica = cluster
     pair.primary.sql("TRUNCATE nodes CASCADE")
-    async with serving(pair, settings_for(pair, replica, direct_execution=request.param)) as s:
+    async with serving(pair, settings_for(pair, replica, fast_path=request.param)) as s:
         yield s
 
 

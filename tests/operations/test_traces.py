@@ -121,7 +121,7 @@ async def test_a_query_and_a_refused_request_are_spans_with_their_outcomes(
 
 async def test_statements_outside_requests_start_no_trace(engine: AsyncEngine) -> None:
     from service.database import connections
-    from service.fleet.nodes import count_nodes
+    from service.fleet.node_writes import count_nodes
 
     exporter = InMemorySpanExporter()
     tracing = with_exporter(exporter)

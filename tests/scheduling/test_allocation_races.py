@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.database.connections import Connection
 from service.database.db import create_engine, dispose
-from service.fleet import nodes
+from service.fleet import node_writes
 from service.fleet.reports import GpuReport, NodeReport
 from service.scheduling import allocations
 from service.scheduling.allocations import AllocationRequest, ShardRequest
@@ -107,7 +107,7 @@ async def test_an_allocation_after_a_cordon_is_refused(api: Api, engine: AsyncEn
     await api(REGISTER, {"input": node_input("gpu-07")})
 
     async def cordon(conn: Connection) -> None:
-        await nodes.cordon_node(conn, "gpu-07", "kernel upgrade", "ops")
+        await node_writes.cordon_node(conn, "gpu-07", "kernel upgrade", "ops")
 
     _, got = await while_open(engine, cordon, allocate_over_api(api, GPU_3_REQUEST))
 
@@ -134,7 +134,7 @@ async def test_an_allocation_after_a_removal_finds_no_node(api: Api, engine: Asy
     await api(REGISTER, {"input": node_input("gpu-07")})
 
     async def remove(conn: Connection) -> None:
-        await nodes.remove_node(conn, "gpu-07", "ops")
+        await node_writes.remove_node(conn, "gpu-07", "ops")
 
     _, got = await while_open(engine, remove, allocate_over_api(api, GPU_3_REQUEST))
 
@@ -183,7 +183,7 @@ async def test_an_allocation_after_a_gpu_went_unhealthy_is_refused(
     await api(REGISTER, {"input": node_input("gpu-07")})
 
     async def reregister(conn: Connection) -> None:
-        await nodes.register_node(conn, report_with_gpu_3_unhealthy())
+        await node_writes.register_node(conn, report_with_gpu_3_unhealthy())
 
     _, got = await while_open(engine, reregister, allocate_over_api(api, GPU_3_REQUEST))
 

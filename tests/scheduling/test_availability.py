@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.fleet.hardware import gpus_of
+from service.fleet.node_details import gpus_of
 from service.scheduling import availability
 from service.scheduling.gpu_pools import refresh_pools
 from tests.support.api import Api

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import fit as fits
 from service.scheduling.placement.statements import (
     NO_LIMIT,
@@ -25,7 +26,6 @@ from service.scheduling.placement.statements import (
     request_params,
     survey_sql,
 )
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.api import Api
 from tests.support.consistency import inconsistencies
 from tests.support.reports import (

@@ -14,8 +14,9 @@ here with the command that writes them again:
     .venv/bin/python -m tests.scheduling.test_golden_sql --write
 
 Each statement is also planned (EXPLAIN, every parameter NULL) against the
-migrated schema, so a column renamed in a migration but not in a statement
-fails here, whichever shape it hides in.
+migrated schema (and the backup machinery's report table, deploy/backup/status.sql),
+so a column renamed in a migration but not in a statement fails here, whichever
+shape it hides in.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from service.scheduling import capacity
 from service.scheduling.allocations import records
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups import reads as group_reads
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import claims, fit, statements
 from service.scheduling.topology_fit import TOLERATING
-from service.scheduling.verdicts import PlaceRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "docs" / "internals" / "sql"

@@ -33,12 +33,12 @@ from service.database.transactions import in_transaction
 from service.metrics import render
 from service.scheduling.allocations import Allocated, NotStored, lock_nodes
 from service.scheduling.place_batches import COUNTS, PlaceQueue
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import (
     Unplaceable,
     claim_calls,
     place_several_without_waiting,
 )
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.api import Api
 from tests.support.consistency import inconsistencies
 from tests.support.placing import hold_gpus as hold

@@ -14,8 +14,8 @@ import random
 
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
 from service.scheduling.groups.requests import request_from_spec
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.taints import TaintEffect, Toleration, TolerationOperator
-from service.scheduling.verdicts import PlaceRequest
 
 
 def random_toleration(rng: random.Random) -> Toleration:

@@ -33,8 +33,8 @@ from service.database.request_state import ClientDeadline, DeadlinePassed
 from service.database.transactions import in_transaction
 from service.fleet.liveness import sweep
 from service.scheduling.allocations import Allocated, ReplicaReleased, release_replica
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import place
-from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
 from tests.support.api import Api
 from tests.support.reports import (

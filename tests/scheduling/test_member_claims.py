@@ -1,7 +1,7 @@
 """A group's members claimed in one round get what claiming them one by one gives (a seeded differential).
 
 placeGroup claims members that are each on one node, of one GPU class,
-without topology or tolerations, in one round (placement/member_claims.py:
+without topology or tolerations, in one round (groups/claiming.py, claim_members:
 their nodes locked at once, their GPUs read once and handed out member by
 member, one store statement); every other group is claimed member by
 member with the GPUs each node's packing gives it (groups/claiming.py),

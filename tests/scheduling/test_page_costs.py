@@ -40,11 +40,11 @@ from service.scheduling.groups.reads import (
     window_size,
     window_sql,
 )
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.explanation import MAX_VERDICTS
 from service.scheduling.placement.fit import census_facts_sql
 from service.scheduling.placement.statements import request_params
 from service.scheduling.pool_census import MOST_KINDS
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.page_costs import (
     BIG_PROFILE,
     BOARD,

@@ -14,8 +14,8 @@ from service.event_log.events import collecting_recorded
 from service.fleet.liveness import sweep
 from service.scheduling import placement as placement_module
 from service.scheduling.allocations import Allocated
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import statements as placement_statements
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.api import Api
 from tests.support.placing import hold, place, register, statements_sent
 from tests.support.reports import (

@@ -21,9 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.metrics import render
 from service.scheduling.allocations import Allocated
 from service.scheduling.place_batches import COUNTS, PlaceQueue
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import Unplaceable
 from service.scheduling.rejections import Rejection
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.api import Api
 from tests.support.consistency import inconsistencies
 from tests.support.placing import hold

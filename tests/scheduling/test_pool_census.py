@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database import connections
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import fit as fits
 from service.scheduling.pool_census import DECLINED
-from service.scheduling.verdicts import PlaceRequest
 from tests.support.api import Api
 from tests.support.reports import H100, gpus
 from tests.support.topology import bridged_pairs, hgx_h100

@@ -302,7 +302,7 @@ WHOLE_PAGE = """
 
 async def register_many(engine: AsyncEngine, count: int, start: int = 0) -> None:
     """Register nodes through the domain function, as registerNode does, but without HTTP."""
-    from service.fleet.nodes import register_node
+    from service.fleet.node_writes import register_node
     from service.fleet.reports import FabricReport, FilesystemReport, GpuReport, NodeReport
 
     async with engine.begin() as conn:

@@ -42,7 +42,7 @@ FACT_FRAGMENTS = {
 
 # Lines that match but define none of these: (file, text on the line) -> why.
 NOT_DEFINITIONS = {
-    ("service/fleet/node_views.py", "n.local_disk_free, n.local_disk_total,"): (
+    ("service/fleet/node_reads.py", "n.local_disk_free, n.local_disk_total,"): (
         "NODE_COLUMNS: a node's record as the API shows it, not the facts placement judges"
     ),
 }

@@ -88,14 +88,14 @@ async def same_answer(
     return direct.text
 
 
-def fast_path() -> dict[tuple[str, str, str], int]:
+def route_counts() -> dict[tuple[str, str, str], int]:
     """inventory_fast_path_requests_total's counts: (route, outcome, reason) -> count."""
     return COUNTERS.snapshot()[2]
 
 
 def answered(before: dict[tuple[str, str, str], int], route: str) -> int:
     """How many requests `route` answered since `before`."""
-    now = fast_path()
+    now = route_counts()
     return sum(
         count - before.get(key, 0)
         for key, count in now.items()

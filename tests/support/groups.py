@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.scheduling.groups import GroupRequest, GroupRole, Locality, LocalityLevel
-from service.scheduling.verdicts import PlaceRequest
+from service.scheduling.place_request import PlaceRequest
 
 PLACE_GROUP = """
 mutation P($input: PlaceGroupInput!) {

@@ -26,8 +26,8 @@ from service.scheduling.groups.placing import requests_of
 from service.scheduling.groups.reads import (
     board_sql,
 )
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.statements import SURVEY_COUNT
-from service.scheduling.verdicts import PlaceRequest
 from service.web.app import create_app
 from tests.support.databases import create_database, drop_database, seal_template, with_database
 from tests.support.reports import A100, H100, gpus, node_input

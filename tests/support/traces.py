@@ -49,9 +49,7 @@ async def traced(
 ) -> AsyncIterator[Traced]:
     exporter = InMemorySpanExporter()
     tracing = with_exporter(exporter)
-    app = create_app(
-        settings.replace(direct_execution=request.param), engine=engine, tracing=tracing
-    )
+    app = create_app(settings.replace(fast_path=request.param), engine=engine, tracing=tracing)
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:

@@ -17,6 +17,7 @@ from benchmarks.results import (
     PER_SIZE,
     RESULTS_END,
     RESULTS_START,
+    ROUTE_ROW,
     Results,
     ResultsPageError,
     Row,
@@ -111,3 +112,17 @@ def test_benchmarks_md_is_a_results_page_of_at_most_200_lines() -> None:
     # The figures page the results link to was written by the same run.
     figures = (REPO / FIGURES_PAGE).read_text()
     assert current.split("**Commit** ")[1].split(",")[0] in figures
+
+
+def test_a_fast_path_route_that_stops_paying_for_itself_is_not_met() -> None:
+    """benchmarks/routes.py: each route's CPU per request against Strawberry's view's (issue 45)."""
+    paying = Row(1000, f"{ROUTE_ROW}heartbeat route: the agents' beat", "ms CPU/request",
+                 figure(0.13), "Strawberry's view", figure(1.1), better="lower")  # fmt: skip
+    idle = Row(1000, f"{ROUTE_ROW}node route: one node", "ms CPU/request",
+               figure(1.0), "Strawberry's view", figure(1.05), better="lower")  # fmt: skip
+    judged = {v.target: v for v in verdicts([paying, idle])}
+    route = "CPU per request <= 0.9x Strawberry's view's"
+    assert judged[f"1,000 nodes: {paying.name}: {route}"].status == MET
+    assert judged[f"1,000 nodes: {idle.name}: {route}"].status == NOT_MET
+    unmeasured = {v.target: v for v in verdicts(quick_rows())}
+    assert unmeasured[f"each fast-path route's {route}"].status == NOT_MEASURED

@@ -248,10 +248,38 @@ def test_the_contributing_page_lists_the_same_layers() -> None:
     assert listed == expected
 
 
+def folder_listings(page: str) -> dict[str, list[str]]:
+    """Each "`service/<folder>/`:" of the page with the modules its bullet list names."""
+    listings: dict[str, list[str]] = {}
+    for folder, bullets in re.findall(
+        r"^`(service/[\w/]+/)`:\n\n((?:- `[\w.]+\.py`.*\n(?:  .*\n)*)+)", page, flags=re.M
+    ):
+        listings[folder] = re.findall(r"^- `([\w.]+\.py)`", bullets, flags=re.M)
+    return listings
+
+
+def test_the_contributing_page_lists_each_folder_it_describes_whole() -> None:
+    """A folder the page describes module by module lists every module in it, and no other
+    (issue 45: placement/fit.py was left out)."""
+    listings = folder_listings((REPO / "docs" / "contributing" / "layers.md").read_text())
+    assert listings, "the page describes no folder module by module"
+    for folder, listed in listings.items():
+        present = sorted(p.name for p in (REPO / folder).glob("*.py") if p.name != "__init__.py")
+        assert sorted(listed) == present, folder
+
+
+def test_the_folder_listings_are_read_as_a_reader_reads_them() -> None:
+    page = (
+        "`service/x/`:\n\n- `a.py`: one idea;\n  more of it\n- `b.py`: another.\n\nText.\n"
+        "`service/y/`:\n\n- `c.py`: alone.\n"
+    )
+    assert folder_listings(page) == {"service/x/": ["a.py", "b.py"], "service/y/": ["c.py"]}
+
+
 # A module past this many lines is a prompt to review it, not a reason to split it:
 # split by idea, never by size (issue 45: open_remediations.py, 39 lines, existed only
-# because remediations.py passed the old hard cap). A long module that still holds one
-# idea is listed in LONG_MODULES with that idea in a sentence, which a reviewer reads;
+# because remediations.py passed the old hard cap; it is back in remediations.py). A long
+# module that still holds one idea is listed in LONG_MODULES with that idea in a sentence, which a reviewer reads;
 # the test fails for a long module without an entry, and for an entry whose module is
 # no longer long (so the list says what is true).
 REVIEW_AT_LINES = 600

@@ -2,11 +2,12 @@
 
 A comment that sends the reader to a file for the rule is worse than none
 once that file has moved: the reader trusts it and reads the wrong file, or
-nothing. This scans the comments and docstrings of the Python code (service/,
-agent/, clients/, benchmarks/, tests/) and the Markdown documents (the repository's
-root and docs/) for repo-relative paths, and fails naming the file and line
-of each one that does not exist, so whoever moved the file fixes the
-references in the same change.
+nothing. This scans the comments, docstrings and SQL strings (a `-- see ...` inside a
+statement) of the Python code (service/, agent/, clients/, benchmarks/,
+tests/), the Markdown documents (the repository's root and docs/) and the
+distributions' pyproject.toml files for repo-relative paths, and fails naming
+the file and line of each one that does not exist, so whoever moved the file
+fixes the references in the same change.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ def _docstrings(tree: ast.AST) -> Iterator[tuple[int, str]]:
                 yield body[0].lineno, body[0].value.value
 
 
+# A string constant that is SQL, or part of a statement: one of these words.
+SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|WHERE|JOIN|VALUES)\b")
+
+
+def _sql_strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(first line, text) of each string constant that is SQL or a fragment of a statement
+    (an f-string's parts included): where a statement's own comments are."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and SQL.search(node.value)
+        ):
+            yield node.lineno, node.value
+
+
 def _comments(source: str) -> Iterator[tuple[int, str]]:
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
@@ -59,7 +76,11 @@ def texts_of(path: Path) -> Iterator[tuple[int, str]]:
         yield from enumerate(source.splitlines(), start=1)
         return
     yield from _comments(source)
-    for first, text in _docstrings(ast.parse(source)):
+    tree = ast.parse(source)
+    docstrings = list(_docstrings(tree))
+    seen = {text for _, text in docstrings}
+    strings = [(first, text) for first, text in _sql_strings(tree) if text not in seen]
+    for first, text in docstrings + strings:
         for offset, line in enumerate(text.splitlines()):
             yield first + offset, line
 
@@ -69,7 +90,8 @@ def named_paths(text: str) -> Iterator[str]:
         named = match.group(1).rstrip(".")
         # A URL's path (https://host/docs/...) is not the repository's.
         before = text[: match.start()]
-        if NOT_ONE_FILE.search(named) or re.search(r"://\S*$", before):
+        # A regular expression's (pyproject.toml's `exclude = ["^agent/build/"]`).
+        if NOT_ONE_FILE.search(named) or re.search(r"://\S*$", before) or before.endswith("^"):
             continue
         yield named
 
@@ -99,6 +121,8 @@ def exists(named: str) -> bool:
 def scanned_files() -> list[Path]:
     files = [p for top in CODE for p in sorted((ROOT / top).rglob("*.py"))]
     files += sorted(ROOT.glob("*.md"))
+    # The distributions' settings: what they package, check and exclude, and why.
+    files += [p for p in (ROOT / "pyproject.toml", *ROOT.glob("*/**/pyproject.toml"))]
     if (ROOT / "docs").is_dir():
         # The journal under docs/history/ records files as they were on the
         # day of each entry: a moved file is history there, not a stale link.
@@ -114,7 +138,8 @@ def missing_paths() -> list[str]:
                 # A document's links are relative to its own folder: docs/index.md
                 # names the agent's pages by their paths under docs/.
                 beside = path.parent.relative_to(ROOT) / named
-                if not exists(named) and not (path.suffix == ".md" and exists(str(beside))):
+                relative = path.suffix in (".md", ".toml")
+                if not exists(named) and not (relative and exists(str(beside))):
                     missing.append(f"{path.relative_to(ROOT)}:{line}: {named}")
     return missing
 
@@ -147,4 +172,19 @@ def test_the_scan_finds_paths_in_comments_docstrings_and_documents(tmp_path: Pat
         ["benchmarks/floor.py", "benchmarks/floor.floor_round"]
     ]
     assert exists("benchmarks/floor.floor_round") and exists("service/scheduling")
-    assert not exists("service/nodes.register_node")  # moved to service/fleet/nodes.py
+    # A statement's own comments, and a pyproject.toml's lines (a regular expression left alone).
+    statements = tmp_path / "s.py"
+    # (Written in parts, so that no string of this test is itself SQL naming a path.)
+    sql = "SELECT 1  -- the rule: "
+    statements.write_text(
+        f'PICK = text(\n    "{sql}' + 'service/no/rule.py\\n"\n    "FROM nodes"\n)\n'
+        'NAME = "service/' + 'not/sql.py"\n'
+    )
+    assert [(line, list(named_paths(text))) for line, text in texts_of(statements)] == [
+        (2, ["service/no/rule.py"]),
+        (3, []),
+    ]
+    toml = tmp_path / "pyproject.toml"
+    toml.write_text('# see service/no/such.py\nexclude = ["^agent/build/"]\n')
+    assert [list(named_paths(text)) for _, text in texts_of(toml)] == [["service/no/such.py"], []]
+    assert not exists("service/nodes.register_node")  # moved to service/fleet/node_writes.py

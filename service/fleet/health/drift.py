@@ -323,7 +323,7 @@ _OF_NODES = text(
 
 def drift_sql(n: str, entry: str) -> str:
     """SQL json: `entry` (over drift_findings `d`) for each finding of the node row `n`, as
-    drift_of lists them; [] for none. The compiled page's Node.drift (service/fleet/node_pages.py)."""
+    drift_of lists them; [] for none. The compiled page's Node.drift (service/graphql/fast/json_pages.py)."""
     return (
         f"(SELECT coalesce(json_agg({entry} ORDER BY d.{_ORDER}), '[]')"
         f" FROM drift_findings d WHERE d.node_id = {n}.id)"

@@ -40,10 +40,14 @@ faults left clears. Each step is an event naming who did it.
 
 A wrong transition (finishing a PENDING one, starting one twice) is refused
 CONFLICT naming the id and the state, and changes nothing.
+
+Read back: a page of them (list_remediations), and each node's open ones
+(open_of, and open_sql for the fast path's compiled page: the same rows).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -479,3 +483,31 @@ async def list_remediations(
         params,
     )
     return [of_row(r) for r in rows]
+
+
+# A node's open remediations (Node.remediations): read by the loader (open_of)
+# and built by the fast path's compiled page (open_sql), with one predicate
+# (OPEN) and one order (by id), so the dashboard's node list answered by
+# PostgreSQL lists what Strawberry's resolver lists.
+_OPEN = f"r.state IN {OPEN_SQL}"
+_OF_NODES = text(
+    f"SELECT {COLUMNS} FROM remediations r"
+    f" WHERE r.node_id = ANY(CAST(:ids AS text[])) AND {_OPEN} ORDER BY r.node_id, r.id"
+)
+
+
+async def open_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[Remediation]]:
+    """Each node's open remediations (PENDING, IN_PROGRESS, AWAITING_VALIDATION), by id."""
+    out: dict[str, list[Remediation]] = defaultdict(list)
+    for r in await conn.execute(_OF_NODES, {"ids": list(node_ids)}):
+        out[r.node_id].append(of_row(r))
+    return out
+
+
+def open_sql(n: str, entry: str) -> str:
+    """SQL json: `entry` (over remediations `r`) for each open remediation of the node row `n`,
+    as open_of lists them; [] for none. The compiled page's Node.remediations."""
+    return (
+        f"(SELECT coalesce(json_agg({entry} ORDER BY r.id), '[]')"
+        f" FROM remediations r WHERE r.node_id = {n}.id AND {_OPEN})"
+    )

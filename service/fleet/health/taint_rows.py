@@ -1,7 +1,7 @@
 """Taints as read back: the rows of the taints table, with the operator's cordons shown as taints.
 
 One home for how a stored taint (or a cordon, or a drain) becomes a
-scheduling.taints.Taint, for the GPUs' records (hardware.gpus_of, one JSON
+scheduling.taints.Taint, for the GPUs' records (node_details.gpus_of, one JSON
 column per GPU) and for the nodes' lists (fleet/health/taints.taints_of).
 """
 
@@ -44,7 +44,7 @@ def gpu_taints_sql(g: str, entry: str) -> str:
 
     The taints table is read only for a GPU whose marks say it has some
     (gpus.withheld, gpus.last_resort): a page of untainted GPUs pays a
-    column test each. Also the compiled page's Gpu.taints (service/fleet/node_pages.py).
+    column test each. Also the compiled page's Gpu.taints (service/graphql/fast/json_pages.py).
     """
     return f"""(CASE WHEN {g}.withheld OR {g}.last_resort OR {gpu_cordoned(g)} THEN (
         SELECT json_agg({entry} ORDER BY x.cordon DESC, x.key)
@@ -59,7 +59,7 @@ def gpu_taints_sql(g: str, entry: str) -> str:
 
 def gpu_taints_json(g: str) -> str:
     """SQL json: gpu_taints_sql's taints, each in taints.taint_json's one shape, as taint_of
-    reads them (hardware.gpus_of)."""
+    reads them (node_details.gpus_of)."""
     return gpu_taints_sql(g, taint_json("x"))
 
 
@@ -81,7 +81,7 @@ def node_admin_tainted(n: str) -> str:
 def node_taints_sql(n: str, entry: str) -> str:
     """SQL json: `entry` (over TAINT_ROW) for each of the node row `n`'s own taints (not its
     GPUs'), its cordon or drain included, by key (as fleet/health/taints.taints_of lists them);
-    [] for none. The compiled page's Node.taints (service/fleet/node_pages.py)."""
+    [] for none. The compiled page's Node.taints (service/graphql/fast/json_pages.py)."""
     return f"""(SELECT coalesce(json_agg({entry} ORDER BY x.key), '[]')
         FROM (SELECT false, t.key, t.value, t.effect, t.source, t.reason, t.actor, t.since,
                      t.gpu_index

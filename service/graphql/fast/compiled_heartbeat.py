@@ -10,7 +10,7 @@ leaves), none of which a beat's answer needs.
 
 Which documents: a mutation with one root field, `heartbeat`, whose `nodeId`
 is a variable or a string literal, selecting only the leaf fields of Node
-that the beat itself returns (types.BEAT_FIELDS: id, state, stateReason,
+that the beat itself returns (BEAT_FIELDS: id, state, stateReason,
 stateChangedBy, schedulable; aliases and __typename too), without directives
 or fragments; and, last, optionally `weights { path pinnedBy }` (issue 31:
 an agent that watches weights learns their pins from every beat's answer, so
@@ -22,20 +22,20 @@ node after the beat.
 
 How it stays exact: the same domain call as the resolver, behind the same
 gate (front_door.py), each field read from the beat as Node.of reads it
-(types.NODE_FIELDS), the schema's own serializers for each leaf. Whatever graphql-core would
+(Node.read), the schema's own serializers for each leaf. Whatever graphql-core would
 have to decide, it declines with a reason, and graphql-core then runs the
 document as usual. Before the beat: a node id that is not a string (an ID
 sent as a number is graphql-core's to coerce), a caller the gate refuses
 (the resolver refuses it too, writing nothing). After the beat, the
 beat is never run again: when it failed (an unknown node), or a leaf is one
-graphql-core would refuse, its outcome is handed to the resolver through the
-request's Context (FastRequest.hand_over; operations/mutations.py takes it with
-Context.once), and graphql-core words the answer from it.
+graphql-core would refuse, its outcome is handed over (hand_over.py: the
+resolver's answer step, mutations.beat_answer, from the beat) and
+graphql-core words the answer from it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import strawberry
 from graphql import (
@@ -49,10 +49,9 @@ from graphql import (
 )
 
 from service.database import connections
-from service.fleet import hardware, heartbeats
-from service.fleet.hardware import WeightsRecord
-from service.graphql.operations.mutations import HEARTBEAT
-from service.graphql.types import BEAT_FIELDS
+from service.fleet import heartbeats, node_details
+from service.fleet.node_details import WeightsRecord
+from service.graphql.operations.mutations import beat_answer
 
 from .documents import only_root_field
 from .fast_request import FastRequest
@@ -60,6 +59,11 @@ from .node_leaves import NodeLeaves, node_leaves, write_and_answer
 from .outcomes import Answered, Declined, Outcome, encode
 
 FIELD = "heartbeat"
+
+# The fields of Node (by Python name) whose readers (Node.read) need only what
+# a beat returns (node_reads.BeatRecord: id, state, state_reason,
+# state_actor): the fields this route answers.
+BEAT_FIELDS: Final = frozenset({"id", "state", "state_reason", "state_changed_by", "schedulable"})
 
 
 class CompiledHeartbeat:
@@ -90,9 +94,9 @@ class CompiledHeartbeat:
     async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
         node_id: str = arguments["node_id"]
         outcome = await write_and_answer(
-            request,
-            (HEARTBEAT, node_id),
+            FIELD,
             lambda: heartbeats.beat(request.engine, node_id),
+            beat_answer,
             self._leaves,
             self._key,
             "beat_failed",
@@ -100,9 +104,9 @@ class CompiledHeartbeat:
         if self._pins is None or not isinstance(outcome, Answered):
             return outcome
         # After the beat, as the resolver reads Node.weights after it: the
-        # same statement (hardware.weights_of), so the same pins.
+        # same statement (node_details.weights_of), so the same pins.
         async with connections.autocommit(request.engine) as conn:
-            weights = (await hardware.weights_of(conn, [node_id])).get(node_id, [])
+            weights = (await node_details.weights_of(conn, [node_id])).get(node_id, [])
         return Answered(self._pins.close(outcome.body, weights), outcome.reason)
 
 

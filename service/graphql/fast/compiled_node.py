@@ -1,4 +1,4 @@
-"""One node by id, compiled: PostgreSQL builds the object's JSON (service/fleet/node_pages.py).
+"""One node by id, compiled: PostgreSQL builds the object's JSON (service/graphql/fast/json_pages.py).
 
 Why: `node(id)` is the dashboard's and `ctl node`'s look at one node, and a
 scheduler's. Through graphql-core it costs the executor, Strawberry's
@@ -17,8 +17,8 @@ no directives, fragments or repeated keys). Everything else goes to
 graphql-core.
 
 How it stays exact: the gate (front_door.py), and the node the resolver's
-loader reads (node_views.get_nodes: by id, the object or null) built by the
-same statement builder as a page (node_pages.OneNode, the page's own
+loader reads (node_reads.get_nodes: by id, the object or null) built by the
+same statement builder as a page (json_pages.OneNode, the page's own
 expressions per attribute; tests/fast_path/test_compiled_page.py compares both ways).
 A batch's statement starts after each look it carries arrived, so each sees
 what was committed before it, as its own statement would; a batch that fails
@@ -53,9 +53,9 @@ from service.batches import Batches
 from service.database import read_routing
 from service.database.connections import NativeConnection
 from service.database.read_routing import Replica
-from service.fleet import node_pages
 from service.graphql.private_api import core_schema
 
+from . import json_pages
 from .compiled_page import compile_selection
 from .documents import only_root_field
 from .fast_request import FastRequest
@@ -76,7 +76,7 @@ def _no_node(node_id: str) -> None:
 
 class CompiledNode:
     def __init__(
-        self, key: str, node_id: str | None, variable: str | None, node: node_pages.OneNode
+        self, key: str, node_id: str | None, variable: str | None, node: json_pages.OneNode
     ) -> None:
         self._node_id = node_id
         self._variable = variable
@@ -178,8 +178,8 @@ def compile_node(
     if values is None:
         return None
     try:
-        node = node_pages.OneNode(values)
-    except node_pages.Unsupported:
+        node = json_pages.OneNode(values)
+    except json_pages.Unsupported:
         return None
     key = root.alias.value if root.alias else FIELD
     return CompiledNode(key, *argument, node)

@@ -1,4 +1,4 @@
-"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/fleet/node_pages.py).
+"""Pages of nodes, compiled: PostgreSQL builds the answer's JSON (service/graphql/fast/json_pages.py).
 
 Why: a full 1,000-node page (`nodes { gpus storage allocations }`) is tens
 of thousands of values, and executing it field by field costs the service
@@ -7,10 +7,10 @@ far more CPU than PostgreSQL spends building the same JSON itself.
 Which documents: a query with one root field, `nodes` (filter, first, after)
 or `freeGpus` (the schedulers' question: gpuClass, fabric, minFree, first,
 after), its arguments variables or literals, selecting what
-node_pages can express. For freeGpus: gpuIndices and its node. For a node:
+json_pages can express. For freeGpus: gpuIndices and its node. For a node:
 leaves (IDs, strings, integers, booleans, Bytes, DateTime, the enums of
 stored columns, _STORED_VALUES), lists of leaves, localDisk/sharedDisk, labels and engineVersions
-(node_views.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
+(node_reads.by_key's order), nvlinkGroups and largestFreeNvlinkGroup
 (service/fleet/topology.py's definitions), and the detail
 lists gpus (with allocation, taints and recommendedAction), freeGpus without gpuClass
 (service/scheduling/availability.py's gpu_free), storage, allocations, fabrics,
@@ -24,7 +24,7 @@ How it stays exact: the gate (front_door.py: the role and page size, as
 for the resolver), the resolver's argument mapping (operations/queries.py), the same
 page rule (service/paging.py: a page without `first` that stopped short answers
 PAGE_TRUNCATED at the field, where graphql-core would place it),
-the page node_views.list_nodes reads, the loaders' orders, and per leaf the
+the page node_reads.list_nodes reads, the loaders' orders, and per leaf the
 value the record holds (tests/fast_path/test_compiled_page.py compares both ways field
 by field). Which record attribute answers which field is read from the
 Strawberry types (fields.py). A filter is an input object: its value is
@@ -72,13 +72,13 @@ from graphql import (
 
 from service import node_states
 from service.database.connections import NativeConnection
-from service.fleet import node_pages
 from service.fleet.health import policy, remediations
 from service.graphql.operations.queries import free_gpus_arguments, nodes_arguments
 from service.graphql.private_api import core_schema
 from service.paging import PageRequest
 from service.scheduling import taints, weights_lifecycle
 
+from . import json_pages
 from .documents import only_root_field
 from .fast_request import FastRequest
 from .fields import ArgumentConversion, NotAnObjectType, record_attributes
@@ -104,14 +104,14 @@ _PYTHON_NAMES: Mapping[str, str] = {
 # Leaves whose JSON PostgreSQL writes as the type's output coercion would: a
 # text, a 32-bit integer column (always within Int), a bigint (Bytes is a JSON
 # integer), a boolean, a timestamp as the DateTime scalar writes it
-# (node_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
+# (json_pages.timestamp). Any other scalar (JSON...) is graphql-core's.
 _LEAVES = frozenset({"ID", "String", "Int", "Boolean", "Bytes", "DateTime"})
 
 # The enums a page writes from a stored column, with every value that column
 # can hold: a node's state and a weights row's; a taint's effect and source,
 # a drift finding's kind, a remediation's action and state (the columns'
 # CHECKs and their writers hold them to the domain's enums); and
-# Gpu.recommendedAction, which the policy writes (node_pages.recommend).
+# Gpu.recommendedAction, which the policy writes (json_pages.recommend).
 _STORED_VALUES: Mapping[str, Collection[str]] = {
     "NodeState": node_states.STATES,
     "WeightsState": weights_lifecycle.STATES.keys(),
@@ -170,7 +170,7 @@ class CompiledPage:
         field: str,
         root: FieldNode,
         key: str,
-        page: node_pages.NodePage | node_pages.FreeGpusPage,
+        page: json_pages.NodePage | json_pages.FreeGpusPage,
         arguments: Mapping[str, tuple[str | None, Any, bool]],
         resolver_arguments: _ResolverArguments | None = None,
     ) -> None:
@@ -217,7 +217,7 @@ class CompiledPage:
             return Declined("arguments_for_graphql_core")
 
     async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
-        async def read() -> node_pages.JsonPage:
+        async def read() -> json_pages.JsonPage:
             page = request.page_request(arguments.get("first"))
             # Where the request's reads go: a replica when it tolerates staleness.
             return await request.read(lambda conn: self._fetch(conn, arguments, page))
@@ -234,8 +234,8 @@ class CompiledPage:
 
     async def _fetch(
         self, conn: NativeConnection, given: Mapping[str, Any], request: PageRequest
-    ) -> node_pages.JsonPage:
-        if isinstance(self._page, node_pages.FreeGpusPage):
+    ) -> json_pages.JsonPage:
+        if isinstance(self._page, json_pages.FreeGpusPage):
             free = free_gpus_arguments(
                 given.get("gpu_class"),
                 given.get("fabric"),
@@ -294,11 +294,11 @@ class _Compiler:
 
     def selection(
         self, parent: GraphQLObjectType, selection_set: SelectionSetNode | None
-    ) -> tuple[node_pages.Value, ...]:
+    ) -> tuple[json_pages.Value, ...]:
         if selection_set is None:
             raise _Declined
         names = self.record_attributes(parent.name)
-        values: list[node_pages.Value] = []
+        values: list[json_pages.Value] = []
         keys: set[str] = set()
         for selection in selection_set.selections:
             if not isinstance(selection, FieldNode) or selection.directives or selection.arguments:
@@ -309,7 +309,7 @@ class _Compiler:
                 raise _Declined
             keys.add(key)
             if name == "__typename":
-                values.append(node_pages.Value(key, constant=parent.name))
+                values.append(json_pages.Value(key, constant=parent.name))
                 continue
             field = parent.fields.get(name)
             attribute = names.get(name)
@@ -318,10 +318,10 @@ class _Compiler:
             values.append(self.value(key, attribute, field.type, selection))
         return tuple(values)
 
-    def value(self, key: str, attribute: str, type_: Any, node: FieldNode) -> node_pages.Value:
+    def value(self, key: str, attribute: str, type_: Any, node: FieldNode) -> json_pages.Value:
         named = get_named_type(type_)
         if isinstance(named, GraphQLObjectType):
-            return node_pages.Value(
+            return json_pages.Value(
                 key, attribute, selection=self.selection(named, node.selection_set)
             )
         if isinstance(named, GraphQLEnumType):
@@ -332,16 +332,16 @@ class _Compiler:
             stored = _STORED_VALUES.get(named.name)
             if stored is None or not set(stored) <= set(names):
                 raise _Declined
-            return node_pages.Value(key, attribute, names=names)
+            return json_pages.Value(key, attribute, names=names)
         if named.name not in _LEAVES:
             raise _Declined
-        return node_pages.Value(key, attribute)
+        return json_pages.Value(key, attribute)
 
 
 def compile_selection(
     schema: strawberry.Schema, parent: GraphQLObjectType, selection_set: SelectionSetNode | None
-) -> tuple[node_pages.Value, ...] | None:
-    """node_pages' values for a selection of `parent`, None when it cannot build all of it.
+) -> tuple[json_pages.Value, ...] | None:
+    """json_pages' values for a selection of `parent`, None when it cannot build all of it.
 
     Also the compiled node(id)'s selection (compiled_node.py): one rule of
     what PostgreSQL may build, for a page and for one node.
@@ -407,10 +407,10 @@ def compile_page(
         if variable_types:  # a variable used twice, or not by these arguments
             raise _Declined
         values = _Compiler(schema).selection(entry_type, root.selection_set)
-        page: node_pages.NodePage | node_pages.FreeGpusPage = (
-            node_pages.FreeGpusPage(values) if field == "freeGpus" else node_pages.NodePage(values)
+        page: json_pages.NodePage | json_pages.FreeGpusPage = (
+            json_pages.FreeGpusPage(values) if field == "freeGpus" else json_pages.NodePage(values)
         )
-    except (_Declined, node_pages.Unsupported):
+    except (_Declined, json_pages.Unsupported):
         return None
     key = root.alias.value if root.alias else field
     return CompiledPage(field, root, key, page, arguments, resolver_arguments)

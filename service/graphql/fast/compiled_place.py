@@ -36,9 +36,8 @@ before the place: variables the plan leaves to graphql-core
 (arguments_for_graphql_core), a caller the role check refuses (refused).
 After the place it never places again: when the place raised (place_failed)
 or a value of the answer is one graphql-core would refuse
-(leaf_not_serializable), the outcome is handed to the resolver
-(Context.hand_over; the resolver takes it with Context.once) and
-graphql-core words the answer from it.
+(leaf_not_serializable), the outcome is handed over (hand_over.py: the
+resolver's place_answer from it) and graphql-core words the answer from it.
 """
 
 from __future__ import annotations
@@ -67,8 +66,8 @@ from graphql import (
 from strawberry.types.base import StrawberryObjectDefinition
 
 from service.graphql.operations.allocation_mutations import (
-    PLACE,
     count_place,
+    place_answer,
     place_outcome,
     place_result,
 )
@@ -85,6 +84,7 @@ from .execution import (
 )
 from .fast_request import FastRequest
 from .fields import ArgumentConversion
+from .hand_over import HandedOver
 from .outcomes import Answered, Declined, Outcome, encode
 from .variables import Declined as LeftToGraphqlCore
 from .variables import VariablePlan, compile_variables
@@ -137,18 +137,17 @@ class CompiledPlace:
 
     async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
         placement = arguments[ARGUMENT].to_request()
-        key = (PLACE, placement.replica_id)
         try:
             outcome = await place_outcome(request.context(), placement)
         except Exception as error:  # graphql-core words it (masked if unexpected)
-            request.hand_over(key, error=error)
-            return Declined("place_failed")
+            return Declined("place_failed", HandedOver.error(FIELD, error))
         result = place_result(outcome)
         try:
             completed = self._members[type(result)](result)
         except DELEGATED:
-            request.hand_over(key, result=outcome)
-            return Declined("leaf_not_serializable")
+            return Declined(
+                "leaf_not_serializable", HandedOver(FIELD, lambda context: place_answer(outcome))
+            )
         count_place(outcome)
         return Answered(encode({"data": {self._key: completed}}))
 

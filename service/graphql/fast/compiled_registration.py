@@ -20,9 +20,9 @@ document as usual, before the write: variables the plan leaves to
 graphql-core (reason variables_for_graphql_core), a caller the role check
 refuses (refused). After the write it never writes again: when the write
 failed (a bad report, reason register_failed) or a leaf is one graphql-core
-would refuse (leaf_not_serializable), the outcome is handed to the resolver
-(Context.hand_over; operations/mutations.py takes it with Context.once), and
-graphql-core words the answer from it.
+would refuse (leaf_not_serializable), the outcome is handed over (hand_over.py: Node.of
+the stored record, as the resolver answers) and graphql-core words the
+answer from it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from typing import Any
 import strawberry
 from graphql import OperationDefinitionNode, OperationType, VariableNode
 
-from service.graphql.operations.mutations import REGISTER, store_report
+from service.fleet.node_reads import NodeRecord
+from service.graphql.context import Context
+from service.graphql.operations.mutations import store_report
 from service.graphql.private_api import core_schema
+from service.graphql.types import Node
 
 from .documents import only_root_field
 from .fast_request import FastRequest
@@ -76,13 +79,18 @@ class CompiledRegistration:
     async def run(self, arguments: dict[str, Any], request: FastRequest) -> Outcome:
         report = arguments[ARGUMENT].to_report(request.settings.clock_skew)
         return await write_and_answer(
-            request,
-            (REGISTER, report.id),
+            FIELD,
             lambda: store_report(request.context(), report),
+            _as_node,
             self._leaves,
             self._key,
             "register_failed",
         )
+
+
+def _as_node(context: Context, record: NodeRecord) -> Node:
+    """registerNode's answer after its write, as its resolver makes it."""
+    return Node.of(record)
 
 
 def _conversion(schema: strawberry.Schema) -> ArgumentConversion | None:

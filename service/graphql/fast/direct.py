@@ -39,6 +39,7 @@ from service.graphql.private_api import (
 )
 
 from .documents import Prepared
+from .hand_over import HandedOver
 from .outcomes import Answered, encode
 from .variables import Declined, VariablePlan, compile_variables
 
@@ -76,9 +77,18 @@ class DirectOperation:
                 )
             )
 
-    async def run(self, variables: dict[str, Any] | None, context: Context) -> Answered:
-        """The encoded response body, {"data": ..., "errors": [...]}, as Strawberry would build it."""
-        outcome, reason = self._execute(variables, context)
+    async def run(
+        self,
+        variables: dict[str, Any] | None,
+        context: Context,
+        handed_over: HandedOver | None = None,
+    ) -> Answered:
+        """The encoded response body, {"data": ..., "errors": [...]}, as Strawberry would build it.
+
+        `handed_over`: the write a compiled route made before it declined,
+        which the root field answers from (hand_over.py).
+        """
+        outcome, reason = self._execute(variables, context, handed_over)
         result: ExecutionResult = await outcome if inspect.isawaitable(outcome) else outcome
         body: dict[str, Any] = {"data": result.data}
         if result.errors:
@@ -90,7 +100,7 @@ class DirectOperation:
         return Answered(encode(body), reason)
 
     def _execute(
-        self, variables: dict[str, Any] | None, context: Context
+        self, variables: dict[str, Any] | None, context: Context, root: HandedOver | None
     ) -> tuple[AwaitableOrValue[ExecutionResult], str]:
         executor_class = self._schema.execution_context_class
         if self._variables is not None and self._bare is not None:
@@ -107,12 +117,14 @@ class DirectOperation:
                     self._operation_name,
                     values,
                     context,
+                    root,
                 )
                 if executor is not None:
                     return executor.execute_operation(), ""
         outcome = execute(
             self._core,
             self._document,
+            root_value=root,
             context_value=context,
             variable_values=variables,
             operation_name=self._operation_name,

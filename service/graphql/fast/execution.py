@@ -19,18 +19,21 @@ which produces the error, its message and its path exactly as it always did.
 Fields with a resolver (every root field) take that path, so resolvers,
 DataLoaders, awaitables, field extensions and masking are untouched.
 
-One kind of resolver field is planned too: one that declares, in its metadata
-under READY, how to read its value when the root field has already prefetched
-it (Node.gpus, Node.storage... of a page: loaders.prefetch_nodes). The READY
-function is the resolver's own synchronous branch, so the value is the same;
-when it answers NOT_READY (nothing cached, or the load failed) the field goes
-to graphql-core, which calls the resolver as it always did. Without it, a
-page would pay three resolver calls per node through execute_field.
+One kind of resolver field is planned too: one listed in PREFETCHED, with
+how to read its value when the root field has already prefetched it
+(Node.gpus, Node.storage... of a page: loaders.prefetch_nodes). Each reader
+is the resolver's own synchronous branch (the loader's cached value, as the
+resolver returns it; tests/fast_path/test_plain_field_completion.py holds
+each against its resolver), so the value is the same; when it answers
+NOT_READY (nothing cached, or the load failed) the field goes to
+graphql-core, which calls the resolver as it always did. Without it, a page
+would pay three resolver calls per node through execute_field. The list is
+this package's: the types know nothing of the fast path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
@@ -57,13 +60,13 @@ from graphql import (
 from graphql.pyutils import AwaitableOrValue, Path, Undefined, gather_with_cancel
 from strawberry.types.field import StrawberryField
 
+from service.graphql.loaders import ready
 from service.graphql.private_api import (
     FieldDetailsList,
     GroupedFieldSet,
     StrawberryGraphQLCoreExecutionContext,
     is_default_resolver,
 )
-from service.graphql.types import NOT_READY, READY
 
 from . import switch
 
@@ -90,6 +93,40 @@ _SIMPLE_TYPES = frozenset({str, int, float, bool})
 _COLLECTION_DIRECTIVES = frozenset({"include", "skip"})
 
 STRAWBERRY_DEFINITION = "strawberry-definition"
+
+# What a PREFETCHED reader answers when the value is not at hand.
+NOT_READY: Any = object()
+
+# Reads a resolver field's value from its parent object and the request's
+# context when the root field prefetched it, else NOT_READY.
+Reader = Callable[[Any, Any], Any]
+
+
+def _as_loaded(value: Any) -> Any:
+    return value
+
+
+def _loaded(loader: str) -> Reader:
+    """The value `loader` (an attribute of the request's Loaders) holds for the node, as is."""
+    loader_of = attrgetter(loader)
+
+    def read(node: Any, context: Any) -> Any:
+        value = ready(loader_of(context.loaders), str(node.id), _as_loaded)
+        return NOT_READY if value is None else value
+
+    return read
+
+
+# (type, GraphQL field) -> how to read the field's value at once when it was
+# prefetched: Node's detail lists without arguments, each the loader its
+# resolver reads (types.py: now_or_later(loader, id, as loaded)).
+PREFETCHED: dict[tuple[str, str], Reader] = {
+    ("Node", "gpus"): _loaded("gpus"),
+    ("Node", "fabrics"): _loaded("fabrics"),
+    ("Node", "storage"): _loaded("filesystems"),
+    ("Node", "weights"): _loaded("weights"),
+    ("Node", "allocations"): _loaded("shards_on_node"),
+}
 
 
 class Delegate(Exception):
@@ -278,23 +315,25 @@ class PlainFieldExecutionContext(StrawberryGraphQLCoreExecutionContext):
         field = self.schema.get_field(parent_type, field_name)
         if field is None or first.arguments:
             return None, None
-        read = self._plain_getter(field)
+        read = self._plain_getter(parent_type, field_name, field)
         if read is None:
             return None, None
         complete = self._completer(field.type, field_details_list)
         return (read, complete) if complete is not None else (None, None)
 
-    def _plain_getter(self, field: GraphQLField) -> Getter | None:
+    def _plain_getter(
+        self, parent_type: GraphQLObjectType, field_name: str, field: GraphQLField
+    ) -> Getter | None:
         attribute = plain_attribute(field)
         if attribute is not None:
             return attrgetter(attribute)
-        ready = _ready_function(field)
-        if ready is None:
+        prefetched = _prefetched_reader(parent_type.name, field_name, field)
+        if prefetched is None:
             return None
         context = self.context_value
 
         def read(source: Any) -> Any:
-            value = ready(source, context)
+            value = prefetched(source, context)
             if value is NOT_READY:
                 raise Delegate
             return value
@@ -383,14 +422,12 @@ def plain_attribute(field: GraphQLField) -> str | None:
     return definition.python_name
 
 
-def _ready_function(field: GraphQLField) -> Callable[[Any, Any], Any] | None:
-    """The READY function of a resolver field without arguments or extensions, if it has one."""
+def _prefetched_reader(type_name: str, field_name: str, field: GraphQLField) -> Reader | None:
+    """The PREFETCHED reader of a resolver field without arguments or extensions, if it has one."""
     definition = (field.extensions or {}).get(STRAWBERRY_DEFINITION)
     if not isinstance(definition, StrawberryField) or definition.extensions or field.args:
         return None
-    metadata: Mapping[Any, Any] = definition.metadata or {}
-    ready = metadata.get(READY)
-    return ready if callable(ready) else None
+    return PREFETCHED.get((type_name, field_name))
 
 
 # Completers. Each takes the field's raw value and returns what graphql-core's

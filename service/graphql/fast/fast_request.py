@@ -4,16 +4,15 @@ Why not the GraphQL Context (service/graphql/context.py) itself: making one
 (a Starlette Request, the Context's fields, its loaders, the caller put into
 it) for every heartbeat is work a beat does not need: the heartbeat, node
 and page routes read only the caller, the engine and the settings. So the Context is made the
-first time something needs it: graphql_core running the operation, a route
-handing a write's outcome over to the resolver (Context.hand_over), or a
+first time something needs it: graphql_core running the operation, or a
 route whose domain call takes the Context (registration, place). Made
-once: the resolver that graphql_core runs after a hand-over finds it there.
+once: graphql_core, after a route declined, runs with the route's Context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -49,12 +48,6 @@ class FastRequest:
         if self._context is None:
             self._context = self._make_context()
         return self._context
-
-    def hand_over(
-        self, key: Hashable, *, result: Any = None, error: Exception | None = None
-    ) -> None:
-        """Context.hand_over on the request's Context, which graphql_core then runs with."""
-        self.context().hand_over(key, result=result, error=error)
 
     async def read(
         self, work: Callable[[NativeConnection], Awaitable[T]], *, max_age: float | None = None

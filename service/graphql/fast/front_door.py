@@ -40,11 +40,11 @@ with a route that declares no root field or one without a role
 
 | route | covers | why it is exact | declines (then graphql_core answers) |
 | --- | --- | --- | --- |
-| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (types.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
+| heartbeat (compiled_heartbeat.py) | the agents' `heartbeat` mutation selecting leaves of Node that the beat returns (compiled_heartbeat.BEAT_FIELDS) | the gate, the resolver's domain call, the schema's serializers per leaf | node_id_not_a_string, refused, beat_failed, leaf_not_serializable |
 | registration (compiled_registration.py) | the agents' `registerNode` with its input in a variable, selecting leaves of Node | the variable plan of graphql_core, Strawberry's argument conversion, the gate, the resolver's write (mutations.store_report), the schema's serializers per leaf | variables_for_graphql_core, refused, register_failed, leaf_not_serializable |
 | place (compiled_place.py) | the schedulers' `place`, its input a variable, a literal or a literal holding variables, selecting `__typename` and inline fragments on the PlaceResult union's members, with their plain fields and lists | the variable plan of graphql_core and graphql-core's get_argument_values, Strawberry's argument conversion, the gate, the resolver's own steps (allocation_mutations: place_outcome, place_result, count_place), execution.py's plain-field completers | variables_for_graphql_core, arguments_for_graphql_core, refused, place_failed, leaf_not_serializable |
-| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/fleet/node_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, statement_timeout, text_not_storable |
-| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (node_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, statement_timeout, replica_failed, text_not_storable |
+| page (compiled_page.py) | `nodes` and `freeGpus` pages selecting what PostgreSQL can build as JSON (service/graphql/fast/json_pages.py) | the gate, the resolver's argument mapping (operations/queries.py) and page query; each field's record attribute read from the Strawberry types (fields.py) | arguments_for_graphql_core, refused, database_unavailable, statement_timeout, text_not_storable |
+| node (compiled_node.py) | `node(id)` with a string id (literal or the one ID! variable), selecting what the page builds | the gate, the resolver's node by id, built by the page's statement builder (json_pages.OneNode); looks that arrive together read in one statement (batches.py) | id_for_graphql_core, refused, database_unavailable, statement_timeout, replica_failed, text_not_storable |
 | graphql_core (direct.py) | every query and mutation of a valid document | graphql-core executing the schema's own resolvers and execution context; the extensions' rules, limits and masking | never (reason variables_coerced_by_graphql_core when its variable plan declined) |
 
 Beneath every route, and Strawberry's view too while the switch is on:
@@ -62,15 +62,16 @@ A route answers or declines with a reason (outcomes.py); a compiled route's
 decline passes the request to graphql_core, which always answers. Each run is
 counted after it ran: inventory_fast_path_requests_total{route, outcome,
 reason} (service/metrics.py). A declined mutation never writes twice: a route
-that declines after writing hands the write's outcome to the resolver
-(Context.hand_over). An exception a route raises is a bug: it is logged with
+that declines after writing hands the write's outcome to graphql_core's run
+of the document (hand_over.py), whose resolver wrapper answers from it; the
+resolvers know nothing of it. An exception a route raises is a bug: it is logged with
 its traceback, counted (reason `bug`) and answered as an internal error,
 as masking.py answers any bug; it is never retried by another route, which
 could write a second time. The database's expected outcomes are not bugs
 (unavailable, a statement cancelled at its statement_timeout): answered with
 their code in one log line, as masking.py answers them.
 
-The switch (switch.py): with INVENTORY_DIRECT_EXECUTION=false the app has no
+The switch (switch.py): with INVENTORY_FAST_PATH=false the app has no
 front door, the fast package is not even imported (install.py is the one
 way in, called when the app is built) and every request is Strawberry's
 view's alone.
@@ -108,6 +109,8 @@ from .direct import DirectOperation
 from .documents import Prepared, PreparedDocuments, only_root_field
 from .extensions import read_extensions
 from .fast_request import FastRequest
+from .fields import check_record_attributes
+from .hand_over import answer_handed_over
 from .outcomes import Answered, CompiledRoute, Declined, Outcome, encode
 
 log = logging.getLogger(__name__)
@@ -267,6 +270,10 @@ class FrontDoor:
         self.settings = settings
         self.routes = ROUTES if routes is None else tuple(routes)
         self.roles = declared_roles(self.routes)
+        # The fields a page answers from its records, checked against the schema.
+        check_record_attributes(schema)
+        # A route that declines after its write hands it over (hand_over.py).
+        answer_handed_over(schema, [field for route in self.routes for field in route.fields])
         extensions = read_extensions(schema)
         self.not_honoured = extensions.not_honoured
         if self.not_honoured:
@@ -373,7 +380,11 @@ class FrontDoor:
                 if isinstance(outcome, Answered):
                     return outcome.body
                 route = GRAPHQL_CORE
-            answered = await plan.direct.run(variables, request.context())
+                # A write the route made is answered from, never made again (hand_over.py).
+                handed_over = outcome.handed_over
+            else:
+                handed_over = None
+            answered = await plan.direct.run(variables, request.context(), handed_over)
             _count(route, answered)
             return answered.body
         except Exception as error:

@@ -1,7 +1,7 @@
 """The one way in to the fast path: its hooks installed on the schema, and its front door.
 
 The schema's modules do not import the fast package. The app, when it is
-built with INVENTORY_DIRECT_EXECUTION on (service/web/app.py), calls install:
+built with INVENTORY_FAST_PATH on (service/web/app.py), calls install:
 
 - the schema's execution context gains plain-field completion
   (execution.py) beneath the schema's own (pages.PageTruncation stays

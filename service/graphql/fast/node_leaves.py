@@ -5,18 +5,18 @@ each selected field is a scalar or enum of Node without arguments, directives
 or fragments (aliases and __typename too), serialized by the schema's own
 leaf type as graphql-core's complete_leaf_value does. A value graphql-core
 would refuse (null for a non-null field, or one its serializer rejects) is
-not answered here: the route hands the write's outcome to the resolver and
-graphql-core words the error.
+not answered here: the route hands the write's outcome over (hand_over.py)
+and graphql-core words the error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import strawberry
 from graphql import (
@@ -29,12 +29,13 @@ from graphql import (
     is_leaf_type,
 )
 
-from service.fleet.node_views import BeatRecord, NodeRecord
+from service.fleet.node_reads import BeatRecord, NodeRecord
+from service.graphql.context import Context
 from service.graphql.private_api import core_schema
 from service.graphql.types import Node
 
-from .fast_request import FastRequest
 from .fields import plain_fields
+from .hand_over import HandedOver
 from .outcomes import Answered, Declined, Outcome
 
 # What json.dumps does with a str (ensure_ascii, as outcomes.encode writes
@@ -47,13 +48,15 @@ _KEPT_TYPES = (Enum, bool, type(None))
 _MAX_KEPT = 64
 _UNSEEN = object()
 
+R = TypeVar("R", NodeRecord, BeatRecord)
+
 
 @dataclass(frozen=True)
 class _Leaf:
     key: str
     prefix: str  # the key as the answer writes it
-    # As Node.of reads it (types.NODE_FIELDS: a NodeRecord, or a BeatRecord
-    # for the BEAT_FIELDS); None: __typename.
+    # As Node.of reads it (Node.read: a NodeRecord, or a BeatRecord for
+    # compiled_heartbeat.BEAT_FIELDS); None: __typename.
     read: Callable[[Any], Any] | None
     serialize: Callable[[Any], Any]
     nullable: bool
@@ -99,7 +102,7 @@ class NodeLeaves:
         """The whole answer, {"data": {answer_key: {leaf: value...}}} as outcomes.encode
         writes it; None when graphql-core would refuse a leaf.
 
-        Written from the record field by field (types.NODE_FIELDS, as Node.of
+        Written from the record field by field (Node.read, as Node.of
         reads it) rather than through a Node and a nested json.dumps: this is
         the heartbeat's hot path (benchmarks/floor.py measures it).
         """
@@ -174,9 +177,9 @@ def node_leaves(
 
 
 async def write_and_answer(
-    request: FastRequest,
-    key: Hashable,
-    write: Callable[[], Awaitable[NodeRecord | BeatRecord]],
+    field: str,
+    write: Callable[[], Awaitable[R]],
+    resolver_answer: Callable[[Context, R], Any],
     leaves: NodeLeaves,
     answer_key: str,
     failed: str,
@@ -184,16 +187,18 @@ async def write_and_answer(
     """Make the mutation's write, then answer its leaves; after the write, never a second one.
 
     A failed write (declined as `failed`) or a leaf graphql-core would refuse
-    (leaf_not_serializable) hands the write's outcome to the resolver under
-    `key` (Context.hand_over), and graphql-core words the answer from it.
+    (leaf_not_serializable) declines with the write's outcome handed over
+    (hand_over.py): graphql-core words the answer from it, `resolver_answer`
+    being what the field's resolver answers after the same write.
     """
     try:
         record = await write()
     except Exception as error:  # graphql-core words it (masked if unexpected)
-        request.hand_over(key, error=error)
-        return Declined(failed)
+        return Declined(failed, HandedOver.error(field, error))
     answer = leaves.answer(record, answer_key)
     if answer is None:
-        request.hand_over(key, result=record)
-        return Declined("leaf_not_serializable")
+        return Declined(
+            "leaf_not_serializable",
+            HandedOver(field, lambda context: resolver_answer(context, record)),
+        )
     return Answered(answer)

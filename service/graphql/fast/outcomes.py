@@ -19,6 +19,7 @@ from service.errors import InventoryError
 from service.graphql.masking import UNSTORABLE_TEXT
 
 from .fast_request import FastRequest
+from .hand_over import HandedOver
 
 T = TypeVar("T")
 
@@ -36,6 +37,9 @@ class Answered:
 @dataclass(slots=True)
 class Declined:
     reason: str
+    # A write the route made before declining, for graphql-core's run of the
+    # same document to answer from instead of writing again (hand_over.py).
+    handed_over: HandedOver | None = None
 
 
 Outcome = Answered | Declined

@@ -1,4 +1,4 @@
-"""The one switch: INVENTORY_DIRECT_EXECUTION (Settings.direct_execution).
+"""The one switch: INVENTORY_FAST_PATH (Settings.fast_path).
 
 Off, the app neither imports nor installs the fast path (service/web/app.py,
 install.py): no front door, the schema's own execution context, Strawberry's
@@ -23,4 +23,4 @@ def enabled(context: object) -> bool:
     service's (a test's own schema, no context at all) is not switched off.
     """
     settings = getattr(context, "settings", None)
-    return not isinstance(settings, Settings) or settings.direct_execution
+    return not isinstance(settings, Settings) or settings.fast_path

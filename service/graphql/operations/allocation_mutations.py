@@ -10,8 +10,8 @@ from service.database.connections import Connection
 from service.metrics import count_rejection
 from service.scheduling import allocations, placement
 from service.scheduling.place_batches import Outcome, place_batched
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.rejections import Rejection
-from service.scheduling.verdicts import PlaceRequest
 
 from ..allocation_types import (
     Allocated,
@@ -24,13 +24,9 @@ from ..allocation_types import (
 )
 from ..context import Context, Info
 
-# The key of a place a fast route made and handed to the resolver
-# (Context.hand_over; service/graphql/fast/compiled_place.py).
-PLACE = "place"
-
 
 async def place_outcome(context: Context, request: PlaceRequest) -> Outcome:
-    """`place`'s domain call, the resolver's and the compiled route's: shared transactions."""
+    """`place`'s domain call: in transactions shared with concurrent calls (place_batches.py)."""
     settings = context.settings
     return await place_batched(
         context.engine,
@@ -39,6 +35,12 @@ async def place_outcome(context: Context, request: PlaceRequest) -> Outcome:
         size=settings.place_batch,
         transactions=settings.place_transactions,
     )
+
+
+def place_answer(outcome: Outcome) -> Allocated | Unplaceable | AllocationRejected:
+    """`place`'s answer from its outcome: the PlaceResult member, counted (count_place)."""
+    count_place(outcome)
+    return place_result(outcome)
 
 
 def count_place(outcome: Outcome) -> None:
@@ -91,15 +93,8 @@ class AllocationMutations:
         )
     )
     async def place(self, info: Info, input: PlaceInput) -> PlaceResult:
-        context = info.context
-        request = input.to_request()
-        # Once: the compiled route may have placed it already and handed the
-        # outcome over (service/graphql/fast/compiled_place.py).
-        outcome = await context.once(
-            (PLACE, request.replica_id), lambda: place_outcome(context, request)
-        )
-        count_place(outcome)
-        return place_result(outcome)
+        outcome = await place_outcome(info.context, input.to_request())
+        return place_answer(outcome)
 
     @strawberry.mutation(
         description="Free one shard's GPUs; returns how many GPUs were freed (0 if none were held)."

@@ -7,7 +7,7 @@ import strawberry
 from service.database.connections import Connection
 from service.errors import NodeNotFound
 from service.fleet import gpu_cordons, gpu_health
-from service.fleet.hardware import GpuRecord, gpus_of
+from service.fleet.node_details import GpuRecord, gpus_of
 
 from ..context import Info
 from ..types import Gpu

@@ -6,10 +6,10 @@ import strawberry
 
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import node_views
-from service.fleet.hardware import GpuRecord, gpus_of
+from service.fleet import node_reads
 from service.fleet.health import drift, remediations, taints, validations
-from service.fleet.node_views import NodeRecord
+from service.fleet.node_details import GpuRecord, gpus_of
+from service.fleet.node_reads import NodeRecord
 
 from ..context import Info
 from ..health_types import Remediation, TaintInput, ValidationInput, remediation_id
@@ -23,7 +23,7 @@ async def _gpus(conn: Connection, node_id: str, indices: list[int]) -> list[GpuR
 
 
 async def _node(conn: Connection, node_id: str) -> NodeRecord:
-    record = await node_views.get_node(conn, node_id)
+    record = await node_reads.get_node(conn, node_id)
     if record is None:
         raise NodeNotFound(node_id)  # the verb checked it under the node's lock
     return record

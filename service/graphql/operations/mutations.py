@@ -7,8 +7,8 @@ import strawberry
 from service import metrics
 from service.database.connections import Connection
 from service.errors import NodeNotFound
-from service.fleet import fencing, heartbeats, node_views, nodes, observed_at, re_registration
-from service.fleet.node_views import BeatRecord, NodeRecord
+from service.fleet import fencing, heartbeats, node_reads, node_writes, observed_at, re_registration
+from service.fleet.node_reads import BeatRecord, NodeRecord
 from service.fleet.reports import NodeReport, settle_observed_at
 
 from ..context import Context, Info
@@ -16,14 +16,9 @@ from ..fencing_types import IncarnationArgument, RunningShardsArgument, contact_
 from ..inputs import NodeInput
 from ..types import Node
 
-# The keys of a beat's and a report's outcome in Context.handed_over: the
-# field and the node id.
-HEARTBEAT = "heartbeat"
-REGISTER = "registerNode"
-
 
 async def store_report(context: Context, report: NodeReport) -> NodeRecord:
-    """registerNode's write, for its resolver and its compiled route: the node as stored.
+    """registerNode's write: the node as stored (its answer is Node.of the record).
 
     One statement or one transaction (service/fleet/re_registration.py); the XIDs
     it carried are counted once it committed.
@@ -41,16 +36,19 @@ def settled(report: NodeReport) -> NodeReport:
 
 
 async def _read_back(conn: Connection, node_id: str) -> NodeRecord:
-    record = await node_views.get_node(conn, node_id)
+    record = await node_reads.get_node(conn, node_id)
     if record is None:
         raise NodeNotFound(node_id)
     return record
 
 
-async def _beat_answer(info: Info, beat: BeatRecord) -> Node:
-    # The beat returns the node's state only (node_views.BeatRecord):
-    # the rest of the node as it is now, read after the beat committed.
-    record: NodeRecord | None = await info.context.loaders.node.load(beat.id)
+async def beat_answer(context: Context, beat: BeatRecord) -> Node:
+    """A heartbeat's answer once the beat committed: the node as it is now.
+
+    The beat returns the node's state only (node_reads.BeatRecord), so the
+    rest of the node is read after it.
+    """
+    record: NodeRecord | None = await context.loaders.node.load(beat.id)
     if record is None:
         raise NodeNotFound(beat.id)
     return Node.of(record)
@@ -73,8 +71,7 @@ class NodeMutations:
         contact = contact_of(incarnation, running_shards)
         if contact.says_anything:
             # Checks, report, reconciliation and answer in one transaction
-            # (service/fleet/fencing.py); the compiled route never takes a
-            # document with these arguments.
+            # (service/fleet/fencing.py).
             registration, answer = await fencing.contact_report(
                 context.engine, settled(report), contact, context.actor
             )
@@ -82,11 +79,7 @@ class NodeMutations:
             metrics.count_registration(re_registration.TRANSACTION, "fencing")
             context.shards_to_stop[report.id] = answer.shards_to_stop
             return Node.of(registration.node)
-        # Once per request: a compiled registerNode that declined after
-        # storing hands its outcome over (service/graphql/fast/compiled_registration.py).
-        return Node.of(
-            await context.once((REGISTER, report.id), lambda: store_report(context, report))
-        )
+        return Node.of(await store_report(context, report))
 
     @strawberry.mutation(
         description=(
@@ -108,20 +101,16 @@ class NodeMutations:
             # answer are one transaction (service/fleet/fencing.py).
             beat, answer = await fencing.contact_heartbeat(context.engine, str(node_id), contact)
             context.shards_to_stop[beat.id] = answer.shards_to_stop
-            return await _beat_answer(info, beat)
+            return await beat_answer(context, beat)
         # Batched with this process's concurrent heartbeats: one transaction
         # for many (service/fleet/heartbeats.py); the reply waits for its commit.
-        # Once per request: a compiled heartbeat that declined after beating
-        # hands its outcome over (service/graphql/fast/compiled_heartbeat.py).
-        beat = await context.once(
-            (HEARTBEAT, str(node_id)), lambda: heartbeats.beat(context.engine, str(node_id))
-        )
-        return await _beat_answer(info, beat)
+        beat = await heartbeats.beat(context.engine, str(node_id))
+        return await beat_answer(context, beat)
 
     @strawberry.mutation
     async def cordon_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
         async def work(conn: Connection) -> NodeRecord:
-            await nodes.cordon_node(conn, str(id), reason, info.context.actor)
+            await node_writes.cordon_node(conn, str(id), reason, info.context.actor)
             return await _read_back(conn, str(id))
 
         return Node.of(await info.context.write(work))
@@ -129,7 +118,7 @@ class NodeMutations:
     @strawberry.mutation
     async def drain_node(self, info: Info, id: strawberry.ID, reason: str) -> Node:
         async def work(conn: Connection) -> NodeRecord:
-            await nodes.drain_node(conn, str(id), reason, info.context.actor)
+            await node_writes.drain_node(conn, str(id), reason, info.context.actor)
             return await _read_back(conn, str(id))
 
         return Node.of(await info.context.write(work))
@@ -137,7 +126,7 @@ class NodeMutations:
     @strawberry.mutation
     async def uncordon_node(self, info: Info, id: strawberry.ID) -> Node:
         async def work(conn: Connection) -> NodeRecord:
-            await nodes.uncordon_node(conn, str(id), info.context.actor)
+            await node_writes.uncordon_node(conn, str(id), info.context.actor)
             return await _read_back(conn, str(id))
 
         return Node.of(await info.context.write(work))
@@ -145,6 +134,6 @@ class NodeMutations:
     @strawberry.mutation(description="Forget a node and its allocations.")
     async def remove_node(self, info: Info, id: strawberry.ID) -> bool:
         async def work(conn: Connection) -> bool:
-            return await nodes.remove_node(conn, str(id), info.context.actor)
+            return await node_writes.remove_node(conn, str(id), info.context.actor)
 
         return await info.context.write(work)

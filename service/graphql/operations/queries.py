@@ -11,7 +11,7 @@ import strawberry
 from service import paging
 from service.database import connections
 from service.database.connections import Connection
-from service.fleet import hardware, node_views
+from service.fleet import node_details, node_reads
 from service.scheduling import allocations, capacity
 
 from ..capacity_types import Fabric, GpuClassSummary, NodeFreeGpus
@@ -39,8 +39,8 @@ def free_gpus_arguments(
 ) -> FreeGpusArguments:
     """freeGpus' arguments as capacity.free_gpus takes them.
 
-    The one mapping, for the resolver and the compiled page
-    (service/graphql/fast/compiled_page.py): a default stated twice drifts.
+    The one mapping, for the resolver and anyone who answers the same field
+    its own way: a default stated twice drifts.
     """
     return FreeGpusArguments(
         gpu_class,
@@ -52,14 +52,14 @@ def free_gpus_arguments(
 
 @dataclass(frozen=True, slots=True)
 class NodesArguments:
-    node_filter: node_views.NodeFilter
+    node_filter: node_reads.NodeFilter
     after: str | None
 
 
 def nodes_arguments(filter_: NodeFilter | None, after: str | None) -> NodesArguments:
-    """nodes' arguments as node_views.list_nodes takes them (and the compiled page)."""
+    """nodes' arguments as node_reads.list_nodes takes them (the one mapping, as above)."""
     return NodesArguments(
-        filter_.to_record() if filter_ is not None else node_views.NodeFilter(),
+        filter_.to_record() if filter_ is not None else node_reads.NodeFilter(),
         str(after) if after is not None else None,
     )
 
@@ -94,8 +94,8 @@ class NodeQueries:
             )
         loaders = info.context.loaders
 
-        async def read(conn: Connection) -> paging.Page[node_views.NodeRecord]:
-            found = await node_views.list_nodes(conn, given.node_filter, request.limit, given.after)
+        async def read(conn: Connection) -> paging.Page[node_reads.NodeRecord]:
+            found = await node_reads.list_nodes(conn, given.node_filter, request.limit, given.after)
             page = paging.cut(found, request, lambda record: record.id)
             loaders.node.prime_many({record.id: record for record in page.entries})
             # The details this query selects, for the whole page at once: its
@@ -171,7 +171,7 @@ class NodeQueries:
     async def weights_evictable(self, info: Info, node_id: strawberry.ID) -> Any:
         async with connections.autocommit(info.context.engine) as conn:
             # The records themselves: Weights is served by them (SERVED_BY_RECORDS).
-            return await hardware.weights_evictable(conn, str(node_id))
+            return await node_details.weights_evictable(conn, str(node_id))
 
     @strawberry.field
     async def gpu_classes(self, info: Info) -> list[GpuClassSummary]:

@@ -212,7 +212,7 @@ async def allocate_on_locked_nodes(
     """allocate()'s common case for several replicas at once, in one store statement.
 
     For a caller that holds the row locks of every node named and found them
-    schedulable (placement groups' claim: placement.member_claims.claim_members):
+    schedulable (placement groups' claim: groups.claiming.claim_members):
     each replica on one node, none tolerating a taint, none stored yet. Each
     is checked as allocate() checks its common case (_one_node_checks) and
     held, or answered NotStored when a check failed or a concurrent commit

@@ -47,8 +47,9 @@ from service.scheduling.groups.packing import (
     usable_of,
 )
 from service.scheduling.groups.paths import Zone
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.fit import after
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
+from service.scheduling.verdicts import NodeFacts, judge
 
 
 @dataclass

@@ -9,7 +9,7 @@ written and its members claimed: every node of the plan locked without
 waiting, each node's GPUs packed by the rule the plan was made by and
 allocate() through the one store path (claiming.claim_group; members on one
 node each without topology or tolerations in one round,
-placement.member_claims). A member is an ordinary replica: every check,
+claiming.claim_members). A member is an ordinary replica: every check,
 event, fence and generation of a replica applies, and so does any filter
 availability gains. When a member's nodes are held by another transaction,
 the savepoint is rolled back (nothing of the group stays), this waits for
@@ -32,7 +32,7 @@ from service.database.transactions import MAX_ATTEMPTS, TransactionConflict
 from service.errors import InventoryError
 from service.scheduling.allocations import release_replica
 from service.scheduling.groups.board import Board
-from service.scheduling.groups.claiming import claim_group
+from service.scheduling.groups.claiming import claim_group, claim_members, claimed_together
 from service.scheduling.groups.paths import CLOSENESS
 from service.scheduling.groups.planning import Bounded, GroupPlan, Member, Misfit, plan_group
 from service.scheduling.groups.reads import (
@@ -52,12 +52,11 @@ from service.scheduling.groups.requests import (
     validate_group_id,
     validate_role,
 )
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import Unplaceable, unplaceable
 from service.scheduling.placement.claims import Busy, wait_for_nodes
 from service.scheduling.placement.explanation import RoleVerdict
-from service.scheduling.placement.member_claims import claim_members, claimed_together
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
-from service.scheduling.verdicts import PlaceRequest
 
 MAX_ROUNDS = 64
 # A plan that fails under the locks although no node was busy means what was
@@ -221,7 +220,7 @@ async def _claim(
     """
     requests = [_member_request(group_id, board, member) for member in plan.members]
     if claimed_together([(r, m.plan) for r, m in zip(requests, plan.members, strict=True)]):
-        # One round for the whole group (member_claims.claim_members): its nodes
+        # One round for the whole group (claiming.claim_members): its nodes
         # locked at once, one store of every member. Its members need no
         # topology: each node's GPUs are one cell, which it hands out by
         # count as the plan counted them.

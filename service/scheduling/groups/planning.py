@@ -62,9 +62,10 @@ from service.scheduling.groups.paths import (
     path_kind,
 )
 from service.scheduling.groups.requests import GroupRequest, LocalityLevel
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import Plan, plan_placement
 from service.scheduling.ranking import node_rank
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
+from service.scheduling.verdicts import NodeFacts, judge
 
 LEVELS = tuple(LocalityLevel)
 

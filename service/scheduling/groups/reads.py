@@ -21,6 +21,7 @@ from service.scheduling.groups.paths import (
     path_kind,
 )
 from service.scheduling.groups.requests import GroupRequest, LocalityLevel
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.fit import (
     census_facts_sql,
     counted_by_census,
@@ -28,7 +29,7 @@ from service.scheduling.placement.fit import (
 )
 from service.scheduling.placement.statements import facts_of, request_params
 from service.scheduling.pool_census import DECLINED, KIND, MOST_KINDS, census_predicate
-from service.scheduling.verdicts import NodeFacts, PlaceRequest
+from service.scheduling.verdicts import NodeFacts
 
 
 def _zone_columns(group: GroupRequest, pool: str = "p", census: bool = False) -> dict[str, str]:

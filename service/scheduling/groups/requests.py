@@ -14,10 +14,10 @@ from enum import Enum
 from typing import Any
 
 from service.bounds import MAX_GROUP_REPLICAS, MAX_GROUP_ROLES
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import MAX_REPLICA_ID_LENGTH, validate_place
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.taints import tolerations_json, tolerations_of
-from service.scheduling.verdicts import PlaceRequest
 from service.stored_text import id_problem
 
 

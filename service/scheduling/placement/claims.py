@@ -25,6 +25,7 @@ from service.scheduling.allocations import (
     shard_from_row,
     store_calls,
 )
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.explanation import Unplaceable, unplaceable
 from service.scheduling.placement.plan import (
     Plan,
@@ -50,7 +51,7 @@ from service.scheduling.placement.statements import (
 from service.scheduling.rejections import Rejection, RejectionCode, shown
 from service.scheduling.taints import tolerations_json
 from service.scheduling.topology_fit import fit_order
-from service.scheduling.verdicts import PlaceRequest, judge
+from service.scheduling.verdicts import judge
 
 # Each round either places, finds no room on committed data, or waited for
 # another transaction to finish with a busy node; this bounds a pathological run.
@@ -83,17 +84,24 @@ def _answer_stored(
     )
 
 
-class _Busy:
+class Busy:
+    """A claim that found some of its nodes locked by another transaction: which ones.
+
+    Nothing of the claim is held (its savepoint was rolled back): the caller
+    waits for them with nothing held (wait_for_nodes) and plans again. Also
+    what placement groups' claims answer (service/scheduling/groups/claiming.py).
+    """
+
     def __init__(self, node_ids: set[str]) -> None:
         self.node_ids = node_ids
 
 
-async def _try(
+async def claim_plan(
     conn: Connection,
     request: PlaceRequest,
     plan: Plan,
     actor: str | None,
-) -> Allocated | _Busy | None:
+) -> Allocated | Busy | None:
     """Lock the plan's nodes without waiting and allocate on them; None when the plan went stale."""
     node_ids = sorted({node_id for node_id, _ in plan.nodes})
     savepoint = await conn.begin_nested()
@@ -102,7 +110,7 @@ async def _try(
         if len(got) < len(node_ids):
             # Rolling back the savepoint lets go of the nodes we did get.
             await savepoint.rollback()
-            return _Busy(set(node_ids) - got)
+            return Busy(set(node_ids) - got)
         free, near = await _usable_gpus(conn, request, plan, node_ids)
         names = iter(shard_ids(request))
         shards: list[ShardRequest] = []
@@ -188,7 +196,7 @@ def usable_gpus_sql(request: PlaceRequest, domain: bool) -> str:
     return f"{order} ORDER BY 1, 4"
 
 
-async def _wait_for(conn: Connection, node_ids: set[str]) -> None:
+async def wait_for_nodes(conn: Connection, node_ids: set[str]) -> None:
     """Wait until whoever holds these nodes has committed or rolled back, then let go of them.
 
     Nothing else is held at this point (every attempt's savepoint was rolled
@@ -240,7 +248,7 @@ async def place(
             else:
                 facts = await candidates(conn, request)
             return await unplaceable(conn, request, facts)
-        await _wait_for(conn, busy)
+        await wait_for_nodes(conn, busy)
     raise TransactionConflict(MAX_ROUNDS)
 
 
@@ -438,7 +446,7 @@ async def _place_on_one_node(
     pick_sql's snapshot and its lock) or lose its shard ids to a concurrent
     retry; only rolling back to a savepoint taken before the lock lets go of
     that node. Kept until commit instead, it would be held while place()
-    waits for busy nodes (see _wait_for), and two schedulers each keeping a
+    waits for busy nodes (see wait_for_nodes), and two schedulers each keeping a
     node the other waits for deadlock. Tried without the savepoint: in one of
     four bursts of 48 concurrent places on room for 24 GPUs, 23 transactions
     were deadlock victims (a second each before PostgreSQL broke the cycle),
@@ -546,7 +554,7 @@ async def _spread(
         _, plan = await spread_plan(conn, request, skip=busy)
         if plan is None:
             return None
-        outcome = await _try(conn, request, plan, actor)
+        outcome = await claim_plan(conn, request, plan, actor)
         if isinstance(outcome, Allocated):
             return outcome
         if outcome is None:
@@ -554,11 +562,3 @@ async def _spread(
             # taken meanwhile): start the round over, which checks both.
             return _CONFLICT
         busy |= outcome.node_ids
-
-
-# The single-replica primitives placeGroup holds its members through
-# (service/scheduling/groups/placing.py): a plan's nodes locked without
-# waiting and allocated on, a wait for busy nodes with nothing held.
-claim_plan = _try
-Busy = _Busy
-wait_for_nodes = _wait_for

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.database.connections import Connection, cached_text
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import Plan, plan_placement, shard_ids, validate_place
 from service.scheduling.placement.statements import (
     CLASSES,
@@ -17,7 +18,7 @@ from service.scheduling.placement.statements import (
     survey_sql,
 )
 from service.scheduling.rejections import Rejection, shown
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, Verdict, judge
+from service.scheduling.verdicts import NodeFacts, Verdict, judge
 
 # Verdicts are listed for at most this many nodes (by id); the answer says
 # how many more were considered, so it stays readable on a 10,000-node cluster.

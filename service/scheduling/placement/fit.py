@@ -46,6 +46,7 @@ from service.scheduling.availability import (
     pool_withholding_taint,
 )
 from service.scheduling.freshness import gpu_facts_fresh
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
 from service.scheduling.placement.statements import (
@@ -59,7 +60,7 @@ from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection
 from service.scheduling.taints import judged_taint
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, VerdictCode, judge
+from service.scheduling.verdicts import NodeFacts, VerdictCode, judge
 
 # fit names no replica; place's checks of the shape want some id.
 SHAPE_ID = "fit"

@@ -1,7 +1,7 @@
 """Replicas of one role spread over a node's NUMA nodes: the order their shards take its GPUs.
 
 Used by the claims of placement groups' members (groups/claiming.py, and
-member_claims.claim_members for a whole group in one round).
+claiming.claim_members for a whole group in one round).
 """
 
 from __future__ import annotations

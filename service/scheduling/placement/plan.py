@@ -13,10 +13,11 @@ from service.bounds import (
     MAX_TEXT_LENGTH,
 )
 from service.scheduling.fabric_choice import fabric_rank
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.ranking import node_rank
 from service.scheduling.rejections import Rejection, invalid, shown
 from service.scheduling.taints import toleration_problem
-from service.scheduling.verdicts import NodeFacts, PlaceRequest, judge
+from service.scheduling.verdicts import NodeFacts, judge
 from service.stored_text import storable
 
 SHARD_SUFFIX = "-s{}"

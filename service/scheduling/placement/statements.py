@@ -28,6 +28,7 @@ from service.scheduling.availability import (
 )
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.gpu_pools import attached_fabrics, node_attachments
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import weights
 from service.scheduling.placement.numa import numa_columns
 from service.scheduling.placement.plan import Plan, plan_placement
@@ -36,7 +37,6 @@ from service.scheduling.taints import last_resort_term_sql, tolerations_json
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
 from service.scheduling.verdicts import (
     NodeFacts,
-    PlaceRequest,
     TopologyFacts,
     WeightsCopy,
     WithholdingTaint,
@@ -292,7 +292,7 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
 
     This statement counts nothing: its snapshot was taken before the lock,
     and a claim on the node may have committed in between (see
-    _REPLACE_REPORT in service/fleet/nodes.py). The free GPUs are counted by the
+    _REPLACE_REPORT in service/fleet/node_writes.py). The free GPUs are counted by the
     next statement, the claim (claim_statement).
 
     The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/pick_sql.plain.sql
@@ -478,7 +478,7 @@ def free_indices(tolerating: bool) -> TextClause:
 # the row as locked), the GPUs of class :cls it offers a request without
 # tolerations (offered_indices_sql), those of them used last, and each GPU's NUMA node
 # (numa.numa_columns). For placement groups' one-round claim
-# (member_claims.claim_members): one round trip where there were three. The
+# (groups/claiming.claim_members): one round trip where there were three. The
 # GPUs are read on the statement's snapshot, taken before the locks, so a
 # claim on a node that committed in between is not seen: the store statement
 # that follows checks every GPU afresh under the locks (a GPU held meanwhile

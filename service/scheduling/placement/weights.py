@@ -14,7 +14,7 @@ Python, so the window and the verdicts cannot drift apart.
 
 from __future__ import annotations
 
-from service.scheduling.verdicts import PlaceRequest
+from service.scheduling.place_request import PlaceRequest
 from service.scheduling.weights_lifecycle import weights_rank, weights_ready
 
 # The columns every window row carries about the node's copy of the path:

@@ -626,7 +626,7 @@ WITH g_in AS (
   RETURNING id
 ), failed AS (
   /* A held GPU this report makes unusable keeps its allocation; its */
-  /* holder is told (service/gpu_health.after_change does the same for */
+  /* holder is told (service/fleet/gpu_changes.after_change does the same for */
   /* cordons and XIDs). `o` is the stored row, as before this statement. */
   INSERT INTO events (
     kind,

@@ -119,7 +119,7 @@ _GPUS = text(
 def recommended_action(sticky: Sequence[str], recovery: str | None) -> RemediationAction:
     """Gpu.recommendedAction of a GPU row (its sticky reasons, its driver's recovery action):
     the policy's word (policy.recommended); NONE for a GPU with neither, without asking it.
-    Also the compiled page's (service/fleet/node_pages.py), for the GPUs has_faults_sql picks."""
+    Also the compiled page's (service/graphql/fast/json_pages.py), for the GPUs has_faults_sql picks."""
     return recommended(sticky, recovery) if sticky or recovery else RemediationAction.NONE
 
 

@@ -17,11 +17,17 @@ nodes (FreeGpusPage). What a selection may name: the attributes below, by the re
 WeightsRecord; fleet health's Taint, drift Finding and Remediation), each with
 the expression of the JSON value that attribute holds; fleet health's lists
 come from service/fleet/health/'s SQL for them, and Gpu.recommendedAction
-from the remediation policy itself (recommend). Anything else is not this module's to answer; the caller (the GraphQL
-layer) answers such a selection from the records as before.
+from the remediation policy itself (recommend). Anything else is not this module's to answer: the compiled
+page declines such a selection and graphql-core answers it from the records.
 
-The page is the one node_views.list_nodes reads (same filter, same order,
-same limit), and each detail list has its loader's order (hardware.py,
+Only the fast path's page and node routes (compiled_page.py, compiled_node.py)
+use it, so it lives in the fast path's package and goes with it. The SQL of
+each rule it builds from (a free GPU, a schedulable node, a node's taints,
+drift and open remediations, the NVLink groups) is not written here: each
+stays with its rule in the domain, next to the rule's Python form.
+
+The page is the one node_reads.list_nodes reads (same filter, same order,
+same limit), and each detail list has its loader's order (node_details.py,
 allocations.shards_on_nodes), so both ways answer alike; one statement is also
 one snapshot, where the row path reads nodes and details in separate ones.
 """
@@ -35,12 +41,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.database.connections import Connection, cached_text
-from service.fleet.hardware import has_faults_sql, recommended_action
 from service.fleet.health.drift import drift_sql
-from service.fleet.health.open_remediations import open_sql
 from service.fleet.health.policy import RemediationAction
+from service.fleet.health.remediations import open_sql
 from service.fleet.health.taint_rows import gpu_taints_sql, node_taints_sql
-from service.fleet.node_views import NodeFilter, by_key_sql, page_clause
+from service.fleet.node_details import has_faults_sql, recommended_action
+from service.fleet.node_reads import NodeFilter, by_key_sql, page_clause
 from service.fleet.topology import describe_groups_sql, largest_free_group_sql
 from service.node_states import state_actor_sql, state_reason_sql
 from service.paging import PageRequest, PageTruncated, stops_short
@@ -96,7 +102,7 @@ NODE: Mapping[str, str] = {
     # definitions (their SQL form sits next to the Python one).
     "nvlink_groups": describe_groups_sql("n"),
     "largest_free_nvlink_group": largest_free_group_sql("n"),
-    # The reason that explains the state (node_views.node_from_row): liveness
+    # The reason that explains the state (node_reads.node_from_row): liveness
     # while unreachable or lost, the operator's otherwise.
     "state_reason": state_reason_sql("n"),
     "state_actor": state_actor_sql("n"),
@@ -201,7 +207,7 @@ HEALTH_LISTS: Mapping[str, tuple[Mapping[str, str], Any]] = {
     "remediations": (REMEDIATION, open_sql),
 }
 
-# Gpu.recommendedAction is the remediation policy's word (hardware.recommended_action,
+# Gpu.recommendedAction is the remediation policy's word (node_details.recommended_action,
 # Python over the policy the service installed), never restated in SQL: a
 # GPU with faults is written as a mark holding its sticky reasons and
 # recovery action, which the page replaces (_recommend) before it is passed
@@ -228,7 +234,7 @@ DISKS: Mapping[str, tuple[str, str]] = {
     "shared_disk": ("n.shared_disk_free", "n.shared_disk_total"),
 }
 DISK: Mapping[str, int] = {"free_bytes": 0, "total_bytes": 1}
-# A node's key-value lists (Node.labels, Node.engineVersions), in node_views.by_key's order.
+# A node's key-value lists (Node.labels, Node.engineVersions), in node_reads.by_key's order.
 KEY_VALUE_LISTS: Mapping[str, str] = {"labels": "n.labels", "engine_versions": "n.engine_versions"}
 KEY_VALUE: Mapping[str, str] = {"key": "e.key", "value": "e.value"}
 
@@ -474,7 +480,7 @@ class NodePage:
 
 
 class OneNode:
-    """Nodes by id as the selection says: node_views.get_nodes' nodes, built once per selection."""
+    """Nodes by id as the selection says: node_reads.get_nodes' nodes, built once per selection."""
 
     def __init__(self, selection: Sequence[Value]) -> None:
         statement = _Statement()

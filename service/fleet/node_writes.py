@@ -19,7 +19,7 @@ from service.fleet import gpu_health
 from service.fleet.gpu_changes import check_reason
 from service.fleet.gpu_health import ReportedXid
 from service.fleet.health import drift
-from service.fleet.node_views import (
+from service.fleet.node_reads import (
     BEAT_COLUMNS,
     BeatRecord,
     NodeRecord,
@@ -160,7 +160,7 @@ _REPLACE_REPORT = text(
         RETURNING id
     ), failed AS (
         -- A held GPU this report makes unusable keeps its allocation; its
-        -- holder is told (service/gpu_health.after_change does the same for
+        -- holder is told (service/fleet/gpu_changes.after_change does the same for
         -- cordons and XIDs). `o` is the stored row, as before this statement.
         INSERT INTO events (kind, node_id, replica_id, shard_id, actor, reason, detail)
         SELECT 'gpu_failed_under_allocation', :node_id, s.replica_id, s.shard_id, :actor,

@@ -1,7 +1,7 @@
 """Reading nodes: one node, or a page of nodes matching a scheduler's filter.
 
 Each read is one statement whatever the cluster size; the per-node details
-(GPUs, fabrics, storage, weights, allocations) are read by hardware.py in one
+(GPUs, fabrics, storage, weights, allocations) are read by node_details.py in one
 statement per kind for a whole page of nodes.
 """
 
@@ -111,7 +111,7 @@ class BeatRecord:
         return is_schedulable(self.state)
 
 
-# What nodes.heartbeat_alive and heartbeat_many return; beat_from_row reads
+# What node_writes.heartbeat_alive and heartbeat_many return; beat_from_row reads
 # them by position.
 BEAT_COLUMNS = "n.id, n.state, n.admin_reason, n.admin_actor, n.liveness_reason"
 _BEAT_WIDTH = 5
@@ -286,7 +286,7 @@ def page_clause(
 ) -> tuple[str, dict[str, Any]]:
     """WHERE ... ORDER BY ... LIMIT of a page over `nodes n`, and its parameters.
 
-    Also node_pages.py's page, so both ways of reading a page pick the same nodes.
+    Also json_pages.py's page, so both ways of reading a page pick the same nodes.
     """
     params: dict[str, Any] = {"first": first}
     where = _filter_sql(node_filter, params)

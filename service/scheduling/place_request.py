@@ -1,0 +1,49 @@
+"""PlaceRequest: a replica as place(), fit() and explainPlacement are asked for it.
+
+Its own home (it was defined in verdicts.py and imported from there by every
+reader of a request): the shape (class, shards, GPUs per shard), the node
+checks (fabric, weights, disk, label, freshness), topology and tolerations.
+What each option means for the SQL is placement/statements.py's, for one
+node verdicts.judge's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.scheduling.taints import Toleration
+
+
+@dataclass(frozen=True)
+class PlaceRequest:
+    replica_id: str
+    gpu_class: str
+    gpus_per_shard: int
+    shards: int = 1
+    fabric: str | None = None
+    weights: str | None = None
+    min_local_disk_free: int | None = None
+    label: tuple[str, str] | None = None
+    nvlink_shards: bool = False
+    same_nvlink_domain: bool = False
+    rail_aligned: bool = False
+    # Seconds: only nodes whose GPU facts are at most this old (None: any age).
+    max_age: int | None = None
+    # Only nodes whose copy of `weights` is READY.
+    weights_ready: bool = False
+    # The taints the request tolerates (service/scheduling/taints.py): every
+    # reader that takes a request (place, allocate, fit, explainPlacement)
+    # offers it the same GPUs (availability.gpu_offered, PoolOffer).
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return self.shards * self.gpus_per_shard
+
+    @property
+    def tolerating(self) -> bool:
+        return bool(self.tolerations)
+
+    @property
+    def needs_topology(self) -> bool:
+        return self.nvlink_shards or self.same_nvlink_domain or self.rail_aligned
