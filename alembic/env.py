@@ -27,7 +27,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from alembic import context
-from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
+from service import (
+    health_tables,  # noqa: F401 (fleet health's tables join the metadata)
+    tenancy_tables,  # noqa: F401 (and tenancy's)
+)
 from service.database.db import asyncpg_url, engine_for
 from service.database.migrations import MIGRATION_LOCK_KEY, keeps_working
 from service.tables import metadata
@@ -37,6 +40,8 @@ target_metadata = metadata
 log = logging.getLogger("alembic.env")
 
 LOCK_NOT_AVAILABLE = "55P03"
+# Seconds between tries of the migration lock while another process migrates.
+MIGRATION_LOCK_POLL = 0.2
 
 
 def setting(name: str, default: float) -> float:
@@ -83,8 +88,16 @@ def do_run_migrations(connection: Connection) -> None:
     )
     # Taken before alembic reads the current revision, so a second process
     # waits here and then finds nothing left to do; a session lock, held
-    # across each migration's own transaction.
-    connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    # across each migration's own transaction. Waited for by trying, with no
+    # transaction open between tries: a CREATE INDEX CONCURRENTLY of the
+    # process migrating waits for every transaction older than its build, and
+    # a waiter blocked in pg_advisory_lock is one, which closed a cycle (the
+    # waiters ended as deadlock victims when 0022 first built an index so).
+    while not connection.execute(
+        text("SELECT pg_try_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+    ).scalar():
+        connection.commit()
+        time.sleep(MIGRATION_LOCK_POLL)
     connection.execute(text(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'"))
     connection.commit()
     try:

@@ -105,8 +105,8 @@ WITH free AS (
     SELECT $4, $4, $1, array_agg(idx) FROM free HAVING count(*) = $3
     RETURNING shard_id, gpu_indices
 ), held AS (
-    INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
-    SELECT $1, unnest(gpu_indices), shard_id FROM shard
+    INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)
+    SELECT $1, unnest(gpu_indices), shard_id, $2 FROM shard
 )
 UPDATE gpu_pools SET allocated = allocated + $3, free = free - $3,
     free_indices = ARRAY(SELECT i FROM unnest(free_indices) i
@@ -122,7 +122,8 @@ WITH shard AS (
     INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)
     VALUES ($1, $1, $2, ARRAY[$3::int]) RETURNING shard_id
 ), held AS (
-    INSERT INTO allocated_gpus (node_id, gpu_index, shard_id) SELECT $2, $3, shard_id FROM shard
+    INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)
+    SELECT $2, $3, shard_id, g.gpu_class FROM shard, gpus g WHERE g.node_id = $2 AND g.idx = $3
 )
 UPDATE gpu_pools SET allocated = allocated + 1, free = free - 1,
     free_indices = array_remove(free_indices, $3::int),

@@ -218,11 +218,13 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
             )
         )  # fmt: skip
         groups = nvlink_groups({g.index: g.nvlink_peers for g in report.gpus})
+        class_of: dict[int, str] = {}
         for g in report.gpus:
             reasons = sorted(set(g.health_reasons)) or ([] if g.healthy else ["unhealthy"])
             key = (g.name, g.memory_mb, g.gpu_class)
             if key not in classes:
                 classes[key] = gpu_class_of(g)
+            class_of[g.index] = classes[key]
             gpus.append(
                 (nid, g.index, g.uuid, g.name, classes[key], g.memory_mb, g.healthy, reasons,
                  None if g.nvlink_peers is None else sorted(g.nvlink_peers), groups[g.index])
@@ -239,7 +241,7 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
         for k, indices in enumerate(allocated_indices(i)):
             shard = f"seed-{i:06d}-{k}"
             shards.append((shard, f"seed-replica-{i:06d}-{k}", nid, indices))
-            held.extend((nid, idx, shard) for idx in indices)
+            held.extend((nid, idx, shard, class_of[idx]) for idx in indices)
 
     await conn.copy_records_to_table(
         "nodes",
@@ -273,7 +275,7 @@ async def load(conn: asyncpg.Connection, count: int) -> None:
         "shards", records=shards, columns=["shard_id", "replica_id", "node_id", "gpu_indices"]
     )
     await conn.copy_records_to_table(
-        "allocated_gpus", records=held, columns=["node_id", "gpu_index", "shard_id"]
+        "allocated_gpus", records=held, columns=["node_id", "gpu_index", "shard_id", "gpu_class"]
     )
     # The same counts service.scheduling.gpu_pools.refresh_pools keeps, for every node at once.
     await conn.execute(RECOUNT_POOLS)

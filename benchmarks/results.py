@@ -211,6 +211,14 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
         else:
             out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
+    # Issue 46: the tenant's limit checked in the claiming statement costs at most 10%.
+    name = "place with a tenant's quota in force <= 1.1x place without, 10k nodes (issue 46)"
+    quota = _find(rows, 10_000, "place 1x H100-80GB charged to a tenant with a quota p50")
+    if quota is not None:
+        out.append(Verdict(name, _judged(quota.ratio <= 1.1), f"x{quota.ratio:.2f}"))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
     # Issue 45: each fast-path route pays for itself (benchmarks/routes.py): its CPU
     # per request at most 0.9x Strawberry's view's for the same request.
     routes = [r for r in rows if r.name.startswith(ROUTE_ROW)]

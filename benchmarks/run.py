@@ -41,7 +41,7 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints", "routes",
+    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints", "tenancy", "routes",
 )  # fmt: skip
 
 
@@ -95,6 +95,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         routes,
         statements,
         taints,
+        tenancy,
         writes,
     )
 
@@ -145,6 +146,9 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "taints" in sections:
                 print(f"[{size}] place and freeGpus with 1% of GPUs tainted (issue 38)", flush=True)
                 await taints.measure_taints(bench)
+            if "tenancy" in sections:
+                print(f"[{size}] place with a tenant's quota in force (issue 46)", flush=True)
+                await tenancy.measure_tenancy(bench)
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)

@@ -67,6 +67,16 @@ MAX_GPUS_PER_SHARD = MAX_GPUS
 MAX_GROUP_REPLICAS = 256
 MAX_GROUP_ROLES = 16
 
+# Tenancy (service/scheduling/tenancy/): a replica's priority (the contract's
+# range, inclusive), the GPU classes one tenant has quotas for, the GPUs a
+# quota counts (far above any fleet, low enough that sums stay integers), and
+# a disruption budget's minAvailable.
+MIN_PRIORITY = -1_000_000
+MAX_PRIORITY = 1_000_000
+MAX_TENANT_QUOTAS = 64
+MAX_QUOTA_GPUS = 10_000_000
+MAX_MIN_AVAILABLE = 1_000_000
+
 
 def id_length_check(column: str) -> str:
     """SQL CHECK: the id in `column` is 1 to MAX_ID_LENGTH characters (tables.py's id columns)."""

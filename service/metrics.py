@@ -27,6 +27,7 @@ from service.database.connections import Connection
 from service.node_states import STATES
 from service.scheduling import place_batches, pool_census
 from service.scheduling.capacity import gpu_classes
+from service.scheduling.tenancy import tenants, victims
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -352,6 +353,7 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         "Nodes' differences from their hardware profile, by kind.",
         [((("kind", r.kind),), int(r.n)) for r in await conn.execute(_DRIFT)],
     )
+    await _tenants(conn, out)
     nodes = list(await conn.execute(_PER_NODE))
     known_disk = [n for n in nodes if n.local_disk_total is not None]
     out.family(
@@ -380,6 +382,26 @@ async def _backups(conn: Connection, out: Exposition) -> None:
     if status is not None:
         for name, kind, help_text, samples in backup_status.families(status):
             out.family(name, kind, help_text, samples)
+
+
+async def _tenants(conn: Connection, out: Exposition) -> None:
+    """Per tenant and GPU class: held, borrowed (beyond the guarantee), limit, preempted."""
+    usage = [(t.id, u) for t in await tenants.read_tenants(conn) for u in t.usage]
+    counted = victims.PREEMPTED.snapshot()
+    known = sorted({(t, u.gpu_class) for t, u in usage} | set(counted))
+    for name, kind, help_text, values in (
+        ("gpus_used", "gauge", "GPUs of the class the tenant holds (service/scheduling/tenancy/).",
+         [(t, u.gpu_class, u.used) for t, u in usage]),
+        ("gpus_borrowed", "gauge", "GPUs of the class the tenant holds beyond its guarantee.",
+         [(t, u.gpu_class, u.borrowed) for t, u in usage]),
+        ("gpus_limit", "gauge", "The tenant's limit for the class; absent when it has none.",
+         [(t, u.gpu_class, u.limit) for t, u in usage if u.limit is not None]),
+        ("replicas_preempted_total", "counter",
+         "Replicas of the tenant holding the class that this process's places preempted.",
+         [(t, c, counted.get((t, c), 0)) for t, c in known]),
+    ):  # fmt: skip
+        samples = [((("tenant", t), ("gpu_class", c)), v) for t, c, v in values]
+        out.family(f"inventory_tenant_{name}", kind, help_text, samples)
 
 
 def _process(out: Exposition) -> None:
@@ -453,7 +475,7 @@ def _process(out: Exposition) -> None:
         "`place` calls of a group claimed by the one-call path instead, in the same "
         "transaction, by why: stored (the replica id holds shards), repeated (the same replica "
         "id earlier in the group), no_room (the nodes the group locked had no room left), "
-        "conflict (its shard ids or a GPU were taken meanwhile).",
+        "conflict (its shard ids or a GPU were taken meanwhile), charge (placed alone: a quota).",
         _by_reason(place_batches.COUNTS.apart),
     )
     out.family(

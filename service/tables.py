@@ -446,12 +446,29 @@ shards = Table(
     # (taints.tolerations_json; NULL: none; migration 0014b): what says when
     # a NO_EXECUTE taint on its GPUs tells its engine to stop (taints.stop_by_sql).
     Column("tolerations", JSONB),
+    # Who the replica is charged to, how important it is, the deployment whose
+    # disruption budget covers it, and whether the claim took its tenant past
+    # its guarantee (migration 0022; service/scheduling/tenancy/).
+    # Bounded by the requests' checks (tenancy/charges.charge_problem), which
+    # every claim passes: a CHECK added by migration 0022 would have scanned
+    # shards under an ACCESS EXCLUSIVE lock (docs/deployment/upgrades.md).
+    Column("tenant", Text, nullable=False, server_default=text("'default'")),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("deployment", Text),
+    Column("borrowed", Boolean, nullable=False, server_default=text("true")),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
 )
 Index("ix_shards_replica_id", shards.c.replica_id)
 Index("ix_shards_node_id", shards.c.node_id)
+# A deployment's replicas, per tenant: what a disruption budget counts as placed.
+Index(
+    "ix_shards_deployment",
+    shards.c.deployment,
+    shards.c.tenant,
+    postgresql_where=shards.c.deployment.isnot(None),
+)
 
 # One row per replica id that a claim stored shards for or that was released
 # while holding nothing: the row a claim and a release of the same id
@@ -486,11 +503,20 @@ allocated_gpus = Table(
     Column("node_id", Text, nullable=False),
     Column("gpu_index", Integer, nullable=False),
     Column("shard_id", Text, nullable=False),
+    # Its shard's tenant and the GPU's class when it was claimed (migration
+    # 0022): what the quota counters' triggers count, without a join. Every
+    # claim writes the class; NULL only from 0021's code during a roll,
+    # counted against no quota.
+    Column("tenant", Text, nullable=False, server_default=text("'default'")),
+    Column("gpu_class", Text),
     PrimaryKeyConstraint("node_id", "gpu_index"),
     ForeignKeyConstraint(["shard_id"], ["shards.shard_id"], ondelete="CASCADE"),
     ForeignKeyConstraint(["node_id"], ["nodes.id"], ondelete="CASCADE"),
 )
 Index("ix_allocated_gpus_shard_id", allocated_gpus.c.shard_id)
+# What a tenant holds of a class without a quota row (no counter): counted
+# from this index when asked (service/scheduling/tenancy/tenants.py).
+Index("ix_allocated_gpus_tenant", allocated_gpus.c.tenant, allocated_gpus.c.gpu_class)
 
 # Placement groups (issue 39): roles of replicas placed as one unit. The
 # spec is the group as asked (roles, shapes, locality, KV roles), so a retry
@@ -557,5 +583,8 @@ api_tokens = Table(
     # NULL: never expires. Judged by the database's clock (service/access_control/tokens.py).
     Column("expires_at", DateTime(timezone=True)),
     CheckConstraint("role IN ('reader', 'agent', 'scheduler', 'operator')", name="role"),
+    # The tenant a scheduler token places as (migration 0022); NULL: unbound.
+    Column("tenant", Text),
     CheckConstraint("(role = 'agent') = (node_id IS NOT NULL)", name="agent_node"),
+    CheckConstraint("tenant IS NULL OR role = 'scheduler'", name="scheduler_tenant"),
 )

@@ -59,6 +59,8 @@ class Principal:
     token_id: str | None = None
     node_id: str | None = None
     description: str | None = None
+    # A scheduler token's tenant: it places only as that tenant (service/scheduling/tenancy/charges.bind).
+    tenant: str | None = None
 
     @property
     def actor(self) -> str | None:
@@ -196,4 +198,5 @@ class Authenticator:
             token_id=record.id,
             node_id=record.node_id,
             description=record.description,
+            tenant=record.tenant,
         )

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Row
 from service.bounds import MAX_ID_LENGTH, MAX_TEXT_LENGTH
 from service.database.connections import Connection, cached_text
 from service.errors import InvalidInput, InventoryError, shown
+from service.scheduling.tenancy.tenants import tenant_exists
 from service.stored_text import storable
 
 ROLES = ("reader", "agent", "scheduler", "operator")
@@ -46,6 +47,8 @@ class TokenRecord:
     expires_at: datetime | None
     # Judged by the database's clock when the record was read (STATUS below).
     status: Status
+    # The tenant a scheduler token places as (service/scheduling/tenancy/); None: unbound.
+    tenant: str | None = None
 
     @property
     def revoked(self) -> bool:
@@ -99,6 +102,7 @@ def _record(row: Row[tuple[object, ...]]) -> TokenRecord:
         revoked_at=m["revoked_at"],
         expires_at=m["expires_at"],
         status=m["status"],
+        tenant=m["tenant"],
     )
 
 
@@ -110,12 +114,26 @@ STATUS = (
     "WHEN expires_at <= now() THEN 'expired' ELSE 'active' END"
 )
 
-_COLUMNS = f"id, role, node_id, description, created_at, revoked_at, expires_at, {STATUS} AS status"
+_COLUMNS = (
+    f"id, role, node_id, description, created_at, revoked_at, expires_at, {STATUS} AS status,"
+    " tenant"
+)
 
 
 def check_token_request(
-    role: str, node_id: str | None, description: str | None, expires_at: datetime | None = None
+    role: str,
+    node_id: str | None,
+    description: str | None,
+    expires_at: datetime | None = None,
+    tenant: str | None = None,
 ) -> None:
+    if tenant is not None:
+        if role != "scheduler":
+            raise InvalidInput(
+                "tenant", tenant, f"only scheduler tokens are bound to a tenant, not {role}"
+            )
+        if not tenant or len(tenant) > MAX_ID_LENGTH or not storable(tenant):
+            raise InvalidInput("tenant", tenant, f"not a tenant id (1-{MAX_ID_LENGTH} characters)")
     if role not in ROLES:
         raise InvalidInput("role", role, f"expected one of {', '.join(ROLES)}")
     if role == "agent":
@@ -148,23 +166,31 @@ async def create_token(
     node_id: str | None = None,
     description: str | None = None,
     expires_at: datetime | None = None,
+    tenant: str | None = None,
 ) -> NewToken:
     """A new token of `role`; an agent token names the one node it may report for.
 
     The node need not be registered yet: the token is made before the agent's
     first report. `expires_at` (None: never) must be in the future by the
     database's clock, the clock that later decides the token expired.
+    `tenant`: a scheduler token bound to it places only as it; the tenant
+    must exist (InvalidInput otherwise).
     """
-    check_token_request(role, node_id, description, expires_at)
+    check_token_request(role, node_id, description, expires_at, tenant)
+    if tenant is not None and not await tenant_exists(conn, tenant):
+        raise InvalidInput(
+            "tenant", tenant, "no such tenant (an operator makes one with setTenant)"
+        )
     first = not await any_tokens(conn)
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
     row = (
         await conn.execute(
             text(
-                f"INSERT INTO api_tokens (id, digest, role, node_id, description, expires_at) "
+                f"INSERT INTO api_tokens (id, digest, role, node_id, description, expires_at, "
+                f"tenant) "
                 f"SELECT :id, :digest, :role, :node_id, :description, "
-                f"CAST(:expires_at AS timestamptz) "
+                f"CAST(:expires_at AS timestamptz), :tenant "
                 f"WHERE CAST(:expires_at AS timestamptz) IS NULL "
                 f"OR CAST(:expires_at AS timestamptz) > now() "
                 f"RETURNING {_COLUMNS}"
@@ -176,6 +202,7 @@ async def create_token(
                 "node_id": node_id,
                 "description": description,
                 "expires_at": expires_at,
+                "tenant": tenant,
             },
         )
     ).one_or_none()

@@ -18,11 +18,16 @@ from service.ctl.output import DASH, add_output_option, age, print_json, table
 ROLES = ("reader", "agent", "scheduler", "operator")
 
 CREATE = """
-mutation CreateToken($role: Role!, $nodeId: ID, $description: String, $expiresAt: DateTime) {
-  createToken(role: $role, nodeId: $nodeId, description: $description, expiresAt: $expiresAt) {
+mutation CreateToken(
+  $role: Role!, $nodeId: ID, $description: String, $expiresAt: DateTime, $tenant: ID
+) {
+  createToken(
+    role: $role, nodeId: $nodeId, description: $description, expiresAt: $expiresAt,
+    tenant: $tenant
+  ) {
     secret
     warning
-    token { id role nodeId description createdAt expiresAt }
+    token { id role nodeId description createdAt expiresAt tenant }
   }
 }
 """
@@ -33,6 +38,7 @@ FLAGS = {
     "nodeId": "--node",
     "description": "--description",
     "expiresAt": "--expires",
+    "tenant": "--tenant",
 }
 
 LIST = """
@@ -52,6 +58,7 @@ def create_token(args: argparse.Namespace, client: Client) -> int:
         "nodeId": args.node,
         "description": args.description,
         "expiresAt": args.expires.isoformat() if args.expires is not None else None,
+        "tenant": args.tenant,
     }
     try:
         data = client.execute(CREATE, variables)["createToken"]
@@ -59,6 +66,8 @@ def create_token(args: argparse.Namespace, client: Client) -> int:
         raise flag_error(error, FLAGS) from None
     token = data["token"]
     bound = f" for node {token['nodeId']}" if token.get("nodeId") else ""
+    if token.get("tenant"):
+        bound += f" for tenant {token['tenant']}"
     until = f", expires {_utc(token['expiresAt'])}" if token.get("expiresAt") else ""
     print(f"created {token['role'].lower()} token {token['id']}{bound}{until}")
     if data.get("warning"):
@@ -111,6 +120,9 @@ def register(commands: Any) -> None:
     create.add_argument("--role", required=True, choices=ROLES)
     create.add_argument("--node", help="the one node an agent token may report for (agent only)")
     create.add_argument("--description", help="who or what holds it, e.g. 'scheduler-a'")
+    create.add_argument(
+        "--tenant", help="the one tenant a scheduler token places as (scheduler only)"
+    )
     create.add_argument(
         "--expires",
         type=times.expires,

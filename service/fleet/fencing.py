@@ -75,6 +75,9 @@ class StopReason(enum.Enum):
     # A NO_EXECUTE taint on its GPUs or node that it does not tolerate, or no
     # longer (its tolerationSeconds ran out): service/scheduling/taints.py.
     TAINTED = "TAINTED"
+    # Stopped to make room for another replica (preemption, issue 46:
+    # service/scheduling/tenancy/victims.py); ShardToStop.preempted_by names it.
+    PREEMPTED = "PREEMPTED"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class ShardToStop:
     shard_id: str
     fence: int
     reason: StopReason
+    # PREEMPTED: the replica that took its GPUs.
+    preempted_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,8 @@ _GPUS = text(
            s.gpu_indices, s.fabric, s.hcas, s.created_at, g.cordon_reason, g.sticky_reasons,
            g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas,
            s.fence, {replica_generation("s")} AS generation, s.held_since,
-           g.withheld, g.last_resort, {gpu_taints_json("g")} AS taints, g.recovery_action
+           g.withheld, g.last_resort, {gpu_taints_json("g")} AS taints, g.recovery_action,
+           s.tenant, s.priority, s.deployment, s.borrowed
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -137,7 +138,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
         replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
         group, domain, near, fence, generation, held_since, withheld, last_resort, taints,
-        recovery,
+        recovery, tenant, priority, deployment, borrowed,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -154,6 +155,10 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
                     fence=fence,
                     generation=generation,
                     held_since=held_since,
+                    tenant=tenant,
+                    priority=priority,
+                    deployment=deployment,
+                    borrowed=borrowed,
                 )
         # Positionally, in GpuRecord's field order.
         gpu = GpuRecord(

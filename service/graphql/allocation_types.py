@@ -13,14 +13,29 @@ from service.scheduling.allocations import AllocationRequest, ShardRequest
 from service.scheduling.placement import Explanation
 from service.scheduling.placement import Unplaceable as UnplaceableRecord
 from service.scheduling.placement.fit import Fit as FitRecord
+from service.scheduling.tenancy.charges import PreemptionPolicy
 
 from .health_types import TOLERATIONS, TolerationInput, tolerations_of
 from .inputs import KeyValueInput
 from .scalars import Bytes
+from .tenancy_types import (
+    DisruptionBudget,
+    Preemption,
+    QuotaShortfall,
+    charge_of,
+)
 from .types import Allocation
 
 # The domain's codes, exposed as they are: one list of codes, not two to keep in step.
 strawberry.enum(rejections.RejectionCode, name="RejectionCode")
+
+# The charge fields place, allocate and placeGroup share (contract-tenancy.graphql).
+TENANT = (
+    "Charged to this tenant; a token bound to a tenant may only name its own (or none). Null: "
+    "the token's tenant, else default."
+)
+PRIORITY = "Higher is more important; preemption only takes from lower. From -1000000 to 1000000."
+DEPLOYMENT = "Replicas of one deployment share a disruption budget."
 
 
 @strawberry.type
@@ -34,6 +49,9 @@ class AllocationRejected:
     held_by: strawberry.ID | None = strawberry.field(
         description="The shard that holds the GPU, for GPU_TAKEN."
     )
+    quota: QuotaShortfall | None = strawberry.field(
+        default=None, description="QUOTA_EXCEEDED: the tenant, class, used, limit and asked."
+    )
 
     @classmethod
     def of(cls, r: rejections.Rejection) -> AllocationRejected:
@@ -43,16 +61,23 @@ class AllocationRejected:
             node_id=None if r.node_id is None else strawberry.ID(r.node_id),
             gpu_index=r.gpu_index,
             held_by=None if r.held_by is None else strawberry.ID(r.held_by),
+            quota=QuotaShortfall.of(r.quota),
         )
 
 
 @strawberry.type
 class Allocated:
     allocations: list[Allocation]
+    preempted: list[Preemption] = strawberry.field(
+        description="The replicas stopped to make room for this one; empty on free GPUs."
+    )
 
     @classmethod
     def of(cls, record: AllocatedRecord) -> Allocated:
-        return cls(allocations=[Allocation.of(s) for s in record.shards])
+        return cls(
+            allocations=[Allocation.of(s) for s in record.shards],
+            preempted=[Preemption.of(p) for p in record.preempted],
+        )
 
 
 AllocateResult = Annotated[Allocated | AllocationRejected, strawberry.union("AllocateResult")]
@@ -80,8 +105,12 @@ class AllocateInput:
     tolerations: list[TolerationInput] | None = strawberry.field(
         default=None, description=TOLERATIONS + " A GPU withheld otherwise: GPU_TAINTED."
     )
+    tenant: strawberry.ID | None = strawberry.field(default=None, description=TENANT)
+    priority: int | None = strawberry.field(default=0, description=PRIORITY)
+    deployment: str | None = strawberry.field(default=None, description=DEPLOYMENT)
 
     def to_request(self) -> AllocationRequest:
+        """The request as named; its tenant bound to the caller by the resolver (charges.bind)."""
         return AllocationRequest(
             replica_id=str(self.replica_id),
             shards=tuple(
@@ -90,6 +119,7 @@ class AllocateInput:
             ),
             generation=self.generation,
             tolerations=tolerations_of(self.tolerations),
+            charge=charge_of(self.tenant, self.priority, self.deployment),
         )
 
 
@@ -152,8 +182,17 @@ class PlaceInput:
     tolerations: list[TolerationInput] | None = strawberry.field(
         default=None, description=TOLERATIONS + " A node short only of withheld GPUs: TAINTED."
     )
+    # Tenancy (contract-tenancy.graphql); see docs/scheduler/tenancy.md.
+    tenant: strawberry.ID | None = strawberry.field(default=None, description=TENANT)
+    priority: int | None = strawberry.field(default=0, description=PRIORITY)
+    deployment: str | None = strawberry.field(default=None, description=DEPLOYMENT)
+    preemption: PreemptionPolicy | None = strawberry.field(
+        default=PreemptionPolicy.NEVER,
+        description="Whether replicas may be stopped to make room (see PreemptionPolicy).",
+    )
 
     def to_request(self) -> place_request.PlaceRequest:
+        """The request as named; its tenant bound to the caller by the resolver (charges.bind)."""
         return place_request.PlaceRequest(
             replica_id=str(self.replica_id),
             gpu_class=self.gpu_class,
@@ -170,6 +209,8 @@ class PlaceInput:
             max_age=self.max_age,
             weights_ready=bool(self.weights_ready),
             tolerations=tolerations_of(self.tolerations),
+            charge=charge_of(self.tenant, self.priority, self.deployment),
+            preemption=self.preemption or PreemptionPolicy.NEVER,
         )
 
 
@@ -211,6 +252,12 @@ class Unplaceable:
             "empty for place."
         )
     )
+    quota: QuotaShortfall | None = strawberry.field(
+        description="Set when the tenant's limit is what refused it."
+    )
+    blocking_budgets: list[DisruptionBudget] = strawberry.field(
+        description="The disruption budgets that kept preemption from making room."
+    )
 
     @classmethod
     def of(cls, u: UnplaceableRecord) -> Unplaceable:
@@ -221,6 +268,8 @@ class Unplaceable:
             roles=[
                 RoleVerdict(role=r.role, placeable=r.placeable, message=r.message) for r in u.roles
             ],
+            quota=QuotaShortfall.of(u.quota),
+            blocking_budgets=[DisruptionBudget.of(b) for b in u.blocking_budgets],
         )
 
 
@@ -247,6 +296,9 @@ class PlacementExplanation:
     plan: list[PlannedShard]
     verdicts: list[PlacementVerdict]
     verdicts_omitted: int
+    preemptions: list[Preemption] = strawberry.field(
+        description="placeable is true when the place would succeed by preempting these."
+    )
 
     @classmethod
     def of(cls, e: Explanation, gpus_per_shard: int) -> PlacementExplanation:
@@ -269,6 +321,7 @@ class PlacementExplanation:
             plan=planned,
             verdicts=[PlacementVerdict.of(v) for v in e.verdicts],
             verdicts_omitted=e.omitted,
+            preemptions=[Preemption.of(p) for p in e.preemptions],
         )
 
 

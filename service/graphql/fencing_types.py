@@ -19,7 +19,8 @@ strawberry.enum(
         "(freed because a node was lost), FENCE_SUPERSEDED (the inventory holds that shard id "
         "with another fence or on another node), TAINTED (a NO_EXECUTE taint on its GPUs or "
         "node that it does not tolerate, or whose tolerationSeconds ran out: the inventory "
-        "still holds it until it is released)."
+        "still holds it until it is released), PREEMPTED (stopped to make room for a replica "
+        "of higher priority, or reclaimed by a tenant below its guarantee: preemptedBy names it)."
     ),
 )
 
@@ -42,10 +43,19 @@ class ShardToStop:
     shard_id: strawberry.ID
     fence: int
     reason: fencing.StopReason
+    preempted_by: strawberry.ID | None = strawberry.field(
+        default=None,
+        description="The replica that preempted this shard's replica (reason PREEMPTED).",
+    )
 
     @classmethod
     def of(cls, stop: fencing.ShardToStop) -> ShardToStop:
-        return cls(shard_id=strawberry.ID(stop.shard_id), fence=stop.fence, reason=stop.reason)
+        return cls(
+            shard_id=strawberry.ID(stop.shard_id),
+            fence=stop.fence,
+            reason=stop.reason,
+            preempted_by=None if stop.preempted_by is None else strawberry.ID(stop.preempted_by),
+        )
 
 
 def contact_of(

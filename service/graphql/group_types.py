@@ -18,8 +18,18 @@ from service.scheduling.groups import (
 from service.scheduling.groups import (
     GroupFit as GroupFitRecord,
 )
+from service.scheduling.tenancy.charges import PreemptionPolicy
 
-from .allocation_types import AllocationRejected, PlaceInput, PlacementVerdict, Unplaceable
+from .allocation_types import (
+    DEPLOYMENT,
+    PRIORITY,
+    TENANT,
+    AllocationRejected,
+    PlaceInput,
+    PlacementVerdict,
+    Unplaceable,
+)
+from .tenancy_types import Preemption, charge_of
 from .types import Allocation
 
 strawberry.enum(LocalityLevel, name="LocalityLevel")
@@ -69,14 +79,26 @@ class PlaceGroupInput:
         ),
     )
     kv_to: str | None = None
+    # A group is charged, prioritized and preempted for as one: its roles'
+    # shapes name none of these (contract-tenancy.graphql).
+    tenant: strawberry.ID | None = strawberry.field(default=None, description=TENANT)
+    priority: int | None = strawberry.field(default=0, description=PRIORITY)
+    deployment: str | None = strawberry.field(default=None, description=DEPLOYMENT)
+    preemption: PreemptionPolicy | None = strawberry.field(
+        default=PreemptionPolicy.NEVER,
+        description="For the whole group or not at all (see PreemptionPolicy).",
+    )
 
     def to_request(self) -> GroupRequest:
+        """The group as named; its tenant bound to the caller by the resolver (charges.bind)."""
         return GroupRequest(
             group_id=str(self.group_id),
             roles=tuple(r.to_role() for r in self.roles),
             locality=self.locality.to_locality() if self.locality is not None else Locality(),
             kv_from=self.kv_from,
             kv_to=self.kv_to,
+            charge=charge_of(self.tenant, self.priority, self.deployment),
+            preemption=self.preemption or PreemptionPolicy.NEVER,
         )
 
 
@@ -106,10 +128,14 @@ class GroupPlaced:
     kv_paths: list[KvPath] = strawberry.field(
         description="For each kvFrom replica, every kvTo replica and the path the pair gets."
     )
+    preempted: list[Preemption] = strawberry.field(
+        description="The replicas stopped to make room for the group; empty on free GPUs."
+    )
 
     @classmethod
     def of(cls, g: StoredGroup) -> GroupPlaced:
         return cls(
+            preempted=[],
             group_id=strawberry.ID(g.group_id),
             generation=g.generation,
             members=[

@@ -79,6 +79,9 @@ ROOT_FIELD_ROLES: dict[str, dict[str, Roles]] = {
         # read the node, which shows the same list (Node.validationsToRun).
         "validationsToRun": ("reader", "agent"),
         "hardwareProfiles": "reader",
+        "tenants": "reader",
+        "tenant": "reader",
+        "disruptionBudgets": "reader",
     },
     "Mutation": {
         "registerNode": "agent",
@@ -110,6 +113,11 @@ ROOT_FIELD_ROLES: dict[str, dict[str, Roles]] = {
         "freeHeldShards": "operator",
         "createToken": "operator",
         "revokeToken": "operator",
+        "setTenant": "operator",
+        "removeTenant": "operator",
+        # A scheduler protects its own deployments (a bound token: its tenant's only).
+        "setDisruptionBudget": "scheduler",
+        "removeDisruptionBudget": "scheduler",
     },
     "Subscription": {
         "events": "reader",

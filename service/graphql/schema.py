@@ -27,6 +27,7 @@ from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
 from .operations.subscriptions import EventSubscriptions
+from .operations.tenancy import TenancyMutations, TenancyQueries
 from .operations.token_admin import TokenMutations, TokenQueries
 from .pages import PageTruncation
 from .permissions import guard_root_fields
@@ -38,7 +39,15 @@ log = logging.getLogger(__name__)
 
 Query = merge_types(
     "Query",
-    (NodeQueries, EventQueries, TokenQueries, PlacementQueries, GroupQueries, HealthQueries),
+    (
+        NodeQueries,
+        EventQueries,
+        TokenQueries,
+        PlacementQueries,
+        GroupQueries,
+        HealthQueries,
+        TenancyQueries,
+    ),
 )
 Mutation = merge_types(
     "Mutation",
@@ -50,6 +59,7 @@ Mutation = merge_types(
         FencingMutations,
         GroupMutations,
         HealthMutations,
+        TenancyMutations,
     ),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))

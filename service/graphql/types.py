@@ -35,6 +35,7 @@ from .health_types import (
 )
 from .loaders import now_or_later
 from .scalars import Bytes
+from .tenancy_types import Charged
 
 # The states' one home is service/node_states.py; the schema shows its enum as is.
 strawberry.enum(NodeState)
@@ -65,7 +66,7 @@ class Disk:
 
 
 @strawberry.type
-class Allocation:
+class Allocation(Charged):
     """Also served by service.scheduling.allocations.ShardRecord itself, in a node's lists."""
 
     shard_id: strawberry.ID
@@ -113,6 +114,10 @@ class Allocation:
             fence=shard.fence,
             generation=shard.generation,
             held_since=shard.held_since,
+            tenant=strawberry.ID(shard.tenant),
+            priority=shard.priority,
+            deployment=shard.deployment,
+            borrowed=shard.borrowed,
         )
 
 

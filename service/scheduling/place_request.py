@@ -2,7 +2,8 @@
 
 Its own home (it was defined in verdicts.py and imported from there by every
 reader of a request): the shape (class, shards, GPUs per shard), the node
-checks (fabric, weights, disk, label, freshness), topology and tolerations.
+checks (fabric, weights, disk, label, freshness), topology, tolerations,
+and the charge (tenant, priority, deployment) with its preemption policy.
 What each option means for the SQL is placement/statements.py's, for one
 node verdicts.judge's.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.scheduling.taints import Toleration
+from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,12 @@ class PlaceRequest:
     # reader that takes a request (place, allocate, fit, explainPlacement)
     # offers it the same GPUs (availability.gpu_offered, PoolOffer).
     tolerations: tuple[Toleration, ...] = ()
+    # Who the replica is charged to (service/scheduling/tenancy/): the claim
+    # checks the tenant's limit; fit and explainPlacement count within it.
+    charge: Charge = UNNAMED
+    # LOWER_PRIORITY: a place that does not fit on free GPUs may stop replicas
+    # of lower priority, and reclaim what other tenants borrowed.
+    preemption: PreemptionPolicy = PreemptionPolicy.NEVER
 
     @property
     def gpus(self) -> int:

@@ -14,6 +14,8 @@ from enum import Enum
 # How a message repeats an id or a text a caller sent has one home
 # (service/errors.py); imported from here by the scheduling modules.
 from service.errors import shown as shown
+from service.errors import shown_value
+from service.scheduling.tenancy.charges import QuotaShortfall, Refusal, UnknownTenant
 
 
 class RejectionCode(Enum):
@@ -39,6 +41,8 @@ class RejectionCode(Enum):
     # SEARCH_BOUND) before it found one or proved there is none: nothing
     # held, and not "no room" (issue 44).
     SEARCH_BOUND = "SEARCH_BOUND"
+    # The tenant's limit for a class refused it (service/scheduling/tenancy/).
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,29 @@ class Rejection:
     node_id: str | None = None
     gpu_index: int | None = None
     held_by: str | None = None
+    # QUOTA_EXCEEDED: the numbers.
+    quota: QuotaShortfall | None = None
 
 
 def invalid(message: str, node_id: str | None = None, gpu_index: int | None = None) -> Rejection:
     return Rejection(RejectionCode.INVALID, message, node_id=node_id, gpu_index=gpu_index)
+
+
+def invalid_field(field: str, value: object, why: str) -> Rejection:
+    """INVALID naming the field and its value: a text quoted (and cut when long), a number as it is."""
+    return invalid(f"{field}={shown_value(value)}: {why}")
+
+
+def refused_for_charge(refusal: Refusal) -> Rejection:
+    """allocate()'s answer to a claim its charge refused: QUOTA_EXCEEDED, or INVALID for no such tenant.
+
+    A QuotaBusy is never answered: only a claim that must not wait gets it,
+    and its caller claims again in a transaction of its own.
+    """
+    if isinstance(refusal, QuotaShortfall):
+        return Rejection(RejectionCode.QUOTA_EXCEEDED, refusal.sentence(), quota=refusal)
+    assert isinstance(refusal, UnknownTenant), refusal
+    return invalid(refusal.sentence())
 
 
 def index_ranges(indices: Iterable[int]) -> str:

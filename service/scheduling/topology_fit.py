@@ -25,6 +25,7 @@ disagree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 
@@ -32,6 +33,7 @@ from service.scheduling.allocations.storing import Rows, Wanted
 from service.scheduling.availability import gpu_last_resort, gpu_offered, shared_nvlink_domain
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.taints import Toleration, stored_tolerations
+from service.scheduling.tenancy.charges import CHARGE_FIELDS
 
 # Stands for "the request has tolerations" where only that shapes the SQL
 # (the tolerations themselves are the :tolerations parameter).
@@ -221,8 +223,11 @@ def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating:
         FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_offered("g", tolerating)}"""
 
 
-def _claimed_shards(replica_id: str, actor: str, source: str, rail_aligned: bool) -> Rows:
-    """want_shards of a claim: its GPUs (want_gpus) grouped by shard, for the caller's replica and actor."""
+def _claimed_shards(
+    replica_id: str, actor: str, source: str, rail_aligned: bool, charge: Mapping[str, str]
+) -> Rows:
+    """want_shards of a claim: its GPUs (want_gpus) grouped by shard, for the caller's replica,
+    actor and charge (tenancy.charges.CHARGE_FIELDS' columns)."""
     hcas = (
         """ARRAY(SELECT DISTINCT h FROM want_gpus v, unnest(v.hcas) h
                      WHERE v.shard_id = w.shard_id ORDER BY h)"""
@@ -241,6 +246,7 @@ def _claimed_shards(replica_id: str, actor: str, source: str, rail_aligned: bool
             "hcas": hcas,
             "weights": "CAST(:weights AS text)",
             "tolerations": stored_tolerations(),
+            **charge,
         },
         source,
     )
@@ -253,15 +259,15 @@ def claim_wanted(
     """What a claim gives allocations.store_statement: calls of one shape, on locked nodes.
 
     One call on one node (`several` false): parameters :node_id,
-    :replica_id, :actor, :names (its shard ids), :need, :per, :cls, and
-    :fabric for railAligned. The call holds the first :need GPUs of the
+    :replica_id, :actor, :names (its shard ids), :tenant, :priority and
+    :deployment (its charge), :need, :per, :cls, and :fabric for railAligned. The call holds the first :need GPUs of the
     node's claim order (below), or nothing when there are fewer (go is
     false). Its call number is 1.
 
     Several (`several`), parameters: :node_ids, the nodes this transaction has locked for the
     calls, best first, and :caps, per node at most how many calls it takes
-    (what the pick's snapshot counted); :replica_ids and :actors, one per
-    call, in the order calls are served; :names, the calls' shard ids,
+    (what the pick's snapshot counted); :replica_ids, :actors, :tenants,
+    :priorities and :deployments, one per call, in the order calls are served; :names, the calls' shard ids,
     :shards of them per call, one call after another; :need, :per, :cls,
     and :fabric for railAligned.
 
@@ -309,6 +315,7 @@ def claim_wanted(
                 "CAST(:actor AS text)",
                 "FROM want_gpus w GROUP BY w.call, w.shard_id, w.node_id",
                 rail_aligned,
+                {c: f"CAST(:{c} AS {kind})" for c, kind in CHARGE_FIELDS.items()},
             ),
             go=Rows({"call": "1", "ok": f"count(*) = :need {domain}"}, "FROM free"),
         )
@@ -340,9 +347,12 @@ def claim_wanted(
             ),
             (
                 "calls",
-                """SELECT c.call, c.replica_id, c.actor, s.node_id, c.call - 1 - s.before AS pos
-        FROM unnest(CAST(:replica_ids AS text[]), CAST(:actors AS text[]))
-            WITH ORDINALITY AS c(replica_id, actor, call)
+                """SELECT c.call, c.replica_id, c.actor, c.tenant, c.priority, c.deployment,
+               s.node_id, c.call - 1 - s.before AS pos
+        FROM unnest(CAST(:replica_ids AS text[]), CAST(:actors AS text[]),
+                    CAST(:tenants AS text[]), CAST(:priorities AS int[]),
+                    CAST(:deployments AS text[]))
+            WITH ORDINALITY AS c(replica_id, actor, tenant, priority, deployment, call)
         JOIN slots s ON c.call > s.before AND c.call <= s.before + s.takes""",
             ),
         ),
@@ -362,8 +372,10 @@ def claim_wanted(
             "c.replica_id",
             "c.actor",
             "FROM want_gpus w JOIN calls c ON c.call = w.call"
-            " GROUP BY w.call, c.replica_id, c.actor, w.shard_id, w.node_id",
+            " GROUP BY w.call, c.replica_id, c.actor, c.tenant, c.priority, c.deployment,"
+            " w.shard_id, w.node_id",
             rail_aligned,
+            {c: f"c.{c}" for c in CHARGE_FIELDS},
         ),
         go=Rows({"call": "c.call", "ok": "true"}, "FROM calls c"),
     )

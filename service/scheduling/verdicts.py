@@ -39,6 +39,10 @@ class VerdictCode(Enum):
     TAINTED = "TAINTED"
     # weightsReady: the node's copy of the weights is not READY (service/scheduling/weights_lifecycle.py).
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
+    # The node has room, but the tenant's limit for the class does not
+    # (service/scheduling/tenancy/): what place, fit and explainPlacement say
+    # of the nodes that would fit otherwise.
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,10 @@ const GROUPS_QUERY = `query DashboardGroups {
     kvPaths { from to kind }
   }
 }`;
+// Tenants (issue 46): each one's use of every class against its guarantee and limit.
+const TENANTS_QUERY = `query DashboardTenants {
+  tenants { id usage { gpuClass used borrowed guaranteed limit available } notices }
+}`;
 const XID_WINDOW_MS = 24 * 3600 * 1000;
 const XIDS_SHOWN = 50;
 const SUBSCRIPTIONS_QUERY = `query DashboardSubscriptions {
@@ -68,6 +72,7 @@ const view = {
   summary: [],
   fabrics: [],
   groups: [],
+  tenants: [],
   selectedGroup: null, // the placement group whose view is open
   selected: null, // the node whose view is open
   selectedNode: null, // its answer to NODE_QUERY
@@ -178,14 +183,16 @@ async function refresh() {
       refreshAgain = false;
       try {
         const since = new Date(Date.now() + view.skewMs - XID_WINDOW_MS).toISOString();
-        const [nodes, summary, selected, groups] = await Promise.all([
+        const [nodes, summary, selected, groups, tenants] = await Promise.all([
           loadAllNodes(),
           graphql(SUMMARY_QUERY),
           view.selected ? loadNodeView(view.selected, since) : null,
           graphql(GROUPS_QUERY),
+          graphql(TENANTS_QUERY),
         ]);
         view.selectedNode = selected;
         view.groups = groups.groups;
+        view.tenants = tenants.tenants;
         view.nodes = nodes;
         view.summary = summary.gpuClasses;
         view.fabrics = summary.fabrics.map((f) => f.name);
@@ -675,11 +682,52 @@ function renderGroups() {
   document.getElementById("group-paths-none").hidden = paths.length > 0;
 }
 
+// One class of a tenant as a bar: held within the guarantee, borrowed beyond
+// it, the room left under the limit (or, without one, what it could get now),
+// and a mark where the guarantee ends.
+function usageBar(u) {
+  const span = Math.max(u.limit ?? u.used + u.available, u.used, 1);
+  const pct = (n) => `${(100 * n) / span}%`;
+  const within = Math.min(u.used, u.guaranteed);
+  const over = u.limit !== null && u.used > u.limit;
+  return el(
+    "div",
+    { class: over ? "usage-bar over" : "usage-bar", title: `${u.used} held, ${u.guaranteed} guaranteed, limit ${u.limit ?? "none"}` },
+    el("span", { class: "within", style: `width: ${pct(within)}` }),
+    el("span", { class: "borrowed", style: `width: ${pct(u.used - within)}` }),
+    el("span", { class: "guarantee", style: `left: ${pct(Math.min(u.guaranteed, span))}` }),
+  );
+}
+
+function renderTenants() {
+  const rows = view.tenants.flatMap((t) =>
+    t.usage.map((u) =>
+      el(
+        "tr",
+        { "data-tenant": t.id, "data-gpu-class": u.gpuClass },
+        el("td", {}, t.id),
+        el("td", {}, u.gpuClass),
+        el("td", { class: "num" }, `${u.used} / ${u.limit ?? "no limit"}`),
+        el("td", { class: "num" }, u.guaranteed),
+        el("td", { class: "num" }, u.borrowed),
+        el("td", { class: "num" }, u.available),
+        el("td", {}, usageBar(u)),
+      ),
+    ),
+  );
+  document.querySelector("#tenants tbody").replaceChildren(...rows);
+  document.getElementById("tenants-none").hidden = rows.length > 0;
+  document.getElementById("tenant-notices").replaceChildren(
+    ...view.tenants.flatMap((t) => t.notices.map((n) => el("li", {}, `${t.id}: ${n}`))),
+  );
+}
+
 function render() {
   renderStatus();
   renderSummary();
   renderNodeView();
   renderGroups();
+  renderTenants();
   setOptions(document.getElementById("filter-state"), STATES);
   setOptions(document.getElementById("filter-class"), view.summary.map((s) => s.gpuClass));
   setOptions(document.getElementById("filter-fabric"), view.fabrics);

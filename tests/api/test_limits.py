@@ -82,6 +82,8 @@ NOT_GROWING = {
     "weightsEvictable": "one node's weights: at most reports.MAX_WEIGHTS",
     "validationsToRun": "one node's: a test per required validation of its few remediations",
     "hardwareProfiles": "one entry per profile an operator wrote",
+    "tenants": "one entry per tenant an operator made (and default)",
+    "disruptionBudgets": "one entry per deployment a scheduler gave a budget",
 }
 
 

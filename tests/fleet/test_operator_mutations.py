@@ -70,7 +70,12 @@ async def test_remove_forgets_the_node_and_its_allocations(api: Api, engine: Asy
             text("INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices)"
                  " VALUES ('s0', 'r0', 'gpu-07', '{0}')")
         )  # fmt: skip
-        await conn.execute(text("INSERT INTO allocated_gpus VALUES ('gpu-07', 0, 's0')"))
+        await conn.execute(
+            text(
+                "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                " SELECT node_id, idx, 's0', gpu_class FROM gpus WHERE node_id = 'gpu-07' AND idx = 0"
+            )
+        )
 
     assert (await api('mutation { removeNode(id: "gpu-07") }'))["removeNode"] is True
     assert (await api(STATE, {"id": "gpu-07"}))["node"] is None

@@ -15,7 +15,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
+from service import (
+    health_tables,  # noqa: F401 (fleet health's tables join the metadata)
+    tenancy_tables,  # noqa: F401 (and tenancy's)
+)
 from service.database.migrations import downgrade, head_revision, upgrade
 from service.tables import metadata
 from tests.support import REPO

@@ -284,7 +284,12 @@ async def test_the_gpu_primary_key_stops_a_writer_that_skipped_the_node_lock(
                 " VALUES ('rogue-s0', 'rogue', 'gpu-07', '{3}')"
             )
         )
-        await conn.execute(text("INSERT INTO allocated_gpus VALUES ('gpu-07', 3, 'rogue-s0')"))
+        await conn.execute(
+            text(
+                "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                " VALUES ('gpu-07', 3, 'rogue-s0', 'H100-80GB')"
+            )
+        )
 
     _, got = await while_open(engine, rogue, allocate_over_api(api, GPU_3_REQUEST))
 

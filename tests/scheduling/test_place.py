@@ -431,7 +431,9 @@ async def test_a_node_holding_fewer_free_gpus_than_its_pool_says_is_passed_over(
         )
         await conn.execute(
             text(
-                "INSERT INTO allocated_gpus VALUES ('tight', 6, 'rogue-s0'), ('tight', 7, 'rogue-s0')"
+                "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                " SELECT node_id, idx, 'rogue-s0', gpu_class FROM gpus"
+                " WHERE node_id = 'tight' AND idx IN (6, 7)"
             )
         )
 

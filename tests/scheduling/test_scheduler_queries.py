@@ -122,8 +122,10 @@ async def test_a_page_of_free_gpus_walks_the_pools_index_from_its_cursor_and_sto
         )
         await conn.execute(
             text(
-                "INSERT INTO allocated_gpus SELECT s.node_id, i, s.shard_id"
-                " FROM shards s, unnest(s.gpu_indices) i"
+                "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                " SELECT s.node_id, i, s.shard_id, g.gpu_class"
+                " FROM shards s CROSS JOIN LATERAL unnest(s.gpu_indices) i"
+                " JOIN gpus g ON g.node_id = s.node_id AND g.idx = i"
             )
         )
         ids = list((await conn.execute(text("SELECT id FROM nodes"))).scalars())

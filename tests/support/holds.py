@@ -20,7 +20,10 @@ async def hold(engine: AsyncEngine, node_id: str, indices: list[int], shard: str
         )
         for i in indices:
             await conn.execute(
-                text("INSERT INTO allocated_gpus VALUES (:n, :i, :s)"),
+                text(
+                    "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                    " SELECT :n, :i, :s, g.gpu_class FROM gpus g WHERE g.node_id = :n AND g.idx = :i"
+                ),
                 {"n": node_id, "i": i, "s": shard},
             )
         await refresh_pools(conn, [node_id])

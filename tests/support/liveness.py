@@ -33,8 +33,9 @@ async def place(engine: AsyncEngine, replica_id: str, shards: dict[str, list[int
             )
             await conn.execute(
                 text(
-                    "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)"
-                    " SELECT :n, unnest(CAST(:i AS int[])), :s"
+                    "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                    " SELECT :n, g.idx, :s, g.gpu_class FROM gpus g"
+                    " WHERE g.node_id = :n AND g.idx = ANY(CAST(:i AS int[]))"
                 ),
                 {"s": shard_id, "n": node_id, "i": indices},
             )

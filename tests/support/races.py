@@ -58,7 +58,10 @@ async def shard_uncommitted(
         )
         if holding:
             await conn.execute(
-                text("INSERT INTO allocated_gpus VALUES (:node_id, :gpu, :shard_id)"),
+                text(
+                    "INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, gpu_class)"
+                    " VALUES (:node_id, :gpu, :shard_id, 'H100-80GB')"
+                ),
                 {"shard_id": shard_id, "node_id": node_id, "gpu": gpu},
             )
         yield pid, tx

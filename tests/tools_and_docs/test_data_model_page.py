@@ -1,7 +1,8 @@
 """docs/internals/data-model.md maps every table PostgreSQL keeps, and no table that is not.
 
 The page is the map of the schema (service/tables.py, with fleet health's
-tables in service/health_tables.py, on the same metadata). A table added
+tables in service/health_tables.py and tenancy's in service/tenancy_tables.py, on the same
+metadata). A table added
 without a row there, or a row left behind by a dropped or renamed table,
 fails here, so the map stays the schema's.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service import health_tables  # noqa: F401 (fleet health's tables join the metadata)
+from service import health_tables, tenancy_tables  # noqa: F401 (their tables join the metadata)
 from service.tables import metadata
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "internals" / "data-model.md"

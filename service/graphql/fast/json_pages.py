@@ -136,6 +136,10 @@ SHARD: Mapping[str, str] = {
     "fence": "s.fence",
     "generation": replica_generation("s"),
     "held_since": timestamp("s.held_since"),
+    "tenant": "s.tenant",
+    "priority": "s.priority",
+    "deployment": "s.deployment",
+    "borrowed": "s.borrowed",
 }
 FILESYSTEM: Mapping[str, str] = {
     "id": "f.fs_id",

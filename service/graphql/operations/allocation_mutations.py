@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 import strawberry
@@ -23,10 +24,16 @@ from ..allocation_types import (
     Unplaceable,
 )
 from ..context import Context, Info
+from .tenancy import bound_charge
 
 
 async def place_outcome(context: Context, request: PlaceRequest) -> Outcome:
-    """`place`'s domain call: in transactions shared with concurrent calls (place_batches.py)."""
+    """`place`'s domain call, in transactions shared with concurrent calls (place_batches.py).
+
+    The request's charge is bound to the caller first (a bound token naming
+    another tenant: TenantForbidden, nothing placed), on both routes.
+    """
+    request = replace(request, charge=bound_charge(context, "place", request.charge))
     settings = context.settings
     return await place_batched(
         context.engine,
@@ -72,6 +79,7 @@ class AllocationMutations:
     )
     async def allocate(self, info: Info, input: AllocateInput) -> AllocateResult:
         request = input.to_request()
+        request = replace(request, charge=bound_charge(info.context, "allocate", request.charge))
 
         async def work(conn: Connection) -> allocations.Allocated | Rejection:
             return await allocations.allocate(conn, request, info.context.actor)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 import strawberry
@@ -29,6 +30,12 @@ from ..group_types import (
 )
 from ..pages import answer, paged
 from .allocation_mutations import count_place, place_result
+from .tenancy import bound_charge, bound_to
+
+
+def _bound(info: Info, operation: str, group: groups.GroupRequest) -> groups.GroupRequest:
+    """The group charged as the caller may charge it (tenancy.bound_charge)."""
+    return replace(group, charge=bound_charge(info.context, operation, group.charge))
 
 
 def _result(
@@ -53,7 +60,7 @@ class GroupQueries:
         )
     )
     async def fit_group(self, info: Info, group: PlaceGroupInput) -> GroupFit:
-        request = group.to_request()
+        request = _bound(info, "fitGroup", group.to_request())
         outcome = await info.context.read(
             lambda conn: groups.fit_group(conn, request),
             max_age=request.max_age,
@@ -72,7 +79,7 @@ class GroupQueries:
     async def explain_group_placement(
         self, info: Info, input: PlaceGroupInput
     ) -> GroupPlacementExplanation:
-        request = input.to_request()
+        request = _bound(info, "explainGroupPlacement", input.to_request())
         outcome = await info.context.read(
             lambda conn: groups.explain_group(conn, request), max_age=request.max_age
         )
@@ -106,7 +113,7 @@ class GroupMutations:
         )
     )
     async def place_group(self, info: Info, input: PlaceGroupInput) -> PlaceGroupResult:
-        request = input.to_request()
+        request = _bound(info, "placeGroup", input.to_request())
 
         async def work(conn: Connection) -> groups.StoredGroup | UnplaceableRecord | Rejection:
             return await groups.place_group(conn, request, info.context.actor)
@@ -140,9 +147,18 @@ class GroupMutations:
     ) -> PlaceGroupResult:
         request = shape.to_request() if shape is not None else None
 
+        bound = bound_to(info.context)
+
         async def work(conn: Connection) -> groups.StoredGroup | UnplaceableRecord | Rejection:
             return await groups.scale_group(
-                conn, str(group_id), role, replicas, request, generation, info.context.actor
+                conn,
+                str(group_id),
+                role,
+                replicas,
+                request,
+                generation,
+                info.context.actor,
+                bound=bound,
             )
 
         return _result(await info.context.write(work))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 import strawberry
@@ -12,6 +13,7 @@ from service.scheduling.rejections import Rejection
 
 from ..allocation_types import Fit, InvalidPlacement, PlaceInput, PlacementExplanation
 from ..context import Info
+from .tenancy import bound_charge
 
 
 @strawberry.type
@@ -21,6 +23,8 @@ class PlacementQueries:
     )
     async def explain_placement(self, info: Info, input: PlaceInput) -> PlacementExplanation:
         request = input.to_request()
+        charge = bound_charge(info.context, "explainPlacement", request.charge)
+        request = replace(request, charge=charge)
         outcome = await info.context.read(
             lambda conn: placement.explain(conn, request), max_age=request.max_age
         )
@@ -31,9 +35,10 @@ class PlacementQueries:
     @strawberry.field(
         description=(
             "How many more replicas of this shape fit now: place's own planner on the nodes as "
-            "they are, in a read-only transaction. replicaId names nothing here (any id place "
-            "accepts). excludeNodes: counted as gone (after draining these). A shape place would "
-            "refuse: BAD_INPUT with place's message."
+            "they are, in a read-only transaction, within the tenant's limit (limitedBy "
+            "QUOTA_EXCEEDED: nodes that would take one more but for it). replicaId names nothing "
+            "here (any id place accepts). excludeNodes: counted as gone (after draining these). "
+            "A shape place would refuse: BAD_INPUT with place's message."
         )
     )
     async def fit(
@@ -50,6 +55,7 @@ class PlacementQueries:
     ) -> Fit:
         size = info.context.page_request(first).size
         request = shape.to_request()
+        request = replace(request, charge=bound_charge(info.context, "fit", request.charge))
         exclude = [str(n) for n in exclude_nodes or ()]
         outcome = await info.context.read(
             lambda conn: fits.fit(conn, request, exclude=exclude, first=size),

@@ -51,6 +51,10 @@ class ApiToken:
             "judged by the service's database clock when read."
         )
     )
+    tenant: strawberry.ID | None = strawberry.field(
+        default=None,
+        description="The tenant a scheduler token places as (it may name no other); null: unbound.",
+    )
 
     @classmethod
     def of(cls, record: TokenRecord) -> ApiToken:
@@ -63,6 +67,7 @@ class ApiToken:
             revoked_at=record.revoked_at,
             expires_at=record.expires_at,
             status=TokenStatus(record.status),
+            tenant=None if record.tenant is None else strawberry.ID(record.tenant),
         )
 
 
@@ -119,8 +124,9 @@ class TokenMutations:
         description=(
             "Operator: a new token. An agent token needs nodeId, the one node it may report for. "
             "With expiresAt (in the future, with a time zone) the token is refused from then on "
-            "(401 'token expired'), and subscriptions made with it end. "
-            "The secret is in the answer and nowhere else."
+            "(401 'token expired'), and subscriptions made with it end. A scheduler token "
+            "with tenant places only as that tenant (an existing one); naming another is "
+            "FORBIDDEN. The secret is in the answer and nowhere else."
         )
     )
     async def create_token(
@@ -130,6 +136,7 @@ class TokenMutations:
         node_id: strawberry.ID | None = None,
         description: str | None = None,
         expires_at: datetime | None = None,
+        tenant: strawberry.ID | None = None,
     ) -> CreatedToken:
         async def work(conn: Connection) -> NewToken:
             return await tokens.create_token(
@@ -138,6 +145,7 @@ class TokenMutations:
                 str(node_id) if node_id is not None else None,
                 description,
                 expires_at,
+                str(tenant) if tenant is not None else None,
             )
 
         created = await info.context.write(work)

@@ -19,12 +19,14 @@ again turns it into the rejection that explains it, never a 500.
 The package, by idea: records.py (shards as stored and read back),
 requests.py (an allocation as asked, checked without the database),
 storing.py (store_statement and running it), allocating.py (allocate() and
-its checks under the nodes' locks), releases.py (releasing shards).
+its checks under the nodes' locks), fabrics.py (the fabric and adapters a
+multi-node replica gets), releases.py (releasing shards).
 """
 
 from service.scheduling.allocations.allocating import (
     allocate,
     allocate_on_locked_nodes,
+    allocate_or_refuse,
     lock_nodes,
 )
 from service.scheduling.allocations.records import (
@@ -48,8 +50,10 @@ from service.scheduling.allocations.requests import (
 )
 from service.scheduling.allocations.storing import (
     NotStored,
+    Refused,
     ReplicaReleased,
     Rows,
+    Stored,
     Tombstoned,
     Wanted,
     WantedMismatch,
@@ -62,15 +66,18 @@ __all__ = [
     "Allocated",
     "AllocationRequest",
     "NotStored",
+    "Refused",
     "ReplicaReleased",
     "Rows",
     "ShardRecord",
     "ShardRequest",
+    "Stored",
     "Tombstoned",
     "Wanted",
     "WantedMismatch",
     "allocate",
     "allocate_on_locked_nodes",
+    "allocate_or_refuse",
     "forget_expired_tombstones",
     "list_allocations",
     "lock_nodes",

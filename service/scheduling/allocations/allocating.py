@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
@@ -13,6 +11,7 @@ from sqlalchemy.engine import Row
 
 from service.database.connections import Connection
 from service.node_states import shown_reason, state_phrase
+from service.scheduling.allocations.fabrics import FabricChoice, fabric_for
 from service.scheduling.allocations.records import (
     SHARD_COLUMNS,
     Allocated,
@@ -22,7 +21,9 @@ from service.scheduling.allocations.records import (
 from service.scheduling.allocations.requests import AllocationRequest, validate_request
 from service.scheduling.allocations.storing import (
     NotStored,
+    Refused,
     Rows,
+    Stored,
     Tombstoned,
     Wanted,
     store,
@@ -35,9 +36,14 @@ from service.scheduling.availability import (
     gpu_usable,
     is_schedulable,
 )
-from service.scheduling.fabric_choice import choose_fabric
 from service.scheduling.generations import current_generation
-from service.scheduling.rejections import Rejection, RejectionCode, index_ranges, shown
+from service.scheduling.rejections import (
+    Rejection,
+    RejectionCode,
+    index_ranges,
+    refused_for_charge,
+    shown,
+)
 from service.scheduling.taints import (
     first_taint,
     label,
@@ -45,6 +51,7 @@ from service.scheduling.taints import (
     tolerations_json,
     withholding,
 )
+from service.scheduling.tenancy.charges import CHARGE_FIELDS, ChargeRefused
 
 _LOCK_NODES = text(
     """
@@ -76,14 +83,6 @@ _GPUS_ASKED = text(
 
 _GPU_INDICES = text(
     "SELECT array_agg(idx ORDER BY idx) AS indices FROM gpus WHERE node_id = :node_id"
-)
-
-_FABRICS = text(
-    """
-    SELECT node_id, fabric, hcas, rate_gbps FROM fabric_attachments
-    WHERE node_id = ANY(CAST(:ids AS text[]))
-    ORDER BY node_id, fabric
-    """
 )
 
 # The nodes asked for and every node the replica already has shards on (its
@@ -165,6 +164,9 @@ _STORE = store_statement(
                 **_SHARDS,
                 "weights": "CAST(:weights AS text)",
                 "tolerations": stored_tolerations(),
+                "tenant": "CAST(:tenant AS text)",
+                "priority": "CAST(:priority AS int)",
+                "deployment": "CAST(:deployment AS text)",
             },
             _SHARDS_FROM,
         ),
@@ -182,9 +184,10 @@ _STORE = store_statement(
 # allocate()'s common case for several replicas in one statement (calls
 # numbered in the order given): each on one node, none tolerating a taint
 # (:tolerations is empty), each checked by _one_node_checks.
-# Each row also names its call, and a shard its replica and weights.
+# Each row also names its call, and a shard its replica, weights and charge.
 _CALLS_SHARDS, _CALLS_SHARDS_FROM = Rows.of_json(
-    ":shards", {"call": "int", "replica_id": "text", **_SHARD_FIELDS, "weights": "text"}
+    ":shards",
+    {"call": "int", "replica_id": "text", **_SHARD_FIELDS, "weights": "text", **CHARGE_FIELDS},
 )
 _CALLS_GPUS, _CALLS_GPUS_FROM = Rows.of_json(":gpus", {"call": "int", **_GPU_FIELDS})
 _STORE_SEVERAL = store_statement(
@@ -241,6 +244,9 @@ async def allocate_on_locked_nodes(
                     "fabric": None,
                     "hcas": [],
                     "weights": request.weights,
+                    "tenant": request.charge.tenant_id,
+                    "priority": request.charge.priority,
+                    "deployment": request.charge.deployment,
                 }
             )
             gpus.extend(
@@ -264,6 +270,11 @@ async def allocate_on_locked_nodes(
                 # refuses the claim (CONFLICT naming it); the caller's
                 # savepoint takes back what the other calls stored.
                 raise outcome.refusal()
+            if isinstance(outcome, Refused):
+                # Charged as a group (tenancy.quota_claims.charge_group) before
+                # its members are claimed, a member is refused only by a
+                # tenant that went away: the caller answers it.
+                outcome.raise_it()
             answers[call] = outcome
     return [NotStored(checked=False) if a is None else a for a in answers]
 
@@ -275,18 +286,6 @@ _SET_FABRIC = text(
     WHERE s.shard_id = r.shard_id
     """
 )
-
-
-@dataclass(frozen=True)
-class _Attachment:
-    hcas: tuple[str, ...]
-    rate_gbps: int
-
-
-@dataclass(frozen=True)
-class _FabricChoice:
-    fabric: str | None
-    hcas: dict[str, tuple[str, ...]]
 
 
 async def _shards_of_request(
@@ -440,57 +439,6 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
     return None
 
 
-def _fabric_rule(
-    attachments: dict[str, dict[str, _Attachment]], node_ids: Sequence[str]
-) -> str | None:
-    """The fabric a multi-node replica runs on: fabric_choice's rule over the fabrics its nodes share."""
-    common = set.intersection(*(set(attachments.get(n, {})) for n in node_ids))
-    return choose_fabric(common, lambda f: (attachments[n][f].rate_gbps for n in node_ids))
-
-
-async def _choose_fabric(
-    conn: Connection,
-    request: AllocationRequest,
-    earlier: Sequence[ShardRecord],
-    wanted: str | None,
-) -> Rejection | _FabricChoice:
-    node_ids = sorted({s.node_id for s in request.shards} | {s.node_id for s in earlier})
-    if len(node_ids) == 1:
-        # One node talks to no peer: no fabric to agree on, no adapters to hand out.
-        return _FabricChoice(None, {})
-    rows = await conn.execute(_FABRICS, {"ids": node_ids})
-    attachments: dict[str, dict[str, _Attachment]] = defaultdict(dict)
-    for r in rows:
-        attachments[r.node_id][r.fabric] = _Attachment(tuple(r.hcas), r.rate_gbps)
-    recorded = {s.fabric for s in earlier if s.fabric is not None}
-    wanted = wanted or (min(recorded) if recorded else None)
-    if wanted is not None:
-        for node_id in node_ids:
-            if wanted not in attachments.get(node_id, {}):
-                return Rejection(
-                    RejectionCode.FABRIC_MISMATCH,
-                    f"node {shown(node_id)} is not on fabric {shown(wanted)}, which replica "
-                    f"{shown(request.replica_id)} needs",
-                    node_id=node_id,
-                )
-        fabric: str | None = wanted
-    else:
-        fabric = _fabric_rule(attachments, node_ids)
-    if fabric is None:
-        on = "; ".join(
-            f"{shown(n)}: {', '.join(sorted(attachments.get(n, {}))) or 'none'}"
-            for n in node_ids[:8]
-        )
-        more = f" and {len(node_ids) - 8} more" if len(node_ids) > 8 else ""
-        return Rejection(
-            RejectionCode.FABRIC_MISMATCH,
-            f"the nodes of replica {shown(request.replica_id)} share no fabric ({on}{more}); "
-            "a multi-node replica must sit on one fabric",
-            node_id=node_ids[0],
-        )
-    return _FabricChoice(fabric, {n: attachments[n][fabric].hcas for n in node_ids})
-
-
 async def allocate(
     conn: Connection,
     request: AllocationRequest,
@@ -501,13 +449,29 @@ async def allocate(
     """Hold every shard's GPUs, or none: a rejection leaves nothing written.
 
     Raises ReplicaReleased for a replica id released while it held nothing
-    (its tombstone: allocations/storing.py), nothing written.
+    (its tombstone: allocations/storing.py), nothing written. A claim its
+    charge refuses (the tenant's limit, no such tenant) is the Rejection
+    rejections.refused_for_charge words.
 
     `fabric` pins the fabric (place() passes the one it planned on); otherwise
-    a multi-node replica gets the one its nodes share (see _fabric_rule).
+    a multi-node replica gets the one its nodes share (see allocations/fabrics.py).
     Runs in the caller's transaction; safe to call with the nodes already
     locked by it.
     """
+    try:
+        return await allocate_or_refuse(conn, request, actor, fabric=fabric)
+    except ChargeRefused as refused:
+        return refused_for_charge(refused.refusal)
+
+
+async def allocate_or_refuse(
+    conn: Connection,
+    request: AllocationRequest,
+    actor: str | None = None,
+    *,
+    fabric: str | None = None,
+) -> Allocated | Rejection:
+    """allocate(), raising ChargeRefused for a claim its charge refuses: for callers that answer it themselves (place)."""
     problem = validate_request(request)
     if problem is not None:
         return problem
@@ -522,11 +486,13 @@ async def allocate(
         # The common case, every shard on one ready node and no other node
         # in the replica: no fabric to choose, and the checks are made in the
         # store statement itself. Two round trips in all: the lock, the store.
-        outcome = await _store(conn, request, _FabricChoice(None, {}), (), actor, check=True)
+        outcome = await _store(conn, request, FabricChoice(None, {}), (), actor, check=True)
         if isinstance(outcome, Allocated):
             return outcome
         if isinstance(outcome, Tombstoned):
             raise outcome.refusal()
+        if isinstance(outcome, Refused):
+            outcome.raise_it()
         # A check failed (or a concurrent commit won): the passes below read
         # the facts again, in the order they are reported, and say which.
     # Two attempts: a conflict means a transaction that did not hold our lock
@@ -539,7 +505,7 @@ async def allocate(
         problem = _check_nodes(request, locked) or await _check_gpus(conn, request)
         if problem is not None:
             return problem
-        choice = await _choose_fabric(conn, request, earlier, fabric)
+        choice = await fabric_for(conn, request, earlier, fabric)
         if isinstance(choice, Rejection):
             return choice
         outcome = await _store(conn, request, choice, earlier, actor, check=False)
@@ -547,6 +513,8 @@ async def allocate(
             return outcome
         if isinstance(outcome, Tombstoned):
             raise outcome.refusal()
+        if isinstance(outcome, Refused):
+            outcome.raise_it()
     first = request.shards[0]
     return Rejection(
         RejectionCode.GPU_TAKEN,
@@ -559,12 +527,12 @@ async def allocate(
 async def _store(
     conn: Connection,
     request: AllocationRequest,
-    choice: _FabricChoice,
+    choice: FabricChoice,
     earlier: Sequence[ShardRecord],
     actor: str | None,
     *,
     check: bool,
-) -> Allocated | NotStored | Tombstoned:
+) -> Stored:
     shards = [
         {
             "shard_id": s.shard_id,
@@ -595,6 +563,9 @@ async def _store(
             "check": check,
             "weights": request.weights,
             "tolerations": tolerations_json(request.tolerations),
+            "tenant": request.charge.tenant_id,
+            "priority": request.charge.priority,
+            "deployment": request.charge.deployment,
         },
     )
     # A replica that grew onto a second node now needs a fabric for its

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Row
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.generations import replica_generation
+from service.scheduling.tenancy.victims import Preemption
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,20 @@ class ShardRecord:
     fence: int
     generation: int
     held_since: datetime | None
+    # Its charge (service/scheduling/tenancy/): the tenant, the priority, the
+    # deployment, and whether the claim took the tenant past its guarantee.
+    tenant: str
+    priority: int
+    deployment: str | None
+    borrowed: bool
 
 
 def shard_columns(s: str) -> str:
     """SQL: the columns shard_from_row reads, from the shards row `s`."""
     return (
         f"{s}.shard_id, {s}.replica_id, {s}.node_id, {s}.gpu_indices, {s}.fabric, {s}.hcas,"
-        f" {s}.created_at, {s}.fence, {replica_generation(s)} AS generation, {s}.held_since"
+        f" {s}.created_at, {s}.fence, {replica_generation(s)} AS generation, {s}.held_since,"
+        f" {s}.tenant, {s}.priority, {s}.deployment, {s}.borrowed"
     )
 
 
@@ -55,6 +63,10 @@ def shard_from_row(row: Row[Any]) -> ShardRecord:
         fence=row.fence,
         generation=row.generation,
         held_since=row.held_since,
+        tenant=row.tenant,
+        priority=row.priority,
+        deployment=row.deployment,
+        borrowed=row.borrowed,
     )
 
 
@@ -129,3 +141,6 @@ def allocations_page_sql(*, node_id: bool, replica_id: bool, after: bool, held: 
 @dataclass(frozen=True)
 class Allocated:
     shards: tuple[ShardRecord, ...]
+    # The replicas stopped to make room for these shards (preemption, which
+    # takes them in the same transaction); none for a claim on free GPUs.
+    preempted: tuple[Preemption, ...] = ()

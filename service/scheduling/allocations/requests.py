@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.bounds import MAX_GPUS_PER_SHARD, MAX_ID_LENGTH, MAX_SHARDS
-from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.rejections import Rejection, invalid, invalid_field, shown
 from service.scheduling.taints import Toleration, toleration_problem
+from service.scheduling.tenancy.charges import UNNAMED, Charge, charge_problem
 from service.stored_text import text_problem
 
 
@@ -34,6 +35,9 @@ class AllocationRequest:
     # withheld GPU is allocated only when every taint withholding it is
     # tolerated.
     tolerations: tuple[Toleration, ...] = ()
+    # Who it is charged to (service/scheduling/tenancy/): the claim checks the
+    # tenant's limit and records the charge on the shards.
+    charge: Charge = UNNAMED
 
 
 def _check_id(what: str, value: str) -> Rejection | None:
@@ -57,6 +61,9 @@ def validate_request(request: AllocationRequest) -> Rejection | None:
     if tolerations is not None:
         field, value, why = tolerations
         return invalid(f"{field}={shown(str(value))!r}: {why}")
+    charge = charge_problem(request.charge)
+    if charge is not None:
+        return invalid_field(*charge)
     if not request.shards:
         return invalid("shards is empty: a replica needs at least one shard")
     if len(request.shards) > MAX_SHARDS:

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.engine import Row
@@ -30,16 +30,20 @@ from service.errors import InventoryError, shown
 from service.event_log.events import note_recorded
 from service.scheduling.allocations.records import Allocated, shard_from_row
 from service.scheduling.gpu_pools import move_to_allocated
+from service.scheduling.tenancy.charges import ChargeRefused, Refusal
+from service.scheduling.tenancy.quota_claims import CHARGE_CTES, charged_calls, refusal_of
 
 # The columns store_statement reads of each CTE a caller writes (Wanted),
 # every row keyed by `call` (an integer the caller chooses, one per replica
 # being placed; allocate() has one call, 0).
 # want_shards: one row per shard; gpu_indices sorted; fabric and hcas as
 # allocate's fabric rule gives them; weights, the path the shard pins (or
-# NULL); tolerations, taints.stored_tolerations of the request's.
+# NULL); tolerations, taints.stored_tolerations of the request's; tenant,
+# priority and deployment, the call's charge (tenancy.charges.Charge: the
+# claim is charged to the tenant, tenancy/quota_claims.charged_calls).
 WANT_SHARDS = (
     "call", "replica_id", "actor", "shard_id", "node_id", "gpu_indices", "fabric", "hcas",
-    "weights", "tolerations",
+    "weights", "tolerations", "tenant", "priority", "deployment",
 )  # fmt: skip
 # want_gpus: one row per GPU held, naming its shard.
 WANT_GPUS = ("call", "node_id", "idx", "shard_id")
@@ -49,7 +53,7 @@ GO = ("call", "ok")
 # The names of store_statement's own CTEs, which a caller's may not take.
 _STORE_CTES = frozenset(
     {"want_shards", "want_gpus", "go", "marked", "s", "placed", "held", "whole", "kept",
-     "pools_moved", "logged"}
+     "pools_moved", "logged", *CHARGE_CTES}
 )  # fmt: skip
 
 
@@ -145,6 +149,13 @@ def store_statement(wanted: Wanted) -> TextClause:
     `wanted`: the calls' shards, GPUs and checks (Wanted, which says what
     each must carry, and checks it).
 
+    Each call that passed its checks is then charged to its tenant in this
+    same statement (tenancy/quota_claims.charged_calls: the limit, checked
+    under the quota's lock, from every process); one that its charge
+    refuses writes nothing and is answered Refused. The statement's
+    :quota_wait parameter (store_calls' `wait`) says whether a claim waits
+    for another transaction's lock on a quota.
+
     Each call stands alone: its pools and events are written only when every
     one of its rows went in (`done`), whatever happened to the other calls of
     the statement, and store_calls() takes back what an incomplete call
@@ -165,13 +176,14 @@ def store_statement(wanted: Wanted) -> TextClause:
     """
     return text(
         f"""
-        WITH {wanted.ctes()}, marked AS (
+        WITH {wanted.ctes()}, {charged_calls()}, marked AS (
             -- The replica ids' rows (see the module's docstring), in id order:
             -- a release of the id that left a tombstone, or is leaving one now
             -- (this insert waits for it), is seen here as its latest row
             -- version; an expired tombstone is cleared.
             INSERT INTO replicas AS r (replica_id)
-            SELECT DISTINCT w.replica_id FROM want_shards w JOIN go ON go.call = w.call AND go.ok
+            SELECT DISTINCT w.replica_id FROM want_shards w
+            JOIN admitted go ON go.call = w.call AND go.ok
             ORDER BY 1
             ON CONFLICT (replica_id) DO UPDATE SET
                 released_at = CASE WHEN r.tombstone_until > now() THEN r.released_at END,
@@ -180,26 +192,26 @@ def store_statement(wanted: Wanted) -> TextClause:
             RETURNING r.replica_id, r.released_at, r.tombstone_until
         ), s AS (
             INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas, weights,
-                                tolerations)
+                                tolerations, tenant, priority, deployment, borrowed)
             SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas, w.weights,
-                   w.tolerations
-            FROM want_shards w JOIN go ON go.call = w.call AND go.ok
+                   w.tolerations, w.tenant, w.priority, w.deployment, go.borrowed
+            FROM want_shards w JOIN admitted go ON go.call = w.call AND go.ok
             JOIN marked m ON m.replica_id = w.replica_id AND m.released_at IS NULL
             ORDER BY w.call, w.shard_id
             ON CONFLICT (shard_id) DO NOTHING
             RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence,
-                      held_since
+                      held_since, tenant, priority, deployment, borrowed
         ), placed AS (
             SELECT w.call, w.actor, s.* FROM s JOIN want_shards w ON w.shard_id = s.shard_id
         ), held AS (
-            INSERT INTO allocated_gpus (node_id, gpu_index, shard_id)
-            SELECT w.node_id, w.idx, w.shard_id
-            FROM want_gpus w JOIN s ON s.shard_id = w.shard_id
-            ORDER BY w.node_id, w.idx
+            INSERT INTO allocated_gpus (node_id, gpu_index, shard_id, tenant, gpu_class)
+            SELECT c.node_id, c.idx, c.shard_id, s.tenant, c.gpu_class
+            FROM classed c JOIN s ON s.shard_id = c.shard_id
+            ORDER BY c.node_id, c.idx
             ON CONFLICT (node_id, gpu_index) DO NOTHING
             RETURNING node_id, gpu_index, shard_id
         ), whole AS (
-            SELECT go.call, go.ok AS checked, t.replica_id AS released_id, t.released_at,
+            SELECT go.call, go.checked, go.refusal, t.replica_id AS released_id, t.released_at,
                    t.tombstone_until,
                    go.ok
                    AND (SELECT count(*) FROM placed p WHERE p.call = go.call)
@@ -207,7 +219,7 @@ def store_statement(wanted: Wanted) -> TextClause:
                    AND (SELECT count(*) FROM held h JOIN placed p ON p.shard_id = h.shard_id
                         WHERE p.call = go.call)
                        = (SELECT count(*) FROM want_gpus w WHERE w.call = go.call) AS done
-            FROM go
+            FROM admitted go
             LEFT JOIN LATERAL (
                 SELECT m.replica_id, m.released_at, m.tombstone_until
                 FROM marked m JOIN want_shards w ON w.replica_id = m.replica_id
@@ -228,11 +240,12 @@ def store_statement(wanted: Wanted) -> TextClause:
             ORDER BY p.call, p.shard_id
             RETURNING id, shard_id
         )
-        SELECT d.call, d.checked, d.done, d.released_id, d.released_at, d.tombstone_until,
+        SELECT d.call, d.checked, d.done, d.refusal, d.released_id, d.released_at,
+               d.tombstone_until,
                ARRAY(SELECT l.id FROM logged l JOIN placed q ON q.shard_id = l.shard_id
                      WHERE q.call = d.call ORDER BY l.id) AS event_ids,
                p.shard_id, p.replica_id, p.node_id, p.gpu_indices, p.fabric, p.hcas, p.created_at,
-               p.fence, p.held_since,
+               p.fence, p.held_since, p.tenant, p.priority, p.deployment, p.borrowed,
                -- The replica's generation: its newest fence, this call's (the
                -- sequence makes it larger than any earlier value of the replica;
                -- this statement's own rows are invisible to a read of shards).
@@ -291,6 +304,20 @@ class Tombstoned:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A claim that wrote nothing because its charge refused it (tenancy/quota_claims.py).
+
+    raise_it() raises it as ChargeRefused, for the paths that answer it
+    themselves (place(), allocate(), placeGroup).
+    """
+
+    refusal: Refusal
+
+    def raise_it(self) -> NoReturn:
+        raise ChargeRefused(self.refusal)
+
+
+@dataclass(frozen=True)
 class NotStored:
     """A claim that wrote nothing.
 
@@ -302,31 +329,38 @@ class NotStored:
     checked: bool
 
 
+Stored = Allocated | NotStored | Tombstoned | Refused
+
+
 async def store(
-    conn: Connection, statement: TextClause, params: dict[str, Any]
-) -> Allocated | NotStored | Tombstoned:
+    conn: Connection, statement: TextClause, params: dict[str, Any], *, wait: bool = True
+) -> Stored:
     """Run a store_statement() of one call: every shard held, pools and events written, or nothing left."""
-    return (await store_calls(conn, statement, params))[0]
+    return (await store_calls(conn, statement, params, wait=wait))[0]
 
 
 async def store_calls(
-    conn: Connection, statement: TextClause, params: dict[str, Any]
-) -> dict[int, Allocated | NotStored | Tombstoned]:
-    """Run a store_statement(): per call answered (its go row), Allocated, NotStored or Tombstoned.
+    conn: Connection, statement: TextClause, params: dict[str, Any], *, wait: bool = True
+) -> dict[int, Stored]:
+    """Run a store_statement(): per call answered (its go row), Allocated, NotStored, Tombstoned or Refused.
 
     An incomplete call's rows are taken back (one statement for all such
     calls), so a call either holds every shard, with its pools and events,
-    or nothing.
+    or nothing. `wait` false: a call whose tenant's quota another
+    transaction holds locked is not waited for but Refused (QuotaBusy), for
+    a transaction that must never wait (place_batches.py).
     """
     by_call: dict[int, list[Row[Any]]] = defaultdict(list)
-    for row in await conn.execute(statement, params):
+    for row in await conn.execute(statement, {**params, "quota_wait": wait}):
         by_call[row.call].append(row)
-    answers: dict[int, Allocated | NotStored | Tombstoned] = {}
+    answers: dict[int, Stored] = {}
     partial: list[str] = []
     for call, mine in by_call.items():
         head = mine[0]
         if head.released_at is not None:
             answers[call] = Tombstoned(head.released_id, head.released_at, head.tombstone_until)
+        elif head.refusal is not None:
+            answers[call] = Refused(refusal_of(head.refusal))
         elif head.done:
             note_recorded(list(head.event_ids))
             answers[call] = Allocated(tuple(shard_from_row(r) for r in mine))

@@ -14,8 +14,9 @@ plan is made on, and the nodes it opened), packing.py (how takes share a
 node's GPUs: the one rule of plan and claim), planning.py (where the
 replicas would go: a complete search, locality as a score, pure), reads.py
 (the board, a placed group), claiming.py (a plan claimed under its nodes'
-locks), placing.py (placeGroup, scaleGroup, releaseGroup), fitting.py
-(fitGroup), explaining.py (explainGroupPlacement).
+locks), placing.py (placeGroup, scaleGroup, releaseGroup), charging.py (a
+group charged to its tenant as one), fitting.py (fitGroup), explaining.py
+(explainGroupPlacement).
 """
 
 from service.scheduling.groups.explaining import GroupExplanation, explain_group

@@ -39,8 +39,8 @@ from service.scheduling.allocations import (
     Allocated,
     AllocationRequest,
     ShardRequest,
-    allocate,
     allocate_on_locked_nodes,
+    allocate_or_refuse,
 )
 from service.scheduling.availability import gpu_last_resort, gpu_offered
 from service.scheduling.groups.packing import Cells, pack
@@ -233,13 +233,16 @@ async def claim_group(
             for node_id, _ in member.plan.nodes
             for indices in assigned[(k, node_id)]
         ]
-        result = await allocate(
+        # Charged as the group (the member's request carries its charge); a
+        # refusal (ChargeRefused) goes up to placeGroup, which answers it.
+        result = await allocate_or_refuse(
             conn,
             AllocationRequest(
                 request.replica_id,
                 tuple(shards),
                 weights=request.weights,
                 tolerations=request.tolerations,
+                charge=request.charge,
             ),
             actor,
             fabric=member.plan.fabric,
@@ -317,7 +320,11 @@ async def claim_members(
         used = {i for shard in shards for i in shard.gpu_indices}
         free[node_id] = [i for i in free.get(node_id, []) if i not in used]
         taken.setdefault((kin, node_id), []).extend(sorted(used))
-        wanted.append(AllocationRequest(request.replica_id, tuple(shards), weights=request.weights))
+        wanted.append(
+            AllocationRequest(
+                request.replica_id, tuple(shards), weights=request.weights, charge=request.charge
+            )
+        )
     outcomes = await allocate_on_locked_nodes(conn, wanted, actor)
     allocated = [o for o in outcomes if isinstance(o, Allocated)]
     return allocated if len(allocated) == len(members) else None

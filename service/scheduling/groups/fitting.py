@@ -16,10 +16,13 @@ from dataclasses import dataclass, replace
 
 from service.database.connections import Connection
 from service.scheduling.groups.board import Board
+from service.scheduling.groups.charging import asked_by_class
 from service.scheduling.groups.planning import Bounded, GroupPlan, Misfit, plan_group
 from service.scheduling.groups.reads import read_board
 from service.scheduling.groups.requests import GroupRequest, validate_group
-from service.scheduling.rejections import Rejection
+from service.scheduling.rejections import Rejection, refused_for_charge
+from service.scheduling.tenancy.charges import UnknownTenant
+from service.scheduling.tenancy.headroom import headroom
 from service.scheduling.verdicts import VerdictCode, judge
 
 # fitGroup names no group; placeGroup's checks want some id.
@@ -159,12 +162,36 @@ def _apply(board: Board, moves: list[Move], repeats: int) -> None:
 
 
 async def fit_group(conn: Connection, group: GroupRequest) -> GroupFit | Rejection:
-    """How many more whole groups of this spec fit now; a spec placeGroup would refuse is its Rejection."""
+    """How many more whole groups of this spec fit now; a spec placeGroup would refuse is its Rejection.
+
+    Within the tenant's limit: no more groups than its room under the limit
+    of each class holds (placeGroup charges a group as one), and when that
+    is what stops the next group, limitedBy says so first.
+    """
     group = replace(group, group_id=group.group_id or SHAPE_ID)
     problem = validate_group(group)
     if problem is not None:
         return problem
+    asked = asked_by_class(group)
+    standing = await headroom(conn, group.charge.tenant_id, asked)
+    if any(not s.known for s in standing.values()):
+        return refused_for_charge(UnknownTenant(group.charge.tenant_id))
     requests = {r.role: replace(r.shape, replica_id="") for r in group.roles}
     board = await read_board(conn, group, requests)
     count, misfit, board = count_groups(board, group)
-    return GroupFit(count, _limits(board, group, misfit))
+    # Per class with a limit: how many groups its room holds.
+    rooms = {c: room // asked[c] for c in sorted(asked) if (room := standing[c].room) is not None}
+    within = min(rooms.values(), default=count + 1)
+    quota = [
+        f"tenant {standing[c].tenant}: QUOTA_EXCEEDED, holds {standing[c].used} {c} of its limit "
+        f"{standing[c].limit}; a group takes {asked[c]}"
+        for c, groups in rooms.items()
+        if groups == within
+    ]
+    if within < count:
+        # The limit stops it first: what the board would allow next says nothing.
+        return GroupFit(within, tuple(quota))
+    limits = _limits(board, group, misfit)
+    if within > count:
+        return GroupFit(count, limits)
+    return GroupFit(count, (*quota, *limits))

@@ -32,6 +32,7 @@ from service.database.transactions import MAX_ATTEMPTS, TransactionConflict
 from service.errors import InventoryError
 from service.scheduling.allocations import release_replica
 from service.scheduling.groups.board import Board
+from service.scheduling.groups.charging import asked_by_class, quota_first, refused_charge
 from service.scheduling.groups.claiming import claim_group, claim_members, claimed_together
 from service.scheduling.groups.paths import CLOSENESS
 from service.scheduling.groups.planning import Bounded, GroupPlan, Member, Misfit, plan_group
@@ -57,6 +58,8 @@ from service.scheduling.placement import Unplaceable, unplaceable
 from service.scheduling.placement.claims import Busy, wait_for_nodes
 from service.scheduling.placement.explanation import RoleVerdict
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
+from service.scheduling.tenancy.charges import ChargeRefused, TenantForbidden
+from service.scheduling.tenancy.quota_claims import charge_group
 
 MAX_ROUNDS = 64
 # A plan that fails under the locks although no node was busy means what was
@@ -156,8 +159,10 @@ def requests_of(group: GroupRequest) -> dict[str, PlaceRequest]:
     return {r.role: replace(r.shape, replica_id="") for r in group.roles}
 
 
-def _member_request(group_id: str, board: Board, member: Member) -> PlaceRequest:
-    request = shape_of(member.role, board.requests[member.role], group_id, member.n)
+def _member_request(group: GroupRequest, board: Board, member: Member) -> PlaceRequest:
+    request = shape_of(
+        member.role, board.requests[member.role], group.group_id, member.n, group.charge
+    )
     # FABRIC locality: the plan's fabric is the member's (the claim hands it to allocate()).
     if member.plan.fabric is not None and request.fabric is None:
         request = replace(request, fabric=member.plan.fabric)
@@ -206,7 +211,7 @@ async def _unplaceable(
 
 async def _claim(
     conn: Connection,
-    group_id: str,
+    group: GroupRequest,
     board: Board,
     plan: GroupPlan,
     actor: str | None,
@@ -218,7 +223,7 @@ async def _claim(
     members on the same node (placement/numa.py); `held`: what (role,
     node) the group held before this claim (scaleGroup).
     """
-    requests = [_member_request(group_id, board, member) for member in plan.members]
+    requests = [_member_request(group, board, member) for member in plan.members]
     if claimed_together([(r, m.plan) for r, m in zip(requests, plan.members, strict=True)]):
         # One round for the whole group (claiming.claim_members): its nodes
         # locked at once, one store of every member. Its members need no
@@ -297,7 +302,15 @@ async def _hold(
                 generation = int(inserted.generation)
             else:
                 await conn.execute(_INSERT_MEMBERS, rows)
-            claimed = await _claim(conn, group.group_id, board, plan, actor, held)
+            asked = asked_by_class(group)
+            if len(asked) > 1:
+                # A group of several classes takes their quota rows in class
+                # order before any node is locked (quota_claims.charge_group
+                # says why). One class needs no round trip for it: its
+                # members' claims take the one row, and a member past the
+                # limit is refused, which rolls the whole group back.
+                await charge_group(conn, group.charge.tenant_id, asked)
+            claimed = await _claim(conn, group, board, plan, actor, held)
         except BaseException:
             if savepoint.is_active:
                 await savepoint.rollback()
@@ -332,10 +345,24 @@ async def _answer_stored(
 async def place_group(
     conn: Connection, group: GroupRequest, actor: str | None = None
 ) -> StoredGroup | Unplaceable | Rejection:
-    """Every replica of every role held, or none: the group as stored, Unplaceable, or a Rejection."""
+    """Every replica of every role held, or none: the group as stored, Unplaceable, or a Rejection.
+
+    Past its tenant's limit (the group's GPUs of a class, all together):
+    Unplaceable with `quota`. preemption LOWER_PRIORITY is placed as NEVER
+    (tenancy/victims.py).
+    """
     problem = validate_group(group)
     if problem is not None:
         return problem
+    try:
+        return await _place_group(conn, group, actor)
+    except ChargeRefused as refused:
+        return await refused_charge(conn, group, refused.refusal)
+
+
+async def _place_group(
+    conn: Connection, group: GroupRequest, actor: str | None
+) -> StoredGroup | Unplaceable | Rejection:
     for _ in range(MAX_STALE):
         # Whether the groupId is stored or its ids used is asked by the
         # statement that writes the group's rows (_INSERT_GROUP), after the
@@ -353,6 +380,9 @@ async def place_group(
                 return refused
             if isinstance(outcome, Bounded):
                 return _bounded(group, outcome)
+            over = await quota_first(conn, group)
+            if over is not None:
+                return over
             board = await read_board(conn, group, requests_of(group))
             return await _unplaceable(conn, group, board, outcome)
         if isinstance(outcome, _Taken):
@@ -398,8 +428,15 @@ async def scale_group(
     shape: PlaceRequest | None,
     generation: int | None,
     actor: str | None = None,
+    *,
+    bound: str | None = None,
 ) -> StoredGroup | Unplaceable | Rejection:
-    """Add `replicas` (> 0) of `role` close to the group, or remove the farthest -replicas; all or nothing."""
+    """Add `replicas` (> 0) of `role` close to the group, or remove the farthest -replicas; all or nothing.
+
+    The added replicas are charged as the group was (its tenant's limit,
+    QUOTA_EXCEEDED). `bound`: the tenant the caller's token is bound to; a
+    group of another tenant is refused (TenantForbidden), nothing changed.
+    """
     problem = validate_group_id(group_id)
     if problem is not None:
         return problem
@@ -413,6 +450,8 @@ async def scale_group(
     stored = await read_group(conn, group_id)
     assert stored is not None
     group = group_of(stored)
+    if bound is not None and group.charge.tenant_id != bound:
+        raise TenantForbidden("scaleGroup", bound, group.charge.tenant_id)
     existing = group.role(role)
     members = [m for m in stored.members if m.role == role]
     if replicas < 0:
@@ -455,18 +494,25 @@ async def scale_group(
     for m in members:
         for s in m.shards:
             held.setdefault((role, s.node_id), []).extend(s.gpu_indices)
-    outcome = await _hold(
-        conn,
-        addition,
-        actor,
-        write_rows=False,
-        anchors=anchors,
-        numbered={role: first},
-        held=held,
-    )
+    try:
+        outcome = await _hold(
+            conn,
+            addition,
+            actor,
+            write_rows=False,
+            anchors=anchors,
+            numbered={role: first},
+            held=held,
+        )
+    except ChargeRefused as refused:
+        # The additions are charged as one, as a group is.
+        return await refused_charge(conn, addition, refused.refusal)
     if isinstance(outcome, Bounded):
         return _bounded(addition, outcome)
     if isinstance(outcome, Misfit):
+        over = await quota_first(conn, addition)
+        if over is not None:
+            return over
         board = await read_board(conn, addition, requests_of(addition))
         return await _unplaceable(conn, addition, board, outcome)
     assert not isinstance(outcome, _Taken)

@@ -16,8 +16,15 @@ from typing import Any
 from service.bounds import MAX_GROUP_REPLICAS, MAX_GROUP_ROLES
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import MAX_REPLICA_ID_LENGTH, validate_place
-from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.rejections import Rejection, invalid, invalid_field, shown
 from service.scheduling.taints import tolerations_json, tolerations_of
+from service.scheduling.tenancy.charges import (
+    DEFAULT_TENANT,
+    UNNAMED,
+    Charge,
+    PreemptionPolicy,
+    charge_problem,
+)
 from service.stored_text import id_problem
 
 
@@ -57,6 +64,11 @@ class GroupRequest:
     locality: Locality = Locality()
     kv_from: str | None = None
     kv_to: str | None = None
+    # Who the whole group is charged to (service/scheduling/tenancy/): every
+    # member carries it, and the group is checked against the tenant's limit
+    # as one. Its roles' shapes name none.
+    charge: Charge = UNNAMED
+    preemption: PreemptionPolicy = PreemptionPolicy.NEVER
 
     def role(self, name: str) -> GroupRole | None:
         return next((r for r in self.roles if r.role == name), None)
@@ -92,6 +104,12 @@ class GroupRequest:
             },
             "kvFrom": self.kv_from,
             "kvTo": self.kv_to,
+            "charge": {
+                "tenant": self.charge.tenant,
+                "priority": self.charge.priority,
+                "deployment": self.charge.deployment,
+            },
+            "preemption": self.preemption.value,
         }
 
 
@@ -100,9 +118,12 @@ def member_id(group_id: str, role: str, n: int) -> str:
     return f"{group_id}-{role}-{n}"
 
 
-def shape_of(role: str, shape: PlaceRequest, group_id: str, n: int) -> PlaceRequest:
-    """The PlaceRequest of member n of a role: the role's shape under the member's replica id."""
-    return replace(shape, replica_id=member_id(group_id, role, n))
+def shape_of(
+    role: str, shape: PlaceRequest, group_id: str, n: int, charge: Charge = UNNAMED
+) -> PlaceRequest:
+    """The PlaceRequest of member n of a role: the role's shape under the member's replica id,
+    charged as its group."""
+    return replace(shape, replica_id=member_id(group_id, role, n), charge=charge)
 
 
 def validate_group_id(group_id: str) -> Rejection | None:
@@ -133,6 +154,11 @@ def validate_role(
             f"{where}: replica id {shown(last)!r} (groupId-role-n) is longer than "
             f"{MAX_REPLICA_ID_LENGTH} characters"
         )
+    if role.shape.charge.named or role.shape.preemption is not PreemptionPolicy.NEVER:
+        return invalid(
+            f"{where}.shape: names a tenant, priority, deployment or preemption; a group is "
+            "charged, prioritized and preempted for as one: name them on the group"
+        )
     problem = validate_place(replace(role.shape, replica_id=last))
     if problem is not None:
         return invalid(f"{where}.shape: {problem.message}")
@@ -144,6 +170,9 @@ def validate_group(request: GroupRequest) -> Rejection | None:
     problem = validate_group_id(request.group_id)
     if problem is not None:
         return problem
+    charge = charge_problem(request.charge)
+    if charge is not None:
+        return invalid_field(*charge)
     if not request.roles:
         return invalid("roles is empty: a group has at least one role")
     if len(request.roles) > MAX_GROUP_ROLES:
@@ -188,6 +217,8 @@ def shape_spec(shape: PlaceRequest) -> dict[str, Any]:
     """
     fields = asdict(replace(shape, replica_id=""))
     fields["tolerations"] = json.loads(tolerations_json(shape.tolerations))
+    # The group's, not the role's (GroupRequest.charge): kept once, in the spec.
+    del fields["charge"], fields["preemption"]
     return fields
 
 
@@ -206,6 +237,8 @@ def shape_of_spec(fields: dict[str, Any]) -> PlaceRequest:
 def request_from_spec(group_id: str, spec: dict[str, Any]) -> GroupRequest:
     """A stored group's spec (GroupRequest.spec) as a request again."""
     locality = spec["locality"]
+    # A group placed before tenancy (migration 0022) was the default tenant's.
+    charge = spec.get("charge") or {}
     return GroupRequest(
         group_id=group_id,
         roles=tuple(
@@ -215,4 +248,10 @@ def request_from_spec(group_id: str, spec: dict[str, Any]) -> GroupRequest:
         locality=Locality(LocalityLevel(locality["level"]), locality["label"], locality["hard"]),
         kv_from=spec["kvFrom"],
         kv_to=spec["kvTo"],
+        charge=Charge(
+            charge.get("tenant", DEFAULT_TENANT),
+            int(charge.get("priority", 0)),
+            charge.get("deployment"),
+        ),
+        preemption=PreemptionPolicy(spec.get("preemption", PreemptionPolicy.NEVER.value)),
     )

@@ -28,13 +28,13 @@ place exactly K.
 
 The package, by idea: plan.py (where shards would go, pure), statements.py
 (the SQL and the candidate reads), claims.py (place() and its
-transactions), explanation.py (verdicts, unplaceable and explain()).
+transactions), several.py (a batch's calls of one shape claimed together),
+explanation.py (verdicts, unplaceable and explain()).
 """
 
 from service.scheduling.placement.claims import (
     claim_calls,
     place,
-    place_several_without_waiting,
     place_without_waiting,
 )
 from service.scheduling.placement.explanation import Explanation, Unplaceable, explain, unplaceable
@@ -46,6 +46,7 @@ from service.scheduling.placement.plan import (
     shard_ids,
     validate_place,
 )
+from service.scheduling.placement.several import place_several_without_waiting
 from service.scheduling.placement.statements import candidates, spread_plan
 
 __all__ = [

@@ -16,20 +16,25 @@ from service.scheduling.allocations import (
     Allocated,
     AllocationRequest,
     NotStored,
+    Refused,
     ReplicaReleased,
     ShardRecord,
     ShardRequest,
+    Stored,
     Tombstoned,
-    allocate,
+    allocate_or_refuse,
     lock_nodes,
     shard_from_row,
     store_calls,
 )
 from service.scheduling.place_request import PlaceRequest
-from service.scheduling.placement.explanation import Unplaceable, unplaceable
+from service.scheduling.placement.explanation import (
+    Unplaceable,
+    refused_placement,
+    unplaceable,
+)
 from service.scheduling.placement.plan import (
     Plan,
-    same_shape,
     shard_ids,
     validate_place,
     without_topology,
@@ -42,7 +47,6 @@ from service.scheduling.placement.statements import (
     claim_statement,
     facts_of,
     free_indices,
-    pick_several_sql,
     pick_sql,
     request_params,
     scan_size,
@@ -50,6 +54,8 @@ from service.scheduling.placement.statements import (
 )
 from service.scheduling.rejections import Rejection, RejectionCode, shown
 from service.scheduling.taints import tolerations_json
+from service.scheduling.tenancy.charges import ChargeRefused
+from service.scheduling.tenancy.headroom import refusal_now
 from service.scheduling.topology_fit import fit_order
 from service.scheduling.verdicts import judge
 
@@ -129,13 +135,16 @@ async def claim_plan(
                     else None
                 )
                 shards.append(ShardRequest(next(names), node_id, chosen, hcas))
-        result = await allocate(
+        # ChargeRefused (the tenant's limit) goes up to place(), which answers
+        # it: no other plan would be charged differently.
+        result = await allocate_or_refuse(
             conn,
             AllocationRequest(
                 request.replica_id,
                 tuple(shards),
                 weights=request.weights,
                 tolerations=request.tolerations,
+                charge=request.charge,
             ),
             actor,
             fabric=plan.fabric,
@@ -218,13 +227,28 @@ async def place(
 
     Answers Allocated (also for a retry of a place that already succeeded),
     Unplaceable with per-node verdicts when there is no room on committed
-    data, or a Rejection for bad input or a replica id already in use.
-    Raises ReplicaReleased for a replica id released while it held nothing
-    (allocations/storing.py), nothing held.
+    data or past the tenant's limit (its `quota`), or a Rejection for bad
+    input (a tenant that does not exist among it) or a replica id already in
+    use. Raises ReplicaReleased for a replica id released while it held
+    nothing (allocations/storing.py), nothing held.
+
+    preemption LOWER_PRIORITY is placed as NEVER: choosing victims is the
+    next part of issue 46 (tenancy/victims.py).
     """
     problem = validate_place(request)
     if problem is not None:
         return problem
+    try:
+        return await _place(conn, request, actor)
+    except ChargeRefused as refused:
+        # The claim's own verdict, under the quota's lock: its savepoint was
+        # rolled back, nothing is held.
+        return await refused_placement(conn, request, refused.refusal)
+
+
+async def _place(
+    conn: Connection, request: PlaceRequest, actor: str | None
+) -> Allocated | Unplaceable | Rejection:
     for _ in range(MAX_ROUNDS):
         busy: set[str] = set()
         # Every round starts with the one-node look, which checks the replica
@@ -243,6 +267,12 @@ async def place(
             again = await _same_replica(conn, request)
             if again is not None:
                 return again
+            # No room; and were there room, would the tenant's limit, or its
+            # absence, refuse it? That is the more useful answer.
+            charge = request.charge
+            refusal = await refusal_now(conn, charge.tenant_id, request.gpu_class, request.gpus)
+            if refusal is not None:
+                return await refused_placement(conn, request, refusal)
             if request.shards > 1:
                 facts, _ = await spread_plan(conn, request)
             else:
@@ -275,87 +305,14 @@ async def place_without_waiting(
         return problem
     try:
         outcome = await _place_on_one_node(conn, request, actor, set(), savepoints=False)
-    except ReplicaReleased:
+    except (ReplicaReleased, ChargeRefused):
         # Its claim wrote nothing and the transaction is fine: place() in a
-        # transaction of its own says so.
+        # transaction of its own says so (a quota another transaction held is
+        # waited for there).
         return None
     if isinstance(outcome, Allocated | Rejection):
         return outcome
     return None
-
-
-async def place_several_without_waiting(
-    conn: Connection, calls: Sequence[tuple[PlaceRequest, str | None]]
-) -> tuple[list[Allocated | Rejection | None], list[str | None]]:
-    """place_without_waiting for several calls of one shape (same_shape): one pick and one claim for all.
-
-    One statement locks up to one node per call (best first, SKIP LOCKED);
-    one claim statement (claim_statement) then counts those nodes' free GPUs afresh
-    under the locks and holds the calls' GPUs, the calls filling the nodes
-    in rank order as many as each has room for, as the calls made one by
-    one would (see topology_fit.claim_wanted). A call whose replica id has
-    stored shards or came earlier in the group, whose shard ids a concurrent
-    call took, or for which the locked nodes had no room left, is made by
-    place_without_waiting (its own pick), in the same transaction, after
-    the group's claim; each is counted in GROUP_CLAIMS by why. Answers in
-    the order of `calls`.
-    """
-    shape = same_shape(calls[0][0])
-    assert shape is not None and all(same_shape(r) == shape for r, _ in calls)
-    params = {
-        **request_params(shape),
-        "need": shape.gpus,
-        "limit": WINDOW,
-        "scan": scan_size(shape, WINDOW, drawn_first=shape.needs_topology),
-        "skip": [],
-        "k": len(calls),
-        "replica_ids": [r.replica_id for r, _ in calls],
-    }
-    rows = list(await conn.execute(cached_text(pick_several_sql(shape)), params))
-    stored = set(rows[0].stored_ids)
-    # (node id, how many claims its snapshot says it takes), best first.
-    # Topology is left to the claim, as in _try_one_node: the count is an
-    # upper bound then, and the claim takes what the node has.
-    untopological = without_topology(shape)
-    room = [
-        (r.node_id, r.free // shape.gpus)
-        for r in rows
-        if r.node_id is not None and judge(facts_of(r), untopological).fits
-    ]
-    together: list[int] = []
-    apart: dict[int, str] = {}
-    seen: set[str] = set()
-    for i, (request, _) in enumerate(calls):
-        if request.replica_id in stored:
-            apart[i] = "stored"
-        elif request.replica_id in seen:
-            apart[i] = "repeated"
-        else:
-            seen.add(request.replica_id)
-            together.append(i)
-    claimed: dict[int, Allocated | NotStored | Tombstoned] = {}
-    if together and room:
-        claimed = await claim_calls(conn, shape, [calls[i] for i in together], room)
-    answers: list[Allocated | Rejection | None] = []
-    why: list[str | None] = []
-    for i, (request, actor) in enumerate(calls):
-        if i in apart:
-            why.append(apart[i])
-        elif isinstance(claim := claimed.get(together.index(i)), Allocated):
-            answers.append(claim)
-            why.append(None)
-            continue
-        elif isinstance(claim, Tombstoned):
-            # Released while it held nothing: place() alone refuses it.
-            why.append("released")
-            answers.append(None)
-            continue
-        else:
-            # Not answered: no room left on the locked nodes; NotStored: its
-            # shard ids or a GPU were taken meanwhile (the one-call path reads whose).
-            why.append("no_room" if claim is None else "conflict")
-        answers.append(await place_without_waiting(conn, request, actor))
-    return answers, why
 
 
 async def claim_calls(
@@ -363,11 +320,15 @@ async def claim_calls(
     shape: PlaceRequest,
     calls: Sequence[tuple[PlaceRequest, str | None]],
     room: Sequence[tuple[str, int]],
-) -> dict[int, Allocated | NotStored | Tombstoned]:
+    *,
+    wait: bool = True,
+) -> dict[int, Stored]:
     """One claim (claim_statement) for calls of `shape` on nodes this transaction has locked, best first.
 
     `room`: (node id, at most how many calls it takes). Answers by the
     call's position in `calls`; a call the nodes had no room for is absent.
+    Each call is charged to its own request's charge; `wait` as
+    store_calls' (false: a busy quota is Refused, not waited for).
     """
     topology = {"fabric": shape.fabric} if shape.rail_aligned else {}
     params: dict[str, Any]
@@ -378,6 +339,9 @@ async def claim_calls(
             "replica_id": request.replica_id,
             "actor": actor,
             "names": shard_ids(request),
+            "tenant": request.charge.tenant_id,
+            "priority": request.charge.priority,
+            "deployment": request.charge.deployment,
         }
     else:
         params = {
@@ -385,6 +349,9 @@ async def claim_calls(
             "caps": [cap for _, cap in room],
             "replica_ids": [r.replica_id for r, _ in calls],
             "actors": [actor for _, actor in calls],
+            "tenants": [r.charge.tenant_id for r, _ in calls],
+            "priorities": [r.charge.priority for r, _ in calls],
+            "deployments": [r.charge.deployment for r, _ in calls],
             "names": [name for r, _ in calls for name in shard_ids(r)],
             "shards": shape.shards,
         }
@@ -398,7 +365,7 @@ async def claim_calls(
         "tolerations": tolerations_json(shape.tolerations),
         **topology,
     }
-    answers = await store_calls(conn, claim_statement(shape, several), params)
+    answers = await store_calls(conn, claim_statement(shape, several), params, wait=wait)
     # The statement numbers calls from 1 (WITH ORDINALITY).
     return {call - 1: outcome for call, outcome in answers.items()}
 
@@ -463,7 +430,9 @@ async def _place_on_one_node(
     drawn_first = request.needs_topology
     while True:
         if not savepoints:
-            outcome = await _try_one_node(conn, request, actor, busy | full, drawn_first)
+            outcome = await _try_one_node(
+                conn, request, actor, busy | full, drawn_first, wait=False
+            )
         else:
             outcome = await _try_in_savepoint(conn, request, actor, busy | full, drawn_first)
         if isinstance(outcome, _Window):
@@ -486,7 +455,7 @@ async def _try_in_savepoint(
 ) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
     savepoint = await conn.begin_nested()
     try:
-        outcome = await _try_one_node(conn, request, actor, skip, drawn_first)
+        outcome = await _try_one_node(conn, request, actor, skip, drawn_first, wait=True)
     except BaseException:
         if savepoint.is_active:
             await savepoint.rollback()
@@ -500,8 +469,19 @@ async def _try_in_savepoint(
 
 
 async def _try_one_node(
-    conn: Connection, request: PlaceRequest, actor: str | None, skip: set[str], drawn_first: bool
+    conn: Connection,
+    request: PlaceRequest,
+    actor: str | None,
+    skip: set[str],
+    drawn_first: bool,
+    *,
+    wait: bool,
 ) -> Allocated | Rejection | _Window | _NoUse | _Conflict:
+    """One try: pick and lock the best free node, then claim on it.
+
+    Raises ChargeRefused when the claim's charge refused it (`wait`: whether
+    the claim waits for a quota another transaction holds).
+    """
     params = {
         **request_params(request),
         "replica_id": request.replica_id,
@@ -525,21 +505,25 @@ async def _try_one_node(
     # domain) under the lock and holds nothing when it falls short.
     if not judge(facts, without_topology(request)).fits:
         return _NoUse(head.picked_node_id)
-    outcome = await _claim_on(conn, request, actor, head.picked_node_id)
+    outcome = await _claim_on(conn, request, actor, head.picked_node_id, wait=wait)
     if isinstance(outcome, Allocated):
         return outcome
     if isinstance(outcome, Tombstoned):
         raise outcome.refusal()
+    if isinstance(outcome, Refused):
+        outcome.raise_it()
     if not outcome.checked:
         return _NoUse(head.picked_node_id)
     return _CONFLICT
 
 
 async def _claim_on(
-    conn: Connection, request: PlaceRequest, actor: str | None, node_id: str
-) -> Allocated | NotStored | Tombstoned:
+    conn: Connection, request: PlaceRequest, actor: str | None, node_id: str, *, wait: bool
+) -> Stored:
     """The claim (claim_statement) of every shard on one node this transaction has locked."""
-    outcome = (await claim_calls(conn, request, [(request, actor)], [(node_id, 1)])).get(0)
+    outcome = (await claim_calls(conn, request, [(request, actor)], [(node_id, 1)], wait=wait)).get(
+        0
+    )
     return NotStored(checked=False) if outcome is None else outcome
 
 

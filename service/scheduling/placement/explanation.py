@@ -17,8 +17,12 @@ from service.scheduling.placement.statements import (
     spread_plan,
     survey_sql,
 )
-from service.scheduling.rejections import Rejection, shown
-from service.scheduling.verdicts import NodeFacts, Verdict, judge
+from service.scheduling.rejections import Rejection, refused_for_charge, shown
+from service.scheduling.tenancy.budgets import BudgetRecord
+from service.scheduling.tenancy.charges import QuotaShortfall, Refusal, UnknownTenant
+from service.scheduling.tenancy.headroom import refusal_now
+from service.scheduling.tenancy.victims import Preemption
+from service.scheduling.verdicts import NodeFacts, Verdict, VerdictCode, judge
 
 # Verdicts are listed for at most this many nodes (by id); the answer says
 # how many more were considered, so it stays readable on a 10,000-node cluster.
@@ -41,6 +45,10 @@ class Unplaceable:
     omitted: int
     # A placement group's roles (service/scheduling/groups/); empty for place.
     roles: tuple[RoleVerdict, ...] = ()
+    # Set when the tenant's limit is what refused it (service/scheduling/tenancy/).
+    quota: QuotaShortfall | None = None
+    # The disruption budgets that kept preemption from making room.
+    blocking_budgets: tuple[BudgetRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,10 @@ class Explanation:
     omitted: int
     plan: Plan | None
     shard_ids: tuple[str, ...]
+    # The replicas place would stop to make room (preemption); none on free GPUs.
+    preemptions: tuple[Preemption, ...] = ()
+    # Set when the tenant's limit is what keeps it from being placed.
+    quota: QuotaShortfall | None = None
 
 
 async def verdicts_of(conn: Connection, request: PlaceRequest) -> tuple[tuple[Verdict, ...], int]:
@@ -116,11 +128,48 @@ async def unplaceable(
     return Unplaceable(message, verdicts, omitted)
 
 
+def within_limit(verdicts: Sequence[Verdict], shortfall: QuotaShortfall) -> tuple[Verdict, ...]:
+    """The verdicts as the tenant's limit leaves them: a node that would fit is QUOTA_EXCEEDED."""
+    said = (
+        f"the tenant's limit: {shortfall.tenant} holds {shortfall.used} {shortfall.gpu_class} "
+        f"of {shortfall.limit}, needs {shortfall.asked} more"
+    )
+    return tuple(
+        Verdict(v.node_id, VerdictCode.QUOTA_EXCEEDED, f"{v.detail}; but {said}") if v.fits else v
+        for v in verdicts
+    )
+
+
+async def refused_placement(
+    conn: Connection, request: PlaceRequest, refusal: Refusal
+) -> Unplaceable | Rejection:
+    """place()'s answer to a claim its charge refused.
+
+    Past the tenant's limit: Unplaceable naming the tenant, the class, what
+    it holds, its limit and what was asked (quota), with the verdicts of
+    the nodes of the class (those that would fit are QUOTA_EXCEEDED). No
+    such tenant: INVALID.
+    """
+    if not isinstance(refusal, QuotaShortfall):
+        return refused_for_charge(refusal)
+    verdicts, omitted = await _verdicts(conn, request)
+    return Unplaceable(refusal.sentence(), within_limit(verdicts, refusal), omitted, quota=refusal)
+
+
 async def explain(conn: Connection, request: PlaceRequest) -> Explanation | Rejection:
     """What place() would answer now, without locking or writing anything."""
     problem = validate_place(request)
     if problem is not None:
         return problem
+    refusal = await refusal_now(conn, request.charge.tenant_id, request.gpu_class, request.gpus)
+    if isinstance(refusal, UnknownTenant):
+        return refused_for_charge(refusal)
+    if isinstance(refusal, QuotaShortfall):
+        refused = await refused_placement(conn, request, refusal)
+        assert isinstance(refused, Unplaceable)
+        return Explanation(
+            False, refused.message, refused.verdicts, refused.omitted, None, (), quota=refusal
+        )
     facts = await candidates(conn, request)
     plan = plan_placement(facts, request)
     if plan is None and request.shards > 1:

@@ -57,8 +57,10 @@ from service.scheduling.placement.statements import (
 )
 from service.scheduling.pool_census import DECLINED, MOST_KINDS, census_sql
 from service.scheduling.ranking import node_rank
-from service.scheduling.rejections import Rejection
+from service.scheduling.rejections import Rejection, refused_for_charge
 from service.scheduling.taints import judged_taint
+from service.scheduling.tenancy.charges import UnknownTenant
+from service.scheduling.tenancy.headroom import headroom
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
 from service.scheduling.verdicts import NodeFacts, VerdictCode, judge
 
@@ -256,15 +258,29 @@ class _Group:
 
 
 class FitCount:
-    """The facts of a class's nodes as the counted replicas leave them."""
+    """The facts of a class's nodes as the counted replicas leave them.
 
-    def __init__(self, groups: Iterable[_Group], request: PlaceRequest) -> None:
+    `most`: count no more replicas than this (the tenant's room under its
+    limit, in replicas). Then the whole replicas are taken in place's order
+    (ranking.node_rank, then node id), node by node, as place's calls one by
+    one would take them, so that `nodes` says where those replicas go;
+    groups the count stops inside are split by member id (which needs every
+    member's id: not a census's groups).
+    """
+
+    def __init__(
+        self, groups: Iterable[_Group], request: PlaceRequest, most: int | None = None
+    ) -> None:
         self.request = request
         self.groups = list(groups)
         # Nodes the spread phase took apart from their groups, and their shards.
         self.facts: dict[str, NodeFacts] = {}
         self.taken: Counter[str] = Counter()
         self.replicas = 0
+        self.most = most
+
+    def _left(self) -> int | None:
+        return None if self.most is None else self.most - self.replicas
 
     @classmethod
     def of_nodes(cls, facts: Iterable[NodeFacts], request: PlaceRequest) -> FitCount:
@@ -278,6 +294,9 @@ class FitCount:
         return [f for f in self.facts.values() if judge(f, self.request).fits]
 
     def _take_whole(self) -> None:
+        if self.most is not None:
+            self._take_whole_within()
+            return
         shards = self.request.shards
         for group in self.groups:
             if not judge(group.facts, self.request).fits:
@@ -287,6 +306,37 @@ class FitCount:
                 group.facts = after(group.facts, self.request, whole * shards)
                 group.taken += whole * shards
                 self.replicas += whole * group.size
+
+    def _take_whole_within(self) -> None:
+        """_take_whole up to `most` replicas, best node first, a node filled before the next."""
+        shards = self.request.shards
+
+        def rank(group: _Group) -> tuple[int, int, int, int, str]:
+            return node_rank(group.facts, self.request, self.request.gpus)
+
+        kept: list[_Group] = []
+        for group in sorted(self.groups, key=rank):
+            left = self._left() or 0
+            whole = group.facts.room(self.request) // shards
+            if not left or not whole or not judge(group.facts, self.request).fits:
+                kept.append(group)
+                continue
+            assert group.size == len(group.members), "a cut group needs every member's id"
+            members = sorted(group.members)
+            full, rest = divmod(min(left, whole * group.size), whole)
+            parts = [(members[:full], whole), (members[full : full + (rest > 0)], rest)]
+            for ids, replicas in parts:
+                if ids:
+                    taken = _Group(after(group.facts, self.request, replicas * shards), ids)
+                    taken.taken = group.taken + replicas * shards
+                    kept.append(taken)
+                    self.replicas += replicas * len(ids)
+            untouched = members[full + (rest > 0) :]
+            if untouched:
+                alone = _Group(group.facts, untouched)
+                alone.taken = group.taken
+                kept.append(alone)
+        self.groups = kept
 
     def _take_apart(self) -> None:
         """The members of groups that can still take a shard, one by one: a spread tells them apart."""
@@ -320,6 +370,9 @@ class FitCount:
         for members in groups:
             room = sum(f.room(self.request) for f in members)
             count = room // shards
+            left = self._left()
+            if left is not None:
+                count = min(count, left)
             # Shards go to the group's nodes in the planner's rank order.
             left = count * shards
             ranked = sorted(members, key=lambda f: node_rank(f, self.request))
@@ -332,7 +385,7 @@ class FitCount:
             self.replicas += count
 
     def _spread_by_plans(self) -> None:
-        while True:
+        while self._left() != 0:
             plan = plan_placement(self.fitting(), self.request)
             if plan is None:
                 return
@@ -342,7 +395,7 @@ class FitCount:
 
     def count(self) -> None:
         self._take_whole()
-        if self.request.shards == 1:
+        if self.request.shards == 1 or self._left() == 0:
             return
         self._take_apart()
         groups = self._spread_groups(self.fitting())
@@ -355,7 +408,10 @@ class FitCount:
         codes = Counter(judge(f, self.request).code for f in self.facts.values())
         for group in self.groups:
             codes[judge(group.facts, self.request).code] += group.size
-        codes.pop(VerdictCode.FITS, None)
+        fitting = codes.pop(VerdictCode.FITS, 0)
+        if self._left() == 0 and fitting:
+            # Nodes that would take one more but for the tenant's limit.
+            codes[VerdictCode.QUOTA_EXCEEDED] = fitting
         return tuple(sorted(codes.items(), key=lambda item: (-item[1], item[0].value)))
 
     def used(self, first: int) -> tuple[list[tuple[str, int]], int]:
@@ -484,6 +540,17 @@ async def _census_groups(
     return list(groups.values())
 
 
+async def _survey_groups(conn: Connection, request: PlaceRequest, gone: set[str]) -> list[_Group]:
+    """The class's nodes as survey_groups_sql groups them, every member's id, `gone` left out."""
+    groups = []
+    rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
+    for row in rows:
+        members = [m for m in row.members if m not in gone] if gone else row.members
+        if members:
+            groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
+    return groups
+
+
 async def fit(
     conn: Connection,
     request: PlaceRequest,
@@ -504,19 +571,26 @@ async def fit(
     problem = validate_place(request)
     if problem is not None:
         return problem
+    tenant = request.charge.tenant_id
+    standing = (await headroom(conn, tenant, [request.gpu_class]))[request.gpu_class]
+    if not standing.known:
+        return refused_for_charge(UnknownTenant(tenant))
     gone = set(exclude)
     groups = None
     if census and counted_by_census(request) and not gone:
         groups = await _census_groups(conn, request, first)
     if groups is None:
-        groups = []
-        rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
-        for row in rows:
-            members = [m for m in row.members if m not in gone] if gone else row.members
-            if members:
-                groups.append(_Group(replace(facts_of(row), node_id=min(members)), members))
+        groups = await _survey_groups(conn, request, gone)
     counting = FitCount(groups, request)
     counting.count()
+    room = standing.room
+    if room is not None and room // request.gpus <= counting.replicas:
+        # The tenant's limit stops it at or before the nodes do: counted again
+        # up to the limit, every pool read (the count cuts groups by member).
+        counting = FitCount(
+            await _survey_groups(conn, request, gone), request, room // request.gpus
+        )
+        counting.count()
     used, total = counting.used(first)
     return Fit(
         replicas=counting.replicas,

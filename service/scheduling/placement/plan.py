@@ -15,8 +15,9 @@ from service.bounds import (
 from service.scheduling.fabric_choice import fabric_rank
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.ranking import node_rank
-from service.scheduling.rejections import Rejection, invalid, shown
+from service.scheduling.rejections import Rejection, invalid, invalid_field, shown
 from service.scheduling.taints import toleration_problem
+from service.scheduling.tenancy.charges import UNNAMED, charge_problem
 from service.scheduling.verdicts import NodeFacts, judge
 from service.stored_text import storable
 
@@ -76,6 +77,9 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
     if problem is not None:
         field, value, why = problem
         return invalid(f"{field}={shown(str(value))!r}: {why}")
+    charge = charge_problem(request.charge)
+    if charge is not None:
+        return invalid_field(*charge)
     return None
 
 
@@ -143,13 +147,15 @@ def _domain_of(f: NodeFacts, request: PlaceRequest) -> str | None:
 
 
 def same_shape(request: PlaceRequest) -> PlaceRequest | None:
-    """What calls placed together by place_several_without_waiting share: all but the replica id.
+    """What calls placed together by place_several_without_waiting share: all but the replica id and the charge.
 
-    None for a request that goes one by one: invalid input.
+    Calls charged to different tenants share a claim statement: it charges
+    each call to its own (tenancy/quota_claims.py). None for a request that
+    goes one by one: invalid input.
     """
     if validate_place(request) is not None:
         return None
-    return replace(request, replica_id="")
+    return replace(request, replica_id="", charge=UNNAMED)
 
 
 def without_topology(request: PlaceRequest) -> PlaceRequest:

@@ -330,7 +330,8 @@ def pick_sql(request: PlaceRequest, drawn_first: bool) -> str:
            CAST(NULL AS json) AS picked_topology,
            {fabrics_sql("k.id", "picked_")},
            st.shard_id, st.replica_id, st.node_id, st.gpu_indices, st.fabric, st.hcas,
-           st.created_at, st.fence, st.generation, st.held_since
+           st.created_at, st.fence, st.generation, st.held_since, st.tenant, st.priority,
+           st.deployment, st.borrowed
     FROM (SELECT 1) AS one
     LEFT JOIN picked k ON true
     LEFT JOIN stored st ON true

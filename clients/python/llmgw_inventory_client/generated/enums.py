@@ -26,6 +26,11 @@ class NodeState(str, Enum):
     LOST = "LOST"
 
 
+class PreemptionPolicy(str, Enum):
+    NEVER = "NEVER"
+    LOWER_PRIORITY = "LOWER_PRIORITY"
+
+
 class RejectionCode(str, Enum):
     GPU_TAKEN = "GPU_TAKEN"
     GPU_UNHEALTHY = "GPU_UNHEALTHY"
@@ -40,6 +45,7 @@ class RejectionCode(str, Enum):
     GENERATION_CONFLICT = "GENERATION_CONFLICT"
     CONFLICT = "CONFLICT"
     SEARCH_BOUND = "SEARCH_BOUND"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
 
 
 class TaintEffect(str, Enum):
@@ -76,6 +82,7 @@ class VerdictCode(str, Enum):
     FACTS_STALE = "FACTS_STALE"
     TAINTED = "TAINTED"
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
 
 
 class WeightsState(str, Enum):

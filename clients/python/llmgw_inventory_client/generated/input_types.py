@@ -3,7 +3,13 @@ from typing import Optional
 from pydantic import Field
 
 from .base_model import BaseModel
-from .enums import LocalityLevel, NodeState, TaintEffect, TolerationOperator
+from .enums import (
+    LocalityLevel,
+    NodeState,
+    PreemptionPolicy,
+    TaintEffect,
+    TolerationOperator,
+)
 
 
 class AllocateInput(BaseModel):
@@ -13,6 +19,12 @@ class AllocateInput(BaseModel):
     "When adding shards to an existing replica: its generation as last read (Allocation.generation). A replica that changed since is refused with GENERATION_CONFLICT, nothing written."
     tolerations: Optional[list["TolerationInput"]] = None
     "Taints the request tolerates: a GPU withheld by NO_SCHEDULE or NO_EXECUTE taints is offered only when every one of them is tolerated; tolerated PREFER_NO_SCHEDULE GPUs are not used last. A GPU withheld otherwise: GPU_TAINTED."
+    tenant: Optional[str] = None
+    "Charged to this tenant; a token bound to a tenant may only name its own (or none). Null: the token's tenant, else default."
+    priority: Optional[int] = 0
+    "Higher is more important; preemption only takes from lower. From -1000000 to 1000000."
+    deployment: Optional[str] = None
+    "Replicas of one deployment share a disruption budget."
 
 
 class GroupLocalityInput(BaseModel):
@@ -55,6 +67,14 @@ class PlaceGroupInput(BaseModel):
     kv_from: Optional[str] = Field(alias="kvFrom", default=None)
     "Which roles send KV cache to which, for kvPaths and the locality score (e.g. prefill -> decode)."
     kv_to: Optional[str] = Field(alias="kvTo", default=None)
+    tenant: Optional[str] = None
+    "Charged to this tenant; a token bound to a tenant may only name its own (or none). Null: the token's tenant, else default."
+    priority: Optional[int] = 0
+    "Higher is more important; preemption only takes from lower. From -1000000 to 1000000."
+    deployment: Optional[str] = None
+    "Replicas of one deployment share a disruption budget."
+    preemption: Optional[PreemptionPolicy] = PreemptionPolicy.NEVER
+    "For the whole group or not at all (see PreemptionPolicy)."
 
 
 class PlaceInput(BaseModel):
@@ -84,6 +104,14 @@ class PlaceInput(BaseModel):
     "Seconds: only nodes whose GPU facts (Node.gpusObservedAt) are at most this old; the others get the verdict FACTS_STALE. Negative: refused."
     tolerations: Optional[list["TolerationInput"]] = None
     "Taints the request tolerates: a GPU withheld by NO_SCHEDULE or NO_EXECUTE taints is offered only when every one of them is tolerated; tolerated PREFER_NO_SCHEDULE GPUs are not used last. A node short only of withheld GPUs: TAINTED."
+    tenant: Optional[str] = None
+    "Charged to this tenant; a token bound to a tenant may only name its own (or none). Null: the token's tenant, else default."
+    priority: Optional[int] = 0
+    "Higher is more important; preemption only takes from lower. From -1000000 to 1000000."
+    deployment: Optional[str] = None
+    "Replicas of one deployment share a disruption budget."
+    preemption: Optional[PreemptionPolicy] = PreemptionPolicy.NEVER
+    "Whether replicas may be stopped to make room (see PreemptionPolicy)."
 
 
 class ShardInput(BaseModel):

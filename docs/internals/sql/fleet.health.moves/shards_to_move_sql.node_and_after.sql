@@ -16,6 +16,10 @@ SELECT
       x.replica_id = s.replica_id
   ) AS generation,
   s.held_since,
+  s.tenant,
+  s.priority,
+  s.deployment,
+  s.borrowed,
   x.stop_by,
   x.stop_by <= CURRENT_TIMESTAMP AS overdue,
   (

@@ -99,7 +99,11 @@ SELECT
       )
     END
   ) AS taints,
-  g.recovery_action
+  g.recovery_action,
+  s.tenant,
+  s.priority,
+  s.deployment,
+  s.borrowed
 FROM gpus AS g
 LEFT JOIN allocated_gpus AS a
   ON a.node_id = g.node_id AND a.gpu_index = g.idx

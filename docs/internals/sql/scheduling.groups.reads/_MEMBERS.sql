@@ -19,6 +19,10 @@ SELECT
       x.replica_id = s.replica_id
   ) AS generation,
   s.held_since,
+  s.tenant,
+  s.priority,
+  s.deployment,
+  s.borrowed,
   ARRAY(SELECT
     fa.fabric
   FROM fabric_attachments AS fa

@@ -15,7 +15,11 @@ SELECT
     WHERE
       x.replica_id = s.replica_id
   ) AS generation,
-  s.held_since
+  s.held_since,
+  s.tenant,
+  s.priority,
+  s.deployment,
+  s.borrowed
 FROM shards AS s
 WHERE
   s.replica_id = :replica_id

@@ -60,9 +60,12 @@ WITH nodes AS (
     c.call,
     c.replica_id,
     c.actor,
+    c.tenant,
+    c.priority,
+    c.deployment,
     s.node_id,
     c.call - 1 - s.before AS pos
-  FROM UNNEST(CAST(:replica_ids AS TEXT[]), CAST(:actors AS TEXT[])) WITH ORDINALITY AS c(replica_id, actor, call)
+  FROM UNNEST(CAST(:replica_ids AS TEXT[]), CAST(:actors AS TEXT[]), CAST(:tenants AS TEXT[]), CAST(:priorities AS INT[]), CAST(:deployments AS TEXT[])) WITH ORDINALITY AS c(replica_id, actor, tenant, priority, deployment, call)
   JOIN slots AS s
     ON c.call > s.before AND c.call <= s.before + s.takes
 ), want_gpus AS (
@@ -92,7 +95,10 @@ WITH nodes AS (
     CAST(NULL AS TEXT) AS fabric,
     CAST('{}' AS TEXT[]) AS hcas,
     CAST(:weights AS TEXT) AS weights,
-    NULLIF(CAST(:tolerations AS JSONB), CAST('[]' AS JSONB)) AS tolerations
+    NULLIF(CAST(:tolerations AS JSONB), CAST('[]' AS JSONB)) AS tolerations,
+    c.tenant,
+    c.priority,
+    c.deployment
   FROM want_gpus AS w
   JOIN calls AS c
     ON c.call = w.call
@@ -100,6 +106,9 @@ WITH nodes AS (
     w.call,
     c.replica_id,
     c.actor,
+    c.tenant,
+    c.priority,
+    c.deployment,
     w.shard_id,
     w.node_id
 ), go AS (
@@ -107,6 +116,126 @@ WITH nodes AS (
     c.call,
     TRUE AS ok
   FROM calls AS c
+), classed AS MATERIALIZED (
+  SELECT
+    w.call,
+    w.node_id,
+    w.idx,
+    w.shard_id,
+    g.gpu_class
+  FROM want_gpus AS w
+  JOIN go
+    ON go.call = w.call AND go.ok
+  JOIN LATERAL (
+    SELECT
+      x.gpu_class
+    FROM gpus AS x
+    WHERE
+      x.node_id = w.node_id AND x.idx = w.idx
+    LIMIT 1
+  ) AS g
+    ON TRUE
+), asked AS MATERIALIZED (
+  SELECT
+    c.call,
+    t.tenant,
+    c.gpu_class,
+    COUNT(*) AS n
+  FROM classed AS c
+  JOIN (
+    SELECT DISTINCT
+      w.call,
+      w.tenant
+    FROM want_shards AS w
+  ) AS t
+    ON t.call = c.call
+  GROUP BY
+    c.call,
+    t.tenant,
+    c.gpu_class
+), quota AS MATERIALIZED (
+  /* One call of tenancy_claim per (tenant, class), in that order: the */
+  /* order every claim takes quota rows in. */
+  SELECT
+    k.tenant,
+    k.gpu_class,
+    r.known,
+    r.busy,
+    r.used,
+    r.gpu_limit,
+    r.guaranteed
+  FROM (
+    SELECT DISTINCT
+      a.tenant,
+      a.gpu_class
+    FROM asked AS a
+    ORDER BY
+      1,
+      2
+    OFFSET 0
+  ) AS k
+  CROSS JOIN LATERAL tenancy_claim(k.tenant, k.gpu_class, CAST(:quota_wait AS BOOLEAN)) AS r
+), charged AS MATERIALIZED (
+  SELECT
+    a.call,
+    a.tenant,
+    a.gpu_class,
+    a.n,
+    q.known,
+    q.busy,
+    q.used,
+    q.gpu_limit,
+    q.guaranteed,
+    q.used + SUM(a.n) OVER (PARTITION BY a.tenant, a.gpu_class ORDER BY a.call) AS after
+  FROM asked AS a
+  JOIN quota AS q
+    ON q.tenant = a.tenant AND q.gpu_class = a.gpu_class
+), admitted AS MATERIALIZED (
+  SELECT
+    go.call,
+    go.ok AS checked,
+    go.ok AND r.call IS NULL AS ok,
+    EXISTS(
+      SELECT
+        1
+      FROM charged AS c
+      WHERE
+        c.call = go.call AND COALESCE(c.after, c.n) > c.guaranteed
+    ) AS borrowed,
+    CASE
+      WHEN r.call IS NOT NULL
+      THEN json_build_object(
+        'tenant',
+        r.tenant,
+        'gpuClass',
+        r.gpu_class,
+        'known',
+        r.known,
+        'busy',
+        r.busy,
+        'used',
+        r.after - r.n,
+        'limit',
+        r.gpu_limit,
+        'asked',
+        r.n
+      )
+    END AS refusal
+  FROM go
+  LEFT JOIN LATERAL (
+    SELECT
+      c.*
+    FROM charged AS c
+    WHERE
+      c.call = go.call AND (
+        NOT c.known OR c.busy OR c.after > c.gpu_limit
+      )
+    ORDER BY
+      c.tenant,
+      c.gpu_class
+    LIMIT 1
+  ) AS r
+    ON TRUE
 ), marked AS (
   /* The replica ids' rows (see the module's docstring), in id order: */
   /* a release of the id that left a tombstone, or is leaving one now */
@@ -118,7 +247,7 @@ WITH nodes AS (
   SELECT DISTINCT
     w.replica_id
   FROM want_shards AS w
-  JOIN go
+  JOIN admitted AS go
     ON go.call = w.call AND go.ok
   ORDER BY
     1 ON CONFLICT(replica_id) DO UPDATE SET released_at = CASE WHEN r.tombstone_until > CURRENT_TIMESTAMP THEN r.released_at END, released_by = CASE WHEN r.tombstone_until > CURRENT_TIMESTAMP THEN r.released_by END, tombstone_until = CASE WHEN r.tombstone_until > CURRENT_TIMESTAMP THEN r.tombstone_until END
@@ -132,7 +261,11 @@ WITH nodes AS (
     fabric,
     hcas,
     weights,
-    tolerations
+    tolerations,
+    tenant,
+    priority,
+    deployment,
+    borrowed
   )
   SELECT
     w.shard_id,
@@ -142,16 +275,20 @@ WITH nodes AS (
     w.fabric,
     w.hcas,
     w.weights,
-    w.tolerations
+    w.tolerations,
+    w.tenant,
+    w.priority,
+    w.deployment,
+    go.borrowed
   FROM want_shards AS w
-  JOIN go
+  JOIN admitted AS go
     ON go.call = w.call AND go.ok
   JOIN marked AS m
     ON m.replica_id = w.replica_id AND m.released_at IS NULL
   ORDER BY
     w.call,
     w.shard_id ON CONFLICT(shard_id) DO NOTHING
-  RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence, held_since
+  RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence, held_since, tenant, priority, deployment, borrowed
 ), placed AS (
   SELECT
     w.call,
@@ -164,23 +301,28 @@ WITH nodes AS (
   INSERT INTO allocated_gpus (
     node_id,
     gpu_index,
-    shard_id
+    shard_id,
+    tenant,
+    gpu_class
   )
   SELECT
-    w.node_id,
-    w.idx,
-    w.shard_id
-  FROM want_gpus AS w
+    c.node_id,
+    c.idx,
+    c.shard_id,
+    s.tenant,
+    c.gpu_class
+  FROM classed AS c
   JOIN s
-    ON s.shard_id = w.shard_id
+    ON s.shard_id = c.shard_id
   ORDER BY
-    w.node_id,
-    w.idx ON CONFLICT(node_id, gpu_index) DO NOTHING
+    c.node_id,
+    c.idx ON CONFLICT(node_id, gpu_index) DO NOTHING
   RETURNING node_id, gpu_index, shard_id
 ), whole AS (
   SELECT
     go.call,
-    go.ok AS checked,
+    go.checked,
+    go.refusal,
     t.replica_id AS released_id,
     t.released_at,
     t.tombstone_until,
@@ -213,7 +355,7 @@ WITH nodes AS (
       WHERE
         w.call = go.call
     ) AS done
-  FROM go
+  FROM admitted AS go
   LEFT JOIN LATERAL (
     SELECT
       m.replica_id,
@@ -329,6 +471,7 @@ SELECT
   d.call,
   d.checked,
   d.done,
+  d.refusal,
   d.released_id,
   d.released_at,
   d.tombstone_until,
@@ -350,6 +493,10 @@ SELECT
   p.created_at,
   p.fence,
   p.held_since,
+  p.tenant,
+  p.priority,
+  p.deployment,
+  p.borrowed,
   MAX(p.fence) OVER (PARTITION BY d.call) AS generation /* The replica's generation: its newest fence, this call's (the */ /* sequence makes it larger than any earlier value of the replica; */ /* this statement's own rows are invisible to a read of shards). */
 FROM whole AS d
 LEFT JOIN placed AS p

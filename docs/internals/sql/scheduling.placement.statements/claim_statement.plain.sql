@@ -55,7 +55,10 @@ WITH free AS (
     CAST(NULL AS TEXT) AS fabric,
     CAST('{}' AS TEXT[]) AS hcas,
     CAST(:weights AS TEXT) AS weights,
-    NULLIF(CAST(:tolerations AS JSONB), CAST('[]' AS JSONB)) AS tolerations
+    NULLIF(CAST(:tolerations AS JSONB), CAST('[]' AS JSONB)) AS tolerations,
+    CAST(:tenant AS TEXT) AS tenant,
+    CAST(:priority AS INT) AS priority,
+    CAST(:deployment AS TEXT) AS deployment
   FROM want_gpus AS w
   GROUP BY
     w.call,
@@ -66,6 +69,126 @@ WITH free AS (
     1 AS call,
     COUNT(*) = :need AS ok
   FROM free
+), classed AS MATERIALIZED (
+  SELECT
+    w.call,
+    w.node_id,
+    w.idx,
+    w.shard_id,
+    g.gpu_class
+  FROM want_gpus AS w
+  JOIN go
+    ON go.call = w.call AND go.ok
+  JOIN LATERAL (
+    SELECT
+      x.gpu_class
+    FROM gpus AS x
+    WHERE
+      x.node_id = w.node_id AND x.idx = w.idx
+    LIMIT 1
+  ) AS g
+    ON TRUE
+), asked AS MATERIALIZED (
+  SELECT
+    c.call,
+    t.tenant,
+    c.gpu_class,
+    COUNT(*) AS n
+  FROM classed AS c
+  JOIN (
+    SELECT DISTINCT
+      w.call,
+      w.tenant
+    FROM want_shards AS w
+  ) AS t
+    ON t.call = c.call
+  GROUP BY
+    c.call,
+    t.tenant,
+    c.gpu_class
+), quota AS MATERIALIZED (
+  /* One call of tenancy_claim per (tenant, class), in that order: the */
+  /* order every claim takes quota rows in. */
+  SELECT
+    k.tenant,
+    k.gpu_class,
+    r.known,
+    r.busy,
+    r.used,
+    r.gpu_limit,
+    r.guaranteed
+  FROM (
+    SELECT DISTINCT
+      a.tenant,
+      a.gpu_class
+    FROM asked AS a
+    ORDER BY
+      1,
+      2
+    OFFSET 0
+  ) AS k
+  CROSS JOIN LATERAL tenancy_claim(k.tenant, k.gpu_class, CAST(:quota_wait AS BOOLEAN)) AS r
+), charged AS MATERIALIZED (
+  SELECT
+    a.call,
+    a.tenant,
+    a.gpu_class,
+    a.n,
+    q.known,
+    q.busy,
+    q.used,
+    q.gpu_limit,
+    q.guaranteed,
+    q.used + SUM(a.n) OVER (PARTITION BY a.tenant, a.gpu_class ORDER BY a.call) AS after
+  FROM asked AS a
+  JOIN quota AS q
+    ON q.tenant = a.tenant AND q.gpu_class = a.gpu_class
+), admitted AS MATERIALIZED (
+  SELECT
+    go.call,
+    go.ok AS checked,
+    go.ok AND r.call IS NULL AS ok,
+    EXISTS(
+      SELECT
+        1
+      FROM charged AS c
+      WHERE
+        c.call = go.call AND COALESCE(c.after, c.n) > c.guaranteed
+    ) AS borrowed,
+    CASE
+      WHEN r.call IS NOT NULL
+      THEN json_build_object(
+        'tenant',
+        r.tenant,
+        'gpuClass',
+        r.gpu_class,
+        'known',
+        r.known,
+        'busy',
+        r.busy,
+        'used',
+        r.after - r.n,
+        'limit',
+        r.gpu_limit,
+        'asked',
+        r.n
+      )
+    END AS refusal
+  FROM go
+  LEFT JOIN LATERAL (
+    SELECT
+      c.*
+    FROM charged AS c
+    WHERE
+      c.call = go.call AND (
+        NOT c.known OR c.busy OR c.after > c.gpu_limit
+      )
+    ORDER BY
+      c.tenant,
+      c.gpu_class
+    LIMIT 1
+  ) AS r
+    ON TRUE
 ), marked AS (
   /* The replica ids' rows (see the module's docstring), in id order: */
   /* a release of the id that left a tombstone, or is leaving one now */
@@ -77,7 +200,7 @@ WITH free AS (
   SELECT DISTINCT
     w.replica_id
   FROM want_shards AS w
-  JOIN go
+  JOIN admitted AS go
     ON go.call = w.call AND go.ok
   ORDER BY
     1 ON CONFLICT(replica_id) DO UPDATE SET released_at = CASE WHEN r.tombstone_until > CURRENT_TIMESTAMP THEN r.released_at END, released_by = CASE WHEN r.tombstone_until > CURRENT_TIMESTAMP THEN r.released_by END, tombstone_until = CASE WHEN r.tombstone_until > CURRENT_TIMESTAMP THEN r.tombstone_until END
@@ -91,7 +214,11 @@ WITH free AS (
     fabric,
     hcas,
     weights,
-    tolerations
+    tolerations,
+    tenant,
+    priority,
+    deployment,
+    borrowed
   )
   SELECT
     w.shard_id,
@@ -101,16 +228,20 @@ WITH free AS (
     w.fabric,
     w.hcas,
     w.weights,
-    w.tolerations
+    w.tolerations,
+    w.tenant,
+    w.priority,
+    w.deployment,
+    go.borrowed
   FROM want_shards AS w
-  JOIN go
+  JOIN admitted AS go
     ON go.call = w.call AND go.ok
   JOIN marked AS m
     ON m.replica_id = w.replica_id AND m.released_at IS NULL
   ORDER BY
     w.call,
     w.shard_id ON CONFLICT(shard_id) DO NOTHING
-  RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence, held_since
+  RETURNING shard_id, replica_id, node_id, gpu_indices, fabric, hcas, created_at, fence, held_since, tenant, priority, deployment, borrowed
 ), placed AS (
   SELECT
     w.call,
@@ -123,23 +254,28 @@ WITH free AS (
   INSERT INTO allocated_gpus (
     node_id,
     gpu_index,
-    shard_id
+    shard_id,
+    tenant,
+    gpu_class
   )
   SELECT
-    w.node_id,
-    w.idx,
-    w.shard_id
-  FROM want_gpus AS w
+    c.node_id,
+    c.idx,
+    c.shard_id,
+    s.tenant,
+    c.gpu_class
+  FROM classed AS c
   JOIN s
-    ON s.shard_id = w.shard_id
+    ON s.shard_id = c.shard_id
   ORDER BY
-    w.node_id,
-    w.idx ON CONFLICT(node_id, gpu_index) DO NOTHING
+    c.node_id,
+    c.idx ON CONFLICT(node_id, gpu_index) DO NOTHING
   RETURNING node_id, gpu_index, shard_id
 ), whole AS (
   SELECT
     go.call,
-    go.ok AS checked,
+    go.checked,
+    go.refusal,
     t.replica_id AS released_id,
     t.released_at,
     t.tombstone_until,
@@ -172,7 +308,7 @@ WITH free AS (
       WHERE
         w.call = go.call
     ) AS done
-  FROM go
+  FROM admitted AS go
   LEFT JOIN LATERAL (
     SELECT
       m.replica_id,
@@ -288,6 +424,7 @@ SELECT
   d.call,
   d.checked,
   d.done,
+  d.refusal,
   d.released_id,
   d.released_at,
   d.tombstone_until,
@@ -309,6 +446,10 @@ SELECT
   p.created_at,
   p.fence,
   p.held_since,
+  p.tenant,
+  p.priority,
+  p.deployment,
+  p.borrowed,
   MAX(p.fence) OVER (PARTITION BY d.call) AS generation /* The replica's generation: its newest fence, this call's (the */ /* sequence makes it larger than any earlier value of the replica; */ /* this statement's own rows are invisible to a read of shards). */
 FROM whole AS d
 LEFT JOIN placed AS p

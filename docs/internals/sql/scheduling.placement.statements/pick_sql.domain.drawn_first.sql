@@ -16,7 +16,11 @@ WITH stored AS (
       WHERE
         x.replica_id = s.replica_id
     ) AS generation,
-    s.held_since
+    s.held_since,
+    s.tenant,
+    s.priority,
+    s.deployment,
+    s.borrowed
   FROM shards AS s
   WHERE
     s.replica_id = :replica_id
@@ -253,7 +257,11 @@ SELECT
   st.created_at,
   st.fence,
   st.generation,
-  st.held_since
+  st.held_since,
+  st.tenant,
+  st.priority,
+  st.deployment,
+  st.borrowed
 FROM (
   SELECT
     1

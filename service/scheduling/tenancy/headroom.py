@@ -1,0 +1,77 @@
+"""What a read learns of a tenant's room under its limit: for fit, explainPlacement and an Unplaceable answer.
+
+Read on committed data, locking nothing: a what-if, or the reason given for
+a place that found no room anyway. Only the claim decides
+(quota_claims.py), under the quota's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import text
+
+from service.database.connections import Connection
+from service.scheduling.tenancy.charges import (
+    DEFAULT_TENANT,
+    QuotaShortfall,
+    Refusal,
+    UnknownTenant,
+)
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """A tenant's standing for one class: whether it exists, what it holds, its limit (None: none)."""
+
+    tenant: str
+    gpu_class: str
+    known: bool
+    used: int
+    limit: int | None
+    guaranteed: int
+
+    @property
+    def room(self) -> int | None:
+        """GPUs of the class it may still take; None: no limit."""
+        return None if self.limit is None else max(0, self.limit - self.used)
+
+    def refusal(self, asked: int) -> Refusal | None:
+        """Why a claim of `asked` GPUs of the class would be refused now; None if it would not."""
+        if not self.known:
+            return UnknownTenant(self.tenant)
+        if self.limit is not None and self.used + asked > self.limit:
+            return QuotaShortfall(self.tenant, self.gpu_class, self.used, self.limit, asked)
+        return None
+
+
+# A class with a quota row: its counter. Without one, nothing bounds the
+# claim, and what the tenant holds is not needed (used is reported as 0).
+_HEADROOM = text(
+    """
+    SELECT c.gpu_class,
+           CAST(:tenant AS text) = :default OR EXISTS (
+               SELECT 1 FROM tenants t WHERE t.id = :tenant) AS known,
+           coalesce(q.used, 0) AS used, q.gpu_limit, coalesce(q.guaranteed, 0) AS guaranteed
+    FROM unnest(CAST(:classes AS text[])) AS c(gpu_class)
+    LEFT JOIN tenant_quotas q ON q.tenant = :tenant AND q.gpu_class = c.gpu_class
+    """
+)
+
+
+async def headroom(conn: Connection, tenant: str, classes: Iterable[str]) -> dict[str, Headroom]:
+    """The tenant's Headroom for each of these classes, by class."""
+    wanted = sorted(set(classes))
+    rows = await conn.execute(
+        _HEADROOM, {"tenant": tenant, "default": DEFAULT_TENANT, "classes": wanted}
+    )
+    return {
+        r.gpu_class: Headroom(tenant, r.gpu_class, r.known, r.used, r.gpu_limit, r.guaranteed)
+        for r in rows
+    }
+
+
+async def refusal_now(conn: Connection, tenant: str, gpu_class: str, asked: int) -> Refusal | None:
+    """What a claim of `asked` GPUs of the class charged to `tenant` would be refused for now, if anything."""
+    return (await headroom(conn, tenant, [gpu_class]))[gpu_class].refusal(asked)
