@@ -32,9 +32,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tests.reports import PLACE, REGISTER, node_input
-
 from benchmarks.client import Connection, request_body
+from tests.support.reports import PLACE, REGISTER, node_input
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = os.environ.get("LLMGW_BENCH_PROJECT", f"llmgw-bench-backups-{os.getpid()}")
