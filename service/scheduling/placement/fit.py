@@ -39,6 +39,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from sqlalchemy import text
+
 from service.database.connections import Connection, cached_text
 from service.scheduling.availability import (
     SCHEDULABLE_STATE,
@@ -46,6 +48,7 @@ from service.scheduling.availability import (
     pool_withholding_taint,
 )
 from service.scheduling.freshness import gpu_facts_fresh
+from service.scheduling.maintenance_rule import ANY_IN_FORCE, maintenance_json
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
@@ -63,6 +66,8 @@ from service.scheduling.tenancy.charges import UnknownTenant
 from service.scheduling.tenancy.headroom import headroom
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
 from service.scheduling.verdicts import NodeFacts, VerdictCode, judge
+
+_ANY_IN_FORCE = text(ANY_IN_FORCE)
 
 # fit names no replica; place's checks of the shape want some id.
 SHAPE_ID = "fit"
@@ -222,6 +227,7 @@ def survey_groups_sql(
            f.knows_its_weights, f.holds_weights, f.weights_copy, f.fabrics,
            f.fabric_rates, min(f.label_value) AS label_value,
            {topology_out} AS topology, max(f.gpus_facts_age) AS gpus_facts_age,
+           CAST(f.maintenance AS json) AS maintenance,
            array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
         SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
@@ -233,14 +239,15 @@ def survey_groups_sql(
                {fabrics},
                {label} AS label_value, {label_ok} AS label_ok,
                {topology_in},
-               {age} AS gpus_facts_age, {fresh} AS fresh
+               {age} AS gpus_facts_age, {fresh} AS fresh,
+               CAST({maintenance_json("p.node_id")} AS jsonb) AS maintenance
         FROM {source}{offer.join}
         WHERE p.gpu_class = :cls
     ) f
     GROUP BY f.state, f.free, f.withheld, f.last_resort, f.taint, f.disk_ok,
              f.knows_its_weights, f.holds_weights, f.weights_copy,
              f.fabrics, f.fabric_rates,
-             f.label_ok, {topology_key}, f.fresh{"".join(f", f.{name}" for name in extra)}
+             f.label_ok, {topology_key}, f.fresh, f.maintenance{"".join(f", f.{name}" for name in extra)}
     """
 
 
@@ -509,7 +516,8 @@ def census_facts_sql(
            CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total,
            false AS knows_its_weights, false AS holds_weights, CAST(NULL AS jsonb) AS weights_copy,
            {fabrics}, CAST(NULL AS text) AS label_value, {topology} AS topology,
-           CAST(NULL AS float8) AS gpus_facts_age, c.nodes, c.members{columns}
+           CAST(NULL AS float8) AS gpus_facts_age, CAST(NULL AS json) AS maintenance,
+           c.nodes, c.members{columns}
     FROM ({census}) c
     """
 
@@ -578,7 +586,12 @@ async def fit(
     gone = set(exclude)
     groups = None
     if census and counted_by_census(request) and not gone:
-        groups = await _census_groups(conn, request, first)
+        # A kind of pool holds nodes in and out of a maintenance window alike:
+        # while one is in force, every pool is read (counted: DECLINED).
+        if (await conn.execute(_ANY_IN_FORCE)).scalar_one():
+            DECLINED.count("maintenance")
+        else:
+            groups = await _census_groups(conn, request, first)
     if groups is None:
         groups = await _survey_groups(conn, request, gone)
     counting = FitCount(groups, request)
