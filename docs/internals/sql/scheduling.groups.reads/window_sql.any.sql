@@ -72,6 +72,7 @@ SELECT
   CAST(NULL AS TEXT) AS label_value,
   CAST(NULL AS JSON) AS topology,
   CAST(NULL AS DOUBLE PRECISION) AS gpus_facts_age,
+  CAST(NULL AS JSON) AS maintenance,
   c.nodes,
   c.members,
   CAST(NULL AS TEXT) AS zone_domain,

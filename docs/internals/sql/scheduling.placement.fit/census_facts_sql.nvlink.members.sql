@@ -103,6 +103,7 @@ SELECT
     ) AS t
   ) AS JSON) AS topology,
   CAST(NULL AS DOUBLE PRECISION) AS gpus_facts_age,
+  CAST(NULL AS JSON) AS maintenance,
   c.nodes,
   c.members
 FROM (
