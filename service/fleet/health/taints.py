@@ -37,7 +37,6 @@ from service.scheduling.rejections import index_ranges, shown
 from service.scheduling.taints import (
     CORDON_KEY,
     DRAIN_KEY,
-    MAINTENANCE_KEY,
     RESERVED_KEYS,
     Taint,
     TaintEffect,
@@ -68,12 +67,6 @@ def checked(request: TaintRequest, field: str = "taint") -> TaintRequest:
     if request.key in RESERVED_KEYS:
         verb = "cordonGpu or cordonNode" if request.key == CORDON_KEY else "drainNode"
         raise InvalidInput(f"{field}.key", request.key, f"{request.key!r} is reserved: use {verb}")
-    if request.key == MAINTENANCE_KEY and request.source is not TaintSource.MAINTENANCE:
-        raise InvalidInput(
-            f"{field}.key",
-            request.key,
-            "'maintenance' is a maintenance window's: use scheduleMaintenance",
-        )
     problem = check_value(request.value)
     if problem is not None:
         raise InvalidInput(f"{field}.value", request.value, problem)
@@ -270,10 +263,6 @@ def _lift_check(key: str) -> None:
         raise InvalidInput("key", key, "a cordon is lifted with uncordonGpu or uncordonNode")
     if key == DRAIN_KEY:
         raise InvalidInput("key", key, "a drain is lifted with uncordonNode")
-    if key == MAINTENANCE_KEY:
-        raise InvalidInput(
-            "key", key, "a maintenance window's taint is lifted at its end, or by cancelMaintenance"
-        )
 
 
 async def lift_taint(

@@ -22,7 +22,8 @@ sweep's.
 A node's maintenance taint is settled from the windows in force on it
 (settle_taints), never set or lifted blindly: adjacent windows on one node
 ([a, b) then [b, c), the second draining before the first ends) keep the
-later one's taint when the first ends.
+later one's taint when the first ends, and a taint of key "maintenance" an
+operator set by hand (source OPERATOR) is neither replaced nor lifted.
 
 cancelMaintenance undoes what has not happened: an open window becomes
 CANCELLED, its taints are settled (lifted), its asks forgotten (shardsToMove
@@ -148,8 +149,13 @@ async def _lock_nodes(conn: Connection, window_id: str) -> list[str]:
 async def settle_taints(conn: Connection, node_ids: Sequence[str], actor: str | None) -> None:
     """Each node's maintenance taint as the windows in force on it say; nodes locked by the caller."""
     for r in list(await conn.execute(_TAINTS, {"ids": list(node_ids)})):
+        if r.has_source is not None and r.has_source != TaintSource.MAINTENANCE.value:
+            # An operator's own taint of this key (set before windows had it):
+            # kept as it is; the window still keeps new replicas off the node
+            # (maintenance_rule.py), it only lacks its mark there.
+            continue
         if r.window_id is None:
-            if r.has_effect is not None and r.has_source == TaintSource.MAINTENANCE.value:
+            if r.has_effect is not None:
                 await lift_taint(conn, r.node_id, None, MAINTENANCE_KEY, actor)
             continue
         started = r.state == MaintenanceState.IN_PROGRESS.value

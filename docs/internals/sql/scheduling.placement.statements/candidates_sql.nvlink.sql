@@ -214,7 +214,7 @@ SELECT
   EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age,
   (
     SELECT
-      json_build_object('id', mw.id, 'start', mw.start_at, 'end', mw.end_at, 'reason', mw.reason)
+      json_build_object('id', mw.id, 'start', mw.start_at, 'end', mw.end_at, 'why', mw.reason)
     FROM maintenance_nodes AS mn
     JOIN maintenance_windows AS mw
       ON mw.id = mn.window_id
