@@ -31,7 +31,7 @@ from tests.support.maintenance import (
     window,
 )
 from tests.support.reports import REGISTER, node_input
-from tests.support.tenancy import EXPLAIN, PLACE, RELEASE, SET_BUDGET, set_tenant
+from tests.support.tenancy import EXPLAIN, FIT, PLACE, RELEASE, SET_BUDGET, set_tenant
 
 RACK = ["rack-0", "rack-1", "rack-2"]
 SPARES = ["spare-0", "spare-1"]
@@ -109,6 +109,11 @@ async def test_a_rack_upgrade_moves_a_deployment_one_replica_at_a_time(
     late = {**_shape("probe"), "until": at(60)}
     explained = (await api(EXPLAIN, {"input": late}))["explainPlacement"]
     assert {v["code"] for v in explained["verdicts"] if v["nodeId"] in RACK} == {"MAINTENANCE"}
+    # fit counts as place would: the spares' room only, the rack MAINTENANCE.
+    fitted = (await api(FIT, {"shape": _shape("probe")}))["fit"]
+    assert fitted["replicas"] == 4
+    assert {n["nodeId"] for n in fitted["nodes"]} == set(SPARES)
+    assert {"code": "MAINTENANCE", "nodes": 3} in fitted["limitedBy"]
     # ...and the first wave asks one chat replica (3 placed, minAvailable 2) and
     # the replica in no deployment; solo (1 placed, minAvailable 1) is never asked.
     first = await moves(api)
