@@ -75,10 +75,11 @@ def maintenance_json(node: str, at: str = "now()", until: str = UNTIL) -> str:
     )
 
 
-# Whether any window is in force now for a request without `until`: fit's
-# count by pool census (which cannot tell nodes of one kind apart) is taken
-# only when none is.
+# SQL boolean: some window is in force now, for any request. The pool
+# census (fit's count, placement groups' reads) cannot tell nodes of one kind
+# apart, so its statements carry this (an InitPlan, evaluated once) and their
+# callers read every pool instead while it is true.
 ANY_IN_FORCE = (
-    "SELECT EXISTS (SELECT 1 FROM maintenance_windows mw"
+    "EXISTS (SELECT 1 FROM maintenance_windows mw"
     f" WHERE {_in_force('mw', 'now()', 'CAST(NULL AS timestamptz)')})"
 )

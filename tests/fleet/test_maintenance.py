@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
 from tests.support.fencing import BEAT
+from tests.support.groups import PLACE_GROUP
 from tests.support.maintenance import (
     EVENTS,
     MOVES,
@@ -231,3 +232,21 @@ _CANCEL = "mutation C($id: ID!) { cancelMaintenance(id: $id) { state } }"
 
 def test_times_are_utc() -> None:
     assert datetime.fromisoformat(at(0)).tzinfo is not None
+
+
+async def test_placement_groups_avoid_a_draining_node_too(api: Api) -> None:
+    for node_id in ("rack-0", "spare-0"):
+        await api(REGISTER, {"input": node_input(node_id)})
+    # Draining from now: start in an hour, an hour and a half of drain.
+    await schedule(
+        api, window_id="w", node_ids=["rack-0"], start=at(3600), end=at(7200), drain_lead=5400
+    )
+    role = {"role": "r", "replicas": 1,
+            "shape": {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": 8}}  # fmt: skip
+    one = await api(PLACE_GROUP, {"input": {"groupId": "g1", "roles": [role]}})
+    assert one["placeGroup"]["__typename"] == "GroupPlaced", one
+    (member,) = one["placeGroup"]["members"]
+    assert [a["nodeId"] for a in member["allocations"]] == ["spare-0"]
+    # The only node left with room is the draining one: no room.
+    two = await api(PLACE_GROUP, {"input": {"groupId": "g2", "roles": [role]}})
+    assert two["placeGroup"]["__typename"] == "Unplaceable", two

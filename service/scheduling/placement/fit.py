@@ -39,8 +39,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy import text
-
 from service.database.connections import Connection, cached_text
 from service.scheduling.availability import (
     SCHEDULABLE_STATE,
@@ -66,8 +64,6 @@ from service.scheduling.tenancy.charges import UnknownTenant
 from service.scheduling.tenancy.headroom import headroom
 from service.scheduling.topology_fit import facts_column, pool_facts, pooled
 from service.scheduling.verdicts import NodeFacts, VerdictCode, judge
-
-_ANY_IN_FORCE = text(ANY_IN_FORCE)
 
 # fit names no replica; place's checks of the shape want some id.
 SHAPE_ID = "fit"
@@ -517,7 +513,7 @@ def census_facts_sql(
            false AS knows_its_weights, false AS holds_weights, CAST(NULL AS jsonb) AS weights_copy,
            {fabrics}, CAST(NULL AS text) AS label_value, {topology} AS topology,
            CAST(NULL AS float8) AS gpus_facts_age, CAST(NULL AS json) AS maintenance,
-           c.nodes, c.members{columns}
+           {ANY_IN_FORCE} AS maintenance_in_force, c.nodes, c.members{columns}
     FROM ({census}) c
     """
 
@@ -530,6 +526,10 @@ async def _census_groups(
     rows = list(await conn.execute(cached_text(census_facts_sql(request)), params))
     if len(rows) > MOST_KINDS:
         DECLINED.count("kinds")
+        return None
+    if rows and rows[0].maintenance_in_force:
+        # A kind of pool holds nodes in and out of a maintenance window alike.
+        DECLINED.count("maintenance")
         return None
     # Kinds judge() cannot tell apart for this request (their topology, say,
     # when it reads none) are one group, as the survey groups them.
@@ -586,12 +586,7 @@ async def fit(
     gone = set(exclude)
     groups = None
     if census and counted_by_census(request) and not gone:
-        # A kind of pool holds nodes in and out of a maintenance window alike:
-        # while one is in force, every pool is read (counted: DECLINED).
-        if (await conn.execute(_ANY_IN_FORCE)).scalar_one():
-            DECLINED.count("maintenance")
-        else:
-            groups = await _census_groups(conn, request, first)
+        groups = await _census_groups(conn, request, first)
     if groups is None:
         groups = await _survey_groups(conn, request, gone)
     counting = FitCount(groups, request)
