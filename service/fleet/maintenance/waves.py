@@ -38,12 +38,16 @@ from service.scheduling.taints import MAINTENANCE_KEY, TaintEffect, TaintSource
 
 ASKING_STATES_SQL = f"('{MaintenanceState.DRAINING.value}', '{MaintenanceState.IN_PROGRESS.value}')"
 
-# Replicas with a shard on the window's nodes not yet asked by it, with their charge.
+# Replicas with a shard on the window's nodes not yet asked by it, with their
+# charge. A replica that promised to be released by the start (shards.until,
+# PlaceInput.until) is not asked: it leaves in time, or the start stops it.
 _UNASKED = text(
     """
     SELECT s.replica_id, min(s.tenant) AS tenant, min(s.deployment) AS deployment
-    FROM maintenance_nodes mn JOIN shards s ON s.node_id = mn.node_id
-    WHERE mn.window_id = :window_id
+    FROM maintenance_windows w
+    JOIN maintenance_nodes mn ON mn.window_id = w.id
+    JOIN shards s ON s.node_id = mn.node_id
+    WHERE w.id = :window_id AND (s.until IS NULL OR s.until > w.start_at)
       AND NOT EXISTS (SELECT 1 FROM maintenance_moves mm
                       WHERE mm.window_id = :window_id AND mm.replica_id = s.replica_id)
     GROUP BY s.replica_id ORDER BY s.replica_id

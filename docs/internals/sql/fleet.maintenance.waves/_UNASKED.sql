@@ -3,11 +3,16 @@ SELECT
   s.replica_id,
   MIN(s.tenant) AS tenant,
   MIN(s.deployment) AS deployment
-FROM maintenance_nodes AS mn
+FROM maintenance_windows AS w
+JOIN maintenance_nodes AS mn
+  ON mn.window_id = w.id
 JOIN shards AS s
   ON s.node_id = mn.node_id
 WHERE
-  mn.window_id = :window_id
+  w.id = :window_id
+  AND (
+    s.until IS NULL OR s.until > w.start_at
+  )
   AND NOT EXISTS(
     SELECT
       1
