@@ -250,7 +250,7 @@ async def run_round(conn: Connection) -> Round:
     """One round, inside the caller's transaction (never commits): every due transition, then the waves."""
     if not (await conn.execute(_TRY_LOCK, {"key": TRANSITIONS_LOCK_KEY})).scalar_one():
         return Round(swept=False)
-    done = Round()
+    did = Round()
     for row in list(await conn.execute(_TO_DRAINING)):
         nodes = await _lock_nodes(conn, row.id)
         await settle_taints(conn, nodes, ACTOR)
@@ -261,7 +261,7 @@ async def run_round(conn: Connection) -> Round:
             reason=f"maintenance {row.id} drains {node_list(nodes)}: {row.reason}",
             detail=_detail(row, nodes),
         )
-        done.draining.append(row.id)
+        did.draining.append(row.id)
     for row in list(await conn.execute(_TO_IN_PROGRESS)):
         nodes = await _lock_nodes(conn, row.id)
         await settle_taints(conn, nodes, ACTOR)
@@ -273,8 +273,8 @@ async def run_round(conn: Connection) -> Round:
             reason=f"maintenance {row.id} started on {node_list(nodes)}: {row.reason}",
             detail=_detail(row, nodes, stoppedReplicas=stopped),
         )
-        done.started.append(row.id)
-        done.stopped += stopped
+        did.started.append(row.id)
+        did.stopped += stopped
     for row in list(await conn.execute(_TO_DONE)):
         nodes = await _lock_nodes(conn, row.id)
         await settle_taints(conn, nodes, ACTOR)
@@ -286,11 +286,11 @@ async def run_round(conn: Connection) -> Round:
             reason=f"maintenance {row.id} done on {node_list(nodes)}: {row.reason}",
             detail=_detail(row, nodes),
         )
-        done.done.append(row.id)
+        did.done.append(row.id)
     for row in list(await conn.execute(_DRAINING)):
         wave = await next_wave(conn, row.id, f"maintenance {row.id}: {row.reason}", ACTOR)
-        done.asked += wave.asked
-    return done
+        did.asked += wave.asked
+    return did
 
 
 _CANCEL = text(
