@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -113,3 +115,11 @@ async def test_until_in_the_past_is_refused_naming_it(api: Api) -> None:
     assert answer["__typename"] == "AllocationRejected", answer
     assert answer["code"] == "INVALID" and "until=" in answer["message"], answer
     assert (await api("{ allocations { shardId } }"))["allocations"] == []
+
+
+async def test_the_same_booking_sent_at_once_is_stored_once(api: Api) -> None:
+    await fleet(api)
+    spec = window_input("a", ["n-0", "n-1"], at(3600), at(7200))
+    answers = await asyncio.gather(*(api(SCHEDULE, {"input": spec}) for _ in range(8)))
+    assert len({json.dumps(a["scheduleMaintenance"], sort_keys=True) for a in answers}) == 1
+    assert [w["id"] for w in await stored(api)] == ["a"]

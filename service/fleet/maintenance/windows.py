@@ -151,10 +151,14 @@ _INSERT = text(
         VALUES (:id, :start, :end, :drain_lead,
                 CAST(:start AS timestamptz) - make_interval(secs => CAST(:drain_lead AS int)),
                 :reason, :actor)
+        -- The same id booked by a request committing meanwhile (a client's
+        -- retry racing its first try): waited for, then nothing written here.
+        ON CONFLICT (id) DO NOTHING
         RETURNING id
     )
     INSERT INTO maintenance_nodes (window_id, node_id)
     SELECT w.id, n FROM w, unnest(CAST(:ids AS text[])) AS n
+    RETURNING window_id
     """
 )
 
@@ -251,7 +255,9 @@ async def schedule(conn: Connection, spec: MaintenanceSpec, actor: str | None) -
             f"{clash.start_at.isoformat()} to {clash.end_at.isoformat()}, which this one overlaps",
             window=clash.id,
         )
-    await conn.execute(_INSERT, params)
+    if not list(await conn.execute(_INSERT, params)):
+        # Booked by a concurrent request under the same id: answered as a re-send.
+        return await schedule(conn, spec, actor)
     stored = await read_window(conn, spec.id)
     assert stored is not None
     return stored

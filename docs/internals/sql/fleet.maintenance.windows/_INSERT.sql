@@ -18,7 +18,7 @@ WITH w AS (
       CAST(:start AS TIMESTAMPTZ) - MAKE_INTERVAL(secs => CAST(:drain_lead AS INT)),
       :reason,
       :actor
-    )
+    ) ON CONFLICT(id) DO NOTHING
   RETURNING id
 )
 INSERT INTO maintenance_nodes (
@@ -29,3 +29,4 @@ SELECT
   w.id,
   n
 FROM w, UNNEST(CAST(:ids AS TEXT[])) AS n
+RETURNING window_id
