@@ -123,3 +123,18 @@ async def test_the_same_booking_sent_at_once_is_stored_once(api: Api) -> None:
     answers = await asyncio.gather(*(api(SCHEDULE, {"input": spec}) for _ in range(8)))
     assert len({json.dumps(a["scheduleMaintenance"], sort_keys=True) for a in answers}) == 1
     assert [w["id"] for w in await stored(api)] == ["a"]
+
+
+async def test_overlapping_bookings_at_once_store_one(api: Api) -> None:
+    await fleet(api)
+    start, end = at(3600), at(7200)
+    answers = await asyncio.gather(
+        *(
+            api.raw(SCHEDULE, {"input": window_input(f"w{i}", ["n-1", "n-0"], start, end)})
+            for i in range(8)
+        )
+    )
+    booked = [a for a in answers if not a.get("errors")]
+    refused = [a["errors"][0]["extensions"]["code"] for a in answers if a.get("errors")]
+    assert len(booked) == 1 and refused == ["CONFLICT"] * 7, answers
+    assert len(await stored(api)) == 1
