@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
+import httpx
 import pytest
 
 from service.ctl.times import seconds
 from tests.support.ctl import ctl, register
 from tests.support.live_service import LiveService
-from tests.support.reports import node_input
+from tests.support.reports import PLACE, node_input
 
 
 def test_durations_read_as_an_operator_types_them() -> None:
@@ -46,3 +48,26 @@ def test_an_operator_schedules_lists_and_cancels_a_window(
     assert code == 0 and "CANCELLED" in out
     code, out, _ = ctl(capsys, *url, "maintenance", "list", "--state", "SCHEDULED")
     assert code == 0 and out.strip() == "no maintenance windows"
+
+
+def test_stale_allocations_say_which_window_asks_them_to_move(
+    live_service: LiveService, capsys: pytest.CaptureFixture[str]
+) -> None:
+    register(live_service, node_input("hgx-0"))
+    shape = {"replicaId": "r", "gpuClass": "H100-80GB", "gpusPerShard": 8}
+    body = httpx.post(live_service.url, json={"query": PLACE, "variables": {"input": shape}})
+    assert body.json()["data"]["place"]["__typename"] == "Allocated", body.text
+    url = ("--url", live_service.url)
+    # Draining from now (the service's loop moves it within a second or so).
+    code, out, _ = ctl(capsys, *url, "maintenance", "schedule", "psu", "--nodes", "hgx-0",
+                       "--start", "1h", "--end", "2h", "--drain-lead", "2h",
+                       "--reason", "psu swap")  # fmt: skip
+    assert code == 0, out
+    for _ in range(100):
+        code, out, _ = ctl(capsys, *url, "allocations", "--stale")
+        if "maintenance psu asks it to move" in out:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(out)
+    assert code == 0 and "r-s0" in out
