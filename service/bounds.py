@@ -77,6 +77,16 @@ MAX_TENANT_QUOTAS = 64
 MAX_QUOTA_GPUS = 10_000_000
 MAX_MIN_AVAILABLE = 1_000_000
 
+# Maintenance windows (service/fleet/maintenance/, docs/operations/maintenance.md):
+# the nodes one window lists (a few racks), the longest window (two weeks: a
+# longer one is a decommission, which removeNode says), the longest drain
+# lead (a week), and how far in the past a window may start (an operator's
+# clock or a retried request a few minutes late; an older start is a typo).
+MAX_MAINTENANCE_NODES = 1024
+MAX_MAINTENANCE_SECONDS = 14 * 86_400
+MAX_DRAIN_LEAD_SECONDS = 7 * 86_400
+MAX_MAINTENANCE_START_PAST_SECONDS = 3600
+
 
 def id_length_check(column: str) -> str:
     """SQL CHECK: the id in `column` is 1 to MAX_ID_LENGTH characters (tables.py's id columns)."""

@@ -456,6 +456,10 @@ shards = Table(
     Column("priority", Integer, nullable=False, server_default=text("0")),
     Column("deployment", Text),
     Column("borrowed", Boolean, nullable=False, server_default=text("true")),
+    # The time the replica promised to be released by (PlaceInput.until;
+    # migration 0025): it may use GPUs set aside for a later window or nodes
+    # whose maintenance starts later (issue 47). NULL: no promise.
+    Column("until", DateTime(timezone=True)),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),

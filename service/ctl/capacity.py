@@ -54,7 +54,7 @@ def gpus(args: argparse.Namespace, client: Client) -> int:
 SHARDS_TO_MOVE = """
 query ShardsToMove($nodeId: ID, $first: Int, $after: ID) {
   shardsToMove(nodeId: $nodeId, first: $first, after: $after) {
-    shardId stopBy overdue taint { key value effect source reason }
+    shardId stopBy overdue maintenanceWindow taint { key value effect source reason }
     allocation {
       shardId replicaId nodeId gpuIndices fabric hcas createdAt fence generation heldSince
     }
@@ -64,7 +64,7 @@ query ShardsToMove($nodeId: ID, $first: Int, $after: ID) {
 
 
 def _stale(args: argparse.Namespace, client: Client) -> list[tuple[dict[str, Any], str]]:
-    """The stale shards, each with why: held for a LOST node, or moved by a NO_EXECUTE taint."""
+    """The stale shards, each with why: held for a LOST node, moved by a NO_EXECUTE taint or a maintenance window."""
     held = client.every(
         ALLOCATIONS,
         "allocations",
@@ -81,7 +81,12 @@ def _stale(args: argparse.Namespace, client: Client) -> list[tuple[dict[str, Any
         when = (
             f"stop overdue since {age(m['stopBy'])}" if m["overdue"] else f"stop by {m['stopBy']}"
         )
-        found.append((a, f"taint {taint['key']}{value}:{taint['effect']}: {when}"))
+        by = (
+            f"maintenance {m['maintenanceWindow']} asks it to move"
+            if m.get("maintenanceWindow")
+            else f"taint {taint['key']}{value}:{taint['effect']}"
+        )
+        found.append((a, f"{by}: {when}"))
     return sorted(found, key=lambda entry: entry[0]["shardId"])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -36,3 +37,21 @@ def since(value: str) -> datetime:
 def expires(value: str) -> datetime:
     """`--expires`: '30d', '12h' from now, or an ISO-8601 date (its midnight, UTC) or time."""
     return _moment("--expires", value, +1)
+
+
+def from_now(flag: str) -> Callable[[str], datetime]:
+    """A parser for a flag naming a time ahead: '2h' from now, or an ISO-8601 time (`ctl maintenance`)."""
+    return lambda value: _moment(flag, value, +1)
+
+
+def seconds(value: str) -> int:
+    """A duration as '90s', '15m', '2h', '1d' (or plain seconds), in whole seconds."""
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected seconds, or a duration like 90s, 15m, 2h, 1d"
+        )
+    return round(float(match.group(1)) * _UNIT_SECONDS[match.group(2)])

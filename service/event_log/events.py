@@ -74,6 +74,13 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "hardware_profile_removed",
         # service/restores.py
         "restored",
+        # service/fleet/maintenance/: one per transition of a window, and one
+        # per disruption budget a window's start breaks.
+        "maintenance_draining",
+        "maintenance_started",
+        "maintenance_done",
+        "maintenance_cancelled",
+        "maintenance_budget_broken",
     }
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import strawberry
@@ -17,7 +18,7 @@ from service.scheduling.tenancy.charges import PreemptionPolicy
 
 from .health_types import TOLERATIONS, TolerationInput, tolerations_of
 from .inputs import KeyValueInput
-from .scalars import Bytes
+from .scalars import Bytes, utc
 from .tenancy_types import (
     DisruptionBudget,
     Preemption,
@@ -190,6 +191,15 @@ class PlaceInput:
         default=PreemptionPolicy.NEVER,
         description="Whether replicas may be stopped to make room (see PreemptionPolicy).",
     )
+    # Capacity in time (contract-time.graphql); see docs/operations/maintenance.md.
+    until: datetime | None = strawberry.field(
+        default=None,
+        description=(
+            "The replica promises to be released by then: it may use GPUs set aside for a later "
+            "window or on nodes whose maintenance starts later; if still placed at that time its "
+            "shards are told to stop."
+        ),
+    )
 
     def to_request(self) -> place_request.PlaceRequest:
         """The request as named; its tenant bound to the caller by the resolver (charges.bind)."""
@@ -211,6 +221,7 @@ class PlaceInput:
             tolerations=tolerations_of(self.tolerations),
             charge=charge_of(self.tenant, self.priority, self.deployment),
             preemption=self.preemption or PreemptionPolicy.NEVER,
+            until=utc(self.until),
         )
 
 

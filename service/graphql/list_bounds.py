@@ -44,6 +44,7 @@ from service.bounds import (
     MAX_HCAS,
     MAX_HEALTH_REASONS,
     MAX_LABELS,
+    MAX_MAINTENANCE_NODES,
     MAX_RUNNING_SHARDS,
     MAX_SHARDS,
     MAX_TENANT_QUOTAS,
@@ -81,6 +82,7 @@ LIST_BOUNDS: Final[Mapping[str, int]] = {
     "Mutation.heartbeat(runningShards)": MAX_RUNNING_SHARDS,
     "Mutation.taintGpus(indices)": MAX_GPUS,
     "Mutation.untaintGpus(indices)": MAX_GPUS,
+    "MaintenanceInput.nodeIds": MAX_MAINTENANCE_NODES,
     "TenantInput.quotas": MAX_TENANT_QUOTAS,
 }
 

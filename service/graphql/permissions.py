@@ -82,6 +82,8 @@ ROOT_FIELD_ROLES: dict[str, dict[str, Roles]] = {
         "tenants": "reader",
         "tenant": "reader",
         "disruptionBudgets": "reader",
+        "maintenanceWindows": "reader",
+        "maintenanceWindow": "reader",
     },
     "Mutation": {
         "registerNode": "agent",
@@ -118,6 +120,8 @@ ROOT_FIELD_ROLES: dict[str, dict[str, Roles]] = {
         # A scheduler protects its own deployments (a bound token: its tenant's only).
         "setDisruptionBudget": "scheduler",
         "removeDisruptionBudget": "scheduler",
+        "scheduleMaintenance": "operator",
+        "cancelMaintenance": "operator",
     },
     "Subscription": {
         "events": "reader",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NewType
 
 import strawberry
@@ -54,3 +54,10 @@ DATETIME_SCALAR = strawberry.scalar(
     parse_value=parse_strawberry_datetime,
     parse_literal=_parse_datetime_literal,
 )
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """A DateTime argument as the domain compares it: an isoformat without an offset is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)

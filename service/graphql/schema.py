@@ -23,6 +23,7 @@ from .operations.gpu_mutations import GpuMutations
 from .operations.groups import GroupMutations, GroupQueries
 from .operations.health_mutations import HealthMutations
 from .operations.health_queries import HealthQueries
+from .operations.maintenance import MaintenanceMutations, MaintenanceQueries
 from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
@@ -47,6 +48,7 @@ Query = merge_types(
         GroupQueries,
         HealthQueries,
         TenancyQueries,
+        MaintenanceQueries,
     ),
 )
 Mutation = merge_types(
@@ -60,6 +62,7 @@ Mutation = merge_types(
         GroupMutations,
         HealthMutations,
         TenancyMutations,
+        MaintenanceMutations,
     ),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))

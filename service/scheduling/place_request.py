@@ -11,6 +11,7 @@ node verdicts.judge's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from service.scheduling.taints import Toleration
 from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
@@ -43,6 +44,9 @@ class PlaceRequest:
     # LOWER_PRIORITY: a place that does not fit on free GPUs may stop replicas
     # of lower priority, and reclaim what other tenants borrowed.
     preemption: PreemptionPolicy = PreemptionPolicy.NEVER
+    # The replica promises to be released by then (issue 47): it may use
+    # nodes whose maintenance starts at or after it (maintenance_rule.py).
+    until: datetime | None = None
 
     @property
     def gpus(self) -> int:

@@ -52,6 +52,9 @@ class TaintSource(Enum):
     DRIFT = "DRIFT"
     POLICY = "POLICY"
     VALIDATION = "VALIDATION"
+    # A maintenance window's nodes (service/fleet/maintenance/): key
+    # MAINTENANCE_KEY, PREFER_NO_SCHEDULE while it drains, NO_SCHEDULE from its start.
+    MAINTENANCE = "MAINTENANCE"
 
 
 class TolerationOperator(Enum):
@@ -71,6 +74,9 @@ SOFT_EFFECT_SQL = f"'{TaintEffect.PREFER_NO_SCHEDULE.value}'"
 CORDON_KEY = "cordon"
 DRAIN_KEY = "drain"
 RESERVED_KEYS = frozenset({CORDON_KEY, DRAIN_KEY})
+# The key of a maintenance window's taint (contract-time.graphql). A taint of
+# the taints table, put and lifted by the window's transitions only.
+MAINTENANCE_KEY = "maintenance"
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,9 @@ class VerdictCode(Enum):
     # (service/scheduling/tenancy/): what place, fit and explainPlacement say
     # of the nodes that would fit otherwise.
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    # A maintenance window in force on the node (draining or started) that
+    # the request's `until` does not end before (service/scheduling/maintenance_rule.py).
+    MAINTENANCE = "MAINTENANCE"
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,34 @@ class WithholdingTaint:
 
 
 @dataclass(frozen=True)
+class MaintenanceFact:
+    """The window a MAINTENANCE verdict names (maintenance_rule.maintenance_json)."""
+
+    window_id: str
+    start: str
+    end: str
+    reason: str
+
+    @classmethod
+    def of(cls, value: Any) -> MaintenanceFact | None:
+        if value is None:
+            return None
+        return cls(
+            window_id=value["id"],
+            start=str(value["start"]),
+            end=str(value["end"]),
+            reason=value["why"],
+        )
+
+    def describe(self) -> str:
+        return (
+            f"maintenance {shown(self.window_id)} from {self.start} to {self.end} "
+            f"({shown(self.reason, 120)}); a replica placed with `until` at or before its start "
+            "may use the node"
+        )
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """What placement needs to know about one node and one GPU class, read in one statement."""
 
@@ -146,6 +177,9 @@ class NodeFacts:
     withheld: int = 0
     taint: WithholdingTaint | None = None
     last_resort: int = 0
+    # A maintenance window in force on the node that the request's `until`
+    # does not end before (service/scheduling/maintenance_rule.py).
+    maintenance: MaintenanceFact | None = None
 
     def rate_on(self, fabric: str) -> int:
         """The node's link rate on `fabric` (one of its fabrics), in Gb/s."""
@@ -195,7 +229,7 @@ def format_bytes(count: int) -> str:
 def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     """The first check the node fails, in a fixed order, or FITS.
 
-    Order: state, freshness, GPUs, fabric, label, local disk, weights: the
+    Order: state, maintenance, freshness, GPUs, fabric, label, local disk, weights: the
     hard facts about the machine first (counting GPUs from facts too old to
     trust says nothing), the things an operator can change later.
     """
@@ -206,6 +240,8 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
     if not is_schedulable(node.state):
         detail = state_phrase(node.state, node.state_reason)
         return no(VerdictCode.NOT_SCHEDULABLE, detail)
+    if node.maintenance is not None:
+        return no(VerdictCode.MAINTENANCE, node.maintenance.describe())
     if not is_fresh(node.gpus_facts_age, request.max_age):
         assert request.max_age is not None
         return no(

@@ -60,6 +60,34 @@ const GROUPS_QUERY = `query DashboardGroups {
 const TENANTS_QUERY = `query DashboardTenants {
   tenants { id usage { gpuClass used borrowed guaranteed limit available } notices }
 }`;
+// The next 48 hours per node (issue 47): what is booked on each node, as bars on one time axis.
+const TIMELINE_MS = 48 * 3600 * 1000;
+const MAINTENANCE_QUERY = `query DashboardMaintenance($after: ID) {
+  maintenanceWindows(after: $after) { id nodeIds start end reason state }
+}`;
+// Where each kind of booking joins the timeline: a paged list refresh() reads whole (its query
+// takes $after), and how each entry becomes items {nodeId, kind, id, start, end, label}.
+// Reservations join here with their own entry (kind "reservation": reservations { id start
+// end state gpus { nodeId } }).
+const TIMELINE_SOURCES = [
+  {
+    query: MAINTENANCE_QUERY,
+    field: "maintenanceWindows",
+    items: (entries) =>
+      entries
+        .filter((w) => w.state !== "DONE" && w.state !== "CANCELLED")
+        .flatMap((w) =>
+          w.nodeIds.map((nodeId) => ({
+            nodeId,
+            kind: "maintenance",
+            id: w.id,
+            start: w.start,
+            end: w.end,
+            label: `maintenance ${w.id} (${w.state}): ${w.reason}`,
+          })),
+        ),
+  },
+];
 const XID_WINDOW_MS = 24 * 3600 * 1000;
 const XIDS_SHOWN = 50;
 const SUBSCRIPTIONS_QUERY = `query DashboardSubscriptions {
@@ -73,6 +101,7 @@ const view = {
   fabrics: [],
   groups: [],
   tenants: [],
+  timeline: [], // items of TIMELINE_SOURCES, every kind together
   selectedGroup: null, // the placement group whose view is open
   selected: null, // the node whose view is open
   selectedNode: null, // its answer to NODE_QUERY
@@ -157,6 +186,19 @@ async function loadAllNodes() {
   }
 }
 
+// Every entry of a paged list whose query takes $after, page by page (as loadAllNodes).
+async function loadAll(query, field) {
+  const all = [];
+  let after = null;
+  for (;;) {
+    const truncated = [];
+    const data = await graphql(query, { after }, truncated);
+    all.push(...data[field]);
+    if (!truncated.length) return all;
+    after = truncated[0];
+  }
+}
+
 // The node and its latest XIDs since `since` (events come oldest first, in pages).
 async function loadNodeView(id, since) {
   const data = await graphql(NODE_QUERY, { id });
@@ -183,13 +225,15 @@ async function refresh() {
       refreshAgain = false;
       try {
         const since = new Date(Date.now() + view.skewMs - XID_WINDOW_MS).toISOString();
-        const [nodes, summary, selected, groups, tenants] = await Promise.all([
+        const [nodes, summary, selected, groups, tenants, timeline] = await Promise.all([
           loadAllNodes(),
           graphql(SUMMARY_QUERY),
           view.selected ? loadNodeView(view.selected, since) : null,
           graphql(GROUPS_QUERY),
           graphql(TENANTS_QUERY),
+          Promise.all(TIMELINE_SOURCES.map(async (s) => s.items(await loadAll(s.query, s.field)))),
         ]);
+        view.timeline = timeline.flat();
         view.selectedNode = selected;
         view.groups = groups.groups;
         view.tenants = tenants.tenants;
@@ -722,12 +766,54 @@ function renderTenants() {
   );
 }
 
+// One row per node with something booked in the next 48 hours; each booking a bar placed on
+// the axis by the server's clock (view.skewMs), clipped to the window shown.
+function renderTimeline() {
+  const now = Date.now() + view.skewMs;
+  const ahead = now + TIMELINE_MS;
+  const byNode = new Map();
+  for (const item of view.timeline) {
+    const start = Date.parse(item.start);
+    const end = Date.parse(item.end);
+    if (end <= now || start >= ahead) continue;
+    if (!byNode.has(item.nodeId)) byNode.set(item.nodeId, []);
+    byNode.get(item.nodeId).push({ ...item, from: Math.max(start, now), to: Math.min(end, ahead) });
+  }
+  const pct = (ms) => `${((100 * ms) / TIMELINE_MS).toFixed(3)}%`;
+  const rows = [...byNode.keys()].sort().map((nodeId) =>
+    el(
+      "tr",
+      { "data-node": nodeId },
+      el("td", {}, nodeId),
+      el(
+        "td",
+        {},
+        el(
+          "div",
+          { class: "timeline-track" },
+          ...byNode.get(nodeId).map((b) =>
+            el("span", {
+              class: `booking ${b.kind}`,
+              "data-id": b.id,
+              title: `${b.label}: ${b.start} to ${b.end}`,
+              style: `left: ${pct(b.from - now)}; width: ${pct(b.to - b.from)}`,
+            }),
+          ),
+        ),
+      ),
+    ),
+  );
+  document.querySelector("#timeline tbody").replaceChildren(...rows);
+  document.getElementById("timeline-none").hidden = rows.length > 0;
+}
+
 function render() {
   renderStatus();
   renderSummary();
   renderNodeView();
   renderGroups();
   renderTenants();
+  renderTimeline();
   setOptions(document.getElementById("filter-state"), STATES);
   setOptions(document.getElementById("filter-class"), view.summary.map((s) => s.gpuClass));
   setOptions(document.getElementById("filter-fabric"), view.fabrics);

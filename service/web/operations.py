@@ -1,4 +1,4 @@
-"""What every service process runs beside the API: the liveness sweep, the event stream, /metrics, /readyz.
+"""What every service process runs beside the API: the liveness sweep, maintenance transitions, the event stream, /metrics, /readyz.
 
 Kept out of app.py so the application module stays a list of routes; the app
 starts Background in its lifespan and mounts operational_routes.
@@ -22,6 +22,7 @@ from service.database import connections, read_routing
 from service.database.db_faults import RETRY_AFTER_SECONDS
 from service.event_log.event_stream import EventStream
 from service.fleet.liveness import run_sweeper
+from service.fleet.maintenance import run_transitions
 from service.tasks import stop_task
 from service.web.draining import Drain
 
@@ -31,9 +32,15 @@ log = logging.getLogger(__name__)
 class Background:
     """The process's sweeper task and event stream, started and stopped with the app."""
 
-    def __init__(self, sweeper: asyncio.Task[None] | None, stream: EventStream) -> None:
+    def __init__(
+        self,
+        sweeper: asyncio.Task[None] | None,
+        stream: EventStream,
+        maintenance: asyncio.Task[None] | None = None,
+    ) -> None:
         self.sweeper = sweeper
         self.stream = stream
+        self.maintenance = maintenance
 
     @classmethod
     async def start(
@@ -71,10 +78,19 @@ class Background:
                 ),
                 name="liveness-sweep",
             )
-        return cls(sweeper, stream)
+        maintenance = None
+        if sweep:
+            # Maintenance windows move on time from every process (once each:
+            # service/fleet/maintenance/transitions.py).
+            maintenance = asyncio.create_task(
+                run_transitions(engine, interval=settings.maintenance_interval),
+                name="maintenance-transitions",
+            )
+        return cls(sweeper, stream, maintenance)
 
     async def stop(self) -> None:
         await stop_task(self.sweeper)
+        await stop_task(self.maintenance)
         await self.stream.stop()
 
 

@@ -31,6 +31,7 @@ from service.graphql.operations.subscriptions import REPLAY_PAGE
 from service.graphql.schema import schema
 from service.web.app import create_app
 from tests.support.api import Api
+from tests.support.maintenance import SCHEDULE, at, window_input
 from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
 from tests.support.statements import StatementCounter
 from tests.support.subscriptions import subscribe
@@ -126,6 +127,15 @@ LISTINGS = [
         "SELECT id::text FROM remediations ORDER BY remediations.id",
     ),
     Listing(
+        "maintenanceWindows",
+        """query($first: Int, $after: ID) {
+             maintenanceWindows(first: $first, after: $after) { id } }""",
+        lambda data: data["maintenanceWindows"],
+        ["maintenanceWindows"],
+        lambda e: e["id"],
+        "SELECT id FROM maintenance_windows ORDER BY id",
+    ),
+    Listing(
         "a fabric's nodes",
         """query($first: Int, $after: ID) {
              fabrics { name nodes(first: $first, after: $after) { id } } }""",
@@ -212,6 +222,11 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
             assert placed["placeGroup"]["__typename"] == "GroupPlaced"
             # Its one member released: the group stays listed, the free GPUs as they were.
             await api(f'mutation {{ releaseReplica(replicaId: "g{i:02d}-r-0") }}')
+        for i in range(1, NODES):
+            # A maintenance window a day ahead on each node but the last: not in
+            # force, so what the other lists show stays as it was.
+            await api(SCHEDULE, {"input": window_input(f"m{i:02d}", [f"gpu-{i:02d}"],
+                                                       at(86_400), at(90_000))})  # fmt: skip
         yield both
     finally:
         for client in clients:
@@ -242,6 +257,7 @@ def test_every_list_with_first_and_after_is_covered_here() -> None:
         "Query.groups",
         "Query.shardsToMove",
         "Query.remediations",
+        "Query.maintenanceWindows",
         "Fabric.nodes",
     }
     assert len(LISTINGS) == len(paged)

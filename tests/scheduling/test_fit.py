@@ -28,6 +28,7 @@ from service.scheduling.placement.statements import (
 )
 from tests.support.api import Api
 from tests.support.consistency import inconsistencies
+from tests.support.maintenance import SCHEDULE, at, window_input
 from tests.support.reports import (
     ALLOCATE,
     H100,
@@ -141,6 +142,30 @@ async def test_fit_is_exact_against_place_one_by_one(
     assert after["limitedBy"], "something says why not one more"
     # What fit said limits it once the replicas are placed is what it says now.
     assert after["limitedBy"] == counted["limitedBy"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+async def test_fit_is_exact_against_place_with_nodes_in_maintenance(
+    api: Api, cluster: None, shape: dict[str, Any]
+) -> None:
+    # Two nodes drain for a window (start in an hour, draining for two): fit
+    # counts without them (every pool read: no census while a window is in
+    # force), and place, one by one, agrees.
+    drained = ["board-1", "dual-0"]
+    window = window_input("w", drained, at(3600), at(7200), drain_lead=7200)
+    await api(SCHEDULE, {"input": window})
+    counted = await fit(api, shape)
+    n = counted["replicas"]
+    assert not {node["nodeId"] for node in counted["nodes"]} & set(drained)
+    for i in range(n):
+        placed = await place(api, f"r{i}", shape)
+        assert placed["__typename"] == "Allocated", (i, n, placed)
+        assert not {a["nodeId"] for a in placed["allocations"]} & set(drained)
+    one_more = await place(api, "one-more", shape)
+    assert one_more["__typename"] == "Unplaceable", (n, one_more)
+    codes = {v["nodeId"]: v["code"] for v in one_more["verdicts"]}
+    assert [codes[node_id] for node_id in drained] == ["MAINTENANCE", "MAINTENANCE"]
+    assert (await fit(api, shape))["replicas"] == 0
 
 
 async def test_fit_writes_nothing_and_counts_what_limits_it(api: Api, cluster: None) -> None:

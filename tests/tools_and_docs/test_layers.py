@@ -40,7 +40,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("configuration", ("service.config",)),
     ("event log", ("service.event_log",)),
     ("scheduling", ("service.scheduling", "service.restores")),
-    ("schema", ("service.tables", "service.health_tables", "service.tenancy_tables")),
+    (
+        "schema",
+        (
+            "service.tables",
+            "service.health_tables",
+            "service.tenancy_tables",
+            "service.maintenance_tables",
+        ),
+    ),
     ("metrics", ("service.metrics", "service.backup_status")),
     ("fleet", ("service.fleet",)),
     ("access", ("service.access_control", "service.readiness")),
@@ -288,6 +296,10 @@ LONG_MODULES: dict[str, str] = {
     "service.scheduling.placement.statements": (
         "the SQL place() and explain() send, built from one set of fragments; the "
         "builders share their private helpers"
+    ),
+    "service.scheduling.placement.fit": (
+        "fit(): how many replicas of a shape fit now by place()'s planner, and the two reads "
+        "it counts from (every pool grouped, or the pools' census), which share the facts judge() reads"
     ),
 }
 

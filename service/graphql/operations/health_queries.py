@@ -29,7 +29,8 @@ from ..types import Allocation
 @strawberry.type(
     description=(
         "A shard a NO_EXECUTE taint moves: its engine is told to stop (shardsToStop, TAINTED) "
-        "from stopBy on; the inventory keeps its GPUs until it is released."
+        "from stopBy on; the inventory keeps its GPUs until it is released. Or one a maintenance "
+        "window asked to move (maintenanceWindow): released by the window's start if still placed."
     )
 )
 class ShardToMove:
@@ -39,6 +40,13 @@ class ShardToMove:
     overdue: bool = strawberry.field(description="stopBy has passed.")
     taint: Taint = strawberry.field(
         description="The first NO_EXECUTE taint on it (the node's, then by GPU and key)."
+    )
+    maintenance_window: strawberry.ID | None = strawberry.field(
+        default=None,
+        description=(
+            "The maintenance window that asked it to move (its taint is `taint`, stopBy its "
+            "start); null for a NO_EXECUTE taint's."
+        ),
     )
 
     @classmethod
@@ -50,6 +58,9 @@ class ShardToMove:
             stop_by=move.stop_by,
             overdue=move.overdue,
             taint=move.taint,  # type: ignore[arg-type]
+            maintenance_window=(
+                None if move.maintenance_window is None else strawberry.ID(move.maintenance_window)
+            ),
         )
 
 

@@ -261,6 +261,11 @@ async def _read(
         if len(rows) > MOST_KINDS:
             DECLINED.count("kinds")
             return None
+        if rows and rows[0].maintenance_in_force:
+            # A kind of pool holds nodes in and out of a maintenance window alike
+            # (maintenance_rule.py): the survey, whose facts name the window, is read.
+            DECLINED.count("maintenance")
+            return None
         kinds = _classes(rows, keep)
         if kinds is None:
             DECLINED.count("last_resort")

@@ -46,6 +46,7 @@ from service.scheduling.availability import (
     pool_withholding_taint,
 )
 from service.scheduling.freshness import gpu_facts_fresh
+from service.scheduling.maintenance_rule import ANY_IN_FORCE, maintenance_json
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import weights
 from service.scheduling.placement.plan import plan_placement, validate_place
@@ -222,6 +223,7 @@ def survey_groups_sql(
            f.knows_its_weights, f.holds_weights, f.weights_copy, f.fabrics,
            f.fabric_rates, min(f.label_value) AS label_value,
            {topology_out} AS topology, max(f.gpus_facts_age) AS gpus_facts_age,
+           CAST(f.maintenance AS json) AS maintenance,
            array_agg(f.node_id) AS members{"".join(f", f.{name}" for name in extra)}
     FROM (
         SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
@@ -233,14 +235,15 @@ def survey_groups_sql(
                {fabrics},
                {label} AS label_value, {label_ok} AS label_ok,
                {topology_in},
-               {age} AS gpus_facts_age, {fresh} AS fresh
+               {age} AS gpus_facts_age, {fresh} AS fresh,
+               CAST({maintenance_json("p.node_id")} AS jsonb) AS maintenance
         FROM {source}{offer.join}
         WHERE p.gpu_class = :cls
     ) f
     GROUP BY f.state, f.free, f.withheld, f.last_resort, f.taint, f.disk_ok,
              f.knows_its_weights, f.holds_weights, f.weights_copy,
              f.fabrics, f.fabric_rates,
-             f.label_ok, {topology_key}, f.fresh{"".join(f", f.{name}" for name in extra)}
+             f.label_ok, {topology_key}, f.fresh, f.maintenance{"".join(f", f.{name}" for name in extra)}
     """
 
 
@@ -509,7 +512,8 @@ def census_facts_sql(
            CAST(NULL AS bigint) AS local_disk_free, CAST(NULL AS bigint) AS local_disk_total,
            false AS knows_its_weights, false AS holds_weights, CAST(NULL AS jsonb) AS weights_copy,
            {fabrics}, CAST(NULL AS text) AS label_value, {topology} AS topology,
-           CAST(NULL AS float8) AS gpus_facts_age, c.nodes, c.members{columns}
+           CAST(NULL AS float8) AS gpus_facts_age, CAST(NULL AS json) AS maintenance,
+           {ANY_IN_FORCE} AS maintenance_in_force, c.nodes, c.members{columns}
     FROM ({census}) c
     """
 
@@ -522,6 +526,10 @@ async def _census_groups(
     rows = list(await conn.execute(cached_text(census_facts_sql(request)), params))
     if len(rows) > MOST_KINDS:
         DECLINED.count("kinds")
+        return None
+    if rows and rows[0].maintenance_in_force:
+        # A kind of pool holds nodes in and out of a maintenance window alike.
+        DECLINED.count("maintenance")
         return None
     # Kinds judge() cannot tell apart for this request (their topology, say,
     # when it reads none) are one group, as the survey groups them.

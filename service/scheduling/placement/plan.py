@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from service.bounds import (
     MAX_GPUS_PER_SHARD,
@@ -80,6 +81,10 @@ def validate_place(request: PlaceRequest) -> Rejection | None:
     charge = charge_problem(request.charge)
     if charge is not None:
         return invalid_field(*charge)
+    if request.until is not None and request.until <= datetime.now(UTC):
+        return invalid_field(
+            "until", request.until.isoformat(), "is in the past: a promise to be released by then"
+        )
     return None
 
 

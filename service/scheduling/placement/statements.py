@@ -28,6 +28,7 @@ from service.scheduling.availability import (
 )
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
 from service.scheduling.gpu_pools import attached_fabrics, node_attachments
+from service.scheduling.maintenance_rule import maintenance_json, maintenance_on
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement import weights
 from service.scheduling.placement.numa import numa_columns
@@ -36,6 +37,7 @@ from service.scheduling.ranking import flexibility_sql, order_sql
 from service.scheduling.taints import last_resort_term_sql, tolerations_json
 from service.scheduling.topology_fit import candidate_filters, claim_wanted, facts_column
 from service.scheduling.verdicts import (
+    MaintenanceFact,
     NodeFacts,
     TopologyFacts,
     WeightsCopy,
@@ -64,6 +66,7 @@ def node_facts(n: str) -> dict[str, str]:
         "knows_its_weights": f"{n}.knows_its_weights",
         "label_value": f"{n}.labels ->> CAST(:label_key AS text)",
         "gpus_facts_age": gpu_facts_age(n),
+        "maintenance": maintenance_json(f"{n}.id"),
     }
 
 
@@ -153,6 +156,8 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
     common = [
         "p.gpu_class = :cls",
         "p.node_id <> ALL(CAST(:skip AS text[]))",
+        # judge() names the window (MAINTENANCE) where a survey reads the node.
+        f"NOT {maintenance_on('p.node_id')}",
     ]
     if request.fabric is not None:
         common.append(
@@ -542,6 +547,7 @@ def request_params(request: PlaceRequest) -> dict[str, Any]:
         "per": request.gpus_per_shard,
         "max_age": request.max_age,
         "tolerations": tolerations_json(request.tolerations),
+        "until": request.until,
     }
 
 
@@ -569,6 +575,7 @@ def facts_of(row: Any, prefix: str = "") -> NodeFacts:
         withheld=column("withheld"),
         taint=WithholdingTaint.of(column("taint")),
         last_resort=column("last_resort"),
+        maintenance=MaintenanceFact.of(column("maintenance")),
     )
 
 

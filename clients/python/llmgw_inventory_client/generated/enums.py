@@ -60,6 +60,7 @@ class TaintSource(str, Enum):
     DRIFT = "DRIFT"
     POLICY = "POLICY"
     VALIDATION = "VALIDATION"
+    MAINTENANCE = "MAINTENANCE"
 
 
 class TolerationOperator(str, Enum):
@@ -83,6 +84,7 @@ class VerdictCode(str, Enum):
     TAINTED = "TAINTED"
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    MAINTENANCE = "MAINTENANCE"
 
 
 class WeightsState(str, Enum):

@@ -21,6 +21,24 @@ SELECT
   END AS freed_after_loss,
   CASE
     WHEN s.node_id = :node_id AND s.fence = r.fence
+    THEN NULL
+    ELSE (
+      SELECT
+        e.detail ->> 'stopReason'
+      FROM events AS e
+      WHERE
+        e.node_id = :node_id
+        AND e.kind = 'released'
+        AND e.shard_id = r.shard_id
+        AND e.detail ->> 'fence' = CAST(r.fence AS TEXT)
+        AND e.detail ? 'stopReason'
+      ORDER BY
+        e.id DESC
+      LIMIT 1
+    )
+  END AS stopped_for,
+  CASE
+    WHEN s.node_id = :node_id AND s.fence = r.fence
     THEN COALESCE(
       (
         SELECT

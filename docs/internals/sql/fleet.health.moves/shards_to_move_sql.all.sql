@@ -55,7 +55,8 @@ SELECT
       t.gpu_index NULLS FIRST,
       t.key
     LIMIT 1
-  ) AS taint
+  ) AS taint,
+  CAST(NULL AS TEXT) AS maintenance_window
 FROM shards AS s
 CROSS JOIN LATERAL (
   SELECT

@@ -72,6 +72,19 @@ SELECT
   CAST(NULL AS TEXT) AS label_value,
   CAST(NULL AS JSON) AS topology,
   CAST(NULL AS DOUBLE PRECISION) AS gpus_facts_age,
+  CAST(NULL AS JSON) AS maintenance,
+  EXISTS(
+    SELECT
+      1
+    FROM maintenance_windows AS mw
+    WHERE
+      mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+      AND mw.drain_at <= CURRENT_TIMESTAMP
+      AND CURRENT_TIMESTAMP < mw.end_at
+      AND (
+        CAST(NULL AS TIMESTAMPTZ) IS NULL OR CAST(NULL AS TIMESTAMPTZ) > mw.start_at
+      )
+  ) AS maintenance_in_force,
   c.nodes,
   c.members,
   CAST(NULL AS TEXT) AS zone_domain,

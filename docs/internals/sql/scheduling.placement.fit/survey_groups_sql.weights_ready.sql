@@ -17,6 +17,7 @@ SELECT
   MIN(f.label_value) AS label_value,
   f.topology AS topology,
   MAX(f.gpus_facts_age) AS gpus_facts_age,
+  CAST(f.maintenance AS JSON) AS maintenance,
   ARRAY_AGG(f.node_id) AS members
 FROM (
   SELECT
@@ -94,7 +95,27 @@ FROM (
     TRUE AS label_ok,
     CAST(CAST(NULL AS JSON) AS JSONB) AS topology,
     CAST(NULL AS DOUBLE PRECISION) AS gpus_facts_age,
-    TRUE AS fresh
+    TRUE AS fresh,
+    CAST((
+      SELECT
+        json_build_object('id', mw.id, 'start', mw.start_at, 'end', mw.end_at, 'why', mw.reason)
+      FROM maintenance_nodes AS mn
+      JOIN maintenance_windows AS mw
+        ON mw.id = mn.window_id
+      WHERE
+        mn.node_id = p.node_id
+        AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+        AND mw.drain_at <= CURRENT_TIMESTAMP
+        AND CURRENT_TIMESTAMP < mw.end_at
+        AND (
+          CAST(:until AS TIMESTAMPTZ) IS NULL
+          OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+        )
+      ORDER BY
+        mw.start_at,
+        mw.id
+      LIMIT 1
+    ) AS JSONB) AS maintenance
   FROM gpu_pools AS p
   JOIN nodes AS n
     ON n.id = p.node_id
@@ -115,4 +136,5 @@ GROUP BY
   f.fabric_rates,
   f.label_ok,
   f.topology,
-  f.fresh
+  f.fresh,
+  f.maintenance

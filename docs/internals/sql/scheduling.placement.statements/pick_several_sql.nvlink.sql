@@ -43,6 +43,22 @@ WITH ranked AS (
             AND p.free - p.last_resort >= :need
             AND p.gpu_class = :cls
             AND p.node_id <> ALL(CAST(:skip AS TEXT[]))
+            AND NOT EXISTS(
+              SELECT
+                1
+              FROM maintenance_nodes AS mn
+              JOIN maintenance_windows AS mw
+                ON mw.id = mn.window_id
+              WHERE
+                mn.node_id = p.node_id
+                AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+                AND mw.drain_at <= CURRENT_TIMESTAMP
+                AND CURRENT_TIMESTAMP < mw.end_at
+                AND (
+                  CAST(:until AS TIMESTAMPTZ) IS NULL
+                  OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+                )
+            )
             AND p.free >= :need
           ORDER BY
             p.free,
@@ -70,6 +86,22 @@ WITH ranked AS (
             AND p.free - p.last_resort < :need
             AND p.gpu_class = :cls
             AND p.node_id <> ALL(CAST(:skip AS TEXT[]))
+            AND NOT EXISTS(
+              SELECT
+                1
+              FROM maintenance_nodes AS mn
+              JOIN maintenance_windows AS mw
+                ON mw.id = mn.window_id
+              WHERE
+                mn.node_id = p.node_id
+                AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+                AND mw.drain_at <= CURRENT_TIMESTAMP
+                AND CURRENT_TIMESTAMP < mw.end_at
+                AND (
+                  CAST(:until AS TIMESTAMPTZ) IS NULL
+                  OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+                )
+            )
             AND p.free >= :need
           ORDER BY
             p.free,
@@ -150,7 +182,27 @@ WITH ranked AS (
     n.local_disk_total,
     n.knows_its_weights,
     n.labels ->> CAST(:label_key AS TEXT) AS label_value,
-    EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age
+    EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age,
+    (
+      SELECT
+        json_build_object('id', mw.id, 'start', mw.start_at, 'end', mw.end_at, 'why', mw.reason)
+      FROM maintenance_nodes AS mn
+      JOIN maintenance_windows AS mw
+        ON mw.id = mn.window_id
+      WHERE
+        mn.node_id = n.id
+        AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+        AND mw.drain_at <= CURRENT_TIMESTAMP
+        AND CURRENT_TIMESTAMP < mw.end_at
+        AND (
+          CAST(:until AS TIMESTAMPTZ) IS NULL
+          OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+        )
+      ORDER BY
+        mw.start_at,
+        mw.id
+      LIMIT 1
+    ) AS maintenance
   FROM ranked AS c
   JOIN nodes AS n
     ON n.id = c.node_id
@@ -188,6 +240,7 @@ SELECT
   k.knows_its_weights,
   k.label_value,
   k.gpus_facts_age,
+  k.maintenance,
   CAST(NULL AS JSON) AS topology,
   ARRAY(SELECT
     fa.fabric

@@ -84,6 +84,26 @@ SELECT
   n.labels ->> CAST(:label_key AS TEXT) AS label_value,
   EXTRACT(EPOCH FROM CURRENT_TIMESTAMP - n.gpus_observed_at) AS gpus_facts_age,
   (
+    SELECT
+      json_build_object('id', mw.id, 'start', mw.start_at, 'end', mw.end_at, 'why', mw.reason)
+    FROM maintenance_nodes AS mn
+    JOIN maintenance_windows AS mw
+      ON mw.id = mn.window_id
+    WHERE
+      mn.node_id = n.id
+      AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+      AND mw.drain_at <= CURRENT_TIMESTAMP
+      AND CURRENT_TIMESTAMP < mw.end_at
+      AND (
+        CAST(:until AS TIMESTAMPTZ) IS NULL
+        OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+      )
+    ORDER BY
+      mw.start_at,
+      mw.id
+    LIMIT 1
+  ) AS maintenance,
+  (
     CAST(:weights AS TEXT) IS NOT NULL
     AND EXISTS(
       SELECT
