@@ -70,7 +70,8 @@ def test_dev_py_agent_is_the_agent_and_its_dry_run_needs_no_token(tmp_path: Path
 def _ctl_lines() -> list[str]:
     lines = []
     for block in re.findall(r"```(?:sh|console)\n(.*?)```", README + DOCS, re.S):
-        for line in block.splitlines():
+        # A line ending in a backslash goes on on the next, as the shell reads it.
+        for line in re.sub(r"\\\n\s*", "", block).splitlines():
             line = line.removeprefix("$ ")
             if line.startswith("llmgw-inventory ctl "):
                 lines.append(line.split(" #")[0].split(" |")[0].strip())
