@@ -16,8 +16,9 @@ and the inventory's record wins:
   holds whose NO_EXECUTE taint's time has come (TAINTED: not tolerated, or
   its tolerationSeconds ran out; the inventory frees nothing for it), with a
   reason:
-  FREED_WHILE_LOST (released as the consequence of a node lost: the
-  liveness sweep, or a held shard freed), FENCE_SUPERSEDED (the shard id is
+  PREEMPTED (released to make room for another replica: preemptedBy
+  names it), FREED_WHILE_LOST (released as the consequence of a node
+  lost: the liveness sweep, or a held shard freed), FENCE_SUPERSEDED (the shard id is
   stored with another fence or on another node), RELEASED (anything else: a
   scheduler released it, or its record aged out of the event log).
 - Under `hold`, the shards of a LOST node keep their GPUs (nothing is placed
@@ -348,6 +349,13 @@ _RUNNING_VS_HELD = text(
                  AND e.detail ->> 'fence' = CAST(r.fence AS text)
                  AND e.detail ? 'afterLoss'
            ) END AS freed_after_loss,
+           CASE WHEN s.node_id IS NULL THEN (
+               SELECT e.detail ->> 'preemptedBy' FROM events e
+               WHERE e.node_id = :node_id AND e.kind = 'released' AND e.shard_id = r.shard_id
+                 AND e.detail ->> 'fence' = CAST(r.fence AS text)
+                 AND e.detail ? 'preemptedBy'
+               ORDER BY e.id DESC LIMIT 1
+           ) END AS preempted_by,
            CASE WHEN s.node_id = :node_id AND s.fence = r.fence
                 THEN coalesce({stop_by_sql("s")} <= now(), false) END AS tainted
     FROM jsonb_to_recordset(CAST(:running AS jsonb)) AS r(shard_id text, fence int)
@@ -377,6 +385,10 @@ async def shards_to_stop(
                 # Held, and told to stop: the inventory frees nothing itself
                 # (the scheduler replaces and releases it).
                 stops.append(ShardToStop(r.shard_id, r.fence, StopReason.TAINTED))
+            continue
+        if r.preempted_by is not None:
+            # Stopped to make room (placement/preemption.py): its release names the preemptor.
+            stops.append(ShardToStop(r.shard_id, r.fence, StopReason.PREEMPTED, r.preempted_by))
             continue
         if r.freed_after_loss:
             reason = StopReason.FREED_WHILE_LOST

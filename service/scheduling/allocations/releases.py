@@ -77,6 +77,7 @@ async def _release(
     *,
     after_loss: bool = False,
     generation: tuple[str, int] | None = None,
+    preempted_by: str | None = None,
 ) -> list[Row[Any]]:
     """The released shards' rows (shard_id, replica_id, node_id, gpu_indices, fence).
 
@@ -85,6 +86,9 @@ async def _release(
     `after_loss`: the release is the consequence of a node lost (the liveness
     sweep, or a held shard freed): its events say so, and an engine that
     still runs the shard is told FREED_WHILE_LOST (service/fleet/fencing.py).
+    `preempted_by`: the replica the release makes room for (preemption): its
+    events name it, and an engine that still runs the shard is told
+    PREEMPTED, naming it.
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
@@ -106,6 +110,8 @@ async def _release(
             detail: dict[str, Any] = {"gpuIndices": sorted(r.gpu_indices), "fence": r.fence}
             if after_loss:
                 detail["afterLoss"] = True
+            if preempted_by is not None:
+                detail["preemptedBy"] = preempted_by
             await record_event(
                 conn,
                 "released",
@@ -177,6 +183,28 @@ async def release_replica(
         released = await _release(
             conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, params, actor, reason
         )
+    return sum(len(r.gpu_indices) for r in released)
+
+
+async def preempt_replica(
+    conn: Connection, replica_id: str, preempted_by: str, actor: str | None, reason: str
+) -> int:
+    """Free every shard of a replica stopped to make room for `preempted_by`; GPUs freed.
+
+    The release path every release takes (the pools recounted under the
+    nodes' locks, an event per shard, the quota counters kept by their
+    triggers), its events naming the preemptor. No tombstone: the victim's
+    scheduler may place it again under the same id.
+    """
+    released = await _release(
+        conn,
+        _LOCK_REPLICA_NODES,
+        _RELEASE_REPLICA,
+        {"replica_id": replica_id},
+        actor,
+        reason,
+        preempted_by=preempted_by,
+    )
     return sum(len(r.gpu_indices) for r in released)
 
 
