@@ -13,6 +13,7 @@ from service.scheduling import allocations, placement
 from service.scheduling.place_batches import Outcome, place_batched
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.rejections import Rejection
+from service.scheduling.tenancy import victims
 
 from ..allocation_types import (
     Allocated,
@@ -51,7 +52,14 @@ def place_answer(outcome: Outcome) -> Allocated | Unplaceable | AllocationReject
 
 
 def count_place(outcome: Outcome) -> None:
-    """Count a placement that did not allocate with the rejections, once it is answered."""
+    """Count a placement that did not allocate with the rejections, once it is answered.
+
+    One that preempted counts its victims, by their tenant and the class
+    (inventory_tenant_replicas_preempted_total): it committed.
+    """
+    if isinstance(outcome, allocations.Allocated) and outcome.preempted:
+        for victim in outcome.preempted:
+            victims.PREEMPTED.count(victim.tenant, victim.gpu_class)
     if isinstance(outcome, Rejection):
         count_rejection(outcome.code.value)
     elif isinstance(outcome, placement.Unplaceable):

@@ -1,0 +1,462 @@
+"""Preemption: the victims a place stops to make room, chosen and freed in the transaction that claims.
+
+With `preemption: LOWER_PRIORITY`, a place that finds no room on free GPUs
+(and is within its tenant's limit: preemption makes room, not quota) looks
+for victims (tenancy/victims.py says which replicas may be, and the order of
+victim sets). How:
+
+1. The candidates: whole replicas (every shard, maybe on several nodes)
+   that hold GPUs of the class and may be victims (victims.kind_of), read
+   with the budgets of their deployments and their tenants' standing.
+2. The search: victim sets in victims.set_key order, smallest first, each
+   pruned by counting (the GPUs it frees plus what is free on its nodes
+   must hold the shape's shards: a necessary condition) and then tried:
+   in a savepoint, the set's shards are deleted and the pools recounted,
+   and place's own planner (statements.plan_now, what explain() plans
+   with) says whether the shape fits; the savepoint is rolled back. So a
+   set "fits" by every rule place keeps (NVLink groups, fabrics, rails,
+   domains, weights, taints, freshness), by the same code. The first set
+   that fits is the one chosen. For a shape of one shard, a minimal set
+   frees GPUs on the one node the shard goes to (a victim elsewhere could
+   be left out, a smaller set), so sets are drawn per node from the
+   victims there; for several shards, from the best MAX_POOL candidates
+   by their own key, which is every one on a small cluster. At most
+   SEARCH_BOUND sets are tried and MAX_SETS drawn per size: past either,
+   the search stops, says so in the answer and counts it (SEARCH_CUT).
+3. The claim (preempt_and_claim), in a savepoint of place()'s transaction:
+   the victims' nodes locked (waiting: nothing else is held), then their
+   budget rows and every tenant's quota row involved (tenancy/
+   budgets_locked.py: the lock order), then the victims re-read (a
+   replica whose shards changed is not stopped) and their budgets and
+   reclaims re-checked under the locks; each victim freed by the release
+   path (allocations.preempt_replica: pools recounted, `released` events
+   naming the preemptor, the quota counters kept by their triggers), a
+   `replica_preempted` event per victim, and the replica claimed by
+   place's own claim (its quota check included) without waiting for a
+   lock: a node another transaction holds rolls the savepoint back, and
+   place() waits for it with nothing held, then searches again.
+
+explain() runs the same search on the same data without the claim, so the
+set it shows is the one place would stop. Its trials write in savepoints
+that are rolled back: explainPlacement with LOWER_PRIORITY runs on the
+primary, in a transaction that commits nothing of them.
+
+Fencing (service/fleet/fencing.py) tells each victim's engines to stop at
+their node's next contact: their shards are no longer held, and their
+`released` event names the preemptor (StopReason PREEMPTED, preemptedBy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import text
+
+from service.database.connections import Connection
+from service.event_log.events import record_event
+from service.scheduling.allocations import Allocated, lock_nodes, preempt_replica
+from service.scheduling.gpu_pools import refresh_pools
+from service.scheduling.place_request import PlaceRequest
+from service.scheduling.placement.plan import Plan
+from service.scheduling.placement.statements import plan_now
+from service.scheduling.tenancy.budgets import BudgetRecord
+from service.scheduling.tenancy.budgets_locked import budget_lines, held_beyond_guarantee
+from service.scheduling.tenancy.headroom import headroom
+from service.scheduling.tenancy.victims import (
+    BudgetLine,
+    Candidate,
+    Preemption,
+    PreemptionKind,
+    allowed,
+    budgets_broken,
+    kind_of,
+    reclaim_fits,
+    reclaiming,
+    record_of,
+    set_key,
+)
+
+# Victim sets tried against the fleet (a savepoint each) per search.
+SEARCH_BOUND = 64
+# Victim sets drawn per size before they are sorted and tried.
+MAX_SETS = 20_000
+# For a shape of several shards: the candidates sets are drawn from, the best
+# by their own key.
+MAX_POOL = 16
+
+ACTOR = "preemption"
+
+
+class _Cuts:
+    """Searches that stopped at a bound before finding a set or proving none (for /metrics)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+SEARCH_CUT = _Cuts()
+
+
+# Every shard of the replicas that may be victims of a place at :priority
+# by :tenant (of lower priority; or, when :reclaiming, of another tenant),
+# with the GPUs of class :cls each holds (ix_allocated_gpus_shard_id).
+_CANDIDATE_SHARDS = text(
+    """
+    SELECT s.replica_id, s.shard_id, s.fence, s.node_id, s.tenant, s.priority, s.deployment,
+           s.created_at, cardinality(s.gpu_indices) AS gpus,
+           (SELECT count(*) FROM allocated_gpus a
+            WHERE a.shard_id = s.shard_id AND a.gpu_class = :cls) AS class_gpus
+    FROM shards s
+    WHERE s.priority < :priority OR (CAST(:reclaiming AS boolean) AND s.tenant <> :tenant)
+    ORDER BY s.replica_id, s.shard_id
+    """
+)
+# What each node offers of the class now, at most (free and withheld: a
+# toleration may add the latter): the counting bound of a set.
+_ROOMS = text(
+    """
+    SELECT p.node_id, p.free + p.withheld AS room FROM gpu_pools p
+    WHERE p.gpu_class = :cls AND p.node_id = ANY(CAST(:ids AS text[]))
+    """
+)
+_SHARDS_ROOM = text(
+    """
+    SELECT coalesce(sum((p.free + p.withheld) / :per), 0) AS shards FROM gpu_pools p
+    WHERE p.gpu_class = :cls
+    """
+)
+# The victims' shards as they are now (under the nodes' locks).
+_SHARDS_NOW = text(
+    """
+    SELECT s.replica_id, s.shard_id, s.fence FROM shards s
+    WHERE s.replica_id = ANY(CAST(:ids AS text[]))
+    ORDER BY s.replica_id, s.shard_id
+    """
+)
+# A trial: the set's shards gone (their allocated_gpus by the cascade), in a
+# savepoint that is always rolled back.
+_FORGET = text("DELETE FROM shards WHERE replica_id = ANY(CAST(:ids AS text[])) RETURNING node_id")
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What a search knows of the fleet for one place: the candidates and the rules' numbers."""
+
+    candidates: tuple[Candidate, ...]
+    budgets: Mapping[tuple[str, str], BudgetLine]
+    # Per tenant with a quota of the class: GPUs held beyond its guarantee.
+    beyond: Mapping[str, int]
+    # Per node a candidate holds GPUs of the class on: what it offers now.
+    rooms: Mapping[str, int]
+    # Shards of the shape the fleet's free GPUs hold now (several shards only).
+    free_shards: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The victim set chosen, and where the replica would go once they are stopped."""
+
+    victims: tuple[Candidate, ...]
+    plan: Plan
+
+    def records(self, request: PlaceRequest) -> tuple[Preemption, ...]:
+        return tuple(record_of(v, request.replica_id, request.gpu_class) for v in self.victims)
+
+
+@dataclass(frozen=True)
+class NoChoice:
+    """No victim set makes room: why, and the budgets that kept one that would have."""
+
+    why: str
+    blocking: tuple[BudgetRecord, ...] = ()
+
+
+async def standing(conn: Connection, request: PlaceRequest) -> Standing:
+    """The candidates of this place and what the rules need of the fleet, on committed data."""
+    charge = request.charge
+    mine = (await headroom(conn, charge.tenant_id, [request.gpu_class]))[request.gpu_class]
+    takes_back = reclaiming(mine.used, request.gpus, mine.guaranteed)
+    rows = list(
+        await conn.execute(
+            _CANDIDATE_SHARDS,
+            {
+                "cls": request.gpu_class,
+                "priority": charge.priority,
+                "tenant": charge.tenant_id,
+                "reclaiming": takes_back,
+            },
+        )
+    )
+    by_replica: dict[str, list[Any]] = defaultdict(list)
+    for r in rows:
+        by_replica[r.replica_id].append(r)
+    beyond = await held_beyond_guarantee(
+        conn, request.gpu_class, {r.tenant for r in rows if r.priority >= charge.priority}
+    )
+    candidates: list[Candidate] = []
+    for replica_id, shards in by_replica.items():
+        head = shards[0]
+        kind = kind_of(
+            head.tenant,
+            head.priority,
+            charge.tenant_id,
+            charge.priority,
+            takes_back,
+            beyond.get(head.tenant, 1) > 0,
+        )
+        per_node: dict[str, int] = defaultdict(int)
+        for s in shards:
+            if s.class_gpus:
+                per_node[s.node_id] += s.class_gpus
+        if kind is None or not per_node:
+            continue
+        candidates.append(
+            Candidate(
+                replica_id,
+                head.tenant,
+                head.priority,
+                head.deployment,
+                min(s.created_at for s in shards),
+                sum(s.gpus for s in shards),
+                tuple(sorted(per_node.items())),
+                tuple((s.shard_id, s.fence) for s in shards),
+                tuple(sorted({s.node_id for s in shards})),
+                kind,
+            )
+        )
+    budgets = await budget_lines(
+        conn, {(c.tenant, c.deployment) for c in candidates if c.deployment is not None}
+    )
+    nodes = sorted({n for c in candidates for n, _ in c.class_gpus})
+    rooms = {
+        r.node_id: r.room
+        for r in await conn.execute(_ROOMS, {"cls": request.gpu_class, "ids": nodes})
+    }
+    free_shards = 0
+    if request.shards > 1:
+        free_shards = int(
+            (
+                await conn.execute(
+                    _SHARDS_ROOM, {"cls": request.gpu_class, "per": request.gpus_per_shard}
+                )
+            ).scalar_one()
+        )
+    return Standing(tuple(candidates), budgets, beyond, rooms, free_shards)
+
+
+def _may_fit(request: PlaceRequest, state: Standing, victims: Sequence[Candidate]) -> bool:
+    """Whether counting alone leaves the set a chance: the GPUs it frees and the free ones hold the shards."""
+    freed: dict[str, int] = defaultdict(int)
+    for v in victims:
+        for node_id, n in v.class_gpus:
+            freed[node_id] += n
+    per = request.gpus_per_shard
+    if request.shards == 1:
+        return any(state.rooms.get(n, 0) + k >= per for n, k in freed.items())
+    more = sum(
+        (state.rooms.get(n, 0) + k) // per - state.rooms.get(n, 0) // per for n, k in freed.items()
+    )
+    return state.free_shards + more >= request.shards
+
+
+def _pools(request: PlaceRequest, candidates: Sequence[Candidate]) -> list[list[Candidate]]:
+    """The groups victim sets are drawn from (see the module's docstring), each by its own key."""
+    ordered = sorted(candidates, key=lambda c: set_key([c]))
+    if request.shards > 1:
+        return [ordered[:MAX_POOL]]
+    on: dict[str, list[Candidate]] = defaultdict(list)
+    for c in ordered:
+        for node_id, _ in c.class_gpus:
+            on[node_id].append(c)
+    return [on[n] for n in sorted(on)]
+
+
+def _sets(
+    request: PlaceRequest, state: Standing, keep_budgets: bool
+) -> Iterator[tuple[Candidate, ...] | None]:
+    """Victim sets in set_key order, those counting rules out left out; None: MAX_SETS reached."""
+    pools = _pools(request, state.candidates)
+    largest = max((len(p) for p in pools), default=0)
+    for size in range(1, largest + 1):
+        drawn: dict[tuple[str, ...], tuple[Candidate, ...]] = {}
+        cut = False
+        for pool in pools:
+            for combo in itertools.combinations(pool, size):
+                ids = tuple(sorted(c.replica_id for c in combo))
+                if ids in drawn:
+                    continue
+                if len(drawn) >= MAX_SETS:
+                    cut = True
+                    break
+                if keep_budgets:
+                    if not allowed(combo, state.budgets, state.beyond):
+                        continue
+                elif not reclaim_fits(combo, state.beyond):
+                    continue
+                if _may_fit(request, state, combo):
+                    drawn[ids] = combo
+            if cut:
+                break
+        yield from sorted(drawn.values(), key=set_key)
+        if cut:
+            yield None
+            return
+
+
+async def trial(
+    conn: Connection, request: PlaceRequest, victims: Sequence[Candidate]
+) -> Plan | None:
+    """Where place would put the replica were these victims stopped; nothing is kept (a savepoint rolled back)."""
+    savepoint = await conn.begin_nested()
+    try:
+        nodes = [
+            r.node_id for r in await conn.execute(_FORGET, {"ids": [v.replica_id for v in victims]})
+        ]
+        await refresh_pools(conn, nodes)
+        _, plan = await plan_now(conn, request)
+        return plan
+    finally:
+        await savepoint.rollback()
+
+
+async def _search(
+    conn: Connection, request: PlaceRequest, state: Standing, keep_budgets: bool
+) -> tuple[Choice | None, bool]:
+    """The first set in order that fits, and whether the search stopped at a bound first."""
+    for tried, victims in enumerate(_sets(request, state, keep_budgets)):
+        if victims is None or tried >= SEARCH_BOUND:
+            return None, True
+        plan = await trial(conn, request, victims)
+        if plan is not None:
+            return Choice(victims, plan), False
+    return None, False
+
+
+async def choose(conn: Connection, request: PlaceRequest) -> Choice | NoChoice:
+    """The victim set place would stop for this request now (it fits on no free GPUs), or why none.
+
+    Writes nothing that stays: explain() calls it as place() does.
+    """
+    state = await standing(conn, request)
+    if not state.candidates:
+        return NoChoice(
+            f"no replica of priority below {request.charge.priority} holds "
+            f"{request.gpu_class} GPUs, and none may be reclaimed"
+        )
+    choice, cut = await _search(conn, request, state, keep_budgets=True)
+    if choice is not None:
+        return choice
+    if cut:
+        SEARCH_CUT.add()
+    bound = (
+        f" (the search stopped after {SEARCH_BOUND} sets tried or {MAX_SETS} drawn of one size)"
+        if cut
+        else ""
+    )
+    why = (
+        f"no set of the {len(state.candidates)} replicas that may be preempted makes room for "
+        f"it{bound}"
+    )
+    if not state.budgets or cut:
+        return NoChoice(why)
+    # Would a set make room but for the budgets? Those are what blocked it.
+    ignoring, _ = await _search(conn, request, state, keep_budgets=False)
+    if ignoring is None:
+        return NoChoice(why)
+    broken = budgets_broken(ignoring.victims, state.budgets)
+    names = ", ".join(f"{b.tenant}/{b.deployment} (minAvailable {b.min_available})" for b in broken)
+    return NoChoice(
+        f"{why} without taking a deployment below its disruption budget: {names}",
+        tuple(BudgetRecord(b.deployment, b.tenant, b.min_available, b.placed) for b in broken),
+    )
+
+
+class Changed:
+    """The victims or their budgets changed between the search and the locks: search again."""
+
+
+async def preempt_and_claim(
+    conn: Connection,
+    request: PlaceRequest,
+    choice: Choice,
+    actor: str | None,
+    claim: Any,
+) -> Allocated | set[str] | Changed:
+    """Stop the chosen victims and claim the replica, in one savepoint: all of it, or nothing.
+
+    `claim(conn)`: place's own claim, which never waits for a lock; it
+    answers Allocated, the set of nodes another transaction holds, or None
+    (no room after all). Answers Allocated with `preempted`, the busy nodes
+    (nothing held: the caller waits for them and searches again), or
+    Changed. ChargeRefused (the tenant's limit) goes up, nothing held.
+    """
+    victims = choice.victims
+    savepoint = await conn.begin_nested()
+    try:
+        await lock_nodes(conn, sorted({n for v in victims for n in v.node_ids}))
+        budgets = await budget_lines(
+            conn, {(v.tenant, v.deployment) for v in victims if v.deployment is not None}, lock=True
+        )
+        beyond = await held_beyond_guarantee(
+            conn,
+            request.gpu_class,
+            {v.tenant for v in victims} | {request.charge.tenant_id},
+            lock=True,
+        )
+        now: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for r in await conn.execute(_SHARDS_NOW, {"ids": [v.replica_id for v in victims]}):
+            now[r.replica_id].append((r.shard_id, r.fence))
+        reclaim_ok = True
+        if any(v.kind is PreemptionKind.RECLAIM for v in victims):
+            mine = (await headroom(conn, request.charge.tenant_id, [request.gpu_class]))[
+                request.gpu_class
+            ]
+            reclaim_ok = reclaiming(mine.used, request.gpus, mine.guaranteed)
+        if (
+            any(tuple(now.get(v.replica_id, ())) != v.shards for v in victims)
+            or not allowed(victims, budgets, beyond)
+            or not reclaim_ok
+        ):
+            await savepoint.rollback()
+            return Changed()
+        for v in victims:
+            record = record_of(v, request.replica_id, request.gpu_class)
+            await record_event(
+                conn,
+                "replica_preempted",
+                node_id=v.node_ids[0],
+                replica_id=v.replica_id,
+                actor=actor or ACTOR,
+                reason=record.reason,
+                detail={
+                    "preemptedBy": request.replica_id,
+                    "kind": v.kind.value,
+                    "tenant": v.tenant,
+                    "priority": v.priority,
+                    "deployment": v.deployment,
+                    "gpus": v.gpus,
+                    "nodeIds": list(v.node_ids),
+                    "byTenant": request.charge.tenant_id,
+                },
+            )
+            await preempt_replica(conn, v.replica_id, request.replica_id, actor, record.reason)
+        outcome = await claim(conn)
+        if isinstance(outcome, Allocated):
+            await savepoint.commit()
+            return replace(outcome, preempted=choice.records(request))
+        await savepoint.rollback()
+        return outcome if isinstance(outcome, set) and outcome else Changed()
+    except BaseException:
+        if savepoint.is_active:
+            await savepoint.rollback()
+        raise
