@@ -1,0 +1,49 @@
+"""Preemption as a scheduler meets it over GraphQL: the documents and helpers its tests share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.api import Api
+
+PREEMPTION = "replicaId tenant priority deployment gpus nodeIds kind reason"
+PLACE = f"""
+mutation Place($input: PlaceInput!) {{
+  place(input: $input) {{
+    __typename
+    ... on Allocated {{
+      allocations {{ shardId replicaId nodeId gpuIndices fence tenant priority deployment borrowed }}
+      preempted {{ {PREEMPTION} }}
+    }}
+    ... on Unplaceable {{
+      message quota {{ tenant gpuClass used limit asked }}
+      blockingBudgets {{ deployment tenant minAvailable placed }}
+    }}
+    ... on AllocationRejected {{ code message }}
+  }}
+}}
+"""
+EXPLAIN = f"""
+query E($input: PlaceInput!) {{
+  explainPlacement(input: $input) {{ placeable message preemptions {{ {PREEMPTION} }} }}
+}}
+"""
+
+
+def shape(replica_id: str, per: int = 8, **fields: Any) -> dict[str, Any]:
+    return {"replicaId": replica_id, "gpuClass": "H100-80GB", "gpusPerShard": per, **fields}
+
+
+async def place(api: Api, replica_id: str, per: int = 8, **fields: Any) -> Any:
+    return (await api(PLACE, {"input": shape(replica_id, per, **fields)}))["place"]
+
+
+async def explain(api: Api, replica_id: str, per: int = 8, **fields: Any) -> Any:
+    return (await api(EXPLAIN, {"input": shape(replica_id, per, **fields)}))["explainPlacement"]
+
+
+def victims(answer: dict[str, Any]) -> list[str]:
+    """The replica ids an Allocated answer (preempted) or an explanation (preemptions) lists."""
+    listed = answer.get("preempted", answer.get("preemptions"))
+    assert listed is not None, answer
+    return sorted(p["replicaId"] for p in listed)
