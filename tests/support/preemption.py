@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from tests.support.api import Api
 
 PREEMPTION = "replicaId tenant priority deployment gpus nodeIds kind reason"
@@ -47,3 +49,12 @@ def victims(answer: dict[str, Any]) -> list[str]:
     listed = answer.get("preempted", answer.get("preemptions"))
     assert listed is not None, answer
     return sorted(p["replicaId"] for p in listed)
+
+
+async def post(client: httpx.AsyncClient, url: str, query: str, variables: Any) -> Any:
+    """One GraphQL call to a live service process: its data, no errors."""
+    response = await client.post(url, json={"query": query, "variables": variables})
+    assert response.status_code == 200, (response.status_code, response.text)
+    body = response.json()
+    assert "errors" not in body, body
+    return body["data"]

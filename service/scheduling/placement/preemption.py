@@ -319,6 +319,11 @@ async def trial(
     """Where place would put the replica were these victims stopped; nothing is kept (a savepoint rolled back)."""
     savepoint = await conn.begin_nested()
     try:
+        # The claim's lock order (preempt_and_claim), so a trial and a claim
+        # never each hold what the other waits for: the victims' nodes, their
+        # tenants' quota rows, then the shards (and the pools).
+        await lock_nodes(conn, sorted({n for v in victims for n in v.node_ids}))
+        await held_beyond_guarantee(conn, request.gpu_class, {v.tenant for v in victims}, lock=True)
         nodes = [
             r.node_id for r in await conn.execute(_FORGET, {"ids": [v.replica_id for v in victims]})
         ]
