@@ -20,6 +20,23 @@ SELECT
     )
   END AS freed_after_loss,
   CASE
+    WHEN s.node_id IS NULL
+    THEN (
+      SELECT
+        e.detail ->> 'preemptedBy'
+      FROM events AS e
+      WHERE
+        e.node_id = :node_id
+        AND e.kind = 'released'
+        AND e.shard_id = r.shard_id
+        AND e.detail ->> 'fence' = CAST(r.fence AS TEXT)
+        AND e.detail ? 'preemptedBy'
+      ORDER BY
+        e.id DESC
+      LIMIT 1
+    )
+  END AS preempted_by,
+  CASE
     WHEN s.node_id = :node_id AND s.fence = r.fence
     THEN COALESCE(
       (
