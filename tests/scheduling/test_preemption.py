@@ -9,8 +9,11 @@ told to stop it at its next heartbeat, naming the preemptor.
 
 from __future__ import annotations
 
+import httpx
+
 from tests.support.api import Api
 from tests.support.fencing import BEAT, EVENTS
+from tests.support.metrics import scrape
 from tests.support.preemption import explain, place, victims
 from tests.support.tenancy import (
     SET_BUDGET,
@@ -23,7 +26,12 @@ from tests.support.tenancy import (
 LOWER = {"preemption": "LOWER_PRIORITY"}
 
 
-async def test_the_worked_example_preemption_steps(api: Api) -> None:
+PREEMPTED_RESEARCH = (
+    'inventory_tenant_replicas_preempted_total{tenant="research",gpu_class="H100-80GB"}'
+)
+
+
+async def test_the_worked_example_preemption_steps(api: Api, client: httpx.AsyncClient) -> None:
     await register_fleet(api)
     await worked_example_tenants(api)
 
@@ -49,6 +57,7 @@ async def test_the_worked_example_preemption_steps(api: Api) -> None:
     assert said["placeable"] is True and victims(said) == ["research-3"], said
     assert "by preempting research-3" in said["message"]
     assert usage_of(await tenant(api, "research"))["used"] == 32
+    before = (await scrape(client)).get(PREEMPTED_RESEARCH, 0)
     got = await place(api, "embed-0", tenant="prod", deployment="embed", **LOWER)
     assert got["__typename"] == "Allocated", got
     (victim,) = got["preempted"]
@@ -61,6 +70,8 @@ async def test_the_worked_example_preemption_steps(api: Api) -> None:
     assert got["allocations"][0]["borrowed"] is False  # 16: prod's guarantee
     assert usage_of(await tenant(api, "research"))["used"] == 24
     assert usage_of(await tenant(api, "prod"))["used"] == 16
+    # Counted per the victim's tenant and class, once it committed.
+    assert (await scrape(client))[PREEMPTED_RESEARCH] == before + 1
 
     # A budget: research's sweep keeps 3 replicas, it has 3. prod's own
     # embed keeps 1. prod's chat at priority 100 finds every lower replica
