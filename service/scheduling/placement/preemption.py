@@ -107,26 +107,58 @@ class _Cuts:
 SEARCH_CUT = _Cuts()
 
 
-# Every shard of the replicas that may be victims of a place at :priority
-# by :tenant (of lower priority; or, when :reclaiming, of another tenant),
-# with the GPUs of class :cls each holds (ix_allocated_gpus_shard_id).
+# The replicas that may be victims of a place at :priority by :tenant: of
+# lower priority, or, when :reclaiming, of another tenant.
+_ELIGIBLE = "s.priority < :priority OR (CAST(:reclaiming AS boolean) AND s.tenant <> :tenant)"
+# Each shard of a replica `s` as the search reads it: the GPUs of class :cls it
+# holds (ix_allocated_gpus_shard_id) and what its node offers of the class now,
+# at most (free and withheld: a toleration may add the latter), the counting
+# bound of a set.
+_SHARD_COLUMNS = """
+    s.replica_id, s.shard_id, s.fence, s.node_id, s.tenant, s.priority, s.deployment,
+    s.created_at, cardinality(s.gpu_indices) AS gpus,
+    (SELECT count(*) FROM allocated_gpus a
+     WHERE a.shard_id = s.shard_id AND a.gpu_class = :cls) AS class_gpus,
+    coalesce((SELECT p.free + p.withheld FROM gpu_pools p
+              WHERE p.node_id = s.node_id AND p.gpu_class = :cls), 0) AS room"""
+# Every shard of every replica that may be a victim.
 _CANDIDATE_SHARDS = text(
-    """
-    SELECT s.replica_id, s.shard_id, s.fence, s.node_id, s.tenant, s.priority, s.deployment,
-           s.created_at, cardinality(s.gpu_indices) AS gpus,
-           (SELECT count(*) FROM allocated_gpus a
-            WHERE a.shard_id = s.shard_id AND a.gpu_class = :cls) AS class_gpus
-    FROM shards s
-    WHERE s.priority < :priority OR (CAST(:reclaiming AS boolean) AND s.tenant <> :tenant)
-    ORDER BY s.replica_id, s.shard_id
-    """
+    f"SELECT {_SHARD_COLUMNS} FROM shards s WHERE {_ELIGIBLE} ORDER BY s.replica_id, s.shard_id"
 )
-# What each node offers of the class now, at most (free and withheld: a
-# toleration may add the latter): the counting bound of a set.
-_ROOMS = text(
-    """
-    SELECT p.node_id, p.free + p.withheld AS room FROM gpu_pools p
-    WHERE p.gpu_class = :cls AND p.node_id = ANY(CAST(:ids AS text[]))
+# For a shape of one shard: every shard of the first :window replicas that may
+# be victims, in the order of sets of one (victims.set_key: priority, GPUs,
+# youngest, id; "C" so ids compare as Python compares them), among those that
+# might free enough on a node of the class to hold the shard with what is
+# free there. Counted in sets, not per replica (on a large fleet the replicas
+# that cannot make room alone are many, and a probe each cost most of a
+# preemption), and optimistically: every GPU of a shard as if of the class.
+# The search counts them exactly (_may_fit) and tries them in this order, so
+# the window only bounds how many are read.
+_SINGLES = text(
+    f"""
+    WITH per_node AS (
+        -- One pass over the candidates' shards, per replica and node: what
+        -- the node offers of the class (NULL: none) plus every GPU there.
+        SELECT s.replica_id, min(s.priority) AS priority,
+               sum(cardinality(s.gpu_indices)) AS gpus, min(s.created_at) AS created_at,
+               max(p.free + p.withheld) + sum(cardinality(s.gpu_indices)) >= :per AS roomy
+        FROM shards s
+        LEFT JOIN gpu_pools p ON p.node_id = s.node_id AND p.gpu_class = :cls
+        WHERE {_ELIGIBLE}
+        GROUP BY s.replica_id, s.node_id
+    ), r AS (
+        SELECT x.replica_id, min(x.priority) AS priority, sum(x.gpus) AS gpus,
+               min(x.created_at) AS created_at
+        FROM per_node x GROUP BY x.replica_id HAVING bool_or(x.roomy)
+    ), useful AS MATERIALIZED (
+        SELECT r.replica_id, row_number() OVER (
+                   ORDER BY r.priority, r.gpus, r.created_at DESC, r.replica_id COLLATE "C") AS k
+        FROM r ORDER BY k LIMIT :window
+    )
+    SELECT {_SHARD_COLUMNS}, u.k
+    FROM useful u JOIN LATERAL (
+        SELECT * FROM shards x WHERE x.replica_id = u.replica_id) s ON true
+    ORDER BY u.k, s.shard_id
     """
 )
 _SHARDS_ROOM = text(
@@ -181,22 +213,29 @@ class NoChoice:
     blocking: tuple[BudgetRecord, ...] = ()
 
 
-async def standing(conn: Connection, request: PlaceRequest) -> Standing:
-    """The candidates of this place and what the rules need of the fleet, on committed data."""
+async def standing(
+    conn: Connection, request: PlaceRequest, window: int | None = None
+) -> tuple[Standing, bool]:
+    """The candidates of this place and what the rules need of the fleet, on committed data.
+
+    `window` (a shape of one shard): only the first `window` candidates that
+    could make room alone, in the order of sets of one (_SINGLES). Answers
+    whether the window cut the list.
+    """
     charge = request.charge
     mine = (await headroom(conn, charge.tenant_id, [request.gpu_class]))[request.gpu_class]
     takes_back = reclaiming(mine.used, request.gpus, mine.guaranteed)
-    rows = list(
-        await conn.execute(
-            _CANDIDATE_SHARDS,
-            {
-                "cls": request.gpu_class,
-                "priority": charge.priority,
-                "tenant": charge.tenant_id,
-                "reclaiming": takes_back,
-            },
-        )
-    )
+    params = {
+        "cls": request.gpu_class,
+        "priority": charge.priority,
+        "tenant": charge.tenant_id,
+        "reclaiming": takes_back,
+    }
+    if window is None:
+        rows = list(await conn.execute(_CANDIDATE_SHARDS, params))
+    else:
+        singles = {**params, "per": request.gpus_per_shard, "window": window}
+        rows = list(await conn.execute(_SINGLES, singles))
     by_replica: dict[str, list[Any]] = defaultdict(list)
     for r in rows:
         by_replica[r.replica_id].append(r)
@@ -204,6 +243,7 @@ async def standing(conn: Connection, request: PlaceRequest) -> Standing:
         conn, request.gpu_class, {r.tenant for r in rows if r.priority >= charge.priority}
     )
     candidates: list[Candidate] = []
+    rooms: dict[str, int] = {}
     for replica_id, shards in by_replica.items():
         head = shards[0]
         kind = kind_of(
@@ -216,6 +256,7 @@ async def standing(conn: Connection, request: PlaceRequest) -> Standing:
         )
         per_node: dict[str, int] = defaultdict(int)
         for s in shards:
+            rooms[s.node_id] = s.room
             if s.class_gpus:
                 per_node[s.node_id] += s.class_gpus
         if kind is None or not per_node:
@@ -237,11 +278,6 @@ async def standing(conn: Connection, request: PlaceRequest) -> Standing:
     budgets = await budget_lines(
         conn, {(c.tenant, c.deployment) for c in candidates if c.deployment is not None}
     )
-    nodes = sorted({n for c in candidates for n, _ in c.class_gpus})
-    rooms = {
-        r.node_id: r.room
-        for r in await conn.execute(_ROOMS, {"cls": request.gpu_class, "ids": nodes})
-    }
     free_shards = 0
     if request.shards > 1:
         free_shards = int(
@@ -251,7 +287,8 @@ async def standing(conn: Connection, request: PlaceRequest) -> Standing:
                 )
             ).scalar_one()
         )
-    return Standing(tuple(candidates), budgets, beyond, rooms, free_shards)
+    cut = window is not None and len(by_replica) >= window
+    return Standing(tuple(candidates), budgets, beyond, rooms, free_shards), cut
 
 
 def _may_fit(request: PlaceRequest, state: Standing, victims: Sequence[Candidate]) -> bool:
@@ -282,12 +319,15 @@ def _pools(request: PlaceRequest, candidates: Sequence[Candidate]) -> list[list[
 
 
 def _sets(
-    request: PlaceRequest, state: Standing, keep_budgets: bool
+    request: PlaceRequest, state: Standing, keep_budgets: bool, largest: int | None = None
 ) -> Iterator[tuple[Candidate, ...] | None]:
-    """Victim sets in set_key order, those counting rules out left out; None: MAX_SETS reached."""
+    """Victim sets in set_key order, those counting rules out left out; None: MAX_SETS reached.
+
+    `largest`: no sets of more victims than this.
+    """
     pools = _pools(request, state.candidates)
-    largest = max((len(p) for p in pools), default=0)
-    for size in range(1, largest + 1):
+    most = max((len(p) for p in pools), default=0)
+    for size in range(1, min(most, largest or most) + 1):
         drawn: dict[tuple[str, ...], tuple[Candidate, ...]] = {}
         cut = False
         for pool in pools:
@@ -334,14 +374,35 @@ async def trial(
         await savepoint.rollback()
 
 
+class _Trials:
+    """One search's trials, each set tried once (the search with budgets ignored asks again)."""
+
+    def __init__(self, conn: Connection, request: PlaceRequest) -> None:
+        self.conn, self.request = conn, request
+        self.plans: dict[tuple[str, ...], Plan | None] = {}
+
+    @property
+    def spent(self) -> bool:
+        return len(self.plans) >= SEARCH_BOUND
+
+    async def plan(self, victims: Sequence[Candidate]) -> Plan | None:
+        ids = tuple(sorted(v.replica_id for v in victims))
+        if ids not in self.plans:
+            self.plans[ids] = await trial(self.conn, self.request, victims)
+        return self.plans[ids]
+
+
 async def _search(
-    conn: Connection, request: PlaceRequest, state: Standing, keep_budgets: bool
+    trials: _Trials, state: Standing, keep_budgets: bool, largest: int | None = None
 ) -> tuple[Choice | None, bool]:
     """The first set in order that fits, and whether the search stopped at a bound first."""
-    for tried, victims in enumerate(_sets(request, state, keep_budgets)):
-        if victims is None or tried >= SEARCH_BOUND:
+    for victims in _sets(trials.request, state, keep_budgets, largest):
+        if victims is None:
             return None, True
-        plan = await trial(conn, request, victims)
+        known = tuple(sorted(v.replica_id for v in victims)) in trials.plans
+        if trials.spent and not known:
+            return None, True
+        plan = await trials.plan(victims)
         if plan is not None:
             return Choice(victims, plan), False
     return None, False
@@ -350,15 +411,26 @@ async def _search(
 async def choose(conn: Connection, request: PlaceRequest) -> Choice | NoChoice:
     """The victim set place would stop for this request now (it fits on no free GPUs), or why none.
 
-    Writes nothing that stays: explain() calls it as place() does.
+    Writes nothing that stays: explain() calls it as place() does. For a
+    shape of one shard, the sets of one victim are tried first from a
+    window of SEARCH_BOUND candidates read in their order (_SINGLES): on a
+    large fleet a set of one usually makes room, and reading every
+    candidate is what costs. Only when none of them does is every candidate
+    read; the sets the window tried are not tried again.
     """
-    state = await standing(conn, request)
+    trials = _Trials(conn, request)
+    if request.shards == 1:
+        state, _ = await standing(conn, request, window=SEARCH_BOUND)
+        choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
+        if choice is not None:
+            return choice
+    state, _ = await standing(conn, request)
     if not state.candidates:
         return NoChoice(
             f"no replica of priority below {request.charge.priority} holds "
             f"{request.gpu_class} GPUs, and none may be reclaimed"
         )
-    choice, cut = await _search(conn, request, state, keep_budgets=True)
+    choice, cut = await _search(trials, state, keep_budgets=True)
     if choice is not None:
         return choice
     if cut:
@@ -375,7 +447,7 @@ async def choose(conn: Connection, request: PlaceRequest) -> Choice | NoChoice:
     if not state.budgets or cut:
         return NoChoice(why)
     # Would a set make room but for the budgets? Those are what blocked it.
-    ignoring, _ = await _search(conn, request, state, keep_budgets=False)
+    ignoring, _ = await _search(trials, state, keep_budgets=False)
     if ignoring is None:
         return NoChoice(why)
     broken = budgets_broken(ignoring.victims, state.budgets)
