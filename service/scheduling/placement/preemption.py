@@ -131,25 +131,23 @@ _CANDIDATE_SHARDS = text(
 # might free enough on a node of the class to hold the shard with what is
 # free there. Counted in sets, not per replica (on a large fleet the replicas
 # that cannot make room alone are many, and a probe each cost most of a
-# preemption), and optimistically: every GPU of a shard as if of the class.
+# preemption), and optimistically: every GPU of the replica as if of the
+# class and on its roomiest node.
 # The search counts them exactly (_may_fit) and tries them in this order, so
 # the window only bounds how many are read.
 _SINGLES = text(
     f"""
-    WITH per_node AS (
-        -- One pass over the candidates' shards, per replica and node: what
-        -- the node offers of the class (NULL: none) plus every GPU there.
+    WITH r AS (
+        -- One pass over the candidates' shards, one aggregate: optimistic,
+        -- as if all of a replica's GPUs were on its roomiest node of the
+        -- class (NULL: none of its nodes has the class).
         SELECT s.replica_id, min(s.priority) AS priority,
-               sum(cardinality(s.gpu_indices)) AS gpus, min(s.created_at) AS created_at,
-               max(p.free + p.withheld) + sum(cardinality(s.gpu_indices)) >= :per AS roomy
+               sum(cardinality(s.gpu_indices)) AS gpus, min(s.created_at) AS created_at
         FROM shards s
         LEFT JOIN gpu_pools p ON p.node_id = s.node_id AND p.gpu_class = :cls
         WHERE {_ELIGIBLE}
-        GROUP BY s.replica_id, s.node_id
-    ), r AS (
-        SELECT x.replica_id, min(x.priority) AS priority, sum(x.gpus) AS gpus,
-               min(x.created_at) AS created_at
-        FROM per_node x GROUP BY x.replica_id HAVING bool_or(x.roomy)
+        GROUP BY s.replica_id
+        HAVING max(p.free + p.withheld) + sum(cardinality(s.gpu_indices)) >= :per
     ), useful AS MATERIALIZED (
         SELECT r.replica_id, row_number() OVER (
                    ORDER BY r.priority, r.gpus, r.created_at DESC, r.replica_id COLLATE "C") AS k
