@@ -15,7 +15,17 @@ SELECT
     FROM allocated_gpus AS a
     WHERE
       a.shard_id = s.shard_id AND a.gpu_class = :cls
-  ) AS class_gpus
+  ) AS class_gpus,
+  COALESCE(
+    (
+      SELECT
+        p.free + p.withheld
+      FROM gpu_pools AS p
+      WHERE
+        p.node_id = s.node_id AND p.gpu_class = :cls
+    ),
+    0
+  ) AS room
 FROM shards AS s
 WHERE
   s.priority < :priority
