@@ -14,10 +14,12 @@ import httpx
 from tests.support.api import Api
 from tests.support.fencing import BEAT, EVENTS
 from tests.support.metrics import scrape
-from tests.support.preemption import explain, place, victims
+from tests.support.preemption import PLACE_GROUP, explain, pd_group, place, victims
+from tests.support.reports import REGISTER, node_input
 from tests.support.tenancy import (
     SET_BUDGET,
     register_fleet,
+    set_tenant,
     tenant,
     usage_of,
     worked_example_tenants,
@@ -118,3 +120,39 @@ async def test_the_worked_example_preemption_steps(api: Api, client: httpx.Async
     assert sorted((e["replicaId"], e["detail"]["preemptedBy"]) for e in events) == [
         ("research-2", "chat-1"), ("research-3", "embed-0")
     ]  # fmt: skip
+
+
+async def test_a_group_preempts_for_all_its_members_or_for_none(api: Api) -> None:
+    for node_id in ("hgx-0", "hgx-1"):
+        await api(REGISTER, {"input": node_input(node_id)})
+    await set_tenant(api, "research")
+    # research holds all 16 GPUs at priority 0, in four replicas of 4.
+    for i in range(4):
+        got = await place(api, f"research-{i}", 4, tenant="research", deployment="sweep")
+        assert got["__typename"] == "Allocated", got
+
+    # A group of 8 (a prefill of 4, two decodes of 2) at priority 10: the
+    # least set that makes room for all of it is two replicas, the youngest.
+    group = pd_group("pd-1", tenant="research", priority=10, **LOWER)
+    placed = (await api(PLACE_GROUP, {"input": group}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed
+    assert victims(placed) == ["research-2", "research-3"]
+    assert {p["kind"] for p in placed["preempted"]} == {"LOWER_PRIORITY"}
+    held = [a for m in placed["members"] for a in m["allocations"]]
+    assert sum(len(a["gpuIndices"]) for a in held) == 8
+    assert {a["priority"] for a in held} == {10}
+    assert usage_of(await tenant(api, "research"))["used"] == 16
+
+    # A group of 12 at priority 5: only research-0 and -1 (8 GPUs) are below
+    # it, and the group at 10 is not: no set makes room for all of it, so
+    # nothing is stopped.
+    big = pd_group("pd-2", prefill=8, decodes=2, tenant="research", priority=5, **LOWER)
+    refused = (await api(PLACE_GROUP, {"input": big}))["placeGroup"]
+    assert refused["__typename"] == "Unplaceable", refused
+    assert "preemption" in refused["message"]
+    listed = await api("{ allocations { replicaId } }")
+    assert {a["replicaId"] for a in listed["allocations"]} >= {"research-0", "research-1"}
+    assert (await api('{ group(groupId: "pd-2") { groupId } }'))["group"] is None
+    events = (await api(EVENTS, {"kinds": ["replica_preempted"]}))["events"]
+    assert sorted(e["replicaId"] for e in events) == ["research-2", "research-3"]
+    assert {e["detail"]["preemptedBy"] for e in events} == {"pd-1"}

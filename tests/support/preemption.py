@@ -58,3 +58,29 @@ async def post(client: httpx.AsyncClient, url: str, query: str, variables: Any) 
     body = response.json()
     assert "errors" not in body, body
     return body["data"]
+
+
+PLACE_GROUP = f"""
+mutation P($input: PlaceGroupInput!) {{
+  placeGroup(input: $input) {{
+    __typename
+    ... on GroupPlaced {{
+      members {{ role replicaId allocations {{ nodeId gpuIndices priority }} }}
+      preempted {{ {PREEMPTION} }}
+    }}
+    ... on Unplaceable {{ message blockingBudgets {{ deployment tenant }} }}
+    ... on AllocationRejected {{ code message }}
+  }}
+}}
+"""
+
+
+def pd_group(group_id: str, prefill: int = 4, decodes: int = 2, **charge: Any) -> dict[str, Any]:
+    """One prefill of `prefill` GPUs and `decodes` decodes of 2: a disaggregated serving group."""
+
+    def role(name: str, replicas: int, per: int) -> dict[str, Any]:
+        shape = {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": per}
+        return {"role": name, "replicas": replicas, "shape": shape}
+
+    roles = [role("prefill", 1, prefill), role("decode", decodes, 2)]
+    return {"groupId": group_id, "roles": roles, **charge}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated
 
@@ -57,15 +58,20 @@ def count_place(outcome: Outcome) -> None:
     One that preempted counts its victims, by their tenant and the class
     (inventory_tenant_replicas_preempted_total): it committed.
     """
-    if isinstance(outcome, allocations.Allocated) and outcome.preempted:
-        for victim in outcome.preempted:
-            victims.PREEMPTED.count(victim.tenant, victim.gpu_class)
+    if isinstance(outcome, allocations.Allocated):
+        count_preempted(outcome.preempted)
     if isinstance(outcome, Rejection):
         count_rejection(outcome.code.value)
     elif isinstance(outcome, placement.Unplaceable):
         # Counted with the rejections, under its own name: "no room" is
         # the signal that the cluster needs more of a class.
         count_rejection("UNPLACEABLE")
+
+
+def count_preempted(preempted: Sequence[victims.Preemption]) -> None:
+    """The replicas a committed place or placeGroup stopped, by their tenant and class (/metrics)."""
+    for victim in preempted:
+        victims.PREEMPTED.count(victim.tenant, victim.gpu_class)
 
 
 def place_result(outcome: Outcome) -> Allocated | Unplaceable | AllocationRejected:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -197,7 +197,9 @@ class Choice:
     """The victim set chosen, and where the replica would go once they are stopped."""
 
     victims: tuple[Candidate, ...]
-    plan: Plan
+    # Where it would go: a Plan for place(), the group's plan for placeGroup
+    # (whatever the search's planner answers).
+    plan: Any
 
     def records(self, request: PlaceRequest) -> tuple[Preemption, ...]:
         return tuple(record_of(v, request.replica_id, request.gpu_class) for v in self.victims)
@@ -351,10 +353,27 @@ def _sets(
             return
 
 
+# What a trial asks once its victims' shards are gone: where the replica (or
+# the group) would go, None when it would not fit.
+Planner = Callable[[Connection], Awaitable[Any]]
+
+
+async def _place_plan(conn: Connection, request: PlaceRequest) -> Plan | None:
+    _, plan = await plan_now(conn, request)
+    return plan
+
+
 async def trial(
-    conn: Connection, request: PlaceRequest, victims: Sequence[Candidate]
-) -> Plan | None:
-    """Where place would put the replica were these victims stopped; nothing is kept (a savepoint rolled back)."""
+    conn: Connection,
+    request: PlaceRequest,
+    victims: Sequence[Candidate],
+    planner: Planner | None = None,
+) -> Any:
+    """Where place would put the replica were these victims stopped; nothing is kept (a savepoint rolled back).
+
+    `planner`: what is asked once they are gone (placeGroup's own planner);
+    place's (statements.plan_now) when None.
+    """
     savepoint = await conn.begin_nested()
     try:
         # The claim's lock order (preempt_and_claim), so a trial and a claim
@@ -366,8 +385,9 @@ async def trial(
             r.node_id for r in await conn.execute(_FORGET, {"ids": [v.replica_id for v in victims]})
         ]
         await refresh_pools(conn, nodes)
-        _, plan = await plan_now(conn, request)
-        return plan
+        if planner is None:
+            return await _place_plan(conn, request)
+        return await planner(conn)
     finally:
         await savepoint.rollback()
 
@@ -375,18 +395,18 @@ async def trial(
 class _Trials:
     """One search's trials, each set tried once (the search with budgets ignored asks again)."""
 
-    def __init__(self, conn: Connection, request: PlaceRequest) -> None:
-        self.conn, self.request = conn, request
-        self.plans: dict[tuple[str, ...], Plan | None] = {}
+    def __init__(self, conn: Connection, request: PlaceRequest, planner: Planner | None) -> None:
+        self.conn, self.request, self.planner = conn, request, planner
+        self.plans: dict[tuple[str, ...], Any] = {}
 
     @property
     def spent(self) -> bool:
         return len(self.plans) >= SEARCH_BOUND
 
-    async def plan(self, victims: Sequence[Candidate]) -> Plan | None:
+    async def plan(self, victims: Sequence[Candidate]) -> Any:
         ids = tuple(sorted(v.replica_id for v in victims))
         if ids not in self.plans:
-            self.plans[ids] = await trial(self.conn, self.request, victims)
+            self.plans[ids] = await trial(self.conn, self.request, victims, self.planner)
         return self.plans[ids]
 
 
@@ -406,8 +426,13 @@ async def _search(
     return None, False
 
 
-async def choose(conn: Connection, request: PlaceRequest) -> Choice | NoChoice:
+async def choose(
+    conn: Connection, request: PlaceRequest, planner: Planner | None = None
+) -> Choice | NoChoice:
     """The victim set place would stop for this request now (it fits on no free GPUs), or why none.
+
+    `planner`: placeGroup's (see trial); `request` then stands for the whole
+    group (its class, its GPUs as shards of one, its charge).
 
     Writes nothing that stays: explain() calls it as place() does. For a
     shape of one shard, the sets of one victim are tried first from a
@@ -416,8 +441,8 @@ async def choose(conn: Connection, request: PlaceRequest) -> Choice | NoChoice:
     candidate is what costs. Only when none of them does is every candidate
     read; the sets the window tried are not tried again.
     """
-    trials = _Trials(conn, request)
-    if request.shards == 1:
+    trials = _Trials(conn, request, planner)
+    if request.shards == 1 and planner is None:
         state, _ = await standing(conn, request, window=SEARCH_BOUND)
         choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
         if choice is not None:
@@ -465,15 +490,16 @@ async def preempt_and_claim(
     request: PlaceRequest,
     choice: Choice,
     actor: str | None,
-    claim: Any,
-) -> Allocated | set[str] | Changed:
+    claim: Callable[[Connection], Awaitable[Any]],
+) -> Any:
     """Stop the chosen victims and claim the replica, in one savepoint: all of it, or nothing.
 
-    `claim(conn)`: place's own claim, which never waits for a lock; it
-    answers Allocated, the set of nodes another transaction holds, or None
-    (no room after all). Answers Allocated with `preempted`, the busy nodes
-    (nothing held: the caller waits for them and searches again), or
-    Changed. ChargeRefused (the tenant's limit) goes up, nothing held.
+    `claim(conn)`: place's own claim (or placeGroup's), which never waits
+    for a lock; it answers what it holds (Allocated), the set of nodes
+    another transaction holds, or None (no room after all). Answers what it
+    holds (an Allocated with `preempted`), the busy nodes (nothing held: the
+    caller waits for them and searches again), or Changed. ChargeRefused
+    (the tenant's limit) goes up, nothing held.
     """
     victims = choice.victims
     savepoint = await conn.begin_nested()
@@ -526,9 +552,11 @@ async def preempt_and_claim(
             )
             await preempt_replica(conn, v.replica_id, request.replica_id, actor, record.reason)
         outcome = await claim(conn)
-        if isinstance(outcome, Allocated):
+        if outcome is not None and not isinstance(outcome, set):
             await savepoint.commit()
-            return replace(outcome, preempted=choice.records(request))
+            if isinstance(outcome, Allocated):
+                return replace(outcome, preempted=choice.records(request))
+            return outcome
         await savepoint.rollback()
         return outcome if isinstance(outcome, set) and outcome else Changed()
     except BaseException:
