@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from service.database.connections import Connection, cached_text
-from service.database.transactions import TransactionConflict
+from service.database.transactions import MAX_ATTEMPTS, TransactionConflict
 from service.scheduling.allocations import (
     Allocated,
     AllocationRequest,
@@ -254,6 +254,7 @@ async def place(
 async def _place(
     conn: Connection, request: PlaceRequest, actor: str | None
 ) -> Allocated | Unplaceable | Rejection:
+    changed = 0
     for _ in range(MAX_ROUNDS):
         busy: set[str] = set()
         # Every round starts with the one-node look, which checks the replica
@@ -294,6 +295,13 @@ async def _place(
                     if isinstance(got, set):
                         # Nothing is held (its savepoint was rolled back).
                         await wait_for_nodes(conn, got)
+                    else:
+                        # The victims changed under the locks (or the claim
+                        # found no room the trial found): search again, a
+                        # few times, as for any conflict.
+                        changed += 1
+                        if changed >= MAX_ATTEMPTS:
+                            raise TransactionConflict(changed)
                     continue
                 declined = choice
             if request.shards > 1:
