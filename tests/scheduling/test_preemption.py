@@ -156,3 +156,23 @@ async def test_a_group_preempts_for_all_its_members_or_for_none(api: Api) -> Non
     events = (await api(EVENTS, {"kinds": ["replica_preempted"]}))["events"]
     assert sorted(e["replicaId"] for e in events) == ["research-2", "research-3"]
     assert {e["detail"]["preemptedBy"] for e in events} == {"pd-1"}
+
+
+async def test_preemption_makes_room_never_quota(api: Api) -> None:
+    await register_fleet(api)
+    await worked_example_tenants(api)
+    for i in range(2):
+        got = await place(api, f"research-{i}", tenant="research", deployment="sweep")
+        assert got["__typename"] == "Allocated", got
+    for i in range(3):
+        got = await place(api, f"chat-{i}", tenant="prod", priority=100, deployment="chat")
+        assert got["__typename"] == "Allocated", got
+    # prod at its limit (24): research's replicas are of lower priority, but
+    # stopping them would not make room under prod's limit. The limit is the
+    # answer, and nothing is stopped.
+    refused = await place(api, "chat-3", tenant="prod", priority=100, **LOWER)
+    assert refused["__typename"] == "Unplaceable" and refused["quota"]["limit"] == 24, refused
+    said = await explain(api, "chat-3", tenant="prod", priority=100, **LOWER)
+    assert said["placeable"] is False and said["preemptions"] == []
+    assert usage_of(await tenant(api, "research"))["used"] == 16
+    assert (await api(EVENTS, {"kinds": ["replica_preempted"]}))["events"] == []
