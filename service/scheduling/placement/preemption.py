@@ -22,7 +22,13 @@ victim sets). How:
    victims there; for several shards, from the best MAX_POOL candidates
    by their own key, which is every one on a small cluster. At most
    SEARCH_BOUND sets are tried and MAX_SETS drawn per size: past either,
-   the search stops, says so in the answer and counts it (SEARCH_CUT).
+   the search stops, says so in the answer and counts it (SEARCH_CUT);
+   past MAX_SETS the sets of that size tried are the first drawn, in order
+   among themselves. For one shard, the sets of one victim come first from
+   a window read in their order (_SINGLES; choose() says why).
+   A trial takes the claim's locks in the claim's order (the victims'
+   nodes, their tenants' quota rows, then the shards): without them a trial
+   and a claim stopping the same victim deadlocked.
 3. The claim (preempt_and_claim), in a savepoint of place()'s transaction:
    the victims' nodes locked (waiting: nothing else is held), then their
    budget rows and every tenant's quota row involved (tenancy/
@@ -37,7 +43,9 @@ victim sets). How:
    place() waits for it with nothing held, then searches again.
 
 explain() runs the same search on the same data without the claim, so the
-set it shows is the one place would stop. Its trials write in savepoints
+set it shows is the one place would stop. placeGroup runs it too, the group
+standing in as one replica of all its GPUs and each set tried with the
+group's own planner (groups/placing.py). Its trials write in savepoints
 that are rolled back: explainPlacement with LOWER_PRIORITY runs on the
 primary, in a transaction that commits nothing of them.
 
