@@ -36,6 +36,7 @@ from service.scheduling.groups.charging import asked_by_class, quota_first, refu
 from service.scheduling.groups.claiming import claim_group, claim_members, claimed_together
 from service.scheduling.groups.paths import CLOSENESS
 from service.scheduling.groups.planning import Bounded, GroupPlan, Member, Misfit, plan_group
+from service.scheduling.groups.preempting import preempt_for
 from service.scheduling.groups.reads import (
     StoredGroup,
     read_board,
@@ -424,28 +425,7 @@ async def _place_group(
 async def _preempt_for(
     conn: Connection, group: GroupRequest, actor: str | None
 ) -> StoredGroup | preemption.NoChoice | None:
-    """The group placed whole by stopping victims (placement/preemption.py), or why not; None: plan again.
-
-    The victims are searched as for place(), the group standing in as one
-    replica of all its GPUs of its class, and each set tried with the
-    group's own planner; the chosen set is stopped and the whole group
-    claimed in one savepoint, or nothing is. A group of several GPU classes
-    is placed as NEVER (said in the answer).
-    """
-    classes = asked_by_class(group)
-    if len(classes) != 1:
-        return preemption.NoChoice(
-            "a group of several GPU classes is not preempted for (placed as NEVER)"
-        )
-    ((gpu_class, gpus),) = classes.items()
-    stand_in = PlaceRequest(
-        replica_id=group.group_id,
-        gpu_class=gpu_class,
-        gpus_per_shard=1,
-        shards=gpus,
-        charge=group.charge,
-        preemption=group.preemption,
-    )
+    """The group placed whole by stopping victims (preempting.py), or why not; None: plan again."""
     requests = requests_of(group)
     window = windowed(group, requests, ())
 
@@ -453,25 +433,19 @@ async def _preempt_for(
         _, outcome = await _plan(c, group, requests, (), window)
         return None if isinstance(outcome, Misfit | Bounded) else outcome[1]
 
-    async def claim(c: Connection) -> _Held | set[str] | None:
+    async def claim(c: Connection) -> int | set[str] | None:
         held = await _hold(c, group, actor, write_rows=True, wait=False)
         if isinstance(held, Busy):
             return held.node_ids
-        return held if isinstance(held, _Held) else None
+        return held.generation if isinstance(held, _Held) else None
 
-    choice = await preemption.choose(conn, stand_in, planner)
-    if isinstance(choice, preemption.NoChoice):
-        return choice
-    got = await preemption.preempt_and_claim(conn, stand_in, choice, actor, claim)
-    if isinstance(got, set):
-        await wait_for_nodes(conn, got)
-        return None
-    if not isinstance(got, _Held):
-        return None
-    assert got.generation is not None
-    placed = await read_group(conn, group.group_id, (group.spec(), got.generation))
+    got = await preempt_for(conn, group, actor, planner, claim)
+    if not isinstance(got, tuple):
+        return got
+    generation, preempted = got
+    placed = await read_group(conn, group.group_id, (group.spec(), generation))
     assert placed is not None
-    return replace(placed, preempted=choice.records(stand_in))
+    return replace(placed, preempted=preempted)
 
 
 async def _refused(

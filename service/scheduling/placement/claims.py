@@ -233,12 +233,9 @@ async def place(
     use. Raises ReplicaReleased for a replica id released while it held
     nothing (allocations/storing.py), nothing held.
 
-    With preemption LOWER_PRIORITY, a place that finds no room on free
-    GPUs (and is within its tenant's limit) stops the victims
-    placement/preemption.py chooses and claims on their GPUs, in this
-    transaction: Allocated lists them (`preempted`); when no victim set
-    makes room, Unplaceable says why and names the budgets that blocked
-    one (`blocking_budgets`).
+    With preemption LOWER_PRIORITY, no room on free GPUs (within the
+    limit) stops the victims placement/preemption.py chooses, in this
+    transaction (Allocated.preempted), or says why not (Unplaceable).
     """
     problem = validate_place(request)
     if problem is not None:
@@ -295,10 +292,7 @@ async def _place(
                     if isinstance(got, set):
                         # Nothing is held (its savepoint was rolled back).
                         await wait_for_nodes(conn, got)
-                    else:
-                        # The victims changed under the locks (or the claim
-                        # found no room the trial found): search again, a
-                        # few times, as for any conflict.
+                    else:  # The victims changed under the locks: a conflict.
                         changed += 1
                         if changed >= MAX_ATTEMPTS:
                             raise TransactionConflict(changed)
