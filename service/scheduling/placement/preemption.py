@@ -59,7 +59,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -247,9 +247,7 @@ async def standing(
     by_replica: dict[str, list[Any]] = defaultdict(list)
     for r in rows:
         by_replica[r.replica_id].append(r)
-    beyond = await held_beyond_guarantee(
-        conn, request.gpu_class, {r.tenant for r in rows if r.priority >= charge.priority}
-    )
+    beyond = await held_beyond_guarantee(conn, request.gpu_class, {r.tenant for r in rows})
     candidates: list[Candidate] = []
     rooms: dict[str, int] = {}
     for replica_id, shards in by_replica.items():
@@ -376,11 +374,14 @@ async def trial(
     request: PlaceRequest,
     victims: Sequence[Candidate],
     planner: Planner | None = None,
+    quotas: Collection[str] | None = None,
 ) -> Any:
     """Where place would put the replica were these victims stopped; nothing is kept (a savepoint rolled back).
 
     `planner`: what is asked once they are gone (placeGroup's own planner);
-    place's (statements.plan_now) when None.
+    place's (statements.plan_now) when None. `quotas`: the tenants known to
+    have a quota row of the class (None: not known); a trial whose victims'
+    tenants have none has no quota row to lock.
     """
     savepoint = await conn.begin_nested()
     try:
@@ -388,7 +389,9 @@ async def trial(
         # never each hold what the other waits for: the victims' nodes, their
         # tenants' quota rows, then the shards (and the pools).
         await lock_nodes(conn, sorted({n for v in victims for n in v.node_ids}))
-        await held_beyond_guarantee(conn, request.gpu_class, {v.tenant for v in victims}, lock=True)
+        tenants = {v.tenant for v in victims}
+        if quotas is None or tenants & set(quotas):
+            await held_beyond_guarantee(conn, request.gpu_class, tenants, lock=True)
         nodes = [
             r.node_id for r in await conn.execute(_FORGET, {"ids": [v.replica_id for v in victims]})
         ]
@@ -406,6 +409,8 @@ class _Trials:
     def __init__(self, conn: Connection, request: PlaceRequest, planner: Planner | None) -> None:
         self.conn, self.request, self.planner = conn, request, planner
         self.plans: dict[tuple[str, ...], Any] = {}
+        # Tenants with a quota row of the class, as the last standing read.
+        self.quotas: Collection[str] | None = None
 
     @property
     def spent(self) -> bool:
@@ -414,7 +419,9 @@ class _Trials:
     async def plan(self, victims: Sequence[Candidate]) -> Any:
         ids = tuple(sorted(v.replica_id for v in victims))
         if ids not in self.plans:
-            self.plans[ids] = await trial(self.conn, self.request, victims, self.planner)
+            self.plans[ids] = await trial(
+                self.conn, self.request, victims, self.planner, self.quotas
+            )
         return self.plans[ids]
 
 
@@ -452,10 +459,12 @@ async def choose(
     trials = _Trials(conn, request, planner)
     if request.shards == 1 and planner is None:
         state, _ = await standing(conn, request, window=SEARCH_BOUND)
+        trials.quotas = set(state.beyond)
         choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
         if choice is not None:
             return choice
     state, _ = await standing(conn, request)
+    trials.quotas = set(state.beyond)
     if not state.candidates:
         return NoChoice(
             f"no replica of priority below {request.charge.priority} holds "

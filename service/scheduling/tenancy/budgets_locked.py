@@ -5,11 +5,12 @@ its candidates belong to and how much of the class each candidate's tenant
 holds beyond its guarantee, on committed data, locking nothing. The claim
 then locks them, in the order every claim takes locks (the victims' nodes
 first, then budget rows by (tenant, deployment), then each tenant's shared
-advisory lock and quota row by tenant), and reads them again in a statement
-of its own: in READ COMMITTED a statement that waited for a lock reads what
-committed before it started, so counting in the locking statement would miss
-what a concurrent preemption of the same deployment freed while this one
-waited.
+advisory lock and quota row by tenant). A budget's replicas are counted in
+a statement after the one that locks its row: in READ COMMITTED a statement
+that waited for a lock reads other tables as committed before it started,
+so counting there would miss what a concurrent preemption of the same
+deployment freed while this one waited. A quota row is read by the
+statement that locks it (a row locked after a wait is read as committed).
 """
 
 from __future__ import annotations
@@ -51,14 +52,16 @@ _BEYOND = text(
     """
 )
 # The tenants' shared advisory locks (quota_claims.TENANT_LOCK, as a claim
-# and the counting triggers take them), then their quota rows, by tenant.
+# and the counting triggers take them), then their quota rows, by tenant, and
+# what each holds beyond its guarantee: in READ COMMITTED a row locked after
+# a wait is read again as committed, so the figures are the locked rows'.
 _LOCK_QUOTAS = text(
     """
     WITH shared AS MATERIALIZED (
         SELECT t, pg_advisory_xact_lock_shared(46, hashtext(t)) AS locked
         FROM unnest(CAST(:tenants AS text[])) AS t ORDER BY t
     )
-    SELECT q.tenant FROM tenant_quotas q
+    SELECT q.tenant, q.used - q.guaranteed AS beyond FROM tenant_quotas q
     WHERE q.gpu_class = :cls AND q.tenant IN (SELECT t FROM shared)
     ORDER BY q.tenant
     FOR NO KEY UPDATE OF q
@@ -98,12 +101,11 @@ async def held_beyond_guarantee(
 
     A tenant without a quota of the class is absent: its guarantee is 0, so
     all it holds is beyond. `lock`: take the tenants' shared advisory locks
-    and their quota rows first (by tenant), then read.
+    and their quota rows (by tenant), reading them as locked.
     """
     names = sorted(set(tenants))
     if not names:
         return {}
     params = {"cls": gpu_class, "tenants": names}
-    if lock:
-        await conn.execute(_LOCK_QUOTAS, params)
-    return {r.tenant: r.beyond for r in await conn.execute(_BEYOND, params)}
+    statement = _LOCK_QUOTAS if lock else _BEYOND
+    return {r.tenant: r.beyond for r in await conn.execute(statement, params)}

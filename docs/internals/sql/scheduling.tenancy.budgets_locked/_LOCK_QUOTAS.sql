@@ -8,7 +8,8 @@ WITH shared AS MATERIALIZED (
     t
 )
 SELECT
-  q.tenant
+  q.tenant,
+  q.used - q.guaranteed AS beyond
 FROM tenant_quotas AS q
 WHERE
   q.gpu_class = :cls AND q.tenant IN (
