@@ -292,7 +292,7 @@ async def _place(
                     if isinstance(got, set):
                         # Nothing is held (its savepoint was rolled back).
                         await wait_for_nodes(conn, got)
-                    else:  # The victims changed under the locks: a conflict.
+                    elif got.no_room:  # Not a victim taken by another: a conflict.
                         changed += 1
                         if changed >= MAX_ATTEMPTS:
                             raise TransactionConflict(changed)

@@ -498,8 +498,16 @@ async def choose(
     )
 
 
+@dataclass(frozen=True)
 class Changed:
-    """The victims or their budgets changed between the search and the locks: search again."""
+    """Search again: the victims or their budgets changed between the search and the locks.
+
+    `no_room`: they had not; the claim found no room where the trial had
+    (what was read changed elsewhere, or a disagreement a place retried a
+    few times reports as a conflict).
+    """
+
+    no_room: bool = False
 
 
 async def preempt_and_claim(
@@ -575,7 +583,7 @@ async def preempt_and_claim(
                 return replace(outcome, preempted=choice.records(request))
             return outcome
         await savepoint.rollback()
-        return outcome if isinstance(outcome, set) and outcome else Changed()
+        return outcome if isinstance(outcome, set) and outcome else Changed(no_room=True)
     except BaseException:
         if savepoint.is_active:
             await savepoint.rollback()
