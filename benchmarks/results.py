@@ -219,6 +219,15 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
     else:
         out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
+    # Issue 46: a place that must preempt (half the fleet held by lower priority)
+    # costs at most 3x a place on free GPUs.
+    name = "place that must preempt <= 3x place on free GPUs, 10k nodes (issue 46)"
+    preempting = _find(rows, 10_000, "place 8x H100-80GB that must preempt")
+    if preempting is not None:
+        out.append(Verdict(name, _judged(preempting.ratio <= 3.0), f"x{preempting.ratio:.2f}"))
+    else:
+        out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+
     # Issue 45: each fast-path route pays for itself (benchmarks/routes.py): its CPU
     # per request at most 0.9x Strawberry's view's for the same request.
     routes = [r for r in rows if r.name.startswith(ROUTE_ROW)]

@@ -41,7 +41,8 @@ from benchmarks.services import services
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
-    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints", "tenancy", "routes",
+    "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints", "tenancy",
+    "preemption", "routes",
 )  # fmt: skip
 
 
@@ -89,6 +90,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         groups,
         layers,
         peer,
+        preemption,
         questions,
         read_replicas,
         real_cluster,
@@ -149,6 +151,12 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
             if "tenancy" in sections:
                 print(f"[{size}] place with a tenant's quota in force (issue 46)", flush=True)
                 await tenancy.measure_tenancy(bench)
+            if "preemption" in sections:
+                print(
+                    f"[{size}] a place that must preempt, and one on free GPUs (issue 46)",
+                    flush=True,
+                )
+                await preemption.measure_preemption(bench)
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)

@@ -27,6 +27,7 @@ from service.database.connections import Connection
 from service.node_states import STATES
 from service.scheduling import place_batches, pool_census
 from service.scheduling.capacity import gpu_classes
+from service.scheduling.placement import preemption
 from service.scheduling.tenancy import tenants, victims
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -402,6 +403,14 @@ async def _tenants(conn: Connection, out: Exposition) -> None:
     ):  # fmt: skip
         samples = [((("tenant", t), ("gpu_class", c)), v) for t, c, v in values]
         out.family(f"inventory_tenant_{name}", kind, help_text, samples)
+    out.family(
+        "inventory_preemption_searches_cut_total",
+        "counter",
+        "Victim searches of this process that stopped at their bound before finding a set or "
+        "proving there was none (service/scheduling/placement/preemption.py: SEARCH_BOUND, "
+        "MAX_SETS); their place was answered Unplaceable, saying so.",
+        [((), preemption.SEARCH_CUT.count)],
+    )
 
 
 def _process(out: Exposition) -> None:

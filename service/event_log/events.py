@@ -54,6 +54,8 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "replica_reconciled",
         "replica_freed_after_loss",
         "future_incarnation",
+        # service/scheduling/placement/preemption.py: a replica stopped to make room
+        "replica_preempted",
         "weights_lost_under_replica",
         # service/fleet/health/
         "gpu_tainted",

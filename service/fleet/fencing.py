@@ -16,8 +16,9 @@ and the inventory's record wins:
   holds whose NO_EXECUTE taint's time has come (TAINTED: not tolerated, or
   its tolerationSeconds ran out; the inventory frees nothing for it), with a
   reason:
-  FREED_WHILE_LOST (released as the consequence of a node lost: the
-  liveness sweep, or a held shard freed), FENCE_SUPERSEDED (the shard id is
+  PREEMPTED (released to make room for another replica: preemptedBy
+  names it), FREED_WHILE_LOST (released as the consequence of a node
+  lost: the liveness sweep, or a held shard freed), FENCE_SUPERSEDED (the shard id is
   stored with another fence or on another node), RELEASED (anything else: a
   scheduler released it, or its record aged out of the event log).
 - Under `hold`, the shards of a LOST node keep their GPUs (nothing is placed
@@ -353,7 +354,7 @@ _RUNNING_VS_HELD = text(
                  AND e.detail ? 'afterLoss'
            ) END AS freed_after_loss,
            CASE WHEN s.node_id = :node_id AND s.fence = r.fence THEN NULL ELSE (
-               SELECT e.detail ->> 'stopReason' FROM events e
+               SELECT ARRAY[e.detail ->> 'stopReason', e.detail ->> 'preemptedBy'] FROM events e
                WHERE e.node_id = :node_id AND e.kind = 'released' AND e.shard_id = r.shard_id
                  AND e.detail ->> 'fence' = CAST(r.fence AS text)
                  AND e.detail ? 'stopReason'
@@ -389,17 +390,20 @@ async def shards_to_stop(
                 # (the scheduler replaces and releases it).
                 stops.append(ShardToStop(r.shard_id, r.fence, StopReason.TAINTED))
             continue
+        preempted_by = None
         if r.freed_after_loss:
             reason = StopReason.FREED_WHILE_LOST
         elif r.stopped_for is not None:
             # Released by the service for a reason of its own (a maintenance
-            # window's start): releases.py's stopped_for.
-            reason = StopReason(r.stopped_for)
+            # window's start, a preemption naming the preemptor:
+            # placement/preemption.py): releases.py's stopped_for.
+            reason = StopReason(r.stopped_for[0])
+            preempted_by = r.stopped_for[1]
         elif r.held_on is not None:
             reason = StopReason.FENCE_SUPERSEDED
         else:
             reason = StopReason.RELEASED
-        stops.append(ShardToStop(r.shard_id, r.fence, reason))
+        stops.append(ShardToStop(r.shard_id, r.fence, reason, preempted_by))
     return stops
 
 

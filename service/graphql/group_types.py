@@ -135,7 +135,7 @@ class GroupPlaced:
     @classmethod
     def of(cls, g: StoredGroup) -> GroupPlaced:
         return cls(
-            preempted=[],
+            preempted=[Preemption.of(p) for p in g.preempted],
             group_id=strawberry.ID(g.group_id),
             generation=g.generation,
             members=[

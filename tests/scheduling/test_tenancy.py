@@ -21,23 +21,12 @@ from tests.support.tenancy import (
     TENANTS,
     place,
     quota,
+    register_fleet,
     set_tenant,
     tenant,
     usage_of,
+    worked_example_tenants,
 )
-
-NODES = [f"hgx-{i}" for i in range(5)]
-
-
-async def register_fleet(api: Api) -> None:
-    for node_id in NODES:
-        await api(REGISTER, {"input": node_input(node_id)})
-
-
-async def worked_example_tenants(api: Api) -> None:
-    await set_tenant(api, "prod", quota(guaranteed=16, limit=24), description="serving")
-    await set_tenant(api, "staging", quota(limit=8))
-    await set_tenant(api, "research")
 
 
 def shortfall(answer: dict[str, Any]) -> dict[str, Any]:

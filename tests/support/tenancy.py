@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.api import Api
+from tests.support.reports import REGISTER, node_input
 
 TENANT_FIELDS = """
 id description
@@ -93,3 +94,18 @@ def usage_of(tenant: dict[str, Any], gpu_class: str = "H100-80GB") -> dict[str, 
 
 async def tenant(api: Api, tenant_id: str) -> Any:
     return (await api(TENANT, {"id": tenant_id}))["tenant"]
+
+
+# The worked example's fleet (docs/scheduler/tenancy.md): five nodes of 8 H100.
+NODES = [f"hgx-{i}" for i in range(5)]
+
+
+async def register_fleet(api: Api) -> None:
+    for node_id in NODES:
+        await api(REGISTER, {"input": node_input(node_id)})
+
+
+async def worked_example_tenants(api: Api) -> None:
+    await set_tenant(api, "prod", quota(guaranteed=16, limit=24), description="serving")
+    await set_tenant(api, "staging", quota(limit=8))
+    await set_tenant(api, "research")

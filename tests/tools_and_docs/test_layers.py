@@ -293,6 +293,14 @@ def test_the_folder_listings_are_read_as_a_reader_reads_them() -> None:
 REVIEW_AT_LINES = 600
 
 LONG_MODULES: dict[str, str] = {
+    "service.scheduling.groups.placing": (
+        "a group's replicas held or freed all together (placeGroup, scaleGroup, releaseGroup), "
+        "in the caller's transaction; preempting for one is groups/preempting.py's"
+    ),
+    "service.metrics": (
+        "the /metrics exposition: every family the service exports, each read from the "
+        "counters or the rows of the module that owns it"
+    ),
     "service.scheduling.placement.statements": (
         "the SQL place() and explain() send, built from one set of fragments; the "
         "builders share their private helpers"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from service.scheduling import allocations, placement
 from service.scheduling.place_batches import Outcome, place_batched
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.rejections import Rejection
+from service.scheduling.tenancy import victims
 
 from ..allocation_types import (
     Allocated,
@@ -51,13 +53,25 @@ def place_answer(outcome: Outcome) -> Allocated | Unplaceable | AllocationReject
 
 
 def count_place(outcome: Outcome) -> None:
-    """Count a placement that did not allocate with the rejections, once it is answered."""
+    """Count a placement that did not allocate with the rejections, once it is answered.
+
+    One that preempted counts its victims, by their tenant and the class
+    (inventory_tenant_replicas_preempted_total): it committed.
+    """
+    if isinstance(outcome, allocations.Allocated):
+        count_preempted(outcome.preempted)
     if isinstance(outcome, Rejection):
         count_rejection(outcome.code.value)
     elif isinstance(outcome, placement.Unplaceable):
         # Counted with the rejections, under its own name: "no room" is
         # the signal that the cluster needs more of a class.
         count_rejection("UNPLACEABLE")
+
+
+def count_preempted(preempted: Sequence[victims.Preemption]) -> None:
+    """The replicas a committed place or placeGroup stopped, by their tenant and class (/metrics)."""
+    for victim in preempted:
+        victims.PREEMPTED.count(victim.tenant, victim.gpu_class)
 
 
 def place_result(outcome: Outcome) -> Allocated | Unplaceable | AllocationRejected:

@@ -29,7 +29,7 @@ from ..group_types import (
     PlaceGroupResult,
 )
 from ..pages import answer, paged
-from .allocation_mutations import count_place, place_result
+from .allocation_mutations import count_place, count_preempted, place_result
 from .tenancy import bound_charge, bound_to
 
 
@@ -43,6 +43,7 @@ def _result(
 ) -> GroupPlaced | Unplaceable | AllocationRejected:
     """A group's outcome as PlaceGroupResult; a refusal or no room counted as place counts them."""
     if isinstance(outcome, groups.StoredGroup):
+        count_preempted(outcome.preempted)
         return GroupPlaced.of(outcome)
     count_place(outcome)
     answered = place_result(outcome)

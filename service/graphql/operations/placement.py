@@ -10,6 +10,7 @@ import strawberry
 from service.scheduling import placement
 from service.scheduling.placement import fit as fits
 from service.scheduling.rejections import Rejection
+from service.scheduling.tenancy.charges import PreemptionPolicy
 
 from ..allocation_types import Fit, InvalidPlacement, PlaceInput, PlacementExplanation
 from ..context import Info
@@ -25,9 +26,15 @@ class PlacementQueries:
         request = input.to_request()
         charge = bound_charge(info.context, "explainPlacement", request.charge)
         request = replace(request, charge=charge)
-        outcome = await info.context.read(
-            lambda conn: placement.explain(conn, request), max_age=request.max_age
-        )
+        if request.preemption is PreemptionPolicy.LOWER_PRIORITY:
+            # Its victim search tries sets in savepoints it rolls back
+            # (placement/preemption.py): on the primary, in a transaction of
+            # its own, which keeps none of them.
+            outcome = await info.context.write(lambda conn: placement.explain(conn, request))
+        else:
+            outcome = await info.context.read(
+                lambda conn: placement.explain(conn, request), max_age=request.max_age
+            )
         if isinstance(outcome, Rejection):
             raise InvalidPlacement(outcome.message)
         return PlacementExplanation.of(outcome, request.gpus_per_shard)

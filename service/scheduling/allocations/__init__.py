@@ -40,6 +40,7 @@ from service.scheduling.allocations.records import (
 )
 from service.scheduling.allocations.releases import (
     forget_expired_tombstones,
+    preempt_replica,
     release_replica,
     release_shard,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "forget_expired_tombstones",
     "list_allocations",
     "lock_nodes",
+    "preempt_replica",
     "release_replica",
     "release_shard",
     "shard_columns",

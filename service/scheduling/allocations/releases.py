@@ -89,7 +89,8 @@ async def _release(
     still runs the shard is told FREED_WHILE_LOST (service/fleet/fencing.py).
     `stopped_for`: what made the service release it, added to each event's
     detail: {"stopReason": a fencing.StopReason's value, ...}, which an engine
-    that still runs the shard is told (a maintenance window's start).
+    that still runs the shard is told (a maintenance window's start; a
+    preemption, whose detail also names the preemptor: preemptedBy).
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
@@ -186,6 +187,28 @@ async def release_replica(
         released = await _release(
             conn, _LOCK_REPLICA_NODES, _RELEASE_REPLICA, params, actor, reason
         )
+    return sum(len(r.gpu_indices) for r in released)
+
+
+async def preempt_replica(
+    conn: Connection, replica_id: str, preempted_by: str, actor: str | None, reason: str
+) -> int:
+    """Free every shard of a replica stopped to make room for `preempted_by`; GPUs freed.
+
+    The release path every release takes (the pools recounted under the
+    nodes' locks, an event per shard, the quota counters kept by their
+    triggers), its events naming the preemptor. No tombstone: the victim's
+    scheduler may place it again under the same id.
+    """
+    released = await _release(
+        conn,
+        _LOCK_REPLICA_NODES,
+        _RELEASE_REPLICA,
+        {"replica_id": replica_id},
+        actor,
+        reason,
+        stopped_for={"stopReason": "PREEMPTED", "preemptedBy": preempted_by},
+    )
     return sum(len(r.gpu_indices) for r in released)
 
 

@@ -36,6 +36,7 @@ from service.scheduling.groups.charging import asked_by_class, quota_first, refu
 from service.scheduling.groups.claiming import claim_group, claim_members, claimed_together
 from service.scheduling.groups.paths import CLOSENESS
 from service.scheduling.groups.planning import Bounded, GroupPlan, Member, Misfit, plan_group
+from service.scheduling.groups.preempting import preempt_for
 from service.scheduling.groups.reads import (
     StoredGroup,
     read_board,
@@ -54,11 +55,11 @@ from service.scheduling.groups.requests import (
     validate_role,
 )
 from service.scheduling.place_request import PlaceRequest
-from service.scheduling.placement import Unplaceable, unplaceable
+from service.scheduling.placement import Unplaceable, preemption, unplaceable
 from service.scheduling.placement.claims import Busy, wait_for_nodes
 from service.scheduling.placement.explanation import RoleVerdict
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
-from service.scheduling.tenancy.charges import ChargeRefused, TenantForbidden
+from service.scheduling.tenancy.charges import ChargeRefused, PreemptionPolicy, TenantForbidden
 from service.scheduling.tenancy.quota_claims import charge_group
 
 MAX_ROUNDS = 64
@@ -265,11 +266,15 @@ async def _hold(
     anchors: Sequence[str] = (),
     numbered: dict[str, int] | None = None,
     held: Mapping[tuple[str, str], Sequence[int]] | None = None,
-) -> _Held | Misfit | Bounded | _Taken:
+    *,
+    wait: bool = True,
+) -> _Held | Misfit | Bounded | _Taken | Busy:
     """Plan and claim the group's replicas in one savepoint, planning again after a wait or a stale plan.
 
     `numbered`: the first member number of each role (scaleGroup adds after
-    the ones it has). `write_rows`: write the group's member rows.
+    the ones it has). `write_rows`: write the group's member rows. `wait`
+    false: a member's nodes held by another transaction are answered
+    (Busy), not waited for (the caller holds locks: preemption's claim).
     """
     stale = 0
     generation: int | None = None
@@ -321,6 +326,8 @@ async def _hold(
             return _Held(plan, generation)
         await savepoint.rollback()
         if isinstance(claimed, Busy):
+            if not wait:
+                return claimed
             stale = 0
             await wait_for_nodes(conn, claimed.node_ids)
             continue
@@ -348,8 +355,9 @@ async def place_group(
     """Every replica of every role held, or none: the group as stored, Unplaceable, or a Rejection.
 
     Past its tenant's limit (the group's GPUs of a class, all together):
-    Unplaceable with `quota`. preemption LOWER_PRIORITY is placed as NEVER
-    (tenancy/victims.py).
+    Unplaceable with `quota`. With preemption LOWER_PRIORITY, a group that
+    finds no room stops the least victim set that makes room for all of it
+    (_preempt_for), or nothing.
     """
     problem = validate_group(group)
     if problem is not None:
@@ -383,19 +391,61 @@ async def _place_group(
             over = await quota_first(conn, group)
             if over is not None:
                 return over
+            declined: preemption.NoChoice | None = None
+            if group.preemption is PreemptionPolicy.LOWER_PRIORITY:
+                got = await _preempt_for(conn, group, actor)
+                if isinstance(got, StoredGroup):
+                    return got
+                if got is None:
+                    # The victims, or the nodes, changed meanwhile: plan again.
+                    continue
+                declined = got
             board = await read_board(conn, group, requests_of(group))
-            return await _unplaceable(conn, group, board, outcome)
+            answer = await _unplaceable(conn, group, board, outcome)
+            if declined is not None:
+                answer = replace(
+                    answer,
+                    message=f"{answer.message}; preemption: {declined.why}",
+                    blocking_budgets=declined.blocking,
+                )
+            return answer
         if isinstance(outcome, _Taken):
             refused = await _refused(conn, group, True, outcome.used)
             if refused is not None:
                 return refused
             # Stored by a concurrent call and released since: plan again.
             continue
-        assert outcome.generation is not None
+        assert not isinstance(outcome, Busy) and outcome.generation is not None
         placed = await read_group(conn, group.group_id, (group.spec(), outcome.generation))
         assert placed is not None
         return placed
     raise TransactionConflict(MAX_STALE)
+
+
+async def _preempt_for(
+    conn: Connection, group: GroupRequest, actor: str | None
+) -> StoredGroup | preemption.NoChoice | None:
+    """The group placed whole by stopping victims (preempting.py), or why not; None: plan again."""
+    requests = requests_of(group)
+    window = windowed(group, requests, ())
+
+    async def planner(c: Connection) -> GroupPlan | None:
+        _, outcome = await _plan(c, group, requests, (), window)
+        return None if isinstance(outcome, Misfit | Bounded) else outcome[1]
+
+    async def claim(c: Connection) -> int | set[str] | None:
+        held = await _hold(c, group, actor, write_rows=True, wait=False)
+        if isinstance(held, Busy):
+            return held.node_ids
+        return held.generation if isinstance(held, _Held) else None
+
+    got = await preempt_for(conn, group, actor, planner, claim)
+    if not isinstance(got, tuple):
+        return got
+    generation, preempted = got
+    placed = await read_group(conn, group.group_id, (group.spec(), generation))
+    assert placed is not None
+    return replace(placed, preempted=preempted)
 
 
 async def _refused(

@@ -29,6 +29,7 @@ from service.scheduling.placement.fit import (
 )
 from service.scheduling.placement.statements import facts_of, request_params
 from service.scheduling.pool_census import DECLINED, KIND, MOST_KINDS, census_predicate
+from service.scheduling.tenancy.victims import Preemption
 from service.scheduling.verdicts import NodeFacts
 
 
@@ -417,6 +418,9 @@ class StoredGroup:
     generation: int
     members: tuple[MemberRecord, ...]
     kv_paths: tuple[KvPath, ...]
+    # The replicas stopped to make room for it (placeGroup with preemption);
+    # none when it was placed on free GPUs, or read back later.
+    preempted: tuple[Preemption, ...] = ()
 
 
 _GROUP = text("SELECT group_id, spec, generation FROM placement_groups WHERE group_id = :group_id")

@@ -7,11 +7,11 @@ Why it is correct under concurrency is told in the package's docstring
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from service.database.connections import Connection, cached_text
-from service.database.transactions import TransactionConflict
+from service.database.transactions import MAX_ATTEMPTS, TransactionConflict
 from service.scheduling.allocations import (
     Allocated,
     AllocationRequest,
@@ -28,6 +28,7 @@ from service.scheduling.allocations import (
     store_calls,
 )
 from service.scheduling.place_request import PlaceRequest
+from service.scheduling.placement import preemption
 from service.scheduling.placement.explanation import (
     Unplaceable,
     refused_placement,
@@ -54,7 +55,7 @@ from service.scheduling.placement.statements import (
 )
 from service.scheduling.rejections import Rejection, RejectionCode, shown
 from service.scheduling.taints import tolerations_json
-from service.scheduling.tenancy.charges import ChargeRefused
+from service.scheduling.tenancy.charges import ChargeRefused, PreemptionPolicy
 from service.scheduling.tenancy.headroom import refusal_now
 from service.scheduling.topology_fit import fit_order
 from service.scheduling.verdicts import judge
@@ -232,8 +233,9 @@ async def place(
     use. Raises ReplicaReleased for a replica id released while it held
     nothing (allocations/storing.py), nothing held.
 
-    preemption LOWER_PRIORITY is placed as NEVER: choosing victims is the
-    next part of issue 46 (tenancy/victims.py).
+    With preemption LOWER_PRIORITY, no room on free GPUs (within the
+    limit) stops the victims placement/preemption.py chooses, in this
+    transaction (Allocated.preempted), or says why not (Unplaceable).
     """
     problem = validate_place(request)
     if problem is not None:
@@ -249,6 +251,7 @@ async def place(
 async def _place(
     conn: Connection, request: PlaceRequest, actor: str | None
 ) -> Allocated | Unplaceable | Rejection:
+    changed = 0
     for _ in range(MAX_ROUNDS):
         busy: set[str] = set()
         # Every round starts with the one-node look, which checks the replica
@@ -273,13 +276,61 @@ async def _place(
             refusal = await refusal_now(conn, charge.tenant_id, request.gpu_class, request.gpus)
             if refusal is not None:
                 return await refused_placement(conn, request, refusal)
+            declined: preemption.NoChoice | None = None
+            if request.preemption is PreemptionPolicy.LOWER_PRIORITY:
+                choice = await preemption.choose(conn, request)
+                if isinstance(choice, preemption.Choice):
+                    got = await preemption.preempt_and_claim(
+                        conn,
+                        request,
+                        choice,
+                        actor,
+                        lambda c: _claim_without_waiting(c, request, actor),
+                    )
+                    if isinstance(got, Allocated):
+                        return got
+                    if isinstance(got, set):
+                        # Nothing is held (its savepoint was rolled back).
+                        await wait_for_nodes(conn, got)
+                    elif got.no_room:  # Not a victim taken by another: a conflict.
+                        changed += 1
+                        if changed >= MAX_ATTEMPTS:
+                            raise TransactionConflict(changed)
+                    continue
+                declined = choice
             if request.shards > 1:
                 facts, _ = await spread_plan(conn, request)
             else:
                 facts = await candidates(conn, request)
-            return await unplaceable(conn, request, facts)
+            answer = await unplaceable(conn, request, facts)
+            if declined is not None:
+                answer = replace(
+                    answer,
+                    message=f"{answer.message}; preemption: {declined.why}",
+                    blocking_budgets=declined.blocking,
+                )
+            return answer
         await wait_for_nodes(conn, busy)
     raise TransactionConflict(MAX_ROUNDS)
+
+
+async def _claim_without_waiting(
+    conn: Connection, request: PlaceRequest, actor: str | None
+) -> Allocated | set[str] | None:
+    """place()'s claim after its victims were freed: Allocated, the nodes others hold, or None.
+
+    Never waits for a node's lock (the caller holds the victims' nodes,
+    budgets and quota rows: waiting now could close a cycle); the nodes
+    another transaction holds are answered, for the caller to wait for
+    with nothing held.
+    """
+    busy: set[str] = set()
+    outcome = await _place_on_one_node(conn, request, actor, busy)
+    if outcome is None and request.shards > 1:
+        outcome = await _spread(conn, request, actor, busy)
+    if isinstance(outcome, Allocated):
+        return outcome
+    return busy or None
 
 
 async def place_without_waiting(

@@ -7,19 +7,24 @@ from dataclasses import dataclass
 
 from service.database.connections import Connection, cached_text
 from service.scheduling.place_request import PlaceRequest
-from service.scheduling.placement.plan import Plan, plan_placement, shard_ids, validate_place
+from service.scheduling.placement import preemption
+from service.scheduling.placement.plan import Plan, shard_ids, validate_place
 from service.scheduling.placement.statements import (
     CLASSES,
     SURVEY_COUNT,
-    candidates,
     facts_of,
+    plan_now,
     request_params,
-    spread_plan,
     survey_sql,
 )
 from service.scheduling.rejections import Rejection, refused_for_charge, shown
 from service.scheduling.tenancy.budgets import BudgetRecord
-from service.scheduling.tenancy.charges import QuotaShortfall, Refusal, UnknownTenant
+from service.scheduling.tenancy.charges import (
+    PreemptionPolicy,
+    QuotaShortfall,
+    Refusal,
+    UnknownTenant,
+)
 from service.scheduling.tenancy.headroom import refusal_now
 from service.scheduling.tenancy.victims import Preemption
 from service.scheduling.verdicts import NodeFacts, Verdict, VerdictCode, judge
@@ -170,17 +175,26 @@ async def explain(conn: Connection, request: PlaceRequest) -> Explanation | Reje
         return Explanation(
             False, refused.message, refused.verdicts, refused.omitted, None, (), quota=refusal
         )
-    facts = await candidates(conn, request)
-    plan = plan_placement(facts, request)
-    if plan is None and request.shards > 1:
-        facts, plan = await spread_plan(conn, request)
+    facts, plan = await plan_now(conn, request)
+    preempting: tuple[Preemption, ...] = ()
     if plan is None:
         why = await unplaceable(conn, request, facts)
-        return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
+        if request.preemption is not PreemptionPolicy.LOWER_PRIORITY:
+            return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
+        # The search place() would make, on the same data (its trials roll back).
+        choice = await preemption.choose(conn, request)
+        if isinstance(choice, preemption.NoChoice):
+            message = f"{why.message}; preemption: {choice.why}"
+            return Explanation(False, message, why.verdicts, why.omitted, None, ())
+        plan, preempting = choice.plan, choice.records(request)
     verdicts, omitted = await _verdicts(conn, request)
     where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in plan.nodes)
     on = f" on fabric {plan.fabric}" if plan.fabric else ""
     if plan.domain is not None:
         on += f" in NVLink domain {plan.domain}"
     message = f"would place {_shape(request)} on {where}{on}"
-    return Explanation(True, message, verdicts, omitted, plan, tuple(shard_ids(request)))
+    if preempting:
+        message += " by preempting " + ", ".join(p.replica_id for p in preempting)
+    return Explanation(
+        True, message, verdicts, omitted, plan, tuple(shard_ids(request)), preemptions=preempting
+    )

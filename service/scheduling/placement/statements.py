@@ -615,3 +615,18 @@ async def spread_plan(
         if plan is not None or not cut:
             return facts, plan
     return facts, None
+
+
+async def plan_now(conn: Connection, request: PlaceRequest) -> tuple[list[NodeFacts], Plan | None]:
+    """Where place would put the replica on the fleet as it is now, and the nodes it planned from.
+
+    One node if one takes it whole, else spread over one fabric (several
+    shards). explain() answers from it, and preemption's trials ask it with
+    their victims' shards gone (placement/preemption.py), so "it fits" means
+    the same in both.
+    """
+    facts = await candidates(conn, request)
+    plan = plan_placement(facts, request)
+    if plan is None and request.shards > 1:
+        facts, plan = await spread_plan(conn, request)
+    return facts, plan

@@ -19,8 +19,10 @@ Where each rule lives, by idea:
 - budgets.py: disruption budgets.
 - headroom.py: what a read (fit, explainPlacement, an Unplaceable answer)
   learns of a tenant's room under its limit, without locking anything.
-- victims.py: a replica stopped to make room (preemption, the next part of
-  issue 46), as the answers list it, and the count of them.
+- victims.py: which replicas a place may stop to make room (preemption), the
+  order of victim sets, the record the answers list, and the count of them.
+- budgets_locked.py: the budgets and quota rows preemption reads, and locks in
+  the claim's lock order.
 
 Kept light on purpose: this package's modules are imported by the claim path
 (storing.py, verdicts.py), so none of them imports placement or the GraphQL

@@ -24,7 +24,7 @@ SELECT
     THEN NULL
     ELSE (
       SELECT
-        e.detail ->> 'stopReason'
+        ARRAY[e.detail ->> 'stopReason', e.detail ->> 'preemptedBy']
       FROM events AS e
       WHERE
         e.node_id = :node_id
