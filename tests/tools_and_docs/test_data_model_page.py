@@ -12,7 +12,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service import health_tables, tenancy_tables  # noqa: F401 (their tables join the metadata)
+from service import (  # noqa: F401 (their tables join the metadata)
+    health_tables,
+    reservation_tables,
+    tenancy_tables,
+)
 from service.tables import metadata
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "internals" / "data-model.md"

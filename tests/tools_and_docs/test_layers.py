@@ -40,7 +40,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("configuration", ("service.config",)),
     ("event log", ("service.event_log",)),
     ("scheduling", ("service.scheduling", "service.restores")),
-    ("schema", ("service.tables", "service.health_tables", "service.tenancy_tables")),
+    (
+        "schema",
+        (
+            "service.tables",
+            "service.health_tables",
+            "service.tenancy_tables",
+            "service.reservation_tables",
+        ),
+    ),
     ("metrics", ("service.metrics", "service.backup_status")),
     ("fleet", ("service.fleet",)),
     ("access", ("service.access_control", "service.readiness")),
