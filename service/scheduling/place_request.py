@@ -11,7 +11,9 @@ node verdicts.judge's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
+from service.scheduling.availability import ADMITS_INTO, ADMITS_NONE, ADMITS_UNTIL
 from service.scheduling.taints import Toleration
 from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
 
@@ -43,6 +45,14 @@ class PlaceRequest:
     # LOWER_PRIORITY: a place that does not fit on free GPUs may stop replicas
     # of lower priority, and reclaim what other tenants borrowed.
     preemption: PreemptionPolicy = PreemptionPolicy.NEVER
+    # The replica promises to be released by then (PlaceInput.until): it may
+    # use GPUs set aside for a window that starts at or after it, and is told
+    # to stop at that start if still placed (issue 47). Stored on its shards.
+    # The maintenance windows read the same field.
+    until: datetime | None = None
+    # Place into this reservation (its tenant only, while ACTIVE or DEGRADED):
+    # only its GPUs are used (service/scheduling/reservations/).
+    reservation: str | None = None
 
     @property
     def gpus(self) -> int:
@@ -51,6 +61,15 @@ class PlaceRequest:
     @property
     def tolerating(self) -> bool:
         return bool(self.tolerations)
+
+    @property
+    def admitting(self) -> str:
+        """Which GPUs set aside the request may use (availability.gpu_admitted)."""
+        if self.reservation is not None:
+            return ADMITS_INTO
+        if self.until is not None:
+            return ADMITS_UNTIL
+        return ADMITS_NONE
 
     @property
     def needs_topology(self) -> bool:

@@ -43,6 +43,9 @@ class VerdictCode(Enum):
     # (service/scheduling/tenancy/): what place, fit and explainPlacement say
     # of the nodes that would fit otherwise.
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    # The node would have room but for GPUs set aside for a reservation the
+    # request may not use (service/scheduling/reservations/).
+    RESERVED = "RESERVED"
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,9 @@ class NodeFacts:
     withheld: int = 0
     taint: WithholdingTaint | None = None
     last_resort: int = 0
+    # Usable, unheld, untainted GPUs of the class set aside for reservations
+    # the request may not use (availability.gpu_admitted; not in `free`).
+    reserved: int = 0
 
     def rate_on(self, fabric: str) -> int:
         """The node's link rate on `fabric` (one of its fabrics), in Gb/s."""
@@ -220,6 +226,12 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
             VerdictCode.TAINTED,
             f"{node.withheld} free {request.gpu_class} tainted, e.g. {taint}; "
             f"{node.free} untainted, needs {per_shard}",
+        )
+    if node.free < per_shard <= node.free + node.reserved:
+        return no(
+            VerdictCode.RESERVED,
+            f"{node.reserved} free {request.gpu_class} set aside for a reservation; "
+            f"{node.free} not, needs {per_shard}",
         )
     if node.free < per_shard:
         return no(

@@ -77,6 +77,7 @@ async def _release(
     *,
     after_loss: bool = False,
     generation: tuple[str, int] | None = None,
+    stopped_for: str | None = None,
 ) -> list[Row[Any]]:
     """The released shards' rows (shard_id, replica_id, node_id, gpu_indices, fence).
 
@@ -85,6 +86,9 @@ async def _release(
     `after_loss`: the release is the consequence of a node lost (the liveness
     sweep, or a held shard freed): its events say so, and an engine that
     still runs the shard is told FREED_WHILE_LOST (service/fleet/fencing.py).
+    `stopped_for`: a reservation whose start frees the GPUs (the replica had
+    promised to be gone by then): its events name it, and an engine that
+    still runs the shard is told RESERVATION.
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
@@ -106,6 +110,8 @@ async def _release(
             detail: dict[str, Any] = {"gpuIndices": sorted(r.gpu_indices), "fence": r.fence}
             if after_loss:
                 detail["afterLoss"] = True
+            if stopped_for is not None:
+                detail["reservation"] = stopped_for
             await record_event(
                 conn,
                 "released",
@@ -143,6 +149,7 @@ async def release_replica(
     generation: int | None = None,
     after_loss: bool = False,
     tombstone_for: float | None = None,
+    stopped_for: str | None = None,
 ) -> int:
     """Free every shard of a replica: replicas fail whole, so they are freed whole.
 
@@ -168,6 +175,7 @@ async def release_replica(
         reason,
         after_loss=after_loss,
         generation=None if generation is None else (replica_id, generation),
+        stopped_for=stopped_for,
     )
     gave_up = generation is None and 1 <= len(replica_id) <= MAX_ID_LENGTH
     if not released and tombstone_for is not None and gave_up:

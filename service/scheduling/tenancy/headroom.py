@@ -46,14 +46,17 @@ class Headroom:
         return None
 
 
-# A class with a quota row: its counter. Without one, nothing bounds the
+# A class with a quota row: its counter, and the GPUs its reservations set
+# aside that it holds none of (tenancy_reserved, migration 0024: counted as
+# used from a reservation's creation, as the claim counts them). Without one, nothing bounds the
 # claim, and what the tenant holds is not needed (used is reported as 0).
 _HEADROOM = text(
     """
     SELECT c.gpu_class,
            CAST(:tenant AS text) = :default OR EXISTS (
                SELECT 1 FROM tenants t WHERE t.id = :tenant) AS known,
-           coalesce(q.used, 0) AS used, q.gpu_limit, coalesce(q.guaranteed, 0) AS guaranteed
+           coalesce(q.used + tenancy_reserved(q.tenant, q.gpu_class), 0) AS used, q.gpu_limit,
+           coalesce(q.guaranteed, 0) AS guaranteed
     FROM unnest(CAST(:classes AS text[])) AS c(gpu_class)
     LEFT JOIN tenant_quotas q ON q.tenant = :tenant AND q.gpu_class = c.gpu_class
     """
