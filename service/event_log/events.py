@@ -74,6 +74,11 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "hardware_profile_removed",
         # service/restores.py
         "restored",
+        # service/scheduling/reservations/
+        "reservation_created",
+        "reservation_active",
+        "reservation_degraded",
+        "reservation_ended",
     }
 )
 

@@ -78,6 +78,10 @@ class StopReason(enum.Enum):
     # Stopped to make room for another replica (preemption, issue 46:
     # service/scheduling/tenancy/victims.py); ShardToStop.preempted_by names it.
     PREEMPTED = "PREEMPTED"
+    # Its replica promised to be gone (PlaceInput.until) by the start of a
+    # reservation whose GPUs it used, and was freed then
+    # (service/scheduling/reservations/).
+    RESERVATION = "RESERVATION"
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,12 @@ _RUNNING_VS_HELD = text(
                  AND e.detail ->> 'fence' = CAST(r.fence AS text)
                  AND e.detail ? 'afterLoss'
            ) END AS freed_after_loss,
+           CASE WHEN s.node_id = :node_id AND s.fence = r.fence THEN NULL ELSE EXISTS (
+               SELECT 1 FROM events e
+               WHERE e.node_id = :node_id AND e.kind = 'released' AND e.shard_id = r.shard_id
+                 AND e.detail ->> 'fence' = CAST(r.fence AS text)
+                 AND e.detail ? 'reservation'
+           ) END AS freed_for_reservation,
            CASE WHEN s.node_id = :node_id AND s.fence = r.fence
                 THEN coalesce({stop_by_sql("s")} <= now(), false) END AS tainted
     FROM jsonb_to_recordset(CAST(:running AS jsonb)) AS r(shard_id text, fence int)
@@ -380,6 +390,8 @@ async def shards_to_stop(
             continue
         if r.freed_after_loss:
             reason = StopReason.FREED_WHILE_LOST
+        elif r.freed_for_reservation:
+            reason = StopReason.RESERVATION
         elif r.held_on is not None:
             reason = StopReason.FENCE_SUPERSEDED
         else:

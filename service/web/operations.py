@@ -22,18 +22,31 @@ from service.database import connections, read_routing
 from service.database.db_faults import RETRY_AFTER_SECONDS
 from service.event_log.event_stream import EventStream
 from service.fleet.liveness import run_sweeper
+from service.scheduling import reservations
+from service.scheduling.timeline import run_timeline
 from service.tasks import stop_task
 from service.web.draining import Drain
 
 log = logging.getLogger(__name__)
 
 
-class Background:
-    """The process's sweeper task and event stream, started and stopped with the app."""
+# The changes on time every process makes (service/scheduling/timeline/):
+# reservations' (maintenance windows add theirs here).
+TIMELINE = (*reservations.TRANSITIONS,)
 
-    def __init__(self, sweeper: asyncio.Task[None] | None, stream: EventStream) -> None:
+
+class Background:
+    """The process's sweeper and timeline tasks and event stream, started and stopped with the app."""
+
+    def __init__(
+        self,
+        sweeper: asyncio.Task[None] | None,
+        stream: EventStream,
+        timeline: asyncio.Task[None] | None = None,
+    ) -> None:
         self.sweeper = sweeper
         self.stream = stream
+        self.timeline = timeline
 
     @classmethod
     async def start(
@@ -71,9 +84,16 @@ class Background:
                 ),
                 name="liveness-sweep",
             )
-        return cls(sweeper, stream)
+        timeline = None
+        if sweep:
+            timeline = asyncio.create_task(
+                run_timeline(engine, TIMELINE, interval=settings.timeline_interval),
+                name="timeline",
+            )
+        return cls(sweeper, stream, timeline)
 
     async def stop(self) -> None:
+        await stop_task(self.timeline)
         await stop_task(self.sweeper)
         await self.stream.stop()
 

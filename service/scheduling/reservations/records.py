@@ -1,0 +1,100 @@
+"""A reservation as stored and read back (Reservation), and the reads of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Row
+
+from service.database.connections import Connection
+
+
+@dataclass(frozen=True)
+class ReservedGpus:
+    node_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str
+    tenant: str
+    gpu_class: str
+    gpus_per_replica: int
+    count: int
+    start: datetime
+    end: datetime | None
+    state: str
+    # The GPUs set aside now (gpus.reservation), by node.
+    gpus: tuple[ReservedGpus, ...]
+    # Replicas placed into it that still hold GPUs.
+    used: int
+    missing_gpus: int
+    release_if_unused_after: int | None
+    reason: str | None
+    spec: dict[str, Any]
+
+
+# A reservation's own columns, its GPUs by node and its replicas placed into it.
+_COLUMNS = """
+    r.id, r.tenant, r.gpu_class, r.gpus_per_replica, r.count, r.starts_at, r.ends_at, r.state,
+    r.missing_gpus, r.release_if_unused_after, r.reason, r.spec,
+    ARRAY(SELECT json_build_object('node', g.node_id,
+                                   'indices', array_agg(g.idx ORDER BY g.idx))
+          FROM gpus g WHERE g.reservation = r.id
+          GROUP BY g.node_id ORDER BY g.node_id) AS gpus,
+    (SELECT count(DISTINCT s.replica_id) FROM shards s WHERE s.reservation = r.id) AS used
+"""
+_ONE = text(f"SELECT {_COLUMNS} FROM reservations r WHERE r.id = :id")
+# A page in id order (ix_reservations_tenant_id for a tenant; the primary key otherwise).
+_PAGE = text(
+    f"""
+    SELECT {_COLUMNS} FROM reservations r
+    WHERE (CAST(:tenant AS text) IS NULL OR r.tenant = :tenant)
+      AND (CAST(:state AS text) IS NULL OR r.state = :state)
+      AND r.id > :after
+    ORDER BY r.id LIMIT :first
+    """
+)
+
+
+def reservation_of(row: Row[Any]) -> Reservation:
+    return Reservation(
+        id=row.id,
+        tenant=row.tenant,
+        gpu_class=row.gpu_class,
+        gpus_per_replica=row.gpus_per_replica,
+        count=row._mapping["count"],
+        start=row.starts_at,
+        end=row.ends_at,
+        state=row.state,
+        gpus=tuple(ReservedGpus(g["node"], tuple(g["indices"])) for g in row.gpus),
+        used=row.used,
+        missing_gpus=row.missing_gpus,
+        release_if_unused_after=row.release_if_unused_after,
+        reason=row.reason,
+        spec=row.spec,
+    )
+
+
+async def get_reservation(conn: Connection, reservation_id: str) -> Reservation | None:
+    row = (await conn.execute(_ONE, {"id": reservation_id})).first()
+    return None if row is None else reservation_of(row)
+
+
+async def list_reservations(
+    conn: Connection,
+    *,
+    tenant: str | None = None,
+    state: str | None = None,
+    first: int = 100,
+    after: str | None = None,
+) -> Sequence[Reservation]:
+    rows = await conn.execute(
+        _PAGE, {"tenant": tenant, "state": state, "first": first, "after": after or ""}
+    )
+    return [reservation_of(r) for r in rows]
