@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import strawberry
@@ -190,6 +191,21 @@ class PlaceInput:
         default=PreemptionPolicy.NEVER,
         description="Whether replicas may be stopped to make room (see PreemptionPolicy).",
     )
+    # Time (contract-time.graphql); see docs/scheduler/reservations.md.
+    reservation: strawberry.ID | None = strawberry.field(
+        default=None,
+        description=(
+            "Place into this reservation (its tenant only; only while it is ACTIVE or DEGRADED)."
+        ),
+    )
+    until: datetime | None = strawberry.field(
+        default=None,
+        description=(
+            "The replica promises to be released by then: it may use GPUs set aside for a later "
+            "window or on nodes whose maintenance starts later; if still placed at that time its "
+            "shards are told to stop."
+        ),
+    )
 
     def to_request(self) -> place_request.PlaceRequest:
         """The request as named; its tenant bound to the caller by the resolver (charges.bind)."""
@@ -211,6 +227,8 @@ class PlaceInput:
             tolerations=tolerations_of(self.tolerations),
             charge=charge_of(self.tenant, self.priority, self.deployment),
             preemption=self.preemption or PreemptionPolicy.NEVER,
+            until=self.until,
+            reservation=None if self.reservation is None else str(self.reservation),
         )
 
 

@@ -26,6 +26,7 @@ from .operations.health_queries import HealthQueries
 from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
+from .operations.reservations import ReservationMutations, ReservationQueries
 from .operations.subscriptions import EventSubscriptions
 from .operations.tenancy import TenancyMutations, TenancyQueries
 from .operations.token_admin import TokenMutations, TokenQueries
@@ -47,6 +48,7 @@ Query = merge_types(
         GroupQueries,
         HealthQueries,
         TenancyQueries,
+        ReservationQueries,
     ),
 )
 Mutation = merge_types(
@@ -60,6 +62,7 @@ Mutation = merge_types(
         GroupMutations,
         HealthMutations,
         TenancyMutations,
+        ReservationMutations,
     ),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))
