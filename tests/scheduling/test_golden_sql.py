@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlglot
@@ -72,6 +73,9 @@ SHAPES: dict[str, PlaceRequest] = {
     "weights_ready": replace(BASE, weights="/models/llama", weights_ready=True),
     "node_checks": replace(BASE, label=("rack", "r1"), min_local_disk_free=1, max_age=60),
     "spread": replace(BASE, shards=4, fabric="ib-a"),
+    # A place that may use GPUs set aside (availability.gpu_admitted).
+    "until": replace(BASE, until=datetime(2030, 1, 1, tzinfo=UTC)),
+    "into": replace(BASE, reservation="rollout"),
     "everything": replace(
         BASE,
         shards=2,
@@ -89,7 +93,7 @@ SHAPES: dict[str, PlaceRequest] = {
 }
 TOPOLOGY = {name: r for name, r in SHAPES.items() if r.needs_topology}
 # What a claim's text depends on: its topology, and whether it tolerates.
-CLAIM_SHAPES = ("plain", "tolerating", "nvlink", "rail", "domain", "everything")
+CLAIM_SHAPES = ("plain", "tolerating", "nvlink", "rail", "domain", "everything", "until", "into")
 # fit's census reads only requests counted_by_census takes.
 CENSUS_SHAPES = ("plain", "nvlink", "fabric")
 LOCALITIES = {
@@ -157,6 +161,9 @@ def built_statements() -> Iterator[Statement]:
     for tolerating in (False, True):
         shape = "tolerating" if tolerating else "plain"
         yield _built(statements.free_indices, shape, statements.free_indices(tolerating))
+    for shape in ("until", "into"):
+        admitting = SHAPES[shape].admitting
+        yield _built(statements.free_indices, shape, statements.free_indices(False, admitting))
     for shape in CENSUS_SHAPES:
         request = SHAPES[shape]
         for reads in ("count", "window", "members"):

@@ -420,17 +420,10 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
                 held_by=gpu.held_by,
             )
         if gpu.present and not gpu.admitted:
-            set_aside = (
-                f"is set aside for reservation {shown(gpu.reservation)}"
-                if gpu.reservation is not None
-                else f"is not set aside for reservation {shown(request.reservation or '')}"
-            )
-            return Rejection(
-                RejectionCode.GPU_TAKEN,
-                f"{where} {set_aside}",
-                node_id=node_id,
-                gpu_index=index,
-            )
+            aside = "is" if gpu.reservation is not None else "is not"
+            named = gpu.reservation or request.reservation or ""
+            why = f"{where} {aside} set aside for reservation {shown(named)}"
+            return Rejection(RejectionCode.GPU_TAKEN, why, node_id=node_id, gpu_index=index)
         if not gpu.usable and gpu.cordon_reason is not None:
             return Rejection(
                 RejectionCode.GPU_CORDONED,

@@ -10,7 +10,7 @@ UPDATE (WHERE state = <old> AND <due> <= now()) and writes its event in the
 same transaction: when two processes find the same item due, the second's
 UPDATE waits for the first's row lock, re-checks its WHERE on the committed
 row and changes nothing, so the change and its event happen exactly once
-(tests/scheduling/test_reservations_timeline.py runs two processes).
+(tests/scheduling/test_reservations_concurrency.py runs two processes).
 
 Reservations register theirs in service/scheduling/reservations/; maintenance
 windows add their own list the same way (service/web/operations.py starts the

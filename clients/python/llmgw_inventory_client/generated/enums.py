@@ -83,6 +83,7 @@ class VerdictCode(str, Enum):
     TAINTED = "TAINTED"
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    RESERVED = "RESERVED"
 
 
 class WeightsState(str, Enum):

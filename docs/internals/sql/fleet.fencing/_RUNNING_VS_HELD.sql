@@ -21,6 +21,21 @@ SELECT
   END AS freed_after_loss,
   CASE
     WHEN s.node_id = :node_id AND s.fence = r.fence
+    THEN NULL
+    ELSE EXISTS(
+      SELECT
+        1
+      FROM events AS e
+      WHERE
+        e.node_id = :node_id
+        AND e.kind = 'released'
+        AND e.shard_id = r.shard_id
+        AND e.detail ->> 'fence' = CAST(r.fence AS TEXT)
+        AND e.detail ? 'reservation'
+    )
+  END AS freed_for_reservation,
+  CASE
+    WHEN s.node_id = :node_id AND s.fence = r.fence
     THEN COALESCE(
       (
         SELECT

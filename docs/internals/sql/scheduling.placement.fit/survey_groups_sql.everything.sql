@@ -232,6 +232,9 @@ FROM (
                         )
                       END
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.nvlink_group IS NOT NULL
                   AND g.near_hcas && fa.hcas
@@ -293,6 +296,9 @@ FROM (
                       )
                   )
                 END
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
@@ -398,6 +404,9 @@ FROM (
                         )
                     )
                   END
+                )
+                AND (
+                  g.reservation IS NULL
                 )
               )
               AND g.nvlink_group IS NOT NULL

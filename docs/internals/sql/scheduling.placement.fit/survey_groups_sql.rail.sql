@@ -147,6 +147,9 @@ FROM (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.near_hcas && fa.hcas
               ) AS u
@@ -178,6 +181,9 @@ FROM (
                   WHERE
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)

@@ -74,6 +74,9 @@ WITH ranked AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
               ) AS u
               GROUP BY
@@ -149,6 +152,9 @@ WITH ranked AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
               ) AS u
@@ -260,6 +266,9 @@ SELECT
                       WHERE
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
+                  )
+                  AND (
+                    g.reservation IS NULL
                   )
                 )
             ) AS u

@@ -310,6 +310,9 @@ WITH ranked AS (
                         )
                       END
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.nvlink_group IS NOT NULL
                   AND g.near_hcas && fa.hcas
@@ -496,6 +499,9 @@ SELECT
                       )
                     END
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.nvlink_group IS NOT NULL
                 AND g.near_hcas && fa.hcas
@@ -557,6 +563,9 @@ SELECT
                     )
                 )
               END
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
@@ -662,6 +671,9 @@ SELECT
                       )
                   )
                 END
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

@@ -74,6 +74,9 @@ WITH ranked AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.nvlink_group IS NOT NULL
               ) AS u
@@ -140,6 +143,9 @@ WITH ranked AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
                   AND g.nvlink_group IS NOT NULL
@@ -253,6 +259,9 @@ SELECT
                   WHERE
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

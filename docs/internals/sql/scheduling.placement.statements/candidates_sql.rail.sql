@@ -91,6 +91,9 @@ WITH ranked AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.near_hcas && fa.hcas
               ) AS u
@@ -174,6 +177,9 @@ WITH ranked AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
                   AND g.near_hcas && fa.hcas
@@ -290,6 +296,9 @@ SELECT
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.near_hcas && fa.hcas
             ) AS u
@@ -321,6 +330,9 @@ SELECT
                 WHERE
                   a.node_id = g.node_id AND a.gpu_index = g.idx
               )
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)

@@ -89,6 +89,7 @@ SELECT
       )
     END
   ) AS taint,
+  p.reserved AS reserved,
   n.state,
   CASE
     WHEN n.state IN ('unreachable', 'lost')
@@ -250,6 +251,9 @@ SELECT
                       )
                     END
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.nvlink_group IS NOT NULL
                 AND g.near_hcas && fa.hcas
@@ -311,6 +315,9 @@ SELECT
                     )
                 )
               END
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
@@ -416,6 +423,9 @@ SELECT
                       )
                   )
                 END
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

@@ -72,6 +72,7 @@ SELECT
       )
     END
   ) AS taint,
+  p.reserved AS reserved,
   n.state,
   CASE
     WHEN n.state IN ('unreachable', 'lost')
@@ -174,6 +175,9 @@ SELECT
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.near_hcas && fa.hcas
             ) AS u
@@ -205,6 +209,9 @@ SELECT
                 WHERE
                   a.node_id = g.node_id AND a.gpu_index = g.idx
               )
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
