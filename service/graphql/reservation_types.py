@@ -13,6 +13,13 @@ from service.scheduling.tenancy.charges import DEFAULT_TENANT
 
 from .allocation_types import AllocationRejected, PlaceInput, Unplaceable
 
+# The `at` argument of fit, fitGroup and freeGpus (contract-time.graphql).
+AT = (
+    "The answer for that instant: GPUs set aside by reservations in force then taken out, "
+    "replicas with `until` at or before it counted gone, the tenant's limit then. Without `at`, "
+    "now."
+)
+
 
 @strawberry.enum(name="ReservationState")
 class ReservationState(enum.Enum):

@@ -185,6 +185,8 @@ def gpu_offered(g: str = "g", tolerating: bool = False, admitting: str = "") -> 
     """
     if not tolerating and not admitting:
         return gpu_free(g)
+    if admitting == ADMITS_AT:
+        return gpu_offered_at(g, tolerating)
     taint = gpu_tolerated(g) if tolerating else f"NOT {gpu_withheld(g)}"
     return f"({gpu_usable(g)} AND NOT ({gpu_held(g)}) AND {taint} AND {gpu_admitted(g, admitting)})"
 
@@ -200,6 +202,32 @@ ADMITS_INTO = "into"
 # For a statement that reads both parameters (allocate's checks): INTO when
 # :reservation is given, else UNTIL (with :until NULL, no GPU set aside).
 ADMITS_ASKED = "asked"
+
+
+# A request asked of a later instant :at (fit, fitGroup and freeGpus with
+# `at`): gpu_offered_at.
+ADMITS_AT = "at"
+
+
+def gpu_offered_at(g: str = "g", tolerating: bool = False) -> str:
+    """SQL: the GPU row `g` will be offered to an ordinary request at the instant :at.
+
+    As it is now (usable; a taint the request does not tolerate withholds
+    it), except that a GPU held by a replica whose `until` is at or before
+    :at is counted gone (it promised), and a GPU set aside by a reservation
+    that ends at or before :at is free again. What is not known now (a
+    reserve or a taint to come) is not guessed.
+    """
+    c = _columns_of(g)
+    taint = gpu_tolerated(g) if tolerating else f"NOT {gpu_withheld(g)}"
+    return (
+        f"({gpu_usable(g)} AND {taint}"
+        " AND NOT EXISTS (SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id"
+        f" WHERE a.node_id = {c}node_id AND a.gpu_index = {c}idx"
+        " AND (s.until IS NULL OR s.until > CAST(:at AS timestamptz)))"
+        f" AND ({c}reservation IS NULL OR EXISTS (SELECT 1 FROM reservations r"
+        f" WHERE r.id = {c}reservation AND r.ends_at <= CAST(:at AS timestamptz))))"
+    )
 
 
 def gpu_admitted(g: str, admitting: str = ADMITS_NONE) -> str:
@@ -438,7 +466,39 @@ class PoolOffer:
 
     def __init__(self, p: str, tolerating: bool, admitting: str = ADMITS_NONE) -> None:
         self.tolerating = tolerating
-        if admitting:
+        if admitting == ADMITS_AT and not tolerating:
+            # At a later instant only the pools with GPUs set aside, or with a
+            # replica due to be gone by then, offer other than they do now:
+            # the others are read from the row as now, the rest counted GPU by
+            # GPU (gpu_offered_at), each expression only for such a pool.
+            changed = (
+                f"({p}.reserved > 0 OR {p}.node_id IN (SELECT s.node_id FROM shards s"
+                " WHERE s.until <= CAST(:at AS timestamptz)))"
+            )
+
+            def counted(expression: str, now: str) -> str:
+                return (
+                    f"(CASE WHEN {changed} THEN (SELECT {expression} FROM gpus g"
+                    f" WHERE g.node_id = {p}.node_id AND g.gpu_class = {p}.gpu_class"
+                    f" AND {gpu_offered_at('g')}) ELSE {now} END)"
+                )
+
+            self.join = ""
+            self.indices = counted(
+                "coalesce(array_agg(g.idx ORDER BY g.idx), CAST('{}' AS integer[]))",
+                f"{p}.free_indices",
+            )
+            self.free = counted("CAST(count(*) AS integer)", f"{p}.free")
+            self.withheld = f"{p}.withheld"
+            self.last_resort = counted(
+                f"CAST(count(*) FILTER (WHERE {gpu_last_resort('g')}) AS integer)",
+                f"{p}.last_resort",
+            )
+            self.reserved = counted(
+                f"{p}.reserved - CAST(count(*) FILTER (WHERE g.reservation IS NOT NULL) AS integer)",
+                f"{p}.reserved",
+            )
+        elif admitting:
             # A request a reservation admits: its GPUs counted one by one
             # (gpu_offered), a look at the pool's GPUs per pool read. Such
             # requests are few (a place with `until`, or into a reservation).

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from service.scheduling.availability import ADMITS_INTO, ADMITS_NONE, ADMITS_UNTIL
+from service.scheduling.availability import ADMITS_AT, ADMITS_INTO, ADMITS_NONE, ADMITS_UNTIL
 from service.scheduling.taints import Toleration
 from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
 
@@ -53,6 +53,10 @@ class PlaceRequest:
     # Place into this reservation (its tenant only, while ACTIVE or DEGRADED):
     # only its GPUs are used (service/scheduling/reservations/).
     reservation: str | None = None
+    # fit, fitGroup and freeGpus asked of a later instant (`at`): what an
+    # ordinary place would be offered then (availability.gpu_offered_at).
+    # Never set on a place.
+    at: datetime | None = None
 
     @property
     def gpus(self) -> int:
@@ -65,6 +69,8 @@ class PlaceRequest:
     @property
     def admitting(self) -> str:
         """Which GPUs set aside the request may use (availability.gpu_admitted)."""
+        if self.at is not None:
+            return ADMITS_AT
         if self.reservation is not None:
             return ADMITS_INTO
         if self.until is not None:

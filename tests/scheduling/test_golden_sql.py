@@ -76,6 +76,8 @@ SHAPES: dict[str, PlaceRequest] = {
     # A place that may use GPUs set aside (availability.gpu_admitted).
     "until": replace(BASE, until=datetime(2030, 1, 1, tzinfo=UTC)),
     "into": replace(BASE, reservation="rollout"),
+    # fit and freeGpus asked of a later instant (availability.gpu_offered_at).
+    "at": replace(BASE, at=datetime(2030, 1, 1, tzinfo=UTC)),
     "everything": replace(
         BASE,
         shards=2,
@@ -133,6 +135,7 @@ BUILDERS: tuple[Callable[..., object], ...] = (
     group_reads.window_sql,
     capacity.free_gpus_query,
     capacity.tolerated_gpus_query,
+    capacity.gpus_at_query,
     moves.shards_to_move_sql,
     records.allocations_page_sql,
 )
@@ -177,7 +180,7 @@ def built_statements() -> Iterator[Statement]:
         if locality.label is None:
             for builder in (group_reads.board_census_sql, group_reads.window_sql):
                 yield _built(builder, name, builder(group, BASE))
-    for query in (capacity.free_gpus_query, capacity.tolerated_gpus_query):
+    for query in (capacity.free_gpus_query, capacity.tolerated_gpus_query, capacity.gpus_at_query):
         for cls in (None, "NVIDIA-L40S"):
             for narrowed in (False, True):
                 sql, _ = query(

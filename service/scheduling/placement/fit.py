@@ -214,7 +214,7 @@ def survey_groups_sql(
     # The members unordered: an ordered aggregate made PostgreSQL sort every
     # row of the class, most of the statement's time; FitCount.used picks the
     # first ids of the groups it lists.
-    offer = PoolOffer("p", request.tolerating)
+    offer = PoolOffer("p", request.tolerating, request.admitting)
     return f"""
     SELECT min(f.node_id) AS node_id, f.state, CAST(NULL AS text) AS state_reason, f.free,
            f.withheld, f.last_resort, CAST(f.taint AS json) AS taint,
@@ -449,6 +449,7 @@ def counted_by_census(request: PlaceRequest) -> bool:
         request.shards == 1
         and all(fact is None for fact in node_facts)
         and not request.tolerating
+        and request.at is None
         and (not request.needs_topology or pooled(request))
     )
 
@@ -572,7 +573,7 @@ async def fit(
     if problem is not None:
         return problem
     tenant = request.charge.tenant_id
-    standing = (await headroom(conn, tenant, [request.gpu_class]))[request.gpu_class]
+    standing = (await headroom(conn, tenant, [request.gpu_class], at=request.at))[request.gpu_class]
     if not standing.known:
         return refused_for_charge(UnknownTenant(tenant))
     gone = set(exclude)

@@ -573,6 +573,7 @@ def request_params(request: PlaceRequest) -> dict[str, Any]:
         "tolerations": tolerations_json(request.tolerations),
         "until": request.until,
         "reservation": request.reservation,
+        "at": request.at,
     }
 
 

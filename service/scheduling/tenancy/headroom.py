@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import text
 
@@ -63,12 +64,52 @@ _HEADROOM = text(
 )
 
 
-async def headroom(conn: Connection, tenant: str, classes: Iterable[str]) -> dict[str, Headroom]:
-    """The tenant's Headroom for each of these classes, by class."""
+# What a tenant holds now that is gone by :at, by class: GPUs of its
+# replicas whose `until` is at or before it, and GPUs its reservations that
+# end by then set aside and it holds none of (fit with `at`).
+_GONE_BY = text(
+    """
+    SELECT c.gpu_class,
+           (SELECT count(*) FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
+            WHERE a.tenant = :tenant AND a.gpu_class = c.gpu_class
+              AND s.until <= CAST(:at AS timestamptz))
+         + (SELECT count(*) FROM reservations r JOIN gpus g ON g.reservation = r.id
+            WHERE r.tenant = :tenant AND g.gpu_class = c.gpu_class
+              AND r.ends_at <= CAST(:at AS timestamptz)
+              AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
+                              WHERE a.node_id = g.node_id AND a.gpu_index = g.idx
+                                AND a.tenant = :tenant)) AS gone
+    FROM unnest(CAST(:classes AS text[])) AS c(gpu_class)
+    """
+)
+
+
+async def headroom(
+    conn: Connection, tenant: str, classes: Iterable[str], *, at: datetime | None = None
+) -> dict[str, Headroom]:
+    """The tenant's Headroom for each of these classes, by class; `at`: at that later instant."""
     wanted = sorted(set(classes))
-    rows = await conn.execute(
-        _HEADROOM, {"tenant": tenant, "default": DEFAULT_TENANT, "classes": wanted}
+    rows = list(
+        await conn.execute(
+            _HEADROOM, {"tenant": tenant, "default": DEFAULT_TENANT, "classes": wanted}
+        )
     )
+    if at is not None:
+        gone = {
+            r.gpu_class: int(r.gone)
+            for r in await conn.execute(_GONE_BY, {"tenant": tenant, "classes": wanted, "at": at})
+        }
+        return {
+            r.gpu_class: Headroom(
+                tenant,
+                r.gpu_class,
+                r.known,
+                max(0, r.used - gone[r.gpu_class]) if r.gpu_limit is not None else r.used,
+                r.gpu_limit,
+                r.guaranteed,
+            )
+            for r in rows
+        }
     return {
         r.gpu_class: Headroom(tenant, r.gpu_class, r.known, r.used, r.gpu_limit, r.guaranteed)
         for r in rows

@@ -21,9 +21,11 @@ SELECT
 FROM (
   SELECT
     p.node_id,
-    p.free AS free,
-    p.withheld AS withheld,
-    p.last_resort AS last_resort,
+    p_admitted.free AS free,
+    (
+      p.withheld - p_admitted.withheld
+    ) AS withheld,
+    p_admitted.last_resort AS last_resort,
     (
       CAST((
         CASE
@@ -91,6 +93,41 @@ FROM (
     CAST(NULL AS DOUBLE PRECISION) AS gpus_facts_age,
     TRUE AS fresh
   FROM gpu_pools AS p
+  CROSS JOIN LATERAL (
+    SELECT
+      CAST(COUNT(*) AS INT) AS free,
+      COALESCE(ARRAY_AGG(g.idx ORDER BY g.idx), CAST('{}' AS INT[])) AS indices,
+      CAST(COUNT(*) FILTER(WHERE
+        g.withheld) AS INT) AS withheld,
+      CAST(COUNT(*) FILTER(WHERE
+        g.last_resort) AS INT) AS last_resort,
+      CAST(COUNT(*) FILTER(WHERE
+        g.reservation IS NOT NULL) AS INT) AS reserved
+    FROM gpus AS g
+    WHERE
+      g.node_id = p.node_id
+      AND g.gpu_class = p.gpu_class
+      AND (
+        (
+          (
+            g.healthy AND cardinality(g.sticky_reasons) = 0
+          ) AND g.cordon_reason IS NULL
+        )
+        AND NOT (
+          EXISTS(
+            SELECT
+              1
+            FROM allocated_gpus AS a
+            WHERE
+              a.node_id = g.node_id AND a.gpu_index = g.idx
+          )
+        )
+        AND NOT g.withheld
+        AND (
+          g.reservation = CAST(:reservation AS TEXT)
+        )
+      )
+  ) AS p_admitted
   WHERE
     p.gpu_class = :cls
 ) AS f
