@@ -182,6 +182,9 @@ gpus = Table(
     # set aside by at most one live reservation; cleared when it ends. What it
     # means for placement is availability.py's (gpu_admitted).
     Column("reservation", Text),
+    # Which of the reservation's replicas the GPU is room for (0..count-1): a
+    # failed GPU's whole slot is set aside again, by the shape's rules.
+    Column("reservation_slot", Integer),
     PrimaryKeyConstraint("node_id", "idx"),
     CheckConstraint("idx >= 0", name="idx"),
     CheckConstraint("memory_mb >= 0", name="memory"),

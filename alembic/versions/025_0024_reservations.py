@@ -12,7 +12,10 @@ Issue 47 (service/scheduling/reservations/, docs/scheduler/reservations.md).
   none). One column, so a GPU is set aside by at most one live reservation
   whatever the windows (stronger than "no two overlapping": reserve chooses
   among GPUs free now, and a GPU set aside is not free). The mark is cleared
-  when the reservation ends. ix_gpus_reservation finds a reservation's GPUs.
+  when the reservation ends. ix_gpus_reservation finds a reservation's GPUs;
+  gpus.reservation_slot, which of its `count` replicas a GPU is room for
+  (a GPU that fails takes its slot's GPUs out, and the slot is set aside
+  again whole, by the shape's rules).
 - gpu_pools.reserved, reserved_indices: the usable, unheld, untainted GPUs
   set aside (availability.pool_counts), a bucket of the partition; the
   partition CHECK is replaced by one that counts it (0022's code writes 0
@@ -80,6 +83,7 @@ TABLES = (
 # Constant defaults: added without rewriting the tables.
 COLUMNS = (
     "ALTER TABLE gpus ADD COLUMN IF NOT EXISTS reservation TEXT",
+    "ALTER TABLE gpus ADD COLUMN IF NOT EXISTS reservation_slot INTEGER",
     "ALTER TABLE gpu_pools ADD COLUMN IF NOT EXISTS reserved INTEGER DEFAULT 0 NOT NULL",
     """
     ALTER TABLE gpu_pools ADD COLUMN IF NOT EXISTS reserved_indices INTEGER[]
@@ -205,6 +209,7 @@ def downgrade() -> None:
     op.drop_column("shards", "until")
     op.drop_column("gpu_pools", "reserved_indices")
     op.drop_column("gpu_pools", "reserved")
+    op.drop_column("gpus", "reservation_slot")
     op.drop_column("gpus", "reservation")
     op.execute("DROP TABLE reservations")
     op.execute("DROP FUNCTION tenancy_reserved(text, text)")

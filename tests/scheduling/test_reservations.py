@@ -32,7 +32,7 @@ from tests.support.reservations import (
     tick,
     until_past,
 )
-from tests.support.tenancy import PLACE, place, quota, set_tenant, tenant, usage_of
+from tests.support.tenancy import PLACE, RELEASE, place, quota, set_tenant, tenant, usage_of
 
 NODES = [f"hgx-{i}" for i in range(4)]
 
@@ -199,3 +199,60 @@ async def test_all_or_nothing_and_within_the_limit(api: Api) -> None:
     assert ok["__typename"] == "Reservation", ok
     refused = await place(api, "more", tenant="rollout")
     assert refused["__typename"] == "Unplaceable" and refused["quota"] is not None, refused
+
+
+TAINT = """
+mutation T($node: ID!, $indices: [Int!]!) {
+  taintGpus(nodeId: $node, indices: $indices,
+            taint: {key: "bad", effect: NO_SCHEDULE, reason: "flaky"}) { index }
+}
+"""
+
+
+async def test_a_failed_reserved_gpu_is_replaced_else_degraded(
+    api: Api, engine: AsyncEngine
+) -> None:
+    for node_id in NODES[:3]:
+        await api(REGISTER, {"input": node_input(node_id)})
+    await set_tenant(api, "rollout")
+    await set_tenant(api, "batch")
+    made = await reserve(api, "r", tenant="rollout", count=1, start=soon(60), end=soon(120))
+    (first,) = reserved_nodes(made)
+    # An operator's NO_SCHEDULE taint on a reserved GPU: the slot is set
+    # aside again, whole, on a node with room (place's rules).
+    await api(TAINT, {"node": first, "indices": [3]})
+    assert await tick(engine) == 1
+    moved = (await api(RESERVATION, {"id": "r"}))["reservation"]
+    assert (moved["state"], moved["missingGpus"]) == ("SCHEDULED", 0), moved
+    (second,) = reserved_nodes(moved)
+    assert second != first and moved["gpus"][0]["gpuIndices"] == list(range(8))
+    # The failed node's other GPUs are free again; the new node's are not.
+    free = await free_by_node(api)
+    assert second not in free and len(free[first]) == 7
+    # Nothing left to replace it with: another tenant holds every other GPU.
+    for node_id in NODES[:3]:
+        if node_id != second:
+            for i in range(len(free.get(node_id, []))):
+                got = await place(api, f"fill-{node_id}-{i}", per=1, tenant="batch")
+                assert got["__typename"] == "Allocated", got
+    await api(TAINT, {"node": second, "indices": [0]})
+    await tick(engine)
+    degraded = (await api(RESERVATION, {"id": "r"}))["reservation"]
+    assert (degraded["state"], degraded["missingGpus"], degraded["gpus"]) == (
+        "DEGRADED", 8, []
+    ), degraded  # fmt: skip
+    assert len(await events(engine, "reservation_degraded")) == 1
+    # Another round finds nothing new: no second event.
+    await tick(engine)
+    assert len(await events(engine, "reservation_degraded")) == 1
+    # Room again (the batch replicas released): replaced on the one node
+    # with 8 usable GPUs left.
+    for node_id in NODES[:3]:
+        if node_id != second:
+            for i in range(len(free.get(node_id, []))):
+                await api(RELEASE, {"id": f"fill-{node_id}-{i}"})
+    (third,) = set(NODES[:3]) - {first, second}
+    await tick(engine)
+    back = (await api(RESERVATION, {"id": "r"}))["reservation"]
+    assert (back["state"], back["missingGpus"]) == ("SCHEDULED", 0), back
+    assert reserved_nodes(back) == {third}

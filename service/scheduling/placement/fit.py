@@ -448,8 +448,7 @@ def counted_by_census(request: PlaceRequest) -> bool:
     return (
         request.shards == 1
         and all(fact is None for fact in node_facts)
-        and not request.tolerating
-        and request.at is None
+        and not (request.tolerating or request.at)
         and (not request.needs_topology or pooled(request))
     )
 

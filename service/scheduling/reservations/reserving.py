@@ -170,16 +170,16 @@ def check_spec(spec: ReservationSpec, now: datetime) -> Rejection | None:
 _NOW = text("SELECT now()")
 # Two reserves of one id serialize here (47: the issue), so the second sees the first's row.
 _ID_LOCK = text("SELECT pg_advisory_xact_lock(47, hashtext(:id))")
-_FORGET_STAND_INS = text(
+_FORGET_STAND_IN = text(
     """
     WITH gone AS (
-        DELETE FROM shards WHERE replica_id = ANY(CAST(:ids AS text[]))
+        DELETE FROM shards WHERE replica_id = :name
         RETURNING node_id, gpu_indices
     ), rows AS (
-        DELETE FROM replicas WHERE replica_id = ANY(CAST(:ids AS text[]))
+        DELETE FROM replicas WHERE replica_id = :name
     ), said AS (
-        -- The stand-ins were never a replica: their claims leave no event.
-        DELETE FROM events WHERE replica_id = ANY(CAST(:ids AS text[]))
+        -- A stand-in was never a replica: its claim leaves no event.
+        DELETE FROM events WHERE replica_id = :name
     )
     SELECT node_id, gpu_indices FROM gone
     """
@@ -197,12 +197,46 @@ _INSERT = text(
 )
 _MARK = text(
     """
-    UPDATE gpus g SET reservation = :id
+    UPDATE gpus g SET reservation = :id, reservation_slot = :slot
     FROM jsonb_to_recordset(CAST(:gpus AS jsonb)) AS m(node_id text, idx int)
     WHERE g.node_id = m.node_id AND g.idx = m.idx AND g.reservation IS NULL
     RETURNING g.node_id
     """
 )
+
+
+async def set_aside(
+    conn: Connection,
+    reservation_id: str,
+    shape: PlaceRequest,
+    tenant: str,
+    slot: int,
+    actor: str | None,
+) -> Unplaceable | Rejection | None:
+    """Room for one replica of the shape, chosen by place() and marked as the reservation's `slot`.
+
+    A stand-in replica is placed (place's rules, ranking, quota and locks),
+    then forgotten and its GPUs marked, in the caller's transaction; its
+    nodes stay locked until commit. Answers why it could not be placed, or
+    None; on an answer the caller rolls back what it started.
+    """
+    name = f"{STAND_IN}{uuid.uuid4().hex}"
+    request = replace(shape, replica_id=name, charge=Charge(tenant))
+    placed = await place(conn, request, actor)
+    if not isinstance(placed, Allocated):
+        return placed
+    gpus = [
+        {"node_id": r.node_id, "idx": i}
+        for r in await conn.execute(_FORGET_STAND_IN, {"name": name})
+        for i in r.gpu_indices
+    ]
+    params = {"id": reservation_id, "slot": slot, "gpus": json.dumps(gpus)}
+    marked = list(await conn.execute(_MARK, params))
+    # Under the nodes' locks the stand-in's claim took: nothing else can have
+    # marked or held these GPUs since.
+    assert len(marked) == len(gpus), (len(marked), len(gpus))
+    await refresh_pools(conn, sorted({g["node_id"] for g in gpus}))
+    return None
 
 
 async def reserve(
@@ -227,18 +261,8 @@ async def reserve(
         return stored
     savepoint = await conn.begin_nested()
     try:
-        names = [f"{STAND_IN}{uuid.uuid4().hex}" for _ in range(spec.count)]
-        for name in names:
-            request = replace(spec.shape, replica_id=name, charge=Charge(spec.tenant))
-            placed = await place(conn, request, actor)
-            if not isinstance(placed, Allocated):
-                await savepoint.rollback()
-                return placed
-        gpus = [
-            {"node_id": r.node_id, "idx": i}
-            for r in await conn.execute(_FORGET_STAND_INS, {"ids": names})
-            for i in r.gpu_indices
-        ]
+        # The row first: the GPUs marked for it count toward the tenant's
+        # limit (tenancy_reserved) as each next slot's claim is charged.
         state = (
             await conn.execute(
                 _INSERT,
@@ -256,18 +280,19 @@ async def reserve(
                 },
             )
         ).scalar_one()
-        marked = list(await conn.execute(_MARK, {"id": spec.id, "gpus": json.dumps(gpus)}))
-        # Under the nodes' locks the stand-ins' claims took: nothing else can
-        # have marked or held these GPUs since.
-        assert len(marked) == len(gpus), (len(marked), len(gpus))
-        await refresh_pools(conn, sorted({g["node_id"] for g in gpus}))
-        detail = {"tenant": spec.tenant, "gpus": len(gpus), "start": _time(spec.start)}
+        for slot in range(spec.count):
+            refused = await set_aside(conn, spec.id, spec.shape, spec.tenant, slot, actor)
+            if refused is not None:
+                await savepoint.rollback()
+                return refused
+        detail = {
+            "reservation": spec.id,
+            "tenant": spec.tenant,
+            "gpus": spec.count * spec.shape.gpus,
+            "start": _time(spec.start),
+        }
         await record_event(
-            conn,
-            "reservation_created",
-            actor=actor,
-            reason=spec.reason,
-            detail={"reservation": spec.id, **detail},
+            conn, "reservation_created", actor=actor, reason=spec.reason, detail=detail
         )
         if state == "ACTIVE":
             await record_event(
@@ -312,7 +337,9 @@ _ENDING = {
     )
     for why, due in ENDS.items()
 }
-_UNMARK = text("UPDATE gpus SET reservation = NULL WHERE reservation = :id")
+_UNMARK = text(
+    "UPDATE gpus SET reservation = NULL, reservation_slot = NULL WHERE reservation = :id"
+)
 
 
 async def end_reservation(

@@ -8,6 +8,8 @@
   reservation_ended.
 - unused: -> ENDED releaseIfUnusedAfter seconds after the start when nothing
   was placed into it.
+- replace: a failed reserved GPU's slot set aside again (replacing.py);
+  DEGRADED while it cannot be.
 
 Each takes the reservation's nodes first, then changes its row with a
 conditional UPDATE (timeline's rule: made once, whichever process).
@@ -20,6 +22,8 @@ from sqlalchemy import text
 from service.database.connections import Connection
 from service.event_log.events import record_event
 from service.scheduling.allocations import release_replica
+from service.scheduling.reservations.replacing import DUE as REPLACEMENTS_DUE
+from service.scheduling.reservations.replacing import replace_failed
 from service.scheduling.reservations.reserving import ACTOR, ENDS, LOCK_NODES, end_reservation
 from service.scheduling.timeline import Transition
 
@@ -95,4 +99,6 @@ TRANSITIONS = (
     Transition("reservation_start", _STARTS, start),
     Transition("reservation_end", text(_due("end")), _end),
     Transition("reservation_unused", text(_due("unused")), _unused),
+    # A failed reserved GPU replaced (replacing.py), DEGRADED when it cannot be.
+    Transition("reservation_replace", REPLACEMENTS_DUE, replace_failed),
 )
