@@ -98,3 +98,41 @@ async def list_reservations(
         _PAGE, {"tenant": tenant, "state": state, "first": first, "after": after or ""}
     )
     return [reservation_of(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class ReservedUse:
+    """What live reservations set aside of a class for a tenant, and how much of it is unused."""
+
+    tenant: str
+    gpu_class: str
+    reserved: int
+    unused: int
+
+
+# Per tenant and class: the GPUs live reservations set aside, and of them
+# those no replica placed into the reservation holds (ix_gpus_reservation).
+_RESERVED_USE = text(
+    """
+    SELECT r.tenant, r.gpu_class, count(*) AS reserved,
+           count(*) FILTER (WHERE NOT EXISTS (
+               SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
+               WHERE a.node_id = g.node_id AND a.gpu_index = g.idx AND s.reservation = r.id))
+               AS unused
+    FROM reservations r JOIN gpus g ON g.reservation = r.id
+    WHERE r.state <> 'ENDED'
+    GROUP BY r.tenant, r.gpu_class ORDER BY 1, 2
+    """
+)
+_BY_STATE = text("SELECT state, count(*) AS n FROM reservations GROUP BY state")
+
+
+async def reserved_use(conn: Connection) -> list[ReservedUse]:
+    return [
+        ReservedUse(r.tenant, r.gpu_class, int(r.reserved), int(r.unused))
+        for r in await conn.execute(_RESERVED_USE)
+    ]
+
+
+async def reservations_by_state(conn: Connection) -> dict[str, int]:
+    return {r.state: int(r.n) for r in await conn.execute(_BY_STATE)}
