@@ -10,7 +10,10 @@ round times one place of 1x H100-80GB (released untimed) and one fit of a
 TP-8 shape. Then 1,000 reservations are made through `reserve` (one 8-GPU
 replica each, a window an hour from now, so 8,000 GPUs set aside), and
 the same rounds run again, each also timing fit(at:) at an instant inside
-the windows. The figures are medians and their ratios, in one run.
+the windows; then the reservations are released and the rounds with none
+run once more (the "none" figures are both runs, so neither side is favoured
+by a cache warmed or a table grown in between). The figures are medians
+and their ratios, in one run.
 
     python -m benchmarks.reservations [--nodes 10000] [--rounds 40] [--reservations 1000]
 """
@@ -39,6 +42,7 @@ mutation Place($input: PlaceInput!) {
 """
 RELEASE = "mutation R($id: ID!) { releaseReplica(replicaId: $id) }"
 RESERVE = "mutation R($input: ReservationInput!) { reserve(input: $input) { __typename } }"
+RELEASE_RESERVATION = "mutation R($id: ID!) { releaseReservation(id: $id) { state } }"
 FIT = """
 query F($shape: PlaceInput!, $at: DateTime) { fit(shape: $shape, at: $at) { replicas } }
 """
@@ -91,7 +95,11 @@ async def measure(url: str, rounds: int, reservations: int = 1000) -> dict[str, 
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-            none = await _rounds(client, engine, rounds, "none", None)
+            # Warm-up, untimed; then the rounds with none before and after
+            # the rounds with reservations (so neither is favoured by a cache
+            # warmed or a table grown in between).
+            await _rounds(client, engine, 3, "warm", None)
+            before = await _rounds(client, engine, rounds, "none", None)
             start = datetime.now(UTC) + timedelta(hours=1)
             made = time.perf_counter()
             for k in range(reservations):
@@ -108,6 +116,10 @@ async def measure(url: str, rounds: int, reservations: int = 1000) -> dict[str, 
             made = time.perf_counter() - made
             inside = _iso(start + timedelta(hours=1))
             with_them = await _rounds(client, engine, rounds, "with", inside)
+            for k in range(reservations):
+                await _post(client, RELEASE_RESERVATION, {"id": f"bench-res-{k}"})
+            after = await _rounds(client, engine, rounds, "none-again", None)
+            none = {key: before[key] + after[key] for key in before}
     finally:
         await dispose(engine)
     return {
