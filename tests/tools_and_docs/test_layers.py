@@ -293,6 +293,10 @@ def test_the_folder_listings_are_read_as_a_reader_reads_them() -> None:
 REVIEW_AT_LINES = 600
 
 LONG_MODULES: dict[str, str] = {
+    "service.scheduling.placement.fit": (
+        "fit: how many more replicas of one shape fit, now or at a later instant, by place()'s "
+        "planner over the class's pools, counted by the census or surveyed"
+    ),
     "service.tables": (
         "the schema of the core tables, each constraint and index beside the columns it keeps "
         "(fleet health's, tenancy's and reservations' tables are modules of their own)"
