@@ -236,7 +236,9 @@ def gpu_admitted(g: str, admitting: str = ADMITS_NONE) -> str:
     The one definition of who may use a GPU set aside (issue 47): no one but
     the owner placing into it (:reservation), and a replica whose :until is
     at or before the reservation's start (it is told to stop at the start:
-    service/scheduling/reservations/).
+    service/scheduling/reservations/) while it has not started: a claim that
+    waited for the nodes' locks behind the start sees it started, and takes
+    nothing the start just freed for the window.
     """
     c = _columns_of(g)
     if admitting == ADMITS_INTO:
@@ -249,7 +251,8 @@ def gpu_admitted(g: str, admitting: str = ADMITS_NONE) -> str:
     if admitting == ADMITS_UNTIL:
         return (
             f"({c}reservation IS NULL OR EXISTS (SELECT 1 FROM reservations r"
-            f" WHERE r.id = {c}reservation AND r.starts_at >= CAST(:until AS timestamptz)))"
+            f" WHERE r.id = {c}reservation AND r.started_at IS NULL"
+            " AND r.starts_at >= CAST(:until AS timestamptz)))"
         )
     return f"({c}reservation IS NULL)"
 

@@ -40,7 +40,9 @@ WITH nodes AS (
             1
           FROM reservations AS r
           WHERE
-            r.id = g.reservation AND r.starts_at >= CAST(:until AS TIMESTAMPTZ)
+            r.id = g.reservation
+            AND r.started_at IS NULL
+            AND r.starts_at >= CAST(:until AS TIMESTAMPTZ)
         )
       )
     )
