@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
+from tests.support.place_group import role
 from tests.support.reports import H100, REGISTER, gpus, node_input
 from tests.support.reservations import iso, reserve, soon, tick, until_past
 from tests.support.tenancy import PLACE, RELEASE, place, quota, set_tenant
@@ -120,3 +121,27 @@ async def test_fit_at_equals_place_at(api: Api, engine: AsyncEngine, seed: int) 
         for replica_id in ids:
             await api(RELEASE, {"id": replica_id})
     assert placed == predicted, (seed, shapes, placed, predicted)
+
+
+FIT_GROUP_AT = """
+query F($g: PlaceGroupInput!, $at: DateTime) { fitGroup(group: $g, at: $at) { groups } }
+"""
+
+
+async def test_fit_group_at_counts_what_a_reservation_frees_by_then(
+    api: Api, engine: AsyncEngine
+) -> None:
+    for i in range(3):
+        await api(REGISTER, {"input": node_input(f"n{i}")})
+    await set_tenant(api, "owner")
+    start, end = soon(1), soon(2)
+    made = await reserve(api, "r", tenant="owner", count=2, start=start, end=end)
+    assert made["__typename"] == "Reservation", made
+    group = {"groupId": "pd", "roles": [role("prefill", 1, 4), role("decode", 1, 4)]}
+    now = (await api(FIT_GROUP_AT, {"g": group, "at": None}))["fitGroup"]["groups"]
+    later = (await api(FIT_GROUP_AT, {"g": group, "at": iso(end)}))["fitGroup"]["groups"]
+    # One free node now (a group of 2x4 per node); all three once the window ends.
+    assert (now, later) == (1, 3)
+    await until_past(end)
+    await tick(engine)
+    assert (await api(FIT_GROUP_AT, {"g": group, "at": None}))["fitGroup"]["groups"] == later
