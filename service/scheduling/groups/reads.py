@@ -343,9 +343,7 @@ def windowed(
         return False
     # A board asked of a later instant (fitGroup's `at`) reads the pools as
     # they will be (availability.gpu_offered_at), which the census does not.
-    return all(
-        counted_by_census(replace(r, shards=1)) and r.at is None for r in requests.values()
-    )
+    return all(counted_by_census(replace(r, shards=1)) and r.at is None for r in requests.values())
 
 
 def window_size(requests: Mapping[str, PlaceRequest], group: GroupRequest) -> int:
