@@ -165,6 +165,20 @@ def gpu_held(g: str = "g") -> str:
     )
 
 
+def gpu_held_by(g: str, holder: str) -> str:
+    """SQL: the GPU row `g` is held by a shard for which `holder` is true.
+
+    `holder` is SQL over the held row `a` (of allocated_gpus: its tenant) and
+    its shard `s` (its `until`, the reservation it was placed into): who
+    holds a GPU, asked of reservations (placed into one, due to be gone by
+    an instant, held by a tenant).
+    """
+    return (
+        "EXISTS (SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id"
+        f" WHERE a.node_id = {g}.node_id AND a.gpu_index = {g}.idx AND {holder})"
+    )
+
+
 def gpu_free(g: str = "g") -> str:
     """SQL: the GPU row `g` (of `gpus`) can be allocated now, its node's state aside.
 
@@ -222,9 +236,7 @@ def gpu_offered_at(g: str = "g", tolerating: bool = False) -> str:
     taint = gpu_tolerated(g) if tolerating else f"NOT {gpu_withheld(g)}"
     return (
         f"({gpu_usable(g)} AND {taint}"
-        " AND NOT EXISTS (SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id"
-        f" WHERE a.node_id = {c}node_id AND a.gpu_index = {c}idx"
-        " AND (s.until IS NULL OR s.until > CAST(:at AS timestamptz)))"
+        f" AND NOT {gpu_held_by(g, '(s.until IS NULL OR s.until > CAST(:at AS timestamptz))')}"
         f" AND ({c}reservation IS NULL OR EXISTS (SELECT 1 FROM reservations r"
         f" WHERE r.id = {c}reservation AND r.ends_at <= CAST(:at AS timestamptz))))"
     )

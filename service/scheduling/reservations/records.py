@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 
 from service.database.connections import Connection
+from service.scheduling.availability import gpu_held_by
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,9 @@ class ReservedUse:
 # Per tenant and class: the GPUs live reservations set aside, and of them
 # those no replica placed into the reservation holds (ix_gpus_reservation).
 _RESERVED_USE = text(
-    """
+    f"""
     SELECT r.tenant, r.gpu_class, count(*) AS reserved,
-           count(*) FILTER (WHERE NOT EXISTS (
-               SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
-               WHERE a.node_id = g.node_id AND a.gpu_index = g.idx AND s.reservation = r.id))
-               AS unused
+           count(*) FILTER (WHERE NOT {gpu_held_by("g", "s.reservation = r.id")}) AS unused
     FROM reservations r JOIN gpus g ON g.reservation = r.id
     WHERE r.state <> 'ENDED'
     GROUP BY r.tenant, r.gpu_class ORDER BY 1, 2

@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 from service.database.connections import Connection
 from service.event_log.events import record_event
-from service.scheduling.availability import gpu_usable, gpu_withheld
+from service.scheduling.availability import gpu_held_by, gpu_usable, gpu_withheld
 from service.scheduling.gpu_pools import refresh_pools
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.reservations.reserving import ACTOR, LOCK_NODES, set_aside
@@ -32,10 +32,7 @@ from service.scheduling.tenancy.charges import Charge, PreemptionPolicy
 # withheld, and not held by a replica placed into it (that replica's
 # failure is its scheduler's to handle, and the slot is in use).
 _FAILED = f"""
-    (NOT {gpu_usable("g")} OR {gpu_withheld("g")})
-    AND NOT EXISTS (SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
-                    WHERE a.node_id = g.node_id AND a.gpu_index = g.idx
-                      AND s.reservation = r.id)
+    (NOT {gpu_usable("g")} OR {gpu_withheld("g")}) AND NOT {gpu_held_by("g", "s.reservation = r.id")}
 """
 # The reservations with a broken slot (a failed GPU, or fewer GPUs than a
 # replica takes: one left its node's report) or with slots missing.
@@ -70,11 +67,10 @@ _BROKEN = text(
 )
 # The broken slots' GPUs let go, but for any a replica placed into it holds.
 _LET_GO = text(
-    """
+    f"""
     UPDATE gpus g SET reservation = NULL, reservation_slot = NULL
     WHERE g.reservation = :id AND g.reservation_slot = ANY(CAST(:slots AS int[]))
-      AND NOT EXISTS (SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
-                      WHERE a.node_id = g.node_id AND a.gpu_index = g.idx AND s.reservation = :id)
+      AND NOT {gpu_held_by("g", "s.reservation = CAST(:id AS text)")}
     RETURNING g.node_id
     """
 )

@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import text
 
 from service.database.connections import Connection
+from service.scheduling.availability import gpu_held_by
 from service.scheduling.tenancy.charges import (
     DEFAULT_TENANT,
     QuotaShortfall,
@@ -68,7 +69,7 @@ _HEADROOM = text(
 # replicas whose `until` is at or before it, and GPUs its reservations that
 # end by then set aside and it holds none of (fit with `at`).
 _GONE_BY = text(
-    """
+    f"""
     SELECT c.gpu_class,
            (SELECT count(*) FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
             WHERE a.tenant = :tenant AND a.gpu_class = c.gpu_class
@@ -76,9 +77,7 @@ _GONE_BY = text(
          + (SELECT count(*) FROM reservations r JOIN gpus g ON g.reservation = r.id
             WHERE r.tenant = :tenant AND g.gpu_class = c.gpu_class
               AND r.ends_at <= CAST(:at AS timestamptz)
-              AND NOT EXISTS (SELECT 1 FROM allocated_gpus a
-                              WHERE a.node_id = g.node_id AND a.gpu_index = g.idx
-                                AND a.tenant = :tenant)) AS gone
+              AND NOT {gpu_held_by("g", "a.tenant = CAST(:tenant AS text)")}) AS gone
     FROM unnest(CAST(:classes AS text[])) AS c(gpu_class)
     """
 )

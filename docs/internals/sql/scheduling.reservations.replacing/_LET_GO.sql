@@ -12,6 +12,8 @@ WHERE
     JOIN shards AS s
       ON s.shard_id = a.shard_id
     WHERE
-      a.node_id = g.node_id AND a.gpu_index = g.idx AND s.reservation = :id
+      a.node_id = g.node_id
+      AND a.gpu_index = g.idx
+      AND s.reservation = CAST(:id AS TEXT)
   )
 RETURNING g.node_id

@@ -25,8 +25,12 @@ SELECT
         SELECT
           1
         FROM allocated_gpus AS a
+        JOIN shards AS s
+          ON s.shard_id = a.shard_id
         WHERE
-          a.node_id = g.node_id AND a.gpu_index = g.idx AND a.tenant = :tenant
+          a.node_id = g.node_id
+          AND a.gpu_index = g.idx
+          AND a.tenant = CAST(:tenant AS TEXT)
       )
   ) AS gone
 FROM UNNEST(CAST(:classes AS TEXT[])) AS c(gpu_class)
