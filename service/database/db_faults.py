@@ -29,6 +29,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.CannotConnectNowError,  # "the database system is starting up"
+    # "sorry, too many clients already" (SQLSTATE 53300): a new connection refused at
+    # max_connections (or a role's or database's limit). It passes as others return
+    # theirs; answered as a crash it was an INTERNAL_ERROR with a traceback.
+    asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,  # "terminating connection due to administrator command"
     asyncpg.CrashShutdownError,
     # "cannot execute INSERT in a read-only transaction": the server is a

@@ -46,6 +46,7 @@ from service.bounds import (
     MAX_LABELS,
     MAX_RUNNING_SHARDS,
     MAX_SHARDS,
+    MAX_TENANT_QUOTAS,
     MAX_TOLERATIONS,
     MAX_WEIGHTS,
     MAX_XIDS,
@@ -80,6 +81,7 @@ LIST_BOUNDS: Final[Mapping[str, int]] = {
     "Mutation.heartbeat(runningShards)": MAX_RUNNING_SHARDS,
     "Mutation.taintGpus(indices)": MAX_GPUS,
     "Mutation.untaintGpus(indices)": MAX_GPUS,
+    "TenantInput.quotas": MAX_TENANT_QUOTAS,
 }
 
 Holder = GraphQLArgument | GraphQLInputField

@@ -7,10 +7,15 @@ in a tight loop nor give up: the answer tells it how long to wait.
 
 from __future__ import annotations
 
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
 import httpx
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
+from service.database.db import create_engine, dispose
 from service.database.db_faults import RETRY_AFTER_SECONDS
 from service.web.app import create_app
 
@@ -55,3 +60,33 @@ async def test_a_draining_replica_is_not_ready_and_says_when_to_ask_again(
         # Still serving meanwhile: only readiness says it is going.
         served = await client.post("/graphql", json=GRAPHQL)
         assert served.status_code == 200 and served.json() == {"data": {"nodes": []}}
+
+
+async def test_a_server_with_no_connection_to_spare_is_told_to_retry(
+    engine: AsyncEngine, database_url: str, fast_path: bool
+) -> None:
+    """PostgreSQL refusing a connection at its limit ("too many clients already", SQLSTATE
+    53300) passes by itself as connections are returned: DATABASE_UNAVAILABLE with
+    Retry-After, not an INTERNAL_ERROR (seen when two racing tests filled the server)."""
+    role = f"crowded_{uuid.uuid4().hex[:8]}"
+    async with engine.begin() as conn:
+        # A role allowed no connection: every connection it opens is refused with 53300,
+        # as every role's is when the server is at max_connections.
+        await conn.execute(text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0"))
+    parts = urlsplit(database_url)
+    host = parts.netloc.rpartition("@")[2]
+    crowded = create_engine(
+        urlunsplit((parts.scheme, f"{role}@{host}", parts.path, parts.query, parts.fragment)),
+        Settings(db_timeout=2),
+    )
+    try:
+        app = create_app(Settings(db_timeout=2, fast_path=fast_path), engine=crowded)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as client:
+            response = await client.post("/graphql", json=GRAPHQL)
+        assert says_retry_after(response), (response.status_code, response.text)
+        assert response.json()["errors"][0]["extensions"]["code"] == "DATABASE_UNAVAILABLE"
+    finally:
+        await dispose(crowded)
+        async with engine.begin() as conn:
+            await conn.execute(text(f"DROP ROLE {role}"))

@@ -34,7 +34,10 @@ TEMPLATE_ENV = "LLMGW_TEST_TEMPLATE"
 # The embedded server is the tests' own, thrown away after the run: nothing in
 # it must survive a crash of the machine, so it does not wait for the disk.
 # (Tests of durability start servers of their own: own_postgres, pg_cluster.py.)
-THROWAWAY_SETTINGS = {"fsync": "off", "full_page_writes": "off"}
+# max_connections: the workers' pools, and tests that start service processes
+# with pools of their own, share one server; at the default 100 two such tests
+# running at once on two workers were refused "too many clients already".
+THROWAWAY_SETTINGS = {"fsync": "off", "full_page_writes": "off", "max_connections": "300"}
 
 
 def with_database(url: str, name: str) -> str:
@@ -114,15 +117,16 @@ def embedded_server() -> Iterator[str]:
     root.chmod(0o755)
     server = EmbeddedPostgres(root / "data")
     try:
-        url = libpq_url(server.url)
         asyncio.run(
             _on_server(
-                url,
+                libpq_url(server.url),
                 *(f"ALTER SYSTEM SET {k} = '{v}'" for k, v in THROWAWAY_SETTINGS.items()),
-                "SELECT pg_reload_conf()",
             )
         )
-        yield url
+        # max_connections takes a restart (the others would take a reload).
+        server.stop()
+        server = EmbeddedPostgres(root / "data")
+        yield libpq_url(server.url)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
