@@ -23,8 +23,7 @@ PLACEABLE = ("ACTIVE", "DEGRADED")
 
 _RESERVATION = text(
     """
-    SELECT r.id, r.tenant, r.gpu_class, r.state, r.starts_at, r.ends_at, r.started_at,
-           now() AS now
+    SELECT r.id, r.tenant, r.gpu_class, r.state, r.starts_at
     FROM reservations r WHERE r.id = :id
     """
 )
@@ -75,16 +74,14 @@ async def admission(conn: Connection, request: PlaceRequest) -> Rejection | None
             if row.state == "ENDED":
                 why = "it has ended"
             else:
-                why = f"it starts at {_time(row.starts_at)} (now {_time(row.now)})"
+                why = f"it starts at {_time(row.starts_at)}"
             return Rejection(
                 RejectionCode.CONFLICT, f"reservation={shown(request.reservation)!r}: {why}"
             )
     if request.until is not None:
         now = (await conn.execute(_NOW)).scalar_one()
         if request.until <= now:
-            return invalid_field(
-                "until", _time(request.until), f"is not in the future (now {_time(now)})"
-            )
+            return invalid_field("until", _time(request.until), "is not in the future")
     return None
 
 

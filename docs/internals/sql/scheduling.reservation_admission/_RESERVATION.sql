@@ -4,10 +4,7 @@ SELECT
   r.tenant,
   r.gpu_class,
   r.state,
-  r.starts_at,
-  r.ends_at,
-  r.started_at,
-  CURRENT_TIMESTAMP AS now
+  r.starts_at
 FROM reservations AS r
 WHERE
   r.id = :id
