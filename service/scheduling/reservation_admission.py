@@ -71,10 +71,8 @@ async def admission(conn: Connection, request: PlaceRequest) -> Rejection | None
                 f"it sets aside {row.gpu_class} GPUs, not {request.gpu_class}",
             )
         if row.state not in PLACEABLE:
-            if row.state == "ENDED":
-                why = "it has ended"
-            else:
-                why = f"it starts at {_time(row.starts_at)}"
+            ended = row.state == "ENDED"
+            why = "it has ended" if ended else f"it starts at {_time(row.starts_at)}"
             return Rejection(
                 RejectionCode.CONFLICT, f"reservation={shown(request.reservation)!r}: {why}"
             )
