@@ -355,7 +355,8 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         [((("kind", r.kind),), int(r.n)) for r in await conn.execute(_DRIFT)],
     )
     await _tenants(conn, out)
-    await _reservations(conn, out)
+    for family in await records.families(conn):  # reservations': GPUs set aside, by state
+        out.family(*family)
     nodes = list(await conn.execute(_PER_NODE))
     known_disk = [n for n in nodes if n.local_disk_total is not None]
     out.family(
@@ -404,33 +405,6 @@ async def _tenants(conn: Connection, out: Exposition) -> None:
     ):  # fmt: skip
         samples = [((("tenant", t), ("gpu_class", c)), v) for t, c, v in values]
         out.family(f"inventory_tenant_{name}", kind, help_text, samples)
-
-
-async def _reservations(conn: Connection, out: Exposition) -> None:
-    """Reservations (service/scheduling/reservations/): GPUs set aside, unused, and by state."""
-    use = await records.reserved_use(conn)
-    out.family(
-        "inventory_reserved_gpus",
-        "gauge",
-        "GPUs live reservations set aside, by tenant and class (not free to other places).",
-        [((("tenant", u.tenant), ("gpu_class", u.gpu_class)), u.reserved) for u in use],
-    )
-    out.family(
-        "inventory_reserved_unused_gpus",
-        "gauge",
-        "Of the GPUs live reservations set aside, those no replica placed into them holds.",
-        [((("tenant", u.tenant), ("gpu_class", u.gpu_class)), u.unused) for u in use],
-    )
-    by_state = await records.reservations_by_state(conn)
-    out.family(
-        "inventory_reservations",
-        "gauge",
-        "Reservations by state (DEGRADED: a reserved GPU failed and could not be replaced).",
-        [
-            ((("state", s),), by_state.get(s, 0))
-            for s in ("SCHEDULED", "ACTIVE", "DEGRADED", "ENDED")
-        ],
-    )
 
 
 def _process(out: Exposition) -> None:

@@ -134,3 +134,29 @@ async def reserved_use(conn: Connection) -> list[ReservedUse]:
 
 async def reservations_by_state(conn: Connection) -> dict[str, int]:
     return {r.state: int(r.n) for r in await conn.execute(_BY_STATE)}
+
+
+Sample = tuple[tuple[tuple[str, str], ...], float]
+
+
+async def families(conn: Connection) -> list[tuple[str, str, str, list[Sample]]]:
+    """The Prometheus families of reservations (service/metrics.py writes them): name, kind, help, samples."""
+    use = await reserved_use(conn)
+    by_state = await reservations_by_state(conn)
+
+    def per_class(value: str) -> list[Sample]:
+        return [
+            ((("tenant", u.tenant), ("gpu_class", u.gpu_class)), getattr(u, value)) for u in use
+        ]
+
+    return [
+        ("inventory_reserved_gpus", "gauge",
+         "GPUs live reservations set aside, by tenant and class (not free to other places).",
+         per_class("reserved")),
+        ("inventory_reserved_unused_gpus", "gauge",
+         "Of the GPUs live reservations set aside, those no replica placed into them holds.",
+         per_class("unused")),
+        ("inventory_reservations", "gauge",
+         "Reservations by state (DEGRADED: a reserved GPU failed and could not be replaced).",
+         [((("state", s),), by_state.get(s, 0)) for s in ("SCHEDULED", "ACTIVE", "DEGRADED", "ENDED")]),
+    ]  # fmt: skip
