@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
+from tests.support.fencing import ALLOCATIONS, BEAT
 from tests.support.reports import REGISTER, node_input
 from tests.support.reservations import (
     RELEASE_RESERVATION,
@@ -106,6 +107,12 @@ async def test_the_rollout_example(api: Api, engine: AsyncEngine) -> None:
     assert forbidden["extensions"]["code"] == "FORBIDDEN", forbidden
     assert forbidden["extensions"]["field"] == "reservation"
 
+    # What the early replica's engine runs (its shard and fence).
+    node = early["allocations"][0]["nodeId"]
+    held = (await api(ALLOCATIONS, {"nodeId": node}))["allocations"]
+    running = [{"shardId": a["shardId"], "fence": a["fence"]} for a in held]
+    assert [a["replicaId"] for a in held] == ["batch-early"]
+
     # 5. The start: ACTIVE, and the early replica is freed, told RESERVATION.
     await until_past(start)
     assert await tick(engine) >= 1
@@ -114,6 +121,10 @@ async def test_the_rollout_example(api: Api, engine: AsyncEngine) -> None:
     released = [r for r in await events(engine, "released") if r.replica_id == "batch-early"]
     assert released and released[0].detail["reservation"] == "v2-rollout"
     assert len(await events(engine, "reservation_active")) == 1
+    beat = (await api(BEAT, {"id": node, "running": running}))["heartbeat"]
+    assert [(x["shardId"], x["reason"]) for x in beat["shardsToStop"]] == [
+        (running[0]["shardId"], "RESERVATION")
+    ]
     # A second round (another process) changes nothing.
     assert await tick(engine) == 0
 
