@@ -267,3 +267,18 @@ async def test_a_failed_reserved_gpu_is_replaced_else_degraded(
     back = (await api(RESERVATION, {"id": "r"}))["reservation"]
     assert (back["state"], back["missingGpus"]) == ("SCHEDULED", 0), back
     assert reserved_nodes(back) == {third}
+
+
+async def test_a_cordoned_node_s_reserved_gpus_move(api: Api, engine: AsyncEngine) -> None:
+    for node_id in NODES[:2]:
+        await api(REGISTER, {"input": node_input(node_id)})
+    await set_tenant(api, "rollout")
+    made = await reserve(api, "r", tenant="rollout", count=1, start=soon(60), end=soon(120))
+    (first,) = reserved_nodes(made)
+    await api(
+        'mutation C($id: ID!) { cordonNode(id: $id, reason: "firmware") { id } }', {"id": first}
+    )
+    assert await tick(engine) == 1
+    moved = (await api(RESERVATION, {"id": "r"}))["reservation"]
+    assert reserved_nodes(moved) == set(NODES[:2]) - {first}
+    assert (moved["state"], moved["missingGpus"]) == ("SCHEDULED", 0)

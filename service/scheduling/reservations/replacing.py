@@ -3,8 +3,9 @@
 A reservation's GPUs are grouped in slots, one per replica it holds room
 for (gpus.reservation_slot). A slot is broken when one of its GPUs, not held
 by a replica placed into the reservation, is no longer usable or is
-withheld by a taint (an XID, drift, an operator's: availability's rules), or
-is gone from its node's report. Its GPUs are then let go whole and the slot
+withheld by a taint (an XID, drift, an operator's: availability's rules), is
+on a node that takes no placement (cordoned, drained, unreachable, lost),
+or is gone from its node's report. Its GPUs are then let go whole and the slot
 is set aside again as reserve() sets one aside (reserving.set_aside: place's
 rules and ranking, among the GPUs free now). A slot that cannot be had stays
 missing: the reservation is DEGRADED, `missingGpus` says how many, and the
@@ -21,7 +22,12 @@ from sqlalchemy import text
 
 from service.database.connections import Connection
 from service.event_log.events import record_event
-from service.scheduling.availability import gpu_held_by, gpu_usable, gpu_withheld
+from service.scheduling.availability import (
+    gpu_held_by,
+    gpu_usable,
+    gpu_withheld,
+    node_schedulable,
+)
 from service.scheduling.gpu_pools import refresh_pools
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.reservations.reserving import ACTOR, LOCK_NODES, set_aside
@@ -32,7 +38,9 @@ from service.scheduling.tenancy.charges import Charge, PreemptionPolicy
 # withheld, and not held by a replica placed into it (that replica's
 # failure is its scheduler's to handle, and the slot is in use).
 _FAILED = f"""
-    (NOT {gpu_usable("g")} OR {gpu_withheld("g")}) AND NOT {gpu_held_by("g", "s.reservation = r.id")}
+    (NOT {gpu_usable("g")} OR {gpu_withheld("g")}
+     OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = g.node_id AND {node_schedulable("n")}))
+    AND NOT {gpu_held_by("g", "s.reservation = r.id")}
 """
 # The reservations with a broken slot (a failed GPU, or fewer GPUs than a
 # replica takes: one left its node's report) or with slots missing.

@@ -19,6 +19,15 @@ WHERE
             ) AND g.cordon_reason IS NULL
           )
           OR g.withheld
+          OR NOT EXISTS(
+            SELECT
+              1
+            FROM nodes AS n
+            WHERE
+              n.id = g.node_id AND (
+                n.state = 'ready'
+              )
+          )
         )
         AND NOT EXISTS(
           SELECT
