@@ -341,7 +341,8 @@ async def free_held(conn: Connection, node_id: str, actor: str | None, reason: s
 # NO_EXECUTE taint's time for it has come (taints.stop_by_sql), and whether
 # a release of exactly that shard and fence on this node followed a loss
 # (released events carry the fence, and afterLoss when a loss caused them;
-# allocations._release). The event lookup walks this node's events
+# allocations._release), or for another reason the service released it for
+# (stopReason: a maintenance window's start). The event lookup walks this node's events
 # (ix_events_node_id), only for shards the inventory does not hold as run.
 _RUNNING_VS_HELD = text(
     f"""
@@ -352,12 +353,13 @@ _RUNNING_VS_HELD = text(
                  AND e.detail ->> 'fence' = CAST(r.fence AS text)
                  AND e.detail ? 'afterLoss'
            ) END AS freed_after_loss,
-           CASE WHEN s.node_id = :node_id AND s.fence = r.fence THEN NULL ELSE EXISTS (
-               SELECT 1 FROM events e
+           CASE WHEN s.node_id = :node_id AND s.fence = r.fence THEN NULL ELSE (
+               SELECT ARRAY[e.detail ->> 'stopReason', e.detail ->> 'preemptedBy'] FROM events e
                WHERE e.node_id = :node_id AND e.kind = 'released' AND e.shard_id = r.shard_id
                  AND e.detail ->> 'fence' = CAST(r.fence AS text)
-                 AND e.detail ? 'reservation'
-           ) END AS freed_for_reservation,
+                 AND e.detail ? 'stopReason'
+               ORDER BY e.id DESC LIMIT 1
+           ) END AS stopped_for,
            CASE WHEN s.node_id = :node_id AND s.fence = r.fence
                 THEN coalesce({stop_by_sql("s")} <= now(), false) END AS tainted
     FROM jsonb_to_recordset(CAST(:running AS jsonb)) AS r(shard_id text, fence int)
@@ -388,15 +390,20 @@ async def shards_to_stop(
                 # (the scheduler replaces and releases it).
                 stops.append(ShardToStop(r.shard_id, r.fence, StopReason.TAINTED))
             continue
+        preempted_by = None
         if r.freed_after_loss:
             reason = StopReason.FREED_WHILE_LOST
-        elif r.freed_for_reservation:
-            reason = StopReason.RESERVATION
+        elif r.stopped_for is not None:
+            # Released by the service for a reason of its own (a maintenance
+            # window's start, a preemption naming the preemptor:
+            # placement/preemption.py): releases.py's stopped_for.
+            reason = StopReason(r.stopped_for[0])
+            preempted_by = r.stopped_for[1]
         elif r.held_on is not None:
             reason = StopReason.FENCE_SUPERSEDED
         else:
             reason = StopReason.RELEASED
-        stops.append(ShardToStop(r.shard_id, r.fence, reason))
+        stops.append(ShardToStop(r.shard_id, r.fence, reason, preempted_by))
     return stops
 
 

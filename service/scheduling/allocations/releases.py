@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import text
@@ -77,7 +78,7 @@ async def _release(
     *,
     after_loss: bool = False,
     generation: tuple[str, int] | None = None,
-    stopped_for: str | None = None,
+    stopped_for: Mapping[str, Any] | None = None,
 ) -> list[Row[Any]]:
     """The released shards' rows (shard_id, replica_id, node_id, gpu_indices, fence).
 
@@ -86,9 +87,10 @@ async def _release(
     `after_loss`: the release is the consequence of a node lost (the liveness
     sweep, or a held shard freed): its events say so, and an engine that
     still runs the shard is told FREED_WHILE_LOST (service/fleet/fencing.py).
-    `stopped_for`: a reservation whose start frees the GPUs (the replica had
-    promised to be gone by then): its events name it, and an engine that
-    still runs the shard is told RESERVATION.
+    `stopped_for`: what made the service release it, added to each event's
+    detail: {"stopReason": a fencing.StopReason's value, ...}, which an engine
+    that still runs the shard is told (a reservation's start, to a replica
+    placed `until` then, whose detail also names the reservation).
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
@@ -110,8 +112,8 @@ async def _release(
             detail: dict[str, Any] = {"gpuIndices": sorted(r.gpu_indices), "fence": r.fence}
             if after_loss:
                 detail["afterLoss"] = True
-            if stopped_for is not None:
-                detail["reservation"] = stopped_for
+            if stopped_for:
+                detail.update(stopped_for)
             await record_event(
                 conn,
                 "released",
@@ -149,7 +151,7 @@ async def release_replica(
     generation: int | None = None,
     after_loss: bool = False,
     tombstone_for: float | None = None,
-    stopped_for: str | None = None,
+    stopped_for: Mapping[str, Any] | None = None,
 ) -> int:
     """Free every shard of a replica: replicas fail whole, so they are freed whole.
 

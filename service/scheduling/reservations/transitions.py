@@ -67,7 +67,7 @@ async def start(conn: Connection, reservation_id: str) -> bool:
             replica_id,
             ACTOR,
             f"reservation {reservation_id} starts: the replica was placed until then",
-            stopped_for=reservation_id,
+            stopped_for={"stopReason": "RESERVATION", "reservation": reservation_id},
         )
     await record_event(
         conn,

@@ -22,18 +22,21 @@ SELECT
   CASE
     WHEN s.node_id = :node_id AND s.fence = r.fence
     THEN NULL
-    ELSE EXISTS(
+    ELSE (
       SELECT
-        1
+        ARRAY[e.detail ->> 'stopReason', e.detail ->> 'preemptedBy']
       FROM events AS e
       WHERE
         e.node_id = :node_id
         AND e.kind = 'released'
         AND e.shard_id = r.shard_id
         AND e.detail ->> 'fence' = CAST(r.fence AS TEXT)
-        AND e.detail ? 'reservation'
+        AND e.detail ? 'stopReason'
+      ORDER BY
+        e.id DESC
+      LIMIT 1
     )
-  END AS freed_for_reservation,
+  END AS stopped_for,
   CASE
     WHEN s.node_id = :node_id AND s.fence = r.fence
     THEN COALESCE(
