@@ -30,6 +30,7 @@ from alembic import context
 from service import (
     health_tables,  # noqa: F401 (fleet health's tables join the metadata)
     maintenance_tables,  # noqa: F401 (and maintenance windows')
+    reservation_tables,  # noqa: F401 (and reservations')
     tenancy_tables,  # noqa: F401 (and tenancy's)
 )
 from service.database.db import asyncpg_url, engine_for

@@ -227,6 +227,18 @@ def verdicts(rows: list[Row]) -> list[Verdict]:
         out.append(Verdict(name, _judged(preempting.ratio <= 3.0), f"x{preempting.ratio:.2f}"))
     else:
         out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
+    # Issue 47: reservations cost place at most 10%; fit(at:) at most 2x fit.
+    for name, row_name, bound in (
+        ("place with 1,000 reservations <= 1.1x place with none, 10k nodes (issue 47)",
+         "place 1x H100-80GB with 1,000 reservations set aside p50", 1.1),
+        ("fit(at:) <= 2x fit, 10k nodes, 1,000 reservations (issue 47)",
+         "fit(at:) TP-8 inside 1,000 reservations' windows p50", 2.0),
+    ):  # fmt: skip
+        found = _find(rows, 10_000, row_name)
+        if found is not None:
+            out.append(Verdict(name, _judged(found.ratio <= bound), f"x{found.ratio:.2f}"))
+        else:
+            out.append(Verdict(name, NOT_MEASURED, "needs --sizes with 10000"))
 
     # Issue 45: each fast-path route pays for itself (benchmarks/routes.py): its CPU
     # per request at most 0.9x Strawberry's view's for the same request.

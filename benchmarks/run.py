@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "questions", "registration", "heartbeats", "allocation", "layers", "statements", "churn",
     "peer", "floor", "real_cluster", "fit", "groups", "read_replicas", "taints", "tenancy",
-    "preemption", "routes",
+    "preemption", "routes", "reservations",
 )  # fmt: skip
 
 
@@ -94,6 +94,7 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
         questions,
         read_replicas,
         real_cluster,
+        reservations,
         routes,
         statements,
         taints,
@@ -157,6 +158,9 @@ async def run_size(server_url: str, size: int, args: argparse.Namespace, results
                     flush=True,
                 )
                 await preemption.measure_preemption(bench)
+            if "reservations" in sections:
+                print(f"[{size}] place and fit(at:) with reservations (issue 47)", flush=True)
+                await reservations.measure_reservations(bench)
             if "registration" in sections:
                 print(f"[{size}] registration", flush=True)
                 await writes.measure_registration(bench, counts)

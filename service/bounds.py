@@ -88,6 +88,16 @@ MAX_DRAIN_LEAD_SECONDS = 7 * 86_400
 MAX_MAINTENANCE_START_PAST_SECONDS = 3600
 
 
+# Reservations (issue 47; docs/scheduler/reservations.md). A reservation's
+# start may lie at most this far in the past (a reserve sent a moment late,
+# or retried, still counts; one an hour late is a mistake); its window at
+# most this long (an open end, until released, is allowed); at most this
+# many replicas.
+MAX_RESERVATION_START_PAST = 300
+MAX_RESERVATION_WINDOW = 90 * 86_400
+MAX_RESERVATION_REPLICAS = 256
+
+
 def id_length_check(column: str) -> str:
     """SQL CHECK: the id in `column` is 1 to MAX_ID_LENGTH characters (tables.py's id columns)."""
     return f"char_length({column}) BETWEEN 1 AND {MAX_ID_LENGTH}"

@@ -193,9 +193,10 @@ SETTINGS: tuple[Setting, ...] = (
             "(docs/scheduler/deadlines.md)."),
     Setting("INVENTORY_SWEEP_INTERVAL", "sweep_interval", "5", _positive_float,
             "Seconds between liveness sweeps."),
-    Setting("INVENTORY_MAINTENANCE_INTERVAL", "maintenance_interval", "1", _positive_float,
-            "Seconds between rounds of maintenance windows' transitions and waves: how late a "
-            "window may drain, start or end (docs/operations/maintenance.md)."),
+    Setting("INVENTORY_TIMELINE_INTERVAL", "timeline_interval", "1", _positive_float,
+            "Seconds between looks for state changes due on time (a reservation's start and "
+            "end, a maintenance window's drain, start, end and waves: "
+            "service/scheduling/timeline/); every process looks, each change is made once."),
     Setting("INVENTORY_EVENT_RETENTION", "event_retention", "604800", _positive_float,
             "Seconds events are kept."),
     Setting("INVENTORY_BOOTSTRAP_TOKEN", "bootstrap_token", "", _optional_text,
@@ -281,7 +282,7 @@ class Settings:
     lost_policy: str = "free"
     release_tombstone: float = 900.0
     sweep_interval: float = 5.0
-    maintenance_interval: float = 1.0
+    timeline_interval: float = 1.0
     event_retention: float = 604800.0
     bootstrap_token: str | None = None
     insecure: bool = False

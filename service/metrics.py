@@ -28,6 +28,7 @@ from service.node_states import STATES
 from service.scheduling import place_batches, pool_census
 from service.scheduling.capacity import gpu_classes
 from service.scheduling.placement import preemption
+from service.scheduling.reservations import records
 from service.scheduling.tenancy import tenants, victims
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -355,6 +356,8 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         [((("kind", r.kind),), int(r.n)) for r in await conn.execute(_DRIFT)],
     )
     await _tenants(conn, out)
+    for family in await records.families(conn):  # reservations': GPUs set aside, by state
+        out.family(*family)
     nodes = list(await conn.execute(_PER_NODE))
     known_disk = [n for n in nodes if n.local_disk_total is not None]
     out.family(

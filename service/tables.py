@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from service.bounds import id_length_check
 from service.node_states import ADMIN_STATE_CHECK, ALIVE, LIVENESS_CHECK, STATE_SQL
-from service.scheduling.availability import gpu_usable, pool_offers, pool_withholds
+from service.scheduling.availability import gpu_usable, pool_offers, pool_reserves, pool_withholds
 from service.scheduling.pool_census import census_predicate
 from service.scheduling.taints import TaintEffect, TaintSource
 
@@ -177,6 +177,14 @@ gpus = Table(
     # without tolerations tests a column of the row it reads.
     Column("withheld", Boolean, nullable=False, server_default=text("false")),
     Column("last_resort", Boolean, nullable=False, server_default=text("false")),
+    # The live reservation that sets the GPU aside (migration 0024;
+    # service/scheduling/reservations/), NULL: none. One column, so a GPU is
+    # set aside by at most one live reservation; cleared when it ends. What it
+    # means for placement is availability.py's (gpu_admitted).
+    Column("reservation", Text),
+    # Which of the reservation's replicas the GPU is room for (0..count-1): a
+    # failed GPU's whole slot is set aside again, by the shape's rules.
+    Column("reservation_slot", Integer),
     PrimaryKeyConstraint("node_id", "idx"),
     CheckConstraint("idx >= 0", name="idx"),
     CheckConstraint("memory_mb >= 0", name="memory"),
@@ -192,6 +200,12 @@ Index(
     gpus.c.idx,
     postgresql_include=["gpu_class"],
     postgresql_where=text(gpu_usable("")),
+)
+# A reservation's GPUs (migration 0024): what its transitions and reads find.
+Index(
+    "ix_gpus_reservation",
+    gpus.c.reservation,
+    postgresql_where=gpus.c.reservation.isnot(None),
 )
 
 # One row per (node, GPU class): how many of them exist, are unhealthy, are
@@ -234,6 +248,11 @@ gpu_pools = Table(
     Column("nvlink_domain", Text, nullable=False),
     Column("fabrics", ARRAY(Text), nullable=False),
     Column("fabric_rates", ARRAY(Integer), nullable=False),
+    # Usable, unheld, untainted GPUs a live reservation sets aside
+    # (availability.pool_counts; migration 0024): offered only to the
+    # requests the reservation admits (availability.gpu_admitted).
+    Column("reserved", Integer, nullable=False, server_default=text("0")),
+    Column("reserved_indices", ARRAY(Integer), nullable=False, server_default=text("'{}'")),
     PrimaryKeyConstraint("node_id", "gpu_class"),
     CheckConstraint("free >= 0 AND free <= total", name="free"),
     CheckConstraint("cardinality(free_indices) = free", name="free_indices"),
@@ -243,7 +262,10 @@ gpu_pools = Table(
         "cardinality(last_resort_indices) = last_resort AND last_resort_indices <@ free_indices",
         name="last_resort_indices",
     ),
-    CheckConstraint("total = free + allocated + unhealthy + withheld", name="partition"),
+    CheckConstraint(
+        "total = free + allocated + unhealthy + withheld + reserved", name="partition_reserved"
+    ),
+    CheckConstraint("cardinality(reserved_indices) = reserved", name="reserved_indices"),
     CheckConstraint("cardinality(fabric_rates) = cardinality(fabrics)", name="fabric_rates"),
 )
 # freeGpus' walk in node order from its cursor (capacity.free_gpus_query):
@@ -311,6 +333,14 @@ Index(
     gpu_pools.c.gpu_class,
     gpu_pools.c.node_id,
     postgresql_where=text(pool_withholds("")),
+)
+# The pools with GPUs set aside (migration 0024): what a place with `until`
+# reads besides the pools that offer GPUs anyway (availability.pool_reserves).
+Index(
+    "ix_gpu_pools_reserved",
+    gpu_pools.c.gpu_class,
+    gpu_pools.c.node_id,
+    postgresql_where=text(pool_reserves("")),
 )
 
 # Taints (service/scheduling/taints.py) on a GPU (gpu_index) or on a whole
@@ -456,16 +486,25 @@ shards = Table(
     Column("priority", Integer, nullable=False, server_default=text("0")),
     Column("deployment", Text),
     Column("borrowed", Boolean, nullable=False, server_default=text("true")),
-    # The time the replica promised to be released by (PlaceInput.until;
-    # migration 0025): it may use GPUs set aside for a later window or nodes
-    # whose maintenance starts later (issue 47). NULL: no promise.
+    # The replica's promise to be gone by then (PlaceInput.until; migrations
+    # 0025 and 0024), and the reservation it was placed into (0024): it may use
+    # GPUs set aside for a later window and nodes whose maintenance starts
+    # later; still placed on reserved GPUs at its reservation's start, it is
+    # told to stop (service/scheduling/reservations/). NULL: no promise.
     Column("until", DateTime(timezone=True)),
+    Column("reservation", Text),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
 )
 Index("ix_shards_replica_id", shards.c.replica_id)
 Index("ix_shards_node_id", shards.c.node_id)
+Index(
+    "ix_shards_reservation",
+    shards.c.reservation,
+    postgresql_where=shards.c.reservation.isnot(None),
+)
+Index("ix_shards_until", shards.c.until, postgresql_where=shards.c.until.isnot(None))
 # A deployment's replicas, per tenant: what a disruption budget counts as placed.
 Index(
     "ix_shards_deployment",

@@ -83,6 +83,11 @@ EVENT_KINDS: frozenset[str] = frozenset(
         "maintenance_done",
         "maintenance_cancelled",
         "maintenance_budget_broken",
+        # service/scheduling/reservations/
+        "reservation_created",
+        "reservation_active",
+        "reservation_degraded",
+        "reservation_ended",
     }
 )
 

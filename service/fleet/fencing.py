@@ -82,6 +82,10 @@ class StopReason(enum.Enum):
     # Still on a maintenance window's node at its start: released by the
     # window's start (service/fleet/maintenance/transitions.py).
     MAINTENANCE = "MAINTENANCE"
+    # Its replica promised to be gone (PlaceInput.until) by the start of a
+    # reservation whose GPUs it used, and was freed then
+    # (service/scheduling/reservations/).
+    RESERVATION = "RESERVATION"
 
 
 @dataclass(frozen=True)

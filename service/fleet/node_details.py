@@ -63,6 +63,8 @@ class GpuRecord:
     # recommends for the GPU's sticky faults (fleet/health/policy.recommended).
     recovery_action: DriverRecoveryAction | None = None
     recommended_action: RemediationAction = RemediationAction.NONE
+    # The live reservation that sets it aside (gpus.reservation), None: none.
+    reservation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ _GPUS = text(
            g.numa_node, g.nvlink_peers, g.nvlink_group, g.nvlink_domain, g.near_hcas,
            s.fence, {replica_generation("s")} AS generation, s.held_since,
            g.withheld, g.last_resort, {gpu_taints_json("g")} AS taints, g.recovery_action,
-           s.tenant, s.priority, s.deployment, s.borrowed
+           s.tenant, s.priority, s.deployment, s.borrowed, g.reservation
     FROM gpus g
     LEFT JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
     LEFT JOIN shards s ON s.shard_id = a.shard_id
@@ -138,7 +140,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
         node_id, idx, uuid, pci_bus_id, name, gpu_class, memory_mb, healthy, reasons, held_by,
         replica_id, indices, fabric, hcas, created_at, cordon_reason, sticky, numa_node, peers,
         group, domain, near, fence, generation, held_since, withheld, last_resort, taints,
-        recovery, tenant, priority, deployment, borrowed,
+        recovery, tenant, priority, deployment, borrowed, reservation,
     ) in await conn.execute(_GPUS, {"ids": list(node_ids)}):  # fmt: skip
         shard = None
         if held_by is not None:
@@ -166,7 +168,7 @@ async def gpus_of(conn: Connection, node_ids: Sequence[str]) -> dict[str, list[G
             tuple(reasons), held_by, shard, cordon_reason, tuple(sticky), numa_node, peers, group,
             domain, near, withheld, last_resort, taints_from_json(taints, idx),
             None if recovery is None else DriverRecoveryAction(recovery),
-            recommended_action(sticky, recovery),
+            recommended_action(sticky, recovery), reservation,
         )  # fmt: skip
         out[node_id].append(gpu)
     return out

@@ -125,7 +125,7 @@ _REPLACE_REPORT = text(
         SELECT i.idx, i.gpu_class, i.healthy,
                coalesce(o.sticky_reasons, CAST('{{}}' AS text[])) AS sticky_reasons,
                o.cordon_reason, i.nvlink_group, i.nvlink_peers, i.nvlink_domain, m.withheld,
-               m.last_resort
+               m.last_resort, o.reservation
         FROM g_in i LEFT JOIN gpus o ON o.node_id = :node_id AND o.idx = i.idx
         CROSS JOIN LATERAL (
             SELECT o.withheld, o.last_resort WHERE o.idx IS NOT NULL

@@ -191,7 +191,14 @@ class PlaceInput:
         default=PreemptionPolicy.NEVER,
         description="Whether replicas may be stopped to make room (see PreemptionPolicy).",
     )
-    # Capacity in time (contract-time.graphql); see docs/operations/maintenance.md.
+    # Time (contract-time.graphql); see docs/scheduler/reservations.md and
+    # docs/operations/maintenance.md.
+    reservation: strawberry.ID | None = strawberry.field(
+        default=None,
+        description=(
+            "Place into this reservation (its tenant only; only while it is ACTIVE or DEGRADED)."
+        ),
+    )
     until: datetime | None = strawberry.field(
         default=None,
         description=(
@@ -222,6 +229,7 @@ class PlaceInput:
             charge=charge_of(self.tenant, self.priority, self.deployment),
             preemption=self.preemption or PreemptionPolicy.NEVER,
             until=utc(self.until),
+            reservation=None if self.reservation is None else str(self.reservation),
         )
 
 

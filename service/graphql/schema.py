@@ -27,6 +27,7 @@ from .operations.maintenance import MaintenanceMutations, MaintenanceQueries
 from .operations.mutations import NodeMutations
 from .operations.placement import PlacementQueries
 from .operations.queries import NodeQueries
+from .operations.reservations import ReservationMutations, ReservationQueries
 from .operations.subscriptions import EventSubscriptions
 from .operations.tenancy import TenancyMutations, TenancyQueries
 from .operations.token_admin import TokenMutations, TokenQueries
@@ -49,6 +50,7 @@ Query = merge_types(
         HealthQueries,
         TenancyQueries,
         MaintenanceQueries,
+        ReservationQueries,
     ),
 )
 Mutation = merge_types(
@@ -63,6 +65,7 @@ Mutation = merge_types(
         HealthMutations,
         TenancyMutations,
         MaintenanceMutations,
+        ReservationMutations,
     ),
 )
 Subscription = merge_types("Subscription", (EventSubscriptions,))

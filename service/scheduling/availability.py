@@ -91,6 +91,7 @@ USABLE_COLUMNS = ("healthy", "sticky_reasons", "cordon_reason")
 # domain, and the taint marks (gpu_withheld, gpu_last_resort).
 POOL_COLUMNS = (
     *USABLE_COLUMNS, "nvlink_group", "nvlink_peers", "nvlink_domain", "withheld", "last_resort",
+    "reservation",
 )  # fmt: skip
 
 
@@ -164,6 +165,20 @@ def gpu_held(g: str = "g") -> str:
     )
 
 
+def gpu_held_by(g: str, holder: str) -> str:
+    """SQL: the GPU row `g` is held by a shard for which `holder` is true.
+
+    `holder` is SQL over the held row `a` (of allocated_gpus: its tenant) and
+    its shard `s` (its `until`, the reservation it was placed into): who
+    holds a GPU, asked of reservations (placed into one, due to be gone by
+    an instant, held by a tenant).
+    """
+    return (
+        "EXISTS (SELECT 1 FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id"
+        f" WHERE a.node_id = {g}.node_id AND a.gpu_index = {g}.idx AND {holder})"
+    )
+
+
 def gpu_free(g: str = "g") -> str:
     """SQL: the GPU row `g` (of `gpus`) can be allocated now, its node's state aside.
 
@@ -174,16 +189,84 @@ def gpu_free(g: str = "g") -> str:
     return gpu_free_given(g, gpu_held(g))
 
 
-def gpu_offered(g: str = "g", tolerating: bool = False) -> str:
+def gpu_offered(g: str = "g", tolerating: bool = False, admitting: str = "") -> str:
     """SQL: the GPU row `g` may be given to the request, its node's state aside.
 
     Without tolerations, gpu_free. With them (the :tolerations parameter),
     a withheld GPU is offered when the request tolerates every withholding
-    taint on it and on its node.
+    taint on it and on its node. `admitting` (PlaceRequest.admitting): the
+    reserved GPUs the request may use besides (gpu_admitted).
     """
-    if not tolerating:
+    if not tolerating and not admitting:
         return gpu_free(g)
-    return f"({gpu_usable(g)} AND NOT ({gpu_held(g)}) AND {gpu_tolerated(g)})"
+    if admitting == ADMITS_AT:
+        return gpu_offered_at(g, tolerating)
+    taint = gpu_tolerated(g) if tolerating else f"NOT {gpu_withheld(g)}"
+    return f"({gpu_usable(g)} AND NOT ({gpu_held(g)}) AND {taint} AND {gpu_admitted(g, admitting)})"
+
+
+# The kinds of request a reservation admits (PlaceRequest.admitting):
+# UNTIL, a replica that promises to be gone by :until, may use GPUs set
+# aside for a window that starts at or after it; INTO, a replica placed into
+# the reservation :reservation, uses only its GPUs. Any other request uses
+# none (gpu_free).
+ADMITS_NONE = ""
+ADMITS_UNTIL = "until"
+ADMITS_INTO = "into"
+# For a statement that reads both parameters (allocate's checks): INTO when
+# :reservation is given, else UNTIL (with :until NULL, no GPU set aside).
+ADMITS_ASKED = "asked"
+
+
+# A request asked of a later instant :at (fit, fitGroup and freeGpus with
+# `at`): gpu_offered_at.
+ADMITS_AT = "at"
+
+
+def gpu_offered_at(g: str = "g", tolerating: bool = False) -> str:
+    """SQL: the GPU row `g` will be offered to an ordinary request at the instant :at.
+
+    As it is now (usable; a taint the request does not tolerate withholds
+    it), except that a GPU held by a replica whose `until` is at or before
+    :at is counted gone (it promised), and a GPU set aside by a reservation
+    that ends at or before :at is free again. What is not known now (a
+    reserve or a taint to come) is not guessed.
+    """
+    c = _columns_of(g)
+    taint = gpu_tolerated(g) if tolerating else f"NOT {gpu_withheld(g)}"
+    return (
+        f"({gpu_usable(g)} AND {taint}"
+        f" AND NOT {gpu_held_by(g, '(s.until IS NULL OR s.until > CAST(:at AS timestamptz))')}"
+        f" AND ({c}reservation IS NULL OR EXISTS (SELECT 1 FROM reservations r"
+        f" WHERE r.id = {c}reservation AND r.ends_at <= CAST(:at AS timestamptz))))"
+    )
+
+
+def gpu_admitted(g: str, admitting: str = ADMITS_NONE) -> str:
+    """SQL: the GPU row `g`'s reservation (gpus.reservation) lets the request use it.
+
+    The one definition of who may use a GPU set aside (issue 47): no one but
+    the owner placing into it (:reservation), and a replica whose :until is
+    at or before the reservation's start (it is told to stop at the start:
+    service/scheduling/reservations/) while it has not started: a claim that
+    waited for the nodes' locks behind the start sees it started, and takes
+    nothing the start just freed for the window.
+    """
+    c = _columns_of(g)
+    if admitting == ADMITS_INTO:
+        return f"({c}reservation = CAST(:reservation AS text))"
+    if admitting == ADMITS_ASKED:
+        return (
+            f"(CASE WHEN CAST(:reservation AS text) IS NOT NULL"
+            f" THEN {gpu_admitted(g, ADMITS_INTO)} ELSE {gpu_admitted(g, ADMITS_UNTIL)} END)"
+        )
+    if admitting == ADMITS_UNTIL:
+        return (
+            f"({c}reservation IS NULL OR EXISTS (SELECT 1 FROM reservations r"
+            f" WHERE r.id = {c}reservation AND r.started_at IS NULL"
+            " AND r.starts_at >= CAST(:until AS timestamptz)))"
+        )
+    return f"({c}reservation IS NULL)"
 
 
 def gpu_free_given(g: str, held: str) -> str:
@@ -195,7 +278,7 @@ def gpu_free_given(g: str, held: str) -> str:
     descent (a merge join on the GPU index), where gpu_free's probe looks each
     GPU up on its own; pool_counts counts a node's GPUs so.
     """
-    return f"({gpu_usable(g)} AND NOT {gpu_withheld(g)} AND NOT ({held}))"
+    return f"({gpu_usable(g)} AND NOT {gpu_withheld(g)} AND NOT ({held}) AND {gpu_admitted(g)})"
 
 
 class GpuFacts(Protocol):
@@ -216,10 +299,18 @@ class GpuFacts(Protocol):
     @property
     def withheld(self) -> bool: ...
 
+    @property
+    def reservation(self) -> str | None: ...
+
 
 def is_free(gpu: GpuFacts) -> bool:
     """gpu_free for a GPU already loaded with its holder."""
-    return is_usable(gpu.healthy, gpu.cordon_reason) and not gpu.withheld and gpu.held_by is None
+    return (
+        is_usable(gpu.healthy, gpu.cordon_reason)
+        and not gpu.withheld
+        and gpu.held_by is None
+        and gpu.reservation is None
+    )
 
 
 def pool_counts(g: str, held: str) -> str:
@@ -247,12 +338,17 @@ def pool_counts(g: str, held: str) -> str:
     (PoolOffer), so such a request reads them from the same row. And
     last_resort_indices, the free GPUs under a PREFER_NO_SCHEDULE taint, a
     subset of free_indices: placement ranks a node that needs them last.
+    reserved and reserved_indices: the usable, unheld GPUs no taint
+    withholds that a live reservation sets aside (gpu_admitted), offered only
+    to the requests it admits; a fifth bucket of the partition
+    (total = free + allocated + unhealthy + withheld + reserved).
     The rows `g` carry POOL_COLUMNS.
     """
     usable = gpu_usable(g)
     free = gpu_free_given(g, held)
     withheld = f"{usable} AND {gpu_withheld(g)} AND NOT ({held})"
     last = f"{free} AND {gpu_last_resort(g)}"
+    reserved = f"{usable} AND NOT {gpu_withheld(g)} AND NOT ({held}) AND NOT {gpu_admitted(g)}"
 
     def indices(where: str) -> str:
         return f"coalesce(array_agg({g}.idx ORDER BY {g}.idx) FILTER (WHERE {where}), CAST('{{}}' AS integer[]))"
@@ -270,7 +366,9 @@ def pool_counts(g: str, held: str) -> str:
         f"count(*) FILTER (WHERE {withheld}) AS withheld, "
         f"{indices(withheld)} AS withheld_indices, "
         f"count(*) FILTER (WHERE {last}) AS last_resort, "
-        f"{indices(last)} AS last_resort_indices"
+        f"{indices(last)} AS last_resort_indices, "
+        f"count(*) FILTER (WHERE {reserved}) AS reserved, "
+        f"{indices(reserved)} AS reserved_indices"
     )
 
 
@@ -279,6 +377,7 @@ def pool_counts(g: str, held: str) -> str:
 POOL_COUNTS = (
     "total", "unhealthy", "allocated", "free", "free_indices", "free_groups", "nvlink_known",
     "nvlink_domain", "withheld", "withheld_indices", "last_resort", "last_resort_indices",
+    "reserved", "reserved_indices",
 )  # fmt: skip
 
 
@@ -303,6 +402,16 @@ def pool_withholds(p: str = "p") -> str:
     """
     column = f"{p}." if p else ""
     return f"{column}schedulable AND {column}withheld > 0"
+
+
+def pool_reserves(p: str = "p") -> str:
+    """SQL: the gpu_pools row `p` is on a schedulable node and has GPUs set aside.
+
+    The pools a request a reservation admits reads besides those pool_offers
+    selects. Also the predicate of ix_gpu_pools_reserved (tables.py).
+    """
+    column = f"{p}." if p else ""
+    return f"{column}schedulable AND {column}reserved > 0"
 
 
 def pool_tolerated_indices(p: str = "p") -> str:
@@ -366,12 +475,56 @@ class PoolOffer:
     - withheld: the usable, unheld GPUs a taint still keeps from the request;
     - last_resort: of the offered, those a PREFER_NO_SCHEDULE taint the
       request does not tolerate sends last;
-    - taint: the first taint that withholds a GPU (pool_withholding_taint), JSON.
+    - taint: the first taint that withholds a GPU (pool_withholding_taint), JSON;
+    - reserved: the GPUs set aside that the request may not use (gpu_admitted).
     """
 
-    def __init__(self, p: str, tolerating: bool) -> None:
+    def __init__(self, p: str, tolerating: bool, admitting: str = ADMITS_NONE) -> None:
         self.tolerating = tolerating
-        if not tolerating:
+        if admitting == ADMITS_AT and not tolerating:
+            # At a later instant only the pools with GPUs set aside, or with a
+            # replica due to be gone by then, offer other than they do now:
+            # the others are read from the row as now, the rest counted GPU by
+            # GPU (gpu_offered_at), each expression only for such a pool.
+            changed = (
+                f"({p}.reserved > 0 OR {p}.node_id IN (SELECT s.node_id FROM shards s"
+                " WHERE s.until <= CAST(:at AS timestamptz)))"
+            )
+
+            def counted(expression: str, now: str) -> str:
+                return (
+                    f"(CASE WHEN {changed} THEN (SELECT {expression} FROM gpus g"
+                    f" WHERE g.node_id = {p}.node_id AND g.gpu_class = {p}.gpu_class"
+                    f" AND {gpu_offered_at('g')}) ELSE {now} END)"
+                )
+
+            self.join = ""
+            self.indices = counted(
+                "coalesce(array_agg(g.idx ORDER BY g.idx), CAST('{}' AS integer[]))",
+                f"{p}.free_indices",
+            )
+            self.free = counted("CAST(count(*) AS integer)", f"{p}.free")
+            self.withheld = f"{p}.withheld"
+            self.last_resort = counted(
+                f"CAST(count(*) FILTER (WHERE {gpu_last_resort('g')}) AS integer)",
+                f"{p}.last_resort",
+            )
+            self.reserved = counted(
+                f"{p}.reserved - CAST(count(*) FILTER (WHERE g.reservation IS NOT NULL) AS integer)",
+                f"{p}.reserved",
+            )
+        elif admitting:
+            # A request a reservation admits: its GPUs counted one by one
+            # (gpu_offered), a look at the pool's GPUs per pool read. Such
+            # requests are few (a place with `until`, or into a reservation).
+            offered = PoolOffer._admitted(p, tolerating, admitting)
+            self.join = f" CROSS JOIN LATERAL ({offered}) {p}_admitted"
+            self.indices = f"{p}_admitted.indices"
+            self.free = f"{p}_admitted.free"
+            self.withheld = f"({p}.withheld - {p}_admitted.withheld)"
+            self.last_resort = f"{p}_admitted.last_resort"
+            self.reserved = f"({p}.reserved - {p}_admitted.reserved)"
+        elif not tolerating:
             self.join = ""
             self.indices = f"{p}.free_indices"
             self.free = f"{p}.free"
@@ -393,4 +546,20 @@ class PoolOffer:
             self.free = f"({p}.free + cardinality({tolerated}.indices))"
             self.withheld = f"({p}.withheld - cardinality({tolerated}.indices))"
             self.last_resort = f"{tolerated}.last_resort"
+        if not admitting:
+            self.reserved = f"{p}.reserved"
         self.taint = pool_withholding_taint(p, tolerating)
+
+    @staticmethod
+    def _admitted(p: str, tolerating: bool, admitting: str) -> str:
+        """SQL: one row of the GPUs of the pool `p` offered to an admitted request."""
+        return (
+            "SELECT CAST(count(*) AS integer) AS free,"
+            " coalesce(array_agg(g.idx ORDER BY g.idx), CAST('{}' AS integer[])) AS indices,"
+            f" CAST(count(*) FILTER (WHERE {gpu_withheld('g')}) AS integer) AS withheld,"
+            f" CAST(count(*) FILTER (WHERE {gpu_last_resort('g', tolerating)}) AS integer)"
+            " AS last_resort,"
+            " CAST(count(*) FILTER (WHERE g.reservation IS NOT NULL) AS integer) AS reserved"
+            f" FROM gpus g WHERE g.node_id = {p}.node_id AND g.gpu_class = {p}.gpu_class"
+            f" AND {gpu_offered('g', tolerating, admitting)}"
+        )

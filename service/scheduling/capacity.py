@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
@@ -22,7 +23,7 @@ from service.database.plan_shapes import (
     unseen_limit,
 )
 from service.errors import InvalidInput
-from service.scheduling.availability import PoolOffer, pool_offers, pool_withholds
+from service.scheduling.availability import ADMITS_AT, PoolOffer, pool_offers, pool_withholds
 from service.scheduling.freshness import check_max_age, gpu_facts_fresh
 from service.scheduling.taints import Toleration, toleration_problem, tolerations_json
 
@@ -221,6 +222,39 @@ def tolerated_gpus_query(
     return _walked_page(walk, pools, offer.indices, on_it, offer.join), params
 
 
+def gpus_at_query(
+    *,
+    gpu_class: str | None,
+    fabric: str | None,
+    min_free: int,
+    first: int,
+    after: str | None = None,
+    max_age: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """freeGpus with `at`: the GPUs an ordinary place would be offered at :at, rows (node_id, indices).
+
+    The nodes with a schedulable pool, walked in node order on the primary
+    key (plan_shapes.ordered_walk), each answered with what its pools offer
+    then (availability.PoolOffer with ADMITS_AT: a pool with neither GPUs set
+    aside nor a replica due to be gone reads its row as now). A page costs
+    the nodes it passes over.
+
+    The SQL generated below looks like this: docs/internals/sql/scheduling.capacity/gpus_at_query.class.sql
+    (every shape beside it).
+    """
+    if min_free < 1:
+        raise InvalidInput("minFree", min_free, "must be at least 1")
+    params: dict[str, Any] = {"min_free": min_free, "first": first, "after": after or ""}
+    walk = ordered_walk("walk", "gpu_pools", "node_id", "t.schedulable", "CAST(:after AS text)")
+    offer = PoolOffer("q", False, ADMITS_AT)
+    pools = "q.schedulable"
+    if gpu_class is not None:
+        params["cls"] = gpu_class
+        pools += " AND q.gpu_class = :cls"
+    on_it = _walked_node_checks(params, fabric, max_age)
+    return _walked_page(walk, pools, offer.indices, on_it, offer.join), params
+
+
 async def free_gpus(
     conn: Connection,
     *,
@@ -231,6 +265,7 @@ async def free_gpus(
     after: str | None = None,
     max_age: int | None = None,
     tolerations: Sequence[Toleration] = (),
+    at: datetime | None = None,
 ) -> list[NodeFreeGpus]:
     """Free GPUs (availability) on schedulable nodes: one entry per node with at least min_free.
 
@@ -241,6 +276,8 @@ async def free_gpus(
     minFree free GPUs has at least minFree offered) and
     tolerated_gpus_query's (the nodes where tolerations add GPUs, answered
     whole), so the first `first` of the union are the page.
+    `at`: what an ordinary place would be offered at that later instant
+    (gpus_at_query; without tolerations).
     """
     problem = toleration_problem(tolerations)
     if problem is not None:
@@ -253,6 +290,12 @@ async def free_gpus(
         "after": after,
         "max_age": max_age,
     }
+    if at is not None:
+        if tolerations:
+            raise InvalidInput("tolerations", "...", "not asked with `at`")
+        sql, params = gpus_at_query(**arguments)
+        rows = await conn.execute(cached_text(sql), {**params, "at": at})
+        return [NodeFreeGpus(r.node_id, tuple(r.indices or ())) for r in rows]
     sql, params = free_gpus_query(**arguments)
     rows = await conn.execute(cached_text(sql), params)
     found = {r.node_id: tuple(r.indices or ()) for r in rows}

@@ -15,6 +15,7 @@ from sqlalchemy import text
 from service.database.connections import Connection
 from service.scheduling.availability import (
     POOL_COUNTS,
+    gpu_admitted,
     gpu_withheld,
     node_schedulable,
     pool_counts,
@@ -123,13 +124,18 @@ def move_to_allocated(held: str, when: str) -> str:
     # through its primary key: joined to `held` directly, the planner (which
     # guesses 100 rows for a statement's input) hashed all of gpu_pools.
     # The held indices leave free_indices (or withheld_indices, for a
-    # tolerated GPU) and last_resort_indices with their counts, and their
+    # tolerated GPU, or reserved_indices, for a GPU set aside that the
+    # request was admitted to: availability.gpu_admitted) and last_resort_indices with their counts, and their
     # NVLink groups leave free_groups (the same positions), so the pool row
     # stays what a recount (availability.pool_counts) would write.
     return f"""
     pools_moved AS (
         UPDATE gpu_pools p SET allocated = p.allocated + m.n,
-            free = p.free - (m.n - m.withheld), withheld = p.withheld - m.withheld,
+            free = p.free - (m.n - m.withheld - m.reserved), withheld = p.withheld - m.withheld,
+            reserved = p.reserved - m.reserved,
+            reserved_indices = CASE WHEN m.reserved = 0 THEN p.reserved_indices
+                ELSE ARRAY(SELECT i FROM unnest(p.reserved_indices) i
+                           WHERE i <> ALL(m.indices) ORDER BY i) END,
             free_indices = ARRAY(SELECT i FROM unnest(p.free_indices) i
                                  WHERE i <> ALL(m.indices) ORDER BY i),
             free_groups = ARRAY(SELECT u.grp FROM unnest(p.free_indices, p.free_groups) u(i, grp)
@@ -143,8 +149,10 @@ def move_to_allocated(held: str, when: str) -> str:
                            WHERE i <> ALL(m.indices) ORDER BY i) END
         FROM (SELECT h.node_id, g.gpu_class, count(*) AS n,
                      count(*) FILTER (WHERE {gpu_withheld("g")}) AS withheld,
-                     count(*) FILTER (WHERE NOT {gpu_withheld("g")} AND g.last_resort)
-                         AS last_resort,
+                     count(*) FILTER (WHERE NOT {gpu_withheld("g")} AND {gpu_admitted("g")}
+                                            AND g.last_resort) AS last_resort,
+                     count(*) FILTER (WHERE NOT {gpu_withheld("g")}
+                                      AND NOT {gpu_admitted("g")}) AS reserved,
                      array_agg(h.gpu_index) AS indices
               FROM {held} h JOIN gpus g ON g.node_id = h.node_id AND g.idx = h.gpu_index
               GROUP BY h.node_id, g.gpu_class) m

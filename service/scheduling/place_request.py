@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from service.scheduling.availability import ADMITS_AT, ADMITS_INTO, ADMITS_NONE, ADMITS_UNTIL
 from service.scheduling.taints import Toleration
 from service.scheduling.tenancy.charges import UNNAMED, Charge, PreemptionPolicy
 
@@ -44,9 +45,19 @@ class PlaceRequest:
     # LOWER_PRIORITY: a place that does not fit on free GPUs may stop replicas
     # of lower priority, and reclaim what other tenants borrowed.
     preemption: PreemptionPolicy = PreemptionPolicy.NEVER
-    # The replica promises to be released by then (issue 47): it may use
-    # nodes whose maintenance starts at or after it (maintenance_rule.py).
+    # The replica promises to be released by then (PlaceInput.until): it may
+    # use GPUs set aside for a window that starts at or after it, and is told
+    # to stop at that start if still placed (issue 47). Stored on its shards.
+    # Maintenance windows read it too: such a replica may use nodes whose
+    # maintenance starts at or after it (maintenance_rule.py).
     until: datetime | None = None
+    # Place into this reservation (its tenant only, while ACTIVE or DEGRADED):
+    # only its GPUs are used (service/scheduling/reservations/).
+    reservation: str | None = None
+    # fit, fitGroup and freeGpus asked of a later instant (`at`): what an
+    # ordinary place would be offered then (availability.gpu_offered_at).
+    # Never set on a place.
+    at: datetime | None = None
 
     @property
     def gpus(self) -> int:
@@ -55,6 +66,17 @@ class PlaceRequest:
     @property
     def tolerating(self) -> bool:
         return bool(self.tolerations)
+
+    @property
+    def admitting(self) -> str:
+        """Which GPUs set aside the request may use (availability.gpu_admitted)."""
+        if self.at is not None:
+            return ADMITS_AT
+        if self.reservation is not None:
+            return ADMITS_INTO
+        if self.until is not None:
+            return ADMITS_UNTIL
+        return ADMITS_NONE
 
     @property
     def needs_topology(self) -> bool:

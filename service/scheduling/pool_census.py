@@ -45,7 +45,9 @@ def census_predicate(p: str = "p") -> str:
     return f"{column}free >= 0"
 
 
-def census_sql(ids_when: str = "true", start: str = "true", counts: bool = True) -> str:
+def census_sql(
+    ids_when: str = "true", start: str = "true", counts: bool = True, skip: bool = False
+) -> str:
     """SQL: one row per kind of pool of class :cls, in KIND's order, at most :most of them.
 
     Columns: KIND's, `nodes` (how many pools of the kind; NULL without
@@ -55,11 +57,16 @@ def census_sql(ids_when: str = "true", start: str = "true", counts: bool = True)
     necessary condition for a node it may list). `start`: SQL over the pool
     `t`, the first kind read (a row comparison `>=` on KIND's leading
     columns: plan_shapes.distinct_keys), so the kinds before it are skipped.
+    `skip`: the pools of the nodes :skip are not counted nor listed (a kind of
+    only such pools counts 0): node_id is in the index, so the count stays
+    index-only.
     """
     of_class = f"t.gpu_class = :cls AND {census_predicate('t')}"
     walk = distinct_keys("kinds", "gpu_pools", KIND, of_class, leading=("gpu_class",), start=start)
     same = " AND ".join(f"p.{column} = k.{column}" for column in KIND)
     of_kind = f"FROM gpu_pools p WHERE p.gpu_class = :cls AND {census_predicate()} AND {same}"
+    if skip:
+        of_kind += " AND p.node_id <> ALL(CAST(:skip AS text[]))"
     nodes = f"(SELECT count(*) {of_kind})" if counts else "CAST(NULL AS bigint)"
     # With every KIND column fixed, the index gives the ids in order.
     return f"""

@@ -27,10 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 from functools import lru_cache
 
 from service.scheduling.allocations.storing import Rows, Wanted
-from service.scheduling.availability import gpu_last_resort, gpu_offered, shared_nvlink_domain
+from service.scheduling.availability import (
+    ADMITS_INTO,
+    ADMITS_NONE,
+    ADMITS_UNTIL,
+    gpu_last_resort,
+    gpu_offered,
+    shared_nvlink_domain,
+)
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.taints import Toleration, stored_tolerations
 from service.scheduling.tenancy.charges import CHARGE_FIELDS
@@ -38,6 +46,13 @@ from service.scheduling.tenancy.charges import CHARGE_FIELDS
 # Stands for "the request has tolerations" where only that shapes the SQL
 # (the tolerations themselves are the :tolerations parameter).
 TOLERATING = (Toleration("any"),)
+# (until, reservation) of a stand-in request that admits as `admitting` does
+# (PlaceRequest.admitting): the SQL reads :until and :reservation, not these.
+ADMITTING: dict[str, tuple[datetime | None, str | None]] = {
+    ADMITS_NONE: (None, None),
+    ADMITS_UNTIL: (datetime.max.replace(tzinfo=UTC), None),
+    ADMITS_INTO: (None, "any"),
+}
 
 
 def _usable(request: PlaceRequest, nodes: str, domain: bool) -> str:
@@ -49,7 +64,7 @@ def _usable(request: PlaceRequest, nodes: str, domain: bool) -> str:
     (with the request's :tolerations when it has some).
     """
     join = ""
-    where = [nodes, "g.gpu_class = :cls", gpu_offered("g", request.tolerating)]
+    where = [nodes, "g.gpu_class = :cls", gpu_offered("g", request.tolerating, request.admitting)]
     hcas = "CAST('{}' AS text[])"
     if request.nvlink_shards:
         where.append("g.nvlink_group IS NOT NULL")
@@ -134,7 +149,8 @@ def facts_column(request: PlaceRequest, node: str, pool: str | None = None) -> s
         known.append("g.nvlink_peers IS NOT NULL")
     if request.rail_aligned:
         known.append("g.near_hcas IS NOT NULL")
-    free = f"g.node_id = {node} AND g.gpu_class = :cls AND {gpu_offered('g', request.tolerating)}"
+    offered = gpu_offered("g", request.tolerating, request.admitting)
+    free = f"g.node_id = {node} AND g.gpu_class = :cls AND {offered}"
     groups = "CAST('{}' AS bigint[])"
     usable = f"{room(request, node)} * :per"
     if request.nvlink_shards:
@@ -176,6 +192,7 @@ def pooled(request: PlaceRequest) -> bool:
         and not request.rail_aligned
         and not request.same_nvlink_domain
         and not request.tolerating
+        and not request.admitting
     )
 
 
@@ -196,14 +213,18 @@ def pool_facts(free_groups: str, known: str) -> str:
                          GROUP BY x ORDER BY 1 DESC) AS groups OFFSET 0) t)"""
 
 
-def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating: bool) -> str:
+def claim_order(
+    nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating: bool, admitting: str = ""
+) -> str:
     """The order a claim takes the offered GPUs of the nodes `nodes` selects: rows (node_id, idx, hcas, k).
 
     The fit order (fit_order) with topology; without, the offered GPUs
     (availability.gpu_offered) with the last-resort ones last, then by
     index, which is the fit order of one group (whole shards only changes
     nothing there: a claim takes whole shards from the front).
-    `tolerating`: the :tolerations parameter is the request's.
+    `tolerating`: the :tolerations parameter is the request's; `admitting`:
+    the reserved GPUs it may use (availability.gpu_admitted: :until,
+    :reservation).
     """
     request = PlaceRequest(
         "",
@@ -212,6 +233,8 @@ def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating:
         nvlink_shards=nvlink_shards,
         rail_aligned=rail_aligned,
         tolerations=TOLERATING if tolerating else (),
+        until=ADMITTING[admitting][0],
+        reservation=ADMITTING[admitting][1],
     )
     if request.needs_topology:
         return fit_order(request, nodes)
@@ -220,7 +243,8 @@ def claim_order(nvlink_shards: bool, rail_aligned: bool, nodes: str, tolerating:
                row_number() OVER (
                    PARTITION BY g.node_id ORDER BY {gpu_last_resort("g", tolerating)}, g.idx
                ) - 1 AS k
-        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls AND {gpu_offered("g", tolerating)}"""
+        FROM gpus g WHERE {nodes} AND g.gpu_class = :cls
+          AND {gpu_offered("g", tolerating, admitting)}"""
 
 
 def _claimed_shards(
@@ -246,6 +270,8 @@ def _claimed_shards(
             "hcas": hcas,
             "weights": "CAST(:weights AS text)",
             "tolerations": stored_tolerations(),
+            "until": "CAST(:until AS timestamptz)",
+            "reservation": "CAST(:reservation AS text)",
             **charge,
         },
         source,
@@ -254,7 +280,12 @@ def _claimed_shards(
 
 @lru_cache(maxsize=32)
 def claim_wanted(
-    nvlink_shards: bool, rail_aligned: bool, same_domain: bool, several: bool, tolerating: bool
+    nvlink_shards: bool,
+    rail_aligned: bool,
+    same_domain: bool,
+    several: bool,
+    tolerating: bool,
+    admitting: str = "",
 ) -> Wanted:
     """What a claim gives allocations.store_statement: calls of one shape, on locked nodes.
 
@@ -295,7 +326,7 @@ def claim_wanted(
         # A call alone (most calls, when schedulers are few) pays for none
         # of the slots below: the statement plans only what one call needs.
         order = claim_order(
-            nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)", tolerating
+            nvlink_shards, rail_aligned, "g.node_id = CAST(:node_id AS text)", tolerating, admitting
         )
         domain = f"AND {node_domain('CAST(:node_id AS text)')} IS NOT NULL" if same_domain else ""
         return Wanted(
@@ -320,7 +351,11 @@ def claim_wanted(
             go=Rows({"call": "1", "ok": f"count(*) = :need {domain}"}, "FROM free"),
         )
     order = claim_order(
-        nvlink_shards, rail_aligned, "g.node_id = ANY(CAST(:node_ids AS text[]))", tolerating
+        nvlink_shards,
+        rail_aligned,
+        "g.node_id = ANY(CAST(:node_ids AS text[]))",
+        tolerating,
+        admitting,
     )
     # Integer division throughout: the parameters are cast, or asyncpg may
     # bind them as numeric and a shard's positions stop dividing evenly.

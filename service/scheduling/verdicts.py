@@ -46,6 +46,9 @@ class VerdictCode(Enum):
     # A maintenance window in force on the node (draining or started) that
     # the request's `until` does not end before (service/scheduling/maintenance_rule.py).
     MAINTENANCE = "MAINTENANCE"
+    # The node would have room but for GPUs set aside for a reservation the
+    # request may not use (service/scheduling/reservations/).
+    RESERVED = "RESERVED"
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,9 @@ class NodeFacts:
     # A maintenance window in force on the node that the request's `until`
     # does not end before (service/scheduling/maintenance_rule.py).
     maintenance: MaintenanceFact | None = None
+    # Usable, unheld, untainted GPUs of the class set aside for reservations
+    # the request may not use (availability.gpu_admitted; not in `free`).
+    reserved: int = 0
 
     def rate_on(self, fabric: str) -> int:
         """The node's link rate on `fabric` (one of its fabrics), in Gb/s."""
@@ -256,6 +262,12 @@ def judge(node: NodeFacts, request: PlaceRequest) -> Verdict:
             VerdictCode.TAINTED,
             f"{node.withheld} free {request.gpu_class} tainted, e.g. {taint}; "
             f"{node.free} untainted, needs {per_shard}",
+        )
+    if node.free < per_shard <= node.free + node.reserved:
+        return no(
+            VerdictCode.RESERVED,
+            f"{node.reserved} free {request.gpu_class} set aside for a reservation; "
+            f"{node.free} not, needs {per_shard}",
         )
     if node.free < per_shard:
         return no(

@@ -21,26 +21,34 @@ from service.config import Settings
 from service.database import connections, read_routing
 from service.database.db_faults import RETRY_AFTER_SECONDS
 from service.event_log.event_stream import EventStream
+from service.fleet import maintenance
 from service.fleet.liveness import run_sweeper
-from service.fleet.maintenance import run_transitions
+from service.scheduling import reservations
+from service.scheduling.timeline import run_timeline
 from service.tasks import stop_task
 from service.web.draining import Drain
 
 log = logging.getLogger(__name__)
 
 
+# The changes on time every process makes (service/scheduling/timeline/):
+# reservations' one by one, maintenance windows' in a round of their own.
+TIMELINE = (*reservations.TRANSITIONS,)
+SWEEPS = (maintenance.SWEEP,)
+
+
 class Background:
-    """The process's sweeper task and event stream, started and stopped with the app."""
+    """The process's sweeper and timeline tasks and event stream, started and stopped with the app."""
 
     def __init__(
         self,
         sweeper: asyncio.Task[None] | None,
         stream: EventStream,
-        maintenance: asyncio.Task[None] | None = None,
+        timeline: asyncio.Task[None] | None = None,
     ) -> None:
         self.sweeper = sweeper
         self.stream = stream
-        self.maintenance = maintenance
+        self.timeline = timeline
 
     @classmethod
     async def start(
@@ -78,19 +86,17 @@ class Background:
                 ),
                 name="liveness-sweep",
             )
-        maintenance = None
+        timeline = None
         if sweep:
-            # Maintenance windows move on time from every process (once each:
-            # service/fleet/maintenance/transitions.py).
-            maintenance = asyncio.create_task(
-                run_transitions(engine, interval=settings.maintenance_interval),
-                name="maintenance-transitions",
+            timeline = asyncio.create_task(
+                run_timeline(engine, TIMELINE, sweeps=SWEEPS, interval=settings.timeline_interval),
+                name="timeline",
             )
-        return cls(sweeper, stream, maintenance)
+        return cls(sweeper, stream, timeline)
 
     async def stop(self) -> None:
+        await stop_task(self.timeline)
         await stop_task(self.sweeper)
-        await stop_task(self.maintenance)
         await self.stream.stop()
 
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -32,7 +33,7 @@ from service.graphql.schema import schema
 from service.web.app import create_app
 from tests.support.api import Api
 from tests.support.maintenance import SCHEDULE, at, window_input
-from tests.support.reports import ALLOCATE, REGISTER, allocation, node_input, shard
+from tests.support.reports import A100, ALLOCATE, REGISTER, allocation, gpus, node_input, shard
 from tests.support.statements import StatementCounter
 from tests.support.subscriptions import subscribe
 
@@ -44,6 +45,7 @@ IB_A = [{"fabric": "ib-a", "hcas": ["mlx5_0"], "rateGbps": 400}]
 
 # Placement groups placed (one GPU each, then released): more than two pages.
 GROUPS = 11
+RESERVATIONS = 11  # two full pages and a short one
 PLACE_GROUP = "mutation P($g: PlaceGroupInput!) { placeGroup(input: $g) { __typename } }"
 
 
@@ -76,7 +78,7 @@ LISTINGS = [
         lambda data: data["freeGpus"],
         ["freeGpus"],
         lambda e: e["node"]["id"],
-        "SELECT id FROM nodes ORDER BY id",
+        "SELECT DISTINCT node_id FROM gpus WHERE gpu_class = 'H100-80GB' ORDER BY 1",
     ),
     Listing(
         "allocations",
@@ -144,6 +146,14 @@ LISTINGS = [
         lambda e: e["id"],
         "SELECT node_id FROM fabric_attachments WHERE fabric = 'ib-a' ORDER BY node_id",
     ),
+    Listing(
+        "reservations",
+        "query($first: Int, $after: ID) { reservations(first: $first, after: $after) { id } }",
+        lambda data: data["reservations"],
+        ["reservations"],
+        lambda e: e["id"],
+        "SELECT id FROM reservations ORDER BY id",
+    ),
 ]
 
 
@@ -170,7 +180,9 @@ class Both:
 
 @pytest.fixture
 async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both]:
-    """Twelve registered nodes on ib-a, eleven allocations on seven, twelve tokens; pages of five."""
+    """Twelve registered nodes on ib-a, eleven allocations on seven, twelve tokens; pages of five.
+
+    And two A100 nodes with eleven reservations (their own class: the H100 lists are unchanged)."""
     small = settings.replace(max_page_size=PAGE)
     clients = [
         httpx.AsyncClient(
@@ -227,6 +239,19 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
             # force, so what the other lists show stays as it was.
             await api(SCHEDULE, {"input": window_input(f"m{i:02d}", [f"gpu-{i:02d}"],
                                                        at(86_400), at(90_000))})  # fmt: skip
+        # Reservations on two A100 nodes (sorted before the others, on no
+        # fabric, of another class): the H100 lists stay as they were.
+        for k in range(2):
+            await api(REGISTER, {"input": node_input(f"a100-{k}", gpus=gpus(A100))})
+        start = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+        for i in range(RESERVATIONS):
+            spec = {"id": f"res-{i:02d}", "count": 1, "start": start,
+                    "shape": {"replicaId": "x", "gpuClass": "A100-40GB", "gpusPerShard": 1}}  # fmt: skip
+            made = await api(
+                "mutation R($s: ReservationInput!) { reserve(input: $s) { __typename } }",
+                {"s": spec},
+            )
+            assert made["reserve"]["__typename"] == "Reservation", made
         yield both
     finally:
         for client in clients:
@@ -258,6 +283,7 @@ def test_every_list_with_first_and_after_is_covered_here() -> None:
         "Query.shardsToMove",
         "Query.remediations",
         "Query.maintenanceWindows",
+        "Query.reservations",
         "Fabric.nodes",
     }
     assert len(LISTINGS) == len(paged)

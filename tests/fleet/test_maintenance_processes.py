@@ -24,7 +24,7 @@ from tests.support.tenancy import PLACE
 INTERVAL = 0.2
 # How late a transition may be: a few loop intervals, and a loaded machine's pause.
 LATE = 3.0
-ENV = {"INVENTORY_MAINTENANCE_INTERVAL": str(INTERVAL)}
+ENV = {"INVENTORY_TIMELINE_INTERVAL": str(INTERVAL)}
 
 
 async def post(client: httpx.AsyncClient, url: str, query: str, variables: Any) -> Any:

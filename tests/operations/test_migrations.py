@@ -18,6 +18,7 @@ from sqlalchemy import inspect
 from service import (
     health_tables,  # noqa: F401 (fleet health's tables join the metadata)
     maintenance_tables,  # noqa: F401 (and maintenance windows')
+    reservation_tables,  # noqa: F401 (and reservations')
     tenancy_tables,  # noqa: F401 (and tenancy's)
 )
 from service.database.migrations import downgrade, head_revision, upgrade

@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import sqlglot
@@ -72,6 +73,11 @@ SHAPES: dict[str, PlaceRequest] = {
     "weights_ready": replace(BASE, weights="/models/llama", weights_ready=True),
     "node_checks": replace(BASE, label=("rack", "r1"), min_local_disk_free=1, max_age=60),
     "spread": replace(BASE, shards=4, fabric="ib-a"),
+    # A place that may use GPUs set aside (availability.gpu_admitted).
+    "until": replace(BASE, until=datetime(2030, 1, 1, tzinfo=UTC)),
+    "into": replace(BASE, reservation="rollout"),
+    # fit and freeGpus asked of a later instant (availability.gpu_offered_at).
+    "at": replace(BASE, at=datetime(2030, 1, 1, tzinfo=UTC)),
     "everything": replace(
         BASE,
         shards=2,
@@ -89,7 +95,7 @@ SHAPES: dict[str, PlaceRequest] = {
 }
 TOPOLOGY = {name: r for name, r in SHAPES.items() if r.needs_topology}
 # What a claim's text depends on: its topology, and whether it tolerates.
-CLAIM_SHAPES = ("plain", "tolerating", "nvlink", "rail", "domain", "everything")
+CLAIM_SHAPES = ("plain", "tolerating", "nvlink", "rail", "domain", "everything", "until", "into")
 # fit's census reads only requests counted_by_census takes.
 CENSUS_SHAPES = ("plain", "nvlink", "fabric")
 LOCALITIES = {
@@ -129,6 +135,7 @@ BUILDERS: tuple[Callable[..., object], ...] = (
     group_reads.window_sql,
     capacity.free_gpus_query,
     capacity.tolerated_gpus_query,
+    capacity.gpus_at_query,
     moves.shards_to_move_sql,
     records.allocations_page_sql,
 )
@@ -157,6 +164,9 @@ def built_statements() -> Iterator[Statement]:
     for tolerating in (False, True):
         shape = "tolerating" if tolerating else "plain"
         yield _built(statements.free_indices, shape, statements.free_indices(tolerating))
+    for shape in ("until", "into"):
+        admitting = SHAPES[shape].admitting
+        yield _built(statements.free_indices, shape, statements.free_indices(False, admitting))
     for shape in CENSUS_SHAPES:
         request = SHAPES[shape]
         for reads in ("count", "window", "members"):
@@ -170,7 +180,7 @@ def built_statements() -> Iterator[Statement]:
         if locality.label is None:
             for builder in (group_reads.board_census_sql, group_reads.window_sql):
                 yield _built(builder, name, builder(group, BASE))
-    for query in (capacity.free_gpus_query, capacity.tolerated_gpus_query):
+    for query in (capacity.free_gpus_query, capacity.tolerated_gpus_query, capacity.gpus_at_query):
         for cls in (None, "NVIDIA-L40S"):
             for narrowed in (False, True):
                 sql, _ = query(

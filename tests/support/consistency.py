@@ -91,6 +91,9 @@ async def inconsistencies(engine: AsyncEngine) -> list[str]:
             )
         ).scalars()
         problems.extend(f"allocated GPU {o} does not exist" for o in orphans)
+        problems.extend(
+            f"GPU {h} is held against reservation {r}" for h, r in await held_against(conn)
+        )
         await conn.rollback()
     return problems
 
@@ -116,3 +119,20 @@ async def report_signature(conn: Connection, node_id: str) -> tuple[Any, ...]:
     ).scalars()
     hostname = await conn.scalar(text("SELECT hostname FROM nodes WHERE id = :n"), {"n": node_id})
     return (hostname, tuple(tuple(g) for g in gpus), tuple(fabrics), tuple(filesystems))
+
+
+# A GPU set aside by a live reservation and held by a shard that neither was
+# placed into it nor promised to be gone by its start (availability.gpu_admitted's
+# rule, seen from the rows it leaves): what no claim may ever make (issue 47).
+HELD_AGAINST = """
+    SELECT g.node_id || '/' || g.idx, r.id FROM gpus g
+    JOIN reservations r ON r.id = g.reservation
+    JOIN allocated_gpus a ON a.node_id = g.node_id AND a.gpu_index = g.idx
+    JOIN shards s ON s.shard_id = a.shard_id
+    WHERE r.state <> 'ENDED' AND s.reservation IS DISTINCT FROM r.id
+      AND NOT (s.until IS NOT NULL AND s.until <= r.starts_at AND r.started_at IS NULL)
+"""
+
+
+async def held_against(conn: Connection) -> list[tuple[str, str]]:
+    return [(row[0], row[1]) for row in await conn.execute(text(HELD_AGAINST))]

@@ -15,6 +15,7 @@ from pathlib import Path
 from service import (  # noqa: F401 (their tables join the metadata)
     health_tables,
     maintenance_tables,
+    reservation_tables,
     tenancy_tables,
 )
 from service.tables import metadata

@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "service.health_tables",
             "service.tenancy_tables",
             "service.maintenance_tables",
+            "service.reservation_tables",
         ),
     ),
     ("metrics", ("service.metrics", "service.backup_status")),
@@ -298,16 +299,20 @@ LONG_MODULES: dict[str, str] = {
         "in the caller's transaction; preempting for one is groups/preempting.py's"
     ),
     "service.metrics": (
-        "the /metrics exposition: every family the service exports, each read from the "
-        "counters or the rows of the module that owns it"
+        "the Prometheus exposition: each family the service writes, beside the read it comes "
+        "from (backups' and reservations' families are built in their own modules)"
+    ),
+    "service.scheduling.placement.fit": (
+        "fit: how many more replicas of one shape fit, now or at a later instant, by place()'s "
+        "planner over the class's pools, counted by the census or surveyed"
+    ),
+    "service.tables": (
+        "the schema of the core tables, each constraint and index beside the columns it keeps "
+        "(fleet health's, tenancy's and reservations' tables are modules of their own)"
     ),
     "service.scheduling.placement.statements": (
         "the SQL place() and explain() send, built from one set of fragments; the "
         "builders share their private helpers"
-    ),
-    "service.scheduling.placement.fit": (
-        "fit(): how many replicas of a shape fit now by place()'s planner, and the two reads "
-        "it counts from (every pool grouped, or the pools' census), which share the facts judge() reads"
     ),
 }
 

@@ -8,7 +8,7 @@
 Which nodes placement avoids is service/scheduling/maintenance_rule.py's.
 """
 
-from service.fleet.maintenance.transitions import cancel, run_round, run_transitions
+from service.fleet.maintenance.transitions import SWEEP, cancel, run_round
 from service.fleet.maintenance.windows import (
     MaintenanceConflict,
     MaintenanceSpec,
@@ -19,6 +19,7 @@ from service.fleet.maintenance.windows import (
 )
 
 __all__ = [
+    "SWEEP",
     "MaintenanceConflict",
     "MaintenanceSpec",
     "WindowRecord",
@@ -26,6 +27,5 @@ __all__ = [
     "list_windows",
     "read_window",
     "run_round",
-    "run_transitions",
     "schedule",
 ]

@@ -11,7 +11,8 @@ IN_PROGRESS -> DONE at end: the window's taint is lifted (other taints stay).
 Each transition writes its event (maintenance_draining, _started, _done) in
 its own transaction.
 
-Every service process runs the loop (run_transitions). A round takes a
+Every service process runs the round (SWEEP, in its timeline loop:
+service/scheduling/timeline/). A round takes a
 transaction-level advisory lock, or skips while another process holds it,
 and claims each due transition with a conditional UPDATE ... RETURNING
 (WHERE state = <old> AND <due> <= now()): a transition committed by another
@@ -33,18 +34,14 @@ cancelled window is answered as stored.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.database.connections import Connection
-from service.database.db_faults import is_database_unavailable
-from service.database.transactions import in_transaction
 from service.errors import InvalidInput
 from service.event_log.events import record_event
 from service.fleet.fencing import StopReason
@@ -54,6 +51,7 @@ from service.fleet.maintenance.windows import WindowRecord, node_list, read_wind
 from service.scheduling.allocations import release_replica
 from service.scheduling.maintenance_rule import OPEN_STATES_SQL, MaintenanceState
 from service.scheduling.taints import MAINTENANCE_KEY, TaintEffect, TaintSource
+from service.scheduling.timeline import Sweep
 
 log = logging.getLogger(__name__)
 
@@ -325,32 +323,22 @@ async def cancel(conn: Connection, window_id: str, actor: str | None) -> WindowR
     return after
 
 
-async def run_transitions(engine: AsyncEngine, *, interval: float) -> None:
-    """A round every `interval` seconds until cancelled; a failed round is logged and retried."""
-    while True:
-        try:
-            result = await in_transaction(engine, run_round)
-            if result.draining or result.started or result.done or result.asked:
-                log.info(
-                    "maintenance transitions",
-                    extra={
-                        "draining": result.draining,
-                        "started": result.started,
-                        "done": result.done,
-                        "asked": result.asked,
-                        "stopped": result.stopped,
-                    },
-                )
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            if is_database_unavailable(error):
-                # A restart or failover: expected, one line (no traceback).
-                log.warning(
-                    "maintenance transitions: database unavailable (%s); retrying in %g s",
-                    str(error).splitlines()[0] if str(error) else type(error).__name__,
-                    interval,
-                )
-            else:
-                log.exception("maintenance transitions failed; retrying in %g s", interval)
-        await asyncio.sleep(interval)
+def said(result: Round) -> str | None:
+    """What a round did, for the timeline's log line; None when it changed nothing."""
+    parts = [
+        f"{what} {', '.join(ids)}"
+        for what, ids in (
+            ("draining", result.draining),
+            ("started", result.started),
+            ("done", result.done),
+            ("asked to move", result.asked),
+            ("stopped", result.stopped),
+        )
+        if ids
+    ]
+    return "; ".join(parts) if parts else None
+
+
+# The windows' changes on time, made by every process's timeline loop
+# (service/scheduling/timeline/, started in service/web/operations.py).
+SWEEP = Sweep("maintenance", run_round, said)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 from typing import Annotated
 
 import strawberry
@@ -29,6 +30,7 @@ from ..group_types import (
     PlaceGroupResult,
 )
 from ..pages import answer, paged
+from ..reservation_types import AT
 from .allocation_mutations import count_place, count_preempted, place_result
 from .tenancy import bound_charge, bound_to
 
@@ -60,10 +62,15 @@ class GroupQueries:
             "placeGroup would refuse: BAD_INPUT with its message."
         )
     )
-    async def fit_group(self, info: Info, group: PlaceGroupInput) -> GroupFit:
+    async def fit_group(
+        self,
+        info: Info,
+        group: PlaceGroupInput,
+        at: Annotated[datetime | None, strawberry.argument(description=AT)] = None,
+    ) -> GroupFit:
         request = _bound(info, "fitGroup", group.to_request())
         outcome = await info.context.read(
-            lambda conn: groups.fit_group(conn, request),
+            lambda conn: groups.fit_group(conn, request, at=at),
             max_age=request.max_age,
             transaction=True,
         )

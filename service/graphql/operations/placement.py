@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 from typing import Annotated
 
 import strawberry
@@ -14,6 +15,7 @@ from service.scheduling.tenancy.charges import PreemptionPolicy
 
 from ..allocation_types import Fit, InvalidPlacement, PlaceInput, PlacementExplanation
 from ..context import Info
+from ..reservation_types import AT
 from .tenancy import bound_charge
 
 
@@ -59,9 +61,10 @@ class PlacementQueries:
                 description="Most entries of nodes (default and limit: the page size)."
             ),
         ] = None,
+        at: Annotated[datetime | None, strawberry.argument(description=AT)] = None,
     ) -> Fit:
         size = info.context.page_request(first).size
-        request = shape.to_request()
+        request = replace(shape.to_request(), at=at)
         request = replace(request, charge=bound_charge(info.context, "fit", request.charge))
         exclude = [str(n) for n in exclude_nodes or ()]
         outcome = await info.context.read(

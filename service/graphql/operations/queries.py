@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any
 
 import strawberry
@@ -20,6 +21,7 @@ from ..health_types import TOLERATIONS, TolerationInput, tolerations_of
 from ..inputs import NodeFilter
 from ..loaders import selected
 from ..pages import answer, paged
+from ..reservation_types import AT
 from ..types import Allocation, Node, Weights
 
 # freeGpus without minFree (or with null): nodes with at least one.
@@ -126,6 +128,12 @@ class NodeQueries:
         tolerations: Annotated[
             list[TolerationInput] | None, strawberry.argument(description=TOLERATIONS)
         ] = None,
+        at: Annotated[
+            datetime | None,
+            strawberry.argument(
+                description=AT + " Without `at`, GPUs set aside for a reservation are not listed."
+            ),
+        ] = None,
     ) -> list[NodeFreeGpus]:
         request = info.context.page_request(first)
         given = free_gpus_arguments(gpu_class, fabric, min_free, after)
@@ -142,6 +150,7 @@ class NodeQueries:
                 after=given.after,
                 max_age=max_age,
                 tolerations=tolerations_of(tolerations),
+                at=at,
             )
             page = paging.cut(found, request, lambda entry: entry.node_id)
             if node is not None:

@@ -31,6 +31,8 @@ from service.scheduling.allocations.storing import (
     store_statement,
 )
 from service.scheduling.availability import (
+    ADMITS_ASKED,
+    gpu_admitted,
     gpu_health_reasons,
     gpu_tolerated,
     gpu_usable,
@@ -74,7 +76,7 @@ _GPUS_ASKED = text(
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
            {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by,
            CASE WHEN g.withheld THEN {first_taint("g.node_id", "g.idx", withholding("t", True))}
-           END AS taint
+           END AS taint, g.reservation, {gpu_admitted("g", ADMITS_ASKED)} AS admitted
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -138,7 +140,7 @@ def _one_node_checks(call: str, replica_id: str) -> str:
                 ) held_now ON true
                 WHERE w.call = {call}
                   AND (g.idx IS NULL OR NOT {gpu_usable("g")} OR held_now.taken
-                       OR NOT {gpu_tolerated("g")})))"""
+                       OR NOT {gpu_tolerated("g")} OR NOT {gpu_admitted("g", ADMITS_ASKED)})))"""
 
 
 # allocate()'s shards, as named by the request. With :check, the checks a
@@ -164,6 +166,8 @@ _STORE = store_statement(
                 **_SHARDS,
                 "weights": "CAST(:weights AS text)",
                 "tolerations": stored_tolerations(),
+                "until": "CAST(:until AS timestamptz)",
+                "reservation": "CAST(:reservation AS text)",
                 "tenant": "CAST(:tenant AS text)",
                 "priority": "CAST(:priority AS int)",
                 "deployment": "CAST(:deployment AS text)",
@@ -262,6 +266,8 @@ async def allocate_on_locked_nodes(
                 "shards": json.dumps(shards),
                 "gpus": json.dumps(gpus),
                 "tolerations": tolerations_json(()),
+                "until": None,
+                "reservation": None,
             },
         )
         for call, outcome in stored.items():
@@ -388,6 +394,8 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
         {
             "pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs]),
             "tolerations": tolerations_json(request.tolerations),
+            "until": request.until,
+            "reservation": request.reservation,
         },
     )
     facts = {(r.node_id, r.idx): r for r in rows}
@@ -411,6 +419,11 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
                 gpu_index=index,
                 held_by=gpu.held_by,
             )
+        if gpu.present and not gpu.admitted:
+            aside = "is" if gpu.reservation is not None else "is not"
+            named = gpu.reservation or request.reservation or ""
+            why = f"{where} {aside} set aside for reservation {shown(named)}"
+            return Rejection(RejectionCode.GPU_TAKEN, why, node_id=node_id, gpu_index=index)
         if not gpu.usable and gpu.cordon_reason is not None:
             return Rejection(
                 RejectionCode.GPU_CORDONED,
@@ -563,6 +576,8 @@ async def _store(
             "check": check,
             "weights": request.weights,
             "tolerations": tolerations_json(request.tolerations),
+            "until": request.until,
+            "reservation": request.reservation,
             "tenant": request.charge.tenant_id,
             "priority": request.charge.priority,
             "deployment": request.charge.deployment,

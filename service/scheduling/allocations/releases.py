@@ -89,8 +89,10 @@ async def _release(
     still runs the shard is told FREED_WHILE_LOST (service/fleet/fencing.py).
     `stopped_for`: what made the service release it, added to each event's
     detail: {"stopReason": a fencing.StopReason's value, ...}, which an engine
-    that still runs the shard is told (a maintenance window's start; a
-    preemption, whose detail also names the preemptor: preemptedBy).
+    that still runs the shard is told: a maintenance window's start; a
+    preemption, whose detail also names the preemptor (preemptedBy); a
+    reservation's start, to a replica placed `until` then, whose detail also
+    names the reservation.
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in

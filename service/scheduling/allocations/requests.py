@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from service.bounds import MAX_GPUS_PER_SHARD, MAX_ID_LENGTH, MAX_SHARDS
 from service.scheduling.rejections import Rejection, invalid, invalid_field, shown
@@ -38,6 +39,11 @@ class AllocationRequest:
     # Who it is charged to (service/scheduling/tenancy/): the claim checks the
     # tenant's limit and records the charge on the shards.
     charge: Charge = UNNAMED
+    # The replica's promise to be gone by then, and the reservation it is
+    # placed into (PlaceRequest's; availability.gpu_admitted): which GPUs
+    # set aside it may hold.
+    until: datetime | None = None
+    reservation: str | None = None
 
 
 def _check_id(what: str, value: str) -> Rejection | None:

@@ -143,6 +143,11 @@ class Wanted:
         return ", ".join(f"{name} AS (\n        {body}\n    )" for name, body in parts)
 
 
+# want_shards columns a builder may add (None: NULL stored): the replica's
+# `until` and the reservation it is placed into (issue 47).
+OPTIONAL_SHARDS = ("until", "reservation")
+
+
 def store_statement(wanted: Wanted) -> TextClause:
     """One round trip that holds GPUs for one or more calls: the shards, their GPUs, the pools and the events.
 
@@ -174,6 +179,9 @@ def store_statement(wanted: Wanted) -> TextClause:
     The SQL generated below looks like this, with allocate's CTEs: docs/internals/sql/scheduling.allocations.allocating/_STORE.sql
     (the claim's: its claim_statement files).
     """
+    optional = [c for c in OPTIONAL_SHARDS if c in wanted.shards.columns]
+    extra_columns = "".join(f", {c}" for c in optional)
+    extra_values = "".join(f", w.{c}" for c in optional)
     return text(
         f"""
         WITH {wanted.ctes()}, {charged_calls()}, marked AS (
@@ -192,9 +200,9 @@ def store_statement(wanted: Wanted) -> TextClause:
             RETURNING r.replica_id, r.released_at, r.tombstone_until
         ), s AS (
             INSERT INTO shards (shard_id, replica_id, node_id, gpu_indices, fabric, hcas, weights,
-                                tolerations, tenant, priority, deployment, borrowed)
+                                tolerations, tenant, priority, deployment, borrowed{extra_columns})
             SELECT w.shard_id, w.replica_id, w.node_id, w.gpu_indices, w.fabric, w.hcas, w.weights,
-                   w.tolerations, w.tenant, w.priority, w.deployment, go.borrowed
+                   w.tolerations, w.tenant, w.priority, w.deployment, go.borrowed{extra_values}
             FROM want_shards w JOIN admitted go ON go.call = w.call AND go.ok
             JOIN marked m ON m.replica_id = w.replica_id AND m.released_at IS NULL
             ORDER BY w.call, w.shard_id

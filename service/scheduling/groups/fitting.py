@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 from service.database.connections import Connection
 from service.scheduling.groups.board import Board
@@ -161,10 +162,12 @@ def _apply(board: Board, moves: list[Move], repeats: int) -> None:
         board.where.update(dict.fromkeys(moved, target))
 
 
-async def fit_group(conn: Connection, group: GroupRequest) -> GroupFit | Rejection:
+async def fit_group(
+    conn: Connection, group: GroupRequest, *, at: datetime | None = None
+) -> GroupFit | Rejection:
     """How many more whole groups of this spec fit now; a spec placeGroup would refuse is its Rejection.
 
-    Within the tenant's limit: no more groups than its room under the limit
+    `at`: at that later instant (availability.gpu_offered_at). Within the tenant's limit: no more groups than its room under the limit
     of each class holds (placeGroup charges a group as one), and when that
     is what stops the next group, limitedBy says so first.
     """
@@ -173,10 +176,11 @@ async def fit_group(conn: Connection, group: GroupRequest) -> GroupFit | Rejecti
     if problem is not None:
         return problem
     asked = asked_by_class(group)
-    standing = await headroom(conn, group.charge.tenant_id, asked)
+    standing = await headroom(conn, group.charge.tenant_id, asked, at=at)
     if any(not s.known for s in standing.values()):
         return refused_for_charge(UnknownTenant(group.charge.tenant_id))
-    requests = {r.role: replace(r.shape, replica_id="") for r in group.roles}
+    # `at`: each role's shape as an ordinary place would be offered then.
+    requests = {r.role: replace(r.shape, replica_id="", at=at) for r in group.roles}
     board = await read_board(conn, group, requests)
     count, misfit, board = count_groups(board, group)
     # Per class with a limit: how many groups its room holds.

@@ -347,7 +347,9 @@ def windowed(
         return False
     if len({r.gpu_class for r in requests.values()}) != 1:
         return False
-    return all(counted_by_census(replace(r, shards=1)) for r in requests.values())
+    # A board asked of a later instant (fitGroup's `at`) reads the pools as
+    # they will be (availability.gpu_offered_at), which the census does not.
+    return all(counted_by_census(replace(r, shards=1)) and r.at is None for r in requests.values())
 
 
 def window_size(requests: Mapping[str, PlaceRequest], group: GroupRequest) -> int:

@@ -54,6 +54,7 @@ from service.scheduling.placement.statements import (
     spread_plan,
 )
 from service.scheduling.rejections import Rejection, RejectionCode, shown
+from service.scheduling.reservation_admission import admission, placed_into
 from service.scheduling.taints import tolerations_json
 from service.scheduling.tenancy.charges import ChargeRefused, PreemptionPolicy
 from service.scheduling.tenancy.headroom import refusal_now
@@ -146,6 +147,8 @@ async def claim_plan(
                 weights=request.weights,
                 tolerations=request.tolerations,
                 charge=request.charge,
+                until=request.until,
+                reservation=request.reservation,
             ),
             actor,
             fabric=plan.fabric,
@@ -173,8 +176,14 @@ async def _usable_gpus(
     tolerations = tolerations_json(request.tolerations)
     if not request.needs_topology:
         rows = await conn.execute(
-            free_indices(request.tolerating),
-            {"ids": node_ids, "cls": request.gpu_class, "tolerations": tolerations},
+            free_indices(request.tolerating, request.admitting),
+            {
+                "ids": node_ids,
+                "cls": request.gpu_class,
+                "tolerations": tolerations,
+                "until": request.until,
+                "reservation": request.reservation,
+            },
         )
         return {r.node_id: list(r.indices) for r in rows}, {}
     params = {
@@ -184,6 +193,8 @@ async def _usable_gpus(
         "fabric": plan.fabric,
         "domain": plan.domain,
         "tolerations": tolerations,
+        "until": request.until,
+        "reservation": request.reservation,
     }
     free: dict[str, list[int]] = {}
     near: dict[tuple[str, int], list[str]] = {}
@@ -238,10 +249,15 @@ async def place(
     transaction (Allocated.preempted), or says why not (Unplaceable).
     """
     problem = validate_place(request)
+    if problem is None:
+        problem = await admission(conn, request)
     if problem is not None:
         return problem
     try:
-        return await _place(conn, request, actor)
+        placed = await _place(conn, request, actor)
+        if isinstance(placed, Allocated) and request.reservation is not None:
+            await placed_into(conn, request.reservation)
+        return placed
     except ChargeRefused as refused:
         # The claim's own verdict, under the quota's lock: its savepoint was
         # rolled back, nothing is held.
@@ -354,6 +370,9 @@ async def place_without_waiting(
     problem = validate_place(request)
     if problem is not None:
         return problem
+    if request.admitting:
+        # Checked against its reservation first (place()): in a transaction of its own.
+        return None
     try:
         outcome = await _place_on_one_node(conn, request, actor, set(), savepoints=False)
     except (ReplicaReleased, ChargeRefused):
@@ -414,6 +433,8 @@ async def claim_calls(
         # The shards pin the weights they were placed with.
         "weights": shape.weights,
         "tolerations": tolerations_json(shape.tolerations),
+        "until": shape.until,
+        "reservation": shape.reservation,
         **topology,
     }
     answers = await store_calls(conn, claim_statement(shape, several), params, wait=wait)

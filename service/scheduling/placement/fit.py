@@ -39,6 +39,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from sqlalchemy import text
+
 from service.database.connections import Connection, cached_text
 from service.scheduling.availability import (
     SCHEDULABLE_STATE,
@@ -134,7 +136,11 @@ def _pool_state(schedulable: str, node_id: str) -> str:
 
 
 def survey_groups_sql(
-    request: PlaceRequest, *, all_fabrics: bool = False, extra: Mapping[str, str] | None = None
+    request: PlaceRequest,
+    *,
+    all_fabrics: bool = False,
+    extra: Mapping[str, str] | None = None,
+    only: bool = False,
 ) -> str:
     """Every node of the class, grouped by the facts judge() reads for this request.
 
@@ -215,7 +221,7 @@ def survey_groups_sql(
     # The members unordered: an ordered aggregate made PostgreSQL sort every
     # row of the class, most of the statement's time; FitCount.used picks the
     # first ids of the groups it lists.
-    offer = PoolOffer("p", request.tolerating)
+    offer = PoolOffer("p", request.tolerating, request.admitting)
     return f"""
     SELECT min(f.node_id) AS node_id, f.state, CAST(NULL AS text) AS state_reason, f.free,
            f.withheld, f.last_resort, CAST(f.taint AS json) AS taint,
@@ -238,7 +244,7 @@ def survey_groups_sql(
                {age} AS gpus_facts_age, {fresh} AS fresh,
                CAST({maintenance_json("p.node_id")} AS jsonb) AS maintenance
         FROM {source}{offer.join}
-        WHERE p.gpu_class = :cls
+        WHERE p.gpu_class = :cls{" AND p.node_id = ANY(CAST(:only AS text[]))" if only else ""}
     ) f
     GROUP BY f.state, f.free, f.withheld, f.last_resort, f.taint, f.disk_ok,
              f.knows_its_weights, f.holds_weights, f.weights_copy,
@@ -462,6 +468,7 @@ def census_facts_sql(
     reads: str = "count",
     all_fabrics: bool = False,
     extra: Mapping[str, str] | None = None,
+    skip: bool = False,
 ) -> str:
     """The census of the request's class, each kind of pool with the facts survey_groups_sql gives a group.
 
@@ -476,7 +483,8 @@ def census_facts_sql(
     with :need GPUs free, uncounted, the first :ids ids of each. "members"
     (fitGroup's board): every kind, uncounted, the first :ids ids of each
     (all of them for a NULL :ids). `all_fabrics` and `extra` as
-    survey_groups_sql's, with `extra` over the kind `c`.
+    survey_groups_sql's, with `extra` over the kind `c`. `skip`: the nodes
+    :skip left out (census_sql), for fit at a later instant.
 
     The SQL generated below looks like this: docs/internals/sql/scheduling.placement.fit/census_facts_sql.plain.count.sql
     (every shape beside it).
@@ -492,7 +500,7 @@ def census_facts_sql(
         else "CAST('{}' AS text[]) AS fabrics, CAST('{}' AS int[]) AS fabric_rates"
     )
     if reads == "count":
-        census = census_sql("k.schedulable AND k.free >= :per")
+        census = census_sql("k.schedulable AND k.free >= :per", skip=skip)
     elif reads == "window":
         # From the first schedulable kind with a shard free: true is the last
         # boolean, so every kind after it is schedulable too.
@@ -514,16 +522,42 @@ def census_facts_sql(
            {fabrics}, CAST(NULL AS text) AS label_value, {topology} AS topology,
            CAST(NULL AS float8) AS gpus_facts_age, CAST(NULL AS json) AS maintenance,
            {ANY_IN_FORCE} AS maintenance_in_force, c.nodes, c.members{columns}
-    FROM ({census}) c
+    FROM ({census}) c{" WHERE c.nodes > 0" if skip else ""}
     """
 
 
+# The nodes whose pool of :cls may offer otherwise at :at than now
+# (availability.gpu_offered_at): GPUs set aside by a reservation ending by
+# then, or held by a replica due to be gone by then; at most :most of them.
+CHANGED_BY = text(
+    """
+    SELECT g.node_id FROM reservations r JOIN gpus g ON g.reservation = r.id
+    WHERE r.state <> 'ENDED' AND r.ends_at <= CAST(:at AS timestamptz) AND g.gpu_class = :cls
+    UNION
+    SELECT s.node_id FROM shards s WHERE s.until <= CAST(:at AS timestamptz)
+    LIMIT :most
+    """
+)
+# Past this many, the census would compare every index entry with a long
+# list: the pools are surveyed instead.
+MOST_CHANGED = 1000
+
+
 async def _census_groups(
-    conn: Connection, request: PlaceRequest, first: int
+    conn: Connection, request: PlaceRequest, first: int, changed: Sequence[str] = ()
 ) -> list[_Group] | None:
-    """The class's nodes as groups, counted by the census; None when it declines (too many kinds)."""
+    """The class's nodes as groups, counted by the census; None when it declines (too many kinds).
+
+    At a later instant (request.at): the pools that will offer as they do now
+    counted by the census as now (`changed`, the others, left out), the
+    `changed` ones surveyed as they will be then.
+    """
     params = {**request_params(request), "ids": max(first, 1), "most": MOST_KINDS + 1}
-    rows = list(await conn.execute(cached_text(census_facts_sql(request)), params))
+    params["skip"] = list(changed)
+    later = request.at is not None
+    now = replace(request, at=None)
+    sql = census_facts_sql(now, skip=later)
+    rows = list(await conn.execute(cached_text(sql), params))
     if len(rows) > MOST_KINDS:
         DECLINED.count("kinds")
         return None
@@ -545,13 +579,22 @@ async def _census_groups(
         group.facts = replace(group.facts, node_id=members[0])
         group.members = members
         group.size += row.nodes
-    return list(groups.values())
+    found = list(groups.values())
+    if later and changed:
+        found += await _survey_groups(conn, request, set(), changed)
+    return found
 
 
-async def _survey_groups(conn: Connection, request: PlaceRequest, gone: set[str]) -> list[_Group]:
-    """The class's nodes as survey_groups_sql groups them, every member's id, `gone` left out."""
+async def _survey_groups(
+    conn: Connection, request: PlaceRequest, gone: set[str], only: Sequence[str] | None = None
+) -> list[_Group]:
+    """The class's nodes as survey_groups_sql groups them, every member's id, `gone` left out.
+
+    `only`: of these nodes alone."""
     groups = []
-    rows = await conn.execute(cached_text(survey_groups_sql(request)), request_params(request))
+    sql = survey_groups_sql(request, only=only is not None)
+    params = {**request_params(request), "only": list(only or ())}
+    rows = await conn.execute(cached_text(sql), params)
     for row in rows:
         members = [m for m in row.members if m not in gone] if gone else row.members
         if members:
@@ -580,13 +623,17 @@ async def fit(
     if problem is not None:
         return problem
     tenant = request.charge.tenant_id
-    standing = (await headroom(conn, tenant, [request.gpu_class]))[request.gpu_class]
+    standing = (await headroom(conn, tenant, [request.gpu_class], at=request.at))[request.gpu_class]
     if not standing.known:
         return refused_for_charge(UnknownTenant(tenant))
     gone = set(exclude)
     groups = None
-    if census and counted_by_census(request) and not gone:
-        groups = await _census_groups(conn, request, first)
+    changed: list[str] = []
+    if request.at is not None:
+        params = {"cls": request.gpu_class, "at": request.at, "most": MOST_CHANGED + 1}
+        changed = [r.node_id for r in await conn.execute(CHANGED_BY, params)]
+    if census and counted_by_census(request) and not gone and len(changed) <= MOST_CHANGED:
+        groups = await _census_groups(conn, request, first, changed)
     if groups is None:
         groups = await _survey_groups(conn, request, gone)
     counting = FitCount(groups, request)

@@ -158,7 +158,8 @@ def same_shape(request: PlaceRequest) -> PlaceRequest | None:
     each call to its own (tenancy/quota_claims.py). None for a request that
     goes one by one: invalid input.
     """
-    if validate_place(request) is not None:
+    if validate_place(request) is not None or request.admitting:
+        # A request a reservation admits is checked against it first (place()).
         return None
     return replace(request, replica_id="", charge=UNNAMED)
 

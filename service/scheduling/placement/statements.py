@@ -19,11 +19,14 @@ from service.scheduling.allocations import (
     store_statement,
 )
 from service.scheduling.availability import (
+    ADMITS_INTO,
+    ADMITS_NONE,
     PoolOffer,
     gpu_last_resort,
     gpu_offered,
     node_schedulable,
     pool_offers,
+    pool_reserves,
     pool_withholds,
 )
 from service.scheduling.freshness import gpu_facts_age, gpu_facts_fresh
@@ -95,10 +98,11 @@ def _facts_sql(request: PlaceRequest, source: str) -> str:
     `source` ends with the pool's FROM item, so the offer's LATERAL
     (availability.PoolOffer) can follow it.
     """
-    offer = PoolOffer("p", request.tolerating)
+    offer = PoolOffer("p", request.tolerating, request.admitting)
     return f"""
     SELECT p.node_id, {offer.free} AS free, {offer.withheld} AS withheld,
-           {offer.last_resort} AS last_resort, {offer.taint} AS taint, {node_facts_sql("n")},
+           {offer.last_resort} AS last_resort, {offer.taint} AS taint,
+           {offer.reserved} AS reserved, {node_facts_sql("n")},
            {weights.holds("p.node_id")} AS holds_weights,
            {weights.copy_of("p.node_id")} AS weights_copy,
            {fabrics_sql("p.node_id")},
@@ -193,7 +197,7 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
             {f"ORDER BY {order} " if order else ""}LIMIT :scan"""
 
     plain = PoolOffer("p", False)
-    counted = PoolOffer("p", request.tolerating)
+    counted = PoolOffer("p", request.tolerating, request.admitting)
     by_fit = "p.free, p.node_id"
     by_rank = "last_resort_term, free, p.node_id"
     # (offers, offer, where, order) per branch of the nodes that hold no
@@ -216,7 +220,17 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
         " WHERE w.node_id IS NOT NULL) wp"
         f" {key_row('gpu_pools', 'p', {'node_id': 'wp.node_id', 'gpu_class': ':cls'})}"
     )
-    if request.tolerating:
+    if request.admitting:
+        # A request a reservation admits: every pool that may offer it a GPU,
+        # counted one by one (PoolOffer), best fit first. Into a reservation,
+        # only its nodes; with `until`, the pools with free, reserved or (with
+        # tolerations) withheld GPUs.
+        reach = [pool_offers("p"), pool_reserves("p")]
+        if request.tolerating:
+            reach.append(pool_withholds("p"))
+        offers_any = f"({' OR '.join(reach)})"
+        others = [(offers_any, counted, [], "free, p.node_id")]
+    elif request.tolerating:
         others = [
             (
                 pool_offers("p"),
@@ -261,6 +275,12 @@ def _ranked_sql(request: PlaceRequest, drawn_first: bool = False) -> str:
         columns = f"false AS holds_weights, {weights.NO_COPY}"
         for offers, offer, where, order in others:
             source = "gpu_pools p" if order else withheld_pools
+            if request.admitting == ADMITS_INTO:
+                source = (
+                    "(SELECT DISTINCT r.node_id FROM gpus r"
+                    " WHERE r.reservation = CAST(:reservation AS text)) rn"
+                    f" {key_row('gpu_pools', 'p', {'node_id': 'rn.node_id', 'gpu_class': ':cls'})}"
+                )
             branches.append(pools(offers, offer, source, [*where, *rest], columns, order))
     ranked = f"""
         SELECT r.* FROM (
@@ -408,9 +428,16 @@ def survey_sql(request: PlaceRequest) -> str:
 
 @lru_cache(maxsize=32)
 def _cached_claim(
-    nvlink_shards: bool, rail_aligned: bool, domain: bool, several: bool, tolerating: bool
+    nvlink_shards: bool,
+    rail_aligned: bool,
+    domain: bool,
+    several: bool,
+    tolerating: bool,
+    admitting: str,
 ) -> TextClause:
-    return store_statement(claim_wanted(nvlink_shards, rail_aligned, domain, several, tolerating))
+    return store_statement(
+        claim_wanted(nvlink_shards, rail_aligned, domain, several, tolerating, admitting)
+    )
 
 
 def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
@@ -435,6 +462,7 @@ def claim_statement(request: PlaceRequest, several: bool) -> TextClause:
         request.same_nvlink_domain,
         several,
         request.tolerating,
+        request.admitting,
     )
 
 
@@ -450,8 +478,8 @@ LOCK_OR_SKIP = text(
 )
 
 
-@lru_cache(maxsize=4)
-def offered_indices_sql(tolerating: bool, node: str) -> str:
+@lru_cache(maxsize=16)
+def offered_indices_sql(tolerating: bool, node: str, admitting: str = ADMITS_NONE) -> str:
     """SQL: the GPUs of class :cls node `node` offers the request, in the order a claim takes them.
 
     Last-resort GPUs (a PREFER_NO_SCHEDULE taint the request does not
@@ -460,12 +488,13 @@ def offered_indices_sql(tolerating: bool, node: str) -> str:
     """
     return f"""ARRAY(
         SELECT g.idx FROM gpus g
-        WHERE g.node_id = {node} AND g.gpu_class = :cls AND {gpu_offered("g", tolerating)}
+        WHERE g.node_id = {node} AND g.gpu_class = :cls
+          AND {gpu_offered("g", tolerating, admitting)}
         ORDER BY {gpu_last_resort("g", tolerating)}, g.idx)"""
 
 
-@lru_cache(maxsize=2)
-def free_indices(tolerating: bool) -> TextClause:
+@lru_cache(maxsize=8)
+def free_indices(tolerating: bool, admitting: str = ADMITS_NONE) -> TextClause:
     """Per node of :ids, offered_indices_sql: read on nodes this transaction has locked.
 
     The SQL generated below looks like this: docs/internals/sql/scheduling.placement.statements/free_indices.plain.sql
@@ -473,7 +502,7 @@ def free_indices(tolerating: bool) -> TextClause:
     """
     return text(
         f"""
-        SELECT i.node_id, {offered_indices_sql(tolerating, "i.node_id")} AS indices
+        SELECT i.node_id, {offered_indices_sql(tolerating, "i.node_id", admitting)} AS indices
         FROM unnest(CAST(:ids AS text[])) AS i(node_id)
         """
     )
@@ -548,6 +577,8 @@ def request_params(request: PlaceRequest) -> dict[str, Any]:
         "max_age": request.max_age,
         "tolerations": tolerations_json(request.tolerations),
         "until": request.until,
+        "reservation": request.reservation,
+        "at": request.at,
     }
 
 
@@ -576,6 +607,8 @@ def facts_of(row: Any, prefix: str = "") -> NodeFacts:
         taint=WithholdingTaint.of(column("taint")),
         last_resort=column("last_resort"),
         maintenance=MaintenanceFact.of(column("maintenance")),
+        # Read by the survey (_facts_sql) only: a verdict's RESERVED.
+        reserved=getattr(row, prefix + "reserved", 0),
     )
 
 

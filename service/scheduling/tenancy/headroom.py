@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import text
 
 from service.database.connections import Connection
+from service.scheduling.availability import gpu_held_by
 from service.scheduling.tenancy.charges import (
     DEFAULT_TENANT,
     QuotaShortfall,
@@ -46,26 +48,67 @@ class Headroom:
         return None
 
 
-# A class with a quota row: its counter. Without one, nothing bounds the
+# A class with a quota row: its counter, and the GPUs its reservations set
+# aside that it holds none of (tenancy_reserved, migration 0024: counted as
+# used from a reservation's creation, as the claim counts them). Without one, nothing bounds the
 # claim, and what the tenant holds is not needed (used is reported as 0).
 _HEADROOM = text(
     """
     SELECT c.gpu_class,
            CAST(:tenant AS text) = :default OR EXISTS (
                SELECT 1 FROM tenants t WHERE t.id = :tenant) AS known,
-           coalesce(q.used, 0) AS used, q.gpu_limit, coalesce(q.guaranteed, 0) AS guaranteed
+           coalesce(q.used + tenancy_reserved(q.tenant, q.gpu_class), 0) AS used, q.gpu_limit,
+           coalesce(q.guaranteed, 0) AS guaranteed
     FROM unnest(CAST(:classes AS text[])) AS c(gpu_class)
     LEFT JOIN tenant_quotas q ON q.tenant = :tenant AND q.gpu_class = c.gpu_class
     """
 )
 
 
-async def headroom(conn: Connection, tenant: str, classes: Iterable[str]) -> dict[str, Headroom]:
-    """The tenant's Headroom for each of these classes, by class."""
+# What a tenant holds now that is gone by :at, by class: GPUs of its
+# replicas whose `until` is at or before it, and GPUs its reservations that
+# end by then set aside and it holds none of (fit with `at`).
+_GONE_BY = text(
+    f"""
+    SELECT c.gpu_class,
+           (SELECT count(*) FROM allocated_gpus a JOIN shards s ON s.shard_id = a.shard_id
+            WHERE a.tenant = :tenant AND a.gpu_class = c.gpu_class
+              AND s.until <= CAST(:at AS timestamptz))
+         + (SELECT count(*) FROM reservations r JOIN gpus g ON g.reservation = r.id
+            WHERE r.tenant = :tenant AND g.gpu_class = c.gpu_class
+              AND r.ends_at <= CAST(:at AS timestamptz)
+              AND NOT {gpu_held_by("g", "a.tenant = CAST(:tenant AS text)")}) AS gone
+    FROM unnest(CAST(:classes AS text[])) AS c(gpu_class)
+    """
+)
+
+
+async def headroom(
+    conn: Connection, tenant: str, classes: Iterable[str], *, at: datetime | None = None
+) -> dict[str, Headroom]:
+    """The tenant's Headroom for each of these classes, by class; `at`: at that later instant."""
     wanted = sorted(set(classes))
-    rows = await conn.execute(
-        _HEADROOM, {"tenant": tenant, "default": DEFAULT_TENANT, "classes": wanted}
+    rows = list(
+        await conn.execute(
+            _HEADROOM, {"tenant": tenant, "default": DEFAULT_TENANT, "classes": wanted}
+        )
     )
+    if at is not None:
+        gone = {
+            r.gpu_class: int(r.gone)
+            for r in await conn.execute(_GONE_BY, {"tenant": tenant, "classes": wanted, "at": at})
+        }
+        return {
+            r.gpu_class: Headroom(
+                tenant,
+                r.gpu_class,
+                r.known,
+                max(0, r.used - gone[r.gpu_class]) if r.gpu_limit is not None else r.used,
+                r.gpu_limit,
+                r.guaranteed,
+            )
+            for r in rows
+        }
     return {
         r.gpu_class: Headroom(tenant, r.gpu_class, r.known, r.used, r.gpu_limit, r.guaranteed)
         for r in rows

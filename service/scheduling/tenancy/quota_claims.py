@@ -8,7 +8,11 @@ statement that writes its shards:
 2. Per (tenant, class), in that order, tenancy_claim() (migration 0022):
    a shared advisory lock on the tenant (TENANT_LOCK), whether the tenant
    exists, and, when the tenant has a quota for the class, its row locked
-   (FOR NO KEY UPDATE) with `used` and `limit`. The function is VOLATILE, so
+   (FOR NO KEY UPDATE) with `used` and `limit`. `used` counts the
+   tenant's reserved GPUs it holds none of itself (migration 0024:
+   tenancy_reserved), so reserved GPUs count toward the limit from the
+   reservation's creation; a GPU of the tenant's own reservation that a
+   call takes is not asked again (it is counted once). The function is VOLATILE, so
    it reads what is committed when it runs, after any wait, not the
    statement's older snapshot: a quota set while the claim waited is the one
    it checks.
@@ -102,12 +106,18 @@ def charged_calls() -> str:
     # found for allocated_gpus); LIMIT keeps the lateral a probe.
     return """
     classed AS MATERIALIZED (
-        SELECT w.call, w.node_id, w.idx, w.shard_id, g.gpu_class
+        SELECT w.call, w.node_id, w.idx, w.shard_id, g.gpu_class, g.reservation
         FROM want_gpus w JOIN go ON go.call = w.call AND go.ok
-        JOIN LATERAL (SELECT x.gpu_class FROM gpus x
+        JOIN LATERAL (SELECT x.gpu_class, x.reservation FROM gpus x
                       WHERE x.node_id = w.node_id AND x.idx = w.idx LIMIT 1) g ON true
     ), asked AS MATERIALIZED (
-        SELECT c.call, t.tenant, c.gpu_class, count(*) AS n
+        -- A GPU set aside by a reservation of the call's own tenant is
+        -- counted as used already (tenancy_reserved, migration 0024): asked
+        -- again it would count twice.
+        SELECT c.call, t.tenant, c.gpu_class,
+               count(*) FILTER (WHERE c.reservation IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM reservations r
+                   WHERE r.id = c.reservation AND r.tenant = t.tenant)) AS n
         FROM classed c
         JOIN (SELECT DISTINCT w.call, w.tenant FROM want_shards w) t ON t.call = c.call
         GROUP BY c.call, t.tenant, c.gpu_class

@@ -174,7 +174,10 @@ _NAMED = text(
 )
 _QUOTAS = text(
     """
-    SELECT q.tenant, q.gpu_class, q.guaranteed, q.gpu_limit, q.used FROM tenant_quotas q
+    SELECT q.tenant, q.gpu_class, q.guaranteed, q.gpu_limit,
+           -- Reserved GPUs count as used from a reservation's creation (migration 0024).
+           q.used + tenancy_reserved(q.tenant, q.gpu_class) AS used
+    FROM tenant_quotas q
     WHERE CAST(:tenant AS text) IS NULL OR q.tenant = :tenant
     ORDER BY q.tenant, q.gpu_class
     """

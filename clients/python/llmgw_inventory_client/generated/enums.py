@@ -85,6 +85,7 @@ class VerdictCode(str, Enum):
     WEIGHTS_NOT_READY = "WEIGHTS_NOT_READY"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
     MAINTENANCE = "MAINTENANCE"
+    RESERVED = "RESERVED"
 
 
 class WeightsState(str, Enum):

@@ -113,6 +113,8 @@ class PlaceInput(BaseModel):
     "Replicas of one deployment share a disruption budget."
     preemption: Optional[PreemptionPolicy] = PreemptionPolicy.NEVER
     "Whether replicas may be stopped to make room (see PreemptionPolicy)."
+    reservation: Optional[str] = None
+    "Place into this reservation (its tenant only; only while it is ACTIVE or DEGRADED)."
     until: Optional[datetime] = None
     "The replica promises to be released by then: it may use GPUs set aside for a later window or on nodes whose maintenance starts later; if still placed at that time its shards are told to stop."
 

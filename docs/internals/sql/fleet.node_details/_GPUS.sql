@@ -103,7 +103,8 @@ SELECT
   s.tenant,
   s.priority,
   s.deployment,
-  s.borrowed
+  s.borrowed,
+  g.reservation
 FROM gpus AS g
 LEFT JOIN allocated_gpus AS a
   ON a.node_id = g.node_id AND a.gpu_index = g.idx

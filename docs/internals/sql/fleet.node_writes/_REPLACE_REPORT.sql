@@ -305,7 +305,8 @@ WITH g_in AS (
     i.nvlink_peers,
     i.nvlink_domain,
     m.withheld,
-    m.last_resort
+    m.last_resort,
+    o.reservation
   FROM g_in AS i
   LEFT JOIN gpus AS o
     ON o.node_id = :node_id AND o.idx = i.idx
@@ -355,7 +356,8 @@ WITH g_in AS (
     nvlink_peers,
     nvlink_domain,
     withheld,
-    last_resort
+    last_resort,
+    reservation
   FROM gpus
   WHERE
     node_id = :node_id AND NOT CAST(:changed AS BOOLEAN)
@@ -385,6 +387,9 @@ WITH g_in AS (
         AND NOT (
           a.gpu_index IS NOT NULL
         )
+        AND (
+          g.reservation IS NULL
+        )
       )) AS free,
     COALESCE(
       ARRAY_AGG(g.idx ORDER BY g.idx) FILTER(WHERE
@@ -397,6 +402,9 @@ WITH g_in AS (
           AND NOT g.withheld
           AND NOT (
             a.gpu_index IS NOT NULL
+          )
+          AND (
+            g.reservation IS NULL
           )
         )),
       CAST('{}' AS INT[])
@@ -412,6 +420,9 @@ WITH g_in AS (
           AND NOT g.withheld
           AND NOT (
             a.gpu_index IS NOT NULL
+          )
+          AND (
+            g.reservation IS NULL
           )
         )),
       CAST('{}' AS INT[])
@@ -458,6 +469,9 @@ WITH g_in AS (
         AND NOT (
           a.gpu_index IS NOT NULL
         )
+        AND (
+          g.reservation IS NULL
+        )
       )
       AND g.last_resort) AS last_resort,
     COALESCE(
@@ -472,10 +486,42 @@ WITH g_in AS (
           AND NOT (
             a.gpu_index IS NOT NULL
           )
+          AND (
+            g.reservation IS NULL
+          )
         )
         AND g.last_resort),
       CAST('{}' AS INT[])
-    ) AS last_resort_indices
+    ) AS last_resort_indices,
+    COUNT(*) FILTER(WHERE
+      (
+        (
+          g.healthy AND cardinality(g.sticky_reasons) = 0
+        ) AND g.cordon_reason IS NULL
+      )
+      AND NOT g.withheld
+      AND NOT (
+        a.gpu_index IS NOT NULL
+      )
+      AND NOT (
+        g.reservation IS NULL
+      )) AS reserved,
+    COALESCE(
+      ARRAY_AGG(g.idx ORDER BY g.idx) FILTER(WHERE
+        (
+          (
+            g.healthy AND cardinality(g.sticky_reasons) = 0
+          ) AND g.cordon_reason IS NULL
+        )
+        AND NOT g.withheld
+        AND NOT (
+          a.gpu_index IS NOT NULL
+        )
+        AND NOT (
+          g.reservation IS NULL
+        )),
+      CAST('{}' AS INT[])
+    ) AS reserved_indices
   FROM gpus_now AS g
   LEFT JOIN allocated_gpus AS a
     ON a.node_id = :node_id AND a.gpu_index = g.idx
@@ -508,6 +554,8 @@ WITH g_in AS (
     withheld_indices,
     last_resort,
     last_resort_indices,
+    reserved,
+    reserved_indices,
     schedulable,
     fabrics,
     fabric_rates
@@ -527,6 +575,8 @@ WITH g_in AS (
     c.withheld_indices,
     c.last_resort,
     c.last_resort_indices,
+    c.reserved,
+    c.reserved_indices,
     (
       n.state = 'ready'
     ),
@@ -572,7 +622,7 @@ WITH g_in AS (
   JOIN nodes AS n
     ON n.id = :node_id
   ORDER BY
-    c.gpu_class ON CONFLICT(node_id, gpu_class) DO UPDATE SET total = excluded.total, unhealthy = excluded.unhealthy, allocated = excluded.allocated, free = excluded.free, free_indices = excluded.free_indices, free_groups = excluded.free_groups, nvlink_known = excluded.nvlink_known, nvlink_domain = excluded.nvlink_domain, withheld = excluded.withheld, withheld_indices = excluded.withheld_indices, last_resort = excluded.last_resort, last_resort_indices = excluded.last_resort_indices, schedulable = excluded.schedulable, fabrics = excluded.fabrics, fabric_rates = excluded.fabric_rates
+    c.gpu_class ON CONFLICT(node_id, gpu_class) DO UPDATE SET total = excluded.total, unhealthy = excluded.unhealthy, allocated = excluded.allocated, free = excluded.free, free_indices = excluded.free_indices, free_groups = excluded.free_groups, nvlink_known = excluded.nvlink_known, nvlink_domain = excluded.nvlink_domain, withheld = excluded.withheld, withheld_indices = excluded.withheld_indices, last_resort = excluded.last_resort, last_resort_indices = excluded.last_resort_indices, reserved = excluded.reserved, reserved_indices = excluded.reserved_indices, schedulable = excluded.schedulable, fabrics = excluded.fabrics, fabric_rates = excluded.fabric_rates
   WHERE
     (
       p.total,
@@ -587,6 +637,8 @@ WITH g_in AS (
       p.withheld_indices,
       p.last_resort,
       p.last_resort_indices,
+      p.reserved,
+      p.reserved_indices,
       p.schedulable,
       p.fabrics,
       p.fabric_rates
@@ -603,6 +655,8 @@ WITH g_in AS (
       excluded.withheld_indices,
       excluded.last_resort,
       excluded.last_resort_indices,
+      excluded.reserved,
+      excluded.reserved_indices,
       excluded.schedulable,
       excluded.fabrics,
       excluded.fabric_rates

@@ -27,6 +27,9 @@ FROM (
             a.node_id = g.node_id AND a.gpu_index = g.idx
         )
       )
+      AND (
+        g.reservation IS NULL
+      )
     )
   GROUP BY
     g.node_id,

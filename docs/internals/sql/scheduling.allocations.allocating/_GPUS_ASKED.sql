@@ -66,7 +66,28 @@ SELECT
         t.key
       LIMIT 1
     )
-  END AS taint
+  END AS taint,
+  g.reservation,
+  (
+    CASE
+      WHEN CAST(:reservation AS TEXT) IS NOT NULL
+      THEN (
+        g.reservation = CAST(:reservation AS TEXT)
+      )
+      ELSE (
+        g.reservation IS NULL
+        OR EXISTS(
+          SELECT
+            1
+          FROM reservations AS r
+          WHERE
+            r.id = g.reservation
+            AND r.started_at IS NULL
+            AND r.starts_at >= CAST(:until AS TIMESTAMPTZ)
+        )
+      )
+    END
+  ) AS admitted
 FROM jsonb_to_recordset(CAST(:pairs AS JSONB)) AS r(node_id TEXT, idx INT)
 LEFT JOIN gpus AS g
   ON g.node_id = r.node_id AND g.idx = r.idx

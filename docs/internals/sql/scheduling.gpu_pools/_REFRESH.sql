@@ -26,6 +26,9 @@ WITH counts AS (
         AND NOT (
           a.gpu_index IS NOT NULL
         )
+        AND (
+          g.reservation IS NULL
+        )
       )) AS free,
     COALESCE(
       ARRAY_AGG(g.idx ORDER BY g.idx) FILTER(WHERE
@@ -38,6 +41,9 @@ WITH counts AS (
           AND NOT g.withheld
           AND NOT (
             a.gpu_index IS NOT NULL
+          )
+          AND (
+            g.reservation IS NULL
           )
         )),
       CAST('{}' AS INT[])
@@ -53,6 +59,9 @@ WITH counts AS (
           AND NOT g.withheld
           AND NOT (
             a.gpu_index IS NOT NULL
+          )
+          AND (
+            g.reservation IS NULL
           )
         )),
       CAST('{}' AS INT[])
@@ -99,6 +108,9 @@ WITH counts AS (
         AND NOT (
           a.gpu_index IS NOT NULL
         )
+        AND (
+          g.reservation IS NULL
+        )
       )
       AND g.last_resort) AS last_resort,
     COALESCE(
@@ -113,10 +125,42 @@ WITH counts AS (
           AND NOT (
             a.gpu_index IS NOT NULL
           )
+          AND (
+            g.reservation IS NULL
+          )
         )
         AND g.last_resort),
       CAST('{}' AS INT[])
-    ) AS last_resort_indices
+    ) AS last_resort_indices,
+    COUNT(*) FILTER(WHERE
+      (
+        (
+          g.healthy AND cardinality(g.sticky_reasons) = 0
+        ) AND g.cordon_reason IS NULL
+      )
+      AND NOT g.withheld
+      AND NOT (
+        a.gpu_index IS NOT NULL
+      )
+      AND NOT (
+        g.reservation IS NULL
+      )) AS reserved,
+    COALESCE(
+      ARRAY_AGG(g.idx ORDER BY g.idx) FILTER(WHERE
+        (
+          (
+            g.healthy AND cardinality(g.sticky_reasons) = 0
+          ) AND g.cordon_reason IS NULL
+        )
+        AND NOT g.withheld
+        AND NOT (
+          a.gpu_index IS NOT NULL
+        )
+        AND NOT (
+          g.reservation IS NULL
+        )),
+      CAST('{}' AS INT[])
+    ) AS reserved_indices
   FROM gpus AS g
   LEFT JOIN allocated_gpus AS a
     ON a.node_id = g.node_id AND a.gpu_index = g.idx
@@ -156,6 +200,8 @@ INSERT INTO gpu_pools AS p (
   withheld_indices,
   last_resort,
   last_resort_indices,
+  reserved,
+  reserved_indices,
   schedulable,
   fabrics,
   fabric_rates
@@ -175,6 +221,8 @@ SELECT
   c.withheld_indices,
   c.last_resort,
   c.last_resort_indices,
+  c.reserved,
+  c.reserved_indices,
   (
     n.state = 'ready'
   ),
@@ -197,7 +245,7 @@ JOIN nodes AS n
   ON n.id = c.node_id
 ORDER BY
   c.node_id,
-  c.gpu_class ON CONFLICT(node_id, gpu_class) DO UPDATE SET total = excluded.total, unhealthy = excluded.unhealthy, allocated = excluded.allocated, free = excluded.free, free_indices = excluded.free_indices, free_groups = excluded.free_groups, nvlink_known = excluded.nvlink_known, nvlink_domain = excluded.nvlink_domain, withheld = excluded.withheld, withheld_indices = excluded.withheld_indices, last_resort = excluded.last_resort, last_resort_indices = excluded.last_resort_indices, schedulable = excluded.schedulable, fabrics = excluded.fabrics, fabric_rates = excluded.fabric_rates
+  c.gpu_class ON CONFLICT(node_id, gpu_class) DO UPDATE SET total = excluded.total, unhealthy = excluded.unhealthy, allocated = excluded.allocated, free = excluded.free, free_indices = excluded.free_indices, free_groups = excluded.free_groups, nvlink_known = excluded.nvlink_known, nvlink_domain = excluded.nvlink_domain, withheld = excluded.withheld, withheld_indices = excluded.withheld_indices, last_resort = excluded.last_resort, last_resort_indices = excluded.last_resort_indices, reserved = excluded.reserved, reserved_indices = excluded.reserved_indices, schedulable = excluded.schedulable, fabrics = excluded.fabrics, fabric_rates = excluded.fabric_rates
 WHERE
   (
     p.total,
@@ -212,6 +260,8 @@ WHERE
     p.withheld_indices,
     p.last_resort,
     p.last_resort_indices,
+    p.reserved,
+    p.reserved_indices,
     p.schedulable,
     p.fabrics,
     p.fabric_rates
@@ -228,6 +278,8 @@ WHERE
     excluded.withheld_indices,
     excluded.last_resort,
     excluded.last_resort_indices,
+    excluded.reserved,
+    excluded.reserved_indices,
     excluded.schedulable,
     excluded.fabrics,
     excluded.fabric_rates

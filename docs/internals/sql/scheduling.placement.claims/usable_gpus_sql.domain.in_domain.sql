@@ -42,6 +42,9 @@ FROM (
               a.node_id = g.node_id AND a.gpu_index = g.idx
           )
         )
+        AND (
+          g.reservation IS NULL
+        )
       )
       AND g.nvlink_domain = CAST(:domain AS TEXT)
   ) AS u

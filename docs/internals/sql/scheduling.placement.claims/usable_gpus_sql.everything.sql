@@ -110,6 +110,9 @@ FROM (
             )
           END
         )
+        AND (
+          g.reservation IS NULL
+        )
       )
       AND g.nvlink_group IS NOT NULL
       AND g.near_hcas && fa.hcas

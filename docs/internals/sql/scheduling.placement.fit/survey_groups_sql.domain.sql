@@ -135,6 +135,9 @@ FROM (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
               ) AS u
               GROUP BY

@@ -233,6 +233,9 @@ FROM (
                         )
                       END
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.nvlink_group IS NOT NULL
                   AND g.near_hcas && fa.hcas
@@ -294,6 +297,9 @@ FROM (
                       )
                   )
                 END
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
@@ -399,6 +405,9 @@ FROM (
                         )
                     )
                   END
+                )
+                AND (
+                  g.reservation IS NULL
                 )
               )
               AND g.nvlink_group IS NOT NULL

@@ -148,6 +148,9 @@ FROM (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.near_hcas && fa.hcas
               ) AS u
@@ -179,6 +182,9 @@ FROM (
                   WHERE
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)

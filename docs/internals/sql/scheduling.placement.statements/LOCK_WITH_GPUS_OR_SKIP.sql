@@ -38,6 +38,9 @@ SELECT
             a.node_id = g.node_id AND a.gpu_index = g.idx
         )
       )
+      AND (
+        g.reservation IS NULL
+      )
     )
   ORDER BY
     g.last_resort,
@@ -63,6 +66,9 @@ SELECT
           WHERE
             a.node_id = g.node_id AND a.gpu_index = g.idx
         )
+      )
+      AND (
+        g.reservation IS NULL
       )
     )
     AND g.last_resort) AS last_indices,

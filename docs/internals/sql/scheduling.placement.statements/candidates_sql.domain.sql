@@ -90,6 +90,9 @@ WITH ranked AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
               ) AS u
               GROUP BY
@@ -181,6 +184,9 @@ WITH ranked AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
               ) AS u
@@ -312,6 +318,9 @@ SELECT
                       WHERE
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
+                  )
+                  AND (
+                    g.reservation IS NULL
                   )
                 )
             ) AS u

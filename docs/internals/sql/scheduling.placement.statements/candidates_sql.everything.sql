@@ -326,6 +326,9 @@ WITH ranked AS (
                         )
                       END
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.nvlink_group IS NOT NULL
                   AND g.near_hcas && fa.hcas
@@ -532,6 +535,9 @@ SELECT
                       )
                     END
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.nvlink_group IS NOT NULL
                 AND g.near_hcas && fa.hcas
@@ -593,6 +599,9 @@ SELECT
                     )
                 )
               END
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
@@ -698,6 +707,9 @@ SELECT
                       )
                   )
                 END
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

@@ -90,6 +90,9 @@ WITH ranked AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.nvlink_group IS NOT NULL
               ) AS u
@@ -172,6 +175,9 @@ WITH ranked AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
                   AND g.nvlink_group IS NOT NULL
@@ -305,6 +311,9 @@ SELECT
                   WHERE
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

@@ -107,6 +107,9 @@ WITH ranked AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.near_hcas && fa.hcas
               ) AS u
@@ -206,6 +209,9 @@ WITH ranked AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
                   AND g.near_hcas && fa.hcas
@@ -342,6 +348,9 @@ SELECT
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.near_hcas && fa.hcas
             ) AS u
@@ -373,6 +382,9 @@ SELECT
                 WHERE
                   a.node_id = g.node_id AND a.gpu_index = g.idx
               )
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)

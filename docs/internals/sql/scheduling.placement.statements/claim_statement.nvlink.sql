@@ -46,6 +46,9 @@ WITH free AS (
                   a.node_id = g.node_id AND a.gpu_index = g.idx
               )
             )
+            AND (
+              g.reservation IS NULL
+            )
           )
           AND g.nvlink_group IS NOT NULL
       ) AS u
@@ -77,6 +80,8 @@ WITH free AS (
     CAST('{}' AS TEXT[]) AS hcas,
     CAST(:weights AS TEXT) AS weights,
     NULLIF(CAST(:tolerations AS JSONB), CAST('[]' AS JSONB)) AS tolerations,
+    CAST(:until AS TIMESTAMPTZ) AS until,
+    CAST(:reservation AS TEXT) AS reservation,
     CAST(:tenant AS TEXT) AS tenant,
     CAST(:priority AS INT) AS priority,
     CAST(:deployment AS TEXT) AS deployment
@@ -96,13 +101,15 @@ WITH free AS (
     w.node_id,
     w.idx,
     w.shard_id,
-    g.gpu_class
+    g.gpu_class,
+    g.reservation
   FROM want_gpus AS w
   JOIN go
     ON go.call = w.call AND go.ok
   JOIN LATERAL (
     SELECT
-      x.gpu_class
+      x.gpu_class,
+      x.reservation
     FROM gpus AS x
     WHERE
       x.node_id = w.node_id AND x.idx = w.idx
@@ -110,11 +117,22 @@ WITH free AS (
   ) AS g
     ON TRUE
 ), asked AS MATERIALIZED (
+  /* A GPU set aside by a reservation of the call's own tenant is */
+  /* counted as used already (tenancy_reserved, migration 0024): asked */
+  /* again it would count twice. */
   SELECT
     c.call,
     t.tenant,
     c.gpu_class,
-    COUNT(*) AS n
+    COUNT(*) FILTER(WHERE
+      c.reservation IS NULL
+      OR NOT EXISTS(
+        SELECT
+          1
+        FROM reservations AS r
+        WHERE
+          r.id = c.reservation AND r.tenant = t.tenant
+      )) AS n
   FROM classed AS c
   JOIN (
     SELECT DISTINCT
@@ -239,7 +257,9 @@ WITH free AS (
     tenant,
     priority,
     deployment,
-    borrowed
+    borrowed,
+    until,
+    reservation
   )
   SELECT
     w.shard_id,
@@ -253,7 +273,9 @@ WITH free AS (
     w.tenant,
     w.priority,
     w.deployment,
-    go.borrowed
+    go.borrowed,
+    w.until,
+    w.reservation
   FROM want_shards AS w
   JOIN admitted AS go
     ON go.call = w.call AND go.ok
@@ -354,8 +376,18 @@ WITH free AS (
     ON d.call = p.call AND d.done
 ), pools_moved AS (
   UPDATE gpu_pools AS p SET allocated = p.allocated + m.n, free = p.free - (
-    m.n - m.withheld
-  ), withheld = p.withheld - m.withheld, free_indices = ARRAY(SELECT
+    m.n - m.withheld - m.reserved
+  ), withheld = p.withheld - m.withheld, reserved = p.reserved - m.reserved, reserved_indices = CASE
+    WHEN m.reserved = 0
+    THEN p.reserved_indices
+    ELSE ARRAY(SELECT
+      i
+    FROM UNNEST(p.reserved_indices) AS i
+    WHERE
+      i <> ALL(m.indices)
+    ORDER BY
+      i)
+  END, free_indices = ARRAY(SELECT
     i
   FROM UNNEST(p.free_indices) AS i
   WHERE
@@ -396,7 +428,13 @@ WITH free AS (
       COUNT(*) FILTER(WHERE
         g.withheld) AS withheld,
       COUNT(*) FILTER(WHERE
-        NOT g.withheld AND g.last_resort) AS last_resort,
+        NOT g.withheld AND (
+          g.reservation IS NULL
+        ) AND g.last_resort) AS last_resort,
+      COUNT(*) FILTER(WHERE
+        NOT g.withheld AND NOT (
+          g.reservation IS NULL
+        )) AS reserved,
       ARRAY_AGG(h.gpu_index) AS indices
     FROM kept AS h
     JOIN gpus AS g

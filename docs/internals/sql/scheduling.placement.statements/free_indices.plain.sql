@@ -23,6 +23,9 @@ SELECT
             a.node_id = g.node_id AND a.gpu_index = g.idx
         )
       )
+      AND (
+        g.reservation IS NULL
+      )
     )
   ORDER BY
     g.last_resort,

@@ -52,6 +52,9 @@ SELECT
           )
         END
       )
+      AND (
+        g.reservation IS NULL
+      )
     )
   ORDER BY
     (

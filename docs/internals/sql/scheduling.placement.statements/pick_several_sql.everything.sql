@@ -346,6 +346,9 @@ WITH ranked AS (
                   )
                 END
               )
+              AND (
+                g.reservation IS NULL
+              )
             )
             AND g.nvlink_group IS NOT NULL
             AND g.near_hcas && fa.hcas

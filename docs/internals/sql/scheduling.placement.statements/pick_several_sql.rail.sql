@@ -176,6 +176,9 @@ WITH ranked AS (
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
               )
+              AND (
+                g.reservation IS NULL
+              )
             )
             AND g.near_hcas && fa.hcas
         ) AS u

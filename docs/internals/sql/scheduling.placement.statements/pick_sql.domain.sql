@@ -115,6 +115,9 @@ WITH stored AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
               ) AS u
               GROUP BY
@@ -206,6 +209,9 @@ WITH stored AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
               ) AS u

@@ -371,6 +371,9 @@ WITH stored AS (
                   )
                 END
               )
+              AND (
+                g.reservation IS NULL
+              )
             )
             AND g.nvlink_group IS NOT NULL
             AND g.near_hcas && fa.hcas

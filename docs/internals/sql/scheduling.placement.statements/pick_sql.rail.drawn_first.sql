@@ -201,6 +201,9 @@ WITH stored AS (
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
               )
+              AND (
+                g.reservation IS NULL
+              )
             )
             AND g.near_hcas && fa.hcas
         ) AS u

@@ -132,6 +132,9 @@ WITH stored AS (
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
                     )
+                    AND (
+                      g.reservation IS NULL
+                    )
                   )
                   AND g.near_hcas && fa.hcas
               ) AS u
@@ -231,6 +234,9 @@ WITH stored AS (
                         WHERE
                           a.node_id = g.node_id AND a.gpu_index = g.idx
                       )
+                    )
+                    AND (
+                      g.reservation IS NULL
                     )
                   )
                   AND g.near_hcas && fa.hcas

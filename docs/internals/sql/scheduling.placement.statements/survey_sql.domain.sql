@@ -72,6 +72,7 @@ SELECT
       )
     END
   ) AS taint,
+  p.reserved AS reserved,
   n.state,
   CASE
     WHEN n.state IN ('unreachable', 'lost')
@@ -180,6 +181,9 @@ SELECT
                       WHERE
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
+                  )
+                  AND (
+                    g.reservation IS NULL
                   )
                 )
             ) AS u

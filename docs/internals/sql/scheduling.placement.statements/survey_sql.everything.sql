@@ -89,6 +89,7 @@ SELECT
       )
     END
   ) AS taint,
+  p.reserved AS reserved,
   n.state,
   CASE
     WHEN n.state IN ('unreachable', 'lost')
@@ -270,6 +271,9 @@ SELECT
                       )
                     END
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.nvlink_group IS NOT NULL
                 AND g.near_hcas && fa.hcas
@@ -331,6 +335,9 @@ SELECT
                     )
                 )
               END
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)
@@ -436,6 +443,9 @@ SELECT
                       )
                   )
                 END
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

@@ -72,6 +72,7 @@ SELECT
       )
     END
   ) AS taint,
+  p.reserved AS reserved,
   n.state,
   CASE
     WHEN n.state IN ('unreachable', 'lost')
@@ -191,6 +192,9 @@ SELECT
                   WHERE
                     a.node_id = g.node_id AND a.gpu_index = g.idx
                 )
+              )
+              AND (
+                g.reservation IS NULL
               )
             )
             AND g.nvlink_group IS NOT NULL

@@ -72,6 +72,7 @@ SELECT
       )
     END
   ) AS taint,
+  p.reserved AS reserved,
   n.state,
   CASE
     WHEN n.state IN ('unreachable', 'lost')
@@ -194,6 +195,9 @@ SELECT
                         a.node_id = g.node_id AND a.gpu_index = g.idx
                     )
                   )
+                  AND (
+                    g.reservation IS NULL
+                  )
                 )
                 AND g.near_hcas && fa.hcas
             ) AS u
@@ -225,6 +229,9 @@ SELECT
                 WHERE
                   a.node_id = g.node_id AND a.gpu_index = g.idx
               )
+            )
+            AND (
+              g.reservation IS NULL
             )
           )
           AND NOT COALESCE(g.near_hcas && fa.hcas, FALSE)

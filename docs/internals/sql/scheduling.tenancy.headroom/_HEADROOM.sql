@@ -9,7 +9,7 @@ SELECT
     WHERE
       t.id = :tenant
   ) AS known,
-  COALESCE(q.used, 0) AS used,
+  COALESCE(q.used + tenancy_reserved(q.tenant, q.gpu_class), 0) AS used,
   q.gpu_limit,
   COALESCE(q.guaranteed, 0) AS guaranteed
 FROM UNNEST(CAST(:classes AS TEXT[])) AS c(gpu_class)

@@ -4,7 +4,7 @@ SELECT
   q.gpu_class,
   q.guaranteed,
   q.gpu_limit,
-  q.used
+  q.used /* Reserved GPUs count as used from a reservation's creation (migration 0024). */ + tenancy_reserved(q.tenant, q.gpu_class) AS used
 FROM tenant_quotas AS q
 WHERE
   CAST(:tenant AS TEXT) IS NULL OR q.tenant = :tenant

@@ -1,0 +1,147 @@
+"""fit(at: T) equals what place does at T: a seeded random differential over clusters with reservations.
+
+Each seed builds a cluster (nodes of 4 or 8 H100, some GPUs sick), places
+replicas (some promising to be gone by a time, `until`), and makes
+reservations whose windows end before T, are in force at T, or start after
+it, all seconds from now. It asks fit(shape, at: T) and freeGpus(at: T);
+then, once T has passed, the timeline runs (as every process runs it), the
+replicas that promised to be gone by T are released (as their schedulers
+would), and the shape is placed until Unplaceable: the count is fit's, and
+the free GPUs freeGpus' (docs/scheduler/reservations.md).
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from tests.support.api import Api
+from tests.support.place_group import role
+from tests.support.reports import H100, REGISTER, gpus, node_input
+from tests.support.reservations import iso, reserve, soon, tick, until_past
+from tests.support.tenancy import PLACE, RELEASE, place, quota, set_tenant
+
+FIT_AT = """
+query F($shape: PlaceInput!, $at: DateTime) { fit(shape: $shape, at: $at) { replicas } }
+"""
+FREE_AT = """
+query F($at: DateTime) { freeGpus(gpuClass: "H100-80GB", at: $at) { node { id } gpuIndices } }
+"""
+FREE_NOW = 'query F { freeGpus(gpuClass: "H100-80GB") { node { id } gpuIndices } }'
+
+
+async def build(api: Api, rng: random.Random, t: datetime) -> list[str]:
+    """The cluster and what holds it; the replica ids due to be released by T."""
+    for i in range(rng.randint(3, 5)):
+        count = rng.choice([4, 8, 8])
+        report = gpus(H100, count)
+        for g in report:
+            if rng.random() < 0.08:
+                g["healthy"] = False
+                g["healthReasons"] = ["ECC"]
+        await api(REGISTER, {"input": node_input(f"n{i}", gpus=report)})
+    await set_tenant(api, "owner")
+    await set_tenant(api, "batch")
+    limit = rng.choice([None, None, 16])
+    await set_tenant(api, "fitter", *([quota(limit=limit)] if limit is not None else []))
+    due: list[str] = []
+    now = soon(0)
+    windows = [
+        (now + timedelta(seconds=0.8), now + timedelta(seconds=1.6)),  # over by T
+        (now + timedelta(seconds=1.0), None),  # in force at T
+        (now + timedelta(seconds=1.2), t + timedelta(seconds=5)),  # in force at T
+        (t + timedelta(seconds=2), t + timedelta(seconds=6)),  # starts after T
+    ]
+    for k in range(rng.randint(1, 3)):
+        start, end = rng.choice(windows)
+        fields: dict[str, Any] = {"start": start, "end": end} if end else {"start": start}
+        per = rng.choice([2, 4, 8])
+        await reserve(
+            api,
+            f"res-{k}",
+            tenant=rng.choice(["owner", "fitter"]),
+            count=rng.randint(1, 2),
+            shape={"replicaId": "s", "gpuClass": "H100-80GB", "gpusPerShard": per},
+            **fields,
+        )
+    for k in range(rng.randint(2, 6)):
+        until = rng.choice([None, None, t - timedelta(seconds=1), t, t + timedelta(seconds=9)])
+        fields = {"until": iso(until)} if until is not None else {}
+        tenant = rng.choice(["batch", "fitter"])
+        got = await place(api, f"r{k}", per=rng.choice([1, 2, 4]), tenant=tenant, **fields)
+        if got["__typename"] == "Allocated" and until is not None and until <= t:
+            due.append(f"r{k}")
+    return due
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_fit_at_equals_place_at(api: Api, engine: AsyncEngine, seed: int) -> None:
+    rng = random.Random(seed)
+    t = soon(3)
+    due = await build(api, rng, t)
+    shapes = [
+        {
+            "replicaId": "probe",
+            "gpuClass": "H100-80GB",
+            "gpusPerShard": rng.choice([1, 2, 4, 8]),
+            "shards": rng.choice([1, 1, 2]),
+            "tenant": "fitter",
+        }
+        for _ in range(3)
+    ]
+    predicted = [
+        (await api(FIT_AT, {"shape": shape, "at": iso(t)}))["fit"]["replicas"] for shape in shapes
+    ]
+    listed = {
+        e["node"]["id"]: e["gpuIndices"] for e in (await api(FREE_AT, {"at": iso(t)}))["freeGpus"]
+    }
+
+    # T: the timeline's changes, and the promises kept.
+    await until_past(t)
+    await tick(engine)
+    for replica_id in due:
+        await api(RELEASE, {"id": replica_id})
+    free_then = {e["node"]["id"]: e["gpuIndices"] for e in (await api(FREE_NOW))["freeGpus"]}
+    assert free_then == listed, (seed, free_then, listed)
+    # Each shape placed until Unplaceable, then its probes released for the next.
+    placed = []
+    for k, shape in enumerate(shapes):
+        ids = []
+        while True:
+            replica_id = f"probe-{k}-{len(ids)}"
+            got = (await api(PLACE, {"input": {**shape, "replicaId": replica_id}}))["place"]
+            if got["__typename"] != "Allocated":
+                break
+            ids.append(replica_id)
+        placed.append(len(ids))
+        for replica_id in ids:
+            await api(RELEASE, {"id": replica_id})
+    assert placed == predicted, (seed, shapes, placed, predicted)
+
+
+FIT_GROUP_AT = """
+query F($g: PlaceGroupInput!, $at: DateTime) { fitGroup(group: $g, at: $at) { groups } }
+"""
+
+
+async def test_fit_group_at_counts_what_a_reservation_frees_by_then(
+    api: Api, engine: AsyncEngine
+) -> None:
+    for i in range(3):
+        await api(REGISTER, {"input": node_input(f"n{i}")})
+    await set_tenant(api, "owner")
+    start, end = soon(1), soon(2)
+    made = await reserve(api, "r", tenant="owner", count=2, start=start, end=end)
+    assert made["__typename"] == "Reservation", made
+    group = {"groupId": "pd", "roles": [role("prefill", 1, 4), role("decode", 1, 4)]}
+    now = (await api(FIT_GROUP_AT, {"g": group, "at": None}))["fitGroup"]["groups"]
+    later = (await api(FIT_GROUP_AT, {"g": group, "at": iso(end)}))["fitGroup"]["groups"]
+    # One free node now (a group of 2x4 per node); all three once the window ends.
+    assert (now, later) == (1, 3)
+    await until_past(end)
+    await tick(engine)
+    assert (await api(FIT_GROUP_AT, {"g": group, "at": None}))["fitGroup"]["groups"] == later
