@@ -302,10 +302,9 @@ def test_the_grid_covers_every_option_of_a_request() -> None:
         if all(getattr(r, field) == getattr(BASE, field) for r in SHAPES.values())
     }
     # The charge and the preemption policy are parameters of the same SQL
-    # (tenancy: the claim charges every call to its own tenant), and so is
-    # `until` (:until, read by maintenance_rule's fragments in every shape).
+    # (tenancy: the claim charges every call to its own tenant).
     assert unset == {
-        "replica_id", "gpu_class", "gpus_per_shard", "charge", "preemption", "until"
+        "replica_id", "gpu_class", "gpus_per_shard", "charge", "preemption"
     }, unset  # fmt: skip
 
 

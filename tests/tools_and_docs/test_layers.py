@@ -310,6 +310,10 @@ LONG_MODULES: dict[str, str] = {
         "the schema of the core tables, each constraint and index beside the columns it keeps "
         "(fleet health's, tenancy's and reservations' tables are modules of their own)"
     ),
+    "service.scheduling.placement.claims": (
+        "place() and its transactions: the pick that locks, the claim, the waits for busy "
+        "nodes and the rounds, and where preemption and reservations enter them"
+    ),
     "service.scheduling.placement.statements": (
         "the SQL place() and explain() send, built from one set of fragments; the "
         "builders share their private helpers"
