@@ -17,7 +17,8 @@ a request may accept).
 Each statement that reads candidates (placement/statements.py) filters
 with maintenance_on and carries maintenance_json as the node fact the
 verdict names (verdicts.judge), so the filter and the verdict cannot
-disagree. The request's `until` is the :until parameter.
+disagree. The request's `until` is the :until parameter, the instant it is
+judged at :at (AT).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ OPEN_STATES = (MaintenanceState.SCHEDULED, MaintenanceState.DRAINING, Maintenanc
 OPEN_STATES_SQL = "(" + ", ".join(f"'{s.value}'" for s in OPEN_STATES) + ")"
 
 UNTIL = "CAST(:until AS timestamptz)"
+# The instant placement is judged at: now, or the later one fit, fitGroup and
+# freeGpus are asked about (:at, PlaceRequest.at; NULL for a place), so a
+# window in force then is taken out then (docs/scheduler/reservations.md).
+AT = "coalesce(CAST(:at AS timestamptz), now())"
 
 
 def _in_force(w: str, at: str, until: str) -> str:
@@ -55,7 +60,7 @@ def _windows_of(node: str, at: str, until: str) -> str:
     )
 
 
-def maintenance_on(node: str, at: str = "now()", until: str = UNTIL) -> str:
+def maintenance_on(node: str, at: str = AT, until: str = UNTIL) -> str:
     """SQL boolean: a window in force at `at` keeps the request (its `until`) off node `node`.
 
     One probe of ix_maintenance_nodes_node_id per node asked about.
@@ -63,7 +68,7 @@ def maintenance_on(node: str, at: str = "now()", until: str = UNTIL) -> str:
     return f"EXISTS (SELECT 1 {_windows_of(node, at, until)})"
 
 
-def maintenance_json(node: str, at: str = "now()", until: str = UNTIL) -> str:
+def maintenance_json(node: str, at: str = AT, until: str = UNTIL) -> str:
     """SQL json: the first window (by start) maintenance_on finds on node `node`, or NULL.
 
     {"id", "start", "end", "why"} (the window's reason): what the MAINTENANCE verdict names.
@@ -75,11 +80,12 @@ def maintenance_json(node: str, at: str = "now()", until: str = UNTIL) -> str:
     )
 
 
-# SQL boolean: some window is in force now, for any request. The pool
+# SQL boolean: some window is in force at :at (now, or the instant asked
+# about), for any request. The pool
 # census (fit's count, placement groups' reads) cannot tell nodes of one kind
 # apart, so its statements carry this (an InitPlan, evaluated once) and their
 # callers read every pool instead while it is true.
 ANY_IN_FORCE = (
     "EXISTS (SELECT 1 FROM maintenance_windows mw"
-    f" WHERE {_in_force('mw', 'now()', 'CAST(NULL AS timestamptz)')})"
+    f" WHERE {_in_force('mw', AT, 'CAST(NULL AS timestamptz)')})"
 )

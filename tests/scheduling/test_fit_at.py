@@ -13,13 +13,14 @@ the free GPUs freeGpus' (docs/scheduler/reservations.md).
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
+from tests.support.maintenance import SCHEDULE, at, window_input
 from tests.support.place_group import role
 from tests.support.reports import H100, REGISTER, gpus, node_input
 from tests.support.reservations import iso, reserve, soon, tick, until_past
@@ -145,3 +146,19 @@ async def test_fit_group_at_counts_what_a_reservation_frees_by_then(
     await until_past(end)
     await tick(engine)
     assert (await api(FIT_GROUP_AT, {"g": group, "at": None}))["fitGroup"]["groups"] == later
+
+
+async def test_fit_at_takes_out_the_nodes_a_maintenance_window_holds_then(api: Api) -> None:
+    """A window in force at T keeps fit(at: T) off its nodes; one over by T does not."""
+    for node_id, count in (("n0", 8), ("n1", 4), ("n2", 4)):
+        await api(REGISTER, {"input": node_input(node_id, gpus=gpus(H100, count))})
+    # n1: draining now (its drain began ten minutes before its start), over in 30 min.
+    await api(SCHEDULE, {"input": window_input("now", ["n1"], at(1), at(1800), drain_lead=600)})
+    # n0: from an hour on, for an hour.
+    await api(SCHEDULE, {"input": window_input("later", ["n0"], at(3600), at(7200), drain_lead=0)})
+    shape = {"replicaId": "probe", "gpuClass": "H100-80GB", "gpusPerShard": 4}
+    t = (datetime.now(UTC) + timedelta(seconds=5400)).isoformat()
+    now = (await api(FIT_AT, {"shape": shape, "at": None}))["fit"]["replicas"]
+    then = (await api(FIT_AT, {"shape": shape, "at": t}))["fit"]["replicas"]
+    # Now: n0 twice and n2 (n1 is draining); in 90 minutes: n1 and n2 (n0 is in its window).
+    assert (now, then) == (3, 2)

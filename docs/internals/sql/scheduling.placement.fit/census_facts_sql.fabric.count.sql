@@ -79,8 +79,8 @@ SELECT
     FROM maintenance_windows AS mw
     WHERE
       mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
-      AND mw.drain_at <= CURRENT_TIMESTAMP
-      AND CURRENT_TIMESTAMP < mw.end_at
+      AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+      AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
       AND (
         CAST(NULL AS TIMESTAMPTZ) IS NULL OR CAST(NULL AS TIMESTAMPTZ) > mw.start_at
       )

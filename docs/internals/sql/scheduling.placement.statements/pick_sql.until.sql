@@ -120,8 +120,8 @@ WITH stored AS (
             WHERE
               mn.node_id = p.node_id
               AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
-              AND mw.drain_at <= CURRENT_TIMESTAMP
-              AND CURRENT_TIMESTAMP < mw.end_at
+              AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+              AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
               AND (
                 CAST(:until AS TIMESTAMPTZ) IS NULL
                 OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
@@ -171,8 +171,8 @@ WITH stored AS (
       WHERE
         mn.node_id = n.id
         AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
-        AND mw.drain_at <= CURRENT_TIMESTAMP
-        AND CURRENT_TIMESTAMP < mw.end_at
+        AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+        AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
         AND (
           CAST(:until AS TIMESTAMPTZ) IS NULL
           OR CAST(:until AS TIMESTAMPTZ) > mw.start_at

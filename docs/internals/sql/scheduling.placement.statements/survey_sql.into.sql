@@ -97,8 +97,8 @@ SELECT
     WHERE
       mn.node_id = n.id
       AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
-      AND mw.drain_at <= CURRENT_TIMESTAMP
-      AND CURRENT_TIMESTAMP < mw.end_at
+      AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+      AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
       AND (
         CAST(:until AS TIMESTAMPTZ) IS NULL
         OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
