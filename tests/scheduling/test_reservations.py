@@ -33,7 +33,16 @@ from tests.support.reservations import (
     tick,
     until_past,
 )
-from tests.support.tenancy import PLACE, RELEASE, place, quota, set_tenant, tenant, usage_of
+from tests.support.tenancy import (
+    PLACE,
+    RELEASE,
+    REMOVE_TENANT,
+    place,
+    quota,
+    set_tenant,
+    tenant,
+    usage_of,
+)
 
 NODES = [f"hgx-{i}" for i in range(4)]
 
@@ -194,6 +203,23 @@ async def test_release_frees_at_once_and_is_answered_again(api: Api, engine: Asy
     again = (await api(RELEASE_RESERVATION, {"id": "r"}))["releaseReservation"]
     assert again["state"] == "ENDED"
     assert len(await events(engine, "reservation_ended")) == 1
+
+
+async def test_a_tenant_with_a_reservation_not_ended_is_not_removed(api: Api) -> None:
+    """Its reserved GPUs count as its used: removed under them, they would be set aside for no one."""
+    await fleet(api)
+    made = await reserve(api, "r", tenant="rollout", count=1, start=soon(60), end=soon(120))
+    assert made["__typename"] == "Reservation", made
+    before = await tenant(api, "rollout")
+
+    error = await api.fails(REMOVE_TENANT, {"id": "rollout"})
+    assert error["extensions"] == {"code": "CONFLICT", "field": "id", "value": "rollout"}
+    assert "reservations not ended (r)" in error["message"]
+    assert await tenant(api, "rollout") == before
+    assert (await api(RESERVATION, {"id": "r"}))["reservation"]["state"] == "SCHEDULED"
+
+    await api(RELEASE_RESERVATION, {"id": "r"})
+    assert (await api(REMOVE_TENANT, {"id": "rollout"}))["removeTenant"] is True
 
 
 async def test_all_or_nothing_and_within_the_limit(api: Api) -> None:

@@ -109,13 +109,21 @@ class DefaultTenantKept(InventoryError):
 
 
 class TenantHolds(InventoryError):
-    """removeTenant of a tenant that holds GPUs: nothing removed."""
+    """removeTenant of a tenant that holds GPUs, or has reservations not ended: nothing removed."""
 
     code = "CONFLICT"
 
-    def __init__(self, tenant: str, held: dict[str, int]) -> None:
-        what = ", ".join(f"{n} {c}" for c, n in sorted(held.items()))
-        super().__init__(f"tenant {tenant!r} holds {what}: release its replicas before removing it")
+    def __init__(self, tenant: str, held: dict[str, int], reserving: Sequence[str] = ()) -> None:
+        if held:
+            what = ", ".join(f"{n} {c}" for c, n in sorted(held.items()))
+            message = f"tenant {tenant!r} holds {what}: release its replicas before removing it"
+        else:
+            shown = ", ".join(reserving[:5]) + (", ..." if len(reserving) > 5 else "")
+            message = (
+                f"tenant {tenant!r} has reservations not ended ({shown}): release them "
+                "(releaseReservation) before removing it"
+            )
+        super().__init__(message)
         self.tenant = tenant
 
     @property
@@ -162,6 +170,15 @@ _HELD = text(
     """
     SELECT a.gpu_class, count(*) AS n FROM allocated_gpus a
     WHERE a.tenant = :tenant GROUP BY a.gpu_class
+    """
+)
+# Its reservations not ENDED (service/scheduling/reservations/): their GPUs
+# count as the tenant's used, and a tenant removed under them would leave GPUs
+# set aside for no one.
+_RESERVING = text(
+    """
+    SELECT r.id FROM reservations r
+    WHERE r.tenant = :tenant AND r.state <> 'ENDED' ORDER BY r.id LIMIT 6
     """
 )
 _REMOVE = text("DELETE FROM tenants WHERE id = :tenant RETURNING id")
@@ -297,7 +314,8 @@ async def set_tenant(conn: Connection, spec: TenantSpec) -> TenantRecord:
 async def remove_tenant(conn: Connection, tenant: str) -> bool:
     """Forget a tenant, its quotas and its budgets; whether it existed.
 
-    Refused (TenantHolds, CONFLICT) while it holds GPUs; the default tenant
+    Refused (TenantHolds, CONFLICT) while it holds GPUs or has reservations
+    not ended; the default tenant
     is never removed (DefaultTenantKept). A token bound to a removed tenant
     stays valid, and its places are refused (no such tenant) until an
     operator makes the tenant again.
@@ -311,6 +329,9 @@ async def remove_tenant(conn: Connection, tenant: str) -> bool:
     held = {r.gpu_class: int(r.n) for r in await conn.execute(_HELD, {"tenant": tenant})}
     if held:
         raise TenantHolds(tenant, held)
+    reserving = [r.id for r in await conn.execute(_RESERVING, {"tenant": tenant})]
+    if reserving:
+        raise TenantHolds(tenant, {}, reserving)
     return (await conn.execute(_REMOVE, {"tenant": tenant})).first() is not None
 
 
