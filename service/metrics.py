@@ -319,6 +319,7 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
             ("unhealthy", c.unhealthy),
             ("unschedulable", c.unschedulable),
             ("tainted", c.tainted),
+            ("reserved", c.reserved),
         ):
             samples.append(((("gpu_class", c.gpu_class), ("status", status)), value))
     out.family(
@@ -327,7 +328,8 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
         "GPUs by class and status (free = healthy, not cordoned, unallocated, on a READY node; "
         "unhealthy = unallocated and unhealthy or cordoned; "
         "unschedulable = healthy and unallocated on a node that is not READY; "
-        "tainted = usable and unallocated, withheld by a NO_SCHEDULE or NO_EXECUTE taint).",
+        "tainted = usable and unallocated, withheld by a NO_SCHEDULE or NO_EXECUTE taint; "
+        "reserved = usable and unallocated, set aside for a reservation).",
         samples,
     )
 

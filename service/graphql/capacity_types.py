@@ -93,6 +93,13 @@ class GpuClassSummary:
             "Usable, unheld GPUs a NO_SCHEDULE or NO_EXECUTE taint withholds (not counted in free)."
         ),
     )
+    reserved: int = strawberry.field(
+        default=0,
+        description=(
+            "Usable, unheld GPUs set aside for a reservation (not counted in free; "
+            "docs/scheduler/reservations.md)."
+        ),
+    )
 
     @strawberry.field(
         description=(
@@ -116,4 +123,5 @@ class GpuClassSummary:
             unhealthy=s.unhealthy,
             tainted=s.tainted,
             unschedulable=s.unschedulable,
+            reserved=s.reserved,
         )

@@ -205,6 +205,11 @@ async def test_release_frees_at_once_and_is_answered_again(api: Api, engine: Asy
     assert len(await events(engine, "reservation_ended")) == 1
 
 
+CLASSES = (
+    "{ gpuClasses { gpuClass total free allocated unhealthy unschedulable tainted reserved } }"
+)
+
+
 async def test_a_tenant_with_a_reservation_not_ended_is_not_removed(api: Api) -> None:
     """Its reserved GPUs count as its used: removed under them, they would be set aside for no one."""
     await fleet(api)
@@ -217,8 +222,14 @@ async def test_a_tenant_with_a_reservation_not_ended_is_not_removed(api: Api) ->
     assert "reservations not ended (r)" in error["message"]
     assert await tenant(api, "rollout") == before
     assert (await api(RESERVATION, {"id": "r"}))["reservation"]["state"] == "SCHEDULED"
+    # The class's statuses add up, the reserved GPUs among them (not free).
+    [h100] = (await api(CLASSES))["gpuClasses"]
+    assert h100["reserved"] == 8
+    parts = ("free", "allocated", "unhealthy", "unschedulable", "tainted", "reserved")
+    assert sum(h100[p] for p in parts) == h100["total"], h100
 
     await api(RELEASE_RESERVATION, {"id": "r"})
+    assert (await api(CLASSES))["gpuClasses"][0]["reserved"] == 0
     assert (await api(REMOVE_TENANT, {"id": "rollout"}))["removeTenant"] is True
 
 

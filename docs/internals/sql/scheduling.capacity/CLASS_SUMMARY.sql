@@ -8,7 +8,8 @@ SELECT
   SUM(unhealthy) AS unhealthy,
   SUM(free) FILTER(WHERE
     NOT schedulable) AS unschedulable,
-  SUM(withheld) AS tainted
+  SUM(withheld) AS tainted,
+  SUM(reserved) AS reserved
 FROM gpu_pools
 GROUP BY
   gpu_class
