@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
 from tests.support.fencing import ALLOCATIONS, BEAT
+from tests.support.place_group import PLACE_GROUP, role
 from tests.support.reports import REGISTER, node_input
 from tests.support.reservations import (
     RELEASE_RESERVATION,
@@ -319,3 +320,23 @@ async def test_a_cordoned_node_s_reserved_gpus_move(api: Api, engine: AsyncEngin
     moved = (await api(RESERVATION, {"id": "r"}))["reservation"]
     assert reserved_nodes(moved) == set(NODES[:2]) - {first}
     assert (moved["state"], moved["missingGpus"]) == ("SCHEDULED", 0)
+
+
+async def test_a_group_member_with_until_or_a_reservation_is_refused_naming_it(
+    api: Api, engine: AsyncEngine
+) -> None:
+    """Not built for groups: refused naming the field, never placed without the promise."""
+    await fleet(api)
+    made = await reserve(api, "r", tenant="rollout", count=1, start=soon(60), end=soon(120))
+    assert made["__typename"] == "Reservation", made
+    for named, value in (("until", iso(soon(30))), ("reservation", "r")):
+        group = {"groupId": "g", "roles": [role("decode", 1, 2, **{named: value})]}
+        got = (await api(PLACE_GROUP, {"input": group}))["placeGroup"]
+        assert got["__typename"] == "AllocationRejected", got
+        assert got["code"] == "INVALID"
+        assert got["message"].startswith(f"roles[0].shape.{named}: "), got
+    held = await engine.connect()
+    try:
+        assert (await held.execute(text("SELECT count(*) FROM shards"))).scalar_one() == 0
+    finally:
+        await held.close()

@@ -159,6 +159,14 @@ def validate_role(
             f"{where}.shape: names a tenant, priority, deployment or preemption; a group is "
             "charged, prioritized and preempted for as one: name them on the group"
         )
+    if role.shape.until is not None or role.shape.reservation is not None:
+        # Not built for groups (issue 47): refused rather than placed without the
+        # promise or outside the reservation the caller named.
+        named = "until" if role.shape.until is not None else "reservation"
+        return invalid(
+            f"{where}.shape.{named}: a group's members are placed neither with a promise to be "
+            "gone by a time nor into a reservation; place such replicas one by one"
+        )
     problem = validate_place(replace(role.shape, replica_id=last))
     if problem is not None:
         return invalid(f"{where}.shape: {problem.message}")
@@ -219,6 +227,9 @@ def shape_spec(shape: PlaceRequest) -> dict[str, Any]:
     fields["tolerations"] = json.loads(tolerations_json(shape.tolerations))
     # The group's, not the role's (GroupRequest.charge): kept once, in the spec.
     del fields["charge"], fields["preemption"]
+    # Never set on a stored group's shapes (validate_role refuses until and
+    # reservation; `at` is fitGroup's question, not the group's).
+    del fields["until"], fields["reservation"], fields["at"]
     return fields
 
 
