@@ -65,10 +65,12 @@ const TIMELINE_MS = 48 * 3600 * 1000;
 const MAINTENANCE_QUERY = `query DashboardMaintenance($after: ID) {
   maintenanceWindows(after: $after) { id nodeIds start end reason state }
 }`;
+const RESERVATIONS_QUERY = `query DashboardReservations($after: ID) {
+  reservations(after: $after) { id tenant start end state gpus { nodeId gpuIndices } }
+}`;
 // Where each kind of booking joins the timeline: a paged list refresh() reads whole (its query
-// takes $after), and how each entry becomes items {nodeId, kind, id, start, end, label}.
-// Reservations join here with their own entry (kind "reservation": reservations { id start
-// end state gpus { nodeId } }).
+// takes $after), and how each entry becomes items {nodeId, kind, id, start, end, label}
+// (end null: until released).
 const TIMELINE_SOURCES = [
   {
     query: MAINTENANCE_QUERY,
@@ -84,6 +86,23 @@ const TIMELINE_SOURCES = [
             start: w.start,
             end: w.end,
             label: `maintenance ${w.id} (${w.state}): ${w.reason}`,
+          })),
+        ),
+  },
+  {
+    query: RESERVATIONS_QUERY,
+    field: "reservations",
+    items: (entries) =>
+      entries
+        .filter((r) => r.state !== "ENDED")
+        .flatMap((r) =>
+          r.gpus.map((g) => ({
+            nodeId: g.nodeId,
+            kind: "reservation",
+            id: r.id,
+            start: r.start,
+            end: r.end,
+            label: `reservation ${r.id} (${r.state}) for ${r.tenant}: GPUs ${g.gpuIndices.join(",")}`,
           })),
         ),
   },
@@ -774,7 +793,7 @@ function renderTimeline() {
   const byNode = new Map();
   for (const item of view.timeline) {
     const start = Date.parse(item.start);
-    const end = Date.parse(item.end);
+    const end = item.end === null ? Infinity : Date.parse(item.end);
     if (end <= now || start >= ahead) continue;
     if (!byNode.has(item.nodeId)) byNode.set(item.nodeId, []);
     byNode.get(item.nodeId).push({ ...item, from: Math.max(start, now), to: Math.min(end, ahead) });
@@ -795,7 +814,7 @@ function renderTimeline() {
             el("span", {
               class: `booking ${b.kind}`,
               "data-id": b.id,
-              title: `${b.label}: ${b.start} to ${b.end}`,
+              title: `${b.label}: ${b.start} to ${b.end ?? "until released"}`,
               style: `left: ${pct(b.from - now)}; width: ${pct(b.to - b.from)}`,
             }),
           ),

@@ -1,4 +1,4 @@
-"""The dashboard's next 48 hours: each node's maintenance windows as bars on one time axis."""
+"""The dashboard's next 48 hours: each node's maintenance windows and reservations as bars on one time axis."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from tests.support.chromium import chromium
 from tests.support.dashboard import SCREENSHOTS, call, needs_chromium, open_dashboard, register
 from tests.support.live_service import LiveService
 from tests.support.maintenance import SCHEDULE, window_input
+from tests.support.reservations import RESERVE
+from tests.support.tenancy import SET_TENANT
 
 # Skipped without Chromium, like the other browser tests.
 pytestmark = [pytest.mark.browser, needs_chromium]
@@ -54,3 +56,30 @@ async def test_the_next_48_hours_show_each_nodes_windows(service: LiveService) -
         spans = sorted((round(left, 2), round(width, 2)) for left, width, _ in rows["hgx-1"])
         assert spans == [(0.25, 0.25), (0.75, 0.25)]
         await page.screenshot(SCREENSHOTS / "dashboard-timeline.png")
+
+
+async def test_a_reservation_shows_on_the_nodes_its_gpus_are_on(service: LiveService) -> None:
+    register(service, "hgx-0")
+    call(service, SET_TENANT, {"input": {"id": "rollout", "quotas": []}})
+    spec = {
+        "id": "v2",
+        "tenant": "rollout",
+        "count": 1,
+        "start": hours(12),
+        "shape": {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": 8},
+    }
+    made = call(service, RESERVE, {"input": spec})["reserve"]
+    assert made["__typename"] == "Reservation", made
+
+    async with chromium() as page:
+        await open_dashboard(page, service)
+        await page.wait_for(
+            "document.querySelectorAll('#timeline .booking.reservation').length === 1",
+            "the reservation's bar",
+        )
+        rows = dict(await page.evaluate(BARS))
+        (bar,) = rows["hgx-0"]
+        # From 12 hours on, with no end: to the right edge of the 48 hours shown.
+        assert round(bar[0], 2) == 0.25 and round(bar[1], 2) == 0.75, bar
+        assert bar[2].startswith("reservation v2 (SCHEDULED) for rollout: GPUs 0,1,2,3,4,5,6,7")
+        assert bar[2].endswith("until released")
