@@ -42,6 +42,13 @@ target_metadata = metadata
 log = logging.getLogger("alembic.env")
 
 LOCK_NOT_AVAILABLE = "55P03"
+# A deadlock victim's transaction is rolled back whole, so the migration is
+# retried as after a lock timeout. Seen in the rolling upgrade test: 0024's
+# ALTER TABLEs (gpus, then gpu_pools, then shards) held gpus while an old
+# process's place, holding shards, asked for gpus; PostgreSQL chose the
+# migration, and `migrate` failed instead of trying again.
+DEADLOCK_DETECTED = "40P01"
+RETRIED = {LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED}
 # Seconds between tries of the migration lock while another process migrates.
 MIGRATION_LOCK_POLL = 0.2
 
@@ -75,11 +82,12 @@ def run_migrations_offline() -> None:
 
 
 def lock_timed_out(error: DBAPIError) -> bool:
+    """The migration gave up a lock (its lock_timeout) or lost one (a deadlock victim): retried."""
     orig = error.orig
     codes = {getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None)}
     cause = getattr(orig, "__cause__", None)
     codes.add(getattr(cause, "sqlstate", None))
-    return LOCK_NOT_AVAILABLE in codes
+    return bool(RETRIED & codes)
 
 
 def do_run_migrations(connection: Connection) -> None:
@@ -122,8 +130,9 @@ def do_run_migrations(connection: Connection) -> None:
                     ) from None
                 pause = min(10.0, 2.0 ** (attempt - 1))
                 log.warning(
-                    "migration waited %g s for a lock (attempt %d of %d); the service's "
-                    "statements queued behind it go on; again in %g s",
+                    "migration gave up a lock (%s; lock_timeout %g s, attempt %d of %d); the "
+                    "service's statements queued behind it go on; again in %g s",
+                    str(error.orig).splitlines()[0],
                     lock_timeout,
                     attempt,
                     attempts,

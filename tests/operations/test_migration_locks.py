@@ -7,7 +7,8 @@ that writes taints and stays open (ROW EXCLUSIVE, as any insert holds). While
 the migration waits, another writer (the hot path) queues behind it: it must
 get through within the bound. Once the long transaction ends, the migration
 gets its lock on a later attempt; with attempts exhausted it fails, saying
-why, and nothing is half-applied.
+why, and nothing is half-applied. A migration chosen as a deadlock victim is
+retried the same way (0024 against a reader crossing its tables).
 """
 
 from __future__ import annotations
@@ -126,3 +127,92 @@ def test_a_migration_that_never_gets_its_lock_fails_saying_why_and_applies_nothi
     assert "2 attempts of lock_timeout 0.5 s" in message, message
     assert "INVENTORY_MIGRATION_LOCK_TIMEOUT" in message
     assert asyncio.run(revision(at_0019)) == "0019"
+
+
+@pytest.fixture
+def at_0025(server_url: str) -> Iterator[str]:
+    url = create_database(server_url, prefix="llmgw_deadlock")
+    upgrade(url, "0025")
+    yield url
+    drop_database(server_url, url)
+
+
+class CrossingReader(threading.Thread):
+    """A transaction that reads shards, then gpus once `cross` is set: the hot path's order.
+
+    Migration 0024 alters gpus, then gpu_pools, then shards in one transaction:
+    with this reader holding shards and asking for gpus, the two wait for each
+    other and PostgreSQL breaks the cycle by failing one of them.
+    """
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.holding = threading.Event()
+        self.cross = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        async def read() -> None:
+            conn = await asyncpg.connect(self.url)
+            try:
+                async with conn.transaction():
+                    await conn.fetchval("SELECT count(*) FROM shards")
+                    self.holding.set()
+                    await asyncio.get_running_loop().run_in_executor(None, self.cross.wait, 30)
+                    await conn.fetchval("SELECT count(*) FROM gpus")
+            finally:
+                await conn.close()
+
+        try:
+            asyncio.run(read())
+        except BaseException as error:  # the thread's outcome, read by the test
+            self.error = error
+
+
+async def migration_waits_for_shards(url: str, within: float) -> bool:
+    """Whether a session came to wait for an ACCESS EXCLUSIVE lock on shards within `within` s."""
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            waiting = await conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE relation = 'shards'::regclass"
+                " AND mode = 'AccessExclusiveLock' AND NOT granted"
+            )
+            if waiting:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+    finally:
+        await conn.close()
+
+
+def test_a_migration_chosen_as_a_deadlock_victim_is_retried_and_applies(
+    at_0025: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lock_timeout longer than PostgreSQL's deadlock_timeout (1 s): the
+    # migration, waiting first, runs the deadlock check first and is the victim.
+    monkeypatch.setenv("INVENTORY_MIGRATION_LOCK_TIMEOUT", "5")
+    monkeypatch.setenv("INVENTORY_MIGRATION_ATTEMPTS", "3")
+    reader = CrossingReader(at_0025)
+    reader.start()
+    assert reader.holding.wait(10)
+    failed: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            upgrade(at_0025, "0024")
+        except BaseException as error:  # SystemExit included: the test reads it
+            failed.append(error)
+
+    migrating = threading.Thread(target=migrate, daemon=True)
+    migrating.start()
+    assert asyncio.run(migration_waits_for_shards(at_0025, within=20))
+    reader.cross.set()  # the reader now asks for gpus, which the migration holds
+    migrating.join(60)
+    reader.join(20)
+    assert not migrating.is_alive()
+    assert not failed, failed
+    assert reader.error is None, reader.error
+    assert asyncio.run(revision(at_0025)) == "0024"
