@@ -1,4 +1,4 @@
-"""What every service process runs beside the API: the liveness sweep, maintenance transitions, the event stream, /metrics, /readyz.
+"""What every service process runs beside the API: the liveness sweep, the timeline (changes on time), the event stream, /metrics, /readyz.
 
 Kept out of app.py so the application module stays a list of routes; the app
 starts Background in its lifespan and mounts operational_routes.

@@ -74,17 +74,6 @@ class Sweep:
     said: Callable[[Any], str | None]
 
 
-@dataclass
-class TimelineCounts:
-    """Transitions made by this process, by name (metrics)."""
-
-    made: dict[str, int]
-    failed: int = 0
-
-
-COUNTS = TimelineCounts(made={})
-
-
 async def run_due(engine: AsyncEngine, transitions: Sequence[Transition]) -> int:
     """Every transition's due items, each made in a transaction of its own; how many were made."""
     made = 0
@@ -100,7 +89,6 @@ async def run_due(engine: AsyncEngine, transitions: Sequence[Transition]) -> int
 
             if await in_transaction(engine, make):
                 made += 1
-                COUNTS.made[transition.name] = COUNTS.made.get(transition.name, 0) + 1
     return made
 
 
@@ -110,7 +98,6 @@ async def run_sweeps(engine: AsyncEngine, sweeps: Sequence[Sweep]) -> None:
         result = await in_transaction(engine, sweep.run)
         words = sweep.said(result)
         if words is not None:
-            COUNTS.made[sweep.name] = COUNTS.made.get(sweep.name, 0) + 1
             log.info("%s: %s", sweep.name, words)
 
 
@@ -121,21 +108,33 @@ async def run_timeline(
     sweeps: Sequence[Sweep] = (),
     interval: float,
 ) -> None:
-    """Make what is due every `interval` seconds until cancelled; a failed round is logged and retried."""
+    """Make what is due every `interval` seconds until cancelled; a failed look is logged and retried.
+
+    Each kind is looked at apart (the transitions, then each sweep), so one
+    that keeps failing never keeps another from happening on time.
+    """
+    # (name, the sweep looked at; None: the transitions)
+    looks: list[tuple[str, Sweep | None]] = [
+        ("transitions", None),
+        *((each.name, each) for each in sweeps),
+    ]
     while True:
-        try:
-            await run_due(engine, transitions)
-            await run_sweeps(engine, sweeps)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            COUNTS.failed += 1
-            if is_database_unavailable(error):
-                log.warning(
-                    "timeline: database unavailable (%s); retrying in %.1fs",
-                    str(error).splitlines()[0] if str(error) else type(error).__name__,
-                    interval,
-                )
-            else:
-                log.exception("timeline round failed; retrying in %.1fs", interval)
+        for name, sweep in looks:
+            try:
+                if sweep is None:
+                    await run_due(engine, transitions)
+                else:
+                    await run_sweeps(engine, [sweep])
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if is_database_unavailable(error):
+                    log.warning(
+                        "timeline (%s): database unavailable (%s); retrying in %.1fs",
+                        name,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__,
+                        interval,
+                    )
+                else:
+                    log.exception("timeline (%s) failed; retrying in %.1fs", name, interval)
         await asyncio.sleep(interval)
