@@ -146,6 +146,7 @@ def test(args: list[str]) -> int:
         command.remove("--dist")
         command.remove("loadgroup")
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    before = children_cpu()
     started = time.monotonic()
     code = subprocess.run(command, check=False).returncode
     took = time.monotonic() - started
@@ -153,8 +154,23 @@ def test(args: list[str]) -> int:
     loads = ""
     if load is not None:
         loads = f"; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
-    print(f"dev.py test: {what} took {took:.0f} s wall time{loads}", flush=True)
+    # CPU says what wall time on a shared machine cannot: whether the suite got
+    # cheaper. PostgreSQL's own is printed by pytest (tests/conftest.py).
+    cpu = ""
+    if before is not None:
+        cpu = f"; {children_cpu() - before:.0f} s CPU in pytest and the processes it started"
+    print(f"dev.py test: {what} took {took:.0f} s wall time{loads}{cpu}", flush=True)
     return code
+
+
+def children_cpu() -> float | None:
+    """User + system CPU of this process's finished children (theirs included), where known."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def main(argv: list[str]) -> int:

@@ -23,9 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.database.db import create_engine, dispose, libpq_url
 from service.web.app import create_app
-from tests.support import tiers
+from tests.support import paths, tiers
 from tests.support.api import Api
 from tests.support.databases import (
+    SERVER_CPU,
     SERVER_ENV,
     TEMPLATE_ENV,
     create_database,
@@ -45,6 +46,7 @@ tiers.install()
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in tiers.MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
+    config.addinivalue_line("markers", paths.SEEDS_DESCRIPTION)
 
 
 def _distributes(config: pytest.Config) -> bool:
@@ -89,6 +91,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                 started.__exit__(None, None, None)
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The CPU the tests' PostgreSQL used (`dev.py test` adds the test processes' own)."""
+    if SERVER_CPU:
+        terminalreporter.write_line(
+            f"PostgreSQL (the tests' embedded server): {sum(SERVER_CPU):.0f} s CPU (user + system)"
+        )
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fast",
@@ -97,7 +107,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addoption(
         "--path",
-        choices=("both", *PATHS),
+        choices=("both", *paths.PATHS),
         default="both",
         help=(
             "which way the in-process service answers the stories (the `client` fixture and "
@@ -107,19 +117,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The two ways the service answers a request (INVENTORY_FAST_PATH on and off).
-# Every test whose fixtures build the in-process app (`client`, `api`, `api_as`,
-# `unreachable_client`) runs on each, so each story also proves that the fast
-# path answers as Strawberry's view alone does (issue 45), and that the
-# service without the fast path passes it.
-PATHS = {"fast": True, "strawberry": False}
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "fast_path" in metafunc.fixturenames:
-        chosen = metafunc.config.getoption("path")
-        paths = [name for name in PATHS if chosen in ("both", name)]
-        metafunc.parametrize("fast_path", [PATHS[name] for name in paths], ids=paths)
+    # Stories on both paths; a seeded family's seeds split between them (tests/support/paths.py).
+    paths.parametrise(metafunc, metafunc.config.getoption("path"))
 
 
 @pytest.hookimpl(trylast=True)
@@ -262,7 +262,7 @@ async def empty_tables(request: pytest.FixtureRequest) -> None:
 async def client(
     engine: AsyncEngine, settings: Settings, fast_path: bool
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The in-process service, on each path in turn (PATHS)."""
+    """The in-process service, on each path in turn (tests/support/paths.py)."""
     app = create_app(settings.replace(fast_path=fast_path), engine=engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://inventory") as c:

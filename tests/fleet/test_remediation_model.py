@@ -663,7 +663,7 @@ def modelled_dashboard(model: Model) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("seed", _seeds())
+@pytest.mark.seeds(_seeds())
 async def test_the_service_does_what_the_docs_say(
     api: Api,
     engine: AsyncEngine,

@@ -79,7 +79,7 @@ async def build(api: Api, rng: random.Random, t: datetime) -> list[str]:
     return due
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.seeds(range(4))
 async def test_fit_at_equals_place_at(api: Api, engine: AsyncEngine, seed: int) -> None:
     rng = random.Random(seed)
     t = soon(3)

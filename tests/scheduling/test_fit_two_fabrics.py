@@ -89,7 +89,7 @@ TOLERATIONS: list[list[dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.seeds(range(10))
 async def test_fit_is_stable_and_exact_against_place_on_random_two_fabric_clusters(
     api: Api, seed: int
 ) -> None:

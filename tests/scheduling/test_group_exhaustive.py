@@ -377,7 +377,7 @@ def trials(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return most
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.seeds(range(SEEDS))
 async def test_place_group_finds_room_whenever_an_exhaustive_search_does(
     api: Api, seed: int, trials: list[int]
 ) -> None:

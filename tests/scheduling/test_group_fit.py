@@ -73,7 +73,7 @@ async def fit_group(api: Api, group: dict[str, Any]) -> int:
     return int((await api(FIT_GROUP, {"g": {"groupId": "fit", **group}}))["fitGroup"]["groups"])
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.seeds(range(8))
 async def test_fit_group_is_stable_and_exact_on_random_two_fabric_clusters(
     api: Api, seed: int
 ) -> None:

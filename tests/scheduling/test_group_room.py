@@ -179,7 +179,7 @@ def board_with_holes(rng: random.Random) -> list[dict[str, Any]]:
     return with_peers(gpus(H100), groups)
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.seeds(range(24))
 async def test_a_lone_caller_places_every_group_fit_group_counts_on_boards_with_holes(
     api: Api, seed: int
 ) -> None:

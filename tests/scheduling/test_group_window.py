@@ -60,7 +60,7 @@ async def plans(engine: AsyncEngine, spec: dict[str, Any]) -> tuple[Any, Any]:
     return on_window[1], on_whole[1]
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.seeds(range(8))
 async def test_the_window_plans_what_the_whole_board_plans(
     api: Api, engine: AsyncEngine, seed: int
 ) -> None:

@@ -42,7 +42,7 @@ async def fill(api: Api, spec: dict[str, Any], k: int) -> list[Any]:
     return answers
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.seeds(range(6))
 async def test_members_claimed_in_one_round_get_what_one_by_one_gives(
     api: Api, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,7 +39,7 @@ def boards(rng: random.Random) -> list[dict[str, Any]]:
     return rng.choice([hgx_h100(near=False), bridged_pairs(), gpus(H100, 4)])
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.seeds(range(6))
 async def test_the_census_counts_what_reading_every_pool_counts(
     api: Api, engine: AsyncEngine, seed: int
 ) -> None:

@@ -220,7 +220,7 @@ def oracle(
     return None if best is None else tuple(sorted(r.replica_id for r in best))
 
 
-@pytest.mark.parametrize("seed", range(14))
+@pytest.mark.seeds(range(14))
 async def test_place_stops_the_least_set_explain_shows(api: Api, seed: int) -> None:
     rng = random.Random(seed)
     cluster = await build(api, rng)

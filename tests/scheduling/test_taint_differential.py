@@ -184,7 +184,7 @@ def as_input(tolerations: tuple[Toleration, ...]) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.seeds(SEEDS)
 async def test_answers_agree_with_place_and_the_rule_on_random_tainted_clusters(
     api: Api, engine: AsyncEngine, seed: int
 ) -> None:

@@ -268,7 +268,7 @@ async def counters(engine: AsyncEngine) -> dict[tuple[str, str], tuple[int, int 
         return {(r.tenant, r.gpu_class): (r.used, r.gpu_limit, int(r.held)) for r in rows}
 
 
-@pytest.mark.parametrize("seed", [46, 4646, 464646])
+@pytest.mark.seeds([46, 4646, 464646])
 async def test_counters_equal_a_recount_after_every_operation(
     api: Api, engine: AsyncEngine, seed: int
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 import uuid
@@ -106,6 +107,30 @@ def drop_template(server: str, name: str) -> None:
     drop_database(server, with_database(server, name))
 
 
+# CPU seconds (user + system) each embedded server of this process used, its
+# backends included, read as it stops: `dev.py test` prints them beside the
+# test processes' own, since on a shared machine wall time alone does not say
+# whether a change to the suite made it cheaper.
+SERVER_CPU: list[float] = []
+
+
+def postmaster_cpu_seconds(data_dir: Path) -> float | None:
+    """User + system CPU of the postmaster on `data_dir` and the backends it reaped."""
+    from service.database.embedded import postmaster_pid
+
+    pid = postmaster_pid(data_dir)
+    if pid is None:
+        return None
+    try:
+        # /proc/<pid>/stat: the fields after the command's closing parenthesis,
+        # from field 3; utime, stime, cutime, cstime are fields 14-17.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def embedded_server() -> Iterator[str]:
     """An embedded PostgreSQL of this run's own (THROWAWAY_SETTINGS); its libpq URL."""
@@ -128,6 +153,9 @@ def embedded_server() -> Iterator[str]:
         server = EmbeddedPostgres(root / "data")
         yield libpq_url(server.url)
     finally:
+        used = postmaster_cpu_seconds(root / "data")
+        if used is not None:
+            SERVER_CPU.append(used)
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
 

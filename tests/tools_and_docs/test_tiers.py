@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import tiers
+from tests.support import paths, tiers
 
 
 def test_starting_a_process_unmarked_fails_naming_the_marker() -> None:
@@ -84,3 +84,56 @@ def test_the_fast_tier_is_what_no_outside_marker_selects(request: pytest.Fixture
     known = {line.split(":")[0] for line in request.config.getini("markers")}
     assert set(tiers.OUTSIDE) <= known
     assert set(tiers.MARKERS) <= known
+
+
+@pytest.mark.parametrize("seeds", [range(24), [46, 4646, 464646], range(1), range(0)])
+def test_a_seeded_family_runs_each_seed_once_and_together_on_both_paths(seeds: Any) -> None:
+    """A family split between the paths loses no seed and runs none twice; from two seeds
+    on, each path gets some (tests/support/paths.py)."""
+    pairs = paths.seeds_on_paths(seeds, paths.chosen_paths("both"))
+    assert [seed for seed, _ in pairs] == list(seeds)
+    if len(pairs) >= 2:
+        assert {path for _, path in pairs} == set(paths.PATHS)
+    for one in paths.PATHS:
+        # --path fast (or strawberry): every seed, on that path.
+        assert paths.seeds_on_paths(seeds, paths.chosen_paths(one)) == [(s, one) for s in seeds]
+
+
+class _Metafunc:
+    """What paths.parametrise reads of pytest's Metafunc, and what it is asked to parametrise."""
+
+    def __init__(self, fixtures: list[str], marks: list[Any]) -> None:
+        self.fixturenames = fixtures
+        self.definition = self
+        self.marks = {m.name: m for m in marks}
+        self.calls: list[tuple[Any, list[Any], Any]] = []
+
+    def get_closest_marker(self, name: str) -> Any:
+        return self.marks.get(name)
+
+    def parametrize(self, names: Any, values: Any, ids: Any = None) -> None:
+        self.calls.append((names, list(values), ids))
+
+
+def test_seeded_families_are_split_and_stories_run_on_both_paths() -> None:
+    story = _Metafunc(["api", "fast_path"], [])
+    paths.parametrise(story, "both")  # type: ignore[arg-type]
+    assert story.calls == [("fast_path", [True, False], ["fast", "strawberry"])]
+
+    family = _Metafunc(["api", "fast_path", "seed"], [pytest.mark.seeds(range(3)).mark])
+    paths.parametrise(family, "both")  # type: ignore[arg-type]
+    assert family.calls == [
+        (
+            ("seed", "fast_path"),
+            [(0, True), (1, False), (2, True)],
+            ["0-fast", "1-strawberry", "2-fast"],
+        )
+    ]
+
+    alone = _Metafunc(["api", "fast_path", "seed"], [pytest.mark.seeds(range(3)).mark])
+    paths.parametrise(alone, "strawberry")  # type: ignore[arg-type]
+    assert alone.calls[0][1] == [(0, False), (1, False), (2, False)]
+
+    in_engine = _Metafunc(["engine", "seed"], [pytest.mark.seeds([7, 8]).mark])
+    paths.parametrise(in_engine, "both")  # type: ignore[arg-type]
+    assert in_engine.calls == [("seed", [7, 8], None)]
