@@ -38,6 +38,7 @@ from tests.support.databases import (
 )
 from tests.support.live_service import LiveService, free_port
 from tests.support.page_costs import Templates
+from tests.support.snapshots import Snapshots
 from tests.support.statements import StatementCounter
 
 tiers.install()
@@ -200,6 +201,12 @@ def page_cost_templates(server_url: str, template_database: str) -> Iterator[Tem
         yield templates
     finally:
         templates.drop_all()
+
+
+@pytest.fixture(scope="session")
+def snapshots() -> Snapshots:
+    """Clusters built once per worker and copied back for each test after (tests/support/snapshots.py)."""
+    return Snapshots()
 
 
 @pytest.fixture

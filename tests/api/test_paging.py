@@ -34,6 +34,7 @@ from service.web.app import create_app
 from tests.support.api import Api
 from tests.support.maintenance import SCHEDULE, at, window_input
 from tests.support.reports import A100, ALLOCATE, REGISTER, allocation, gpus, node_input, shard
+from tests.support.snapshots import Snapshots
 from tests.support.statements import StatementCounter
 from tests.support.subscriptions import subscribe
 
@@ -179,10 +180,13 @@ class Both:
 
 
 @pytest.fixture
-async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both]:
+async def cluster(
+    engine: AsyncEngine, settings: Settings, snapshots: Snapshots
+) -> AsyncIterator[Both]:
     """Twelve registered nodes on ib-a, eleven allocations on seven, twelve tokens; pages of five.
 
-    And two A100 nodes with eleven reservations (their own class: the H100 lists are unchanged)."""
+    And two A100 nodes with eleven reservations (their own class: the H100 lists are unchanged).
+    Built through the API by the first test that asks, copied back for the others."""
     small = settings.replace(max_page_size=PAGE)
     clients = [
         httpx.AsyncClient(
@@ -193,13 +197,13 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
         )
         for direct in (True, False)
     ]
-    try:
+
+    async def build() -> str:
         async with engine.begin() as conn:
             operator = await tokens.create_token(conn, "operator", description="test")
             for i in range(1, NODES):
                 await tokens.create_token(conn, "agent", f"gpu-{i:02d}")
-        both = Both(clients, {"Authorization": f"Bearer {operator.secret}"})
-        api = Api(clients[0], both.headers)
+        api = Api(clients[0], {"Authorization": f"Bearer {operator.secret}"})
         for i in range(1, NODES + 1):
             await api(REGISTER, {"input": node_input(f"gpu-{i:02d}", fabrics=IB_A)})
         for i in range(1, NODES + 1):
@@ -252,7 +256,11 @@ async def cluster(engine: AsyncEngine, settings: Settings) -> AsyncIterator[Both
                 {"s": spec},
             )
             assert made["reserve"]["__typename"] == "Reservation", made
-        yield both
+        return operator.secret
+
+    try:
+        secret = await snapshots.once("paging", engine, build)
+        yield Both(clients, {"Authorization": f"Bearer {secret}"})
     finally:
         for client in clients:
             await client.aclose()
