@@ -39,6 +39,7 @@ from tests.support.reports import (
     node_input,
     shard,
 )
+from tests.support.snapshots import Snapshots
 from tests.support.topology import IB_A, IB_B, bridged_pairs, hgx_h100, no_nvlink, with_peers
 
 FIT = """
@@ -94,16 +95,22 @@ SHAPES: list[dict[str, Any]] = [
 
 
 @pytest.fixture
-async def cluster(api: Api) -> None:
-    await asyncio.gather(
-        *(
-            api(REGISTER, {"input": node_input(node_id, gpus=entries, fabrics=fabrics)})
-            for node_id, (entries, fabrics) in CLUSTER.items()
+async def cluster(api: Api, engine: AsyncEngine, snapshots: Snapshots, fast_path: bool) -> None:
+    """CLUSTER, registered through the API on this test's path by the first test on it,
+    copied back for the others (tests/support/snapshots.py)."""
+
+    async def build() -> None:
+        await asyncio.gather(
+            *(
+                api(REGISTER, {"input": node_input(node_id, gpus=entries, fabrics=fabrics)})
+                for node_id, (entries, fabrics) in CLUSTER.items()
+            )
         )
-    )
-    await api(CORDON, {"id": "cordoned-0"})
-    held = await api(ALLOCATE, allocation("pre", shard("pre-s0", "busy-0", 0, 1, 2)))
-    assert held["allocate"]["__typename"] == "Allocated"
+        await api(CORDON, {"id": "cordoned-0"})
+        held = await api(ALLOCATE, allocation("pre", shard("pre-s0", "busy-0", 0, 1, 2)))
+        assert held["allocate"]["__typename"] == "Allocated"
+
+    await snapshots.once(f"fit-{fast_path}", engine, build)
 
 
 def shape_input(replica: str, shape: dict[str, Any]) -> dict[str, Any]:
