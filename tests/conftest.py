@@ -251,16 +251,13 @@ async def empty_tables(request: pytest.FixtureRequest) -> None:
     Without the second, a token an earlier test left turned auth on for such a service,
     and it answered 401 (tests/operations/test_logs.py after tests/access_control)."""
     if "engine" in request.fixturenames:
-        engine: AsyncEngine = request.getfixturevalue("engine")
-        async with engine.begin() as conn:
-            await empty(conn)
+        await empty(request.getfixturevalue("engine"))
     elif "database_url" in request.fixturenames:
         # Not the session engine: an async session fixture cannot be started
         # from here when no test before asked for it. One of its own, closed after.
         own = create_engine(request.getfixturevalue("database_url"), Settings())
         try:
-            async with own.begin() as conn:
-                await empty(conn)
+            await empty(own)
         finally:
             await dispose(own)
 

@@ -174,8 +174,7 @@ async def test_the_service_without_the_fast_path_answers_the_story_as_with_it(
     assert json.loads(loaded) == []
     without = [json.loads(line) for line in lines]
 
-    async with engine.begin() as conn:
-        await empty(conn)
+    await empty(engine)
     with_it = await answered_here(engine, settings)
 
     assert _without_request_ids(without) == _without_request_ids(with_it)
