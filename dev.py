@@ -6,13 +6,14 @@ changed), then runs the service or the whole test suite. Extra arguments pass
 through: `python3 dev.py test -k allocate`, `python3 dev.py serve --port 9000`.
 
   python3 dev.py test              the whole suite, in parallel workers (pytest-xdist,
-                                   one per core, at least two), and its wall time
+                                   one per core, at least two), its wall time and CPU
   python3 dev.py test --fast       the in-process tier only: no test that starts a
                                    process, a container or a browser, and no page-cost
                                    cluster (docs/contributing/development.md, Tiers)
   python3 dev.py test -n 0         the same in this one process (`-n N`: N workers)
   python3 dev.py test --path fast  the in-process stories on one path only (fast or
-                                   strawberry); by default each runs on both
+                                   strawberry); by default each runs on both, and a
+                                   seeded family's seeds take the paths in turn
 
 The console scripts the README shows run the same way from a checkout:
   python3 dev.py ctl ...           is  llmgw-inventory ctl ...
