@@ -43,6 +43,9 @@ class RejectionCode(Enum):
     SEARCH_BOUND = "SEARCH_BOUND"
     # The tenant's limit for a class refused it (service/scheduling/tenancy/).
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    # A maintenance window in force on a node asked for keeps the replica off
+    # it (service/scheduling/maintenance_rule.py; place's verdict MAINTENANCE).
+    MAINTENANCE = "MAINTENANCE"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from service.scheduling.availability import (
     is_schedulable,
 )
 from service.scheduling.generations import current_generation
+from service.scheduling.maintenance_rule import maintenance_json, maintenance_on
 from service.scheduling.rejections import (
     Rejection,
     RejectionCode,
@@ -83,6 +84,15 @@ _GPUS_ASKED = text(
     """
 )
 
+# The first maintenance window that keeps the replica (:until) off each node
+# asked for (:ids), now: maintenance_rule's rule, as place's verdict reads it.
+_WINDOWS_ASKED = text(
+    f"""
+    SELECT n.node_id, {maintenance_json("n.node_id")} AS window
+    FROM unnest(CAST(:ids AS text[])) AS n(node_id)
+    """
+)
+
 _GPU_INDICES = text(
     "SELECT array_agg(idx ORDER BY idx) AS indices FROM gpus WHERE node_id = :node_id"
 )
@@ -115,11 +125,15 @@ def _one_node_checks(call: str, replica_id: str) -> str:
     replica (`replica_id`) has no shard on another node (it would need a
     fabric), and every GPU exists and is free (availability.gpu_offered:
     usable, not held, probed as below, and not withheld by a taint the
-    request (:tolerations) does not tolerate).
+    request (:tolerations) does not tolerate), and no maintenance window in
+    force keeps the replica (its :until) off the node (maintenance_rule, as
+    place judges it: one probe of the window's nodes per shard).
     """
     return f"""(
             NOT EXISTS (SELECT 1 FROM shards s WHERE s.shard_id IN (
                 SELECT w.shard_id FROM want_shards w WHERE w.call = {call}))
+            AND NOT EXISTS (SELECT 1 FROM want_shards w
+                            WHERE w.call = {call} AND {maintenance_on("w.node_id")})
             AND NOT EXISTS (SELECT 1 FROM shards s
                             WHERE s.replica_id = {replica_id}
                               AND s.node_id NOT IN (
@@ -267,6 +281,7 @@ async def allocate_on_locked_nodes(
                 "gpus": json.dumps(gpus),
                 "tolerations": tolerations_json(()),
                 "until": None,
+                "at": None,
                 "reservation": None,
             },
         )
@@ -384,6 +399,29 @@ def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rej
                 f"node {shown(shard.node_id)} is {phrase}; it takes no new allocations",
                 node_id=shard.node_id,
             )
+    return None
+
+
+async def _check_maintenance(conn: Connection, request: AllocationRequest) -> Rejection | None:
+    """A node asked for that a maintenance window in force keeps the replica off, named with the window.
+
+    From the window's drain (start - drainLead) to its end, unless the
+    replica's `until` is at or before its start (maintenance_rule.py).
+    """
+    node_ids = sorted({s.node_id for s in request.shards})
+    params = {"ids": node_ids, "at": None, "until": request.until}
+    for row in await conn.execute(_WINDOWS_ASKED, params):
+        window = row.window
+        if window is None:
+            continue
+        return Rejection(
+            RejectionCode.MAINTENANCE,
+            f"node {shown(row.node_id)} is in maintenance window {shown(window['id'])} "
+            f"({shown(window['why'], 120)}), from {window['start']} to {window['end']}: from "
+            "its drain to its end it takes no new replica unless the replica's `until` is at "
+            "or before the window's start",
+            node_id=row.node_id,
+        )
     return None
 
 
@@ -515,7 +553,11 @@ async def allocate_or_refuse(
         found, earlier = await _shards_of_request(conn, request)
         if found:
             return _duplicate(request, found)
-        problem = _check_nodes(request, locked) or await _check_gpus(conn, request)
+        problem = (
+            _check_nodes(request, locked)
+            or await _check_maintenance(conn, request)
+            or await _check_gpus(conn, request)
+        )
         if problem is not None:
             return problem
         choice = await fabric_for(conn, request, earlier, fabric)
@@ -574,6 +616,8 @@ async def _store(
             "shards": json.dumps(shards),
             "gpus": json.dumps(gpus),
             "check": check,
+            # The maintenance rule's instant (maintenance_rule.AT): now.
+            "at": None,
             "weights": request.weights,
             "tolerations": tolerations_json(request.tolerations),
             "until": request.until,
