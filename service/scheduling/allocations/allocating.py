@@ -77,19 +77,11 @@ _GPUS_ASKED = text(
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
            {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by,
            CASE WHEN g.withheld THEN {first_taint("g.node_id", "g.idx", withholding("t", True))}
-           END AS taint, g.reservation, {gpu_admitted("g", ADMITS_ASKED)} AS admitted
+           END AS taint, g.reservation, {gpu_admitted("g", ADMITS_ASKED)} AS admitted,
+           {maintenance_json("r.node_id")} AS maintenance
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
-    """
-)
-
-# The first maintenance window that keeps the replica (:until) off each node
-# asked for (:ids), now: maintenance_rule's rule, as place's verdict reads it.
-_WINDOWS_ASKED = text(
-    f"""
-    SELECT n.node_id, {maintenance_json("n.node_id")} AS window
-    FROM unnest(CAST(:ids AS text[])) AS n(node_id)
     """
 )
 
@@ -402,29 +394,6 @@ def _check_nodes(request: AllocationRequest, locked: dict[str, Row[Any]]) -> Rej
     return None
 
 
-async def _check_maintenance(conn: Connection, request: AllocationRequest) -> Rejection | None:
-    """A node asked for that a maintenance window in force keeps the replica off, named with the window.
-
-    From the window's drain (start - drainLead) to its end, unless the
-    replica's `until` is at or before its start (maintenance_rule.py).
-    """
-    node_ids = sorted({s.node_id for s in request.shards})
-    params = {"ids": node_ids, "at": None, "until": request.until}
-    for row in await conn.execute(_WINDOWS_ASKED, params):
-        window = row.window
-        if window is None:
-            continue
-        return Rejection(
-            RejectionCode.MAINTENANCE,
-            f"node {shown(row.node_id)} is in maintenance window {shown(window['id'])} "
-            f"({shown(window['why'], 120)}), from {window['start']} to {window['end']}: from "
-            "its drain to its end it takes no new replica unless the replica's `until` is at "
-            "or before the window's start",
-            node_id=row.node_id,
-        )
-    return None
-
-
 async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection | None:
     pairs = [(s.node_id, i) for s in request.shards for i in s.gpu_indices]
     rows = await conn.execute(
@@ -433,10 +402,27 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
             "pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs]),
             "tolerations": tolerations_json(request.tolerations),
             "until": request.until,
+            # The maintenance rule's instant (maintenance_rule.AT): now.
+            "at": None,
             "reservation": request.reservation,
         },
     )
     facts = {(r.node_id, r.idx): r for r in rows}
+    for node_id, index in pairs:
+        # A node a maintenance window in force keeps the replica off, named
+        # with the window: from its drain (start - drainLead) to its end,
+        # unless the replica's `until` is at or before its start
+        # (maintenance_rule.py, as place's verdict MAINTENANCE).
+        window = facts[(node_id, index)].maintenance
+        if window is not None:
+            return Rejection(
+                RejectionCode.MAINTENANCE,
+                f"node {shown(node_id)} is in maintenance window {shown(window['id'])} "
+                f"({shown(window['why'], 120)}), from {window['start']} to {window['end']}: "
+                "from its drain to its end it takes no new replica unless the replica's "
+                "`until` is at or before the window's start",
+                node_id=node_id,
+            )
     for node_id, index in pairs:
         gpu = facts[(node_id, index)]
         where = f"GPU {index} on node {shown(node_id)}"
@@ -553,11 +539,7 @@ async def allocate_or_refuse(
         found, earlier = await _shards_of_request(conn, request)
         if found:
             return _duplicate(request, found)
-        problem = (
-            _check_nodes(request, locked)
-            or await _check_maintenance(conn, request)
-            or await _check_gpus(conn, request)
-        )
+        problem = _check_nodes(request, locked) or await _check_gpus(conn, request)
         if problem is not None:
             return problem
         choice = await fabric_for(conn, request, earlier, fabric)
