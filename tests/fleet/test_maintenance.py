@@ -291,8 +291,8 @@ async def test_allocate_refuses_a_draining_node_as_place_does(api: Api) -> None:
     assert {v["nodeId"]: v["code"] for v in verdicts}["rack-0"] == "MAINTENANCE", verdicts
     # Another node is not refused.
     assert (await _allocate(api, "r-1", "spare-0", tuple(range(8))))["__typename"] == "Allocated"
-    # The claim place makes through allocate judges the replica's `until` by
-    # the same rule: one promising to be gone by the start gets the node.
+    # The rule reads the replica's `until`: a place promising to be gone by
+    # the start gets the node, one without a promise does not.
     assert (await place(api, "p-0"))["__typename"] == "Unplaceable"
     in_time = await place(api, "p-1", until=start)
     assert in_time["__typename"] == "Allocated", in_time
