@@ -28,6 +28,7 @@ import json
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -58,6 +59,8 @@ TP8 = {"replicaId": "fit", "gpuClass": "H100-80GB", "gpusPerShard": 8}
 WINDOWS = 100
 # Each statement is explained this many times; its median execution time is shown.
 EXPLAINS = 7
+# --plans DIR: each statement's plan as text there too.
+PLANS: str | None = None
 
 
 async def _post(client: httpx.AsyncClient, query: str, variables: dict[str, Any]) -> Any:
@@ -126,6 +129,16 @@ async def _explained(
                 finally:
                     await trans.rollback()
             out.append((head, statistics.median(took) if took else -1.0, int(buffers)))
+            if PLANS is not None and took:
+                trans = conn.transaction()
+                await trans.start()
+                try:
+                    sql = "EXPLAIN (ANALYZE, BUFFERS) " + statement
+                    lines = await conn.fetch(sql, *_renamed(args, old, new))
+                finally:
+                    await trans.rollback()
+                where = Path(PLANS) / f"{new}-{len(out)}.txt"
+                where.write_text("\n".join(r[0] for r in lines) + "\n")
     finally:
         await conn.close()
     return out
@@ -190,6 +203,15 @@ async def measure(url: str, rounds: int, reservations: int = 1000) -> dict[str, 
                 assert answer["reserve"]["__typename"] == "Reservation", answer
             caught = await _place_statements(client, engine, "bench-with")
             found["with"] = await _explained(url, caught, "bench-with", "bench-with-x")
+            # The same once VACUUM has made the pools the reserves rewrote
+            # all-visible again (what autovacuum does in time).
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("VACUUM gpu_pools")
+            finally:
+                await conn.close()
+            caught = await _place_statements(client, engine, "bench-vacuumed")
+            found["vacuumed"] = await _explained(url, caught, "bench-vacuumed", "bench-vac-x")
             found["ab"] = await _ab_at(engine, rounds)
     finally:
         await dispose(engine)
@@ -201,14 +223,17 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--reservations", type=int, default=1000)
+    parser.add_argument("--plans", help="a folder for each statement's plan as text")
     args = parser.parse_args()
+    global PLANS
+    PLANS = args.plans
 
     async def measured(url: str, rounds: int) -> Any:
         return await measure(url, rounds, args.reservations)
 
     found: Any = asyncio.run(run(args.nodes, args.rounds, measured))
     print(f"{args.nodes} nodes, {WINDOWS} windows in force; a place's statements, EXPLAIN ANALYZE:")
-    for kind in ("none", "with"):
+    for kind in ("none", "with", "vacuumed"):
         print(f"  {kind} reservations:")
         for head, ms, buffers in found[kind]:
             if not head.startswith("SELECT pg_notify"):

@@ -43,6 +43,7 @@ from service.scheduling.maintenance_rule import maintenance_json, maintenance_on
 from service.scheduling.rejections import (
     Rejection,
     RejectionCode,
+    in_maintenance,
     index_ranges,
     refused_for_charge,
     shown,
@@ -402,27 +403,16 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
             "pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs]),
             "tolerations": tolerations_json(request.tolerations),
             "until": request.until,
-            # The maintenance rule's instant (maintenance_rule.AT): now.
-            "at": None,
+            "at": None,  # maintenance_rule.AT: now
             "reservation": request.reservation,
         },
     )
     facts = {(r.node_id, r.idx): r for r in rows}
-    for node_id, index in pairs:
-        # A node a maintenance window in force keeps the replica off, named
-        # with the window: from its drain (start - drainLead) to its end,
-        # unless the replica's `until` is at or before its start
-        # (maintenance_rule.py, as place's verdict MAINTENANCE).
-        window = facts[(node_id, index)].maintenance
+    # A node a window in force keeps the replica off first (maintenance_rule.py).
+    windows = ((n, facts[(n, i)].maintenance) for n, i in pairs)
+    for node_id, window in windows:
         if window is not None:
-            return Rejection(
-                RejectionCode.MAINTENANCE,
-                f"node {shown(node_id)} is in maintenance window {shown(window['id'])} "
-                f"({shown(window['why'], 120)}), from {window['start']} to {window['end']}: "
-                "from its drain to its end it takes no new replica unless the replica's "
-                "`until` is at or before the window's start",
-                node_id=node_id,
-            )
+            return in_maintenance(node_id, window)
     for node_id, index in pairs:
         gpu = facts[(node_id, index)]
         where = f"GPU {index} on node {shown(node_id)}"
@@ -598,8 +588,7 @@ async def _store(
             "shards": json.dumps(shards),
             "gpus": json.dumps(gpus),
             "check": check,
-            # The maintenance rule's instant (maintenance_rule.AT): now.
-            "at": None,
+            "at": None,  # maintenance_rule.AT: now
             "weights": request.weights,
             "tolerations": tolerations_json(request.tolerations),
             "until": request.until,
