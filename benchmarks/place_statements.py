@@ -171,6 +171,13 @@ async def _ab_at(engine: AsyncEngine, rounds: int) -> dict[str, list[float]]:
                 assert rows and rows[0].picked_node_id is not None
                 if i >= 5:
                     times[kind].append(took * 1000)
+        if PLANS is not None:
+            for kind, statement in variants.items():
+                trans = await conn.begin()
+                sql = text("EXPLAIN (ANALYZE, BUFFERS) " + statement.text)
+                lines = [r[0] for r in await conn.execute(sql, params)]
+                await trans.rollback()
+                (Path(PLANS) / f"pick-{kind}.txt").write_text("\n".join(lines) + "\n")
     return times
 
 
