@@ -28,7 +28,7 @@ from service.node_states import STATES
 from service.scheduling import place_batches, pool_census
 from service.scheduling.capacity import gpu_classes
 from service.scheduling.placement import preemption
-from service.scheduling.reservations import records
+from service.scheduling.reservations import records, replacing
 from service.scheduling.tenancy import tenants, victims
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -360,6 +360,16 @@ async def _cluster(conn: Connection, out: Exposition) -> None:
     await _tenants(conn, out)
     for family in await records.families(conn):  # reservations': GPUs set aside, by state
         out.family(*family)
+    out.family(
+        "inventory_reservation_retries_total",
+        "counter",
+        "Tries by this process of a DEGRADED reservation's missing GPUs "
+        "(service/scheduling/reservations/replacing.py), by outcome: replaced (none missing "
+        "after), missing (some still are), skipped (another process tried it first). A "
+        "reservation is tried again when more free GPUs of its class are offered, or "
+        f"{replacing.RETRY_AFTER_SECONDS} s after its last try.",
+        [((("outcome", o),), n) for o, n in replacing.RETRIES.snapshot().items()],
+    )
     nodes = list(await conn.execute(_PER_NODE))
     known_disk = [n for n in nodes if n.local_disk_total is not None]
     out.family(

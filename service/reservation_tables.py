@@ -52,6 +52,11 @@ reservations = Table(
     Column("started_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("ended_at", DateTime(timezone=True)),
+    # A DEGRADED one's missing slots are not tried again before then (migration
+    # 0026a; reservations/replacing.py), unless free GPUs of its class
+    # appeared since the last try: more than free_seen are offered.
+    Column("next_attempt_at", DateTime(timezone=True)),
+    Column("free_seen", Integer),
     CheckConstraint(id_length_check("id"), name="id_length"),
     CheckConstraint("count > 0", name="count"),
     CheckConstraint("gpus_per_replica > 0", name="gpus_per_replica"),

@@ -16,8 +16,8 @@ from .allocation_types import AllocationRejected, PlaceInput, Unplaceable
 # The `at` argument of fit, fitGroup and freeGpus (contract-time.graphql).
 AT = (
     "The answer for that instant: GPUs set aside by reservations in force then taken out, "
-    "replicas with `until` at or before it counted gone, the tenant's limit then. Without `at`, "
-    "now."
+    "replicas with `until` at or before it counted gone, the nodes of maintenance windows in "
+    "force then kept out, the tenant's limit then. Without `at`, now."
 )
 
 

@@ -25,6 +25,7 @@ from service.database.plan_shapes import (
 from service.errors import InvalidInput
 from service.scheduling.availability import ADMITS_AT, PoolOffer, pool_offers, pool_withholds
 from service.scheduling.freshness import check_max_age, gpu_facts_fresh
+from service.scheduling.maintenance_rule import maintenance_on
 from service.scheduling.taints import Toleration, toleration_problem, tolerations_json
 
 
@@ -239,8 +240,11 @@ def gpus_at_query(
     The nodes with a schedulable pool, walked in node order on the primary
     key (plan_shapes.ordered_walk), each answered with what its pools offer
     then (availability.PoolOffer with ADMITS_AT: a pool with neither GPUs set
-    aside nor a replica due to be gone reads its row as now). A page costs
-    the nodes it passes over.
+    aside nor a replica due to be gone reads its row as now), except a node
+    that a maintenance window in force at :at keeps an ordinary place off
+    (maintenance_rule.maintenance_on, as fit(at:) and place judge it: a
+    request with no `until`). A page costs the nodes it passes over, and one
+    probe of the window's nodes per node walked.
 
     The SQL generated below looks like this: docs/internals/sql/scheduling.capacity/gpus_at_query.class.sql
     (every shape beside it).
@@ -255,6 +259,9 @@ def gpus_at_query(
         params["cls"] = gpu_class
         pools += " AND q.gpu_class = :cls"
     on_it = _walked_node_checks(params, fabric, max_age)
+    # freeGpus asks for no replica, so no promise to leave: a window in
+    # force at :at keeps its nodes out (place's verdict MAINTENANCE then).
+    on_it += f" AND NOT {maintenance_on('w.node_id', until='CAST(NULL AS timestamptz)')}"
     return _walked_page(walk, pools, offer.indices, on_it, offer.join), params
 
 

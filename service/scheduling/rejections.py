@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 # How a message repeats an id or a text a caller sent has one home
 # (service/errors.py); imported from here by the scheduling modules.
@@ -43,6 +44,9 @@ class RejectionCode(Enum):
     SEARCH_BOUND = "SEARCH_BOUND"
     # The tenant's limit for a class refused it (service/scheduling/tenancy/).
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    # A maintenance window in force on a node asked for keeps the replica off
+    # it (service/scheduling/maintenance_rule.py; place's verdict MAINTENANCE).
+    MAINTENANCE = "MAINTENANCE"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,18 @@ def invalid(message: str, node_id: str | None = None, gpu_index: int | None = No
 def invalid_field(field: str, value: object, why: str) -> Rejection:
     """INVALID naming the field and its value: a text quoted (and cut when long), a number as it is."""
     return invalid(f"{field}={shown_value(value)}: {why}")
+
+
+def in_maintenance(node_id: str, window: dict[str, Any]) -> Rejection:
+    """MAINTENANCE naming the node and the window (maintenance_rule.maintenance_json's object)."""
+    return Rejection(
+        RejectionCode.MAINTENANCE,
+        f"node {shown(node_id)} is in maintenance window {shown(window['id'])} "
+        f"({shown(window['why'], 120)}), from {window['start']} to {window['end']}: from its "
+        "drain to its end it takes no new replica unless the replica's `until` is at or before "
+        "the window's start",
+        node_id=node_id,
+    )
 
 
 def refused_for_charge(refusal: Refusal) -> Rejection:

@@ -250,3 +250,64 @@ async def test_placement_groups_avoid_a_draining_node_too(api: Api) -> None:
     # The only node left with room is the draining one: no room.
     two = await api(PLACE_GROUP, {"input": {"groupId": "g2", "roles": [role]}})
     assert two["placeGroup"]["__typename"] == "Unplaceable", two
+
+
+_ALLOCATE = """
+mutation A($input: AllocateInput!) {
+  allocate(input: $input) {
+    __typename
+    ... on Allocated { allocations { shardId nodeId gpuIndices } }
+    ... on AllocationRejected { code message nodeId }
+  }
+}
+"""
+
+
+async def _allocate(
+    api: Api, replica_id: str, node_id: str, indices: tuple[int, ...] = (0, 1)
+) -> dict[str, Any]:
+    shards = [{"shardId": f"{replica_id}-s0", "nodeId": node_id, "gpuIndices": list(indices)}]
+    request = {"replicaId": replica_id, "shards": shards}
+    answer: dict[str, Any] = (await api(_ALLOCATE, {"input": request}))["allocate"]
+    return answer
+
+
+async def test_allocate_refuses_a_draining_node_as_place_does(api: Api) -> None:
+    """allocate names its GPUs, yet a window in force keeps it off as it keeps place off (MAINTENANCE)."""
+    for node_id in ("rack-0", "spare-0"):
+        await api(REGISTER, {"input": node_input(node_id)})
+    start = at(3600)
+    # Draining from now (start in an hour, an hour and a half of drain).
+    await schedule(
+        api, window_id="rack-fw", node_ids=["rack-0"], start=start, end=at(7200), drain_lead=5400
+    )
+    refused = await _allocate(api, "r-0", "rack-0")
+    assert refused["__typename"] == "AllocationRejected", refused
+    assert refused["code"] == "MAINTENANCE" and refused["nodeId"] == "rack-0", refused
+    assert "node rack-0 is in maintenance window rack-fw" in refused["message"], refused
+    # What place says of the same node, for the same replica.
+    shape = {"replicaId": "r-0", "gpuClass": "H100-80GB", "gpusPerShard": 2}
+    verdicts = (await api(EXPLAIN, {"input": shape}))["explainPlacement"]["verdicts"]
+    assert {v["nodeId"]: v["code"] for v in verdicts}["rack-0"] == "MAINTENANCE", verdicts
+    # Another node is not refused.
+    assert (await _allocate(api, "r-1", "spare-0", tuple(range(8))))["__typename"] == "Allocated"
+    # The rule reads the replica's `until`: a place promising to be gone by
+    # the start gets the node, one without a promise does not.
+    assert (await place(api, "p-0"))["__typename"] == "Unplaceable"
+    in_time = await place(api, "p-1", until=start)
+    assert in_time["__typename"] == "Allocated", in_time
+    assert [a["nodeId"] for a in in_time["allocations"]] == ["rack-0"]
+
+
+async def test_allocate_takes_a_node_whose_window_drains_later_or_was_cancelled(api: Api) -> None:
+    for node_id in ("rack-0", "rack-1"):
+        await api(REGISTER, {"input": node_input(node_id)})
+    # rack-0 drains in half an hour: nothing is refused yet.
+    await schedule(api, window_id="w0", node_ids=["rack-0"], start=at(3600), end=at(7200),
+                   drain_lead=1800)  # fmt: skip
+    assert (await _allocate(api, "r-0", "rack-0"))["__typename"] == "Allocated"
+    # rack-1 drains now; once cancelled, it takes replicas again.
+    await schedule(api, window_id="w1", node_ids=["rack-1"], start=at(3600), end=at(7200))
+    assert (await _allocate(api, "r-1", "rack-1"))["code"] == "MAINTENANCE"
+    await api(_CANCEL, {"id": "w1"})
+    assert (await _allocate(api, "r-1", "rack-1"))["__typename"] == "Allocated"

@@ -1,13 +1,17 @@
-"""fit(at: T) equals what place does at T: a seeded random differential over clusters with reservations.
+"""fit(at: T) equals what place does at T: a seeded random differential over clusters with reservations and maintenance windows.
 
-Each seed builds a cluster (nodes of 4 or 8 H100, some GPUs sick), places
-replicas (some promising to be gone by a time, `until`), and makes
-reservations whose windows end before T, are in force at T, or start after
-it, all seconds from now. It asks fit(shape, at: T) and freeGpus(at: T);
-then, once T has passed, the timeline runs (as every process runs it), the
-replicas that promised to be gone by T are released (as their schedulers
-would), and the shape is placed until Unplaceable: the count is fit's, and
-the free GPUs freeGpus' (docs/scheduler/reservations.md).
+Each seed builds a cluster (nodes of 4 or 8 H100, some GPUs sick), books
+maintenance windows on some nodes (over by T, in progress at T, draining at
+T, or drained only after T), places replicas (some promising to be gone by
+a time, `until`), and makes reservations whose windows end before T, are in
+force at T, or start after it, all seconds from now. It asks fit(shape, at:
+T) and freeGpus(at: T); then, once T has passed, the timeline runs (as every
+process runs it), the replicas that promised to be gone by T are released
+(as their schedulers would), and the shape is placed until Unplaceable: the
+count is fit's; the GPUs one-GPU places take until Unplaceable are
+freeGpus(at: T)'s, and so are freeGpus' but for the nodes of a window
+draining at T (listed now, their taint PREFER_NO_SCHEDULE withholding
+nothing) (docs/scheduler/reservations.md).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.support.api import Api
-from tests.support.maintenance import SCHEDULE, at, window_input
+from tests.support.maintenance import SCHEDULE, at, one_round, window_input
 from tests.support.place_group import role
 from tests.support.reports import H100, REGISTER, gpus, node_input
 from tests.support.reservations import iso, reserve, soon, tick, until_past
@@ -35,8 +39,42 @@ query F($at: DateTime) { freeGpus(gpuClass: "H100-80GB", at: $at) { node { id } 
 FREE_NOW = 'query F { freeGpus(gpuClass: "H100-80GB") { node { id } gpuIndices } }'
 
 
-async def build(api: Api, rng: random.Random, t: datetime) -> list[str]:
-    """The cluster and what holds it; the replica ids due to be released by T."""
+# Maintenance windows by where T falls in them: (start, end) seconds from T,
+# drainLead seconds. All but the last drain from the moment they are booked,
+# so nothing is placed or set aside on their nodes meanwhile (place's rule)
+# and no start stops a replica fit(at: T) counted as held.
+WINDOWS = {
+    "over": (-1.5, -0.5, 3600),
+    "in_progress": (-1.0, 5.0, 3600),
+    "draining": (2.0, 6.0, 3600),
+    "later": (10.0, 20.0, 5),
+}
+
+
+async def book_windows(api: Api, rng: random.Random, t: datetime, nodes: list[str]) -> list[str]:
+    """Windows on a few nodes (one each); the nodes of those draining at T."""
+    draining = []
+    for node_id in rng.sample(nodes, rng.randint(0, 2)):
+        kind = rng.choice(sorted(WINDOWS))
+        start, end, lead = WINDOWS[kind]
+        window = window_input(
+            f"mw-{node_id}",
+            [node_id],
+            iso(t + timedelta(seconds=start)),
+            iso(t + timedelta(seconds=end)),
+            drain_lead=lead,
+        )
+        booked = (await api(SCHEDULE, {"input": window}))["scheduleMaintenance"]
+        assert booked["id"] == f"mw-{node_id}", booked
+        if kind == "draining":
+            draining.append(node_id)
+    return draining
+
+
+async def build(api: Api, rng: random.Random, t: datetime) -> tuple[list[str], list[str]]:
+    """The cluster and what holds it; the replica ids due to be released by T, and the
+    nodes of a maintenance window draining at T."""
+    nodes = []
     for i in range(rng.randint(3, 5)):
         count = rng.choice([4, 8, 8])
         report = gpus(H100, count)
@@ -45,6 +83,8 @@ async def build(api: Api, rng: random.Random, t: datetime) -> list[str]:
                 g["healthy"] = False
                 g["healthReasons"] = ["ECC"]
         await api(REGISTER, {"input": node_input(f"n{i}", gpus=report)})
+        nodes.append(f"n{i}")
+    draining = await book_windows(api, rng, t, nodes)
     await set_tenant(api, "owner")
     await set_tenant(api, "batch")
     limit = rng.choice([None, None, 16])
@@ -76,14 +116,34 @@ async def build(api: Api, rng: random.Random, t: datetime) -> list[str]:
         got = await place(api, f"r{k}", per=rng.choice([1, 2, 4]), tenant=tenant, **fields)
         if got["__typename"] == "Allocated" and until is not None and until <= t:
             due.append(f"r{k}")
-    return due
+    return due, draining
 
 
-@pytest.mark.seeds(range(4))
+async def taken_by_one_gpu_places(api: Api) -> dict[str, list[int]]:
+    """The GPUs one-GPU places (no tenant, no promise) take until Unplaceable; released after."""
+    taken: dict[str, list[int]] = {}
+    ids = []
+    while True:
+        replica_id = f"sweep-{len(ids)}"
+        shape = {"replicaId": replica_id, "gpuClass": "H100-80GB", "gpusPerShard": 1}
+        got = (await api(PLACE, {"input": shape}))["place"]
+        if got["__typename"] != "Allocated":
+            break
+        ids.append(replica_id)
+        for a in got["allocations"]:
+            taken.setdefault(a["nodeId"], []).extend(a["gpuIndices"])
+    for replica_id in ids:
+        await api(RELEASE, {"id": replica_id})
+    return {node_id: sorted(indices) for node_id, indices in taken.items()}
+
+
+@pytest.mark.seeds(range(6))
 async def test_fit_at_equals_place_at(api: Api, engine: AsyncEngine, seed: int) -> None:
     rng = random.Random(seed)
-    t = soon(3)
-    due = await build(api, rng, t)
+    t = soon(4)
+    due, draining = await build(api, rng, t)
+    # The build ends before the window "over" ends: its node took nothing.
+    assert datetime.now(UTC) < t + timedelta(seconds=WINDOWS["over"][1]), "build too slow"
     shapes = [
         {
             "replicaId": "probe",
@@ -103,11 +163,17 @@ async def test_fit_at_equals_place_at(api: Api, engine: AsyncEngine, seed: int) 
 
     # T: the timeline's changes, and the promises kept.
     await until_past(t)
+    await one_round(engine)
     await tick(engine)
     for replica_id in due:
         await api(RELEASE, {"id": replica_id})
     free_then = {e["node"]["id"]: e["gpuIndices"] for e in (await api(FREE_NOW))["freeGpus"]}
-    assert free_then == listed, (seed, free_then, listed)
+    assert {n: i for n, i in free_then.items() if n not in draining} == listed, (
+        seed,
+        free_then,
+        listed,
+    )
+    assert await taken_by_one_gpu_places(api) == listed, (seed, listed)
     # Each shape placed until Unplaceable, then its probes released for the next.
     placed = []
     for k, shape in enumerate(shapes):

@@ -318,6 +318,11 @@ LONG_MODULES: dict[str, str] = {
         "the SQL place() and explain() send, built from one set of fragments; the "
         "builders share their private helpers"
     ),
+    "service.scheduling.allocations.allocating": (
+        "allocate(): the checks of GPUs a scheduler named (made in the store statement, then "
+        "read again to say which failed) and their store; the wording of each refusal is "
+        "rejections.py's"
+    ),
 }
 
 

@@ -39,9 +39,11 @@ from service.scheduling.availability import (
     is_schedulable,
 )
 from service.scheduling.generations import current_generation
+from service.scheduling.maintenance_rule import maintenance_json, maintenance_on
 from service.scheduling.rejections import (
     Rejection,
     RejectionCode,
+    in_maintenance,
     index_ranges,
     refused_for_charge,
     shown,
@@ -76,7 +78,8 @@ _GPUS_ASKED = text(
     SELECT r.node_id, r.idx, g.idx IS NOT NULL AS present, {gpu_usable("g")} AS usable,
            {gpu_health_reasons("g")} AS health_reasons, g.cordon_reason, a.shard_id AS held_by,
            CASE WHEN g.withheld THEN {first_taint("g.node_id", "g.idx", withholding("t", True))}
-           END AS taint, g.reservation, {gpu_admitted("g", ADMITS_ASKED)} AS admitted
+           END AS taint, g.reservation, {gpu_admitted("g", ADMITS_ASKED)} AS admitted,
+           {maintenance_json("r.node_id")} AS maintenance
     FROM jsonb_to_recordset(CAST(:pairs AS jsonb)) AS r(node_id text, idx int)
     LEFT JOIN gpus g ON g.node_id = r.node_id AND g.idx = r.idx
     LEFT JOIN allocated_gpus a ON a.node_id = r.node_id AND a.gpu_index = r.idx
@@ -115,11 +118,15 @@ def _one_node_checks(call: str, replica_id: str) -> str:
     replica (`replica_id`) has no shard on another node (it would need a
     fabric), and every GPU exists and is free (availability.gpu_offered:
     usable, not held, probed as below, and not withheld by a taint the
-    request (:tolerations) does not tolerate).
+    request (:tolerations) does not tolerate), and no maintenance window in
+    force keeps the replica (its :until) off the node (maintenance_rule, as
+    place judges it: one probe of the window's nodes per shard).
     """
     return f"""(
             NOT EXISTS (SELECT 1 FROM shards s WHERE s.shard_id IN (
                 SELECT w.shard_id FROM want_shards w WHERE w.call = {call}))
+            AND NOT EXISTS (SELECT 1 FROM want_shards w
+                            WHERE w.call = {call} AND {maintenance_on("w.node_id")})
             AND NOT EXISTS (SELECT 1 FROM shards s
                             WHERE s.replica_id = {replica_id}
                               AND s.node_id NOT IN (
@@ -267,6 +274,7 @@ async def allocate_on_locked_nodes(
                 "gpus": json.dumps(gpus),
                 "tolerations": tolerations_json(()),
                 "until": None,
+                "at": None,
                 "reservation": None,
             },
         )
@@ -395,10 +403,16 @@ async def _check_gpus(conn: Connection, request: AllocationRequest) -> Rejection
             "pairs": json.dumps([{"node_id": n, "idx": i} for n, i in pairs]),
             "tolerations": tolerations_json(request.tolerations),
             "until": request.until,
+            "at": None,  # maintenance_rule.AT: now
             "reservation": request.reservation,
         },
     )
     facts = {(r.node_id, r.idx): r for r in rows}
+    # A node a window in force keeps the replica off first (maintenance_rule.py).
+    windows = ((n, facts[(n, i)].maintenance) for n, i in pairs)
+    for node_id, window in windows:
+        if window is not None:
+            return in_maintenance(node_id, window)
     for node_id, index in pairs:
         gpu = facts[(node_id, index)]
         where = f"GPU {index} on node {shown(node_id)}"
@@ -574,6 +588,7 @@ async def _store(
             "shards": json.dumps(shards),
             "gpus": json.dumps(gpus),
             "check": check,
+            "at": None,  # maintenance_rule.AT: now
             "weights": request.weights,
             "tolerations": tolerations_json(request.tolerations),
             "until": request.until,

@@ -9,13 +9,28 @@ or is gone from its node's report. Its GPUs are then let go whole and the slot
 is set aside again as reserve() sets one aside (reserving.set_aside: place's
 rules and ranking, among the GPUs free now). A slot that cannot be had stays
 missing: the reservation is DEGRADED, `missingGpus` says how many, and the
-event reservation_degraded is written once, when it becomes so. Missing
-slots are tried again each round (the timeline), and the reservation is
-ACTIVE (or SCHEDULED, before its start) again once none is missing.
+event reservation_degraded is written once, when it becomes so. The
+reservation is ACTIVE (or SCHEDULED, before its start) again once none is
+missing.
+
+Missing slots are tried again only when something could have changed, and
+once whichever process looks: a try runs place's planner under the nodes'
+locks, and every process's timeline looks every second. A try writes, in
+its transaction, when the next is due (next_attempt_at: RETRY_AFTER_SECONDS
+on) and how many free GPUs of the class were offered then (free_seen); the
+reservation is due again at that time, or as soon as more free GPUs of its
+class are offered (a replica released, a taint lifted, a node back). The
+try claims the reservation's row first (FOR NO KEY UPDATE) and reads that
+again under the lock, so a process that found it due at the same moment
+waits, sees the other's try and skips it. Each retry is counted (RETRIES,
+inventory_reservation_retries_total). A broken slot (a GPU failing now) is
+never held back.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from typing import Any
 
 from sqlalchemy import text
@@ -27,6 +42,7 @@ from service.scheduling.availability import (
     gpu_usable,
     gpu_withheld,
     node_schedulable,
+    pool_offers,
 )
 from service.scheduling.gpu_pools import refresh_pools
 from service.scheduling.place_request import PlaceRequest
@@ -42,25 +58,45 @@ _FAILED = f"""
      OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = g.node_id AND {node_schedulable("n")}))
     AND NOT {gpu_held_by("g", "s.reservation = r.id")}
 """
+# How long a reservation with missing slots waits for its next try when no
+# more free GPUs of its class are offered meanwhile: a change the free count
+# does not show (a fabric, a label) is found within that.
+RETRY_AFTER_SECONDS = 30
+
+# The free GPUs of the reservation `r`'s class offered now
+# (availability.pool_offers: an index-only walk of ix_gpu_pools_free).
+_FREE_OF_CLASS = (
+    "(SELECT coalesce(sum(p.free), 0) FROM gpu_pools p"
+    f" WHERE p.gpu_class = r.gpu_class AND {pool_offers('p')})"
+)
+# The reservation `r`'s missing slots may be tried again: never tried, its
+# next try is due, or more free GPUs of its class are offered than at the last.
+_RETRY_DUE = (
+    "(r.next_attempt_at IS NULL OR r.next_attempt_at <= now()"
+    f" OR {_FREE_OF_CLASS} > coalesce(r.free_seen, 0))"
+)
 # The reservations with a broken slot (a failed GPU, or fewer GPUs than a
-# replica takes: one left its node's report) or with slots missing.
+# replica takes: one left its node's report) or with slots missing that may
+# be tried again.
 DUE = text(
     f"""
     SELECT r.id FROM reservations r
     WHERE r.state <> 'ENDED' AND (
-        r.missing_gpus > 0
+        (r.missing_gpus > 0 AND {_RETRY_DUE})
         OR EXISTS (SELECT 1 FROM gpus g WHERE g.reservation = r.id AND {_FAILED})
         OR EXISTS (SELECT 1 FROM gpus g WHERE g.reservation = r.id
                    GROUP BY g.reservation_slot HAVING count(*) < r.gpus_per_replica))
     ORDER BY r.starts_at, r.id LIMIT :limit
     """
 )
+# Read under the row's lock: a try another process committed meanwhile is
+# seen (retry_due false), so it is not made twice.
 _ROW = text(
-    """
+    f"""
     SELECT r.id, r.tenant, r.spec, r.count, r.gpus_per_replica, r.state, r.started_at,
-           r.missing_gpus
+           r.missing_gpus, {_RETRY_DUE} AS retry_due
     FROM reservations r WHERE r.id = :id AND r.state <> 'ENDED'
-    FOR NO KEY UPDATE
+    FOR NO KEY UPDATE OF r
     """
 )
 _BROKEN = text(
@@ -83,14 +119,41 @@ _LET_GO = text(
     """
 )
 _SLOTS = text("SELECT DISTINCT reservation_slot AS slot FROM gpus WHERE reservation = :id")
+# The state after a try, and when the next is due while slots are missing.
 _STATE = text(
-    """
+    f"""
     UPDATE reservations r SET missing_gpus = :missing,
         state = CASE WHEN :missing > 0 THEN 'DEGRADED'
-                     WHEN r.started_at IS NOT NULL THEN 'ACTIVE' ELSE 'SCHEDULED' END
+                     WHEN r.started_at IS NOT NULL THEN 'ACTIVE' ELSE 'SCHEDULED' END,
+        next_attempt_at = CASE WHEN :missing > 0
+                               THEN now() + make_interval(secs => :retry_after) END,
+        free_seen = CASE WHEN :missing > 0 THEN {_FREE_OF_CLASS} END
     WHERE r.id = :id
     """
 )
+
+
+class _Retries:
+    """Tries of missing slots by this process, by outcome (for /metrics).
+
+    replaced: none missing after it; missing: some still are; skipped: found
+    due, but another process's try was committed first.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {o: self.counts.get(o, 0) for o in ("replaced", "missing", "skipped")}
+
+
+RETRIES = _Retries()
 
 
 def shape_of(spec: dict[str, Any]) -> PlaceRequest:
@@ -127,6 +190,10 @@ async def replace_failed(conn: Connection, reservation_id: str) -> bool:
     broken = sorted(r.slot for r in await conn.execute(_BROKEN, {"id": reservation_id}))
     if not broken and row.missing_gpus == 0:
         return False
+    if not broken and not row.retry_due:
+        # Another process tried it since this one found it due.
+        RETRIES.add("skipped")
+        return False
     if broken:
         await conn.execute(_LET_GO, {"id": reservation_id, "slots": broken})
         await refresh_pools(conn, nodes)
@@ -142,7 +209,11 @@ async def replace_failed(conn: Connection, reservation_id: str) -> bool:
         await savepoint.commit()
         replaced.append(slot)
     missing = (row.count - len(have) - len(replaced)) * row.gpus_per_replica
-    await conn.execute(_STATE, {"id": reservation_id, "missing": missing})
+    await conn.execute(
+        _STATE, {"id": reservation_id, "missing": missing, "retry_after": RETRY_AFTER_SECONDS}
+    )
+    if row.missing_gpus > 0:
+        RETRIES.add("missing" if missing > 0 else "replaced")
     if missing > 0 and row.state != "DEGRADED":
         await record_event(
             conn,

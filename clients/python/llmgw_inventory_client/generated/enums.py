@@ -46,6 +46,7 @@ class RejectionCode(str, Enum):
     CONFLICT = "CONFLICT"
     SEARCH_BOUND = "SEARCH_BOUND"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    MAINTENANCE = "MAINTENANCE"
 
 
 class TaintEffect(str, Enum):

@@ -87,7 +87,27 @@ SELECT
         )
       )
     END
-  ) AS admitted
+  ) AS admitted,
+  (
+    SELECT
+      json_build_object('id', mw.id, 'start', mw.start_at, 'end', mw.end_at, 'why', mw.reason)
+    FROM maintenance_nodes AS mn
+    JOIN maintenance_windows AS mw
+      ON mw.id = mn.window_id
+    WHERE
+      mn.node_id = r.node_id
+      AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+      AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+      AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
+      AND (
+        CAST(:until AS TIMESTAMPTZ) IS NULL
+        OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+      )
+    ORDER BY
+      mw.start_at,
+      mw.id
+    LIMIT 1
+  ) AS maintenance
 FROM jsonb_to_recordset(CAST(:pairs AS JSONB)) AS r(node_id TEXT, idx INT)
 LEFT JOIN gpus AS g
   ON g.node_id = r.node_id AND g.idx = r.idx

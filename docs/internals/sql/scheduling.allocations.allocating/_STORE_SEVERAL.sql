@@ -42,6 +42,29 @@ WITH want_gpus AS (
       AND NOT EXISTS(
         SELECT
           1
+        FROM want_shards AS w
+        WHERE
+          w.call = c.call
+          AND EXISTS(
+            SELECT
+              1
+            FROM maintenance_nodes AS mn
+            JOIN maintenance_windows AS mw
+              ON mw.id = mn.window_id
+            WHERE
+              mn.node_id = w.node_id
+              AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+              AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+              AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
+              AND (
+                CAST(:until AS TIMESTAMPTZ) IS NULL
+                OR CAST(:until AS TIMESTAMPTZ) > mw.start_at
+              )
+          )
+      )
+      AND NOT EXISTS(
+        SELECT
+          1
         FROM shards AS s
         WHERE
           s.replica_id = c.replica_id

@@ -119,6 +119,21 @@ FROM (
           n.gpus_observed_at >= CURRENT_TIMESTAMP - MAKE_INTERVAL(secs => CAST(:max_age AS DOUBLE PRECISION))
         )
     )
+    AND NOT EXISTS(
+      SELECT
+        1
+      FROM maintenance_nodes AS mn
+      JOIN maintenance_windows AS mw
+        ON mw.id = mn.window_id
+      WHERE
+        mn.node_id = w.node_id
+        AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+        AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+        AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
+        AND (
+          CAST(NULL AS TIMESTAMPTZ) IS NULL OR CAST(NULL AS TIMESTAMPTZ) > mw.start_at
+        )
+    )
   LIMIT :first
 ) AS page
 ORDER BY

@@ -99,6 +99,21 @@ FROM (
   ) AS offered
   WHERE
     w.node_id IS NOT NULL
+    AND NOT EXISTS(
+      SELECT
+        1
+      FROM maintenance_nodes AS mn
+      JOIN maintenance_windows AS mw
+        ON mw.id = mn.window_id
+      WHERE
+        mn.node_id = w.node_id
+        AND mw.state IN ('SCHEDULED', 'DRAINING', 'IN_PROGRESS')
+        AND mw.drain_at <= COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP)
+        AND COALESCE(CAST(:at AS TIMESTAMPTZ), CURRENT_TIMESTAMP) < mw.end_at
+        AND (
+          CAST(NULL AS TIMESTAMPTZ) IS NULL OR CAST(NULL AS TIMESTAMPTZ) > mw.start_at
+        )
+    )
   LIMIT :first
 ) AS page
 ORDER BY

@@ -5,7 +5,20 @@ FROM reservations AS r
 WHERE
   r.state <> 'ENDED'
   AND (
-    r.missing_gpus > 0
+    (
+      r.missing_gpus > 0
+      AND (
+        r.next_attempt_at IS NULL
+        OR r.next_attempt_at <= CURRENT_TIMESTAMP
+        OR (
+          SELECT
+            COALESCE(SUM(p.free), 0)
+          FROM gpu_pools AS p
+          WHERE
+            p.gpu_class = r.gpu_class AND p.schedulable AND p.free > 0
+        ) > COALESCE(r.free_seen, 0)
+      )
+    )
     OR EXISTS(
       SELECT
         1

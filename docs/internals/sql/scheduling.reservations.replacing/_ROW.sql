@@ -7,7 +7,18 @@ SELECT
   r.gpus_per_replica,
   r.state,
   r.started_at,
-  r.missing_gpus
+  r.missing_gpus,
+  (
+    r.next_attempt_at IS NULL
+    OR r.next_attempt_at <= CURRENT_TIMESTAMP
+    OR (
+      SELECT
+        COALESCE(SUM(p.free), 0)
+      FROM gpu_pools AS p
+      WHERE
+        p.gpu_class = r.gpu_class AND p.schedulable AND p.free > 0
+    ) > COALESCE(r.free_seen, 0)
+  ) AS retry_due
 FROM reservations AS r
 WHERE
-  r.id = :id AND r.state <> 'ENDED'   FOR NO KEY UPDATE
+  r.id = :id AND r.state <> 'ENDED'   FOR NO KEY UPDATE OF r

@@ -5,6 +5,18 @@ UPDATE reservations AS r SET missing_gpus = :missing, state = CASE
   WHEN r.started_at IS NOT NULL
   THEN 'ACTIVE'
   ELSE 'SCHEDULED'
+END, next_attempt_at = CASE
+  WHEN :missing > 0
+  THEN CURRENT_TIMESTAMP + MAKE_INTERVAL(secs => :retry_after)
+END, free_seen = CASE
+  WHEN :missing > 0
+  THEN (
+    SELECT
+      COALESCE(SUM(p.free), 0)
+    FROM gpu_pools AS p
+    WHERE
+      p.gpu_class = r.gpu_class AND p.schedulable AND p.free > 0
+  )
 END
 WHERE
   r.id = :id
