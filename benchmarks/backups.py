@@ -209,19 +209,29 @@ def archive_bytes(env: dict[str, str]) -> int:
     return int(out.split()[0])
 
 
-# How a full backup is taken in the cost phase (--variants), run in the database
-# container under the repository's lock as the schedule's are (never two at once).
-# "schedule" is exactly what the image's schedule runs; the others are the
-# candidates weighed in docs/operations/backup.md ("The backup's cost").
+# How a full backup is taken in the cost phase (--variants), in the database
+# container. "schedule" is exactly what the image's schedule runs (under the
+# repository's lock, at the compose file's LLMGW_BACKUP_PACE); "paced-N" the same
+# at a pace of N% (docs/operations/backup.md, "The backup's cost"); the others run
+# pgBackRest directly, under the same lock (never two backups at once).
+LOCKED = ["flock", "/var/lib/pgbackrest/llmgw-backup.lock"]
 FULL = ["pgbackrest", "--stanza=llmgw", "--type=full"]
 IDLE = ["nice", "-n", "19", "ionice", "-c", "3"]
+SCHEDULE = ["llmgw-backup", "backup", "full"]
 VARIANTS: dict[str, list[str]] = {
-    "schedule": ["llmgw-backup", "backup", "full"],
-    "plain-2": [*FULL, "--process-max=2", "backup"],
-    "idle-1": [*IDLE, *FULL, "--process-max=1", "backup"],
-    "idle-1-uncompressed": [*IDLE, *FULL, "--process-max=1", "--compress-type=none", "backup"],
+    "schedule": SCHEDULE,
+    **{f"paced-{n}": ["env", f"LLMGW_BACKUP_PACE={n / 100:g}", *SCHEDULE] for n in (10, 25, 50)},
+    "plain-2": [*LOCKED, *FULL, "--process-max=2", "backup"],
+    "idle-1": [*LOCKED, *IDLE, *FULL, "--process-max=1", "backup"],
+    "idle-1-uncompressed": [
+        *LOCKED,
+        *IDLE,
+        *FULL,
+        "--process-max=1",
+        "--compress-type=none",
+        "backup",
+    ],
 }
-BACKUP_LOCK = "/var/lib/pgbackrest/llmgw-backup.lock"
 
 
 @dataclass
@@ -289,7 +299,7 @@ async def window(
         if variant is None:
             await asyncio.sleep(seconds)
         else:
-            command = ["docker", "exec", ids["postgres"], "flock", BACKUP_LOCK, *VARIANTS[variant]]
+            command = ["docker", "exec", ids["postgres"], *VARIANTS[variant]]
             backup = await asyncio.create_subprocess_exec(
                 *command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
             )
