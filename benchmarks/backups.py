@@ -391,6 +391,17 @@ async def main_async(args: argparse.Namespace) -> None:
             if ready.returncode == 0:
                 break
             await asyncio.sleep(1)
+        # The schedule's first full backup (and the stanza) before any load: until then
+        # archiving fails and the repository has nothing a window's backup could follow.
+        postgres = containers(env)["postgres"]
+        for _ in range(300):
+            look = ["docker", "exec", postgres, "llmgw-backup", "range"]
+            answer = await asyncio.to_thread(subprocess.run, look, capture_output=True, text=True)
+            if answer.returncode == 0 and answer.stdout.strip() not in ("", "null"):
+                break
+            await asyncio.sleep(1)
+        else:
+            raise SystemExit("no first full backup within 300 s")
         if args.skip_register:
             print(f"{args.nodes} nodes registered before (--skip-register)")
         else:
