@@ -8,11 +8,14 @@ BENCHMARKS.md's "Backups and restores":
 
 It brings docker-compose.yml up under its own project (images as
 deploy/base-images.sh gives them), registers the nodes through the API
-(nginx, 16 concurrent reporters, 8 GPUs each), then, each for --seconds:
-heartbeats alone (16 workers, one node each per call) and places with
-releases (8 schedulers) without a backup; the same while a full backup runs
-(`llmgw-backup backup full` on the database container, as the schedule
-takes it, started just before); the WAL the service's own batched heartbeat writes for every node once
+(nginx, 16 concurrent reporters, 8 GPUs each), then weighs the backup's
+cost on the hot path: windows of 16 heartbeating agents and 8 placing and
+releasing schedulers at once, alternately without a backup (--seconds) and
+exactly as long as a full backup runs (started with the window, taken as
+--variants says: "schedule" is the image's own `llmgw-backup backup full`),
+each backup window against the mean of the windows on either side of it
+(--rounds of each variant; each window's load and the cores each container
+used are printed). Then the WAL the service's own batched heartbeat writes for every node once
 (run in the service's container: right after a checkpoint, with full-page
 images, and once more without) and what the repository's archive grew by
 (compressed and encrypted), scaled to an hour of every node heartbeating every
@@ -30,7 +33,9 @@ import random
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from statistics import mean
 
 from benchmarks.client import Connection, request_body
 from tests.support.reports import PLACE, REGISTER, node_input
@@ -57,8 +62,12 @@ def environment(port: int) -> dict[str, str]:
         name, _, value = line.partition("=")
         env[name] = value
     env.update(
-        LLMGW_IMAGE=f"llmgw-inventory:bench-{os.getpid()}",
-        LLMGW_POSTGRES_IMAGE=f"llmgw-postgres-pgbackrest:bench-{os.getpid()}",
+        # Tagged by project: a later run on a stack kept with --keep finds its images
+        # and leaves its containers as they are.
+        LLMGW_IMAGE=f"llmgw-inventory:{PROJECT}",
+        LLMGW_POSTGRES_IMAGE=f"llmgw-postgres-pgbackrest:{PROJECT}",
+        # No scheduled incremental inside a window: only the backups the run takes.
+        LLMGW_BACKUP_INCR_EVERY="86400",
         INVENTORY_BOOTSTRAP_TOKEN=TOKEN,
         INVENTORY_PUBLISH_PORT=str(port),
         LLMGW_SUBNET_PREFIX="172.29.250",
@@ -67,24 +76,35 @@ def environment(port: int) -> dict[str, str]:
 
 
 async def rate(
-    url: str, workers: int, seconds: float, work: Callable[[Connection, int], Awaitable[int]]
+    url: str, workers: int, stop: asyncio.Event, work: Callable[[Connection, int], Awaitable[int]]
 ) -> float:
-    """Operations per second of `workers` connections each calling `work` until time is up."""
+    """Operations per second of `workers` connections each calling `work` until `stop` is set.
+
+    Counted up to the moment `stop` is set: an operation still in flight then
+    is not counted, and the window's length is the time until then."""
     done = 0
-    deadline = time.monotonic() + seconds
+    started = time.monotonic()
 
     async def worker(n: int) -> None:
         nonlocal done
         connection = Connection(url, {"Authorization": f"Bearer {TOKEN}"})
         try:
-            while time.monotonic() < deadline:
-                done += await work(connection, n)
+            while not stop.is_set():
+                ops = await work(connection, n)
+                if not stop.is_set():
+                    done += ops
         finally:
             await connection.close()
 
-    started = time.monotonic()
-    await asyncio.gather(*(worker(n) for n in range(workers)))
-    return done / (time.monotonic() - started)
+    stopped = started
+
+    async def until_stop() -> None:
+        nonlocal stopped
+        await stop.wait()
+        stopped = time.monotonic()
+
+    await asyncio.gather(until_stop(), *(worker(n) for n in range(workers)))
+    return done / (stopped - started)
 
 
 async def register(url: str, nodes: int, workers: int = 16) -> float:
@@ -189,6 +209,177 @@ def archive_bytes(env: dict[str, str]) -> int:
     return int(out.split()[0])
 
 
+# How a full backup is taken in the cost phase (--variants), in the database
+# container. "schedule" is exactly what the image's schedule runs (under the
+# repository's lock, at the compose file's LLMGW_BACKUP_PACE); "paced-N" the same
+# at a pace of N% (docs/operations/backup.md, "The backup's cost"); the others run
+# pgBackRest directly, under the same lock (never two backups at once).
+LOCKED = ["flock", "/var/lib/pgbackrest/llmgw-backup.lock"]
+FULL = ["pgbackrest", "--stanza=llmgw", "--type=full"]
+IDLE = ["nice", "-n", "19", "ionice", "-c", "3"]
+SCHEDULE = ["llmgw-backup", "backup", "full"]
+VARIANTS: dict[str, list[str]] = {
+    "schedule": SCHEDULE,
+    **{f"paced-{n}": ["env", f"LLMGW_BACKUP_PACE={n / 100:g}", *SCHEDULE] for n in (10, 25, 50)},
+    "plain-2": [*LOCKED, *FULL, "--process-max=2", "backup"],
+    "idle-1": [*LOCKED, *IDLE, *FULL, "--process-max=1", "backup"],
+    "idle-1-uncompressed": [
+        *LOCKED,
+        *IDLE,
+        *FULL,
+        "--process-max=1",
+        "--compress-type=none",
+        "backup",
+    ],
+}
+
+
+@dataclass
+class Window:
+    """One window of the hot path: heartbeats and places at once, with or without a backup."""
+
+    backup: str | None  # the variant running through the window, None for none
+    seconds: float
+    beats: float  # heartbeats/s
+    places: float  # place+release/s
+    load: float  # the machine's 1-minute load average at the window's end
+    cpu: dict[str, float]  # CPU seconds used during the window, by whom
+
+
+def containers(env: dict[str, str]) -> dict[str, str]:
+    """The stack's running containers: service name -> full container id."""
+    out = sh("docker", "ps", "--no-trunc", "--filter", f"label=com.docker.compose.project={PROJECT}",
+             "--format", '{{.ID}} {{.Label "com.docker.compose.service"}}', env=env)  # fmt: skip
+    return {name: cid for cid, name in (line.split() for line in out.splitlines() if line)}
+
+
+def cpu_seconds(ids: dict[str, str]) -> dict[str, float]:
+    """CPU seconds used so far: each container (its cgroup's cpuacct), this load generator,
+    and the whole machine (/proc/stat); empty for a container whose cgroup is not found."""
+    used: dict[str, float] = {}
+    for name, cid in ids.items():
+        for path in (
+            Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage"),
+            Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat"),
+        ):
+            if path.exists():
+                text = path.read_text()
+                if path.name == "cpu.stat":  # cgroup v2: usage_usec
+                    stat = dict(line.split() for line in text.splitlines())
+                    used[name] = int(stat["usage_usec"]) / 1e6
+                else:
+                    used[name] = int(text) / 1e9
+                break
+    used["load generator"] = time.process_time()
+    ticks = os.sysconf("SC_CLK_TCK")
+    jiffies = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    used["machine"] = (sum(jiffies) - jiffies[3] - jiffies[4]) / ticks  # less idle and iowait
+    return used
+
+
+async def window(
+    env: dict[str, str], url: str, nodes: int, ids: dict[str, str], variant: str | None,
+    seconds: float,
+) -> Window:  # fmt: skip
+    """The hot path (16 heartbeating agents and 8 placing-and-releasing schedulers at once)
+    for `seconds` without a backup, or exactly as long as a full backup (`variant`) runs:
+    the load starts with the backup and is counted until the backup ends, so no part of
+    the window is without it, and no part of the backup is outside the window.
+
+    A checkpoint comes first either way: the backup starts with one (start-fast), and
+    the full-page images each page's first write after it brings are then paid in both."""
+    psql(env, "CHECKPOINT")
+    stop = asyncio.Event()
+    before = cpu_seconds(ids)
+    started = time.monotonic()
+    failure: str | None = None
+
+    async def until_end() -> None:
+        nonlocal failure
+        if variant is None:
+            await asyncio.sleep(seconds)
+        else:
+            command = ["docker", "exec", ids["postgres"], *VARIANTS[variant]]
+            backup = await asyncio.create_subprocess_exec(
+                *command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            out, _ = await backup.communicate()
+            if backup.returncode != 0:
+                failure = f"{variant} backup failed: {out.decode()[-2000:]}"
+        stop.set()
+
+    _, beats, placed = await asyncio.gather(
+        until_end(), rate(url, 16, stop, heartbeats(nodes)), rate(url, 8, stop, places())
+    )
+    elapsed = time.monotonic() - started
+    if failure:
+        raise SystemExit(failure)
+    after = cpu_seconds(ids)
+    cpu = {name: after[name] - before[name] for name in after if name in before}
+    return Window(variant, elapsed, beats, placed, os.getloadavg()[0], cpu)
+
+
+def describe(w: Window) -> str:
+    containers_cpu = sum(v for k, v in w.cpu.items() if k not in ("machine", "load generator"))
+    rest = w.cpu.get("machine", 0.0) - containers_cpu - w.cpu.get("load generator", 0.0)
+    share = ", ".join(
+        f"{name} {w.cpu[name] / w.seconds:.2f}"
+        for name in sorted(w.cpu)
+        if name != "machine" and w.cpu[name] / w.seconds >= 0.01
+    )
+    return (
+        f"{w.backup or 'no backup':>20}: {w.seconds:5.1f} s, heartbeats/s {w.beats:6.1f}, "
+        f"place+release/s {w.places:5.1f}, load {w.load:4.1f}; cores used: {share}, "
+        f"rest of the machine {rest / w.seconds:.2f}"
+    )
+
+
+async def backup_cost(env: dict[str, str], url: str, args: argparse.Namespace) -> list[Window]:
+    """Windows without a backup and with one, alternating (A B A B ... A): each window
+    with a backup lies between two without, and is judged against their mean, so a
+    load that rises or falls on this shared machine over the run weighs on both sides.
+    With several variants, each round runs each of them once, in turn."""
+    ids = containers(env)
+    variants = args.variants.split(",")
+    for variant in variants:
+        if variant not in VARIANTS:
+            raise SystemExit(f"--variants: {variant!r} is none of {', '.join(VARIANTS)}")
+    windows = [await window(env, url, args.nodes, ids, None, args.seconds)]
+    print(describe(windows[-1]), flush=True)
+    for _ in range(args.rounds):
+        for variant in variants:
+            for kind in (variant, None):
+                windows.append(await window(env, url, args.nodes, ids, kind, args.seconds))
+                print(describe(windows[-1]), flush=True)
+    return windows
+
+
+def report_cost(windows: list[Window]) -> None:
+    """Per variant: each backup window against the mean of the windows without a backup
+    on either side of it, and the variant's rates over all its windows against theirs."""
+    by_variant: dict[str, list[tuple[Window, Window, Window]]] = {}
+    for i, w in enumerate(windows):
+        if w.backup is not None:
+            by_variant.setdefault(w.backup, []).append((windows[i - 1], w, windows[i + 1]))
+    for variant, triples in by_variant.items():
+        beats_ratios = [(a.beats + c.beats) / 2 / b.beats for a, b, c in triples]
+        places_ratios = [(a.places + c.places) / 2 / b.places for a, b, c in triples]
+        alone_beats = mean([(a.beats + c.beats) / 2 for a, _, c in triples])
+        alone_places = mean([(a.places + c.places) / 2 for a, _, c in triples])
+        during_beats = mean([b.beats for _, b, _ in triples])
+        during_places = mean([b.places for _, b, _ in triples])
+        loads = [w.load for t in triples for w in t]
+        print(
+            f"{variant}: heartbeats x{alone_beats / during_beats:.2f} slower during a full "
+            f"backup ({alone_beats:.0f}/s without, {during_beats:.0f}/s during; each window "
+            f"{', '.join(f'x{r:.2f}' for r in beats_ratios)}), place+release "
+            f"x{alone_places / during_places:.2f} ({alone_places:.1f}/s without, "
+            f"{during_places:.1f}/s during; {', '.join(f'x{r:.2f}' for r in places_ratios)}); "
+            f"the backup took {', '.join(f'{b.seconds:.0f}' for _, b, _ in triples)} s; "
+            f"load {min(loads):.1f}-{max(loads):.1f}"
+        )
+
+
 async def main_async(args: argparse.Namespace) -> None:
     env = environment(args.port)
     url = f"http://127.0.0.1:{args.port}/graphql"
@@ -200,6 +391,17 @@ async def main_async(args: argparse.Namespace) -> None:
             if ready.returncode == 0:
                 break
             await asyncio.sleep(1)
+        # The schedule's first full backup (and the stanza) before any load: until then
+        # archiving fails and the repository has nothing a window's backup could follow.
+        postgres = containers(env)["postgres"]
+        for _ in range(300):
+            look = ["docker", "exec", postgres, "llmgw-backup", "range"]
+            answer = await asyncio.to_thread(subprocess.run, look, capture_output=True, text=True)
+            if answer.returncode == 0 and answer.stdout.strip() not in ("", "null"):
+                break
+            await asyncio.sleep(1)
+        else:
+            raise SystemExit("no first full backup within 300 s")
         if args.skip_register:
             print(f"{args.nodes} nodes registered before (--skip-register)")
         else:
@@ -207,29 +409,10 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"registered {args.nodes} nodes through the API in {took:.0f} s")
         size = psql(env, "SELECT pg_size_pretty(pg_database_size('llmgw'))")
         print(f"database size: {size}")
-        # Each window starts right after a checkpoint, as the backup's does (start-fast):
-        # the full-page images every first touch of a page then writes are paid in both,
-        # and the ratio is the backup's own cost.
-        psql(env, "CHECKPOINT")
-        beats = await rate(url, 16, args.seconds, heartbeats(args.nodes))
-        psql(env, "CHECKPOINT")
-        placed = await rate(url, 8, args.seconds, places())
-        backup = await asyncio.create_subprocess_exec(
-            "docker-compose", "-p", PROJECT, "exec", "-T", "postgres",
-            "llmgw-backup", "backup", "full",
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        started = time.monotonic()
-        beats_during = await rate(url, 16, args.seconds, heartbeats(args.nodes))
-        placed_during = await rate(url, 8, args.seconds, places())
-        await backup.wait()
-        backup_seconds = time.monotonic() - started
-        print(
-            f"heartbeats/s {beats:.0f} alone, {beats_during:.0f} during a full backup "
-            f"(x{beats / beats_during:.2f}); place+release/s {placed:.1f} alone, "
-            f"{placed_during:.1f} during it (x{placed / placed_during:.2f}); the full backup "
-            f"took {backup_seconds:.0f} s (at least: it ran under the measurement)"
-        )
+        windows = await backup_cost(env, url, args)
+        report_cost(windows)
+        if args.cost_only:
+            return
         cycle_command = ["docker-compose", "-p", PROJECT, "exec", "-T", "inventory-1", "python",
                          "-c", HEARTBEAT_CYCLES]  # fmt: skip
         sh(*cycle_command, "warmup", env=env, timeout=1800)
@@ -269,7 +452,18 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100_000)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=40.0, help="each window without a backup")
+    parser.add_argument("--rounds", type=int, default=2, help="windows with each backup variant")
+    parser.add_argument(
+        "--variants",
+        default="schedule",
+        help=f"comma-separated backup variants to weigh, of {', '.join(VARIANTS)}",
+    )
+    parser.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="only the backup's cost (no WAL per heartbeat, no restore)",
+    )
     parser.add_argument("--port", type=int, default=18180)
     parser.add_argument("--keep", action="store_true", help="leave the stack up")
     parser.add_argument(

@@ -43,11 +43,14 @@ names:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -196,23 +199,77 @@ def due(info: dict[str, Any], now: float, timeline: int) -> str | None:
     return None
 
 
+# One run-and-pause cycle of a paced backup (LLMGW_BACKUP_PACE), in seconds: short
+# enough that the database and the service never wait long behind a running burst.
+PACE_PERIOD = 0.2
+
+
+def pace() -> float:
+    """LLMGW_BACKUP_PACE: the share of the time a backup may run (1: unpaced)."""
+    raw = os.environ.get("LLMGW_BACKUP_PACE", "1")
+    try:
+        share = float(raw)
+    except ValueError:
+        share = 0.0
+    if not 0 < share <= 1:
+        raise SystemExit(
+            f"LLMGW_BACKUP_PACE={raw!r}: must be a share of the time, above 0 and at most 1"
+        )
+    return share
+
+
+def run_paced(command: list[str], share: float) -> subprocess.CompletedProcess[str]:
+    """Run `command` (in a process group of its own) for `share` of every PACE_PERIOD and
+    stop it (SIGSTOP to the group: pgBackRest's worker processes too) for the rest.
+
+    A backup's CPU and disk work is the same whatever its pace; paced, it is spread over
+    more time, so at any moment it takes at most `share` of what it would from the
+    database and the service. (nice only orders the processes of its own container: on a
+    shared machine the backup's container still takes its share from every other one.)
+    The group is always continued before this returns, whatever interrupted it."""
+    with tempfile.TemporaryFile("w+") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            if share >= 1:
+                process.wait()
+            while process.poll() is None:
+                time.sleep(PACE_PERIOD * share)
+                signal_group(process.pid, signal.SIGSTOP)
+                time.sleep(PACE_PERIOD * (1 - share))
+                signal_group(process.pid, signal.SIGCONT)
+        finally:
+            signal_group(process.pid, signal.SIGCONT)
+            process.wait()
+        out.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, out.read(), "")
+
+
+def signal_group(pid: int, signum: int) -> None:
+    # A group that has ended has nothing left to stop or continue.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
 def take_backup(kind: str) -> str | None:
     """Run one backup under the repository's lock; None when it succeeded, else why not."""
+    share = pace()
     started = time.monotonic()
     # flock: one backup at a time on the repository, whichever member
     # believes it is the primary (a backup.info written by two at once
-    # would be lost). nice, idle I/O class and one process: the backup takes
-    # what CPU and disk the database leaves (a 2-core machine halved its
-    # heartbeat rate with two pgBackRest processes at normal priority;
-    # BENCHMARKS.md, "Backups and restores").
-    done = subprocess.run(
+    # would be lost). nice, idle I/O class and one process: within the
+    # database's container the backup takes what CPU and disk PostgreSQL
+    # leaves; the pace (LLMGW_BACKUP_PACE) bounds what it takes from the rest
+    # of the machine (docs/operations/backup.md, "The backup's cost").
+    done = run_paced(
         ["flock", "-n", str(BACKUP_LOCK), "nice", "-n", "19", "ionice", "-c", "3",
          "pgbackrest", f"--stanza={STANZA}", f"--type={kind}", "--process-max=1", "backup"],
-        capture_output=True, text=True,
+        share,
     )  # fmt: skip
     if done.returncode != 0:
         return f"{kind} backup failed: {last_line(done)}"
-    log(f"{kind} backup done in {time.monotonic() - started:.1f} s")
+    log(f"{kind} backup done in {time.monotonic() - started:.1f} s (pace {share:g})")
     return None
 
 
