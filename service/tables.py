@@ -505,6 +505,16 @@ Index(
     postgresql_where=shards.c.reservation.isnot(None),
 )
 Index("ix_shards_until", shards.c.until, postgresql_where=shards.c.until.isnot(None))
+# Shards in the order preemption tries sets of one victim (victims.set_key:
+# priority, GPUs, the youngest, the id as Python compares it): the window of
+# placement/preemption.py's _SINGLES walks it (migration 0026p).
+Index(
+    "ix_shards_victim_order",
+    shards.c.priority,
+    func.cardinality(shards.c.gpu_indices),
+    shards.c.created_at.desc(),
+    shards.c.replica_id.collate("C"),
+)
 # A deployment's replicas, per tenant: what a disruption budget counts as placed.
 Index(
     "ix_shards_deployment",

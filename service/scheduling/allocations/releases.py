@@ -79,6 +79,7 @@ async def _release(
     after_loss: bool = False,
     generation: tuple[str, int] | None = None,
     stopped_for: Mapping[str, Any] | None = None,
+    once: bool = False,
 ) -> list[Row[Any]]:
     """The released shards' rows (shard_id, replica_id, node_id, gpu_indices, fence).
 
@@ -93,6 +94,8 @@ async def _release(
     preemption, whose detail also names the preemptor (preemptedBy); a
     reservation's start, to a replica placed `until` then, whose detail also
     names the reservation.
+    `once`: one pass; the caller holds the lock of every node a shard to
+    release could be on, so no shard appears elsewhere meanwhile.
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
@@ -127,6 +130,8 @@ async def _release(
                 detail=detail,
             )
         released_rows += released
+        if once:
+            break
     return released_rows
 
 
@@ -201,6 +206,12 @@ async def preempt_replica(
     nodes' locks, an event per shard, the quota counters kept by their
     triggers), its events naming the preemptor. No tombstone: the victim's
     scheduler may place it again under the same id.
+
+    The caller holds the lock of every node the replica's shards are on and
+    read them under it (placement/preemption.py): a claim that adds a shard
+    to a replica locks every node the replica is on first (allocating.py's
+    _LOCK_FOR_REPLICA; place refuses a replica id in use), so none is added
+    before this transaction ends, and one pass frees every shard.
     """
     released = await _release(
         conn,
@@ -210,6 +221,7 @@ async def preempt_replica(
         actor,
         reason,
         stopped_for={"stopReason": "PREEMPTED", "preemptedBy": preempted_by},
+        once=True,
     )
     return sum(len(r.gpu_indices) for r in released)
 

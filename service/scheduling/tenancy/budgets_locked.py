@@ -55,8 +55,9 @@ _BEYOND = text(
 # and the counting triggers take them), then their quota rows, by tenant, and
 # what each holds beyond its guarantee: in READ COMMITTED a row locked after
 # a wait is read again as committed, so the figures are the locked rows'.
-_LOCK_QUOTAS = text(
-    """
+# (A statement of its own, or a CTE of one: preemption's claim reads its
+# victims' shards in the same statement, placement/preemption.py.)
+LOCK_QUOTAS_SQL = """
     WITH shared AS MATERIALIZED (
         SELECT t, pg_advisory_xact_lock_shared(46, hashtext(t)) AS locked
         FROM unnest(CAST(:tenants AS text[])) AS t ORDER BY t
@@ -66,7 +67,7 @@ _LOCK_QUOTAS = text(
     ORDER BY q.tenant
     FOR NO KEY UPDATE OF q
     """
-)
+_LOCK_QUOTAS = text(LOCK_QUOTAS_SQL)
 
 
 def _pairs(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
