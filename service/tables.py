@@ -493,6 +493,11 @@ shards = Table(
     # told to stop (service/scheduling/reservations/). NULL: no promise.
     Column("until", DateTime(timezone=True)),
     Column("reservation", Text),
+    # True when the replica has another shard on the same node (together
+    # they may make room where none alone does: placement/preemption.py's
+    # _SINGLES reads them apart). Kept by the trigger shards_crowded on
+    # insert (migration 0026p), never cleared while the shard lives.
+    Column("crowded", Boolean),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
@@ -515,6 +520,7 @@ Index(
     shards.c.created_at.desc(),
     shards.c.replica_id.collate("C"),
 )
+Index("ix_shards_crowded", shards.c.replica_id, postgresql_where=shards.c.crowded)
 # A deployment's replicas, per tenant: what a disruption budget counts as placed.
 Index(
     "ix_shards_deployment",

@@ -101,6 +101,10 @@ MAX_SETS = 20_000
 # For a shape of several shards: the candidates sets are drawn from, the best
 # by their own key.
 MAX_POOL = 16
+# For a shape of one shard: the windows of single victims read in turn before
+# every candidate is (choose()); the first set of one nearly always makes
+# room, and each shard a window reads costs a lookup or two.
+WINDOWS = (8, SEARCH_BOUND)
 
 ACTOR = "preemption"
 
@@ -172,12 +176,10 @@ def _singles_sql(eligible: str) -> str:
     ), crowded AS MATERIALIZED (
         -- Replicas with several shards on one node, which together may make
         -- room there where none alone does (the walk looks at shards one by
-        -- one): those of several shards, from ix_shards_replica_id alone
-        -- (the ORDER BY keeps it an index-only walk), then by node.
+        -- one): the shards marked crowded (ix_shards_crowded, migration
+        -- 0026p), by node.
         SELECT s.replica_id FROM shards s
-        WHERE s.replica_id IN (SELECT x.replica_id FROM shards x GROUP BY x.replica_id
-                               HAVING count(*) > 1 ORDER BY x.replica_id)
-          AND ({eligible})
+        WHERE s.crowded AND ({eligible})
         GROUP BY s.replica_id, s.node_id
         HAVING count(*) > 1
            AND EXISTS (SELECT 1 FROM gpu_pools p
@@ -214,7 +216,7 @@ def _singles_sql(eligible: str) -> str:
                        AND r.replica_id COLLATE "C" <= l.replica_id COLLATE "C")))))
         ORDER BY k LIMIT :window
     )
-    SELECT {_SHARD_COLUMNS}, u.k
+    SELECT {_SHARD_COLUMNS}, u.k, (SELECT count(*) >= :window FROM walked) AS cut
     FROM useful u JOIN LATERAL (
         -- OFFSET 0: not flattened into a join that reads every shard.
         SELECT * FROM shards x WHERE x.replica_id = u.replica_id OFFSET 0) s ON true
@@ -310,7 +312,7 @@ async def standing(
 
     `window` (a shape of one shard): only the first `window` candidates that
     could make room alone, in the order of sets of one (_SINGLES). Answers
-    whether the window cut the list. `mine`: the placing tenant's Headroom
+    whether the window cut the list (more candidates may follow). `mine`: the placing tenant's Headroom
     of the class, when the caller read it in this transaction already.
     """
     charge = request.charge
@@ -378,7 +380,8 @@ async def standing(
                 )
             ).scalar_one()
         )
-    cut = window is not None and len(by_replica) >= window
+    # Whether the window left out shards the walk did not reach.
+    cut = window is not None and any(r.cut for r in rows[:1])
     return Standing(tuple(candidates), budgets, beyond, rooms, free_shards), cut
 
 
@@ -568,11 +571,11 @@ async def choose(
     group (its class, its GPUs as shards of one, its charge).
 
     Writes nothing that stays: explain() calls it as place() does. For a
-    shape of one shard, the sets of one victim are tried first from a
-    window of SEARCH_BOUND candidates read in their order (_SINGLES): on a
-    large fleet a set of one usually makes room, and reading every
-    candidate is what costs. Only when none of them does is every candidate
-    read; the sets the window tried are not tried again.
+    shape of one shard, the sets of one victim are tried first from windows
+    of candidates read in their order (_SINGLES; WINDOWS: 8, then
+    SEARCH_BOUND): on a large fleet a set of one usually makes room, and
+    reading every candidate is what costs. Only when none of them does is
+    every candidate read; a set tried once is not tried again.
     """
     return await _choose(_Trials(conn, request, planner))
 
@@ -608,9 +611,12 @@ async def preempt(
 async def _choose(trials: _Trials, mine: Headroom | None = None) -> Choice | NoChoice:
     conn, request = trials.conn, trials.request
     if request.shards == 1 and trials.planner is None:
-        state, _ = await standing(conn, request, window=SEARCH_BOUND, mine=mine)
-        trials.quotas = set(state.beyond)
-        choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
+        for window in WINDOWS:
+            state, cut = await standing(conn, request, window=window, mine=mine)
+            trials.quotas = set(state.beyond)
+            choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
+            if choice is not None or not cut:
+                break
         if choice is not None:
             return choice
     state, _ = await standing(conn, request, mine=mine)

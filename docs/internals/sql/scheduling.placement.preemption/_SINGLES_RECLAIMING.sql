@@ -64,23 +64,13 @@ WITH most AS MATERIALIZED (
 ), crowded AS MATERIALIZED (
   /* Replicas with several shards on one node, which together may make */
   /* room there where none alone does (the walk looks at shards one by */
-  /* one): those of several shards, from ix_shards_replica_id alone */
-  /* (the ORDER BY keeps it an index-only walk), then by node. */
+  /* one): the shards marked crowded (ix_shards_crowded, migration */
+  /* 0026p), by node. */
   SELECT
     s.replica_id
   FROM shards AS s
   WHERE
-    s.replica_id IN (
-      SELECT
-        x.replica_id
-      FROM shards AS x
-      GROUP BY
-        x.replica_id
-      HAVING
-        COUNT(*) > 1
-      ORDER BY
-        x.replica_id
-    )
+    s.crowded
     AND (
       s.priority < :priority
       OR (
@@ -205,7 +195,12 @@ SELECT
     ),
     0
   ) AS room,
-  u.k
+  u.k,
+  (
+    SELECT
+      COUNT(*) >= :window
+    FROM walked
+  ) AS cut
 FROM useful AS u
 JOIN LATERAL (
   /* OFFSET 0: not flattened into a join that reads every shard. */
