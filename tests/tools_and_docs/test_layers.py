@@ -318,6 +318,10 @@ LONG_MODULES: dict[str, str] = {
         "the SQL place() and explain() send, built from one set of fragments; the "
         "builders share their private helpers"
     ),
+    "service.scheduling.placement.preemption": (
+        "the least victim set for a place and its claim: the candidates read in the order of "
+        "victim sets, the sets drawn and tried (or claimed), the victims stopped under locks"
+    ),
 }
 
 

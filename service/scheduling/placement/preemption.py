@@ -25,15 +25,18 @@ victim sets). How:
    the search stops, says so in the answer and counts it (SEARCH_CUT);
    past MAX_SETS the sets of that size tried are the first drawn, in order
    among themselves. For one shard, the sets of one victim come first from
-   a window read in their order (_SINGLES; choose() says why).
+   windows read in their order (_SINGLES, walking ix_shards_victim_order;
+   choose() says why).
    A trial takes the claim's locks in the claim's order (the victims'
    nodes, their tenants' quota rows, then the shards): without them a trial
-   and a claim stopping the same victim deadlocked.
+   and a claim stopping the same victim deadlocked. place() does not try
+   the first set it draws: it claims it (preempt(); _Trials says why).
 3. The claim (preempt_and_claim), in a savepoint of place()'s transaction:
    the victims' nodes locked (waiting: nothing else is held), then their
    budget rows and every tenant's quota row involved (tenancy/
-   budgets_locked.py: the lock order), then the victims re-read (a
-   replica whose shards changed is not stopped) and their budgets and
+   budgets_locked.py: the lock order), the victims re-read in the statement
+   that locks the quota rows (a replica whose shards changed is not
+   stopped), and their budgets and
    reclaims re-checked under the locks; each victim freed by the release
    path (allocations.preempt_replica: pools recounted, `released` events
    naming the preemptor, the quota counters kept by their triggers), a
@@ -75,6 +78,7 @@ from service.scheduling.placement.plan import Plan
 from service.scheduling.placement.statements import plan_now
 from service.scheduling.tenancy.budgets import BudgetRecord
 from service.scheduling.tenancy.budgets_locked import (
+    BEYOND,
     LOCK_QUOTAS_SQL,
     budget_lines,
     held_beyond_guarantee,
@@ -128,16 +132,19 @@ SEARCH_CUT = _Cuts()
 # lower priority, or, when :reclaiming, of another tenant.
 _ELIGIBLE = "s.priority < :priority OR (CAST(:reclaiming AS boolean) AND s.tenant <> :tenant)"
 # Each shard of a replica `s` as the search reads it: the GPUs of class :cls it
-# holds (ix_allocated_gpus_shard_id) and what its node offers of the class now,
+# holds (ix_allocated_gpus_shard_id), what its node offers of the class now,
 # at most (free and withheld: a toleration may add the latter), the counting
-# bound of a set.
-_SHARD_COLUMNS = """
+# bound of a set, and what its tenant holds of the class beyond its guarantee
+# (budgets_locked.BEYOND; NULL: no quota of the class).
+_SHARD_COLUMNS = f"""
     s.replica_id, s.shard_id, s.fence, s.node_id, s.tenant, s.priority, s.deployment,
     s.created_at, cardinality(s.gpu_indices) AS gpus,
     (SELECT count(*) FROM allocated_gpus a
      WHERE a.shard_id = s.shard_id AND a.gpu_class = :cls) AS class_gpus,
     coalesce((SELECT p.free + p.withheld FROM gpu_pools p
-              WHERE p.node_id = s.node_id AND p.gpu_class = :cls), 0) AS room"""
+              WHERE p.node_id = s.node_id AND p.gpu_class = :cls), 0) AS room,
+    (SELECT {BEYOND} FROM tenant_quotas q
+     WHERE q.tenant = s.tenant AND q.gpu_class = :cls) AS beyond"""
 # Every shard of every replica that may be a victim.
 _CANDIDATE_SHARDS = text(
     f"SELECT {_SHARD_COLUMNS} FROM shards s WHERE {_ELIGIBLE} ORDER BY s.replica_id, s.shard_id"
@@ -334,7 +341,8 @@ async def standing(
     by_replica: dict[str, list[Any]] = defaultdict(list)
     for r in rows:
         by_replica[r.replica_id].append(r)
-    beyond = await held_beyond_guarantee(conn, request.gpu_class, {r.tenant for r in rows})
+    # Per tenant with a quota of the class (held_beyond_guarantee's answer).
+    beyond = {r.tenant: r.beyond for r in rows if r.beyond is not None}
     candidates: list[Candidate] = []
     rooms: dict[str, int] = {}
     for replica_id, shards in by_replica.items():
@@ -739,7 +747,9 @@ async def preempt_and_claim(
                     "byTenant": request.charge.tenant_id,
                 },
             )
-            await preempt_replica(conn, v.replica_id, request.replica_id, actor, record.reason)
+            await preempt_replica(
+                conn, v.replica_id, request.replica_id, actor, record.reason, nodes=v.node_ids
+            )
         outcome = await claim(conn)
         if outcome is not None and not isinstance(outcome, set):
             # Kept to the transaction's commit (a RELEASE fewer).

@@ -195,6 +195,13 @@ SELECT
     ),
     0
   ) AS room,
+  (
+    SELECT
+      q.used - q.guaranteed
+    FROM tenant_quotas AS q
+    WHERE
+      q.tenant = s.tenant AND q.gpu_class = :cls
+  ) AS beyond,
   u.k,
   (
     SELECT
