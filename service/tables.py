@@ -493,6 +493,11 @@ shards = Table(
     # told to stop (service/scheduling/reservations/). NULL: no promise.
     Column("until", DateTime(timezone=True)),
     Column("reservation", Text),
+    # True when the replica has another shard on the same node (together
+    # they may make room where none alone does: placement/preemption.py's
+    # _SINGLES reads them apart). Kept by the trigger shards_crowded on
+    # insert (migration 0026p), never cleared while the shard lives.
+    Column("crowded", Boolean),
     CheckConstraint(id_length_check("shard_id"), name="shard_id_length"),
     CheckConstraint(id_length_check("replica_id"), name="replica_id_length"),
     CheckConstraint("cardinality(gpu_indices) > 0", name="gpu_indices"),
@@ -505,6 +510,17 @@ Index(
     postgresql_where=shards.c.reservation.isnot(None),
 )
 Index("ix_shards_until", shards.c.until, postgresql_where=shards.c.until.isnot(None))
+# Shards in the order preemption tries sets of one victim (victims.set_key:
+# priority, GPUs, the youngest, the id as Python compares it): the window of
+# placement/preemption.py's _SINGLES walks it (migration 0026p).
+Index(
+    "ix_shards_victim_order",
+    shards.c.priority,
+    func.cardinality(shards.c.gpu_indices),
+    shards.c.created_at.desc(),
+    shards.c.replica_id.collate("C"),
+)
+Index("ix_shards_crowded", shards.c.replica_id, postgresql_where=shards.c.crowded)
 # A deployment's replicas, per tenant: what a disruption budget counts as placed.
 Index(
     "ix_shards_deployment",

@@ -53,6 +53,17 @@ def inspect_tables(url: str) -> set[str]:
     return asyncio.run(run())
 
 
+# Indexes with a column of another collation: alembic reflects an index
+# column's collation as none, so it would see them differ from tables.py
+# however they were built. Their definitions are compared exactly below
+# (test_checks_computed_columns_and_indexes_are_what_the_migrations_made).
+COLLATED_INDEXES = {"ix_shards_victim_order"}
+
+
+def _compared(obj: object, name: str | None, type_: str, reflected: bool, other: object) -> bool:
+    return not (type_ == "index" and name in COLLATED_INDEXES)
+
+
 def schema_drift(url: str) -> list[object]:
     async def run() -> list[object]:
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -60,7 +71,9 @@ def schema_drift(url: str) -> list[object]:
         engine = create_async_engine(sync_engine_url(url))
         async with engine.connect() as conn:
             diff = await conn.run_sync(
-                lambda c: compare_metadata(MigrationContext.configure(c), metadata)
+                lambda c: compare_metadata(
+                    MigrationContext.configure(c, opts={"include_object": _compared}), metadata
+                )
             )
         await engine.dispose()
         return list(diff)

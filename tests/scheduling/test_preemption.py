@@ -10,6 +10,7 @@ told to stop it at its next heartbeat, naming the preemptor.
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.support.api import Api
 from tests.support.fencing import BEAT, EVENTS
@@ -176,3 +177,50 @@ async def test_preemption_makes_room_never_quota(api: Api) -> None:
     assert said["placeable"] is False and said["preemptions"] == []
     assert usage_of(await tenant(api, "research"))["used"] == 16
     assert (await api(EVENTS, {"kinds": ["replica_preempted"]}))["events"] == []
+
+
+ALLOCATE = """
+mutation A($input: AllocateInput!) {
+  allocate(input: $input) { __typename ... on AllocationRejected { code message } }
+}
+"""
+
+
+@pytest.mark.parametrize("calls", [1, 2], ids=["one-allocate", "a-shard-added-later"])
+async def test_a_replica_of_two_shards_on_one_node_is_the_youngest_victim(
+    api: Api, calls: int
+) -> None:
+    # n0 is held by one replica of 8 GPUs, n1 by a younger one of two shards
+    # of 4 (stored together, or the second added by a later allocate). Each
+    # is a set of one with the same priority and GPUs; the younger goes
+    # first, though no shard of it alone would make room for 8.
+    for n in ("n0", "n1"):
+        await api(REGISTER, {"input": node_input(n)})
+
+    async def allocate(replica_id: str, shards: list[tuple[str, str, list[int]]]) -> None:
+        got = await api(
+            ALLOCATE,
+            {
+                "input": {
+                    "replicaId": replica_id,
+                    "priority": 0,
+                    "shards": [
+                        {"shardId": s, "nodeId": n, "gpuIndices": idx} for s, n, idx in shards
+                    ],
+                }
+            },
+        )
+        assert got["allocate"]["__typename"] == "Allocated", got
+
+    await allocate("older", [("older-s0", "n0", list(range(8)))])
+    halves = [("younger-s0", "n1", [0, 1, 2, 3]), ("younger-s1", "n1", [4, 5, 6, 7])]
+    if calls == 1:
+        await allocate("younger", halves)
+    else:
+        await allocate("younger", halves[:1])
+        await allocate("younger", halves[1:])
+    said = await explain(api, "p", priority=10, **LOWER)
+    assert said["placeable"] is True and victims(said) == ["younger"], said
+    got = await place(api, "p", priority=10, **LOWER)
+    assert got["__typename"] == "Allocated" and victims(got) == ["younger"], got
+    assert got["allocations"][0]["nodeId"] == "n1", got

@@ -323,6 +323,10 @@ LONG_MODULES: dict[str, str] = {
         "read again to say which failed) and their store; the wording of each refusal is "
         "rejections.py's"
     ),
+    "service.scheduling.placement.preemption": (
+        "the least victim set for a place and its claim: the candidates read in the order of "
+        "victim sets, the sets drawn and tried (or claimed), the victims stopped under locks"
+    ),
 }
 
 

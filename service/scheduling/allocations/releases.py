@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import text
@@ -79,6 +79,7 @@ async def _release(
     after_loss: bool = False,
     generation: tuple[str, int] | None = None,
     stopped_for: Mapping[str, Any] | None = None,
+    locked: Sequence[str] | None = None,
 ) -> list[Row[Any]]:
     """The released shards' rows (shard_id, replica_id, node_id, gpu_indices, fence).
 
@@ -93,13 +94,19 @@ async def _release(
     preemption, whose detail also names the preemptor (preemptedBy); a
     reservation's start, to a replica placed `until` then, whose detail also
     names the reservation.
+    `locked`: the nodes the shards are on, which the caller holds locked
+    and read the shards under: one pass, without locking them again (no
+    shard appears elsewhere meanwhile).
     """
     released_rows: list[Row[Any]] = []
     # Lock first, then delete only on the locked nodes: the recount in
     # refresh_pools is exact only while no one else writes to the node. A
     # shard that appeared on another node meanwhile is found by the next pass.
     for _ in range(MAX_SHARDS + 1):
-        node_ids = [r.id for r in await conn.execute(lock_holders, params)]
+        if locked is not None:
+            node_ids = list(locked)
+        else:
+            node_ids = [r.id for r in await conn.execute(lock_holders, params)]
         if generation is not None:
             replica_id, named = generation
             current = await current_generation(conn, replica_id)
@@ -127,6 +134,8 @@ async def _release(
                 detail=detail,
             )
         released_rows += released
+        if locked is not None:
+            break
     return released_rows
 
 
@@ -193,7 +202,13 @@ async def release_replica(
 
 
 async def preempt_replica(
-    conn: Connection, replica_id: str, preempted_by: str, actor: str | None, reason: str
+    conn: Connection,
+    replica_id: str,
+    preempted_by: str,
+    actor: str | None,
+    reason: str,
+    *,
+    nodes: Sequence[str] | None = None,
 ) -> int:
     """Free every shard of a replica stopped to make room for `preempted_by`; GPUs freed.
 
@@ -201,6 +216,13 @@ async def preempt_replica(
     nodes' locks, an event per shard, the quota counters kept by their
     triggers), its events naming the preemptor. No tombstone: the victim's
     scheduler may place it again under the same id.
+
+    `nodes`: every node the replica's shards are on, which the caller holds
+    locked and read the shards under (placement/preemption.py): a claim
+    that adds a shard to a replica locks every node the replica is on first
+    (allocating.py's _LOCK_FOR_REPLICA; place refuses a replica id in use),
+    so none is added before this transaction ends, and one pass over them
+    frees every shard. None: the nodes are found and locked here.
     """
     released = await _release(
         conn,
@@ -210,6 +232,7 @@ async def preempt_replica(
         actor,
         reason,
         stopped_for={"stopReason": "PREEMPTED", "preemptedBy": preempted_by},
+        locked=None if nodes is None else sorted(nodes),
     )
     return sum(len(r.gpu_indices) for r in released)
 

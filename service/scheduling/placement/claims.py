@@ -57,7 +57,7 @@ from service.scheduling.rejections import Rejection, RejectionCode, shown
 from service.scheduling.reservation_admission import admission, placed_into
 from service.scheduling.taints import tolerations_json
 from service.scheduling.tenancy.charges import ChargeRefused, PreemptionPolicy
-from service.scheduling.tenancy.headroom import refusal_now
+from service.scheduling.tenancy.headroom import headroom
 from service.scheduling.topology_fit import fit_order
 from service.scheduling.verdicts import judge
 
@@ -289,22 +289,22 @@ async def _place(
             # No room; and were there room, would the tenant's limit, or its
             # absence, refuse it? That is the more useful answer.
             charge = request.charge
-            refusal = await refusal_now(conn, charge.tenant_id, request.gpu_class, request.gpus)
+            mine = (await headroom(conn, charge.tenant_id, [request.gpu_class]))[request.gpu_class]
+            refusal = mine.refusal(request.gpus)
             if refusal is not None:
                 return await refused_placement(conn, request, refusal)
             declined: preemption.NoChoice | None = None
             if request.preemption is PreemptionPolicy.LOWER_PRIORITY:
-                choice = await preemption.choose(conn, request)
-                if isinstance(choice, preemption.Choice):
-                    got = await preemption.preempt_and_claim(
-                        conn,
-                        request,
-                        choice,
-                        actor,
-                        lambda c: _claim_without_waiting(c, request, actor),
-                    )
-                    if isinstance(got, Allocated):
-                        return got
+                got = await preemption.preempt(
+                    conn,
+                    request,
+                    actor,
+                    lambda c: _claim_without_waiting(c, request, actor),
+                    mine,
+                )
+                if isinstance(got, Allocated):
+                    return got
+                if not isinstance(got, preemption.NoChoice):
                     if isinstance(got, set):
                         # Nothing is held (its savepoint was rolled back).
                         await wait_for_nodes(conn, got)
@@ -313,7 +313,7 @@ async def _place(
                         if changed >= MAX_ATTEMPTS:
                             raise TransactionConflict(changed)
                     continue
-                declined = choice
+                declined = got
             if request.shards > 1:
                 facts, _ = await spread_plan(conn, request)
             else:
@@ -341,7 +341,12 @@ async def _claim_without_waiting(
     with nothing held.
     """
     busy: set[str] = set()
-    outcome = await _place_on_one_node(conn, request, actor, busy)
+    # Without savepoints of its own (two round trips fewer): the caller's
+    # savepoint is rolled back whenever this holds nothing, which lets go of
+    # a node found full, and nothing here waits for a lock (the tenant's
+    # quota row is the caller's already, so the claim's charge never waits
+    # for it either).
+    outcome = await _place_on_one_node(conn, request, actor, busy, savepoints=False)
     if outcome is None and request.shards > 1:
         outcome = await _spread(conn, request, actor, busy)
     if isinstance(outcome, Allocated):

@@ -25,15 +25,18 @@ victim sets). How:
    the search stops, says so in the answer and counts it (SEARCH_CUT);
    past MAX_SETS the sets of that size tried are the first drawn, in order
    among themselves. For one shard, the sets of one victim come first from
-   a window read in their order (_SINGLES; choose() says why).
+   windows read in their order (_SINGLES, walking ix_shards_victim_order;
+   choose() says why).
    A trial takes the claim's locks in the claim's order (the victims'
    nodes, their tenants' quota rows, then the shards): without them a trial
-   and a claim stopping the same victim deadlocked.
+   and a claim stopping the same victim deadlocked. place() does not try
+   the first set it draws: it claims it (preempt(); _Trials says why).
 3. The claim (preempt_and_claim), in a savepoint of place()'s transaction:
    the victims' nodes locked (waiting: nothing else is held), then their
    budget rows and every tenant's quota row involved (tenancy/
-   budgets_locked.py: the lock order), then the victims re-read (a
-   replica whose shards changed is not stopped) and their budgets and
+   budgets_locked.py: the lock order), the victims re-read in the statement
+   that locks the quota rows (a replica whose shards changed is not
+   stopped), and their budgets and
    reclaims re-checked under the locks; each victim freed by the release
    path (allocations.preempt_replica: pools recounted, `released` events
    naming the preemptor, the quota counters kept by their triggers), a
@@ -65,16 +68,22 @@ from typing import Any
 
 from sqlalchemy import text
 
-from service.database.connections import Connection
+from service.database.connections import Connection, keep_until_commit
 from service.event_log.events import record_event
 from service.scheduling.allocations import Allocated, lock_nodes, preempt_replica
+from service.scheduling.availability import pool_offers, pool_withholds
 from service.scheduling.gpu_pools import refresh_pools
 from service.scheduling.place_request import PlaceRequest
 from service.scheduling.placement.plan import Plan
 from service.scheduling.placement.statements import plan_now
 from service.scheduling.tenancy.budgets import BudgetRecord
-from service.scheduling.tenancy.budgets_locked import budget_lines, held_beyond_guarantee
-from service.scheduling.tenancy.headroom import headroom
+from service.scheduling.tenancy.budgets_locked import (
+    BEYOND,
+    LOCK_QUOTAS_SQL,
+    budget_lines,
+    held_beyond_guarantee,
+)
+from service.scheduling.tenancy.headroom import Headroom, headroom
 from service.scheduling.tenancy.victims import (
     BudgetLine,
     Candidate,
@@ -96,6 +105,10 @@ MAX_SETS = 20_000
 # For a shape of several shards: the candidates sets are drawn from, the best
 # by their own key.
 MAX_POOL = 16
+# For a shape of one shard: the windows of single victims read in turn before
+# every candidate is (choose()); the first set of one nearly always makes
+# room, and each shard a window reads costs a lookup or two.
+WINDOWS = (8, SEARCH_BOUND)
 
 ACTOR = "preemption"
 
@@ -119,66 +132,141 @@ SEARCH_CUT = _Cuts()
 # lower priority, or, when :reclaiming, of another tenant.
 _ELIGIBLE = "s.priority < :priority OR (CAST(:reclaiming AS boolean) AND s.tenant <> :tenant)"
 # Each shard of a replica `s` as the search reads it: the GPUs of class :cls it
-# holds (ix_allocated_gpus_shard_id) and what its node offers of the class now,
+# holds (ix_allocated_gpus_shard_id), what its node offers of the class now,
 # at most (free and withheld: a toleration may add the latter), the counting
-# bound of a set.
-_SHARD_COLUMNS = """
+# bound of a set, and what its tenant holds of the class beyond its guarantee
+# (budgets_locked.BEYOND; NULL: no quota of the class).
+_SHARD_COLUMNS = f"""
     s.replica_id, s.shard_id, s.fence, s.node_id, s.tenant, s.priority, s.deployment,
     s.created_at, cardinality(s.gpu_indices) AS gpus,
     (SELECT count(*) FROM allocated_gpus a
      WHERE a.shard_id = s.shard_id AND a.gpu_class = :cls) AS class_gpus,
     coalesce((SELECT p.free + p.withheld FROM gpu_pools p
-              WHERE p.node_id = s.node_id AND p.gpu_class = :cls), 0) AS room"""
+              WHERE p.node_id = s.node_id AND p.gpu_class = :cls), 0) AS room,
+    (SELECT {BEYOND} FROM tenant_quotas q
+     WHERE q.tenant = s.tenant AND q.gpu_class = :cls) AS beyond"""
 # Every shard of every replica that may be a victim.
 _CANDIDATE_SHARDS = text(
     f"SELECT {_SHARD_COLUMNS} FROM shards s WHERE {_ELIGIBLE} ORDER BY s.replica_id, s.shard_id"
 )
-# For a shape of one shard: every shard of the first :window replicas that may
-# be victims, in the order of sets of one (victims.set_key: priority, GPUs,
-# youngest, id; "C" so ids compare as Python compares them), among those that
-# might free enough on a node of the class to hold the shard with what is
-# free there. Counted in sets, not per replica (on a large fleet the replicas
-# that cannot make room alone are many, and a probe each cost most of a
-# preemption), and optimistically: every GPU of the replica as if of the
-# class and on its roomiest node.
-# The search counts them exactly (_may_fit) and tries them in this order, so
-# the window only bounds how many are read.
-_SINGLES = text(
-    f"""
-    WITH r AS (
-        -- One pass over the candidates' shards, one aggregate: optimistic,
-        -- as if all of a replica's GPUs were on its roomiest node of the
-        -- class (NULL: none of its nodes has the class).
-        SELECT s.replica_id, min(s.priority) AS priority,
-               sum(cardinality(s.gpu_indices)) AS gpus, min(s.created_at) AS created_at
+
+
+def _singles_sql(eligible: str) -> str:
+    """_SINGLES with the victims' rule `eligible` over a shard `s` (see below)."""
+    return f"""
+    WITH most AS MATERIALIZED (
+        -- The most any schedulable node of the class offers now (free and
+        -- withheld: a toleration may add the latter), from the partial
+        -- indexes of the pools that offer some (ix_gpu_pools_fit and
+        -- ix_gpu_pools_withheld_class): a replica alone on a node makes room
+        -- there only when it holds at least :per less than that.
+        SELECT greatest(
+            (SELECT max(p.free + p.withheld) FROM gpu_pools p
+             WHERE p.gpu_class = :cls AND {pool_offers("p")}),
+            (SELECT max(p.withheld) FROM gpu_pools p
+             WHERE p.gpu_class = :cls AND {pool_withholds("p")}),
+            0) AS room
+    ), walked AS MATERIALIZED (
+        -- Shards in the order of sets of one (ix_shards_victim_order), each
+        -- one that alone would make room on its node with what the node
+        -- offers: the first :window of them.
+        SELECT s.replica_id, s.priority, cardinality(s.gpu_indices) AS gpus, s.created_at
         FROM shards s
-        LEFT JOIN gpu_pools p ON p.node_id = s.node_id AND p.gpu_class = :cls
-        WHERE {_ELIGIBLE}
-        GROUP BY s.replica_id
-        HAVING max(p.free + p.withheld) + sum(cardinality(s.gpu_indices)) >= :per
+        WHERE ({eligible})
+          AND cardinality(s.gpu_indices) >= :per - (SELECT m.room FROM most m)
+          AND EXISTS (SELECT 1 FROM gpu_pools p
+                      WHERE p.node_id = s.node_id AND p.gpu_class = :cls AND p.schedulable
+                        AND p.free + p.withheld + cardinality(s.gpu_indices) >= :per)
+        ORDER BY s.priority, cardinality(s.gpu_indices), s.created_at DESC,
+                 s.replica_id COLLATE "C"
+        LIMIT :window
+    ), crowded AS MATERIALIZED (
+        -- Replicas with several shards on one node, which together may make
+        -- room there where none alone does (the walk looks at shards one by
+        -- one): the shards marked crowded (ix_shards_crowded, migration
+        -- 0026p), by node.
+        SELECT s.replica_id FROM shards s
+        WHERE s.crowded AND ({eligible})
+        GROUP BY s.replica_id, s.node_id
+        HAVING count(*) > 1
+           AND EXISTS (SELECT 1 FROM gpu_pools p
+                       WHERE p.node_id = s.node_id AND p.gpu_class = :cls AND p.schedulable
+                         AND p.free + p.withheld + sum(cardinality(s.gpu_indices)) >= :per)
+    ), last AS (
+        SELECT * FROM walked w
+        ORDER BY w.priority DESC, w.gpus DESC, w.created_at, w.replica_id COLLATE "C" DESC
+        LIMIT 1
+    ), r AS (
+        -- The replicas found, each with its key as a set of one. A replica's
+        -- key is never before any of its shards' (its priority the least of
+        -- theirs, its GPUs their sum, its creation the oldest), so when the
+        -- walk stopped at :window shards, every replica up to the last
+        -- shard walked was found (one alone on a node by the walk, a crowded
+        -- one by `crowded`), and those past it may not be the next ones.
+        -- (An aggregate per replica, so each reads its own shards by
+        -- ix_shards_replica_id.)
+        SELECT f.replica_id, a.priority, a.gpus, a.created_at
+        FROM (SELECT w.replica_id FROM walked w UNION SELECT c.replica_id FROM crowded c) f
+        CROSS JOIN LATERAL (
+            SELECT min(x.priority) AS priority, sum(cardinality(x.gpu_indices)) AS gpus,
+                   min(x.created_at) AS created_at
+            FROM shards x WHERE x.replica_id = f.replica_id) a
     ), useful AS MATERIALIZED (
         SELECT r.replica_id, row_number() OVER (
                    ORDER BY r.priority, r.gpus, r.created_at DESC, r.replica_id COLLATE "C") AS k
-        FROM r ORDER BY k LIMIT :window
+        FROM r LEFT JOIN last l ON (SELECT count(*) FROM walked) >= :window
+        WHERE l.replica_id IS NULL
+           OR r.priority < l.priority
+           OR (r.priority = l.priority AND (r.gpus < l.gpus
+               OR (r.gpus = l.gpus AND (r.created_at > l.created_at
+                   OR (r.created_at = l.created_at
+                       AND r.replica_id COLLATE "C" <= l.replica_id COLLATE "C")))))
+        ORDER BY k LIMIT :window
     )
-    SELECT {_SHARD_COLUMNS}, u.k
+    SELECT {_SHARD_COLUMNS}, u.k, (SELECT count(*) >= :window FROM walked) AS cut
     FROM useful u JOIN LATERAL (
-        SELECT * FROM shards x WHERE x.replica_id = u.replica_id) s ON true
+        -- OFFSET 0: not flattened into a join that reads every shard.
+        SELECT * FROM shards x WHERE x.replica_id = u.replica_id OFFSET 0) s ON true
     ORDER BY u.k, s.shard_id
     """
-)
+
+
+# For a shape of one shard: every shard of the first :window replicas that
+# may be victims, in the order of sets of one (victims.set_key: priority,
+# GPUs, youngest, id; "C" so ids compare as Python compares them), among
+# those that could make room on a node of the class alone with what the node
+# offers (counted per shard, and per node for a replica of several shards
+# on one). Read from ix_shards_victim_order: as many entries as the window
+# uses, however large the fleet (the index range starts at the GPUs a
+# replica must hold to make room on the roomiest node). A node that is not
+# schedulable takes no replica, so one made room on only there is none.
+# The search counts them exactly (_may_fit) and tries them in this order, so
+# the window only bounds how many are read. Reclaiming, a victim may be of
+# any priority (another tenant's): the walk then goes through the index's
+# every priority, the shards of the placing tenant's own left out.
+_SINGLES = text(_singles_sql("s.priority < :priority"))
+_SINGLES_RECLAIMING = text(_singles_sql(_ELIGIBLE))
 _SHARDS_ROOM = text(
     """
     SELECT coalesce(sum((p.free + p.withheld) / :per), 0) AS shards FROM gpu_pools p
     WHERE p.gpu_class = :cls
     """
 )
-# The victims' shards as they are now (under the nodes' locks).
-_SHARDS_NOW = text(
-    """
-    SELECT s.replica_id, s.shard_id, s.fence FROM shards s
+# The tenants' quota rows locked (budgets_locked: the lock order, and what
+# each holds beyond its guarantee as locked), and the victims' shards as they
+# are now: one statement, started once the victims' nodes were locked, so
+# its snapshot sees every change to their shards (each is made under a
+# node's lock) whatever the quota locks wait for.
+_LOCK_QUOTAS_READ_SHARDS = text(
+    f"""
+    WITH quotas AS MATERIALIZED ({LOCK_QUOTAS_SQL})
+    SELECT q.tenant, q.beyond, CAST(NULL AS text) AS replica_id, CAST(NULL AS text) AS shard_id,
+           CAST(NULL AS integer) AS fence
+    FROM quotas q
+    UNION ALL
+    SELECT NULL, NULL, s.replica_id, s.shard_id, s.fence FROM shards s
     WHERE s.replica_id = ANY(CAST(:ids AS text[]))
-    ORDER BY s.replica_id, s.shard_id
+    ORDER BY 1, 3, 4
     """
 )
 # A trial: the set's shards gone (their allocated_gpus by the cascade), in a
@@ -222,16 +310,21 @@ class NoChoice:
 
 
 async def standing(
-    conn: Connection, request: PlaceRequest, window: int | None = None
+    conn: Connection,
+    request: PlaceRequest,
+    window: int | None = None,
+    mine: Headroom | None = None,
 ) -> tuple[Standing, bool]:
     """The candidates of this place and what the rules need of the fleet, on committed data.
 
     `window` (a shape of one shard): only the first `window` candidates that
     could make room alone, in the order of sets of one (_SINGLES). Answers
-    whether the window cut the list.
+    whether the window cut the list (more candidates may follow). `mine`: the placing tenant's Headroom
+    of the class, when the caller read it in this transaction already.
     """
     charge = request.charge
-    mine = (await headroom(conn, charge.tenant_id, [request.gpu_class]))[request.gpu_class]
+    if mine is None:
+        mine = (await headroom(conn, charge.tenant_id, [request.gpu_class]))[request.gpu_class]
     takes_back = reclaiming(mine.used, request.gpus, mine.guaranteed)
     params = {
         "cls": request.gpu_class,
@@ -243,11 +336,13 @@ async def standing(
         rows = list(await conn.execute(_CANDIDATE_SHARDS, params))
     else:
         singles = {**params, "per": request.gpus_per_shard, "window": window}
-        rows = list(await conn.execute(_SINGLES, singles))
+        statement = _SINGLES_RECLAIMING if takes_back else _SINGLES
+        rows = list(await conn.execute(statement, singles))
     by_replica: dict[str, list[Any]] = defaultdict(list)
     for r in rows:
         by_replica[r.replica_id].append(r)
-    beyond = await held_beyond_guarantee(conn, request.gpu_class, {r.tenant for r in rows})
+    # Per tenant with a quota of the class (held_beyond_guarantee's answer).
+    beyond = {r.tenant: r.beyond for r in rows if r.beyond is not None}
     candidates: list[Candidate] = []
     rooms: dict[str, int] = {}
     for replica_id, shards in by_replica.items():
@@ -293,7 +388,8 @@ async def standing(
                 )
             ).scalar_one()
         )
-    cut = window is not None and len(by_replica) >= window
+    # Whether the window left out shards the walk did not reach.
+    cut = window is not None and any(r.cut for r in rows[:1])
     return Standing(tuple(candidates), budgets, beyond, rooms, free_shards), cut
 
 
@@ -403,14 +499,38 @@ async def trial(
         await savepoint.rollback()
 
 
-class _Trials:
-    """One search's trials, each set tried once (the search with budgets ignored asks again)."""
+# What place() claims with once a set's victims are stopped (preempt_and_claim's `claim`).
+Claim = Callable[[Connection], Awaitable[Any]]
 
-    def __init__(self, conn: Connection, request: PlaceRequest, planner: Planner | None) -> None:
+
+class _Trials:
+    """One search's trials, each set tried once (the search with budgets ignored asks again).
+
+    `claiming` (place() only): the first set the search tries is not tried
+    in a savepoint but claimed (preempt_and_claim with `claiming`): on a
+    large fleet the first set in order that counting leaves is nearly always
+    the one chosen, and a trial costs as many round trips again as the
+    claim. Whatever the claim answers but "no room" ends the search
+    (`claimed`); "no room" is what a trial would have said, and the set is
+    then tried as any other, so the search goes on exactly as with a trial
+    (and a trial that finds room where the claim found none answers
+    Changed(no_room=True), as a claim after a trial does).
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        request: PlaceRequest,
+        planner: Planner | None,
+        claiming: Callable[[Sequence[Candidate]], Awaitable[Any]] | None = None,
+    ) -> None:
         self.conn, self.request, self.planner = conn, request, planner
         self.plans: dict[tuple[str, ...], Any] = {}
         # Tenants with a quota row of the class, as the last standing read.
         self.quotas: Collection[str] | None = None
+        self.claiming = claiming
+        # What the claim of the first set answered, when that ended the search.
+        self.claimed: Any = None
 
     @property
     def spent(self) -> bool:
@@ -419,9 +539,18 @@ class _Trials:
     async def plan(self, victims: Sequence[Candidate]) -> Any:
         ids = tuple(sorted(v.replica_id for v in victims))
         if ids not in self.plans:
-            self.plans[ids] = await trial(
-                self.conn, self.request, victims, self.planner, self.quotas
-            )
+            claiming, self.claiming = self.claiming, None
+            if claiming is not None:
+                outcome = await claiming(victims)
+                if not (isinstance(outcome, Changed) and outcome.no_room):
+                    self.claimed = outcome
+                    self.plans[ids] = outcome
+                    return outcome
+            plan = await trial(self.conn, self.request, victims, self.planner, self.quotas)
+            if claiming is not None and plan is not None:
+                # The planner found room the claim did not.
+                self.claimed = Changed(no_room=True)
+            self.plans[ids] = plan
         return self.plans[ids]
 
 
@@ -450,20 +579,55 @@ async def choose(
     group (its class, its GPUs as shards of one, its charge).
 
     Writes nothing that stays: explain() calls it as place() does. For a
-    shape of one shard, the sets of one victim are tried first from a
-    window of SEARCH_BOUND candidates read in their order (_SINGLES): on a
-    large fleet a set of one usually makes room, and reading every
-    candidate is what costs. Only when none of them does is every candidate
-    read; the sets the window tried are not tried again.
+    shape of one shard, the sets of one victim are tried first from windows
+    of candidates read in their order (_SINGLES; WINDOWS: 8, then
+    SEARCH_BOUND): on a large fleet a set of one usually makes room, and
+    reading every candidate is what costs. Only when none of them does is
+    every candidate read; a set tried once is not tried again.
     """
-    trials = _Trials(conn, request, planner)
-    if request.shards == 1 and planner is None:
-        state, _ = await standing(conn, request, window=SEARCH_BOUND)
-        trials.quotas = set(state.beyond)
-        choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
+    return await _choose(_Trials(conn, request, planner))
+
+
+async def preempt(
+    conn: Connection,
+    request: PlaceRequest,
+    actor: str | None,
+    claim: Claim,
+    mine: Headroom | None = None,
+) -> Any:
+    """place()'s preemption: the set choose() would choose, its victims stopped and the replica claimed.
+
+    Answers as preempt_and_claim does (Allocated with `preempted`, the busy
+    nodes, or Changed), or NoChoice. The first set the search tries is
+    claimed rather than tried (_Trials says why): the set stopped is the
+    one choose() answers on the same data. `mine`: the placing tenant's
+    Headroom of the class, read by place() in this transaction.
+    """
+
+    async def claiming(victims: Sequence[Candidate]) -> Any:
+        return await preempt_and_claim(conn, request, Choice(tuple(victims), None), actor, claim)
+
+    trials = _Trials(conn, request, None, claiming)
+    choice = await _choose(trials, mine)
+    if trials.claimed is not None:
+        return trials.claimed
+    if isinstance(choice, NoChoice):
+        return choice
+    return await preempt_and_claim(conn, request, choice, actor, claim)
+
+
+async def _choose(trials: _Trials, mine: Headroom | None = None) -> Choice | NoChoice:
+    conn, request = trials.conn, trials.request
+    if request.shards == 1 and trials.planner is None:
+        for window in WINDOWS:
+            state, cut = await standing(conn, request, window=window, mine=mine)
+            trials.quotas = set(state.beyond)
+            choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
+            if choice is not None or not cut:
+                break
         if choice is not None:
             return choice
-    state, _ = await standing(conn, request)
+    state, _ = await standing(conn, request, mine=mine)
     trials.quotas = set(state.beyond)
     if not state.candidates:
         return NoChoice(
@@ -486,7 +650,9 @@ async def choose(
     )
     if not state.budgets or cut:
         return NoChoice(why)
-    # Would a set make room but for the budgets? Those are what blocked it.
+    # Would a set make room but for the budgets? Those are what blocked it:
+    # tried, never claimed (a set that breaks a budget is never stopped).
+    trials.claiming = None
     ignoring, _ = await _search(trials, state, keep_budgets=False)
     if ignoring is None:
         return NoChoice(why)
@@ -533,15 +699,21 @@ async def preempt_and_claim(
         budgets = await budget_lines(
             conn, {(v.tenant, v.deployment) for v in victims if v.deployment is not None}, lock=True
         )
-        beyond = await held_beyond_guarantee(
-            conn,
-            request.gpu_class,
-            {v.tenant for v in victims} | {request.charge.tenant_id},
-            lock=True,
-        )
+        beyond: dict[str, int] = {}
         now: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for r in await conn.execute(_SHARDS_NOW, {"ids": [v.replica_id for v in victims]}):
-            now[r.replica_id].append((r.shard_id, r.fence))
+        locked = await conn.execute(
+            _LOCK_QUOTAS_READ_SHARDS,
+            {
+                "cls": request.gpu_class,
+                "tenants": sorted({v.tenant for v in victims} | {request.charge.tenant_id}),
+                "ids": [v.replica_id for v in victims],
+            },
+        )
+        for r in locked:
+            if r.replica_id is None:
+                beyond[r.tenant] = r.beyond
+            else:
+                now[r.replica_id].append((r.shard_id, r.fence))
         reclaim_ok = True
         if any(v.kind is PreemptionKind.RECLAIM for v in victims):
             mine = (await headroom(conn, request.charge.tenant_id, [request.gpu_class]))[
@@ -575,10 +747,13 @@ async def preempt_and_claim(
                     "byTenant": request.charge.tenant_id,
                 },
             )
-            await preempt_replica(conn, v.replica_id, request.replica_id, actor, record.reason)
+            await preempt_replica(
+                conn, v.replica_id, request.replica_id, actor, record.reason, nodes=v.node_ids
+            )
         outcome = await claim(conn)
         if outcome is not None and not isinstance(outcome, set):
-            await savepoint.commit()
+            # Kept to the transaction's commit (a RELEASE fewer).
+            await keep_until_commit(savepoint)
             if isinstance(outcome, Allocated):
                 return replace(outcome, preempted=choice.records(request))
             return outcome

@@ -42,11 +42,13 @@ _LOCK_BUDGETS = text(
     FOR NO KEY UPDATE
     """
 )
-# Per tenant with a quota of the class: what it holds beyond its guarantee
-# (negative when below it).
+# What the tenant of the quota row `q` holds of its class beyond its
+# guarantee (negative when below it).
+BEYOND = "q.used - q.guaranteed"
+# Per tenant with a quota of the class: BEYOND.
 _BEYOND = text(
-    """
-    SELECT q.tenant, q.used - q.guaranteed AS beyond FROM tenant_quotas q
+    f"""
+    SELECT q.tenant, {BEYOND} AS beyond FROM tenant_quotas q
     WHERE q.gpu_class = :cls AND q.tenant = ANY(CAST(:tenants AS text[]))
     ORDER BY q.tenant
     """
@@ -55,18 +57,19 @@ _BEYOND = text(
 # and the counting triggers take them), then their quota rows, by tenant, and
 # what each holds beyond its guarantee: in READ COMMITTED a row locked after
 # a wait is read again as committed, so the figures are the locked rows'.
-_LOCK_QUOTAS = text(
-    """
+# (A statement of its own, or a CTE of one: preemption's claim reads its
+# victims' shards in the same statement, placement/preemption.py.)
+LOCK_QUOTAS_SQL = f"""
     WITH shared AS MATERIALIZED (
         SELECT t, pg_advisory_xact_lock_shared(46, hashtext(t)) AS locked
         FROM unnest(CAST(:tenants AS text[])) AS t ORDER BY t
     )
-    SELECT q.tenant, q.used - q.guaranteed AS beyond FROM tenant_quotas q
+    SELECT q.tenant, {BEYOND} AS beyond FROM tenant_quotas q
     WHERE q.gpu_class = :cls AND q.tenant IN (SELECT t FROM shared)
     ORDER BY q.tenant
     FOR NO KEY UPDATE OF q
     """
-)
+_LOCK_QUOTAS = text(LOCK_QUOTAS_SQL)
 
 
 def _pairs(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:

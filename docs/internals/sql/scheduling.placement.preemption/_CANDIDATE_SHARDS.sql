@@ -25,7 +25,14 @@ SELECT
         p.node_id = s.node_id AND p.gpu_class = :cls
     ),
     0
-  ) AS room
+  ) AS room,
+  (
+    SELECT
+      q.used - q.guaranteed
+    FROM tenant_quotas AS q
+    WHERE
+      q.tenant = s.tenant AND q.gpu_class = :cls
+  ) AS beyond
 FROM shards AS s
 WHERE
   s.priority < :priority
