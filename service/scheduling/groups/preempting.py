@@ -11,6 +11,7 @@ placed as NEVER, and its answer says so.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from service.database.connections import Connection
 from service.scheduling.groups.charging import asked_by_class
@@ -20,19 +21,25 @@ from service.scheduling.placement import preemption
 from service.scheduling.placement.claims import wait_for_nodes
 from service.scheduling.tenancy.victims import Preemption
 
+# What the group's claim answers once it holds every member (placeGroup: the
+# group's generation; scaleGroup: the plan of the replicas it added).
+Held = TypeVar("Held")
+
 
 async def preempt_for(
     conn: Connection,
     group: GroupRequest,
     actor: str | None,
     planner: preemption.Planner,
-    claim: Callable[[Connection], Awaitable[int | set[str] | None]],
-) -> tuple[int, tuple[Preemption, ...]] | preemption.NoChoice | None:
-    """(the group's generation, the victims) once held; why none would do; None: plan again.
+    claim: Callable[[Connection], Awaitable[Held | set[str] | None]],
+) -> tuple[Held, tuple[Preemption, ...]] | preemption.NoChoice | None:
+    """(what the claim holds, the victims) once held; why none would do; None: plan again.
 
-    `planner(conn)`: the group's plan on the fleet as it is, None when it
-    does not fit. `claim(conn)`: the group held without waiting for a lock:
-    its generation, the nodes another transaction holds, or None.
+    `group`: the replicas to hold (scaleGroup: the ones it adds, under the
+    group's id, charge and preemption). `planner(conn)`: their plan on the
+    fleet as it is, None when it does not fit. `claim(conn)`: them held
+    without waiting for a lock: what it holds, the nodes another transaction
+    holds, or None.
     """
     classes = asked_by_class(group)
     if len(classes) != 1:
@@ -56,6 +63,6 @@ async def preempt_for(
         # Nothing is held (its savepoint was rolled back).
         await wait_for_nodes(conn, got)
         return None
-    if not isinstance(got, int):
+    if got is None or isinstance(got, preemption.Changed):
         return None
     return got, choice.records(stand_in)
