@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from tests.support.api import Api
 from tests.support.fencing import BEAT, EVENTS
+from tests.support.metrics import scrape
 from tests.support.preemption import PLACE_GROUP, PREEMPTION, pd_group, place, victims
-from tests.support.reports import REGISTER, node_input
+from tests.support.reports import L40S, REGISTER, gpus, node_input
 from tests.support.tenancy import SET_BUDGET, set_tenant, tenant, usage_of
 
 LOWER = {"preemption": "LOWER_PRIORITY"}
@@ -116,3 +119,55 @@ async def test_scale_group_preempts_for_all_it_adds_or_for_none(api: Api) -> Non
     # Two decodes (4 GPUs) it can make room for: sweep-0 stopped.
     last = await scale(api, "pd-1", "decode", 2)
     assert last["__typename"] == "GroupPlaced" and victims(last) == ["sweep-0"], last
+
+
+def mixed_group(group_id: str, prefill: int, decodes: int, priority: int) -> dict[str, Any]:
+    """A prefill of `prefill` H100 and `decodes` decodes of 2 L40S: a group of two GPU classes."""
+
+    def role(name: str, replicas: int, cls: str, per: int) -> dict[str, Any]:
+        shape = {"replicaId": "x", "gpuClass": cls, "gpusPerShard": per}
+        return {"role": name, "replicas": replicas, "shape": shape}
+
+    roles = [role("prefill", 1, "H100-80GB", prefill), role("decode", decodes, "L40S-48GB", 2)]
+    return {"groupId": group_id, "roles": roles, "priority": priority, **LOWER}
+
+
+async def test_a_group_of_two_gpu_classes_preempts_over_both_or_not_at_all(
+    api: Api, client: httpx.AsyncClient
+) -> None:
+    await api(REGISTER, {"input": node_input("hgx-0")})
+    await api(REGISTER, {"input": node_input("l40-0", gpus=gpus(L40S))})
+    await set_tenant(api, "research")
+    # research holds every GPU at priority 0: two replicas of 4 of each class.
+    for name, cls in (("h", "H100-80GB"), ("l", "L40S-48GB")):
+        for i in range(2):
+            got = await place(api, f"{name}-{i}", 4, gpuClass=cls, tenant="research")
+            assert got["__typename"] == "Allocated", got
+
+    # 4 H100 and 4 L40S at priority 10: no one class's victims make room for
+    # all of it; the least set over both is one replica of each, the youngest.
+    placed = (await api(PLACE_GROUP, {"input": mixed_group("mix-1", 4, 2, 10)}))["placeGroup"]
+    assert placed["__typename"] == "GroupPlaced", placed
+    assert victims(placed) == ["h-1", "l-1"]
+    assert {p["kind"] for p in placed["preempted"]} == {"LOWER_PRIORITY"}
+    held = {a["nodeId"] for m in placed["members"] for a in m["allocations"]}
+    assert held == {"hgx-0", "l40-0"}
+    events = (await api(EVENTS, {"kinds": ["replica_preempted"]}))["events"]
+    assert sorted((e["replicaId"], e["detail"]["preemptedBy"]) for e in events) == [
+        ("h-1", "mix-1"), ("l-1", "mix-1")
+    ]  # fmt: skip
+    # Each victim counted under the class it held.
+    samples = await scrape(client)
+    for cls in ("H100-80GB", "L40S-48GB"):
+        key = f'inventory_tenant_replicas_preempted_total{{tenant="research",gpu_class="{cls}"}}'
+        assert samples[key] >= 1, key
+
+    # 4 H100 and 8 L40S at priority 5: h-0 and l-0 are below it, mix-1 is
+    # not; no set frees 8 L40S, so nothing is stopped, the H100 ones neither.
+    refused = (await api(PLACE_GROUP, {"input": mixed_group("mix-2", 4, 4, 5)}))["placeGroup"]
+    assert refused["__typename"] == "Unplaceable", refused
+    assert "preemption" in refused["message"], refused["message"]
+    assert {"h-0", "l-0"} <= await held_replicas(api)
+    assert (await api('{ group(groupId: "mix-2") { groupId } }'))["group"] is None
+    events = (await api(EVENTS, {"kinds": ["replica_preempted"]}))["events"]
+    assert len(events) == 2
