@@ -15,30 +15,17 @@ import httpx
 from tests.support.api import Api
 from tests.support.fencing import BEAT, EVENTS
 from tests.support.metrics import scrape
-from tests.support.preemption import PLACE_GROUP, PREEMPTION, pd_group, place, victims
+from tests.support.preemption import PLACE_GROUP, SCALE_GROUP, pd_group, place, victims
 from tests.support.reports import L40S, REGISTER, gpus, node_input
 from tests.support.tenancy import SET_BUDGET, set_tenant, tenant, usage_of
 
 LOWER = {"preemption": "LOWER_PRIORITY"}
 
-SCALE = f"""
-mutation S($id: ID!, $role: String!, $n: Int!) {{
-  scaleGroup(groupId: $id, role: $role, replicas: $n) {{
-    __typename
-    ... on GroupPlaced {{
-      generation members {{ role replicaId allocations {{ nodeId gpuIndices priority }} }}
-      preempted {{ {PREEMPTION} }}
-    }}
-    ... on Unplaceable {{ message blockingBudgets {{ deployment tenant minAvailable placed }} }}
-    ... on AllocationRejected {{ code message }}
-  }}
-}}
-"""
 GROUP = "query G($id: ID!) { group(groupId: $id) { generation members { replicaId } } }"
 
 
 async def scale(api: Api, group_id: str, role: str, n: int) -> Any:
-    return (await api(SCALE, {"id": group_id, "role": role, "n": n}))["scaleGroup"]
+    return (await api(SCALE_GROUP, {"id": group_id, "role": role, "n": n}))["scaleGroup"]
 
 
 async def held_replicas(api: Api) -> set[str]:
