@@ -298,6 +298,10 @@ LONG_MODULES: dict[str, str] = {
         "a group's replicas held or freed all together (placeGroup, scaleGroup, releaseGroup), "
         "in the caller's transaction; preempting for one is groups/preempting.py's"
     ),
+    "service.scheduling.placement.preemption": (
+        "the victims of one place (or group): the search in set order, its trials and the claim "
+        "that stops them, which share the candidates as read and one lock order"
+    ),
     "service.metrics": (
         "the Prometheus exposition: each family the service writes, beside the read it comes "
         "from (backups' and reservations' families are built in their own modules)"
