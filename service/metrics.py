@@ -426,6 +426,14 @@ async def _tenants(conn: Connection, out: Exposition) -> None:
         "MAX_SETS); their place was answered Unplaceable, saying so.",
         [((), preemption.SEARCH_CUT.count)],
     )
+    out.family(
+        "inventory_preemption_explain_trials_retried_total",
+        "counter",
+        "Victim trials of this process's explainPlacement that met a row a claim held, gave up "
+        "what they held and were tried again (service/scheduling/placement/preemption.py: "
+        "EXPLAIN_LOCK_WAIT); after MAX_ATTEMPTS the explain is answered CONFLICT.",
+        [((), preemption.EXPLAIN_RETRIES.count)],
+    )
 
 
 def _process(out: Exposition) -> None:

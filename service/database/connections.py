@@ -450,6 +450,25 @@ async def read_only(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
         yield conn
 
 
+@asynccontextmanager
+async def rolled_back(engine: AsyncEngine) -> AsyncIterator[NativeConnection]:
+    """One transaction on the primary that always ends in ROLLBACK, whatever the work did or raised.
+
+    For work that writes only to ask what would happen (explainPlacement's
+    victim trials, placement/preemption.py): nothing of it can be committed,
+    and every lock it took ends with it.
+    """
+    native = _pool_of(engine)
+    async with native.connection() as raw:
+        if statement_observers:
+            _observe("BEGIN")
+        await raw.execute("BEGIN")
+        try:
+            yield NativeConnection(raw)
+        finally:
+            await _roll_back(raw)
+
+
 def read_only_block(raw: Any) -> AbstractAsyncContextManager[NativeConnection]:
     """One READ ONLY transaction on a connection already taken from a pool (a read replica's)."""
     return _transaction_block(raw, "BEGIN READ ONLY")

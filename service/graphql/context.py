@@ -12,7 +12,7 @@ from strawberry.types import Info as StrawberryInfo
 
 from service.access_control.auth import Authenticator, Principal
 from service.config import Settings
-from service.database import read_routing
+from service.database import connections, read_routing
 from service.database.connections import Connection
 from service.database.transactions import in_transaction
 from service.event_log.event_stream import Subscription
@@ -63,6 +63,15 @@ class Context:
         it, so it may run again even when COMMIT's outcome was lost.
         """
         return await in_transaction(self.engine, work, idempotent=idempotent)
+
+    async def what_if(self, work: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run work that writes only to ask what would happen, on the primary, always rolled back.
+
+        explainPlacement's victim trials (connections.rolled_back): nothing of
+        it is committed, and no lock it took outlives it.
+        """
+        async with connections.rolled_back(self.engine) as conn:
+            return await work(conn)
 
     async def read(
         self,

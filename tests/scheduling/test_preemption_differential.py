@@ -12,6 +12,13 @@ with room for every shard, or one fabric with room for one shard per
 node), and the order of sets. It tries every subset. explainPlacement must
 show the oracle's least set, and place must stop exactly it (or both say
 there is none).
+
+Groups too: a group of one role of replicas of one shard (preferred
+locality: it fits when the nodes' free GPUs hold its replicas, wherever), by
+a random tenant and priority, and then scaleGroup adding replicas to it: the
+victims placeGroup and scaleGroup stop are the oracle's least set for all of
+what they place (the group's own replicas, of its priority and tenant, are
+never among them), or nothing is stopped.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from tests.support.api import Api
-from tests.support.preemption import explain, place, victims
+from tests.support.preemption import PLACE_GROUP, SCALE_GROUP, explain, place, victims
 from tests.support.reports import H100, REGISTER, gpus, node_input
 from tests.support.tenancy import SET_BUDGET, quota, set_tenant
 from tests.support.two_fabrics import attachment
@@ -165,11 +173,19 @@ def fits(cluster: Cluster, stopped: set[str], per: int, shards: int) -> bool:
 
 
 def oracle(
-    cluster: Cluster, tenant: str, priority: int, per: int, shards: int, budgets: bool = True
+    cluster: Cluster,
+    tenant: str,
+    priority: int,
+    per: int,
+    shards: int,
+    budgets: bool = True,
+    fit: Callable[[set[str]], bool] | None = None,
 ) -> tuple[str, ...] | None:
     """The least allowed victim set that makes the shape fit, by the docs' order; None: none.
 
     `budgets` false: as if no deployment had a budget (what blockingBudgets is about).
+    `fit(stopped)`: whether the shape fits once these are stopped (a group's
+    rule); the place's (fits) when None.
     """
     guaranteed = TENANTS.get(tenant, 0)
     asked = per * shards
@@ -213,7 +229,8 @@ def oracle(
         for chosen in itertools.combinations(candidates, size):
             if not allowed(chosen):
                 continue
-            if not fits(cluster, {r.replica_id for r in chosen}, per, shards):
+            stopped = {r.replica_id for r in chosen}
+            if not (fit(stopped) if fit is not None else fits(cluster, stopped, per, shards)):
                 continue
             if best is None or key(chosen) < key(best):
                 best = chosen
@@ -271,3 +288,64 @@ async def test_place_stops_the_least_set_explain_shows(api: Api, seed: int) -> N
         cluster.replicas.append(
             Replica(replica_id, tenant, priority, None, sorted(shards_held.items()), 1000 + attempt)
         )
+
+
+def members_of(answer: dict[str, Any], tenant: str, priority: int, order: int) -> list[Replica]:
+    """A GroupPlaced's members as the oracle's replicas; a group's members share one creation time."""
+    return [
+        Replica(m["replicaId"], tenant, priority, None,
+                [(a["nodeId"], a["gpuIndices"]) for a in m["allocations"]], order)
+        for m in answer["members"]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(10))
+async def test_place_group_and_scale_group_stop_the_least_set(api: Api, seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    cluster = await build(api, rng)
+    for attempt in range(4):
+        tenant = rng.choice([*TENANTS, "t4"])
+        priority = rng.choice((10, 20, 30, 40))
+        per, replicas = rng.choice(((1, 2), (2, 2), (1, 3), (2, 3), (4, 2)))
+
+        def room_for(count: int, per: int = per) -> Callable[[set[str]], bool]:
+            return lambda stopped: (
+                sum(f // per for f in cluster.free_after(stopped).values()) >= count
+            )
+
+        if room_for(replicas)(set()):
+            continue
+        expected = oracle(cluster, tenant, priority, per, replicas, fit=room_for(replicas))
+        group_id = f"g{attempt}"
+        shape = {"replicaId": "x", "gpuClass": "H100-80GB", "gpusPerShard": per}
+        group = {"groupId": group_id, "roles": [{"role": "w", "replicas": replicas,
+                 "shape": shape}], "tenant": tenant, "priority": priority,
+                 "preemption": "LOWER_PRIORITY"}  # fmt: skip
+        got = (await api(PLACE_GROUP, {"input": group}))["placeGroup"]
+        where = f"seed {seed}, {group_id}: {replicas} x {per} by {tenant} at {priority}"
+        if expected is None:
+            assert got["__typename"] == "Unplaceable", (where, got)
+            continue
+        assert got["__typename"] == "GroupPlaced", (where, got)
+        assert tuple(victims(got)) == expected, (where, got)
+        cluster.replicas = [r for r in cluster.replicas if r.replica_id not in expected]
+        cluster.replicas += members_of(got, tenant, priority, 1000 + 10 * attempt)
+
+        # Scaled up by replicas that find no free room: the least set for them.
+        more = rng.choice((1, 2))
+        if room_for(more)(set()):
+            continue
+        expected = oracle(cluster, tenant, priority, per, more, fit=room_for(more))
+        scaled = (await api(SCALE_GROUP, {"id": group_id, "role": "w", "n": more}))["scaleGroup"]
+        where = f"{where}, scaled by {more}"
+        if expected is None:
+            assert scaled["__typename"] == "Unplaceable", (where, scaled)
+            continue
+        assert scaled["__typename"] == "GroupPlaced", (where, scaled)
+        assert tuple(victims(scaled)) == expected, (where, scaled)
+        cluster.replicas = [r for r in cluster.replicas if r.replica_id not in expected]
+        known = {r.replica_id for r in cluster.replicas}
+        added = [r for r in members_of(scaled, tenant, priority, 1005 + 10 * attempt)
+                 if r.replica_id not in known]  # fmt: skip
+        assert len(added) == more, (where, scaled)
+        cluster.replicas += added

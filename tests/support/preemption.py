@@ -84,3 +84,18 @@ def pd_group(group_id: str, prefill: int = 4, decodes: int = 2, **charge: Any) -
 
     roles = [role("prefill", 1, prefill), role("decode", decodes, 2)]
     return {"groupId": group_id, "roles": roles, **charge}
+
+
+SCALE_GROUP = f"""
+mutation S($id: ID!, $role: String!, $n: Int!) {{
+  scaleGroup(groupId: $id, role: $role, replicas: $n) {{
+    __typename
+    ... on GroupPlaced {{
+      generation members {{ role replicaId allocations {{ nodeId gpuIndices priority }} }}
+      preempted {{ {PREEMPTION} }}
+    }}
+    ... on Unplaceable {{ message blockingBudgets {{ deployment tenant minAvailable placed }} }}
+    ... on AllocationRejected {{ code message }}
+  }}
+}}
+"""

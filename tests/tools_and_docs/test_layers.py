@@ -298,6 +298,10 @@ LONG_MODULES: dict[str, str] = {
         "a group's replicas held or freed all together (placeGroup, scaleGroup, releaseGroup), "
         "in the caller's transaction; preempting for one is groups/preempting.py's"
     ),
+    "service.scheduling.placement.preemption": (
+        "the victims of one place (or group): the candidates read in the order of victim sets, "
+        "the sets drawn and tried (or claimed), the claim that stops them under one lock order"
+    ),
     "service.metrics": (
         "the Prometheus exposition: each family the service writes, beside the read it comes "
         "from (backups' and reservations' families are built in their own modules)"
@@ -322,10 +326,6 @@ LONG_MODULES: dict[str, str] = {
         "allocate(): the checks of GPUs a scheduler named (made in the store statement, then "
         "read again to say which failed) and their store; the wording of each refusal is "
         "rejections.py's"
-    ),
-    "service.scheduling.placement.preemption": (
-        "the least victim set for a place and its claim: the candidates read in the order of "
-        "victim sets, the sets drawn and tried (or claimed), the victims stopped under locks"
     ),
 }
 

@@ -29,10 +29,11 @@ class PlacementQueries:
         charge = bound_charge(info.context, "explainPlacement", request.charge)
         request = replace(request, charge=charge)
         if request.preemption is PreemptionPolicy.LOWER_PRIORITY:
-            # Its victim search tries sets in savepoints it rolls back
-            # (placement/preemption.py): on the primary, in a transaction of
-            # its own, which keeps none of them.
-            outcome = await info.context.write(lambda conn: placement.explain(conn, request))
+            # Its victim search tries sets in savepoints it rolls back, taking
+            # none of the claim's locks (placement/preemption.py: trial): on
+            # the primary, in a transaction of its own that is always rolled
+            # back.
+            outcome = await info.context.what_if(lambda conn: placement.explain(conn, request))
         else:
             outcome = await info.context.read(
                 lambda conn: placement.explain(conn, request), max_age=request.max_age

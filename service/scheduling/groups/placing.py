@@ -61,6 +61,7 @@ from service.scheduling.placement.explanation import RoleVerdict
 from service.scheduling.rejections import Rejection, RejectionCode, invalid, shown
 from service.scheduling.tenancy.charges import ChargeRefused, PreemptionPolicy, TenantForbidden
 from service.scheduling.tenancy.quota_claims import charge_group
+from service.scheduling.tenancy.victims import Preemption
 
 MAX_ROUNDS = 64
 # A plan that fails under the locks although no node was busy means what was
@@ -394,21 +395,20 @@ async def _place_group(
             declined: preemption.NoChoice | None = None
             if group.preemption is PreemptionPolicy.LOWER_PRIORITY:
                 got = await _preempt_for(conn, group, actor)
-                if isinstance(got, StoredGroup):
-                    return got
+                if isinstance(got, tuple):
+                    taken, preempted = got
+                    assert taken.generation is not None
+                    placed = await read_group(
+                        conn, group.group_id, (group.spec(), taken.generation)
+                    )
+                    assert placed is not None
+                    return replace(placed, preempted=preempted)
                 if got is None:
                     # The victims, or the nodes, changed meanwhile: plan again.
                     continue
                 declined = got
             board = await read_board(conn, group, requests_of(group))
-            answer = await _unplaceable(conn, group, board, outcome)
-            if declined is not None:
-                answer = replace(
-                    answer,
-                    message=f"{answer.message}; preemption: {declined.why}",
-                    blocking_budgets=declined.blocking,
-                )
-            return answer
+            return _declined(await _unplaceable(conn, group, board, outcome), declined)
         if isinstance(outcome, _Taken):
             refused = await _refused(conn, group, True, outcome.used)
             if refused is not None:
@@ -423,29 +423,33 @@ async def _place_group(
 
 
 async def _preempt_for(
-    conn: Connection, group: GroupRequest, actor: str | None
-) -> StoredGroup | preemption.NoChoice | None:
-    """The group placed whole by stopping victims (preempting.py), or why not; None: plan again."""
+    conn: Connection,
+    group: GroupRequest,
+    actor: str | None,
+    write_rows: bool = True,
+    anchors: Sequence[str] = (),
+    numbered: dict[str, int] | None = None,
+    held: Mapping[tuple[str, str], Sequence[int]] | None = None,
+) -> tuple[_Held, tuple[Preemption, ...]] | preemption.NoChoice | None:
+    """The group held whole by stopping victims (preempting.py), or why not; None: plan again.
+
+    The arguments are _hold's: placeGroup's whole group (`write_rows`), or
+    the replicas scaleGroup adds close to its `anchors`.
+    """
     requests = requests_of(group)
-    window = windowed(group, requests, ())
+    window = windowed(group, requests, anchors)
 
     async def planner(c: Connection) -> GroupPlan | None:
-        _, outcome = await _plan(c, group, requests, (), window)
+        _, outcome = await _plan(c, group, requests, anchors, window)
         return None if isinstance(outcome, Misfit | Bounded) else outcome[1]
 
-    async def claim(c: Connection) -> int | set[str] | None:
-        held = await _hold(c, group, actor, write_rows=True, wait=False)
-        if isinstance(held, Busy):
-            return held.node_ids
-        return held.generation if isinstance(held, _Held) else None
+    async def claim(c: Connection) -> _Held | set[str] | None:
+        got = await _hold(c, group, actor, write_rows, anchors, numbered, held, wait=False)
+        if isinstance(got, Busy):
+            return got.node_ids
+        return got if isinstance(got, _Held) else None
 
-    got = await preempt_for(conn, group, actor, planner, claim)
-    if not isinstance(got, tuple):
-        return got
-    generation, preempted = got
-    placed = await read_group(conn, group.group_id, (group.spec(), generation))
-    assert placed is not None
-    return replace(placed, preempted=preempted)
+    return await preempt_for(conn, group, actor, planner, claim)
 
 
 async def _refused(
@@ -545,27 +549,12 @@ async def scale_group(
         for s in m.shards:
             held.setdefault((role, s.node_id), []).extend(s.gpu_indices)
     try:
-        outcome = await _hold(
-            conn,
-            addition,
-            actor,
-            write_rows=False,
-            anchors=anchors,
-            numbered={role: first},
-            held=held,
-        )
+        preempted = await _add(conn, addition, actor, anchors, {role: first}, held)
     except ChargeRefused as refused:
         # The additions are charged as one, as a group is.
         return await refused_charge(conn, addition, refused.refusal)
-    if isinstance(outcome, Bounded):
-        return _bounded(addition, outcome)
-    if isinstance(outcome, Misfit):
-        over = await quota_first(conn, addition)
-        if over is not None:
-            return over
-        board = await read_board(conn, addition, requests_of(addition))
-        return await _unplaceable(conn, addition, board, outcome)
-    assert not isinstance(outcome, _Taken)
+    if not isinstance(preempted, tuple):
+        return preempted
     roles = (
         tuple(
             r if r.role != role else replace(r, replicas=r.replicas + replicas) for r in group.roles
@@ -576,7 +565,64 @@ async def scale_group(
     await _bump(conn, replace(group, roles=roles))
     after = await read_group(conn, group_id)
     assert after is not None
-    return after
+    return replace(after, preempted=preempted)
+
+
+async def _add(
+    conn: Connection,
+    addition: GroupRequest,
+    actor: str | None,
+    anchors: Sequence[str],
+    numbered: dict[str, int],
+    held: Mapping[tuple[str, str], Sequence[int]],
+) -> tuple[Preemption, ...] | Unplaceable | Rejection:
+    """scaleGroup's new replicas held: the victims stopped for them (none on free GPUs), or why not.
+
+    With the group's preemption LOWER_PRIORITY, replicas that find no room
+    stop the least victim set that makes room for all of them, as placeGroup
+    does for a whole group (_preempt_for), or nothing.
+    """
+    for _ in range(MAX_STALE):
+        outcome = await _hold(
+            conn,
+            addition,
+            actor,
+            write_rows=False,
+            anchors=anchors,
+            numbered=numbered,
+            held=held,
+        )
+        if isinstance(outcome, _Held):
+            return ()
+        if isinstance(outcome, Bounded):
+            return _bounded(addition, outcome)
+        assert isinstance(outcome, Misfit)
+        over = await quota_first(conn, addition)
+        if over is not None:
+            return over
+        declined: preemption.NoChoice | None = None
+        if addition.preemption is PreemptionPolicy.LOWER_PRIORITY:
+            got = await _preempt_for(conn, addition, actor, False, anchors, numbered, held)
+            if isinstance(got, tuple):
+                return got[1]
+            if got is None:
+                # The victims, or the nodes, changed meanwhile: plan again.
+                continue
+            declined = got
+        board = await read_board(conn, addition, requests_of(addition))
+        return _declined(await _unplaceable(conn, addition, board, outcome), declined)
+    raise TransactionConflict(MAX_STALE)
+
+
+def _declined(answer: Unplaceable, declined: preemption.NoChoice | None) -> Unplaceable:
+    """A group's Unplaceable, saying why preemption made no room (and the budgets that kept it)."""
+    if declined is None:
+        return answer
+    return replace(
+        answer,
+        message=f"{answer.message}; preemption: {declined.why}",
+        blocking_budgets=declined.blocking,
+    )
 
 
 async def _bump(conn: Connection, group: GroupRequest) -> None:

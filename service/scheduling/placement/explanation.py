@@ -182,7 +182,7 @@ async def explain(conn: Connection, request: PlaceRequest) -> Explanation | Reje
         if request.preemption is not PreemptionPolicy.LOWER_PRIORITY:
             return Explanation(False, why.message, why.verdicts, why.omitted, None, ())
         # The search place() would make, on the same data (its trials roll back).
-        choice = await preemption.choose(conn, request)
+        choice = await preemption.choose(conn, request, explaining=True)
         if isinstance(choice, preemption.NoChoice):
             message = f"{why.message}; preemption: {choice.why}"
             return Explanation(False, message, why.verdicts, why.omitted, None, ())

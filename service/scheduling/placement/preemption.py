@@ -59,7 +59,10 @@ their node's next contact: their shards are no longer held, and their
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
+import random
 import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
@@ -69,6 +72,7 @@ from typing import Any
 from sqlalchemy import text
 
 from service.database.connections import Connection, keep_until_commit
+from service.database.transactions import MAX_ATTEMPTS, TransactionConflict, sqlstate
 from service.event_log.events import record_event
 from service.scheduling.allocations import Allocated, lock_nodes, preempt_replica
 from service.scheduling.availability import pool_offers, pool_withholds
@@ -112,9 +116,20 @@ WINDOWS = (8, SEARCH_BOUND)
 
 ACTOR = "preemption"
 
+# explain()'s trials (see trial): the longest wait for a row a claim holds,
+# then the trial gives up what it holds; below PostgreSQL's deadlock_timeout
+# (1 s), so a cycle with a place is always broken by the trial, never the
+# place. And the most a retry then waits, at random, for that claim to end.
+EXPLAIN_LOCK_WAIT = "50ms"
+EXPLAIN_BACKOFF = 0.02
+LOCK_NOT_AVAILABLE = "55P03"
+_WAIT_AT_MOST = text("SELECT set_config('lock_timeout', :wait, true)")
+
+log = logging.getLogger(__name__)
+
 
 class _Cuts:
-    """Searches that stopped at a bound before finding a set or proving none (for /metrics)."""
+    """A count of this process's searches (for /metrics): SEARCH_CUT, EXPLAIN_RETRIES."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -286,6 +301,9 @@ class Standing:
     rooms: Mapping[str, int]
     # Shards of the shape the fleet's free GPUs hold now (several shards only).
     free_shards: int
+    # When set, what counting says of a set instead of _may_fit (a group of
+    # several GPU classes: each class's GPUs freed plus free hold what it asks).
+    may_fit: Callable[[Sequence[Candidate]], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -379,18 +397,16 @@ async def standing(
     budgets = await budget_lines(
         conn, {(c.tenant, c.deployment) for c in candidates if c.deployment is not None}
     )
-    free_shards = 0
-    if request.shards > 1:
-        free_shards = int(
-            (
-                await conn.execute(
-                    _SHARDS_ROOM, {"cls": request.gpu_class, "per": request.gpus_per_shard}
-                )
-            ).scalar_one()
-        )
+    free_shards = await shards_room(conn, request) if request.shards > 1 else 0
     # Whether the window left out shards the walk did not reach.
     cut = window is not None and any(r.cut for r in rows[:1])
     return Standing(tuple(candidates), budgets, beyond, rooms, free_shards), cut
+
+
+async def shards_room(conn: Connection, request: PlaceRequest) -> int:
+    """Shards of the request's shape the free (and withheld) GPUs of its class hold now, by count."""
+    params = {"cls": request.gpu_class, "per": request.gpus_per_shard}
+    return int((await conn.execute(_SHARDS_ROOM, params)).scalar_one())
 
 
 def _may_fit(request: PlaceRequest, state: Standing, victims: Sequence[Candidate]) -> bool:
@@ -428,6 +444,12 @@ def _sets(
     `largest`: no sets of more victims than this.
     """
     pools = _pools(request, state.candidates)
+
+    def may_fit(combo: Sequence[Candidate]) -> bool:
+        if state.may_fit is not None:
+            return state.may_fit(combo)
+        return _may_fit(request, state, combo)
+
     most = max((len(p) for p in pools), default=0)
     for size in range(1, min(most, largest or most) + 1):
         drawn: dict[tuple[str, ...], tuple[Candidate, ...]] = {}
@@ -445,7 +467,7 @@ def _sets(
                         continue
                 elif not reclaim_fits(combo, state.beyond):
                     continue
-                if _may_fit(request, state, combo):
+                if may_fit(combo):
                     drawn[ids] = combo
             if cut:
                 break
@@ -471,6 +493,8 @@ async def trial(
     victims: Sequence[Candidate],
     planner: Planner | None = None,
     quotas: Collection[str] | None = None,
+    *,
+    explaining: bool = False,
 ) -> Any:
     """Where place would put the replica were these victims stopped; nothing is kept (a savepoint rolled back).
 
@@ -478,16 +502,29 @@ async def trial(
     place's (statements.plan_now) when None. `quotas`: the tenants known to
     have a quota row of the class (None: not known); a trial whose victims'
     tenants have none has no quota row to lock.
+
+    `explaining` (explain()'s trials, which claim nothing): none of the
+    claim's locks is taken (no node or quota row locked FOR UPDATE, so a
+    place never finds a node busy for an explain), and no lock is waited for
+    longer than EXPLAIN_LOCK_WAIT: the rows the trial's own writes touch
+    (the victims' shards, their nodes' pools, their tenants' counters) are
+    held only until its savepoint is rolled back, and a trial that meets a
+    claim holding one gives up at once what it holds (TrialMetClaim), so it
+    never keeps a place waiting for more than its own few statements and
+    never takes part in a deadlock.
     """
     savepoint = await conn.begin_nested()
     try:
-        # The claim's lock order (preempt_and_claim), so a trial and a claim
-        # never each hold what the other waits for: the victims' nodes, their
-        # tenants' quota rows, then the shards (and the pools).
-        await lock_nodes(conn, sorted({n for v in victims for n in v.node_ids}))
-        tenants = {v.tenant for v in victims}
-        if quotas is None or tenants & set(quotas):
-            await held_beyond_guarantee(conn, request.gpu_class, tenants, lock=True)
+        if explaining:
+            await conn.execute(_WAIT_AT_MOST, {"wait": EXPLAIN_LOCK_WAIT})
+        else:
+            # The claim's lock order (preempt_and_claim), so a trial and a
+            # claim never each hold what the other waits for: the victims'
+            # nodes, their tenants' quota rows, then the shards (and the pools).
+            await lock_nodes(conn, sorted({n for v in victims for n in v.node_ids}))
+            tenants = {v.tenant for v in victims}
+            if quotas is None or tenants & set(quotas):
+                await held_beyond_guarantee(conn, request.gpu_class, tenants, lock=True)
         nodes = [
             r.node_id for r in await conn.execute(_FORGET, {"ids": [v.replica_id for v in victims]})
         ]
@@ -495,12 +532,24 @@ async def trial(
         if planner is None:
             return await _place_plan(conn, request)
         return await planner(conn)
+    except Exception as error:
+        if explaining and sqlstate(error) == LOCK_NOT_AVAILABLE:
+            raise TrialMetClaim() from error
+        raise
     finally:
         await savepoint.rollback()
 
 
 # What place() claims with once a set's victims are stopped (preempt_and_claim's `claim`).
 Claim = Callable[[Connection], Awaitable[Any]]
+
+
+class TrialMetClaim(Exception):
+    """An explaining trial met a row a claim holds, and gave up what it held (its savepoint rolled back)."""
+
+
+# Explaining trials that met a claim's row and were tried again (for /metrics).
+EXPLAIN_RETRIES = _Cuts()
 
 
 class _Trials:
@@ -523,8 +572,10 @@ class _Trials:
         request: PlaceRequest,
         planner: Planner | None,
         claiming: Callable[[Sequence[Candidate]], Awaitable[Any]] | None = None,
+        explaining: bool = False,
     ) -> None:
         self.conn, self.request, self.planner = conn, request, planner
+        self.explaining = explaining
         self.plans: dict[tuple[str, ...], Any] = {}
         # Tenants with a quota row of the class, as the last standing read.
         self.quotas: Collection[str] | None = None
@@ -546,12 +597,32 @@ class _Trials:
                     self.claimed = outcome
                     self.plans[ids] = outcome
                     return outcome
-            plan = await trial(self.conn, self.request, victims, self.planner, self.quotas)
+            plan = await self._try(victims)
             if claiming is not None and plan is not None:
                 # The planner found room the claim did not.
                 self.claimed = Changed(no_room=True)
             self.plans[ids] = plan
         return self.plans[ids]
+
+    async def _try(self, victims: Sequence[Candidate]) -> Any:
+        # An explaining trial that met a claim is tried again (the claim
+        # lasts a few statements); one that keeps meeting claims is a
+        # conflict, answered as the docs say one is (docs/scheduler/errors.md).
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                return await trial(
+                    self.conn,
+                    self.request,
+                    victims,
+                    self.planner,
+                    self.quotas,
+                    explaining=self.explaining,
+                )
+            except TrialMetClaim:
+                EXPLAIN_RETRIES.add()
+                log.info("an explaining trial met a claim's lock; trying it again")
+                await asyncio.sleep(random.uniform(0, EXPLAIN_BACKOFF))
+        raise TransactionConflict(MAX_ATTEMPTS)
 
 
 async def _search(
@@ -571,12 +642,19 @@ async def _search(
 
 
 async def choose(
-    conn: Connection, request: PlaceRequest, planner: Planner | None = None
+    conn: Connection,
+    request: PlaceRequest,
+    planner: Planner | None = None,
+    *,
+    explaining: bool = False,
+    state: Standing | None = None,
 ) -> Choice | NoChoice:
     """The victim set place would stop for this request now (it fits on no free GPUs), or why none.
 
     `planner`: placeGroup's (see trial); `request` then stands for the whole
-    group (its class, its GPUs as shards of one, its charge).
+    group (its class, its GPUs as shards of one, its charge). `state`: the
+    candidates as the caller read them (a group of several GPU classes), not
+    read here. `explaining`: explain()'s search (see trial).
 
     Writes nothing that stays: explain() calls it as place() does. For a
     shape of one shard, the sets of one victim are tried first from windows
@@ -585,7 +663,7 @@ async def choose(
     reading every candidate is what costs. Only when none of them does is
     every candidate read; a set tried once is not tried again.
     """
-    return await _choose(_Trials(conn, request, planner))
+    return await _choose(_Trials(conn, request, planner, explaining=explaining), state=state)
 
 
 async def preempt(
@@ -607,7 +685,7 @@ async def preempt(
     async def claiming(victims: Sequence[Candidate]) -> Any:
         return await preempt_and_claim(conn, request, Choice(tuple(victims), None), actor, claim)
 
-    trials = _Trials(conn, request, None, claiming)
+    trials = _Trials(conn, request, None, claiming=claiming)
     choice = await _choose(trials, mine)
     if trials.claimed is not None:
         return trials.claimed
@@ -616,18 +694,21 @@ async def preempt(
     return await preempt_and_claim(conn, request, choice, actor, claim)
 
 
-async def _choose(trials: _Trials, mine: Headroom | None = None) -> Choice | NoChoice:
+async def _choose(
+    trials: _Trials, mine: Headroom | None = None, state: Standing | None = None
+) -> Choice | NoChoice:
     conn, request = trials.conn, trials.request
-    if request.shards == 1 and trials.planner is None:
+    if request.shards == 1 and trials.planner is None and state is None:
         for window in WINDOWS:
-            state, cut = await standing(conn, request, window=window, mine=mine)
-            trials.quotas = set(state.beyond)
-            choice, _ = await _search(trials, state, keep_budgets=True, largest=1)
+            windowed, cut = await standing(conn, request, window=window, mine=mine)
+            trials.quotas = set(windowed.beyond)
+            choice, _ = await _search(trials, windowed, keep_budgets=True, largest=1)
             if choice is not None or not cut:
                 break
         if choice is not None:
             return choice
-    state, _ = await standing(conn, request, mine=mine)
+    if state is None:
+        state, _ = await standing(conn, request, mine=mine)
     trials.quotas = set(state.beyond)
     if not state.candidates:
         return NoChoice(
