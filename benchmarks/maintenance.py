@@ -50,6 +50,19 @@ async def _post(client: httpx.AsyncClient, query: str, variables: dict[str, Any]
     return body["data"]
 
 
+async def book_windows(client: httpx.AsyncClient, nodes: list[str]) -> tuple[list[str], datetime]:
+    """WINDOWS one-node windows an hour from now, draining already, spread over the fleet as racks
+    are: the nodes chosen and the windows' start."""
+    chosen = nodes[:: max(1, len(nodes) // WINDOWS)][:WINDOWS]
+    start = datetime.now(UTC) + timedelta(hours=1)
+    for i, node_id in enumerate(chosen):
+        spec = {"id": f"bench-{i}", "nodeIds": [node_id], "start": start.isoformat(),
+                "end": (start + timedelta(hours=2)).isoformat(),
+                "reason": "benchmark", "drainLead": 7200}  # fmt: skip
+        await _post(client, SCHEDULE, {"input": spec})
+    return chosen, start
+
+
 async def measure(url: str, rounds: int) -> dict[str, list[float]]:
     settings = Settings(database_url=url)
     engine = create_engine(url, settings)
@@ -58,16 +71,9 @@ async def measure(url: str, rounds: int) -> dict[str, list[float]]:
     try:
         async with engine.connect() as conn:
             nodes = [r.id for r in await conn.execute(text("SELECT id FROM nodes ORDER BY id"))]
-        # Spread over the fleet, as racks are.
-        chosen = nodes[:: max(1, len(nodes) // WINDOWS)][:WINDOWS]
-        start = datetime.now(UTC) + timedelta(hours=1)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-            for i, node_id in enumerate(chosen):
-                spec = {"id": f"bench-{i}", "nodeIds": [node_id], "start": start.isoformat(),
-                        "end": (start + timedelta(hours=2)).isoformat(),
-                        "reason": "benchmark", "drainLead": 7200}  # fmt: skip
-                await _post(client, SCHEDULE, {"input": spec})
+            chosen, _ = await book_windows(client, nodes)
             for i in range(rounds + 3):
                 kinds = ("none", "windows") if i % 2 == 0 else ("windows", "none")
                 for kind in kinds:

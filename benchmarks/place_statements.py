@@ -27,7 +27,7 @@ import asyncio
 import json
 import statistics
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from benchmarks.fit import run
+from benchmarks.maintenance import book_windows
 from service.config import Settings
 from service.database import connections
 from service.database.db import create_engine, dispose
@@ -54,7 +55,6 @@ mutation Place($input: PlaceInput!) {
 """
 RELEASE = "mutation R($id: ID!) { releaseReplica(replicaId: $id) }"
 RESERVE = "mutation R($input: ReservationInput!) { reserve(input: $input) { __typename } }"
-SCHEDULE = "mutation S($input: MaintenanceInput!) { scheduleMaintenance(input: $input) { id } }"
 TP8 = {"replicaId": "fit", "gpuClass": "H100-80GB", "gpusPerShard": 8}
 WINDOWS = 100
 # Each statement is explained this many times; its median execution time is shown.
@@ -189,15 +189,9 @@ async def measure(url: str, rounds: int, reservations: int = 1000) -> dict[str, 
     try:
         async with engine.connect() as conn:
             nodes = [r.id for r in await conn.execute(text("SELECT id FROM nodes ORDER BY id"))]
-        chosen = nodes[:: max(1, len(nodes) // WINDOWS)][:WINDOWS]
-        start = datetime.now(UTC) + timedelta(hours=1)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
-            for i, node_id in enumerate(chosen):
-                spec = {"id": f"bench-{i}", "nodeIds": [node_id], "start": start.isoformat(),
-                        "end": (start + timedelta(hours=2)).isoformat(),
-                        "reason": "benchmark", "drainLead": 7200}  # fmt: skip
-                await _post(client, SCHEDULE, {"input": spec})
+            _, start = await book_windows(client, nodes)
             for k in range(3):  # warm-up
                 await _place_statements(client, engine, f"bench-warm-{k}")
             caught = await _place_statements(client, engine, "bench-none")
